@@ -1,0 +1,42 @@
+"""gradcore: reverse-mode automatic differentiation with a compiled core.
+
+Example::
+
+    >>> import gradcore as gc
+    >>> from gradcore.autodiff import GradManager
+    >>> w = gc.Parameter([1.0, 2.0])
+    >>> gm = GradManager().attach([w])
+    >>> with gm:
+    ...     gm.backward((w * w).sum())
+    >>> w.grad.numpy()
+    array([2., 4.], dtype=float32)
+"""
+try:
+    from . import _core
+except ImportError as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "gradcore's compiled core (gradcore._core) is not built. Build it with "
+        "`pip install -e .` (or `pip install .`, or `python setup.py build_ext --inplace`) "
+        f"from the source tree. Original error: {exc}") from exc
+
+from ._core import GradRuleFallback, Tensor, register_grad_rule
+from .tensor import Parameter, tensor
+from . import tensor_methods as _tm
+
+_tm.install()
+
+from . import functional, random  # noqa: E402
+from .autodiff import Function, GradManager  # noqa: E402
+from .functional import ones_like, zeros_like  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register_grad_rule",
+           "GradRuleFallback", "functional", "ones_like", "zeros_like"]
+
+
+def __getattr__(name):
+    # heavier submodules load on first use
+    import importlib
+    if name in ("module", "optimizer", "core", "testing", "autodiff", "registry", "graph", "ops"):
+        return importlib.import_module(f"gradcore.{name}")
+    raise AttributeError(f"module 'gradcore' has no attribute {name!r}")

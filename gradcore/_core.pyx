@@ -1,0 +1,1086 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The compiled heart of gradcore: Tensor, the tape, GradFn nodes, gradient
+slots and op dispatch.
+
+Only what runs once per op (``apply``) or once per node (the backward walk)
+lives here; everything else (tracing, backward graphs, the registry,
+GradManager) is plain Python that installs itself through ``_install_hooks``.
+
+Ownership, chosen so that there are no reference cycles between tensors and
+nodes::
+
+    Tensor --> GradSlot <-- GradFn.dests / GradFn.slots <-- GradKey.tape
+
+A slot never points at the node that fills it, so dropping a tensor never
+keeps a node alive and a node never keeps its outputs alive.
+"""
+cimport cython
+import numpy as np
+
+cdef object _ndarray = np.ndarray
+cdef object _np_add = np.add
+cdef object _np_asarray = np.asarray
+cdef object _np_zeros = np.zeros
+
+# ---------------------------------------------------------------- hooks
+# Filled by the Python side (gradcore.graph, gradcore.tensor_utils, ...).
+cdef object _h_slow_apply = None      # (op, args) -> outputs, for non-Tensor args
+cdef object _h_backward_graph = None  # (op, dtypes, device, rg) -> CompiledBackward
+cdef object _h_sum_to = None          # (Tensor g, shape) -> Tensor, recorded
+cdef object _h_add = None             # op used to accumulate in tensor mode
+cdef object _h_kernel_error = None    # (op, args, exc) -> exception to raise
+cdef object _h_kernel_for = None      # (op, device) -> kernel callable
+cdef object _h_getattr = None         # (name) -> python-level Tensor method impl
+cdef dict _operator_ops = {}
+
+
+def _install_hooks(**hooks):
+    """Called once by gradcore's Python modules to plug their parts in."""
+    global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
+    global _h_kernel_error, _h_kernel_for, _h_getattr
+    for name, fn in hooks.items():
+        if name == "slow_apply": _h_slow_apply = fn
+        elif name == "backward_graph": _h_backward_graph = fn
+        elif name == "sum_to": _h_sum_to = fn
+        elif name == "add_op": _h_add = fn
+        elif name == "kernel_error": _h_kernel_error = fn
+        elif name == "kernel_for": _h_kernel_for = fn
+        elif name == "tensor_method": _h_getattr = fn
+        elif name == "operator_ops": _operator_ops.update(fn)
+        else:
+            raise KeyError(f"unknown core hook {name!r}")
+
+
+# ---------------------------------------------------------------- state
+cdef list _recording = []          # GradKeys currently recording
+cdef Py_ssize_t _no_record = 0     # >0 while a _grad_rule runs its own forward
+cdef long _visible_below = 1 << 62 # during a backward: only older keys record
+cdef long _next_priority = 0
+cdef object _group_priority = None # set while a GradManager group enters
+cdef Py_ssize_t _seq = 0           # global sequence number of recorded nodes
+cdef dict _grad_rules = {}         # op type -> registered rule (path 2)
+cdef dict _own_rule_types = {}     # op type -> has _grad_rule (path 1)
+cdef dict _bw_front = {}           # (id(op), device, dtypes, rg) -> (op, CompiledBackward)
+cdef str CPU = "cpu"
+
+
+class GradRuleFallback(Exception):
+    """Raised by a registered grad rule to decline; the generic backward
+    graph is used instead.
+
+    Example::
+
+        @register_grad_rule(MyOp)
+        def rule(op, x):
+            if x.ndim != 2:
+                raise GradRuleFallback
+            ...
+    """
+
+
+class NotDifferentiableError(RuntimeError):
+    """An op with no gradient path was used on a recorded tensor."""
+
+
+def register_grad_rule(op_type):
+    """Register ``rule(op, *inputs) -> (outputs, backward)`` for every op of
+    ``op_type`` (path 2). The rule may raise ``GradRuleFallback`` before
+    running anything to let the generic backward graph handle the call.
+
+    Example::
+
+        @gradcore.register_grad_rule(MyOp)
+        def my_rule(op, x):
+            y = apply(op, x)[0]          # recording is off in here
+            return (y,), lambda dy: dy * 2
+    """
+    def deco(rule):
+        _grad_rules[op_type] = rule
+        _bw_front.clear()
+        return rule
+    return deco
+
+
+def unregister_grad_rule(op_type):
+    """Remove a rule registered with ``register_grad_rule``."""
+    _grad_rules.pop(op_type, None)
+
+
+def registered_grad_rule(op_type):
+    """The rule registered for ``op_type``, or None."""
+    return _grad_rules.get(op_type)
+
+
+# ---------------------------------------------------------------- Tensor
+cdef class Tensor:
+    """An n-dimensional array that gradients can flow through.
+
+    Example::
+
+        >>> x = gradcore.Tensor([1.0, 2.0])
+        >>> (x * x).sum().item()
+        5.0
+    """
+    cdef public object _data      # numpy.ndarray on cpu
+    cdef public object _device
+    cdef public object grad
+    cdef public object name
+    cdef list _slots              # GradSlot per GradKey this tensor is part of
+    cdef object __weakref__
+    __array_priority__ = 1000
+
+    def __init__(self, data=None, dtype=None, device=None, name=None):
+        if isinstance(data, Tensor):
+            src = <Tensor>data
+            arr = src._data
+            if dtype is not None and np.dtype(dtype) != arr.dtype:
+                arr = arr.astype(dtype)
+            self._data = arr
+            self._device = src._device if device is None else _h_getattr("_norm_device")(device)
+        else:
+            self._data, self._device = _h_getattr("_to_array")(data, dtype, device)
+        self.name = name
+
+    # -- metadata
+    @property
+    def shape(self):
+        return self._data.shape
+
+    @property
+    def dtype(self):
+        return self._data.dtype
+
+    @property
+    def ndim(self):
+        return self._data.ndim
+
+    @property
+    def size(self):
+        return self._data.size
+
+    @property
+    def device(self):
+        return self._device
+
+    def numpy(self):
+        """The value as a read-only NumPy array (a view, no copy)."""
+        arr = self._data
+        if arr.flags.writeable:
+            arr = arr.view()
+            arr.flags.writeable = False
+        return arr
+
+    def item(self):
+        if self._data.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self._data.shape}")
+        return self._data.item()
+
+    def detach(self):
+        """A tensor with the same value and no gradient history."""
+        return _wrap(self._data, self._device)
+
+    def _is_recorded(self):
+        """True when some live GradKey tracks this tensor."""
+        if self._slots is None:
+            return False
+        for s in self._slots:
+            if (<GradSlot>s).key.state == 1:
+                return True
+        return False
+
+    def _reset(self, Tensor other):
+        """Rebind this tensor to ``other``'s value and history (in-place ops).
+        The old buffer is never written, so values saved for backward stay valid."""
+        self._data = other._data
+        self._device = other._device
+        self._slots = None if other._slots is None else list(other._slots)
+
+    def __repr__(self):
+        body = np.array2string(self._data, separator=", ", prefix="Tensor(")
+        return f"Tensor({body}, dtype={self._data.dtype}, device={self._device})"
+
+    def __len__(self):
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __bool__(self):
+        return bool(self._data)
+
+    def __float__(self):
+        return float(self._data)
+
+    def __int__(self):
+        return int(self._data)
+
+    def __index__(self):
+        return self._data.__index__()
+
+    def __hash__(self):
+        return id(self) >> 4
+
+    def __array__(self, dtype=None, copy=None):
+        return self._data if dtype is None else self._data.astype(dtype)
+
+    def __reduce__(self):
+        return (_rebuild_tensor, (type(self), self._data.copy(), self._device, self.name))
+
+    # -- operators: the hot ones go straight to the compiled dispatcher
+    def __add__(self, other): return _binary("add", self, other)
+    def __radd__(self, other): return _binary("add", other, self)
+    def __sub__(self, other): return _binary("sub", self, other)
+    def __rsub__(self, other): return _binary("sub", other, self)
+    def __mul__(self, other): return _binary("mul", self, other)
+    def __rmul__(self, other): return _binary("mul", other, self)
+    def __truediv__(self, other): return _binary("div", self, other)
+    def __rtruediv__(self, other): return _binary("div", other, self)
+    def __pow__(self, other, mod=None): return _binary("pow", self, other)
+    def __rpow__(self, other, mod=None): return _binary("pow", other, self)
+    def __matmul__(self, other): return _h_getattr("matmul")(self, other)
+    def __rmatmul__(self, other): return _h_getattr("matmul")(other, self)
+    def __floordiv__(self, other): return _binary("floor_div", self, other)
+    def __rfloordiv__(self, other): return _binary("floor_div", other, self)
+    def __mod__(self, other): return _binary("mod", self, other)
+    def __rmod__(self, other): return _binary("mod", other, self)
+    def __neg__(self): return _unary("neg", self)
+    def __pos__(self): return self
+    def __abs__(self): return _unary("abs", self)
+    def __invert__(self): return _unary("logical_not", self)
+    def __and__(self, other): return _binary("logical_and", self, other)
+    def __or__(self, other): return _binary("logical_or", self, other)
+    def __xor__(self, other): return _binary("logical_xor", self, other)
+
+    def __richcmp__(self, other, int op):
+        name = ("lt", "le", "eq", "ne", "gt", "ge")[op]
+        return _binary(name, self, other)
+
+    # in-place operators record like their out-of-place form, then rebind
+    def __iadd__(self, other): return self._inplace(_binary("add", self, other))
+    def __isub__(self, other): return self._inplace(_binary("sub", self, other))
+    def __imul__(self, other): return self._inplace(_binary("mul", self, other))
+    def __itruediv__(self, other): return self._inplace(_binary("div", self, other))
+    def __ipow__(self, other): return self._inplace(_binary("pow", self, other))
+    def __imatmul__(self, other): return self._inplace(_h_getattr("matmul")(self, other))
+
+    def _inplace(self, Tensor result):
+        if result._data.dtype != self._data.dtype:
+            result = _h_getattr("astype")(result, self._data.dtype)
+        if result._data.shape != self._data.shape:
+            raise ValueError(f"in-place op: result shape {result._data.shape} does not match "
+                             f"the tensor's shape {self._data.shape}")
+        self._reset(result)
+        return self
+
+    def __getitem__(self, index):
+        return _h_getattr("getitem")(self, index)
+
+    def __setitem__(self, index, value):
+        self._reset(_h_getattr("setitem")(self, index, value))
+
+    def __getattr__(self, name):
+        # Python-level methods (reshape, sum, ...) live in gradcore.tensor_methods
+        return _h_getattr("method")(self, name)
+
+
+def _rebuild_tensor(cls, data, device, name):
+    t = cls.__new__(cls)
+    (<Tensor>t)._data = data
+    (<Tensor>t)._device = device
+    (<Tensor>t).name = name
+    return t
+
+
+cdef inline Tensor _wrap(object arr, object device):
+    cdef Tensor t = Tensor.__new__(Tensor)
+    if type(arr) is not _ndarray:
+        arr = _np_asarray(arr)
+    t._data = arr
+    t._device = device
+    return t
+
+
+def wrap_array(arr, device="cpu"):
+    """Wrap an ndarray (no copy) into a Tensor without history."""
+    return _wrap(arr, device)
+
+
+cdef object _binary(str name, a, b):
+    return _apply(_operator_ops[name], (a, b))[0]
+
+
+cdef object _unary(str name, a):
+    return _apply(_operator_ops[name], (a,))[0]
+
+
+# ---------------------------------------------------------------- slots
+@cython.final
+@cython.freelist(1024)
+cdef class GradSlot:
+    """Receives and accumulates the gradient of one tensor under one key."""
+    cdef GradKey key
+    cdef object grad          # raw array (raw mode) or Tensor (tensor mode)
+    cdef bint owned           # grad is a buffer only this slot can see
+    cdef bint leaf            # attached with wrt(): fires a callback
+    cdef bint reaches         # some attached tensor is behind this slot
+    cdef Py_ssize_t pending   # producers still to run in this backward
+    cdef object callback
+    cdef object tensor_ref    # weakref to an attached tensor, for inspection
+
+
+cdef inline GradSlot _new_slot(GradKey key):
+    cdef GradSlot s = GradSlot.__new__(GradSlot)
+    s.key = key
+    return s
+
+
+cdef inline GradSlot _slot_for(Tensor t, GradKey key):
+    if t._slots is None:
+        return None
+    for s in t._slots:
+        if (<GradSlot>s).key is key:
+            return <GradSlot>s
+    return None
+
+
+# ---------------------------------------------------------------- nodes
+@cython.final
+@cython.freelist(2048)
+cdef class GradFn:
+    """One recorded op on one tape. Final and pooled: recording an op costs
+    one allocation from the free list."""
+    cdef object op
+    cdef int path             # 1: own _grad_rule, 2: registered rule, 3: backward graph
+    cdef object backward      # callable (paths 1, 2) or CompiledBackward (path 3)
+    cdef tuple saved          # what the backward reads, nothing more
+    cdef bint saved_tensors   # saved values are Tensors (several keys recorded the op)
+    cdef tuple slots          # one per forward output
+    cdef tuple dests          # one per forward input: producer slot or None
+    cdef tuple in_shapes
+    cdef tuple out_meta       # (shape, dtype) per output, to zero-fill missing grads
+    cdef object device
+    cdef Py_ssize_t seq
+    cdef bint reaches
+
+    cdef inline void clear(self):
+        self.op = None
+        self.backward = None
+        self.saved = None
+        self.slots = None
+        self.dests = None
+        self.in_shapes = None
+        self.out_meta = None
+
+    @property
+    def op_(self):
+        return self.op
+
+
+@cython.final
+cdef class CompiledBackward:
+    """A backward graph ready to run: built by gradcore.graph."""
+    cdef public tuple save_index      # indices into inputs + outputs
+    cdef public object precomp        # callable(inputs, outputs) -> tuple, or None
+    cdef public object run_raw        # (saved, grads) -> grads per input (arrays)
+    cdef public object run_tensor     # same on Tensors, recorded by outer keys
+    cdef public tuple input_has_grad
+    cdef public bint any_grad
+    cdef public bint reduce_broadcast # grads may come back in a broadcast shape
+    cdef public object graph          # the BackwardGraph it was compiled from
+
+
+# ---------------------------------------------------------------- keys
+cdef class GradKey:
+    """One recording: a tape of GradFn nodes. Used through ``Grad``."""
+    cdef public str name
+    cdef list tape
+    cdef public long priority
+    cdef int state            # 0 new, 1 recording, 2 finished
+    cdef bint suppressed
+    cdef bint ran_backward
+    cdef object __weakref__
+
+    def __init__(self, name=None):
+        self.name = name or "grad"
+        self.tape = []
+        self.state = 0
+
+    @property
+    def recording(self):
+        return self.state == 1 and not self.ran_backward
+
+    @property
+    def tape_length(self):
+        return len(self.tape)
+
+    def enter(self):
+        global _next_priority
+        if self.state != 0:
+            raise RuntimeError(f"{self.name}: a Grad can be entered only once")
+        if _group_priority is not None:
+            self.priority = _group_priority
+        else:
+            _next_priority += 1
+            self.priority = _next_priority
+        self.state = 1
+        _recording.append(self)
+
+    def exit(self):
+        if self.state == 1:
+            _recording.remove(self)
+        self.state = 2
+        self._drop_tape()
+
+    def suppress(self):
+        self.suppressed = True
+
+    def resume(self):
+        self.suppressed = False
+
+    cdef void _drop_tape(self):
+        cdef GradFn node
+        for node in self.tape:
+            if node is not None:
+                node.clear()
+        self.tape = []
+
+    def attach(self, Tensor t, callback=None):
+        """Track ``t`` as a leaf of this recording; ``callback(grad)`` fires
+        once its gradient is complete."""
+        if self.state == 2 or self.ran_backward:
+            raise RuntimeError(f"{self.name}: cannot attach to a Grad whose recording has finished")
+        cdef GradSlot s = _slot_for(t, self)
+        if s is None:
+            if t._data.dtype.kind not in "fc":
+                raise TypeError(f"{self.name}: only floating-point tensors can be attached, "
+                                f"got dtype {t._data.dtype} with shape {t._data.shape}")
+            s = _new_slot(self)
+            _prune_slots(t)
+            if t._slots is None:
+                t._slots = [s]
+            else:
+                t._slots.append(s)
+        s.leaf = True
+        s.reaches = True
+        if callback is not None:
+            if s.callback is None:
+                s.callback = callback
+            else:
+                s.callback = _chain(s.callback, callback)
+
+    def is_attached(self, Tensor t):
+        cdef GradSlot s = _slot_for(t, self)
+        return s is not None and s.leaf
+
+    def backward(self, ys, dys):
+        _run_backward(self, list(ys), list(dys))
+
+
+def _chain(first, second):
+    def both(grad):
+        first(grad)
+        second(grad)
+    return both
+
+
+cdef void _prune_slots(Tensor t):
+    # slots of finished recordings are dead weight on long-lived tensors
+    if t._slots is None:
+        return
+    t._slots = [s for s in t._slots if (<GradSlot>s).key.state == 1] or None
+
+
+def _recording_keys():
+    return list(_recording)
+
+
+def _set_group_priority(enable):
+    """GradManager groups (``gm | gm2``) share one priority so that neither
+    records the other's backward."""
+    global _group_priority, _next_priority
+    if enable:
+        _next_priority += 1
+        _group_priority = _next_priority
+    else:
+        _group_priority = None
+
+
+# ---------------------------------------------------------------- dispatch
+cdef inline bint _key_records(GradKey k):
+    return k.state == 1 and not k.suppressed and not k.ran_backward and k.priority < _visible_below
+
+
+cdef list _recorders(tuple args):
+    cdef list keys = None
+    cdef Tensor t
+    cdef GradSlot s
+    for a in args:
+        t = <Tensor>a
+        if t._slots is None:
+            continue
+        for o in t._slots:
+            s = <GradSlot>o
+            if _key_records(s.key):
+                if keys is None:
+                    keys = [s.key]
+                elif s.key not in keys:
+                    keys.append(s.key)
+    return keys
+
+
+def apply(op, *args):
+    """Run ``op`` on tensors and return a tuple of output tensors; records
+    the op on every recording GradManager that tracks one of the inputs.
+
+    Example::
+
+        >>> from gradcore.ops import Elemwise
+        >>> (y,) = apply(Elemwise("mul"), x, x)
+    """
+    return _apply(op, args)
+
+
+cdef object _kernel_call(op, tuple args, object device):
+    cdef Py_ssize_t n = len(args)
+    cdef Tensor t0
+    if device is CPU or device == CPU:
+        kernel = op.cpu
+    else:
+        kernel = _h_kernel_for(op, device)
+    try:
+        if n == 1:
+            return kernel((<Tensor>args[0])._data)
+        elif n == 2:
+            return kernel((<Tensor>args[0])._data, (<Tensor>args[1])._data)
+        else:
+            return kernel(*[(<Tensor>a)._data for a in args])
+    except Exception as exc:
+        raise _h_kernel_error(op, args, exc) from exc
+
+
+cdef inline tuple _wrap_outputs(object res, object device):
+    if type(res) is tuple or type(res) is list:
+        return tuple([_wrap(r, device) for r in res])
+    return (_wrap(res, device),)
+
+
+cdef object _common_device(op, tuple args):
+    cdef object dev = (<Tensor>args[0])._device
+    cdef Tensor t
+    for a in args:
+        t = <Tensor>a
+        if t._device is not dev and t._device != dev:
+            raise RuntimeError(
+                f"{_op_name(op)}: inputs are on different devices "
+                f"({', '.join(str((<Tensor>x)._device) for x in args)}); "
+                f"move them with .to(device) first")
+    return dev
+
+
+cdef str _op_name(op):
+    try:
+        return op._name()
+    except Exception:
+        return type(op).__name__
+
+
+cdef tuple _apply(op, tuple args):
+    cdef Py_ssize_t n = len(args)
+    cdef Py_ssize_t i
+    if n == 0:
+        return _h_slow_apply(op, args)
+    for i in range(n):
+        if type(args[i]) is not Tensor and not isinstance(args[i], Tensor):
+            return _h_slow_apply(op, args)
+    device = _common_device(op, args)
+    cdef list keys = None
+    if _recording and _no_record == 0:
+        keys = _recorders(args)
+    if keys is None:
+        if _has_own_rule(op) and not hasattr(op, "cpu"):
+            return _run_own_rule(op, args, device)[0]
+        return _wrap_outputs(_kernel_call(op, args, device), device)
+    return _record(op, args, device, keys)
+
+
+cdef bint _has_own_rule(op):
+    t = type(op)
+    r = _own_rule_types.get(t)
+    if r is None:
+        r = hasattr(t, "_grad_rule")
+        _own_rule_types[t] = r
+    return r
+
+
+cdef tuple _run_own_rule(op, tuple args, device):
+    """Path 1 forward: the op computes itself; nothing inside is recorded."""
+    global _no_record
+    _no_record += 1
+    try:
+        res = op._grad_rule(*args)
+    finally:
+        _no_record -= 1
+    return _split_rule_result(op, res, device)
+
+
+cdef tuple _split_rule_result(op, res, device):
+    if not isinstance(res, tuple) or len(res) != 2:
+        raise TypeError(f"{_op_name(op)}: a grad rule must return (outputs, backward), got {type(res).__name__}")
+    outs, backward = res
+    single = isinstance(outs, Tensor)
+    if single:
+        outs = (outs,)
+    elif isinstance(outs, (tuple, list)):
+        for o in outs:
+            if not isinstance(o, Tensor):
+                raise TypeError(f"{_op_name(op)}: forward outputs must be Tensors, got {type(o).__name__}")
+    else:
+        raise TypeError(f"{_op_name(op)}: forward outputs must be Tensors, got {type(outs).__name__}")
+    if not callable(backward):
+        raise TypeError(f"{_op_name(op)}: the backward returned by the grad rule is not callable")
+    # fresh wrappers: an output may be an input, which must keep its own history
+    wrapped = tuple([_wrap((<Tensor>o)._data, (<Tensor>o)._device) for o in outs])
+    return (wrapped if not single else wrapped), backward, single
+
+
+cdef int _rg_mask(tuple args, GradKey key):
+    cdef int mask = 0
+    cdef Py_ssize_t i
+    for i in range(len(args)):
+        if _slot_for(<Tensor>args[i], key) is not None:
+            mask |= 1 << i
+    return mask
+
+
+cdef CompiledBackward _graph_for(op, tuple args, object device, int rg):
+    cdef Py_ssize_t n = len(args)
+    if n == 1:
+        dtypes = ((<Tensor>args[0])._data.dtype,)
+    elif n == 2:
+        dtypes = ((<Tensor>args[0])._data.dtype, (<Tensor>args[1])._data.dtype)
+    else:
+        dtypes = tuple([(<Tensor>a)._data.dtype for a in args])
+    fkey = (id(op), device, dtypes, rg)
+    hit = _bw_front.get(fkey)
+    if hit is not None and (<tuple>hit)[0] is op:
+        return <CompiledBackward>(<tuple>hit)[1]
+    cb = _h_backward_graph(op, dtypes, device, rg, n)
+    if len(_bw_front) > 8192:
+        _bw_front.clear()
+    _bw_front[fkey] = (op, cb)
+    return <CompiledBackward>cb
+
+
+cdef tuple _record(op, tuple args, object device, list keys):
+    global _seq
+    cdef Py_ssize_t n = len(args)
+    cdef Py_ssize_t i, j, nk = len(keys)
+    cdef GradKey key
+    cdef GradFn node
+    cdef GradSlot s
+    cdef Tensor t
+    cdef CompiledBackward cb = None
+    cdef int path = 3
+    cdef bint single = False
+    rule = None
+    backward = None
+    outs = None
+
+    # choose the gradient path, in the SPEC's order
+    if _has_own_rule(op):
+        path = 1
+        outs, backward, single = _run_own_rule(op, args, device)
+    else:
+        rule = _grad_rules.get(type(op)) if _grad_rules else None
+        if rule is not None:
+            global _no_record
+            _no_record += 1
+            try:
+                res = rule(op, *args)
+            except GradRuleFallback:
+                res = None
+            finally:
+                _no_record -= 1
+            if res is not None:
+                path = 2
+                outs, backward, single = _split_rule_result(op, res, device)
+
+    if path == 3:
+        # one graph per key: their requires-grad masks may differ
+        graphs = []
+        any_grad = False
+        for key in keys:
+            cb = _graph_for(op, args, device, _rg_mask(args, key))
+            graphs.append(cb)
+            if cb.any_grad:
+                any_grad = True
+        outs = _wrap_outputs(_kernel_call(op, args, device), device)
+        if not any_grad:
+            return outs
+
+    cdef tuple in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
+    cdef Py_ssize_t nout = len(outs)
+    out_meta = None
+    if nout > 1:
+        out_meta = tuple([((<Tensor>o)._data.shape, (<Tensor>o)._data.dtype) for o in outs])
+    # several keys: save Tensors so that older keys can differentiate the backward
+    cdef bint save_tensors = nk > 1
+
+    for i in range(nk):
+        key = <GradKey>keys[i]
+        node = GradFn.__new__(GradFn)
+        node.op = op
+        node.path = path
+        node.device = device
+        node.in_shapes = in_shapes
+        node.out_meta = out_meta
+        if path == 3:
+            cb = <CompiledBackward>graphs[i]
+            if not cb.any_grad:
+                continue
+            node.backward = cb
+            node.dests = tuple([_slot_for(<Tensor>args[j], key) if cb.input_has_grad[j] else None
+                                for j in range(n)])
+            node.saved = _save(cb, args, outs, save_tensors and _older_key_in(keys, key))
+            node.saved_tensors = save_tensors and _older_key_in(keys, key)
+        else:
+            node.backward = backward
+            node.dests = tuple([_slot_for(<Tensor>args[j], key) for j in range(n)])
+        slots = []
+        for o in outs:
+            t = <Tensor>o
+            s = _new_slot(key)
+            slots.append(s)
+            if t._slots is None:
+                t._slots = [s]
+            else:
+                t._slots.append(s)
+        node.slots = tuple(slots)
+        _seq += 1
+        node.seq = _seq
+        key.tape.append(node)
+    if path != 3 and single:
+        return outs
+    return outs
+
+
+cdef bint _older_key_in(list keys, GradKey key):
+    for k in keys:
+        if (<GradKey>k).priority < key.priority:
+            return True
+    return False
+
+
+cdef tuple _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
+    cdef Py_ssize_t n = len(args)
+    cdef list vals = []
+    cdef Py_ssize_t idx
+    for i in cb.save_index:
+        idx = i
+        t = args[idx] if idx < n else outs[idx - n]
+        vals.append(t if as_tensors else (<Tensor>t)._data)
+    if cb.precomp is not None:
+        vals.extend(cb.precomp(tuple([(<Tensor>a)._data for a in args]),
+                               tuple([(<Tensor>o)._data for o in outs])))
+    return tuple(vals)
+
+
+def _record_custom(op, tuple inputs, tuple outputs, backward):
+    """Record already computed ``outputs`` of ``inputs`` with a user backward
+    (path 1 for callers that run their forward themselves). Returns fresh
+    output tensors carrying the history."""
+    device = _common_device(op, inputs) if inputs else CPU
+    outs = tuple([_wrap((<Tensor>o)._data, (<Tensor>o)._device) for o in outputs])
+    keys = _recorders(inputs) if (_recording and _no_record == 0 and inputs) else None
+    if keys is None:
+        return outs
+    global _seq
+    cdef GradKey key
+    cdef GradFn node
+    cdef GradSlot s
+    cdef Tensor t
+    in_shapes = tuple([(<Tensor>a)._data.shape for a in inputs])
+    for key in keys:
+        node = GradFn.__new__(GradFn)
+        node.op = op
+        node.path = 1
+        node.device = device
+        node.in_shapes = in_shapes
+        node.backward = backward
+        node.dests = tuple([_slot_for(<Tensor>a, key) for a in inputs])
+        slots = []
+        for o in outs:
+            t = <Tensor>o
+            s = _new_slot(key)
+            slots.append(s)
+            if t._slots is None:
+                t._slots = [s]
+            else:
+                t._slots.append(s)
+        node.slots = tuple(slots)
+        _seq += 1
+        node.seq = _seq
+        key.tape.append(node)
+    return outs
+
+
+# ---------------------------------------------------------------- backward
+cdef object _sum_to_raw(op, object g, tuple shape):
+    cdef tuple gs = g.shape
+    if gs == shape:
+        return g
+    cdef Py_ssize_t lead = len(gs) - len(shape)
+    if lead < 0:
+        raise _shape_error(op, g, shape)
+    axes = list(range(lead))
+    for i in range(len(shape)):
+        if shape[i] == gs[i + lead]:
+            continue
+        if shape[i] == 1:
+            axes.append(i + lead)
+        else:
+            raise _shape_error(op, g, shape)
+    r = g.sum(axis=tuple(axes))
+    if type(r) is not _ndarray:
+        r = _np_asarray(r)
+    return r.reshape(shape)
+
+
+cdef object _shape_error(op, g, shape):
+    return ValueError(f"{_op_name(op)}: backward produced a gradient of shape {tuple(g.shape)} "
+                      f"for an input of shape {tuple(shape)}")
+
+
+cdef inline void _acc_raw(GradSlot s, object g):
+    if s.grad is None:
+        s.grad = g
+        s.owned = False
+    elif s.owned:
+        _np_add(s.grad, g, out=s.grad)
+    else:
+        r = s.grad + g
+        if type(r) is not _ndarray:
+            r = _np_asarray(r)
+        s.grad = r
+        s.owned = True
+
+
+cdef inline void _acc_tensor(GradSlot s, object g):
+    if s.grad is None:
+        s.grad = g
+    else:
+        s.grad = _apply(_h_add, (s.grad, g))[0]
+
+
+cdef void _fire(GradSlot s, bint tensor_mode, object device):
+    g = s.grad
+    s.grad = None
+    s.owned = False
+    if g is None or s.callback is None:
+        return
+    if not tensor_mode:
+        g = _wrap(g, device)
+    s.callback(g)
+
+
+cdef object _check_user_grads(op, res, Py_ssize_t n, tuple in_shapes):
+    """Validate what a user backward (paths 1 and 2) returned."""
+    if res is None or isinstance(res, Tensor):
+        res = (res,)
+    elif isinstance(res, list):
+        res = tuple(res)
+    elif not isinstance(res, tuple):
+        raise TypeError(f"{_op_name(op)}: backward must return a Tensor, None or a tuple of them, "
+                        f"got {type(res).__name__}")
+    if len(res) != n:
+        raise ValueError(f"{_op_name(op)}: backward returned {len(res)} gradients for {n} inputs")
+    for i in range(n):
+        g = res[i]
+        if g is None:
+            continue
+        if not isinstance(g, Tensor):
+            raise TypeError(f"{_op_name(op)}: gradient {i} returned by backward is a "
+                            f"{type(g).__name__}, expected a Tensor or None")
+        if (<Tensor>g)._data.shape != in_shapes[i]:
+            raise ValueError(f"{_op_name(op)}: backward returned a gradient of shape "
+                             f"{(<Tensor>g)._data.shape} for input {i} of shape {in_shapes[i]}")
+    return res
+
+
+cdef tuple _node_grads(GradFn node, bint tensor_mode):
+    """Collect the node's output gradients, zero-filling the missing ones for
+    backward graphs, and empty its slots."""
+    cdef GradSlot s
+    cdef list grads = []
+    cdef bint any_g = False
+    cdef Py_ssize_t i
+    for i in range(len(node.slots)):
+        s = <GradSlot>node.slots[i]
+        g = s.grad
+        s.grad = None
+        s.owned = False
+        if g is not None:
+            any_g = True
+        grads.append(g)
+    if not any_g:
+        return None
+    if node.path == 3 and node.out_meta is not None:
+        for i in range(len(grads)):
+            if grads[i] is None:
+                shape, dtype = node.out_meta[i]
+                z = _np_zeros(shape, dtype)
+                grads[i] = _wrap(z, node.device) if tensor_mode else z
+    return tuple(grads)
+
+
+cdef tuple _run_node(GradFn node, tuple grads, bint tensor_mode):
+    cdef CompiledBackward cb
+    cdef Py_ssize_t n = len(node.dests)
+    if node.path == 3:
+        cb = <CompiledBackward>node.backward
+        saved = node.saved
+        if tensor_mode:
+            if not node.saved_tensors:
+                saved = tuple([_wrap(v, node.device) for v in saved])
+            res = cb.run_tensor(saved, grads)
+        else:
+            if node.saved_tensors:
+                saved = tuple([(<Tensor>v)._data if isinstance(v, Tensor) else v for v in saved])
+            res = cb.run_raw(saved, grads)
+        return res
+    # user backward: Tensors in, Tensors out
+    if not tensor_mode:
+        grads = tuple([None if g is None else _wrap(g, node.device) for g in grads])
+    res = node.backward(*grads)
+    res = _check_user_grads(node.op, res, n, node.in_shapes)
+    if not tensor_mode:
+        res = tuple([None if g is None else (<Tensor>g)._data for g in res])
+    return res
+
+
+cdef void _run_backward(GradKey key, list ys, list dys) except *:
+    global _visible_below
+    if key.state != 1:
+        raise RuntimeError(f"{key.name}: backward on a Grad that is not recording "
+                           f"(it was released or never entered)")
+    if key.ran_backward:
+        raise RuntimeError(f"{key.name}: backward was already called for this recording; "
+                           f"record again to compute new gradients")
+    if len(ys) != len(dys):
+        raise ValueError(f"{key.name}: got {len(ys)} outputs but {len(dys)} output gradients")
+
+    # an older key still recording sees this backward: run it on Tensors
+    cdef bint tensor_mode = False
+    for k in _recording:
+        if k is not key and _key_records(<GradKey>k) and (<GradKey>k).priority < key.priority:
+            tensor_mode = True
+            break
+
+    cdef list tape = key.tape
+    cdef GradFn node
+    cdef GradSlot s
+    cdef Tensor y
+    cdef Py_ssize_t i, j, nt = len(tape)
+    cdef list roots = []
+    key.ran_backward = True
+    cdef long saved_visible = _visible_below
+    try:
+        # reachability, forward over the tape; pending producer counts
+        for i in range(nt):
+            node = <GradFn>tape[i]
+            r = False
+            for d in node.dests:
+                if d is not None:
+                    s = <GradSlot>d
+                    s.pending += 1
+                    if s.reaches:
+                        r = True
+            node.reaches = r
+            for o in node.slots:
+                (<GradSlot>o).reaches = r
+        # seed the output gradients
+        for i in range(len(ys)):
+            y = ys[i]
+            if not isinstance(y, Tensor):
+                raise TypeError(f"{key.name}: backward outputs must be Tensors, got {type(y).__name__}")
+            s = _slot_for(y, key)
+            if s is None:
+                continue
+            dy = dys[i]
+            if not isinstance(dy, Tensor):
+                dy = Tensor(dy, dtype=y._data.dtype, device=y._device)
+            if (<Tensor>dy)._data.shape != y._data.shape:
+                raise ValueError(f"{key.name}: output gradient of shape {(<Tensor>dy)._data.shape} "
+                                 f"for an output of shape {y._data.shape}")
+            if tensor_mode:
+                _acc_tensor(s, dy)
+            else:
+                _acc_raw(s, (<Tensor>dy)._data)
+            if s.leaf and s.pending == 0:
+                roots.append(s)
+        _visible_below = key.priority
+        # reverse walk
+        for i in range(nt - 1, -1, -1):
+            node = <GradFn>tape[i]
+            tape[i] = None
+            grads = _node_grads(node, tensor_mode) if node.reaches else None
+            if grads is not None:
+                res = _run_node(node, grads, tensor_mode)
+                nd = len(node.dests)
+                if len(res) != nd:
+                    raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
+                                     f"gradients for {nd} inputs")
+                for j in range(nd):
+                    d = node.dests[j]
+                    if d is None:
+                        continue
+                    g = res[j]
+                    if g is None:
+                        continue
+                    if tensor_mode:
+                        if (<Tensor>g)._data.shape != node.in_shapes[j]:
+                            g = _h_sum_to(g, node.in_shapes[j])
+                        _acc_tensor(<GradSlot>d, g)
+                    else:
+                        if g.shape != node.in_shapes[j]:
+                            g = _sum_to_raw(node.op, g, node.in_shapes[j])
+                        _acc_raw(<GradSlot>d, g)
+            for d in node.dests:
+                if d is not None:
+                    s = <GradSlot>d
+                    s.pending -= 1
+                    if s.pending == 0 and s.leaf:
+                        _fire(s, tensor_mode, node.device)
+            node.clear()
+        for s in roots:
+            _fire(s, tensor_mode, CPU)
+    finally:
+        _visible_below = saved_visible
+        for o in key.tape:
+            if o is not None:
+                (<GradFn>o).clear()
+        key.tape = []
+
+
+# ---------------------------------------------------------------- misc
+def _no_record_enter():
+    global _no_record
+    _no_record += 1
+
+
+def _no_record_exit():
+    global _no_record
+    _no_record -= 1
+
+
+def _debug_state():
+    """Internal counters, for tests."""
+    return {"recording": len(_recording), "no_record": _no_record,
+            "visible_below": _visible_below, "front_cache": len(_bw_front)}
+
+
+def _clear_front_cache():
+    _bw_front.clear()

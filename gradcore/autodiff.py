@@ -1,0 +1,269 @@
+"""GradManager and Function, with MegEngine's semantics.
+
+Example::
+
+    >>> gm = GradManager().attach(model.parameters())
+    >>> with gm:
+    ...     loss = F.cross_entropy(model(x), y)
+    ...     gm.backward(loss)
+    >>> opt.step().clear_grad()
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Iterable, List, Optional, Sequence, Union
+
+from . import _core
+from ._core import Tensor
+from .core import Grad
+
+__all__ = ["GradManager", "GradManagerGroup", "Function"]
+
+
+class _AttachSpec:
+    __slots__ = ("tensor", "callbacks")
+
+    def __init__(self, tensor_ref, callbacks):
+        self.tensor = tensor_ref
+        self.callbacks = callbacks
+
+
+class GradManager:
+    """Records operations on attached tensors and computes their gradients.
+
+    ``attach(tensors, callbacks)`` (callbacks ``cb(tensor, grad) -> grad``
+    chain in order), ``record()`` / ``release()`` or ``with gm:``, and
+    ``backward(y, dy)`` which accumulates into ``tensor.grad`` and ends the
+    recording. Nested managers give higher-order gradients.
+
+    Example::
+
+        >>> gm = GradManager().attach([w])
+        >>> with gm:
+        ...     loss = (w * w).sum()
+        ...     gm.backward(loss)
+        >>> w.grad
+    """
+
+    def __init__(self):
+        self._attach_specs = {}      # id(tensor) -> _AttachSpec
+        self._recording = False
+        self._grad: Optional[Grad] = None
+        self._gradients = {}
+        self._after_backward_callbacks: List[Callable] = []
+
+    # ---- attaching
+    def attach(self, tensors: Union[Tensor, Iterable[Tensor]], callbacks=None) -> "GradManager":
+        if callbacks is None:
+            callbacks = []
+        elif callable(callbacks):
+            callbacks = [callbacks]
+        else:
+            callbacks = list(callbacks)
+        if isinstance(tensors, Tensor):
+            tensors = [tensors]
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"GradManager.attach: expected Tensors, got {type(t).__name__}")
+            spec = self._attach_specs.get(id(t))
+            new = spec is None
+            if new:
+                spec = _AttachSpec(weakref.ref(t, self._deleter(id(t))), [])
+                self._attach_specs[id(t)] = spec
+            spec.callbacks.extend(callbacks)
+            if new and self._recording:
+                self._do_record(spec)
+        return self
+
+    def _deleter(self, key):
+        selfref = weakref.ref(self)
+
+        def drop(_):
+            gm = selfref()
+            if gm is not None:
+                gm._attach_specs.pop(key, None)
+        return drop
+
+    def attached_tensors(self) -> List[Tensor]:
+        """The attached tensors that are still alive, in attach order."""
+        return [t for t in (s.tensor() for s in self._attach_specs.values()) if t is not None]
+
+    def is_attached(self, tensor: Tensor) -> bool:
+        return id(tensor) in self._attach_specs
+
+    def register_after_backward_callback(self, callback: Callable) -> "GradManager":
+        """``callback()`` runs after every backward, before ``.grad`` is set."""
+        self._after_backward_callbacks.append(callback)
+        return self
+
+    # ---- recording
+    def _do_record(self, spec):
+        tensor = spec.tensor()
+        if tensor is None:
+            return
+        key = id(tensor)
+
+        def callback(grad, spec=spec, key=key):
+            t = spec.tensor()
+            for cb in spec.callbacks:
+                grad = cb(t, grad)
+            self._gradients[key] = grad
+        self._grad.wrt(tensor, callback=callback)
+
+    def record(self) -> "GradManager":
+        if self._recording:
+            raise RuntimeError("GradManager is already recording")
+        self._grad = Grad()
+        self._recording = True
+        self._gradients = {}
+        self._grad.__enter__()
+        for spec in list(self._attach_specs.values()):
+            self._do_record(spec)
+        return self
+
+    def release(self) -> None:
+        if self._grad is not None:
+            self._grad.__exit__(None, None, None)
+            self._grad = None
+        self._recording = False
+        self._gradients = {}
+
+    def __enter__(self) -> "GradManager":
+        return self.record()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    @property
+    def recording(self) -> bool:
+        return self._recording
+
+    # ---- backward
+    def backward(self, y=None, dy=None) -> None:
+        """Compute the gradients of ``y`` (a Tensor or a list) weighted by
+        ``dy`` (default ones) and add them to the attached tensors' ``.grad``.
+        Ends the recording."""
+        if not self._recording:
+            raise RuntimeError("GradManager.backward: no computation history: call record() "
+                               "(or use `with gm:`) before backward; a manager records for one "
+                               "backward only")
+        from . import functional as F
+        if y is None:
+            ys = []
+        elif isinstance(y, (tuple, list)):
+            ys = list(y)
+        else:
+            ys = [y]
+        if dy is None:
+            dys = [F.ones_like(t) for t in ys]
+        elif isinstance(dy, (tuple, list)):
+            dys = list(dy)
+        else:
+            dys = [dy]
+        for t in ys:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"GradManager.backward: y must be Tensors, got {type(t).__name__}")
+        if len(dys) != len(ys):
+            raise ValueError(f"GradManager.backward: {len(ys)} outputs but {len(dys)} output gradients")
+        try:
+            self._grad(ys, dys)
+            for cb in self._after_backward_callbacks:
+                cb()
+            for key, grad in self._gradients.items():
+                if hasattr(grad, "wait") and not isinstance(grad, Tensor):
+                    grad = grad.wait()
+                spec = self._attach_specs.get(key)
+                tensor = spec.tensor() if spec is not None else None
+                if tensor is None:
+                    continue
+                if tensor.grad is None:
+                    tensor.grad = grad
+                else:
+                    tensor.grad = tensor.grad + grad
+        finally:
+            self.release()
+
+    def __or__(self, other: "GradManager") -> "GradManagerGroup":
+        return GradManagerGroup([self, other])
+
+    def __repr__(self):
+        return f"<GradManager attached={len(self._attach_specs)} recording={self._recording}>"
+
+
+class GradManagerGroup:
+    """``gm1 | gm2``: record with several managers at once; none of them
+    records the others' backward."""
+
+    def __init__(self, gms):
+        self._gms = []
+        for gm in gms:
+            self._gms.extend(gm._gms if isinstance(gm, GradManagerGroup) else [gm])
+
+    def __or__(self, other):
+        return GradManagerGroup(self._gms + [other])
+
+    def __enter__(self):
+        _core._set_group_priority(True)
+        try:
+            for gm in self._gms:
+                gm.record()
+        finally:
+            _core._set_group_priority(False)
+        return self
+
+    def __exit__(self, *exc):
+        for gm in self._gms:
+            gm.release()
+
+
+class Function:
+    """A user-defined differentiable operation (MegEngine's Function).
+
+    Subclass it with ``forward(*inputs)`` and ``backward(*output_grads)``;
+    ``save_for_backward`` keeps tensors for the backward.
+
+    Example::
+
+        class Square(Function):
+            def forward(self, x):
+                self.save_for_backward(x)
+                return x * x
+            def backward(self, dy):
+                (x,) = self.saved_tensors
+                return dy * 2 * x
+
+        y = Square()(x)
+    """
+
+    saved_tensors: tuple = ()
+
+    def forward(self, *args):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
+
+    def backward(self, *output_grads):
+        raise NotImplementedError(f"{type(self).__name__}.backward is not defined")
+
+    def save_for_backward(self, *tensors: Tensor) -> None:
+        self.saved_tensors = tensors
+
+    def _name(self) -> str:
+        return type(self).__name__
+
+    def _grad_rule(self, *args):
+        ret = self.forward(*args)
+        self._single_output = isinstance(ret, Tensor)
+        return ret, self._backward
+
+    def _backward(self, *output_grads):
+        res = self.backward(*output_grads)
+        if isinstance(res, Tensor) or res is None:
+            res = (res,)
+        return res
+
+    def __call__(self, *args):
+        for a in args:
+            if not isinstance(a, Tensor):
+                raise TypeError(f"op {type(self).__name__} expects Tensor inputs, got "
+                                f"{type(a).__name__}")
+        outs = _core.apply(self, *args)
+        return outs[0] if getattr(self, "_single_output", True) and len(outs) == 1 else outs

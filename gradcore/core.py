@@ -1,0 +1,72 @@
+"""gradcore.core: the low-level API under GradManager.
+
+Example::
+
+    >>> from gradcore.core import Grad, apply
+    >>> with Grad() as g:
+    ...     g.wrt(x, callback=lambda dx: print(dx))
+    ...     (y,) = apply(Elemwise("mul"), x, x)
+    ...     g([y], [gradcore.ones_like(y)])
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Optional, Sequence
+
+from . import _core
+from ._core import (CompiledBackward, GradKey, GradRuleFallback, NotDifferentiableError, Tensor,
+                    apply, register_grad_rule, registered_grad_rule, unregister_grad_rule)
+from .graph import BackwardGraph, cache_info, make_backward_graph
+from .op import Composite, Op, OpError, TensorDesc
+
+__all__ = ["apply", "Grad", "GradKey", "TensorDesc", "make_backward_graph", "BackwardGraph",
+           "register_grad_rule", "GradRuleFallback", "NotDifferentiableError", "Op", "Composite",
+           "OpError", "cache_info"]
+
+_counter = itertools.count()
+
+
+class Grad:
+    """A recording: ``wrt`` tensors, run ops, then ``g(ys, dys)``.
+
+    Example::
+
+        >>> with Grad() as g:
+        ...     g.wrt(x, callback=grads.append)
+        ...     y = x * x
+        ...     g([y], [ones_like(y)])
+    """
+
+    def __init__(self, name: Optional[str] = None):
+        self._key = GradKey(name or f"grad_{next(_counter)}")
+
+    @property
+    def name(self) -> str:
+        return self._key.name
+
+    def wrt(self, *tensors: Tensor, callback: Optional[Callable] = None) -> "Grad":
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{self.name}: wrt() takes Tensors, got {type(t).__name__}")
+            self._key.attach(t, callback)
+        return self
+
+    def __call__(self, ys, dys) -> None:
+        if isinstance(ys, Tensor):
+            ys = [ys]
+        if isinstance(dys, Tensor) or not isinstance(dys, (list, tuple)):
+            dys = [dys]
+        self._key.backward(list(ys), list(dys))
+
+    def __enter__(self) -> "Grad":
+        self._key.enter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._key.exit()
+
+    def suppress(self):
+        self._key.suppress()
+
+    def resume(self):
+        self._key.resume()

@@ -1,0 +1,450 @@
+"""The generic backward graph (gradient path 3).
+
+``make_backward_graph`` traces an op's VJP definition, or its decomposition
+into other ops, on symbolic tensors that carry only dtype and device (shapes
+stay unknown, so one graph serves every shape). The graph is then optimised:
+
+- dead code is removed;
+- a forward value read only for its shape (``reshape_like(g, x)``) is
+  replaced by a zero-stride "shape carrier" made in a *precomp* step right
+  after the forward, so the tensor itself is not kept alive;
+- what is left decides the save-for-backward mask over
+  (inputs, outputs, output grads).
+
+It is compiled into two Python functions by code generation: one calling the
+kernels on raw arrays (a backward nobody records), one calling ``apply`` on
+Tensors (a backward an older GradManager records, for higher order).
+Results are cached under (op, input dtypes, devices, requires-grad mask).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _core
+from .op import Op, OpError, TensorDesc, shape_carrier
+
+__all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
+
+
+# ---------------------------------------------------------------- tracing
+class Node:
+    __slots__ = ("op", "args", "outs")
+
+    def __init__(self, op, args, outs):
+        self.op = op          # Op
+        self.args = args      # tuple of value ids (int) or Const
+        self.outs = outs      # tuple of value ids
+
+
+class Const:
+    """A constant argument in a graph (a Python scalar or small array)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return f"Const({self.value!r})"
+
+
+class Trace:
+    _local = threading.local()
+
+    def __init__(self):
+        self.nodes: List[Node] = []
+        self.descs: List[TensorDesc] = []
+
+    def new_value(self, desc: TensorDesc) -> "SymbolicTensor":
+        self.descs.append(desc)
+        return SymbolicTensor(self, len(self.descs) - 1, desc)
+
+
+class SymbolicTensor:
+    """A tensor known only by dtype, device and (maybe) shape; ops applied to
+    it are recorded into a Trace instead of computed."""
+
+    __slots__ = ("trace", "vid", "desc")
+    __array_priority__ = 2000
+
+    def __init__(self, trace: Trace, vid: int, desc: TensorDesc):
+        self.trace, self.vid, self.desc = trace, vid, desc
+
+    shape = property(lambda self: self.desc.shape)
+    dtype = property(lambda self: self.desc.dtype)
+    device = property(lambda self: self.desc.device)
+    ndim = property(lambda self: self.desc.ndim)
+
+    def __repr__(self):
+        return f"SymbolicTensor(v{self.vid}, {self.desc})"
+
+    def _bin(name):
+        def fwd(self, other):
+            return _core.apply(_operator_op(name), self, other)[0]
+
+        def rev(self, other):
+            return _core.apply(_operator_op(name), other, self)[0]
+        return fwd, rev
+
+    __add__, __radd__ = _bin("add")
+    __sub__, __rsub__ = _bin("sub")
+    __mul__, __rmul__ = _bin("mul")
+    __truediv__, __rtruediv__ = _bin("div")
+    __pow__, __rpow__ = _bin("pow")
+    __lt__, _ = _bin("lt")
+    __le__, _ = _bin("le")
+    __gt__, _ = _bin("gt")
+    __ge__, _ = _bin("ge")
+    del _bin, _
+
+    def __neg__(self):
+        return _core.apply(_operator_op("neg"), self)[0]
+
+    def __getattr__(self, name):
+        return _tensor_method(self, name)
+
+
+def _operator_op(name):
+    from gradcore.ops import operator_op
+    return operator_op(name)
+
+
+def _tensor_method(self, name):
+    from gradcore import tensor_methods
+    return tensor_methods.method(self, name)
+
+
+def _as_desc(x, device) -> Tuple[Optional[TensorDesc], object]:
+    """(desc, const) for a non-symbolic argument inside a trace."""
+    if isinstance(x, _core.Tensor):
+        return TensorDesc(x.shape, x.dtype, x.device), x.numpy()
+    if isinstance(x, (bool, int, float)):
+        return TensorDesc((), np.result_type(x), device), x
+    arr = np.asarray(x)
+    return TensorDesc(arr.shape, arr.dtype, device), arr
+
+
+def trace_apply(op, args):
+    trace = next(a.trace for a in args if isinstance(a, SymbolicTensor))
+    device = next(a.device for a in args if isinstance(a, SymbolicTensor))
+    descs, refs = [], []
+    for a in args:
+        if isinstance(a, SymbolicTensor):
+            if a.trace is not trace:
+                raise RuntimeError(f"{op!r}: symbolic tensors from two different traces")
+            descs.append(a.desc)
+            refs.append(a.vid)
+        else:
+            d, c = _as_desc(a, device)
+            if isinstance(c, (bool, int, float)):
+                # weak Python scalars take the dtype of the tensors they meet
+                others = [x.dtype for x in args if isinstance(x, SymbolicTensor)]
+                d = TensorDesc((), np.result_type(*others, c), device)
+            descs.append(d)
+            refs.append(Const(c))
+    out_descs = op.infer(*descs)
+    outs = tuple(trace.new_value(d) for d in out_descs)
+    trace.nodes.append(Node(op, tuple(refs), tuple(o.vid for o in outs)))
+    return outs
+
+
+# ---------------------------------------------------------------- graphs
+class BackwardGraph:
+    """The optimised backward of one op: ``precomp`` nodes run right after the
+    forward on (inputs, outputs); ``nodes`` run in the backward on the saved
+    values, the precomp results and the output grads."""
+
+    def __init__(self, op, n_in, n_out, descs, save_mask, input_has_grad,
+                 saved_vids, precomp, nodes, grad_vids, consts_desc):
+        self.op = op
+        self.n_in, self.n_out = n_in, n_out
+        self.descs = descs
+        self.save_for_backward = save_mask          # over inputs + outputs + grads
+        self.input_has_grad = input_has_grad
+        self.saved_vids = saved_vids                # graph inputs kept, in order
+        self.precomp = precomp                      # [(source vid, carrier vid)]
+        self.nodes = nodes
+        self.grad_vids = grad_vids                  # per input: vid or None
+        self.compiled = None
+
+    def __repr__(self):
+        lines = [f"BackwardGraph({self.op!r}) save={self.save_for_backward} "
+                 f"input_has_grad={self.input_has_grad}"]
+        for src, dst in self.precomp:
+            lines.append(f"  precomp v{dst} = shape_of(v{src})")
+        for n in self.nodes:
+            args = ", ".join(f"v{a}" if isinstance(a, int) else repr(a) for a in n.args)
+            outs = ", ".join(f"v{o}" for o in n.outs)
+            lines.append(f"  {outs} = {n.op!r}({args})")
+        lines.append("  return " + ", ".join("None" if v is None else f"v{v}" for v in self.grad_vids))
+        return "\n".join(lines)
+
+    @property
+    def ops(self):
+        return [n.op for n in self.nodes]
+
+
+def _grad_path_of(op):
+    if hasattr(op, "vjp"):
+        return "vjp"
+    if hasattr(op, "decompose"):
+        return "decompose"
+    return None
+
+
+def _zeros_like(x):
+    from gradcore.ops import shape as shape_ops
+    return _core.apply(shape_ops.ZerosLike(), x)[0]
+
+
+def _sum_to_like(g, x):
+    from gradcore.ops import shape as shape_ops
+    return _core.apply(shape_ops.SumToLike(), g, x)[0]
+
+
+def _vjp(op, inputs, outputs, grads):
+    """Symbolic VJP of one op (its own rule, or through its decomposition)."""
+    if hasattr(op, "vjp"):
+        return list(op.vjp(inputs, outputs, grads))
+    if hasattr(op, "decompose"):
+        return _vjp_of_decomposition(op, inputs, outputs, grads)
+    raise _core.NotDifferentiableError(_not_differentiable_msg(op))
+
+
+def _vjp_of_decomposition(op, inputs, outputs, grads):
+    trace = inputs[0].trace
+    start = len(trace.nodes)
+    res = op.decompose(*inputs)
+    res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)
+    fwd_nodes = trace.nodes[start:]
+    # the op's real outputs stand in for the decomposition's: no recomputation
+    alias = {r.vid: o for r, o in zip(res, outputs)}
+    sym = lambda vid: alias.get(vid) or SymbolicTensor(trace, vid, trace.descs[vid])
+    grad_of = {r.vid: g for r, g in zip(res, grads) if g is not None}
+    for node in reversed(fwd_nodes):
+        gs = [grad_of.get(o) for o in node.outs]
+        if all(g is None for g in gs):
+            continue
+        outs = [sym(o) for o in node.outs]
+        gs = [_zeros_like(o) if g is None else g for g, o in zip(gs, outs)]
+        ins = [sym(a) if isinstance(a, int) else a.value for a in node.args]
+        in_grads = _vjp(node.op, ins, outs, gs)
+        for a, x, g in zip(node.args, ins, in_grads):
+            if not isinstance(a, int) or g is None or not isinstance(g, SymbolicTensor):
+                continue
+            if node.op.reduce_broadcast:
+                g = _sum_to_like(g, x)
+            prev = grad_of.get(a)
+            grad_of[a] = g if prev is None else prev + g
+    return [grad_of.get(x.vid) for x in inputs]
+
+
+def _not_differentiable_msg(op):
+    name = op._name() if hasattr(op, "_name") else type(op).__name__
+    return (f"op {name} is not differentiable: it has no _grad_rule, no rule registered with "
+            f"gradcore.register_grad_rule({type(op).__name__}), and neither a vjp() nor a "
+            f"decompose() method to derive a backward graph from; add one of them")
+
+
+def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> BackwardGraph:
+    if _grad_path_of(op) is None:
+        raise _core.NotDifferentiableError(_not_differentiable_msg(op))
+    trace = Trace()
+    # shapes stay unknown: the graph must hold for every shape
+    ins = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in descs]
+    out_descs = op.infer(*[x.desc for x in ins])
+    outs = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in out_descs]
+    grads = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in out_descs]
+    n_in, n_out = len(ins), len(outs)
+    if not any(requires_grad):
+        in_grads = [None] * n_in
+    else:
+        in_grads = _vjp(op, ins, outs, grads)
+    if len(in_grads) != n_in:
+        raise ValueError(f"{op!r}: the VJP returned {len(in_grads)} gradients for {n_in} inputs")
+    grad_vids = []
+    for i, g in enumerate(in_grads):
+        ok = (requires_grad[i] and isinstance(g, SymbolicTensor)
+              and ins[i].dtype.kind in "fc")
+        grad_vids.append(g.vid if ok else None)
+    return _optimise(op, trace, n_in, n_out, grad_vids)
+
+
+def _optimise(op, trace: Trace, n_in, n_out, grad_vids) -> BackwardGraph:
+    n_graph_inputs = n_in + 2 * n_out
+    # dead code elimination
+    live = {v for v in grad_vids if v is not None}
+    nodes = []
+    for node in reversed(trace.nodes):
+        if any(o in live for o in node.outs):
+            nodes.append(node)
+            live.update(a for a in node.args if isinstance(a, int))
+    nodes.reverse()
+    # forward values read only for their shape become precomputed carriers
+    uses = {}
+    for node in nodes:
+        for pos, a in enumerate(node.args):
+            if isinstance(a, int):
+                uses.setdefault(a, []).append((node, pos))
+    returned = {v for v in grad_vids if v is not None}
+    precomp = []
+    descs = list(trace.descs)
+    for v in range(n_in + n_out):
+        us = uses.get(v)
+        if not us or v in returned:
+            continue
+        if all(pos in node.op.shape_only_inputs for node, pos in us):
+            descs.append(descs[v])
+            carrier = len(descs) - 1
+            precomp.append((v, carrier))
+            for node, pos in us:
+                args = list(node.args)
+                args[pos] = carrier
+                node.args = tuple(args)
+    used = set(returned)
+    for node in nodes:
+        used.update(a for a in node.args if isinstance(a, int))
+    mask = [v in used for v in range(n_graph_inputs)]
+    saved_vids = [v for v in range(n_in + n_out) if mask[v]]
+    input_has_grad = [v is not None for v in grad_vids]
+    return BackwardGraph(op, n_in, n_out, descs, mask, input_has_grad, saved_vids,
+                         precomp, nodes, grad_vids, None)
+
+
+# ---------------------------------------------------------------- codegen
+def _compile(graph: BackwardGraph, device: str):
+    n_in, n_out = graph.n_in, graph.n_out
+    ns = {"_apply": _core.apply}
+    consts = {}
+
+    def arg(a, tensor_mode):
+        if isinstance(a, int):
+            return f"v{a}"
+        name = f"c{len(consts)}"
+        consts[name] = a.value
+        return name
+
+    def body(tensor_mode):
+        lines = []
+        for k, v in enumerate(graph.saved_vids):
+            lines.append(f"    v{v} = s[{k}]")
+        for k, (_, carrier) in enumerate(graph.precomp):
+            lines.append(f"    v{carrier} = s[{len(graph.saved_vids) + k}]")
+        for k in range(n_out):
+            v = n_in + n_out + k
+            if graph.save_for_backward[v]:
+                lines.append(f"    v{v} = g[{k}]")
+        for i, node in enumerate(graph.nodes):
+            args = ", ".join(arg(a, tensor_mode) for a in node.args)
+            outs = ", ".join(f"v{o}" for o in node.outs)
+            if tensor_mode:
+                ns[f"op{i}"] = node.op
+                lines.append(f"    {outs}, = _apply(op{i}, {args})")
+            else:
+                ns[f"k{i}"] = _kernel(node.op, device)
+                if len(node.outs) == 1:
+                    lines.append(f"    {outs} = k{i}({args})")
+                else:
+                    lines.append(f"    {outs}, = k{i}({args})")
+        ret = ", ".join("None" if v is None else f"v{v}" for v in graph.grad_vids)
+        lines.append(f"    return ({ret},)")
+        return "\n".join(lines)
+
+    src = (f"def run_raw(s, g):\n{body(False)}\n\n"
+           f"def run_tensor(s, g):\n{body(True)}\n")
+    if graph.precomp:
+        items = ", ".join(
+            (f"_carrier(i[{src_v}])" if src_v < n_in else f"_carrier(o[{src_v - n_in}])")
+            for src_v, _ in graph.precomp)
+        src += f"\ndef precomp(i, o):\n    return ({items},)\n"
+        ns["_carrier"] = shape_carrier
+    ns.update(consts)
+    code = compile(src, f"<backward of {graph.op!r}>", "exec")
+    exec(code, ns)
+    cb = _core.CompiledBackward()
+    cb.save_index = tuple(graph.saved_vids)
+    cb.precomp = ns.get("precomp")
+    cb.run_raw = ns["run_raw"]
+    cb.run_tensor = ns["run_tensor"]
+    cb.input_has_grad = tuple(graph.input_has_grad)
+    cb.any_grad = any(graph.input_has_grad)
+    cb.graph = graph
+    graph.source = src
+    return cb
+
+
+def _kernel(op, device):
+    if device == "cpu":
+        return op.cpu
+    from gradcore import devices
+    return devices.kernel_for(op, device)
+
+
+# ---------------------------------------------------------------- cache
+_cache = {}
+_stats = {"hits": 0, "misses": 0}
+
+
+def _cache_key(op, dtypes, devices, requires_grad):
+    return (op, tuple(np.dtype(d).str for d in dtypes), tuple(devices), tuple(bool(r) for r in requires_grad))
+
+
+def _get(op, descs, requires_grad):
+    key = _cache_key(op, [d.dtype for d in descs], [d.device for d in descs], requires_grad)
+    hit = _cache.get(key)
+    if hit is not None:
+        _stats["hits"] += 1
+        return hit
+    _stats["misses"] += 1
+    graph = _derive(op, descs, requires_grad)
+    graph.compiled = _compile(graph, descs[0].device if descs else "cpu")
+    _cache[key] = graph
+    return graph
+
+
+def make_backward_graph(op, input_descs: Sequence[TensorDesc], input_requires_grad: Sequence[bool],
+                        output_has_grad: Optional[Sequence[bool]] = None):
+    """Derive the backward of ``op`` as a graph of ops.
+
+    Returns ``(backward_graph, save_for_backward_mask, input_has_grad)``; the
+    mask runs over (inputs, outputs, output grads).
+
+    Example::
+
+        >>> from gradcore.ops import Elemwise
+        >>> d = TensorDesc((3,), "float32", "cpu")
+        >>> _, mask, has = make_backward_graph(Elemwise("relu"), [d], [True], [True])
+        >>> mask
+        [False, True, True]
+    """
+    descs = [d if isinstance(d, TensorDesc) else TensorDesc(*d) for d in input_descs]
+    if len(input_requires_grad) != len(descs):
+        raise ValueError(f"{op!r}: {len(descs)} input descs but {len(input_requires_grad)} requires-grad flags")
+    graph = _get(op, descs, input_requires_grad)
+    mask = list(graph.save_for_backward)
+    if output_has_grad is not None:
+        for k, has in enumerate(output_has_grad):
+            if not has:
+                # a missing output grad is zero-filled at run time: not saved
+                mask[graph.n_in + graph.n_out + k] = False
+    return graph, mask, list(graph.input_has_grad)
+
+
+def cache_info():
+    """Backward graph cache statistics: hits, misses and size."""
+    return {"hits": _stats["hits"], "misses": _stats["misses"], "size": len(_cache)}
+
+
+def clear_cache():
+    _cache.clear()
+    _core._clear_front_cache()
+
+
+def _core_backward_graph(op, dtypes, device, rg, n):
+    """Hook for the compiled dispatcher: the CompiledBackward for one call."""
+    descs = [TensorDesc(None, d, device) for d in dtypes]
+    requires = [bool(rg >> i & 1) for i in range(n)]
+    return _get(op, descs, requires).compiled

@@ -1,0 +1,43 @@
+"""gradcore's standard op library, one module per family. It registers
+itself through the ``gradcore.ops`` entry point group, exactly like a
+third-party plugin (see ``register``).
+
+Example::
+
+    >>> from gradcore.ops import Elemwise, get
+    >>> get("Elemwise") is Elemwise
+    True
+"""
+from .elemwise import Elemwise
+from .indexing import IndexingOneHot, IndexingOneHotGrad, SetSubtensor, Subtensor, SubtensorGrad
+from .linalg import MatrixMul
+from .nn import LogSoftmax, LogSumExp
+from .reduce import BroadcastBack, Reduce
+from .shape import (Broadcast, BroadcastToLike, Cast, Concat, ExpandDims, Identity, Reshape,
+                    ReshapeLike, SplitLike, Squeeze, StopGradient, SumTo, SumToLike, Transpose,
+                    ZerosLike)
+
+STANDARD_OPS = [
+    Elemwise, Reduce, BroadcastBack, MatrixMul, Reshape, ReshapeLike, Transpose, Broadcast,
+    BroadcastToLike, SumTo, SumToLike, ZerosLike, ExpandDims, Squeeze, Cast, Identity,
+    StopGradient, Concat, SplitLike, Subtensor, SubtensorGrad, SetSubtensor, IndexingOneHot,
+    IndexingOneHotGrad, LogSoftmax, LogSumExp,
+]
+
+
+def register():
+    """Entry point of the standard library (group ``gradcore.ops``)."""
+    from gradcore.registry import register_op
+    for cls in STANDARD_OPS:
+        register_op(cls)
+
+
+def get(name: str):
+    """Find any registered op class by name, plugins' included."""
+    from gradcore.registry import get as _get
+    return _get(name)
+
+
+def operator_op(name: str):
+    """The op behind a Python operator (``+`` is ``Elemwise("add")``)."""
+    return Elemwise(name)

@@ -1,0 +1,349 @@
+"""Shape ops: reshape, transpose, broadcast, expand_dims, squeeze, cast, and
+the "like" helpers backward graphs use (their reference input is read only
+for its shape, so backward graphs keep a shape carrier instead of it)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from gradcore import _core
+from gradcore.op import Op, TensorDesc
+
+
+def _apply1(op, *args):
+    return _core.apply(op, *args)[0]
+
+
+def _norm_axes(axes, ndim, op, desc):
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise op.error(f"axis {a} is out of range for {ndim} dimensions", desc)
+        out.append(a % ndim)
+    return tuple(out)
+
+
+def _resolve_shape(op, shape, in_shape, desc):
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1:
+        raise op.error("at most one dimension can be -1", desc)
+    if in_shape is None:
+        return None if -1 in shape else shape
+    size = int(np.prod(in_shape, dtype=np.int64))
+    if -1 in shape:
+        rest = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        if rest == 0 or size % rest:
+            raise op.error(f"cannot reshape {size} elements into {shape}", desc)
+        shape = tuple(size // rest if s == -1 else s for s in shape)
+    if int(np.prod(shape, dtype=np.int64)) != size:
+        raise op.error(f"cannot reshape {size} elements into {shape}", desc)
+    return shape
+
+
+class Reshape(Op):
+    name = "Reshape"
+    attrs = ("shape",)
+
+    def __init__(self, shape: Sequence[int]):
+        self.shape = tuple(int(s) for s in shape)
+        self._seal()
+
+    def infer(self, x):
+        return (TensorDesc(_resolve_shape(self, self.shape, x.shape, x), x.dtype, x.device),)
+
+    def cpu(self, x):
+        return x.reshape(self.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(ReshapeLike(), grads[0], inputs[0])]
+
+
+class ReshapeLike(Op):
+    """reshape(x, shape of ref)."""
+    name = "ReshapeLike"
+    shape_only_inputs = (1,)
+
+    def infer(self, x, ref):
+        return (TensorDesc(ref.shape, x.dtype, x.device),)
+
+    def cpu(self, x, ref):
+        return x.reshape(ref.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(ReshapeLike(), grads[0], inputs[0]), None]
+
+
+class Transpose(Op):
+    name = "Transpose"
+    attrs = ("perm",)
+
+    def __init__(self, perm: Sequence[int]):
+        self.perm = tuple(int(p) for p in perm)
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        if sorted(self.perm) != list(range(x.ndim)):
+            raise self.error(f"perm {self.perm} is not a permutation of {x.ndim} axes", x)
+        return (TensorDesc(tuple(x.shape[p] for p in self.perm), x.dtype, x.device),)
+
+    def cpu(self, x):
+        return x.transpose(self.perm)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(Transpose(tuple(np.argsort(self.perm))), grads[0])]
+
+
+class Broadcast(Op):
+    name = "Broadcast"
+    attrs = ("shape",)
+    reduce_broadcast = True   # the gradient is the output grad, summed down centrally
+
+    def __init__(self, shape: Sequence[int]):
+        self.shape = tuple(int(s) for s in shape)
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is not None:
+            try:
+                if tuple(np.broadcast_shapes(x.shape, self.shape)) != self.shape:
+                    raise ValueError
+            except ValueError:
+                raise self.error(f"cannot broadcast to {self.shape}", x) from None
+        return (TensorDesc(self.shape, x.dtype, x.device),)
+
+    def cpu(self, x):
+        return np.broadcast_to(x, self.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        return [grads[0]]
+
+
+class BroadcastToLike(Op):
+    """broadcast x to the shape of ref."""
+    name = "BroadcastToLike"
+    shape_only_inputs = (1,)
+    reduce_broadcast = True
+
+    def infer(self, x, ref):
+        return (TensorDesc(ref.shape, x.dtype, x.device),)
+
+    def cpu(self, x, ref):
+        return np.broadcast_to(x, ref.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        return [grads[0], None]
+
+
+class SumToLike(Op):
+    """Sum x down to the (broadcast-compatible) shape of ref."""
+    name = "SumToLike"
+    shape_only_inputs = (1,)
+
+    def infer(self, x, ref):
+        return (TensorDesc(ref.shape, x.dtype, x.device),)
+
+    def cpu(self, x, ref):
+        return sum_to(x, ref.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(BroadcastToLike(), grads[0], inputs[0]), None]
+
+
+class SumTo(Op):
+    """Sum x down to a fixed shape (the core's central broadcast reduction
+    when a backward is itself recorded)."""
+    name = "SumTo"
+    attrs = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = tuple(int(s) for s in shape)
+        self._seal()
+
+    def infer(self, x):
+        return (TensorDesc(self.shape, x.dtype, x.device),)
+
+    def cpu(self, x):
+        return sum_to(x, self.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(BroadcastToLike(), grads[0], inputs[0])]
+
+
+def sum_to(x, shape):
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and x.shape[i + lead] != 1)
+    return np.asarray(x.sum(axis=axes)).reshape(shape)
+
+
+class ZerosLike(Op):
+    name = "ZerosLike"
+    shape_only_inputs = (0,)
+
+    def infer(self, ref):
+        return (TensorDesc(ref.shape, ref.dtype, ref.device),)
+
+    def cpu(self, ref):
+        return np.zeros(ref.shape, ref.dtype)
+
+    def vjp(self, inputs, outputs, grads):
+        return [None]
+
+
+class ExpandDims(Op):
+    name = "ExpandDims"
+    attrs = ("axis",)
+
+    def __init__(self, axis):
+        self.axis = tuple(int(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        nd = x.ndim + len(self.axis)
+        axes = _norm_axes(self.axis, nd, self, x)
+        shape, it = [], iter(x.shape)
+        for i in range(nd):
+            shape.append(1 if i in axes else next(it))
+        return (TensorDesc(tuple(shape), x.dtype, x.device),)
+
+    def cpu(self, x):
+        return np.expand_dims(x, self.axis)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(ReshapeLike(), grads[0], inputs[0])]
+
+
+class Squeeze(Op):
+    name = "Squeeze"
+    attrs = ("axis",)
+
+    def __init__(self, axis=None):
+        if axis is not None:
+            axis = tuple(int(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+        self.axis = axis
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        if self.axis is None:
+            return (TensorDesc(tuple(s for s in x.shape if s != 1), x.dtype, x.device),)
+        axes = _norm_axes(self.axis, x.ndim, self, x)
+        for a in axes:
+            if x.shape[a] != 1:
+                raise self.error(f"cannot squeeze axis {a} of size {x.shape[a]}", x)
+        return (TensorDesc(tuple(s for i, s in enumerate(x.shape) if i not in axes), x.dtype, x.device),)
+
+    def cpu(self, x):
+        return np.squeeze(x, self.axis)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(ReshapeLike(), grads[0], inputs[0])]
+
+
+class Cast(Op):
+    name = "Cast"
+    attrs = ("dtype",)
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self._seal()
+
+    def infer(self, x):
+        return (TensorDesc(x.shape, self.dtype, x.device),)
+
+    def cpu(self, x):
+        return x.astype(self.dtype)
+
+    def vjp(self, inputs, outputs, grads):
+        x = inputs[0]
+        if x.dtype.kind not in "fc" or self.dtype.kind not in "fc":
+            return [None]
+        return [_apply1(Cast(x.dtype), grads[0])]
+
+
+class Identity(Op):
+    name = "Identity"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x
+
+    def vjp(self, inputs, outputs, grads):
+        return [grads[0]]
+
+
+class StopGradient(Op):
+    """Identity in the forward, no gradient in the backward."""
+    name = "StopGradient"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x
+
+    def vjp(self, inputs, outputs, grads):
+        return [None]
+
+
+class Concat(Op):
+    name = "Concat"
+    attrs = ("axis",)
+
+    def __init__(self, axis=0):
+        self.axis = int(axis)
+        self._seal()
+
+    def infer(self, *xs):
+        if not xs:
+            raise self.error("needs at least one input")
+        dtype = np.result_type(*[x.dtype for x in xs])
+        if any(x.shape is None for x in xs):
+            return (TensorDesc(None, dtype, xs[0].device),)
+        nd = xs[0].ndim
+        if any(x.ndim != nd for x in xs) or not -nd <= self.axis < nd:
+            raise self.error("inputs must have the same number of dimensions and a valid axis", *xs)
+        ax = self.axis % nd
+        for x in xs:
+            if any(x.shape[i] != xs[0].shape[i] for i in range(nd) if i != ax):
+                raise self.error(f"shapes differ outside axis {ax}", *xs)
+        shape = list(xs[0].shape)
+        shape[ax] = sum(x.shape[ax] for x in xs)
+        return (TensorDesc(tuple(shape), dtype, xs[0].device),)
+
+    def cpu(self, *xs):
+        return np.concatenate(xs, axis=self.axis)
+
+    def vjp(self, inputs, outputs, grads):
+        return list(_core.apply(SplitLike(self.axis), grads[0], *inputs))
+
+
+class SplitLike(Op):
+    """Split x along axis into pieces sized like refs (concat's backward)."""
+    name = "SplitLike"
+    attrs = ("axis",)
+
+    def __init__(self, axis):
+        self.axis = int(axis)
+        self.shape_only_inputs = tuple(range(1, 4096))
+        self._seal()
+
+    def infer(self, x, *refs):
+        return tuple(TensorDesc(r.shape, x.dtype, x.device) for r in refs)
+
+    def cpu(self, x, *refs):
+        bounds = np.cumsum([r.shape[self.axis] for r in refs])[:-1]
+        return tuple(np.split(x, bounds, axis=self.axis))
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(Concat(self.axis), *grads)] + [None] * (len(inputs) - 1)

@@ -1,0 +1,19 @@
+"""Builds gradcore's Cython core; the top-level ``ops/`` folder is installed
+as ``gradcore.ops``. Metadata and entry points are in pyproject.toml."""
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+extensions = [
+    Extension("gradcore._core", ["gradcore/_core.pyx"], include_dirs=[np.get_include()],
+              extra_compile_args=["-O3"]),
+]
+
+setup(
+    packages=["gradcore", "gradcore.ops", "gradcore.data"],
+    package_dir={"gradcore": "gradcore", "gradcore.ops": "ops"},
+    package_data={"gradcore.data": ["*.npz", "*.txt"]},
+    ext_modules=cythonize(extensions, language_level=3,
+                          compiler_directives={"boundscheck": False, "wraparound": False}),
+    zip_safe=False,
+)
