@@ -454,9 +454,6 @@ cdef class GradKey:
             raise RuntimeError(f"{self.name}: cannot attach to a Grad whose recording has finished")
         cdef GradSlot s = _slot_for(t, self)
         if s is None:
-            if t._data.dtype.kind not in "fc":
-                raise TypeError(f"{self.name}: only floating-point tensors can be attached, "
-                                f"got dtype {t._data.dtype} with shape {t._data.shape}")
             s = _new_slot(self)
             _prune_slots(t)
             if t._slots is None:

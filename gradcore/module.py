@@ -1,0 +1,177 @@
+"""gradcore.module (``M``): Module, Linear, ReLU, Sequential.
+
+Example::
+
+    >>> import gradcore.module as M
+    >>> net = M.Sequential(M.Linear(4, 8), M.ReLU(), M.Linear(8, 2))
+    >>> [name for name, _ in net.named_parameters()]
+    ['layer_values.0.weight', 'layer_values.0.bias', 'layer_values.2.weight', 'layer_values.2.bias']
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, Iterator, Tuple
+
+import numpy as np
+
+from . import functional as F
+from . import random as _random
+from ._core import Tensor
+from .tensor import Parameter
+
+
+class Module:
+    """Base class of layers: parameters are the Parameter attributes (and
+    those of sub-modules), in attribute order."""
+
+    def __init__(self, name: str = None):
+        self.training = True
+        self.name = name
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # ---- traversal
+    def _children(self) -> Iterator[Tuple[str, object]]:
+        for key, value in vars(self).items():
+            if isinstance(value, (Module, Parameter)):
+                yield key, value
+            elif isinstance(value, (list, tuple)):
+                for i, v in enumerate(value):
+                    if isinstance(v, (Module, Parameter)):
+                        yield f"{key}.{i}", v
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    if isinstance(v, (Module, Parameter)):
+                        yield f"{key}.{k}", v
+
+    def named_parameters(self, prefix: str = "") -> Iterator[Tuple[str, Parameter]]:
+        seen = set()
+        for name, value in self._children():
+            full = f"{prefix}{name}"
+            if isinstance(value, Parameter):
+                if id(value) not in seen:
+                    seen.add(id(value))
+                    yield full, value
+            else:
+                for n, p in value.named_parameters(prefix=full + "."):
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        yield n, p
+
+    def parameters(self) -> Iterator[Parameter]:
+        for _, p in self.named_parameters():
+            yield p
+
+    def named_modules(self, prefix: str = "") -> Iterator[Tuple[str, "Module"]]:
+        yield prefix.rstrip("."), self
+        for name, value in self._children():
+            if isinstance(value, Module):
+                yield from value.named_modules(prefix=f"{prefix}{name}.")
+
+    def modules(self):
+        for _, m in self.named_modules():
+            yield m
+
+    def named_buffers(self, prefix: str = "") -> Iterator[Tuple[str, Tensor]]:
+        for key, value in vars(self).items():
+            if isinstance(value, Tensor) and not isinstance(value, Parameter):
+                yield f"{prefix}{key}", value
+        for name, value in self._children():
+            if isinstance(value, Module):
+                yield from value.named_buffers(prefix=f"{prefix}{name}.")
+
+    # ---- modes
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            m.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    # ---- state
+    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        state = OrderedDict()
+        for name, p in self.named_parameters():
+            state[name] = p.numpy().copy()
+        for name, b in self.named_buffers():
+            state[name] = b.numpy().copy()
+        return state
+
+    def load_state_dict(self, state: Dict[str, np.ndarray], strict: bool = True) -> None:
+        own = dict(self.named_parameters())
+        own.update(dict(self.named_buffers()))
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        for k, t in own.items():
+            if k not in state:
+                continue
+            value = np.asarray(state[k].numpy() if isinstance(state[k], Tensor) else state[k])
+            if value.shape != t.shape:
+                raise ValueError(f"load_state_dict: {k}: shape {value.shape} does not match {t.shape}")
+            t._reset(Tensor(value.astype(t.dtype)))
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad = None
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__}("]
+        for name, value in self._children():
+            if isinstance(value, Module):
+                lines.append(f"  ({name}): {value!r}".replace("\n", "\n  "))
+        return "\n".join(lines) + ")" if len(lines) > 1 else f"{type(self).__name__}()"
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.in_features, self.out_features = in_features, out_features
+        std = np.sqrt(1.0 / in_features)
+        self.weight = Parameter(_random.generator().normal(0.0, std, (out_features, in_features)).astype("float32"))
+        self.bias = Parameter(np.zeros(out_features, "float32")) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def __repr__(self):
+        return f"Linear(in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None})"
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return F.relu(x)
+
+
+class Sequential(Module):
+    """Layers applied in order.
+
+    Example::
+
+        >>> net = Sequential(Linear(2, 4), ReLU(), Linear(4, 1))
+    """
+
+    def __init__(self, *layers, **kwargs):
+        super().__init__(**kwargs)
+        if len(layers) == 1 and isinstance(layers[0], dict):
+            layers = tuple(layers[0].values())
+        self.layer_values = list(layers)
+
+    def __getitem__(self, i):
+        return self.layer_values[i]
+
+    def __len__(self):
+        return len(self.layer_values)
+
+    def forward(self, x):
+        for layer in self.layer_values:
+            x = layer(x)
+        return x

@@ -1,0 +1,378 @@
+"""GradManager, Grad and Function: MegEngine's autodiff semantics."""
+import copy
+import gc as pygc
+import weakref
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+import gradcore.module as M
+import gradcore.optimizer as optim
+from gradcore import _core
+from gradcore.autodiff import Function, GradManager
+from gradcore.core import Grad
+
+
+def test_basic_record_and_release():
+    x = gc.tensor([1.0, 3.0, 5.0]).reshape(1, 3)
+    w = gc.tensor([2.0, 4.0, 6.0]).reshape(3, 1)
+    b = gc.tensor(-1.0)
+    gm = GradManager().attach([w, b])
+    gm.record()
+    y = F.matmul(x, w) + b
+    gm.backward(y)
+    gm.release()
+    np.testing.assert_equal(w.grad.numpy(), [[1], [3], [5]])
+    np.testing.assert_equal(b.grad.numpy(), 1)
+    w.grad = b.grad = None
+    with gm:
+        gm.backward(F.matmul(x, w) + b)
+    np.testing.assert_equal(w.grad.numpy(), [[1], [3], [5]])
+
+
+def test_attach_returns_self_and_lists_tensors():
+    a, b = gc.tensor([1.0]), gc.tensor([2.0])
+    gm = GradManager()
+    assert gm.attach(a) is gm
+    gm.attach([b, a])
+    assert gm.attached_tensors() == [a, b] or [id(t) for t in gm.attached_tensors()] == [id(a), id(b)]
+
+
+def test_dy_and_accumulation():
+    x = gc.tensor([1.0, 2.0])
+    gm = GradManager().attach(x)
+    with gm:
+        gm.backward(x * x, gc.tensor([1.0, 10.0]))
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 40.0])
+    with gm:
+        gm.backward(x * 3)
+    np.testing.assert_allclose(x.grad.numpy(), [5.0, 43.0])
+
+
+def test_callbacks_chain_in_order():
+    x = gc.tensor([1.0, 2.0])
+    seen = []
+
+    def double(t, g):
+        assert t is x
+        seen.append("double")
+        return g * 2
+
+    def plus_one(t, g):
+        seen.append("plus_one")
+        return g + 1
+
+    gm = GradManager().attach(x, callbacks=[double]).attach(x, callbacks=plus_one)
+    with gm:
+        gm.backward((x * x).sum())
+    assert seen == ["double", "plus_one"]
+    np.testing.assert_allclose(x.grad.numpy(), [5.0, 9.0])
+
+
+def test_no_path_no_gradient_no_callback():
+    x = gc.tensor(3, dtype="int32")
+    w = gc.Parameter(1.0)
+    w_no_dep = gc.Parameter(1.0)
+    called = []
+    gm = GradManager().attach(w).attach(w_no_dep, callbacks=lambda t, g: called.append(g) or g)
+    with gm:
+        out1 = x * w
+        _ = w_no_dep * out1
+        gm.backward(out1.sum())
+    assert w.grad is not None and float(w.grad.item()) == 3.0
+    assert w_no_dep.grad is None and called == []
+
+
+def test_attach_while_recording():
+    a = gc.Parameter([1.0])
+    gm = GradManager()
+    with gm:
+        b = a * 3
+        gm.attach(b)
+        c = b + 1
+        gm.backward(c)
+    assert int(b.grad.numpy()[0]) == 1
+    assert a.grad is None
+
+
+def test_attached_temporary_is_freed():
+    w = gc.Parameter(2.0)
+    gm = GradManager().attach(w)
+    for i in range(3):
+        called = []
+        with gm:
+            x = gc.Tensor(float(i))
+            gm.attach(x, callbacks=lambda t, g: called.append(t) or g)
+            ref = weakref.ref(x)
+            gm.backward(x * w)
+            assert called[0] is x
+        del x, called
+        assert ref() is None
+
+
+def test_backward_twice_and_after_release_raise():
+    x = gc.tensor([1.0])
+    gm = GradManager().attach(x)
+    with gm:
+        y = x * 2
+        gm.backward(y)
+        with pytest.raises(RuntimeError, match="no computation history"):
+            gm.backward(y)
+    gm.record()
+    y = x * 2
+    gm.release()
+    with pytest.raises(RuntimeError, match="no computation history"):
+        gm.backward(y)
+    # still usable
+    with gm:
+        gm.backward(x * 5)
+    np.testing.assert_allclose(x.grad.numpy(), [7.0])
+
+
+def test_record_twice_raises():
+    gm = GradManager()
+    with gm:
+        with pytest.raises(RuntimeError, match="already recording"):
+            gm.record()
+
+
+def test_second_order_with_nested_managers():
+    x_np = np.random.rand(10).astype("float32")
+    x = gc.tensor(x_np)
+    gm = GradManager().attach([x])
+    gm2 = GradManager().attach([x])
+    with gm:
+        with gm2:
+            y = F.cos(x)
+            gm2.backward(y)
+        np.testing.assert_almost_equal(x.grad.numpy(), -np.sin(x_np), decimal=5)
+        gm.backward(x.grad)
+    np.testing.assert_almost_equal(x.grad.numpy(), -np.sin(x_np) - np.cos(x_np), decimal=5)
+
+
+def test_third_order():
+    x = gc.tensor([0.5, 1.5], dtype="float64")
+    g1, g2, g3 = (GradManager().attach(x) for _ in range(3))
+    with g1:
+        with g2:
+            with g3:
+                g3.backward((x ** 4).sum())
+            d1 = x.grad
+            x.grad = None
+            np.testing.assert_allclose(d1.numpy(), 4 * x.numpy() ** 3)
+            g2.backward(d1.sum())
+        d2 = x.grad
+        x.grad = None
+        np.testing.assert_allclose(d2.numpy(), 12 * x.numpy() ** 2)
+        g1.backward(d2.sum())
+    np.testing.assert_allclose(x.grad.numpy(), 24 * x.numpy())
+
+
+def test_visibility_by_order():
+    x_np = np.random.rand(10).astype("float32")
+    x = gc.tensor(x_np)
+    gm = GradManager().attach([x])
+    gm2 = GradManager().attach([x])
+    with gm2:
+        with gm:
+            y = F.cos(x)
+            gm2.backward(y)      # the older manager's backward is invisible to the newer one
+            np.testing.assert_almost_equal(x.grad.numpy(), -np.sin(x_np), decimal=5)
+            gm.backward(x.grad)
+    np.testing.assert_almost_equal(x.grad.numpy(), -np.sin(x_np), decimal=5)
+
+
+def test_group_does_not_record_each_other():
+    x_np = np.random.rand(10).astype("float32")
+    x = gc.tensor(x_np)
+    gm = GradManager().attach([x])
+    gm2 = GradManager().attach([x])
+    with gm | gm2:
+        y = F.cos(x)
+        gm.backward(y)
+        assert not x.grad._is_recorded()
+        gm2.backward(y)
+    np.testing.assert_almost_equal(x.grad.numpy(), -2 * np.sin(x_np), decimal=5)
+
+
+def test_low_level_grad():
+    x = gc.tensor([1.0, 2.0])
+    got = []
+    with Grad() as g:
+        g.wrt(x, callback=got.append)
+        y = x * x * x
+        g([y], [gc.tensor([1.0, 1.0])])
+    np.testing.assert_allclose(got[0].numpy(), [3.0, 12.0])
+    with pytest.raises(RuntimeError, match="finished"):
+        g.wrt(x)
+
+
+def test_grad_backward_twice_raises():
+    x = gc.tensor([1.0])
+    with Grad() as g:
+        g.wrt(x, callback=lambda d: None)
+        y = x * 2
+        g(y, gc.tensor([1.0]))
+        with pytest.raises(RuntimeError, match="already"):
+            g(y, gc.tensor([1.0]))
+
+
+def test_callback_fires_when_last_producer_ran():
+    # w's gradient is complete before the nodes between x and w have run
+    x, w = gc.tensor([1.0, 2.0]), gc.tensor([3.0, 4.0])
+    events = []
+    with Grad() as g:
+        g.wrt(x, callback=lambda d: events.append("x"))
+        g.wrt(w, callback=lambda d: events.append("w"))
+        h = F.exp(F.sin(x))
+        y = (h * w).sum()
+        g(y, gc.tensor(1.0))
+    assert events == ["w", "x"]
+
+
+# ---------------------------------------------------------------- Function
+class MulFunc(Function):
+    def forward(self, a):
+        self.a = a
+        return a * 10
+
+    def backward(self, grad_o):
+        return grad_o * 10
+
+
+def test_function_single_input():
+    av = np.random.random((9, 2, 6)).astype(np.float32)
+    a = gc.Parameter(av)
+    gm = GradManager().attach([a])
+    opt = optim.SGD([a], lr=1.0)
+    with gm:
+        loss = MulFunc()(a)
+        gm.backward(loss.sum())
+    opt.step()
+    np.testing.assert_almost_equal(loss.numpy(), av * 10, decimal=5)
+    np.testing.assert_almost_equal(a.numpy(), av - 10, decimal=5)
+
+
+def test_function_none_in_and_out():
+    class Pair(Function):
+        def forward(self, a, b):
+            return a, b
+
+        def backward(self, grad_a, grad_b):
+            assert grad_b is None
+            return grad_a, None
+
+    a, b = gc.Parameter([1.0]), gc.Parameter([2.0])
+    gm = GradManager().attach([a, b])
+    with gm:
+        aa, bb = Pair()(a, b)
+        gm.backward(aa)
+    np.testing.assert_allclose(a.grad.numpy(), [1.0])
+    assert b.grad is None
+
+
+def test_function_zero_grad():
+    class Stop(Function):
+        def forward(self, a):
+            return a
+
+        def backward(self, *_):
+            return None
+
+    a = gc.Parameter([1.0])
+    gm = GradManager().attach([a])
+    with gm:
+        loss = Stop()(a * 3.0) + a * 4.0
+        gm.backward(loss.sum())
+    np.testing.assert_allclose(a.grad.numpy(), [4.0])
+
+
+def test_function_non_tensor_argument():
+    with pytest.raises(TypeError, match="MulFunc"):
+        MulFunc()(3.0)
+
+
+def test_function_wrong_gradient_count_and_kind():
+    class Bad(Function):
+        def __init__(self, result):
+            self.result = result
+
+        def forward(self, a, b):
+            return a * b
+
+        def backward(self, g):
+            return self.result
+
+    a, b = gc.tensor([1.0]), gc.tensor([2.0])
+    for result, err, msg in [((gc.tensor([1.0]),), ValueError, "1 gradients for 2 inputs"),
+                             ((1.0, None), TypeError, "expected a Tensor"),
+                             ((gc.tensor([1.0, 2.0]), None), ValueError, "shape")]:
+        gm = GradManager().attach([a, b])
+        with gm:
+            y = Bad(result)(a, b)
+            with pytest.raises(err, match=msg) as info:
+                gm.backward(y)
+            assert "Bad" in str(info.value)
+    # the library is still usable
+    gm = GradManager().attach([a])
+    with gm:
+        gm.backward(a * 2)
+    assert _core._debug_state()["recording"] == 0
+
+
+def test_function_second_order():
+    class Cube(Function):
+        def forward(self, x):
+            self.save_for_backward(x)
+            return x * x * x
+
+        def backward(self, dy):
+            (x,) = self.saved_tensors
+            return dy * 3 * x * x
+
+    x = gc.tensor([0.5, 2.0], dtype="float64")
+    gm, gm2 = GradManager().attach(x), GradManager().attach(x)
+    with gm:
+        with gm2:
+            gm2.backward(Cube()(x).sum())
+        d1 = x.grad
+        x.grad = None
+        gm.backward(d1.sum())
+    np.testing.assert_allclose(d1.numpy(), 3 * x.numpy() ** 2)
+    np.testing.assert_allclose(x.grad.numpy(), 6 * x.numpy())
+
+
+def test_function_deepcopy():
+    class Sig(Function):
+        def __init__(self, param):
+            super().__init__()
+            self.param = param
+
+        def forward(self, x):
+            y = 1 / (1 + F.exp(-x))
+            self.save_for_backward(y)
+            return y
+
+        def backward(self, gy):
+            (y,) = self.saved_tensors
+            return gy * y * (1 - y)
+
+    assert copy.deepcopy(Sig(3)).param == 3
+
+
+def test_function_called_twice_in_one_graph():
+    class Mul10(Function):
+        def forward(self, a):
+            return a * 10
+
+        def backward(self, g):
+            return g * 20
+
+    a = gc.Parameter([1.0, 2.0])
+    f = Mul10()
+    gm = GradManager().attach([a])
+    with gm:
+        gm.backward(f(f(a)).sum())
+    np.testing.assert_allclose(a.grad.numpy(), [400.0, 400.0])

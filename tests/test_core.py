@@ -1,0 +1,317 @@
+"""The compiled core: dispatch, the three gradient paths, backward graphs,
+memory (what is kept, what is freed, no cycles) and error handling."""
+import gc as pygc
+import weakref
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+from gradcore import _core
+from gradcore.autodiff import GradManager
+from gradcore.core import (GradRuleFallback, NotDifferentiableError, Op, TensorDesc, apply,
+                           cache_info, make_backward_graph, register_grad_rule)
+from gradcore.graph import clear_cache
+from gradcore.ops import Elemwise, LogSoftmax, MatrixMul, Reduce, Reshape
+from gradcore.ops.elemwise import ROWS
+
+
+def grad_of(fn, *xs):
+    gm = GradManager().attach(list(xs))
+    with gm:
+        gm.backward(fn(*xs))
+    return [x.grad for x in xs]
+
+
+def test_import_error_message_mentions_build(monkeypatch):
+    import importlib
+    import sys
+    src = open(gc.__file__).read()
+    assert "pip install -e ." in src and "build_ext --inplace" in src
+
+
+def test_apply_returns_tuple_and_records():
+    x = gc.tensor([1.0, 2.0])
+    out = apply(Elemwise("mul"), x, x)
+    assert isinstance(out, tuple) and len(out) == 1
+    np.testing.assert_allclose(out[0].numpy(), [1.0, 4.0])
+    (g,) = grad_of(lambda x: apply(Elemwise("mul"), x, x)[0].sum(), x)
+    np.testing.assert_allclose(g.numpy(), [2.0, 4.0])
+
+
+def test_relu_mask():
+    d = TensorDesc((3,), "float32", "cpu")
+    graph, mask, has = make_backward_graph(Elemwise("relu"), [d], [True], [True])
+    assert mask == [False, True, True]
+    assert has == [True]
+
+
+def test_masks_of_common_ops():
+    d = TensorDesc((2, 3), "float32", "cpu")
+    _, mask, _ = make_backward_graph(Elemwise("add"), [d, d], [True, True], [True])
+    assert mask == [False, False, False, True]
+    _, mask, _ = make_backward_graph(Elemwise("mul"), [d, d], [True, False], [True])
+    assert mask == [False, True, False, True]          # d(x*y)/dx reads only y
+    _, mask, _ = make_backward_graph(Elemwise("exp"), [d], [True], [True])
+    assert mask == [False, True, True]                  # reads the output, not the input
+    _, mask, _ = make_backward_graph(LogSoftmax(1), [d], [True], [True])
+    assert mask == [False, True, True]
+
+
+def test_shape_reads_go_to_precomp():
+    d = TensorDesc((2, 3), "float32", "cpu")
+    graph, mask, _ = make_backward_graph(Reduce("sum", 1), [d], [True], [True])
+    assert mask == [False, False, True]                 # x is read only for its shape
+    assert len(graph.precomp) == 1
+    graph, mask, _ = make_backward_graph(Reshape((3, 2)), [d], [True], [True])
+    assert mask == [False, False, True] and graph.precomp
+
+
+def test_backward_graph_cache_hit():
+    clear_cache()
+    d = TensorDesc((4,), "float32", "cpu")
+    before = cache_info()
+    g1, _, _ = make_backward_graph(Elemwise("tanh"), [d], [True], [True])
+    mid = cache_info()
+    g2, _, _ = make_backward_graph(Elemwise("tanh"), [TensorDesc((7, 2), "float32", "cpu")], [True], [True])
+    after = cache_info()
+    assert mid["misses"] == before["misses"] + 1
+    assert after["hits"] == mid["hits"] + 1 and g1 is g2
+    g3, _, _ = make_backward_graph(Elemwise("tanh"), [TensorDesc((4,), "float64", "cpu")], [True], [True])
+    assert g3 is not g1                                   # dtype is part of the key
+
+
+def test_requires_grad_mask_prunes_dead_code():
+    d = TensorDesc(None, "float32", "cpu")
+    graph, mask, has = make_backward_graph(MatrixMul(), [d, d], [True, False], [True])
+    assert has == [True, False]
+    assert len(graph.nodes) == 1 and mask == [False, True, False, True]
+
+
+def test_intermediate_freed_while_recording():
+    x = gc.tensor(np.random.rand(100).astype("float32"))
+    gm = GradManager().attach(x)
+    with gm:
+        h = x * 2            # mul by a constant keeps the constant, not h's inputs
+        r = weakref.ref(h)
+        y = F.exp(h)         # exp keeps its output, not h
+        del h
+        assert r() is None
+        gm.backward(y.sum())
+    np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp(2 * x.numpy()), rtol=1e-5)
+
+
+def test_saved_values_released_after_backward():
+    x = gc.tensor(np.random.rand(50).astype("float32"))
+    gm = GradManager().attach(x)
+    with gm:
+        y = F.exp(x)
+        data_ref = weakref.ref(y._data)
+        z = y.sum()
+        del y
+        assert data_ref() is not None        # saved for exp's backward
+        gm.backward(z)
+        assert data_ref() is None            # freed as soon as the node ran
+
+
+def test_no_reference_cycles():
+    pygc.collect()
+    pygc.disable()
+    try:
+        x = gc.tensor(np.random.rand(3, 4).astype("float32"))
+        w = gc.Parameter(np.random.rand(4, 2).astype("float32"))
+        gm = GradManager().attach([w])
+        for _ in range(3):
+            with gm:
+                y = F.log_softmax(F.relu(F.matmul(x, w)), 1)
+                gm.backward(y.sum())
+        del x, w, gm, y
+        assert pygc.collect() == 0
+    finally:
+        pygc.enable()
+
+
+def test_nothing_recorded_stays_alive_after_release():
+    x = gc.tensor(np.random.rand(10).astype("float32"))
+    gm = GradManager().attach(x)
+    with gm:
+        y = F.exp(F.sin(x))
+        ref = weakref.ref(y._data)
+    del y
+    assert ref() is None
+
+
+def test_unrecorded_op_does_not_record():
+    x = gc.tensor([1.0])
+    y = x * 2
+    assert not y._is_recorded()
+
+
+# ---------------------------------------------------------------- gradient paths
+class Cube(Op):
+    name = "test_cube"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * x * x
+
+
+class CubeWithRule(Cube):
+    name = "test_cube_rule"
+    calls = 0
+
+    def _grad_rule(self, x):
+        y = apply(Cube(), x)[0]
+        CubeWithRule.calls += 1
+        return y, lambda dy: dy * 3 * x * x
+
+
+def test_path1_own_grad_rule():
+    x = gc.tensor([1.0, 2.0])
+    CubeWithRule.calls = 0
+    (g,) = grad_of(lambda x: apply(CubeWithRule(), x)[0].sum(), x)
+    np.testing.assert_allclose(g.numpy(), [3.0, 12.0])
+    assert CubeWithRule.calls == 1
+    # without recording the kernel runs directly
+    np.testing.assert_allclose(apply(CubeWithRule(), x)[0].numpy(), [1.0, 8.0])
+    assert CubeWithRule.calls == 1
+
+
+def test_op_without_path_raises_naming_it():
+    x = gc.tensor([1.0, 2.0])
+    np.testing.assert_allclose(apply(Cube(), x)[0].numpy(), [1.0, 8.0])   # fine unrecorded
+    gm = GradManager().attach(x)
+    with gm:
+        with pytest.raises(NotDifferentiableError, match="test_cube.*register_grad_rule"):
+            apply(Cube(), x)
+    # the library is still usable
+    (g,) = grad_of(lambda x: (x * x).sum(), x)
+    np.testing.assert_allclose(g.numpy(), [2.0, 4.0])
+
+
+class Scale(Op):
+    name = "test_scale"
+    attrs = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+        self._seal()
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * self.k
+
+    def vjp(self, inputs, outputs, grads):
+        return [grads[0] * self.k]
+
+
+def test_path2_registered_rule_and_fallback():
+    used = []
+
+    @register_grad_rule(Scale)
+    def rule(op, x):
+        if op.k < 0:
+            used.append("fallback")
+            raise GradRuleFallback
+        used.append("rule")
+        y = apply(op, x)[0]
+        return y, lambda dy: dy * op.k * 100     # deliberately distinguishable
+
+    try:
+        x = gc.tensor([1.0])
+        (g,) = grad_of(lambda x: apply(Scale(2.0), x)[0].sum(), x)
+        assert float(g.item()) == 200.0 and used == ["rule"]
+        (g,) = grad_of(lambda x: apply(Scale(-3.0), x)[0].sum(), gc.tensor([1.0]))
+        assert float(g.item()) == -3.0 and used == ["rule", "fallback"]   # generic graph
+    finally:
+        _core.unregister_grad_rule(Scale)
+
+
+def test_rule_returning_wrong_count_names_op():
+    @register_grad_rule(Scale)
+    def rule(op, x):
+        return apply(op, x)[0], lambda dy: (dy, dy)
+
+    try:
+        x = gc.tensor([1.0])
+        gm = GradManager().attach(x)
+        with gm:
+            y = apply(Scale(2.0), x)[0]
+            with pytest.raises(ValueError, match="test_scale.*2 gradients for 1 inputs"):
+                gm.backward(y)
+    finally:
+        _core.unregister_grad_rule(Scale)
+
+
+def test_broadcast_gradients_reduced_centrally():
+    a = gc.tensor(np.random.rand(3, 1).astype("float32"))
+    b = gc.tensor(np.random.rand(4).astype("float32"))
+    ga, gb = grad_of(lambda a, b: (a * b).sum(), a, b)
+    assert ga.shape == (3, 1) and gb.shape == (4,)
+    np.testing.assert_allclose(ga.numpy(), np.full((3, 1), b.numpy().sum()), rtol=1e-5)
+    np.testing.assert_allclose(gb.numpy(), np.full(4, a.numpy().sum()), rtol=1e-5)
+
+
+def test_gradient_accumulates_over_uses_without_touching_user_buffers():
+    x = gc.tensor([1.0, 2.0])
+    dy = gc.tensor([1.0, 1.0])
+    before = dy.numpy().copy()
+    gm = GradManager().attach(x)
+    with gm:
+        y = x + x + x * x
+        gm.backward(y, dy)
+    np.testing.assert_allclose(x.grad.numpy(), [4.0, 6.0])
+    np.testing.assert_array_equal(dy.numpy(), before)
+
+
+def test_shape_mismatch_error_names_op_and_shapes():
+    a, b = gc.tensor(np.ones((2, 3))), gc.tensor(np.ones(4))
+    with pytest.raises(ValueError, match=r"Elemwise\(add\).*\(2, 3\).*\(4,\)"):
+        a + b
+    with pytest.raises(ValueError, match=r"MatrixMul.*inner dimensions"):
+        F.matmul(gc.tensor(np.ones((2, 3))), gc.tensor(np.ones((4, 2))))
+
+
+def test_mixed_devices_rejected():
+    a = gc.tensor([1.0])
+    b = gc.tensor([1.0])
+    b._device = "other"
+    with pytest.raises(RuntimeError, match="different devices"):
+        a + b
+
+
+def test_inplace_ops_are_recorded():
+    x = gc.tensor([1.0, 2.0])
+    gm = GradManager().attach(x)
+    with gm:
+        y = x * 1
+        y += x          # y = 2x
+        y *= x          # y = 2x^2
+        y[0] = y[0] * 3  # y0 = 6x0^2
+        gm.backward(y.sum())
+    np.testing.assert_allclose(x.grad.numpy(), [12.0, 8.0])
+
+
+def test_numpy_view_is_read_only():
+    x = gc.tensor([1.0, 2.0])
+    with pytest.raises(ValueError):
+        x.numpy()[0] = 5
+
+
+def test_state_clean_after_errors():
+    x = gc.tensor([1.0])
+    gm = GradManager().attach(x)
+    with pytest.raises(ValueError):
+        with gm:
+            y = x * 2
+            gm.backward(y, gc.tensor([1.0, 2.0]))   # wrong dy shape
+    st = _core._debug_state()
+    assert st["recording"] == 0 and st["no_record"] == 0
+    with gm:
+        gm.backward(x * 2)
+    np.testing.assert_allclose(x.grad.numpy(), [2.0])
