@@ -15,7 +15,12 @@ A slot never points at the node that fills it, so dropping a tensor never
 keeps a node alive and a node never keeps its outputs alive.
 """
 cimport cython
+cimport numpy as cnp
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 import numpy as np
+
+cnp.import_array()
 
 cdef object _ndarray = np.ndarray
 cdef object _np_add = np.add
@@ -97,6 +102,7 @@ def register_grad_rule(op_type):
     def deco(rule):
         _grad_rules[op_type] = rule
         _bw_front.clear()
+        _own_rule_types.clear()
         return rule
     return deco
 
@@ -111,7 +117,12 @@ def registered_grad_rule(op_type):
     return _grad_rules.get(op_type)
 
 
+cdef class GradSlot
+cdef class GradKey
+
+
 # ---------------------------------------------------------------- Tensor
+@cython.freelist(1024)
 cdef class Tensor:
     """An n-dimensional array that gradients can flow through.
 
@@ -125,7 +136,10 @@ cdef class Tensor:
     cdef public object _device
     cdef public object grad
     cdef public object name
-    cdef list _slots              # GradSlot per GradKey this tensor is part of
+    # the slot of each GradKey this tensor is part of: almost always one, so
+    # the first is a field and only further ones go to a list
+    cdef GradSlot _slot
+    cdef list _more_slots
     cdef object __weakref__
     __array_priority__ = 1000
 
@@ -181,9 +195,7 @@ cdef class Tensor:
 
     def _is_recorded(self):
         """True when some live GradKey tracks this tensor."""
-        if self._slots is None:
-            return False
-        for s in self._slots:
+        for s in _slots_of(self):
             if (<GradSlot>s).key.state == 1:
                 return True
         return False
@@ -193,7 +205,8 @@ cdef class Tensor:
         The old buffer is never written, so values saved for backward stay valid."""
         self._data = other._data
         self._device = other._device
-        self._slots = None if other._slots is None else list(other._slots)
+        self._slot = other._slot
+        self._more_slots = None if other._more_slots is None else list(other._more_slots)
 
     def __repr__(self):
         body = np.array2string(self._data, separator=", ", prefix="Tensor(")
@@ -316,8 +329,55 @@ cdef object _unary(str name, a):
     return _apply(_operator_ops[name], (a,))[0]
 
 
+# ---------------------------------------------------------------- ops
+cdef class OpBase:
+    """The compiled base of ``gradcore.op.Op``: per-op caches the dispatcher
+    reads without touching Python attributes (the CPU kernel, whether the op
+    has its own ``_grad_rule``, the last backward graph used)."""
+    cdef object _cpu_kernel
+    cdef signed char _own_rule    # -1 unknown, 0 no, 1 yes
+    cdef long long _last_key
+    cdef object _last_cb
+    cdef dict _cb_cache
+
+    def __cinit__(self):
+        self._own_rule = -1
+        self._last_key = -1
+
+    def _clear_caches(self):
+        self._cpu_kernel = None
+        self._own_rule = -1
+        self._last_key = -1
+        self._last_cb = None
+        self._cb_cache = None
+
+
+cdef class OpFunction:
+    """A functional wrapper around one op with one output, callable with
+    tensors: ``F.tanh`` is ``OpFunction(Elemwise("tanh"))``. Saves a Python
+    frame per call."""
+    cdef readonly object op
+    cdef dict __dict__
+
+    def __init__(self, op, name=None, doc=None):
+        self.op = op
+        self.__name__ = name or repr(op)
+        self.__qualname__ = self.__name__
+        self.__doc__ = doc
+
+    def __call__(self, *args):
+        return _apply(self.op, args)[0]
+
+    def __repr__(self):
+        return f"<gradcore function {getattr(self, '__name__')}>"
+
+    def __reduce__(self):
+        return (OpFunction, (self.op, getattr(self, "__name__"), getattr(self, "__doc__")))
+
+
 # ---------------------------------------------------------------- slots
 @cython.final
+@cython.no_gc
 @cython.freelist(1024)
 cdef class GradSlot:
     """Receives and accumulates the gradient of one tensor under one key."""
@@ -338,16 +398,37 @@ cdef inline GradSlot _new_slot(GradKey key):
 
 
 cdef inline GradSlot _slot_for(Tensor t, GradKey key):
-    if t._slots is None:
+    if t._slot is None:
         return None
-    for s in t._slots:
-        if (<GradSlot>s).key is key:
-            return <GradSlot>s
+    if t._slot.key is key:
+        return t._slot
+    if t._more_slots is not None:
+        for s in t._more_slots:
+            if (<GradSlot>s).key is key:
+                return <GradSlot>s
     return None
+
+
+cdef inline void _add_slot(Tensor t, GradSlot s):
+    if t._slot is None:
+        t._slot = s
+    elif t._more_slots is None:
+        t._more_slots = [s]
+    else:
+        t._more_slots.append(s)
+
+
+cdef list _slots_of(Tensor t):
+    if t._slot is None:
+        return []
+    if t._more_slots is None:
+        return [t._slot]
+    return [t._slot] + t._more_slots
 
 
 # ---------------------------------------------------------------- nodes
 @cython.final
+@cython.no_gc
 @cython.freelist(2048)
 cdef class GradFn:
     """One recorded op on one tape. Final and pooled: recording an op costs
@@ -389,6 +470,7 @@ cdef class CompiledBackward:
     cdef public tuple input_has_grad
     cdef public bint any_grad
     cdef public bint reduce_broadcast # grads may come back in a broadcast shape
+    cdef public bint check_shapes     # not a standard op: verify every gradient's shape
     cdef public object graph          # the BackwardGraph it was compiled from
 
 
@@ -397,6 +479,7 @@ cdef class GradKey:
     """One recording: a tape of GradFn nodes. Used through ``Grad``."""
     cdef public str name
     cdef list tape
+    cdef list leaves          # slots made by attach(): emptied at exit
     cdef public long priority
     cdef int state            # 0 new, 1 recording, 2 finished
     cdef bint suppressed
@@ -406,6 +489,7 @@ cdef class GradKey:
     def __init__(self, name=None):
         self.name = name or "grad"
         self.tape = []
+        self.leaves = []
         self.state = 0
 
     @property
@@ -433,6 +517,11 @@ cdef class GradKey:
             _recording.remove(self)
         self.state = 2
         self._drop_tape()
+        # the GC cannot see through slots (no_gc): drop what they hold
+        for s in self.leaves:
+            (<GradSlot>s).callback = None
+            (<GradSlot>s).grad = None
+        self.leaves = []
 
     def suppress(self):
         self.suppressed = True
@@ -456,10 +545,8 @@ cdef class GradKey:
         if s is None:
             s = _new_slot(self)
             _prune_slots(t)
-            if t._slots is None:
-                t._slots = [s]
-            else:
-                t._slots.append(s)
+            _add_slot(t, s)
+            self.leaves.append(s)
         s.leaf = True
         s.reaches = True
         if callback is not None:
@@ -485,9 +572,11 @@ def _chain(first, second):
 
 cdef void _prune_slots(Tensor t):
     # slots of finished recordings are dead weight on long-lived tensors
-    if t._slots is None:
+    if t._slot is None:
         return
-    t._slots = [s for s in t._slots if (<GradSlot>s).key.state == 1] or None
+    live = [s for s in _slots_of(t) if (<GradSlot>s).key.state == 1]
+    t._slot = live[0] if live else None
+    t._more_slots = live[1:] or None
 
 
 def _recording_keys():
@@ -516,15 +605,22 @@ cdef list _recorders(tuple args):
     cdef GradSlot s
     for a in args:
         t = <Tensor>a
-        if t._slots is None:
+        s = t._slot
+        if s is None:
             continue
-        for o in t._slots:
-            s = <GradSlot>o
-            if _key_records(s.key):
-                if keys is None:
-                    keys = [s.key]
-                elif s.key not in keys:
-                    keys.append(s.key)
+        if _key_records(s.key):
+            if keys is None:
+                keys = [s.key]
+            elif s.key not in keys:
+                keys.append(s.key)
+        if t._more_slots is not None:
+            for o in t._more_slots:
+                s = <GradSlot>o
+                if _key_records(s.key):
+                    if keys is None:
+                        keys = [s.key]
+                    elif s.key not in keys:
+                        keys.append(s.key)
     return keys
 
 
@@ -544,7 +640,13 @@ cdef object _kernel_call(op, tuple args, object device):
     cdef Py_ssize_t n = len(args)
     cdef Tensor t0
     if device is CPU or device == CPU:
-        kernel = op.cpu
+        if isinstance(op, OpBase):
+            kernel = (<OpBase>op)._cpu_kernel
+            if kernel is None:
+                kernel = op.cpu
+                (<OpBase>op)._cpu_kernel = kernel
+        else:
+            kernel = op.cpu
     else:
         kernel = _h_kernel_for(op, device)
     try:
@@ -604,6 +706,12 @@ cdef tuple _apply(op, tuple args):
 
 
 cdef bint _has_own_rule(op):
+    cdef OpBase ob
+    if isinstance(op, OpBase):
+        ob = <OpBase>op
+        if ob._own_rule < 0:
+            ob._own_rule = hasattr(type(op), "_grad_rule")
+        return ob._own_rule
     t = type(op)
     r = _own_rule_types.get(t)
     if r is None:
@@ -652,7 +760,55 @@ cdef int _rg_mask(tuple args, GradKey key):
     return mask
 
 
+cdef inline int _type_num(object arr):
+    if type(arr) is _ndarray:
+        return cnp.PyArray_TYPE(<cnp.ndarray>arr)
+    return -1
+
+
 cdef CompiledBackward _graph_for(op, tuple args, object device, int rg):
+    cdef Py_ssize_t n = len(args)
+    cdef Py_ssize_t i
+    cdef int tn
+    cdef long long low
+    # fast key: one int from the op's identity, the input type numbers and
+    # the requires-grad mask (the op is kept alive in the value)
+    if n <= 3 and device is CPU:
+        low = rg | (n << 3)
+        for i in range(n):
+            tn = _type_num((<Tensor>args[i])._data)
+            if tn < 0 or tn > 255:
+                low = -1
+                break
+            low |= (<long long>tn) << (5 + 8 * i)
+        if low >= 0 and isinstance(op, OpBase):
+            return _graph_for_op(<OpBase>op, low, args, device, rg)
+        if low >= 0:
+            ikey = (id(op) << 32) | low
+            hit = _bw_front.get(ikey)
+            if hit is not None and (<tuple>hit)[0] is op:
+                return <CompiledBackward>(<tuple>hit)[1]
+            cb = _graph_for_slow(op, args, device, rg)
+            _bw_front[ikey] = (op, cb)
+            return cb
+    return _graph_for_slow(op, args, device, rg)
+
+
+cdef CompiledBackward _graph_for_op(OpBase op, long long low, tuple args, object device, int rg):
+    if op._last_key == low:
+        return <CompiledBackward>op._last_cb
+    if op._cb_cache is None:
+        op._cb_cache = {}
+    cb = op._cb_cache.get(low)
+    if cb is None:
+        cb = _graph_for_slow(op, args, device, rg)
+        op._cb_cache[low] = cb
+    op._last_key = low
+    op._last_cb = cb
+    return <CompiledBackward>cb
+
+
+cdef CompiledBackward _graph_for_slow(op, tuple args, object device, int rg):
     cdef Py_ssize_t n = len(args)
     if n == 1:
         dtypes = ((<Tensor>args[0])._data.dtype,)
@@ -705,26 +861,37 @@ cdef tuple _record(op, tuple args, object device, list keys):
                 path = 2
                 outs, backward, single = _split_rule_result(op, res, device)
 
+    graphs = None
     if path == 3:
         # one graph per key: their requires-grad masks may differ
-        graphs = []
-        any_grad = False
-        for key in keys:
-            cb = _graph_for(op, args, device, _rg_mask(args, key))
-            graphs.append(cb)
-            if cb.any_grad:
-                any_grad = True
+        if nk == 1:
+            cb = _graph_for(op, args, device, _rg_mask(args, <GradKey>keys[0]))
+            if not cb.any_grad:
+                return _wrap_outputs(_kernel_call(op, args, device), device)
+        else:
+            graphs = []
+            any_grad = False
+            for key in keys:
+                cb = _graph_for(op, args, device, _rg_mask(args, key))
+                graphs.append(cb)
+                if cb.any_grad:
+                    any_grad = True
+            if not any_grad:
+                return _wrap_outputs(_kernel_call(op, args, device), device)
         outs = _wrap_outputs(_kernel_call(op, args, device), device)
-        if not any_grad:
-            return outs
 
-    cdef tuple in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
+    cdef tuple in_shapes = None
     cdef Py_ssize_t nout = len(outs)
+    if path != 3:
+        in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
+    elif cb.check_shapes or (cb.reduce_broadcast and _needs_reduction(args, outs[0])):
+        in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
     out_meta = None
     if nout > 1:
         out_meta = tuple([((<Tensor>o)._data.shape, (<Tensor>o)._data.dtype) for o in outs])
     # several keys: save Tensors so that older keys can differentiate the backward
     cdef bint save_tensors = nk > 1
+    cdef bint as_tensors
 
     for i in range(nk):
         key = <GradKey>keys[i]
@@ -735,33 +902,73 @@ cdef tuple _record(op, tuple args, object device, list keys):
         node.in_shapes = in_shapes
         node.out_meta = out_meta
         if path == 3:
-            cb = <CompiledBackward>graphs[i]
+            if nk > 1:
+                cb = <CompiledBackward>graphs[i]
             if not cb.any_grad:
                 continue
             node.backward = cb
-            node.dests = tuple([_slot_for(<Tensor>args[j], key) if cb.input_has_grad[j] else None
-                                for j in range(n)])
-            node.saved = _save(cb, args, outs, save_tensors and _older_key_in(keys, key))
-            node.saved_tensors = save_tensors and _older_key_in(keys, key)
+            node.dests = _dests(args, key, cb.input_has_grad)
+            as_tensors = save_tensors and _older_key_in(keys, key)
+            node.saved = _save(cb, args, outs, as_tensors)
+            node.saved_tensors = as_tensors
         else:
             node.backward = backward
-            node.dests = tuple([_slot_for(<Tensor>args[j], key) for j in range(n)])
-        slots = []
-        for o in outs:
-            t = <Tensor>o
+            node.dests = _dests(args, key, None)
+        if nout == 1:
             s = _new_slot(key)
-            slots.append(s)
-            if t._slots is None:
-                t._slots = [s]
-            else:
-                t._slots.append(s)
-        node.slots = tuple(slots)
+            _add_slot(<Tensor>outs[0], s)
+            node.slots = (s,)
+        else:
+            slots = []
+            for o in outs:
+                s = _new_slot(key)
+                slots.append(s)
+                _add_slot(<Tensor>o, s)
+            node.slots = tuple(slots)
         _seq += 1
         node.seq = _seq
         key.tape.append(node)
-    if path != 3 and single:
-        return outs
     return outs
+
+
+cdef bint _needs_reduction(tuple args, object out):
+    """Whether some input's shape differs from the output's (so its
+    gradient must be summed down in the backward)."""
+    cdef Tensor t
+    cdef object od = (<Tensor>out)._data
+    cdef cnp.ndarray a, o
+    if type(od) is not _ndarray:
+        return True
+    o = <cnp.ndarray>od
+    cdef int nd = cnp.PyArray_NDIM(o)
+    cdef cnp.npy_intp* odims = cnp.PyArray_DIMS(o)
+    cdef int k
+    for x in args:
+        t = <Tensor>x
+        if type(t._data) is not _ndarray:
+            return True
+        a = <cnp.ndarray>t._data
+        if cnp.PyArray_NDIM(a) != nd:
+            return True
+        for k in range(nd):
+            if cnp.PyArray_DIMS(a)[k] != odims[k]:
+                return True
+    return False
+
+
+cdef tuple _dests(tuple args, GradKey key, tuple has_grad):
+    cdef Py_ssize_t n = len(args)
+    cdef tuple res = PyTuple_New(n)
+    cdef Py_ssize_t j
+    cdef object d
+    for j in range(n):
+        if has_grad is not None and not has_grad[j]:
+            d = None
+        else:
+            d = _slot_for(<Tensor>args[j], key)
+        Py_INCREF(d)
+        PyTuple_SET_ITEM(res, j, d)
+    return res
 
 
 cdef bint _older_key_in(list keys, GradKey key):
@@ -773,15 +980,29 @@ cdef bint _older_key_in(list keys, GradKey key):
 
 cdef tuple _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
     cdef Py_ssize_t n = len(args)
+    cdef tuple index = cb.save_index
+    cdef Py_ssize_t k, idx, ns = len(index)
+    cdef object v
+    cdef tuple res
+    if cb.precomp is None:
+        res = PyTuple_New(ns)
+        for k in range(ns):
+            idx = <Py_ssize_t>index[k]
+            v = args[idx] if idx < n else outs[idx - n]
+            if not as_tensors:
+                v = (<Tensor>v)._data
+            Py_INCREF(v)
+            PyTuple_SET_ITEM(res, k, v)
+        return res
     cdef list vals = []
-    cdef Py_ssize_t idx
-    for i in cb.save_index:
-        idx = i
-        t = args[idx] if idx < n else outs[idx - n]
-        vals.append(t if as_tensors else (<Tensor>t)._data)
-    if cb.precomp is not None:
-        vals.extend(cb.precomp(tuple([(<Tensor>a)._data for a in args]),
-                               tuple([(<Tensor>o)._data for o in outs])))
+    for k in range(ns):
+        idx = <Py_ssize_t>index[k]
+        v = args[idx] if idx < n else outs[idx - n]
+        vals.append(v if as_tensors else (<Tensor>v)._data)
+    extra = cb.precomp(tuple([(<Tensor>a)._data for a in args]),
+                       tuple([(<Tensor>o)._data for o in outs]))
+    for v in extra:
+        vals.append(_wrap(v, (<Tensor>args[0])._device) if as_tensors else v)
     return tuple(vals)
 
 
@@ -813,10 +1034,7 @@ def _record_custom(op, tuple inputs, tuple outputs, backward):
             t = <Tensor>o
             s = _new_slot(key)
             slots.append(s)
-            if t._slots is None:
-                t._slots = [s]
-            else:
-                t._slots.append(s)
+            _add_slot(t, s)
         node.slots = tuple(slots)
         _seq += 1
         node.seq = _seq
@@ -849,6 +1067,11 @@ cdef object _sum_to_raw(op, object g, tuple shape):
 cdef object _shape_error(op, g, shape):
     return ValueError(f"{_op_name(op)}: backward produced a gradient of shape {tuple(g.shape)} "
                       f"for an input of shape {tuple(shape)}")
+
+
+cdef void _check_reducible(GradFn node, object g, Py_ssize_t j) except *:
+    if node.path == 3 and not (<CompiledBackward>node.backward).reduce_broadcast:
+        raise _shape_error(node.op, g, node.in_shapes[j])
 
 
 cdef inline void _acc_raw(GradSlot s, object g):
@@ -914,6 +1137,14 @@ cdef tuple _node_grads(GradFn node, bint tensor_mode):
     cdef list grads = []
     cdef bint any_g = False
     cdef Py_ssize_t i
+    if len(node.slots) == 1:
+        s = <GradSlot>node.slots[0]
+        g = s.grad
+        if g is None:
+            return None
+        s.grad = None
+        s.owned = False
+        return (g,)
     for i in range(len(node.slots)):
         s = <GradSlot>node.slots[i]
         g = s.grad
@@ -1038,11 +1269,13 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
                     if g is None:
                         continue
                     if tensor_mode:
-                        if (<Tensor>g)._data.shape != node.in_shapes[j]:
+                        if node.in_shapes is not None and (<Tensor>g)._data.shape != node.in_shapes[j]:
+                            _check_reducible(node, g._data, j)
                             g = _h_sum_to(g, node.in_shapes[j])
                         _acc_tensor(<GradSlot>d, g)
                     else:
-                        if g.shape != node.in_shapes[j]:
+                        if node.in_shapes is not None and g.shape != node.in_shapes[j]:
+                            _check_reducible(node, g, j)
                             g = _sum_to_raw(node.op, g, node.in_shapes[j])
                         _acc_raw(<GradSlot>d, g)
             for d in node.dests:

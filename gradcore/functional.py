@@ -37,20 +37,9 @@ def _t(x, like: Optional[Tensor] = None) -> Tensor:
 # ---- elementwise: one function per table row, generated
 def _make(mode):
     op = Elemwise(mode)
-    if op.nin == 1:
-        def f(x):
-            return _apply(op, x)[0]
-    elif op.nin == 2:
-        def f(x, y):
-            return _apply(op, x, y)[0]
-    else:
-        def f(x, y, z):
-            return _apply(op, x, y, z)[0]
-    f.__name__ = mode
-    f.__qualname__ = mode
-    f.__doc__ = (f"Elementwise ``{_ew.ROWS[mode].numpy}``.\n\n"
-                 f"Example::\n\n    >>> F.{mode}({', '.join('xyz'[:op.nin])})\n")
-    return f
+    doc = (f"Elementwise ``{_ew.ROWS[mode].numpy}``.\n\n"
+           f"Example::\n\n    >>> F.{mode}({', '.join('xyz'[:op.nin])})\n")
+    return _core.OpFunction(op, mode, doc)
 
 
 for _mode in _ew.modes():

@@ -371,6 +371,9 @@ def _compile(graph: BackwardGraph, device: str):
     cb.run_tensor = ns["run_tensor"]
     cb.input_has_grad = tuple(graph.input_has_grad)
     cb.any_grad = any(graph.input_has_grad)
+    cb.reduce_broadcast = bool(getattr(graph.op, "reduce_broadcast", False))
+    # third-party ops get every gradient's shape verified in the backward
+    cb.check_shapes = not type(graph.op).__module__.startswith("gradcore.")
     cb.graph = graph
     graph.source = src
     return cb

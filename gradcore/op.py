@@ -26,6 +26,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _core
+
 
 class TensorDesc:
     """Shape (None when unknown), dtype and device of a tensor; what the
@@ -67,7 +69,7 @@ def _fmt(desc) -> str:
     return "?" if desc.shape is None else str(desc.shape)
 
 
-class Op:
+class Op(_core.OpBase):
     """Base class of all ops. Subclasses set ``name`` and list their
     attribute names in ``attrs``; equality and hashing follow them.
 

@@ -68,15 +68,25 @@ class Reduce(Op):
         return (TensorDesc(shape, dtype, x.device),)
 
     def cpu(self, x):
-        return self._kernel(x, axis=self.axis, keepdims=self.keepdims)
+        # axis 0 / -1 of a 0-d array is the array itself (NumPy rejects a tuple axis there)
+        axis = None if x.ndim == 0 else self.axis
+        return self._kernel(x, axis=axis, keepdims=self.keepdims)
 
     def vjp(self, inputs, outputs, grads):
         (x,), (out,), (g,) = inputs, outputs, grads
         if self.mode in ("sum", "mean"):
             return [_apply1(BroadcastBack(self.axis, self.keepdims, self.mode == "mean"), g, x)]
         if self.mode == "prod":
+            # d out / d x_i = product of the other elements; not out / x_i, which is
+            # 0 / 0 at a zero. Zeros are replaced by ones, and an element gets the
+            # product of the others only when no *other* element is zero.
             back = BroadcastBack(self.axis, self.keepdims, False)
-            return [_apply1(back, g * out, x) / x]
+            zero = _apply1(Cast(x.dtype), _apply1(Elemwise("eq"), x, 0))
+            nz = x + zero
+            others = _apply1(back, _apply1(Reduce("prod", self.axis, self.keepdims), nz), x) / nz
+            zeros_elsewhere = _apply1(back, _apply1(Reduce("sum", self.axis, self.keepdims), zero), x) - zero
+            alone = _apply1(Cast(x.dtype), _apply1(Elemwise("eq"), zeros_elsewhere, 0))
+            return [_apply1(back, g, x) * others * alone]
         # max / min: the gradient is shared evenly between tied elements
         back = BroadcastBack(self.axis, self.keepdims, False)
         hit = _apply1(Cast(x.dtype), _apply1(Elemwise("eq"), x, _apply1(back, out, x)))
