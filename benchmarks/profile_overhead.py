@@ -150,6 +150,7 @@ def op_type_table(number, rounds):
 
         # hand-written NumPy, same kernels as gradcore's derivative rules
         mul, sub, cos = np.multiply, np.subtract, np.cos
+        one = np.ones((), np.float32)
 
         def n_run():
             t0 = perf_counter()
@@ -183,7 +184,7 @@ def op_type_table(number, rounds):
                 tmp = np.empty_like(h)
                 for t in reversed(saved):
                     mul(t, t, out=tmp)
-                    sub(1, tmp, out=tmp)
+                    sub(one, tmp, out=tmp)
                     g *= tmp
             else:
                 for t in reversed(saved):

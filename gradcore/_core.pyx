@@ -294,9 +294,39 @@ cdef class Tensor:
     def __setitem__(self, index, value):
         self._reset(_h_getattr("setitem")(self, index, value))
 
+    # common methods, implemented in gradcore.tensor_methods
+    def reshape(self, *shape): return _h_getattr("reshape")(self, *shape)
+    def transpose(self, *perm): return _h_getattr("transpose")(self, *perm)
+    def flatten(self, start_axis=0, end_axis=-1): return _h_getattr("flatten")(self, start_axis, end_axis)
+    def sum(self, axis=None, keepdims=False): return _reduce(self, "sum", axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return _reduce(self, "mean", axis, keepdims)
+    def max(self, axis=None, keepdims=False): return _reduce(self, "max", axis, keepdims)
+    def min(self, axis=None, keepdims=False): return _reduce(self, "min", axis, keepdims)
+    def prod(self, axis=None, keepdims=False): return _reduce(self, "prod", axis, keepdims)
+    def astype(self, dtype): return _h_getattr("astype")(self, dtype)
+    def to(self, device): return _h_getattr("to")(self, device)
+
+    @property
+    def T(self):
+        return _h_getattr("T")(self)
+
     def __getattr__(self, name):
-        # Python-level methods (reshape, sum, ...) live in gradcore.tensor_methods
+        # the rarer Python-level methods live in gradcore.tensor_methods
         return _h_getattr("method")(self, name)
+
+
+cdef dict _reduce_ops = {}
+
+
+cdef object _reduce(Tensor t, str mode, axis, keepdims):
+    if type(axis) is list:
+        axis = tuple(axis)
+    key = (mode, axis, bool(keepdims))
+    op = _reduce_ops.get(key)
+    if op is None:
+        op = _h_getattr("reduce_op")(mode, axis, bool(keepdims))
+        _reduce_ops[key] = op
+    return _apply(op, (t,))[0]
 
 
 def _rebuild_tensor(cls, data, device, name):
@@ -464,7 +494,7 @@ cdef class GradFn:
 cdef class CompiledBackward:
     """A backward graph ready to run: built by gradcore.graph."""
     cdef public tuple save_index      # indices into inputs + outputs
-    cdef public object precomp        # callable(inputs, outputs) -> tuple, or None
+    cdef public tuple precomp_index   # inputs/outputs kept only as shape carriers, or None
     cdef public object run_raw        # (saved, grads) -> grads per input (arrays)
     cdef public object run_tensor     # same on Tensors, recorded by outer keys
     cdef public tuple input_has_grad
@@ -984,7 +1014,8 @@ cdef tuple _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
     cdef Py_ssize_t k, idx, ns = len(index)
     cdef object v
     cdef tuple res
-    if cb.precomp is None:
+    cdef tuple pre = cb.precomp_index
+    if pre is None:
         res = PyTuple_New(ns)
         for k in range(ns):
             idx = <Py_ssize_t>index[k]
@@ -999,9 +1030,10 @@ cdef tuple _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
         idx = <Py_ssize_t>index[k]
         v = args[idx] if idx < n else outs[idx - n]
         vals.append(v if as_tensors else (<Tensor>v)._data)
-    extra = cb.precomp(tuple([(<Tensor>a)._data for a in args]),
-                       tuple([(<Tensor>o)._data for o in outs]))
-    for v in extra:
+    # the precomp part: what is read only for its shape is kept as a carrier
+    for k in range(len(pre)):
+        idx = <Py_ssize_t>pre[k]
+        v = shape_carrier((<Tensor>(args[idx] if idx < n else outs[idx - n]))._data)
         vals.append(_wrap(v, (<Tensor>args[0])._device) if as_tensors else v)
     return tuple(vals)
 
@@ -1238,7 +1270,9 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
             if s is None:
                 continue
             dy = dys[i]
-            if not isinstance(dy, Tensor):
+            if dy is None:
+                dy = _wrap(_ones_like(y._data), y._device)
+            elif not isinstance(dy, Tensor):
                 dy = Tensor(dy, dtype=y._data.dtype, device=y._device)
             if (<Tensor>dy)._data.shape != y._data.shape:
                 raise ValueError(f"{key.name}: output gradient of shape {(<Tensor>dy)._data.shape} "
@@ -1293,6 +1327,57 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
             if o is not None:
                 (<GradFn>o).clear()
         key.tape = []
+
+
+# ---------------------------------------------------------------- array helpers
+cdef object _np_empty = np.empty
+cdef object _ZERO_BUF = np.zeros(16, np.uint8)
+
+
+def shape_carrier(object arr):
+    """A zero-stride array with ``arr``'s shape and dtype that holds one
+    element: what a backward graph keeps of a tensor it reads only the shape of."""
+    shape = arr.shape
+    return _ndarray(shape, arr.dtype, _ZERO_BUF, 0, (0,) * len(shape))
+
+
+
+cdef object _ones_like(object arr):
+    out = _np_empty(arr.shape, arr.dtype)
+    out.fill(1)
+    return out
+
+
+def broadcast_view(object arr, tuple shape):
+    """A read-only zero-stride view of ``arr`` broadcast to ``shape`` (what
+    ``np.broadcast_to`` returns, without its Python overhead)."""
+    if type(arr) is not _ndarray:
+        arr = _np_asarray(arr)
+    cdef cnp.ndarray a = <cnp.ndarray>arr
+    cdef int nd = cnp.PyArray_NDIM(a)
+    cdef Py_ssize_t want_nd = len(shape)
+    cdef Py_ssize_t lead = want_nd - nd
+    cdef Py_ssize_t k
+    cdef cnp.npy_intp have, want
+    if lead < 0:
+        raise ValueError(f"cannot broadcast shape {arr.shape} to {shape}")
+    strides = [0] * want_nd
+    same = lead == 0
+    for k in range(nd):
+        have = cnp.PyArray_DIMS(a)[k]
+        want = shape[lead + k]
+        if have == want:
+            strides[lead + k] = cnp.PyArray_STRIDES(a)[k]
+        elif have == 1:
+            same = False
+        else:
+            raise ValueError(f"cannot broadcast shape {arr.shape} to {shape}")
+    if same:
+        return arr
+    out = _ndarray(shape, arr.dtype, arr, 0, tuple(strides)) if a.flags.c_contiguous \
+        else np.broadcast_to(arr, shape)
+    out.flags.writeable = False
+    return out
 
 
 # ---------------------------------------------------------------- misc

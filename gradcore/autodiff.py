@@ -21,11 +21,12 @@ __all__ = ["GradManager", "GradManagerGroup", "Function"]
 
 
 class _AttachSpec:
-    __slots__ = ("tensor", "callbacks")
+    __slots__ = ("tensor", "callbacks", "on_grad")
 
     def __init__(self, tensor_ref, callbacks):
         self.tensor = tensor_ref
         self.callbacks = callbacks
+        self.on_grad = None       # the Grad callback, made once per spec
 
 
 class GradManager:
@@ -101,14 +102,19 @@ class GradManager:
         tensor = spec.tensor()
         if tensor is None:
             return
-        key = id(tensor)
+        if spec.on_grad is None:
+            key, selfref = id(tensor), weakref.ref(self)
 
-        def callback(grad, spec=spec, key=key):
-            t = spec.tensor()
-            for cb in spec.callbacks:
-                grad = cb(t, grad)
-            self._gradients[key] = grad
-        self._grad.wrt(tensor, callback=callback)
+            # captures the spec's parts, not the spec: no reference cycle
+            def on_grad(grad, tref=spec.tensor, callbacks=spec.callbacks, key=key):
+                t = tref()
+                for cb in callbacks:
+                    grad = cb(t, grad)
+                gm = selfref()
+                if gm is not None:
+                    gm._gradients[key] = grad
+            spec.on_grad = on_grad
+        self._grad._key.attach(tensor, spec.on_grad)
 
     def record(self) -> "GradManager":
         if self._recording:
@@ -147,7 +153,6 @@ class GradManager:
             raise RuntimeError("GradManager.backward: no computation history: call record() "
                                "(or use `with gm:`) before backward; a manager records for one "
                                "backward only")
-        from . import functional as F
         if y is None:
             ys = []
         elif isinstance(y, (tuple, list)):
@@ -155,7 +160,7 @@ class GradManager:
         else:
             ys = [y]
         if dy is None:
-            dys = [F.ones_like(t) for t in ys]
+            dys = [None] * len(ys)      # ones, made by the core
         elif isinstance(dy, (tuple, list)):
             dys = list(dy)
         else:
@@ -166,11 +171,11 @@ class GradManager:
         if len(dys) != len(ys):
             raise ValueError(f"GradManager.backward: {len(ys)} outputs but {len(dys)} output gradients")
         try:
-            self._grad(ys, dys)
+            self._grad._key.backward(ys, dys)
             for cb in self._after_backward_callbacks:
                 cb()
             for key, grad in self._gradients.items():
-                if hasattr(grad, "wait") and not isinstance(grad, Tensor):
+                if not isinstance(grad, Tensor) and hasattr(grad, "wait"):
                     grad = grad.wait()
                 spec = self._attach_specs.get(key)
                 tensor = spec.tensor() if spec is not None else None

@@ -23,7 +23,18 @@ from .ops.reduce import Reduce
 from .ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape, Squeeze,
                         StopGradient, Transpose)
 
+from .op import interned
+
 _apply = _core.apply
+
+# one op instance per distinct attributes: the per-op caches stay warm
+_Reduce, _MatrixMul, _Reshape, _Transpose, _Broadcast = map(interned, (Reduce, MatrixMul, Reshape, Transpose, Broadcast))
+_ExpandDims, _Squeeze, _Cast, _Concat, _Subtensor = map(interned, (ExpandDims, Squeeze, Cast, Concat, Subtensor))
+_SetSubtensor, _IndexingOneHot, _LogSoftmax, _LogSumExp = map(interned, (SetSubtensor, IndexingOneHot, LogSoftmax, LogSumExp))
+
+
+def _axis_key(axis):
+    return tuple(axis) if isinstance(axis, list) else axis
 
 
 def _t(x, like: Optional[Tensor] = None) -> Tensor:
@@ -78,13 +89,13 @@ def astype(x, dtype):
     x = _t(x)
     if x.dtype == np.dtype(dtype):
         return x
-    return _apply(Cast(dtype), x)[0]
+    return _apply(_Cast(np.dtype(dtype)), x)[0]
 
 
 # ---- reductions
 def _reduce(mode):
     def f(inp, axis=None, keepdims: bool = False):
-        return _apply(Reduce(mode, axis, keepdims), _t(inp))[0]
+        return _apply(_Reduce(mode, _axis_key(axis), bool(keepdims)), _t(inp))[0]
     f.__name__ = mode
     f.__doc__ = f"{mode} over ``axis`` (None: every axis).\n\nExample::\n\n    >>> F.{mode}(x, axis=1, keepdims=True)\n"
     return f
@@ -113,7 +124,7 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False):
     if sb:
         b = expand_dims(b, 1)
         transpose_b = False
-    out = _apply(MatrixMul(transpose_a, transpose_b), a, b)[0]
+    out = _apply(_MatrixMul(bool(transpose_a), bool(transpose_b)), a, b)[0]
     if sa and sb:
         return squeeze(out, (-2, -1))
     if sa:
@@ -135,29 +146,29 @@ def dot(inp1, inp2):
 def reshape(inp, target_shape: Sequence[int]):
     if isinstance(target_shape, int):
         target_shape = (target_shape,)
-    return _apply(Reshape(tuple(target_shape)), _t(inp))[0]
+    return _apply(_Reshape(tuple(int(d) for d in target_shape)), _t(inp))[0]
 
 
 def transpose(inp, pattern: Optional[Sequence[int]] = None):
     x = _t(inp)
     if pattern is None:
         pattern = tuple(range(x.ndim))[::-1]
-    return _apply(Transpose(tuple(pattern)), x)[0]
+    return _apply(_Transpose(tuple(int(p) for p in pattern)), x)[0]
 
 
 def broadcast_to(inp, shape: Sequence[int]):
     x = _t(inp)
     if isinstance(shape, int):
         shape = (shape,)
-    return _apply(Broadcast(tuple(shape)), x)[0]
+    return _apply(_Broadcast(tuple(int(d) for d in shape)), x)[0]
 
 
 def expand_dims(inp, axis):
-    return _apply(ExpandDims(axis), _t(inp))[0]
+    return _apply(_ExpandDims(_axis_key(axis)), _t(inp))[0]
 
 
 def squeeze(inp, axis=None):
-    return _apply(Squeeze(axis), _t(inp))[0]
+    return _apply(_Squeeze(_axis_key(axis)), _t(inp))[0]
 
 
 def flatten(inp, start_axis: int = 0, end_axis: int = -1):
@@ -171,14 +182,14 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1):
 
 
 def concat(inps, axis: int = 0):
-    return _apply(Concat(axis), *[_t(x) for x in inps])[0]
+    return _apply(_Concat(int(axis)), *[_t(x) for x in inps])[0]
 
 
 # ---- indexing
 def getitem(x, index):
     spec, arrays = split_index(index)
     arrays = [a if isinstance(a, Tensor) else Tensor(np.asarray(a)) for a in arrays]
-    return _apply(Subtensor(spec), x, *arrays)[0]
+    return _apply(_Subtensor(spec), x, *arrays)[0]
 
 
 def setitem(x, index, value):
@@ -188,7 +199,7 @@ def setitem(x, index, value):
     value = value if isinstance(value, Tensor) else _core.wrap_array(np.asarray(value, x.dtype), x.device)
     if value.dtype != x.dtype:
         value = astype(value, x.dtype)
-    return _apply(SetSubtensor(spec), x, value, *arrays)[0]
+    return _apply(_SetSubtensor(spec), x, value, *arrays)[0]
 
 
 def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
@@ -198,7 +209,7 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
 
         >>> F.indexing_one_hot(logits, labels)     # (N, C), (N,) -> (N,)
     """
-    return _apply(IndexingOneHot(axis, keepdims), _t(src), _t(index))[0]
+    return _apply(_IndexingOneHot(int(axis), bool(keepdims)), _t(src), _t(index))[0]
 
 
 # ---- creation
@@ -238,11 +249,11 @@ def eye(n, m=None, dtype="float32", device=None):
 
 # ---- nn
 def log_softmax(inp, axis: int = -1):
-    return _apply(LogSoftmax(axis), _t(inp))[0]
+    return _apply(_LogSoftmax(int(axis)), _t(inp))[0]
 
 
 def logsumexp(inp, axis: int = -1, keepdims: bool = False):
-    return _apply(LogSumExp(axis, keepdims), _t(inp))[0]
+    return _apply(_LogSumExp(int(axis), bool(keepdims)), _t(inp))[0]
 
 
 def softmax(inp, axis: int = -1):

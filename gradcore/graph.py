@@ -355,18 +355,12 @@ def _compile(graph: BackwardGraph, device: str):
 
     src = (f"def run_raw(s, g):\n{body(False)}\n\n"
            f"def run_tensor(s, g):\n{body(True)}\n")
-    if graph.precomp:
-        items = ", ".join(
-            (f"_carrier(i[{src_v}])" if src_v < n_in else f"_carrier(o[{src_v - n_in}])")
-            for src_v, _ in graph.precomp)
-        src += f"\ndef precomp(i, o):\n    return ({items},)\n"
-        ns["_carrier"] = shape_carrier
     ns.update(consts)
     code = compile(src, f"<backward of {graph.op!r}>", "exec")
     exec(code, ns)
     cb = _core.CompiledBackward()
     cb.save_index = tuple(graph.saved_vids)
-    cb.precomp = ns.get("precomp")
+    cb.precomp_index = tuple(src for src, _ in graph.precomp) or None
     cb.run_raw = ns["run_raw"]
     cb.run_tensor = ns["run_tensor"]
     cb.input_has_grad = tuple(graph.input_has_grad)

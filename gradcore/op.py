@@ -147,14 +147,22 @@ def _freeze(v):
     return v
 
 
-def shape_carrier(arr) -> np.ndarray:
-    """A zero-stride array with ``arr``'s shape and dtype that holds one
-    element: what a backward graph keeps of a tensor it reads only the shape of."""
-    shape = arr.shape
-    return np.ndarray(shape, arr.dtype, _ZERO_BUF, 0, (0,) * len(shape))
+shape_carrier = _core.shape_carrier
+broadcast_view = _core.broadcast_view
 
 
-_ZERO_BUF = np.zeros(16, np.uint8)
+def interned(cls):
+    """A cached constructor for an op class: equal attributes give the same
+    instance, so per-op caches (kernel, backward graph) are hit on every call.
+
+    Example::
+
+        >>> reduce_op = interned(Reduce)
+        >>> reduce_op("sum", 1, False) is reduce_op("sum", 1, False)
+        True
+    """
+    import functools
+    return functools.lru_cache(maxsize=1024)(cls)
 
 
 class Composite(Op):

@@ -126,9 +126,15 @@ def kernel_for(op, device):
 
 
 # ---------------------------------------------------------------- methods
+_functional = None
+
+
 def _F():
-    from . import functional
-    return functional
+    global _functional
+    if _functional is None:
+        from . import functional
+        _functional = functional
+    return _functional
 
 
 def _shape_args(shape):
@@ -201,8 +207,17 @@ def setitem(self, index, value):
     return _F().setitem(self, index, value)
 
 
+def _reduce_op(mode, axis, keepdims):
+    from .functional import _Reduce
+    return _Reduce(mode, axis, keepdims)
+
+
 _HOOK_FNS = {
     "method": method,
+    "reduce_op": _reduce_op,
+    "T": _PROPS["T"],
+    **{name: _METHODS[name] for name in ("reshape", "transpose", "flatten", "sum", "mean", "max",
+                                          "min", "prod", "to")},
     "getitem": getitem,
     "setitem": setitem,
     "matmul": lambda a, b: _F().matmul(a, b),
@@ -212,9 +227,16 @@ _HOOK_FNS = {
 }
 
 
+_sum_to_op = None
+
+
 def _sum_to(g, shape):
-    from gradcore.ops.shape import SumTo
-    return _core.apply(SumTo(shape), g)[0]
+    global _sum_to_op
+    if _sum_to_op is None:
+        from gradcore.ops.shape import SumTo
+        from gradcore.op import interned
+        _sum_to_op = interned(SumTo)
+    return _core.apply(_sum_to_op(tuple(shape)), g)[0]
 
 
 def install():

@@ -12,11 +12,15 @@ from typing import Tuple
 import numpy as np
 
 from gradcore import _core
-from gradcore.op import Op, TensorDesc
+from gradcore.op import Op, OpError, TensorDesc
 
 
 def _apply1(op, *args):
     return _core.apply(op, *args)[0]
+
+
+class IndexOpError(OpError, IndexError):
+    """An index out of range: an IndexError, as in NumPy, and an OpError."""
 
 
 def split_index(index) -> Tuple[tuple, list]:
@@ -79,7 +83,7 @@ def _probe_shape(op, spec, shape, idx_descs, descs):
     try:
         return probe[build_index(spec, arrays)].shape
     except IndexError as exc:
-        raise op.error(str(exc), *descs) from None
+        raise IndexOpError(str(op.error(str(exc), *descs))) from None
 
 
 class Subtensor(Op):

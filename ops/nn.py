@@ -59,6 +59,10 @@ class LogSumExp(Composite):
         self.axis, self.keepdims = int(axis), bool(keepdims)
         self._seal()
 
+    def infer(self, x):
+        _check_axis(self, x)      # named after this op, not the Reduce inside
+        return super().infer(x)
+
     def decompose(self, x):
         m = _apply1(StopGradient(), _apply1(Reduce("max", self.axis, True), x))
         s = _apply1(Reduce("sum", self.axis, True), _apply1(Elemwise("exp"), x - m))

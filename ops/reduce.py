@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from gradcore import _core
-from gradcore.op import Op, TensorDesc
+from gradcore.op import Op, TensorDesc, broadcast_view
 
 from .elemwise import Elemwise
 from .shape import Cast
@@ -39,7 +39,13 @@ def reduced_shape(op, shape, axis, keepdims, desc):
     return tuple(s for i, s in enumerate(shape) if i not in norm)
 
 
-_KERNELS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+def _mean(x, axis, dtype, out, keepdims):
+    return np.mean(x, axis=axis, keepdims=keepdims)
+
+
+# ufunc reductions called positionally: (array, axis, dtype, out, keepdims)
+_KERNELS = {"sum": np.add.reduce, "mean": _mean, "max": np.maximum.reduce,
+            "min": np.minimum.reduce, "prod": np.multiply.reduce}
 
 
 class Reduce(Op):
@@ -70,7 +76,7 @@ class Reduce(Op):
     def cpu(self, x):
         # axis 0 / -1 of a 0-d array is the array itself (NumPy rejects a tuple axis there)
         axis = None if x.ndim == 0 else self.axis
-        return self._kernel(x, axis=axis, keepdims=self.keepdims)
+        return self._kernel(x, axis, None, None, self.keepdims)
 
     def vjp(self, inputs, outputs, grads):
         (x,), (out,), (g,) = inputs, outputs, grads
@@ -110,10 +116,11 @@ class BroadcastBack(Op):
 
     def cpu(self, g, ref):
         shape = ref.shape
-        if not self.keepdims:
-            axes = range(len(shape)) if self.axis is None else [a % max(len(shape), 1) for a in self.axis]
-            g = np.expand_dims(g, tuple(sorted(axes))) if len(shape) else g
-        out = np.broadcast_to(g, shape)
+        if not self.keepdims and len(shape):
+            axes = range(len(shape)) if self.axis is None else {a % len(shape) for a in self.axis}
+            kept = tuple(1 if i in axes else s for i, s in enumerate(shape))
+            g = np.asarray(g).reshape(kept)
+        out = broadcast_view(g, shape)
         if self.mean:
             count = out.size // max(np.size(g), 1) if out.size else 1
             out = out / np.asarray(count, dtype=out.dtype)

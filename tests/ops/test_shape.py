@@ -214,3 +214,43 @@ def test_bad_input(fn, shape, needles, record, h):
     finally:
         gm.release()
     h.check_error(ei, *needles)
+
+
+# ---- core bug: reproduced here
+@pytest.mark.xfail(reason="core bug (gradcore/graph.py codegen): a one-output kernel returning a "
+                          "1-tuple works in the forward (apply unwraps it) but run_raw assigns the "
+                          "tuple itself, so the gradient gets an extra leading axis",
+                   strict=True)
+def test_one_output_kernel_returning_a_tuple_inside_a_backward():
+    from gradcore.core import Op, apply
+
+    class Twice(Op):
+        name = "Twice"
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return (x * 2,)
+
+        def vjp(self, inputs, outputs, grads):
+            return [grads[0] * 2]
+
+    class Sixfold(Op):      # its backward graph calls Twice
+        name = "Sixfold"
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return x * 6
+
+        def vjp(self, inputs, outputs, grads):
+            return [apply(Twice(), grads[0])[0] * 3]
+
+    x = gradcore.Tensor(np.ones(3))
+    assert apply(Twice(), x)[0].shape == (3,)          # the forward accepts the 1-tuple
+    gm = gradcore.GradManager().attach([x])
+    with gm:
+        gm.backward(apply(Sixfold(), x)[0], gradcore.Tensor(np.ones(3)))
+    np.testing.assert_array_equal(x.grad.numpy(), [6.0, 6.0, 6.0])

@@ -1,0 +1,201 @@
+"""nn ops: log_softmax (hand-written VJP), logsumexp (declared only by its
+decomposition: the backward graph is derived), softmax, cross_entropy and
+linear. Values and gradients against PyTorch, first and second order
+gradients against finite differences."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradcore
+import gradcore.functional as F
+from gradcore.core import TensorDesc, make_backward_graph
+from gradcore.ops import LogSoftmax, LogSumExp
+from gradcore.testing import gradgradcheck
+
+AXES = [((5,), 0), ((3, 4), -1), ((3, 4), 0), ((2, 3, 2), 1), ((1, 1), -1), ((2, 1), 1)]
+AX_PARAMS = [pytest.param(s, a, id=f"{list(s)}-ax{a}".replace(" ", "")) for s, a in AXES]
+
+
+def tnn(torch):
+    return torch.nn.functional
+
+
+# ---- log_softmax / softmax / logsumexp
+@pytest.mark.parametrize("shape, axis", AX_PARAMS)
+@pytest.mark.parametrize("name", ["log_softmax", "softmax"])
+def test_softmax_family(name, shape, axis, rng, h, torch):
+    x = rng.standard_normal(shape)
+    fn = lambda t: getattr(F, name)(t, axis)
+    h.compare(torch, fn, lambda t: getattr(torch, name)(t, axis), [x], rtol=1e-10, atol=1e-12)
+    h.check_grads(fn, [x])
+
+
+@pytest.mark.parametrize("shape, axis", AX_PARAMS)
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_logsumexp(shape, axis, keepdims, rng, h, torch):
+    x = rng.standard_normal(shape)
+    fn = lambda t: F.logsumexp(t, axis, keepdims)
+    h.compare(torch, fn, lambda t: torch.logsumexp(t, axis, keepdims), [x], rtol=1e-10, atol=1e-12)
+    h.check_grads(fn, [x])
+
+
+@pytest.mark.parametrize("name", ["log_softmax", "softmax", "logsumexp"])
+def test_large_inputs_are_stable(name, h, torch):
+    x = np.array([[1000.0, 1001.0, 999.0], [-1000.0, -1002.0, -1001.0]])
+    h.compare(torch, lambda t: getattr(F, name)(t, 1), lambda t: getattr(torch, name)(t, 1), [x],
+              rtol=1e-10, atol=1e-12)
+
+
+def test_logsumexp_backward_is_derived_from_its_decomposition():
+    assert not hasattr(LogSumExp, "vjp") and hasattr(LogSumExp, "decompose")
+    d = TensorDesc((2, 3), "float64", "cpu")
+    graph, mask, has = make_backward_graph(LogSumExp(-1, False), [d], [True], [True])
+    assert has == [True]
+    assert graph.ops and all(type(op) is not LogSumExp for op in graph.ops)
+
+
+def test_log_softmax_grad_matches_its_decomposition(rng, h):
+    """LogSoftmax carries both a hand VJP and a decomposition: the hand VJP
+    must agree with finite differences of the decomposition's forward."""
+    x = rng.standard_normal((3, 4))
+    op = LogSoftmax(1)
+    _, g_hand, w = h.gc_vjp(lambda t: F.log_softmax(t, 1), [x])
+    _, g_dec, _ = h.gc_vjp(lambda t: op.decompose(t), [x], weight=w)
+    np.testing.assert_allclose(g_hand[0], g_dec[0], rtol=1e-10, atol=1e-12)
+
+
+def test_softmax_second_order_vs_torch(rng, torch):
+    """d/dx sum(v * d/dx sum(w * softmax(x))) against torch's double backward."""
+    x, w, v = rng.standard_normal((2, 4)), rng.standard_normal((2, 4)), rng.standard_normal((2, 4))
+    xt = torch.tensor(x, requires_grad=True)
+    (gt,) = torch.autograd.grad((torch.softmax(xt, 1) * torch.tensor(w)).sum(), xt, create_graph=True)
+    (ggt,) = torch.autograd.grad((gt * torch.tensor(v)).sum(), xt)
+
+    xg = gradcore.Tensor(x)
+    outer = gradcore.GradManager().attach([xg])
+    with outer:
+        inner = gradcore.GradManager().attach([xg])
+        with inner:
+            inner.backward(F.sum(F.softmax(xg, 1) * gradcore.Tensor(w)))
+        g = xg.grad
+        xg.grad = None
+        outer.backward(F.sum(g * gradcore.Tensor(v)))
+    np.testing.assert_allclose(g.numpy(), gt.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(xg.grad.numpy(), ggt.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ---- cross_entropy
+CE_CASES = [
+    pytest.param((4, 3), dict(), id="mean"),
+    pytest.param((4, 3), dict(reduction="sum"), id="sum"),
+    pytest.param((4, 3), dict(reduction="none"), id="none"),
+    pytest.param((1, 5), dict(), id="one-sample"),
+    pytest.param((2, 3, 2), dict(), id="spatial-mean"),
+    pytest.param((2, 3, 2), dict(reduction="none"), id="spatial-none"),
+    pytest.param((4, 3), dict(label_smooth=0.1), id="label-smooth"),
+    pytest.param((4, 3), dict(label_smooth=0.2, reduction="sum"), id="label-smooth-sum"),
+]
+
+
+def _labels(shape, rng):
+    return rng.integers(0, shape[1], (shape[0],) + shape[2:]).astype(np.int32)
+
+
+def _torch_ce(torch, kw):
+    return lambda p, y: tnn(torch).cross_entropy(p, y, reduction=kw.get("reduction", "mean"),
+                                                 label_smoothing=kw.get("label_smooth", 0.0))
+
+
+@pytest.mark.parametrize("shape, kw", CE_CASES)
+def test_cross_entropy(shape, kw, rng, h, torch):
+    pred, label = rng.standard_normal(shape), _labels(shape, rng)
+    fn = lambda p, y: F.cross_entropy(p, y, **kw)
+    h.compare(torch, fn, _torch_ce(torch, kw), [pred, label], rtol=1e-10, atol=1e-12)
+    h.check_grads(lambda p: fn(p, gradcore.Tensor(label)), [pred])
+
+
+def test_cross_entropy_with_probabilities(rng, h, torch):
+    shape = (4, 3)
+    p = rng.uniform(0.2, 1.0, shape)
+    p = p / p.sum(1, keepdims=True)
+    label = _labels(shape, rng)
+    fn = lambda t, y: F.cross_entropy(t, y, with_logits=False)
+    h.compare(torch, fn, lambda t, y: tnn(torch).nll_loss(torch.log(t), y), [p, label])
+    h.check_grads(lambda t: fn(t, gradcore.Tensor(label)), [p])
+
+
+def test_cross_entropy_bad_arguments(h):
+    pred = gradcore.Tensor(np.zeros((4, 3)))
+    with pytest.raises(TypeError, match="cross_entropy"):
+        F.cross_entropy(pred, gradcore.Tensor(np.zeros(4)))
+    with pytest.raises(ValueError, match="reduction"):
+        F.cross_entropy(pred, gradcore.Tensor(np.zeros(4, np.int32)), reduction="avg")
+    with pytest.raises(ValueError) as ei:
+        F.cross_entropy(pred, gradcore.Tensor(np.zeros(3, np.int32)))
+    h.check_error(ei, "IndexingOneHot", "(4, 3)", "(3,)")
+
+
+# ---- linear
+LIN_CASES = [
+    pytest.param((2, 3), (4, 3), (4,), id="2d-bias"),
+    pytest.param((2, 3), (4, 3), None, id="2d"),
+    pytest.param((5, 2, 3), (4, 3), (4,), id="batched-bias"),
+    pytest.param((3,), (4, 3), (4,), id="1d-bias"),
+    pytest.param((2, 3), (1, 3), (1,), id="one-out"),
+]
+
+
+@pytest.mark.parametrize("xs, ws, bs", LIN_CASES)
+def test_linear(xs, ws, bs, rng, h, torch):
+    arrays = [rng.standard_normal(s) for s in (xs, ws) + ((bs,) if bs else ())]
+    h.compare(torch, F.linear, tnn(torch).linear, arrays, rtol=1e-10, atol=1e-12)
+    h.check_grads(lambda *t: F.linear(*t) ** 2, arrays)
+
+
+# ---- dtypes
+DTYPE_FNS = [
+    pytest.param(lambda t: F.log_softmax(t, 1), id="log_softmax"),
+    pytest.param(lambda t: F.softmax(t, 1), id="softmax"),
+    pytest.param(lambda t: F.logsumexp(t, 1), id="logsumexp"),
+    pytest.param(lambda t: F.cross_entropy(t, gradcore.Tensor(np.array([0, 2, 1]))), id="cross_entropy"),
+    pytest.param(lambda t: F.linear(t, t[:2] * 1.0, t[0, :2] * 1.0), id="linear"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("fn", DTYPE_FNS)
+def test_dtype(fn, dtype, rng, h):
+    x = rng.standard_normal((3, 3)).astype(dtype)
+    out, grads, _ = h.gc_vjp(fn, [x])
+    assert out.dtype == np.dtype(dtype) and grads[0].dtype == np.dtype(dtype)
+    out64, grads64, _ = h.gc_vjp(fn, [x.astype(np.float64)])
+    np.testing.assert_allclose(out, out64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grads[0], grads64[0].astype(dtype) if dtype == "float32" else grads64[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+# ---- bad input
+@pytest.mark.parametrize("fn, name", [
+    (lambda x: F.log_softmax(x, 2), "LogSoftmax"),
+    (lambda x: F.softmax(x, -3), "LogSoftmax"),
+    (lambda x: F.logsumexp(x, 2), "LogSumExp"),
+])
+@pytest.mark.parametrize("record", [False, True])
+def test_bad_axis(fn, name, record, h):
+    x = gradcore.Tensor(np.ones((2, 3)))
+    gm = gradcore.GradManager().attach([x])
+    if record:
+        gm.record()
+    try:
+        with pytest.raises(ValueError) as ei:
+            fn(x)
+    finally:
+        gm.release()
+    h.check_error(ei, name, "(2, 3)", "axis")
+
+
+def test_linear_shape_mismatch(h):
+    with pytest.raises(ValueError) as ei:
+        F.linear(gradcore.Tensor(np.ones((2, 3))), gradcore.Tensor(np.ones((4, 2))))
+    h.check_error(ei, "MatrixMul", "(2, 3)", "(4, 2)")
