@@ -15,7 +15,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Union
 
 from . import _core
 from ._core import Tensor
-from .core import Grad
+from ._core import GradKey
 
 __all__ = ["GradManager", "GradManagerGroup", "Function"]
 
@@ -49,7 +49,7 @@ class GradManager:
     def __init__(self):
         self._attach_specs = {}      # id(tensor) -> _AttachSpec
         self._recording = False
-        self._grad: Optional[Grad] = None
+        self._key: Optional[GradKey] = None
         self._gradients = {}
         self._after_backward_callbacks: List[Callable] = []
 
@@ -114,23 +114,23 @@ class GradManager:
                 if gm is not None:
                     gm._gradients[key] = grad
             spec.on_grad = on_grad
-        self._grad._key.attach(tensor, spec.on_grad)
+        self._key.attach(tensor, spec.on_grad)
 
     def record(self) -> "GradManager":
         if self._recording:
             raise RuntimeError("GradManager is already recording")
-        self._grad = Grad()
+        self._key = GradKey("GradManager")
         self._recording = True
         self._gradients = {}
-        self._grad.__enter__()
+        self._key.enter()
         for spec in list(self._attach_specs.values()):
             self._do_record(spec)
         return self
 
     def release(self) -> None:
-        if self._grad is not None:
-            self._grad.__exit__(None, None, None)
-            self._grad = None
+        if self._key is not None:
+            self._key.exit()
+            self._key = None
         self._recording = False
         self._gradients = {}
 
@@ -171,7 +171,7 @@ class GradManager:
         if len(dys) != len(ys):
             raise ValueError(f"GradManager.backward: {len(ys)} outputs but {len(dys)} output gradients")
         try:
-            self._grad._key.backward(ys, dys)
+            self._key.backward(ys, dys)
             for cb in self._after_backward_callbacks:
                 cb()
             for key, grad in self._gradients.items():

@@ -198,6 +198,15 @@ class Elemwise(Op):
     def __init__(self, mode: str):  # everything happened in __new__
         pass
 
+    # per instance, __new__ binds ``cpu`` to the row's NumPy kernel and
+    # ``vjp`` to its derivative expressions; these class-level versions say
+    # what the protocol is (and what the registry reports)
+    def cpu(self, *arrays):
+        return _cpu_kernel(self.row)(*arrays)
+
+    def vjp(self, inputs, outputs, grads):
+        return _make_vjp(self.row)(inputs, outputs, grads)
+
     def __reduce__(self):
         return (Elemwise, (self.mode,))
 

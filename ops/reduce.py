@@ -83,16 +83,20 @@ class Reduce(Op):
         if self.mode in ("sum", "mean"):
             return [_apply1(BroadcastBack(self.axis, self.keepdims, self.mode == "mean"), g, x)]
         if self.mode == "prod":
-            # d out / d x_i = product of the other elements; not out / x_i, which is
-            # 0 / 0 at a zero. Zeros are replaced by ones, and an element gets the
-            # product of the others only when no *other* element is zero.
+            # d out / d x_i is the product of the other elements; out / x_i would be
+            # 0 / 0 at a zero. Zeros count as ones in ``others``; ``rest`` is the
+            # product of the other elements that are zero: 1 when there is none, the
+            # one zero itself when there is one (value 0, but slope 1 for the second
+            # order), 0 when there are more.
             back = BroadcastBack(self.axis, self.keepdims, False)
-            zero = _apply1(Cast(x.dtype), _apply1(Elemwise("eq"), x, 0))
+            red = lambda mode, t: _apply1(back, _apply1(Reduce(mode, self.axis, self.keepdims), t), x)
+            is_ = lambda t, v: _apply1(Cast(x.dtype), _apply1(Elemwise("eq"), t, v))
+            zero = is_(x, 0)
             nz = x + zero
-            others = _apply1(back, _apply1(Reduce("prod", self.axis, self.keepdims), nz), x) / nz
-            zeros_elsewhere = _apply1(back, _apply1(Reduce("sum", self.axis, self.keepdims), zero), x) - zero
-            alone = _apply1(Cast(x.dtype), _apply1(Elemwise("eq"), zeros_elsewhere, 0))
-            return [_apply1(back, g, x) * others * alone]
+            others = red("prod", nz) / nz
+            elsewhere = red("sum", zero) - zero
+            rest = is_(elsewhere, 0) + is_(elsewhere, 1) * (red("sum", x * zero) - x * zero)
+            return [_apply1(back, g, x) * others * rest]
         # max / min: the gradient is shared evenly between tied elements
         back = BroadcastBack(self.axis, self.keepdims, False)
         hit = _apply1(Cast(x.dtype), _apply1(Elemwise("eq"), x, _apply1(back, out, x)))
