@@ -98,7 +98,10 @@ class SymbolicTensor:
     __le__, _ = _bin("le")
     __gt__, _ = _bin("gt")
     __ge__, _ = _bin("ge")
+    __eq__, _ = _bin("eq")
+    __ne__, _ = _bin("ne")
     del _bin, _
+    __hash__ = object.__hash__
 
     def __neg__(self):
         return _core.apply(_operator_op("neg"), self)[0]
@@ -317,7 +320,7 @@ def _optimise(op, trace: Trace, n_in, n_out, grad_vids) -> BackwardGraph:
 # ---------------------------------------------------------------- codegen
 def _compile(graph: BackwardGraph, device: str):
     n_in, n_out = graph.n_in, graph.n_out
-    ns = {"_apply": _core.apply}
+    ns = {"_apply": _core.apply, "_one": _one}
     consts = {}
 
     def arg(a, tensor_mode):
@@ -345,7 +348,10 @@ def _compile(graph: BackwardGraph, device: str):
                 lines.append(f"    {outs}, = _apply(op{i}, {args})")
             else:
                 ns[f"k{i}"] = _kernel(node.op, device)
-                if len(node.outs) == 1:
+                if len(node.outs) == 1 and not type(node.op).__module__.startswith("gradcore."):
+                    # a plugin kernel may return its one output as a 1-tuple
+                    lines.append(f"    {outs} = _one(k{i}({args}))")
+                elif len(node.outs) == 1:
                     lines.append(f"    {outs} = k{i}({args})")
                 else:
                     lines.append(f"    {outs}, = k{i}({args})")
@@ -371,6 +377,10 @@ def _compile(graph: BackwardGraph, device: str):
     cb.graph = graph
     graph.source = src
     return cb
+
+
+def _one(res):
+    return res[0] if type(res) is tuple or type(res) is list else res
 
 
 def _kernel(op, device):
