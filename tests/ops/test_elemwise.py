@@ -276,11 +276,7 @@ class _null:
         return False
 
 
-# ---- core bug: reproduced here, fixed in the core, not in the ops
-@pytest.mark.xfail(reason="core bug (gradcore/graph.py): SymbolicTensor defines < <= > >= but "
-                          "not == / !=, so `x == y` inside a traced vjp is Python's identity "
-                          "test (False), not Elemwise(eq): the gradient is silently wrong",
-                   strict=True)
+# ---- regression test for a core bug, fixed in gradcore/graph.py
 def test_symbolic_equality_is_traced():
     from gradcore.core import Op
 

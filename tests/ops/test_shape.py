@@ -216,11 +216,7 @@ def test_bad_input(fn, shape, needles, record, h):
     h.check_error(ei, *needles)
 
 
-# ---- core bug: reproduced here
-@pytest.mark.xfail(reason="core bug (gradcore/graph.py codegen): a one-output kernel returning a "
-                          "1-tuple works in the forward (apply unwraps it) but run_raw assigns the "
-                          "tuple itself, so the gradient gets an extra leading axis",
-                   strict=True)
+# ---- regression test for a core bug, fixed in gradcore/graph.py
 def test_one_output_kernel_returning_a_tuple_inside_a_backward():
     from gradcore.core import Op, apply
 
