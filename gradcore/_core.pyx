@@ -136,6 +136,9 @@ cdef class Tensor:
     cdef public object _device
     cdef public object grad
     cdef public object name
+    # bumped by every write into _data's buffer (optimizer steps); values
+    # saved for backward remember it, so a write in between is caught
+    cdef public long _version
     # the slot of each GradKey this tensor is part of: almost always one, so
     # the first is a field and only further ones go to a list
     cdef GradSlot _slot
@@ -146,10 +149,8 @@ cdef class Tensor:
     def __init__(self, data=None, dtype=None, device=None, name=None):
         if isinstance(data, Tensor):
             src = <Tensor>data
-            arr = src._data
-            if dtype is not None and np.dtype(dtype) != arr.dtype:
-                arr = arr.astype(dtype)
-            self._data = arr
+            # its own buffer: in-place updates of one never show in the other
+            self._data = np.array(src._data, dtype=dtype, copy=True)
             self._device = src._device if device is None else _h_getattr("_norm_device")(device)
         else:
             self._data, self._device = _h_getattr("_to_array")(data, dtype, device)
@@ -337,6 +338,11 @@ def _rebuild_tensor(cls, data, device, name):
     return t
 
 
+def _bump_version(Tensor t):
+    """Record that ``t``'s buffer was written in place."""
+    t._version += 1
+
+
 cdef inline Tensor _wrap(object arr, object device):
     cdef Tensor t = Tensor.__new__(Tensor)
     if type(arr) is not _ndarray:
@@ -473,6 +479,7 @@ cdef class GradFn:
     cdef tuple in_shapes
     cdef tuple out_meta       # (shape, dtype) per output, to zero-fill missing grads
     cdef object device
+    cdef list versions        # (tensor, version) of saved tensors whose buffer may be written
     cdef Py_ssize_t seq
     cdef bint reaches
 
@@ -484,6 +491,7 @@ cdef class GradFn:
         self.dests = None
         self.in_shapes = None
         self.out_meta = None
+        self.versions = None
 
     @property
     def op_(self):
@@ -498,6 +506,7 @@ cdef class CompiledBackward:
     cdef public object run_raw        # (saved, grads) -> grads per input (arrays)
     cdef public object run_tensor     # same on Tensors, recorded by outer keys
     cdef public tuple input_has_grad
+    cdef public bint saves_inputs     # some forward input is in save_index
     cdef public bint any_grad
     cdef public bint reduce_broadcast # grads may come back in a broadcast shape
     cdef public bint check_shapes     # not a standard op: verify every gradient's shape
@@ -941,6 +950,8 @@ cdef tuple _record(op, tuple args, object device, list keys):
             as_tensors = save_tensors and _older_key_in(keys, key)
             node.saved = _save(cb, args, outs, as_tensors)
             node.saved_tensors = as_tensors
+            if cb.saves_inputs:
+                node.versions = _versions_of(cb, args)
         else:
             node.backward = backward
             node.dests = _dests(args, key, None)
@@ -1006,6 +1017,28 @@ cdef bint _older_key_in(list keys, GradKey key):
         if (<GradKey>k).priority < key.priority:
             return True
     return False
+
+
+cdef list _versions_of(CompiledBackward cb, tuple args):
+    """Saved inputs that are Parameters (whose buffers optimizers update in
+    place): remember their versions."""
+    cdef list res = None
+    cdef Py_ssize_t n = len(args)
+    for i in cb.save_index:
+        if <Py_ssize_t>i < n and type(args[i]) is not Tensor:
+            if res is None:
+                res = []
+            res.append((args[i], (<Tensor>args[i])._version))
+    return res
+
+
+cdef void _check_versions(GradFn node) except *:
+    for t, v in node.versions:
+        if (<Tensor>t)._version != v:
+            raise RuntimeError(
+                f"{_op_name(node.op)}: an input of shape {(<Tensor>t)._data.shape} that this op saved "
+                f"for backward was modified in place afterwards (version {v} -> {(<Tensor>t)._version}, "
+                f"e.g. by an optimizer step); run backward before modifying it")
 
 
 cdef tuple _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
@@ -1202,6 +1235,8 @@ cdef tuple _run_node(GradFn node, tuple grads, bint tensor_mode):
     if node.path == 3:
         cb = <CompiledBackward>node.backward
         saved = node.saved
+        if node.versions is not None:
+            _check_versions(node)
         if tensor_mode:
             if not node.saved_tensors:
                 saved = tuple([_wrap(v, node.device) for v in saved])

@@ -370,6 +370,7 @@ def _compile(graph: BackwardGraph, device: str):
     cb.run_raw = ns["run_raw"]
     cb.run_tensor = ns["run_tensor"]
     cb.input_has_grad = tuple(graph.input_has_grad)
+    cb.saves_inputs = any(v < n_in for v in graph.saved_vids)
     cb.any_grad = any(graph.input_has_grad)
     cb.reduce_broadcast = bool(getattr(graph.op, "reduce_broadcast", False))
     # third-party ops get every gradient's shape verified in the backward

@@ -11,6 +11,7 @@ from typing import Dict, Iterable, List, Union
 
 import numpy as np
 
+from . import _core
 from ._core import Tensor
 
 
@@ -52,9 +53,15 @@ class Optimizer:
         raise NotImplementedError
 
     @staticmethod
-    def _assign(param: Tensor, value: np.ndarray) -> None:
-        # a new buffer: values saved for a pending backward are never overwritten
-        param._data = value.astype(param.dtype, copy=False)
+    def _writable(param: Tensor) -> np.ndarray:
+        """The parameter's buffer, for an in-place update (reusing it saves an
+        allocation and its page faults every step). The version bump makes a
+        backward that saved the old value fail loudly instead of silently."""
+        data = param._data
+        if not data.flags.writeable or not data.flags.owndata:
+            data = param._data = data.copy()
+        _core._bump_version(param)
+        return data
 
 
 class SGD(Optimizer):
@@ -71,13 +78,16 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay))
 
     def _update(self, param, grad, group, state):
-        p = param.numpy()
+        p = self._writable(param)
         if group["weight_decay"]:
             grad = grad + group["weight_decay"] * p
         mom = group["momentum"]
         if mom:
             buf = state.get("momentum_buffer")
-            buf = grad.copy() if buf is None else mom * buf + grad
-            state["momentum_buffer"] = buf
+            if buf is None:
+                buf = state["momentum_buffer"] = np.array(grad, dtype=p.dtype)
+            else:
+                buf *= mom
+                buf += grad
             grad = grad + mom * buf if group["nesterov"] else buf
-        self._assign(param, p - group["lr"] * grad)
+        p -= (group["lr"] * grad).astype(p.dtype, copy=False)

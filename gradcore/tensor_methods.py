@@ -34,7 +34,8 @@ def to_array(data, dtype=None, device=None):
     for Python numbers and lists, NumPy arrays keep their dtype."""
     dev = norm_device(device)
     if isinstance(data, np.ndarray):
-        arr = data if dtype is None else data.astype(dtype, copy=False)
+        # a copy: the tensor must not share a buffer the caller can still write
+        arr = np.array(data, dtype=dtype, copy=True)
     elif data is None:
         arr = np.zeros((), dtype or DEFAULT_FLOAT)
     else:

@@ -323,3 +323,49 @@ def test_state_clean_after_errors():
     with gm:
         gm.backward(x * 2)
     np.testing.assert_allclose(x.grad.numpy(), [2.0])
+
+
+def test_parameter_modified_in_place_after_save_raises():
+    import gradcore.optimizer as optim
+    w = gc.Parameter(np.ones((2, 2), "float32"))
+    x = gc.tensor(np.ones((3, 2), "float32"))
+    gm = GradManager().attach(w)
+    opt = optim.SGD([w], lr=0.1)
+    with gm:
+        loss = F.matmul(x, w).sum()       # saves x and w
+        w.grad = gc.tensor(np.ones((2, 2), "float32"))
+        opt.step()                        # writes w's buffer in place
+        with pytest.raises(RuntimeError, match=r"MatrixMul.*\(2, 2\).*modified in place"):
+            gm.backward(loss)
+    # usable again: a fresh recording works
+    w.grad = None
+    with gm:
+        gm.backward(F.matmul(x, w).sum())
+    np.testing.assert_allclose(w.grad.numpy(), np.full((2, 2), 3.0))
+
+
+def test_optimizer_updates_reuse_the_parameter_buffer():
+    import gradcore.optimizer as optim
+    w = gc.Parameter(np.ones(4, "float32"))
+    buf = w._data
+    opt = optim.SGD([w], lr=0.5, momentum=0.9)
+    for _ in range(3):
+        gm = GradManager().attach(w)
+        with gm:
+            gm.backward((w * w).sum())
+        opt.step().clear_grad()
+    assert w._data is buf and w.grad is None
+    # reference: the same momentum SGD in NumPy
+    p, v = np.ones(4), None
+    for _ in range(3):
+        g = 2 * p
+        v = g if v is None else 0.9 * v + g
+        p = p - 0.5 * v
+    np.testing.assert_allclose(w.numpy(), p, rtol=1e-6)
+
+
+def test_tensor_from_array_does_not_share_the_buffer():
+    a = np.ones(3, "float32")
+    t = gc.Parameter(a)
+    a[0] = 5
+    assert t.numpy()[0] == 1
