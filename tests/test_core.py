@@ -329,16 +329,16 @@ def test_parameter_modified_in_place_after_save_raises():
     import gradcore.optimizer as optim
     w = gc.Parameter(np.ones((2, 2), "float32"))
     x = gc.tensor(np.ones((3, 2), "float32"))
-    gm = GradManager().attach(w)
+    gm = GradManager().attach([w, x])
     opt = optim.SGD([w], lr=0.1)
     with gm:
-        loss = F.matmul(x, w).sum()       # saves x and w
+        loss = F.matmul(w, x, transpose_b=True).sum()   # dx would need w: saved
         w.grad = gc.tensor(np.ones((2, 2), "float32"))
         opt.step()                        # writes w's buffer in place
         with pytest.raises(RuntimeError, match=r"MatrixMul.*\(2, 2\).*modified in place"):
             gm.backward(loss)
     # usable again: a fresh recording works
-    w.grad = None
+    w.grad = x.grad = None
     with gm:
         gm.backward(F.matmul(x, w).sum())
     np.testing.assert_allclose(w.grad.numpy(), np.full((2, 2), 3.0))
