@@ -23,10 +23,14 @@ Usage::
     python benchmarks/profile_overhead.py [--quick]
 
 For a C-level view (CPython, NumPy and gradcore._core symbols), run perf on
-the loop mode, e.g.::
+the loop mode (cases chain, chain-fwd = recorded forward only, scalar);
+``-D 2500`` skips the imports (torch's take ~1.5 s)::
 
-    perf record -F 2000 -g -o /tmp/perf.data python benchmarks/profile_overhead.py --loop chain 10
-    perf report -i /tmp/perf.data --no-children -g none --sort dso,symbol
+    perf record -D 2500 -F 1999 -o /tmp/perf.data python benchmarks/profile_overhead.py --loop chain 10
+    perf report -i /tmp/perf.data --no-children --sort dso,symbol
+    # inclusive times per function need call graphs:
+    perf record -D 2500 -F 999 --call-graph dwarf,16384 -o /tmp/perf.data python ... --loop chain 6
+    perf report -i /tmp/perf.data --children -g none --sort symbol
 """
 from __future__ import annotations
 
@@ -83,10 +87,6 @@ def best_split(fn, number, rounds):
 def op_type_table(number, rounds):
     x0, a, b = B.chain_data()
     kinds = ["x*a", "x+b", "tanh", "sin"]
-
-    def np_fwd(kind):
-        u = {"x*a": lambda h: h * a, "x+b": lambda h: h + b, "tanh": np.tanh, "sin": np.sin}[kind]
-        return u
 
     rows = []
     for kind in kinds:
@@ -248,7 +248,7 @@ def gc_section(number, rounds):
             spent[0] += perf_counter() - start[0]
     pygc.collect()
     pygc.callbacks.append(cb)
-    n = number * rounds
+    n = max(number * rounds, 500)
     t0 = perf_counter()
     for _ in range(n):
         g.run()
@@ -353,9 +353,32 @@ def cprofile_section(name, run, n, top):
         print(f"  {nc / n:10.1f} {tt / n * 1e6:11.1f} {ct / n * 1e6:11.1f}  {label}")
 
 
+class _ChainForwardOnly(B.ChainGradcore):
+    """Case (a)'s forward while recording, then release without backward."""
+
+    def run(self):
+        x, a, b, gm = self.x, self.a, self.b, self.gm
+        tanh, sin = F.tanh, F.sin
+        with gm:
+            h = x
+            for _ in range(B.CHAIN_BLOCKS):
+                h = h * a
+                h = h + b
+                h = tanh(h)
+                h = sin(h)
+        return 0.0
+
+
 def loop(case, seconds):
     x0, a, b = B.chain_data()
-    impl = B.ChainGradcore(x0, a, b) if case == "chain" else B.ScalarGradcore(np.array([1.5], np.float32))
+    if case == "chain":
+        impl = B.ChainGradcore(x0, a, b)
+    elif case == "chain-fwd":
+        impl = _ChainForwardOnly(x0, a, b)
+    elif case == "scalar":
+        impl = B.ScalarGradcore(np.array([1.5], np.float32))
+    else:
+        raise SystemExit(f"--loop: unknown case {case!r} (chain, chain-fwd, scalar)")
     for _ in range(5):
         impl.run()
     t0 = perf_counter()
@@ -365,14 +388,15 @@ def loop(case, seconds):
         n += 1
     dt = (perf_counter() - t0) / n
     print(f"{case}: {n} runs, {dt * 1e6:.1f} us per run"
-          + (f", {dt / NOPS * 1e6:.3f} us/op" if case == "chain" else ""))
+          + (f", {dt / NOPS * 1e6:.3f} us/op" if case.startswith("chain") else ""))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--loop", nargs=2, metavar=("CASE", "SECONDS"),
-                   help="just run gradcore's case 'chain' or 'scalar' for SECONDS (for perf)")
+                   help="just run gradcore's case 'chain', 'chain-fwd' (forward only) or "
+                        "'scalar' for SECONDS (for perf)")
     args = p.parse_args(argv)
     if args.loop:
         loop(args.loop[0], float(args.loop[1]))
