@@ -507,6 +507,7 @@ cdef class CompiledBackward:
     cdef public object run_tensor     # same on Tensors, recorded by outer keys
     cdef public tuple input_has_grad
     cdef public bint saves_inputs     # some forward input is in save_index
+    cdef public tuple passthrough     # per input: index of the output grad it is, or -1
     cdef public bint any_grad
     cdef public bint reduce_broadcast # grads may come back in a broadcast shape
     cdef public bint check_shapes     # not a standard op: verify every gradient's shape
@@ -1232,8 +1233,16 @@ cdef tuple _node_grads(GradFn node, bint tensor_mode):
 cdef tuple _run_node(GradFn node, tuple grads, bint tensor_mode):
     cdef CompiledBackward cb
     cdef Py_ssize_t n = len(node.dests)
+    cdef Py_ssize_t k
     if node.path == 3:
         cb = <CompiledBackward>node.backward
+        if cb.passthrough is not None:
+            res = PyTuple_New(n)
+            for k in range(n):
+                v = grads[<Py_ssize_t>cb.passthrough[k]] if <Py_ssize_t>cb.passthrough[k] >= 0 else None
+                Py_INCREF(v)
+                PyTuple_SET_ITEM(res, k, v)
+            return res
         saved = node.saved
         if node.versions is not None:
             _check_versions(node)
@@ -1377,9 +1386,23 @@ def shape_carrier(object arr):
 
 
 
+cdef dict _ones_cache = {}
+
+
 cdef object _ones_like(object arr):
+    """Ones shaped like ``arr`` (the default output gradient); small ones are
+    cached read-only (a seed is never written: slots do not own it)."""
+    key = (arr.shape, arr.dtype)
+    out = _ones_cache.get(key)
+    if out is not None:
+        return out
     out = _np_empty(arr.shape, arr.dtype)
     out.fill(1)
+    if out.size <= 256:
+        out.flags.writeable = False
+        if len(_ones_cache) > 256:
+            _ones_cache.clear()
+        _ones_cache[key] = out
     return out
 
 

@@ -42,10 +42,11 @@ class Node:
 
 class Const:
     """A constant argument in a graph (a Python scalar or small array)."""
-    __slots__ = ("value",)
+    __slots__ = ("value", "dtype")
 
-    def __init__(self, value):
+    def __init__(self, value, dtype=None):
         self.value = value
+        self.dtype = dtype      # the dtype it takes where it meets the tensors
 
     def __repr__(self):
         return f"Const({self.value!r})"
@@ -147,7 +148,7 @@ def trace_apply(op, args):
                 others = [x.dtype for x in args if isinstance(x, SymbolicTensor)]
                 d = TensorDesc((), np.result_type(*others, c), device)
             descs.append(d)
-            refs.append(Const(c))
+            refs.append(Const(c, d.dtype))
     out_descs = op.infer(*descs)
     outs = tuple(trace.new_value(d) for d in out_descs)
     trace.nodes.append(Node(op, tuple(refs), tuple(o.vid for o in outs)))
@@ -327,7 +328,12 @@ def _compile(graph: BackwardGraph, device: str):
         if isinstance(a, int):
             return f"v{a}"
         name = f"c{len(consts)}"
-        consts[name] = a.value
+        value = a.value
+        if not tensor_mode and isinstance(value, (bool, int, float)) and a.dtype is not None:
+            # a 0-d array of the dtype the tracer resolved: NumPy converts a
+            # Python scalar on every call, which costs as much as the kernel
+            value = np.asarray(value, a.dtype)
+        consts[name] = value
         return name
 
     def body(tensor_mode):
@@ -373,6 +379,11 @@ def _compile(graph: BackwardGraph, device: str):
     cb.saves_inputs = any(v < n_in for v in graph.saved_vids)
     cb.any_grad = any(graph.input_has_grad)
     cb.reduce_broadcast = bool(getattr(graph.op, "reduce_broadcast", False))
+    # a graph without nodes only routes output grads to inputs (add, sub's x,
+    # broadcast, identity): the core does that without calling Python
+    first_grad = n_in + n_out
+    if not graph.nodes and all(v is None or v >= first_grad for v in graph.grad_vids):
+        cb.passthrough = tuple(-1 if v is None else v - first_grad for v in graph.grad_vids)
     # third-party ops get every gradient's shape verified in the backward
     cb.check_shapes = not type(graph.op).__module__.startswith("gradcore.")
     cb.graph = graph

@@ -120,6 +120,8 @@ class BroadcastBack(Op):
 
     def cpu(self, g, ref):
         shape = ref.shape
+        if self.axis is None and not self.mean:
+            return broadcast_view(g, shape)     # a full reduction: a 0-d or all-ones g
         if not self.keepdims and len(shape):
             axes = range(len(shape)) if self.axis is None else {a % len(shape) for a in self.axis}
             kept = tuple(1 if i in axes else s for i, s in enumerate(shape))
