@@ -123,6 +123,7 @@ cdef class GradKey
 
 # ---------------------------------------------------------------- Tensor
 @cython.freelist(1024)
+@cython.no_gc
 cdef class Tensor:
     """An n-dimensional array that gradients can flow through.
 
@@ -327,7 +328,7 @@ cdef object _reduce(Tensor t, str mode, axis, keepdims):
     if op is None:
         op = _h_getattr("reduce_op")(mode, axis, bool(keepdims))
         _reduce_ops[key] = op
-    return _apply(op, (t,))[0]
+    return _apply1(op, (t,))
 
 
 def _rebuild_tensor(cls, data, device, name):
@@ -358,11 +359,11 @@ def wrap_array(arr, device="cpu"):
 
 
 cdef object _binary(str name, a, b):
-    return _apply(_operator_ops[name], (a, b))[0]
+    return _apply1(_operator_ops[name], (a, b))
 
 
 cdef object _unary(str name, a):
-    return _apply(_operator_ops[name], (a,))[0]
+    return _apply1(_operator_ops[name], (a,))
 
 
 # ---------------------------------------------------------------- ops
@@ -402,7 +403,7 @@ cdef class OpFunction:
         self.__doc__ = doc
 
     def __call__(self, *args):
-        return _apply(self.op, args)[0]
+        return _apply1(self.op, args)
 
     def __repr__(self):
         return f"<gradcore function {getattr(self, '__name__')}>"
@@ -474,7 +475,8 @@ cdef class GradFn:
     cdef object backward      # callable (paths 1, 2) or CompiledBackward (path 3)
     cdef tuple saved          # what the backward reads, nothing more
     cdef bint saved_tensors   # saved values are Tensors (several keys recorded the op)
-    cdef tuple slots          # one per forward output
+    cdef GradSlot slot0       # the output slot when there is one output
+    cdef tuple slots          # one per forward output, when there are several
     cdef tuple dests          # one per forward input: producer slot or None
     cdef tuple in_shapes
     cdef tuple out_meta       # (shape, dtype) per output, to zero-fill missing grads
@@ -488,6 +490,7 @@ cdef class GradFn:
         self.backward = None
         self.saved = None
         self.slots = None
+        self.slot0 = None
         self.dests = None
         self.in_shapes = None
         self.out_meta = None
@@ -639,8 +642,9 @@ cdef inline bint _key_records(GradKey k):
     return k.state == 1 and not k.suppressed and not k.ran_backward and k.priority < _visible_below
 
 
-cdef list _recorders(tuple args):
-    cdef list keys = None
+cdef object _recorders(tuple args):
+    """The keys that record an op on ``args``: None, one GradKey, or a list."""
+    cdef object keys = None
     cdef Tensor t
     cdef GradSlot s
     for a in args:
@@ -649,18 +653,22 @@ cdef list _recorders(tuple args):
         if s is None:
             continue
         if _key_records(s.key):
-            if keys is None:
-                keys = [s.key]
-            elif s.key not in keys:
-                keys.append(s.key)
+            keys = _add_key(keys, s.key)
         if t._more_slots is not None:
             for o in t._more_slots:
                 s = <GradSlot>o
                 if _key_records(s.key):
-                    if keys is None:
-                        keys = [s.key]
-                    elif s.key not in keys:
-                        keys.append(s.key)
+                    keys = _add_key(keys, s.key)
+    return keys
+
+
+cdef inline object _add_key(object keys, GradKey key):
+    if keys is None or keys is key:
+        return key
+    if type(keys) is GradKey:
+        return [keys, key]
+    if key not in <list>keys:
+        (<list>keys).append(key)
     return keys
 
 
@@ -735,7 +743,7 @@ cdef tuple _apply(op, tuple args):
         if type(args[i]) is not Tensor and not isinstance(args[i], Tensor):
             return _h_slow_apply(op, args)
     device = _common_device(op, args)
-    cdef list keys = None
+    keys = None
     if _recording and _no_record == 0:
         keys = _recorders(args)
     if keys is None:
@@ -743,6 +751,24 @@ cdef tuple _apply(op, tuple args):
             return _run_own_rule(op, args, device)[0]
         return _wrap_outputs(_kernel_call(op, args, device), device)
     return _record(op, args, device, keys)
+
+
+cdef object _apply1(op, tuple args):
+    """``_apply(op, args)[0]`` without the output tuple when nothing records."""
+    cdef Py_ssize_t n = len(args)
+    cdef Py_ssize_t i
+    if n == 0 or (_recording and _no_record == 0):
+        return _apply(op, args)[0]
+    for i in range(n):
+        if type(args[i]) is not Tensor:
+            return _apply(op, args)[0]
+    if isinstance(op, OpBase) and (<OpBase>op)._own_rule == 1:
+        return _apply(op, args)[0]
+    device = _common_device(op, args)
+    res = _kernel_call(op, args, device)
+    if type(res) is tuple or type(res) is list:
+        return _wrap(res[0], device)
+    return _wrap(res, device)
 
 
 cdef bint _has_own_rule(op):
@@ -867,10 +893,12 @@ cdef CompiledBackward _graph_for_slow(op, tuple args, object device, int rg):
     return <CompiledBackward>cb
 
 
-cdef tuple _record(op, tuple args, object device, list keys):
+cdef tuple _record(op, tuple args, object device, object keys):
     global _seq
     cdef Py_ssize_t n = len(args)
-    cdef Py_ssize_t i, j, nk = len(keys)
+    cdef Py_ssize_t i, j
+    cdef bint one_key = type(keys) is GradKey
+    cdef Py_ssize_t nk = 1 if one_key else len(<list>keys)
     cdef GradKey key
     cdef GradFn node
     cdef GradSlot s
@@ -904,8 +932,8 @@ cdef tuple _record(op, tuple args, object device, list keys):
     graphs = None
     if path == 3:
         # one graph per key: their requires-grad masks may differ
-        if nk == 1:
-            cb = _graph_for(op, args, device, _rg_mask(args, <GradKey>keys[0]))
+        if one_key:
+            cb = _graph_for(op, args, device, _rg_mask(args, <GradKey>keys))
             if not cb.any_grad:
                 return _wrap_outputs(_kernel_call(op, args, device), device)
         else:
@@ -934,7 +962,7 @@ cdef tuple _record(op, tuple args, object device, list keys):
     cdef bint as_tensors
 
     for i in range(nk):
-        key = <GradKey>keys[i]
+        key = <GradKey>keys if one_key else <GradKey>(<list>keys)[i]
         node = GradFn.__new__(GradFn)
         node.op = op
         node.path = path
@@ -956,21 +984,39 @@ cdef tuple _record(op, tuple args, object device, list keys):
         else:
             node.backward = backward
             node.dests = _dests(args, key, None)
-        if nout == 1:
-            s = _new_slot(key)
-            _add_slot(<Tensor>outs[0], s)
-            node.slots = (s,)
-        else:
-            slots = []
-            for o in outs:
-                s = _new_slot(key)
-                slots.append(s)
-                _add_slot(<Tensor>o, s)
-            node.slots = tuple(slots)
+        _make_slots(node, outs, key)
         _seq += 1
         node.seq = _seq
         key.tape.append(node)
     return outs
+
+
+cdef inline void _make_slots(GradFn node, tuple outs, GradKey key):
+    """Output slots of a new node, and its link to its inputs: every input
+    slot gets one more pending producer, and the node reaches an attached
+    tensor when one of its input slots does (so backward needs no pre-pass)."""
+    cdef GradSlot s
+    cdef bint r = False
+    for d in node.dests:
+        if d is not None:
+            s = <GradSlot>d
+            s.pending += 1
+            if s.reaches:
+                r = True
+    node.reaches = r
+    if len(outs) == 1:
+        s = _new_slot(key)
+        s.reaches = r
+        _add_slot(<Tensor>outs[0], s)
+        node.slot0 = s          # one output: a field, no tuple
+        return
+    slots = []
+    for o in outs:
+        s = _new_slot(key)
+        s.reaches = r
+        slots.append(s)
+        _add_slot(<Tensor>o, s)
+    node.slots = tuple(slots)
 
 
 cdef bint _needs_reduction(tuple args, object out):
@@ -1013,7 +1059,9 @@ cdef tuple _dests(tuple args, GradKey key, tuple has_grad):
     return res
 
 
-cdef bint _older_key_in(list keys, GradKey key):
+cdef bint _older_key_in(object keys, GradKey key):
+    if type(keys) is GradKey:
+        return False
     for k in keys:
         if (<GradKey>k).priority < key.priority:
             return True
@@ -1081,6 +1129,8 @@ def _record_custom(op, tuple inputs, tuple outputs, backward):
     keys = _recorders(inputs) if (_recording and _no_record == 0 and inputs) else None
     if keys is None:
         return outs
+    if type(keys) is GradKey:
+        keys = [keys]
     global _seq
     cdef GradKey key
     cdef GradFn node
@@ -1094,14 +1144,8 @@ def _record_custom(op, tuple inputs, tuple outputs, backward):
         node.device = device
         node.in_shapes = in_shapes
         node.backward = backward
-        node.dests = tuple([_slot_for(<Tensor>a, key) for a in inputs])
-        slots = []
-        for o in outs:
-            t = <Tensor>o
-            s = _new_slot(key)
-            slots.append(s)
-            _add_slot(t, s)
-        node.slots = tuple(slots)
+        node.dests = _dests(inputs, key, None)
+        _make_slots(node, outs, key)
         _seq += 1
         node.seq = _seq
         key.tape.append(node)
@@ -1196,21 +1240,22 @@ cdef object _check_user_grads(op, res, Py_ssize_t n, tuple in_shapes):
     return res
 
 
-cdef tuple _node_grads(GradFn node, bint tensor_mode):
-    """Collect the node's output gradients, zero-filling the missing ones for
-    backward graphs, and empty its slots."""
+cdef object _node_grads(GradFn node, bint tensor_mode):
+    """Collect the node's output gradients (the gradient itself for a node
+    with one output, else a tuple, zero-filling the missing ones for backward
+    graphs) and empty its slots. None: no gradient arrived."""
     cdef GradSlot s
     cdef list grads = []
     cdef bint any_g = False
     cdef Py_ssize_t i
-    if len(node.slots) == 1:
-        s = <GradSlot>node.slots[0]
+    if node.slot0 is not None:
+        s = node.slot0
         g = s.grad
         if g is None:
             return None
         s.grad = None
         s.owned = False
-        return (g,)
+        return g
     for i in range(len(node.slots)):
         s = <GradSlot>node.slots[i]
         g = s.grad
@@ -1230,16 +1275,20 @@ cdef tuple _node_grads(GradFn node, bint tensor_mode):
     return tuple(grads)
 
 
-cdef tuple _run_node(GradFn node, tuple grads, bint tensor_mode):
+cdef tuple _run_node(GradFn node, object grads, bint tensor_mode):
     cdef CompiledBackward cb
     cdef Py_ssize_t n = len(node.dests)
     cdef Py_ssize_t k
+    cdef bint one = node.slot0 is not None
     if node.path == 3:
         cb = <CompiledBackward>node.backward
         if cb.passthrough is not None:
             res = PyTuple_New(n)
             for k in range(n):
-                v = grads[<Py_ssize_t>cb.passthrough[k]] if <Py_ssize_t>cb.passthrough[k] >= 0 else None
+                if <Py_ssize_t>cb.passthrough[k] < 0:
+                    v = None
+                else:
+                    v = grads if one else grads[<Py_ssize_t>cb.passthrough[k]]
                 Py_INCREF(v)
                 PyTuple_SET_ITEM(res, k, v)
             return res
@@ -1256,6 +1305,8 @@ cdef tuple _run_node(GradFn node, tuple grads, bint tensor_mode):
             res = cb.run_raw(saved, grads)
         return res
     # user backward: Tensors in, Tensors out
+    if one:
+        grads = (grads,)
     if not tensor_mode:
         grads = tuple([None if g is None else _wrap(g, node.device) for g in grads])
     res = node.backward(*grads)
@@ -1292,19 +1343,8 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
     key.ran_backward = True
     cdef long saved_visible = _visible_below
     try:
-        # reachability, forward over the tape; pending producer counts
-        for i in range(nt):
-            node = <GradFn>tape[i]
-            r = False
-            for d in node.dests:
-                if d is not None:
-                    s = <GradSlot>d
-                    s.pending += 1
-                    if s.reaches:
-                        r = True
-            node.reaches = r
-            for o in node.slots:
-                (<GradSlot>o).reaches = r
+        # (reachability and pending producer counts were set when each node
+        # was recorded: _link)
         # seed the output gradients
         for i in range(len(ys)):
             y = ys[i]
@@ -1362,7 +1402,8 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
                     s.pending -= 1
                     if s.pending == 0 and s.leaf:
                         _fire(s, tensor_mode, node.device)
-            node.clear()
+            # the tape held the only reference: the node and what it saved
+            # are freed here, back to the pool
         for s in roots:
             _fire(s, tensor_mode, CPU)
     finally:

@@ -345,7 +345,8 @@ def _compile(graph: BackwardGraph, device: str):
         for k in range(n_out):
             v = n_in + n_out + k
             if graph.save_for_backward[v]:
-                lines.append(f"    v{v} = g[{k}]")
+                # one output: the core passes its gradient itself, not a tuple
+                lines.append(f"    v{v} = g" if n_out == 1 else f"    v{v} = g[{k}]")
         for i, node in enumerate(graph.nodes):
             args = ", ".join(arg(a, tensor_mode) for a in node.args)
             outs = ", ".join(f"v{o}" for o in node.outs)
