@@ -321,7 +321,7 @@ def _optimise(op, trace: Trace, n_in, n_out, grad_vids) -> BackwardGraph:
 # ---------------------------------------------------------------- codegen
 def _compile(graph: BackwardGraph, device: str):
     n_in, n_out = graph.n_in, graph.n_out
-    ns = {"_apply": _core.apply, "_one": _one}
+    ns = {"_apply": _core.apply, "_one": _one, "_nd": np.ndarray}
     consts = {}
 
     def arg(a, tensor_mode):
@@ -335,6 +335,8 @@ def _compile(graph: BackwardGraph, device: str):
             value = np.asarray(value, a.dtype)
         consts[name] = value
         return name
+
+    reuse = {} if device != "cpu" else _buffer_reuse(graph, n_in, n_out)
 
     def body(tensor_mode):
         lines = []
@@ -359,7 +361,12 @@ def _compile(graph: BackwardGraph, device: str):
                     # a plugin kernel may return its one output as a 1-tuple
                     lines.append(f"    {outs} = _one(k{i}({args}))")
                 elif len(node.outs) == 1:
-                    lines.append(f"    {outs} = k{i}({args})")
+                    if i in reuse:
+                        # a 0-d result comes back as a NumPy scalar: no buffer to reuse
+                        r = f"v{reuse[i]}"
+                        lines.append(f"    {outs} = k{i}({args}, {r}) if type({r}) is _nd else k{i}({args})")
+                    else:
+                        lines.append(f"    {outs} = k{i}({args})")
                 else:
                     lines.append(f"    {outs}, = k{i}({args})")
         ret = ", ".join("None" if v is None else f"v{v}" for v in graph.grad_vids)
@@ -390,6 +397,43 @@ def _compile(graph: BackwardGraph, device: str):
     cb.graph = graph
     graph.source = src
     return cb
+
+
+def _buffer_reuse(graph, n_in, n_out):
+    """Nodes that may write their result into the buffer of one of their
+    arguments (NumPy's positional ``out``): a ufunc whose argument is a fresh
+    intermediate of this graph, read nowhere later, of the result's dtype,
+    and of the full output shape (so the result, which broadcasts over it,
+    has exactly its shape). Full shape: the output grads, the outputs, the
+    inputs of a unary elementwise op, and any elementwise result with a
+    full-shape argument. Saves an allocation per node on the backward."""
+    from gradcore.ops.elemwise import Elemwise
+    op = graph.op
+    full = set(range(n_in, n_in + 2 * n_out))
+    if isinstance(op, Elemwise) and op.nin == 1:
+        full.add(0)
+    last_use = {}
+    for i, node in enumerate(graph.nodes):
+        for a in node.args:
+            if isinstance(a, int):
+                last_use[a] = i
+    returned = {v for v in graph.grad_vids if v is not None}
+    fresh, reuse = set(), {}
+    for i, node in enumerate(graph.nodes):
+        elementwise = isinstance(node.op, Elemwise)
+        if elementwise and any(isinstance(a, int) and a in full for a in node.args):
+            full.update(node.outs)
+        if not (elementwise and isinstance(node.op.cpu, np.ufunc) and len(node.outs) == 1):
+            continue
+        out_dtype = graph.descs[node.outs[0]].dtype
+        for a in node.args:
+            if (isinstance(a, int) and a in fresh and a in full and last_use.get(a) == i
+                    and a not in returned and graph.descs[a].dtype == out_dtype
+                    and sum(1 for b in node.args if b == a) == 1):
+                reuse[i] = a
+                break
+        fresh.update(node.outs)
+    return reuse
 
 
 def _one(res):
