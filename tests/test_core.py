@@ -369,3 +369,29 @@ def test_tensor_from_array_does_not_share_the_buffer():
     t = gc.Parameter(a)
     a[0] = 5
     assert t.numpy()[0] == 1
+
+
+def test_training_loop_does_not_leak():
+    import tracemalloc
+    import gradcore.module as M
+    import gradcore.optimizer as optim
+    net = M.Sequential(M.Linear(8, 16), M.ReLU(), M.Linear(16, 3))
+    gm = GradManager().attach(net.parameters())
+    opt = optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    x = gc.tensor(np.random.rand(4, 8).astype("float32"))
+    y = gc.tensor(np.array([0, 1, 2, 1], "int32"))
+
+    def steps(n):
+        for _ in range(n):
+            with gm:
+                gm.backward(F.cross_entropy(net(x), y))
+            opt.step().clear_grad()
+
+    steps(20)                                  # warm caches and pools
+    tracemalloc.start()
+    steps(100)
+    first = tracemalloc.get_traced_memory()[0]
+    steps(300)
+    second = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert second - first < 64 * 1024, f"memory grew by {second - first} bytes over 300 steps"
