@@ -117,11 +117,26 @@ def check_error(exc_info, *needles):
         assert n.lower() in msg.lower(), f"{n!r} not in error message {msg!r}"
 
 
+def error_of(fn, x, record, exc=ValueError):
+    """The exception ``fn(x)`` raises, with ``x`` attached to a recording
+    GradManager or not (the error must not depend on recording)."""
+    gm = gradcore.GradManager().attach([x])
+    if record:
+        gm.record()
+    try:
+        with pytest.raises(exc) as ei:
+            fn(x)
+    finally:
+        gm.release()
+    return ei
+
+
 @pytest.fixture
 def h():
     return types.SimpleNamespace(gc_vjp=gc_vjp, torch_vjp=torch_vjp, to_torch=to_torch,
                                  assert_close=assert_close, compare=compare_with_torch,
-                                 check_grads=check_grads, check_error=check_error)
+                                 check_grads=check_grads, check_error=check_error,
+                                 error_of=error_of)
 
 
 @pytest.fixture
