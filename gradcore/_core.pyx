@@ -473,7 +473,7 @@ cdef class GradFn:
     cdef object op
     cdef int path             # 1: own _grad_rule, 2: registered rule, 3: backward graph
     cdef object backward      # callable (paths 1, 2) or CompiledBackward (path 3)
-    cdef tuple saved          # what the backward reads, nothing more
+    cdef object saved         # what the backward reads: the value itself when it is one, else a tuple
     cdef bint saved_tensors   # saved values are Tensors (several keys recorded the op)
     cdef GradSlot slot0       # the output slot when there is one output
     cdef tuple slots          # one per forward output, when there are several
@@ -511,6 +511,7 @@ cdef class CompiledBackward:
     cdef public tuple input_has_grad
     cdef public bint saves_inputs     # some forward input is in save_index
     cdef public tuple passthrough     # per input: index of the output grad it is, or -1
+    cdef public bint one_saved        # exactly one saved value: kept bare, not in a tuple
     cdef public bint any_grad
     cdef public bint reduce_broadcast # grads may come back in a broadcast shape
     cdef public bint check_shapes     # not a standard op: verify every gradient's shape
@@ -1090,13 +1091,17 @@ cdef void _check_versions(GradFn node) except *:
                 f"e.g. by an optimizer step); run backward before modifying it")
 
 
-cdef tuple _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
+cdef object _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
     cdef Py_ssize_t n = len(args)
     cdef tuple index = cb.save_index
     cdef Py_ssize_t k, idx, ns = len(index)
     cdef object v
     cdef tuple res
     cdef tuple pre = cb.precomp_index
+    if cb.one_saved and pre is None:
+        idx = <Py_ssize_t>index[0]
+        v = args[idx] if idx < n else outs[idx - n]
+        return v if as_tensors else (<Tensor>v)._data
     if pre is None:
         res = PyTuple_New(ns)
         for k in range(ns):
@@ -1117,7 +1122,7 @@ cdef tuple _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
         idx = <Py_ssize_t>pre[k]
         v = shape_carrier((<Tensor>(args[idx] if idx < n else outs[idx - n]))._data)
         vals.append(_wrap(v, (<Tensor>args[0])._device) if as_tensors else v)
-    return tuple(vals)
+    return vals[0] if cb.one_saved else tuple(vals)
 
 
 def _record_custom(op, tuple inputs, tuple outputs, backward):
@@ -1275,7 +1280,9 @@ cdef object _node_grads(GradFn node, bint tensor_mode):
     return tuple(grads)
 
 
-cdef tuple _run_node(GradFn node, object grads, bint tensor_mode):
+cdef object _run_node(GradFn node, object grads, bint tensor_mode):
+    """Run a node's backward: the input gradient itself for a node with one
+    input, else a tuple of them."""
     cdef CompiledBackward cb
     cdef Py_ssize_t n = len(node.dests)
     cdef Py_ssize_t k
@@ -1283,6 +1290,8 @@ cdef tuple _run_node(GradFn node, object grads, bint tensor_mode):
     if node.path == 3:
         cb = <CompiledBackward>node.backward
         if cb.passthrough is not None:
+            if n == 1:
+                return None if <Py_ssize_t>cb.passthrough[0] < 0 else (grads if one else grads[<Py_ssize_t>cb.passthrough[0]])
             res = PyTuple_New(n)
             for k in range(n):
                 if <Py_ssize_t>cb.passthrough[k] < 0:
@@ -1297,13 +1306,12 @@ cdef tuple _run_node(GradFn node, object grads, bint tensor_mode):
             _check_versions(node)
         if tensor_mode:
             if not node.saved_tensors:
-                saved = tuple([_wrap(v, node.device) for v in saved])
-            res = cb.run_tensor(saved, grads)
-        else:
-            if node.saved_tensors:
-                saved = tuple([(<Tensor>v)._data if isinstance(v, Tensor) else v for v in saved])
-            res = cb.run_raw(saved, grads)
-        return res
+                saved = _wrap(saved, node.device) if cb.one_saved else \
+                    tuple([_wrap(v, node.device) for v in saved])
+            return cb.run_tensor(saved, grads)
+        if node.saved_tensors:
+            saved = _unwrap(saved) if cb.one_saved else tuple([_unwrap(v) for v in saved])
+        return cb.run_raw(saved, grads)
     # user backward: Tensors in, Tensors out
     if one:
         grads = (grads,)
@@ -1313,7 +1321,11 @@ cdef tuple _run_node(GradFn node, object grads, bint tensor_mode):
     res = _check_user_grads(node.op, res, n, node.in_shapes)
     if not tensor_mode:
         res = tuple([None if g is None else (<Tensor>g)._data for g in res])
-    return res
+    return res[0] if n == 1 else res
+
+
+cdef inline object _unwrap(object v):
+    return (<Tensor>v)._data if isinstance(v, Tensor) else v
 
 
 cdef void _run_backward(GradKey key, list ys, list dys) except *:
@@ -1376,14 +1388,14 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
             if grads is not None:
                 res = _run_node(node, grads, tensor_mode)
                 nd = len(node.dests)
-                if len(res) != nd:
+                if nd != 1 and len(res) != nd:
                     raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
                                      f"gradients for {nd} inputs")
                 for j in range(nd):
                     d = node.dests[j]
                     if d is None:
                         continue
-                    g = res[j]
+                    g = res if nd == 1 else res[j]
                     if g is None:
                         continue
                     if tensor_mode:

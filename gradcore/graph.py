@@ -338,12 +338,15 @@ def _compile(graph: BackwardGraph, device: str):
 
     reuse = {} if device != "cpu" else _buffer_reuse(graph, n_in, n_out)
 
+    # one saved value travels bare, not in a 1-tuple (and so does the one
+    # gradient of a one-output op, and the result for a one-input op)
+    kept = list(graph.saved_vids) + [carrier for _, carrier in graph.precomp]
+    one_saved = len(kept) == 1
+
     def body(tensor_mode):
         lines = []
-        for k, v in enumerate(graph.saved_vids):
-            lines.append(f"    v{v} = s[{k}]")
-        for k, (_, carrier) in enumerate(graph.precomp):
-            lines.append(f"    v{carrier} = s[{len(graph.saved_vids) + k}]")
+        for k, v in enumerate(kept):
+            lines.append(f"    v{v} = s" if one_saved else f"    v{v} = s[{k}]")
         for k in range(n_out):
             v = n_in + n_out + k
             if graph.save_for_backward[v]:
@@ -370,7 +373,7 @@ def _compile(graph: BackwardGraph, device: str):
                 else:
                     lines.append(f"    {outs}, = k{i}({args})")
         ret = ", ".join("None" if v is None else f"v{v}" for v in graph.grad_vids)
-        lines.append(f"    return ({ret},)")
+        lines.append(f"    return {ret}" if n_in == 1 else f"    return ({ret},)")
         return "\n".join(lines)
 
     src = (f"def run_raw(s, g):\n{body(False)}\n\n"
@@ -381,6 +384,7 @@ def _compile(graph: BackwardGraph, device: str):
     cb = _core.CompiledBackward()
     cb.save_index = tuple(graph.saved_vids)
     cb.precomp_index = tuple(src for src, _ in graph.precomp) or None
+    cb.one_saved = one_saved
     cb.run_raw = ns["run_raw"]
     cb.run_tensor = ns["run_tensor"]
     cb.input_has_grad = tuple(graph.input_has_grad)
