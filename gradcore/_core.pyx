@@ -1431,11 +1431,23 @@ cdef object _np_empty = np.empty
 cdef object _ZERO_BUF = np.zeros(16, np.uint8)
 
 
+cdef dict _carriers = {}
+
+
 def shape_carrier(object arr):
     """A zero-stride array with ``arr``'s shape and dtype that holds one
-    element: what a backward graph keeps of a tensor it reads only the shape of."""
-    shape = arr.shape
-    return _ndarray(shape, arr.dtype, _ZERO_BUF, 0, (0,) * len(shape))
+    element: what a backward graph keeps of a tensor it reads only the shape
+    of. Read-only, so equal ones are shared."""
+    key = (arr.shape, arr.dtype)
+    c = _carriers.get(key)
+    if c is None:
+        shape = arr.shape
+        c = _ndarray(shape, arr.dtype, _ZERO_BUF, 0, (0,) * len(shape))
+        c.flags.writeable = False
+        if len(_carriers) > 1024:
+            _carriers.clear()
+        _carriers[key] = c
+    return c
 
 
 
