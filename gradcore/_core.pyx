@@ -541,6 +541,11 @@ cdef class GradKey:
         return self.state == 1 and not self.ran_backward
 
     @property
+    def phase(self):
+        """0: not entered yet, 1: recording, 2: finished."""
+        return self.state
+
+    @property
     def tape_length(self):
         return len(self.tape)
 

@@ -26,6 +26,10 @@ __all__ = ["apply", "Grad", "GradKey", "TensorDesc", "make_backward_graph", "Bac
 _counter = itertools.count()
 
 
+def _never_entered(key) -> bool:
+    return key.phase == 0
+
+
 class Grad:
     """A recording: ``wrt`` tensors, run ops, then ``g(ys, dys)``.
 
@@ -39,12 +43,18 @@ class Grad:
 
     def __init__(self, name: Optional[str] = None):
         self._key = GradKey(name or f"grad_{next(_counter)}")
+        self._auto = False      # entered by wrt() rather than by `with`
 
     @property
     def name(self) -> str:
         return self._key.name
 
     def wrt(self, *tensors: Tensor, callback: Optional[Callable] = None) -> "Grad":
+        if not self._key.recording and not self._auto and _never_entered(self._key):
+            # the older style `g = Grad().wrt(x)` without `with`: start
+            # recording now and stop after the backward
+            self._key.enter()
+            self._auto = True
         for t in tensors:
             if not isinstance(t, Tensor):
                 raise TypeError(f"{self.name}: wrt() takes Tensors, got {type(t).__name__}")
@@ -56,7 +66,11 @@ class Grad:
             ys = [ys]
         if isinstance(dys, Tensor) or not isinstance(dys, (list, tuple)):
             dys = [dys]
-        self._key.backward(list(ys), list(dys))
+        try:
+            self._key.backward(list(ys), list(dys))
+        finally:
+            if self._auto:
+                self._key.exit()
 
     def __enter__(self) -> "Grad":
         self._key.enter()

@@ -376,3 +376,21 @@ def test_function_called_twice_in_one_graph():
     with gm:
         gm.backward(f(f(a)).sum())
     np.testing.assert_allclose(a.grad.numpy(), [400.0, 400.0])
+
+
+def test_grad_without_with_block():
+    # MegEngine's older style: Grad().wrt(...) starts recording
+    x_np = np.random.rand(10).astype("float32")
+    x = gc.tensor(x_np)
+
+    def save_to(t):
+        def cb(g):
+            t.grad = g
+        return cb
+
+    grad = Grad().wrt(x, callback=save_to(x))
+    y = x * x
+    y = y * y
+    grad(y, gc.tensor(np.ones_like(x_np)))
+    np.testing.assert_almost_equal(x.grad.numpy(), 4 * x_np ** 3, decimal=5)
+    assert _core._debug_state()["recording"] == 0
