@@ -291,12 +291,74 @@ def linear(inp, weight, bias=None):
     return out if bias is None else out + bias
 
 
+# ---- convolution and pooling (NCHW)
+from .ops.conv import AvgPool2d as _AvgPool2dOp, Conv2d as _Conv2dOp, MaxPool2d as _MaxPool2dOp  # noqa: E402
+
+_Conv2d, _MaxPool2d, _AvgPool2d = map(interned, (_Conv2dOp, _MaxPool2dOp, _AvgPool2dOp))
+
+
+def _pair(v):
+    # anything but an int or a pair goes to the op as is, which says what is wrong
+    if isinstance(v, (tuple, list)):
+        return (int(v[0]), int(v[1])) if len(v) == 2 else tuple(v)
+    return (int(v), int(v))
+
+
+def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
+           conv_mode: str = "cross_correlation", compute_mode: str = "default"):
+    """2-D convolution (cross-correlation) of ``inp`` (N, C, H, W) with
+    ``weight`` (O, C // groups, KH, KW), MegEngine's ``F.conv2d``. A grouped
+    weight may also be given in MegEngine's 5-D form (groups, O // groups,
+    C // groups, KH, KW). ``bias`` broadcasts against (N, O, OH, OW), e.g.
+    shape (1, O, 1, 1).
+
+    Example::
+
+        >>> y = F.conv2d(x, w, b, stride=2, padding=1)
+    """
+    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
+        raise ValueError(f"conv2d: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    x, w = _t(inp), _t(weight)
+    if w.ndim == 5:
+        g, og, cg, kh, kw = w.shape
+        if g != groups:
+            raise ValueError(f"conv2d: a 5-D weight {w.shape} has {g} groups, but groups={groups}")
+        w = reshape(w, (g * og, cg, kh, kw))
+    out = _apply(_Conv2d(_pair(stride), _pair(padding), _pair(dilation), int(groups)), x, w)[0]
+    return out if bias is None else out + _t(bias, out)
+
+
+def max_pool2d(inp, kernel_size, stride=None, padding=0):
+    """Max over ``kernel_size`` windows of ``inp`` (N, C, H, W); ``stride``
+    defaults to ``kernel_size``; padding never wins.
+
+    Example::
+
+        >>> F.max_pool2d(x, 2)          # (N, C, H, W) -> (N, C, H // 2, W // 2)
+    """
+    stride = kernel_size if stride is None else stride
+    return _apply(_MaxPool2d(_pair(kernel_size), _pair(stride), _pair(padding)), _t(inp))[0]
+
+
+def avg_pool2d(inp, kernel_size, stride=None, padding=0, mode: str = "average_count_exclude_padding"):
+    """Mean over ``kernel_size`` windows of ``inp`` (N, C, H, W). ``mode``
+    "average_count_exclude_padding" (default) divides by the number of
+    non-padding elements of each window, "average" by the kernel's size.
+
+    Example::
+
+        >>> F.avg_pool2d(x, 3, stride=1, padding=1)
+    """
+    stride = kernel_size if stride is None else stride
+    return _apply(_AvgPool2d(_pair(kernel_size), _pair(stride), _pair(padding), mode), _t(inp))[0]
+
+
 class _NN:
     """``F.nn.*`` names, as in MegEngine."""
 
 
 nn = _NN()
 for _n in ("relu", "sigmoid", "tanh", "log_softmax", "logsumexp", "softmax", "cross_entropy",
-           "linear", "indexing_one_hot"):
+           "linear", "indexing_one_hot", "conv2d", "max_pool2d", "avg_pool2d"):
     setattr(nn, _n, globals()[_n])
 del _n

@@ -175,3 +175,87 @@ class Sequential(Module):
         for layer in self.layer_values:
             x = layer(x)
         return x
+
+
+def _pair(v):
+    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+class Conv2d(Module):
+    """2-D convolution over NCHW input, MegEngine's ``M.Conv2d``: weight of
+    shape (out_channels, in_channels // groups, kh, kw) drawn from
+    N(0, 1 / (kh * kw * in_channels)), bias of shape (1, out_channels, 1, 1)
+    starting at zero.
+
+    Example::
+
+        >>> conv = Conv2d(3, 8, 3, padding=1)
+        >>> conv(x).shape                # x: (N, 3, H, W) -> (N, 8, H, W)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 dilation=1, groups: int = 1, bias: bool = True,
+                 conv_mode: str = "cross_correlation", compute_mode: str = "default", **kwargs):
+        super().__init__(**kwargs)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv2d: in_channels={in_channels} and out_channels={out_channels} "
+                             f"must both be divisible by groups={groups}")
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
+        self.padding, self.dilation, self.groups = _pair(padding), _pair(dilation), int(groups)
+        self.conv_mode, self.compute_mode = conv_mode, compute_mode
+        kh, kw = self.kernel_size
+        std = np.sqrt(1.0 / (kh * kw * in_channels))
+        shape = (out_channels, in_channels // groups, kh, kw)
+        self.weight = Parameter(_random.generator().normal(0.0, std, shape).astype("float32"))
+        self.bias = Parameter(np.zeros((1, out_channels, 1, 1), "float32")) if bias else None
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                        self.groups, self.conv_mode, self.compute_mode)
+
+    def __repr__(self):
+        return (f"Conv2d({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+                f"groups={self.groups}, bias={self.bias is not None})")
+
+
+class MaxPool2d(Module):
+    """``F.max_pool2d`` as a layer (stride defaults to kernel_size)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, **kwargs):
+        super().__init__(**kwargs)
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def forward(self, x):
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+    def __repr__(self):
+        return f"MaxPool2d(kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding})"
+
+
+class AvgPool2d(Module):
+    """``F.avg_pool2d`` as a layer (stride defaults to kernel_size)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, mode: str = "average_count_exclude_padding",
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.kernel_size, self.stride, self.padding, self.mode = kernel_size, stride, padding, mode
+
+    def forward(self, x):
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.mode)
+
+    def __repr__(self):
+        return (f"AvgPool2d(kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, mode={self.mode!r})")
+
+
+class Flatten(Module):
+    """``F.flatten(x, start_axis, end_axis)``; by default keeps the batch axis."""
+
+    def __init__(self, start_axis: int = 1, end_axis: int = -1, **kwargs):
+        super().__init__(**kwargs)
+        self.start_axis, self.end_axis = start_axis, end_axis
+
+    def forward(self, x):
+        return F.flatten(x, self.start_axis, self.end_axis)

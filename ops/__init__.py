@@ -8,6 +8,8 @@ Example::
     >>> get("Elemwise") is Elemwise
     True
 """
+from .conv import (AvgPool2d, AvgPool2dBackward, Conv2d, Conv2dBackwardData, Conv2dBackwardFilter,
+                   MaxPool2d, MaxPool2dBackward, MaxPool2dGather)
 from .elemwise import Elemwise
 from .indexing import IndexingOneHot, IndexingOneHotGrad, SetSubtensor, Subtensor, SubtensorGrad
 from .linalg import MatrixMul
@@ -22,6 +24,8 @@ STANDARD_OPS = [
     BroadcastToLike, SumTo, SumToLike, ZerosLike, ExpandDims, Squeeze, Cast, Identity,
     StopGradient, Concat, SplitLike, Subtensor, SubtensorGrad, SetSubtensor, IndexingOneHot,
     IndexingOneHotGrad, LogSoftmax, LogSumExp,
+    Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,
+    MaxPool2dGather, AvgPool2d, AvgPool2dBackward,
 ]
 
 

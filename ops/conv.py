@@ -1,0 +1,692 @@
+"""2-D convolution and pooling over NCHW tensors.
+
+``Conv2d(stride, padding, dilation, groups)`` takes (x, weight) with x of
+shape (N, C, H, W) and weight (O, C // groups, KH, KW) (the bias is added by
+``F.conv2d`` with broadcasting). ``MaxPool2d`` and ``AvgPool2d`` take
+(kernel_size, stride, padding) (AvgPool2d also MegEngine's ``mode``).
+
+CPU kernels are im2col over a strided window view plus one (batched)
+matmul; the only Python loop is over kernel positions when windows are
+scattered back (col2im), never over pixels. Every op also has a
+``cuda_source(ctype)``: a direct kernel, one thread per output element
+(grid-stride loop), shapes passed as ``int`` arguments after the pointers,
+the op's attributes compiled in as constants.
+
+Gradients are built from the helper ops below, each with its own ``vjp``, so
+every order of derivative works:
+
+    Conv2d               -> Conv2dBackwardData (g, w, x_ref), Conv2dBackwardFilter (g, x, w_ref)
+    Conv2dBackwardData   -> Conv2d (gg, w), Conv2dBackwardFilter (g, gg, w_ref)
+    Conv2dBackwardFilter -> Conv2d (x, gg), Conv2dBackwardData (g, gg, x_ref)
+    MaxPool2d            -> MaxPool2dBackward (g, x)     scatter g to each window's argmax
+    MaxPool2dBackward    -> MaxPool2dGather (gg, x)      gather gg at each window's argmax
+    MaxPool2dGather      -> MaxPool2dBackward (gg, x)
+    AvgPool2d            -> AvgPool2dBackward (g, x_ref)
+    AvgPool2dBackward    -> AvgPool2d (gg)
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from gradcore import _core
+from gradcore.op import Op, TensorDesc
+
+AVG_MODES = ("average_count_exclude_padding", "average")
+
+
+def _apply1(op, *args):
+    return _core.apply(op, *args)[0]
+
+
+def _pair(op_name, what, v, minimum) -> Tuple[int, int]:
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"{op_name}: {what} must be an int or a pair, got {v!r}")
+        out = (int(v[0]), int(v[1]))
+    else:
+        out = (int(v), int(v))
+    if min(out) < minimum:
+        raise ValueError(f"{op_name}: {what} must be >= {minimum}, got {v!r}")
+    return out
+
+
+def _out_size(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+# ---------------------------------------------------------------- NumPy helpers
+def _pad(x, padding, fill=0):
+    ph, pw = padding
+    if not ph and not pw:
+        return x
+    n, c, h, w = x.shape
+    out = np.full((n, c, h + 2 * ph, w + 2 * pw), fill, x.dtype)
+    out[:, :, ph:ph + h, pw:pw + w] = x
+    return out
+
+
+def _windows(xp, kernel, stride, dilation, out_hw):
+    """Read-only view (N, C, OH, OW, KH, KW) of the windows of padded ``xp``."""
+    n, c = xp.shape[:2]
+    s0, s1, s2, s3 = xp.strides
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, stride, dilation, out_hw
+    return as_strided(xp, (n, c, oh, ow, kh, kw), (s0, s1, s2 * sh, s3 * sw, s2 * dh, s3 * dw),
+                      writeable=False)
+
+
+def _col2im(cols, xshape, stride, padding, dilation, dtype):
+    """Scatter-add windows ``cols`` (N, C, OH, OW, KH, KW) back to an
+    (N, C, H, W) array: the adjoint of ``_windows`` over the padded input."""
+    n, c, h, w = xshape
+    _, _, oh, ow, kh, kw = cols.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    out = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype)
+    for i in range(kh):                 # loops over kernel positions only
+        for j in range(kw):
+            out[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw] \
+                += cols[:, :, :, :, i, j]
+    if ph or pw:
+        out = np.ascontiguousarray(out[:, :, ph:ph + h, pw:pw + w])
+    return out
+
+
+# ---------------------------------------------------------------- convolution
+class _ConvBase(Op):
+    attrs = ("stride", "padding", "dilation", "groups")
+
+    def __init__(self, stride=1, padding=0, dilation=1, groups=1):
+        n = self.name
+        self.stride = _pair(n, "stride", stride, 1)
+        self.padding = _pair(n, "padding", padding, 0)
+        self.dilation = _pair(n, "dilation", dilation, 1)
+        self.groups = int(groups)
+        if self.groups < 1:
+            raise ValueError(f"{n}: groups must be >= 1, got {groups!r}")
+        self._seal()
+
+    def _check(self, x, w, descs):
+        """Validate input shape ``x`` (N, C, H, W) against weight shape ``w``
+        (O, C/groups, KH, KW); return the output's (OH, OW). ``descs`` name
+        the shapes in the message."""
+        if len(x) != 4:
+            raise self.error(f"input must be 4-D (N, C, H, W), got {len(x)}-D", *descs)
+        if len(w) != 4:
+            raise self.error(f"weight must be 4-D (out_channels, in_channels // groups, kh, kw), "
+                             f"got {len(w)}-D", *descs)
+        g = self.groups
+        if x[1] % g:
+            raise self.error(f"input channels {x[1]} are not divisible by groups={g}", *descs)
+        if w[0] % g:
+            raise self.error(f"output channels {w[0]} are not divisible by groups={g}", *descs)
+        if w[1] * g != x[1]:
+            raise self.error(f"channel mismatch: input has {x[1]} channels, weight expects "
+                             f"{w[1]} * groups={g} = {w[1] * g}", *descs)
+        if min(w[2:]) < 1:
+            raise self.error("kernel size must be positive", *descs)
+        out = []
+        for ax, (size, k, s, p, d) in enumerate(zip(x[2:], w[2:], self.stride, self.padding, self.dilation)):
+            eff = d * (k - 1) + 1
+            if size + 2 * p < eff:
+                dim = "height" if ax == 0 else "width"
+                raise self.error(f"kernel {dim} {eff} (kernel {k}, dilation {d}) is larger than the "
+                                 f"padded input {dim} {size + 2 * p} ({size} + 2 * padding {p})", *descs)
+            out.append(_out_size(size, k, s, p, d))
+        return tuple(out)
+
+    def _dtype(self, a, b):
+        for d in (a, b):
+            if d.dtype.kind != "f":
+                raise self.error(f"needs floating-point inputs, got {a.dtype} and {b.dtype}", a, b)
+        if a.dtype != b.dtype:
+            raise self.error(f"input dtypes differ ({a.dtype} and {b.dtype})", a, b)
+        return a.dtype
+
+    def _cols(self, x, kshape, out_hw):
+        """im2col: (groups, N*OH*OW, C/groups*KH*KW), contiguous."""
+        n, c = x.shape[:2]
+        g = self.groups
+        kh, kw = kshape
+        oh, ow = out_hw
+        cols = _windows(_pad(x, self.padding), kshape, self.stride, self.dilation, out_hw)
+        cols = cols.reshape(n, g, c // g, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
+        return cols.reshape(g, n * oh * ow, (c // g) * kh * kw)
+
+    def _consts(self):
+        (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
+        return (f"    const int SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw}, DH = {dh}, DW = {dw}, "
+                f"G = {self.groups};\n")
+
+
+_CONV_ARGS = "int N, int C, int H, int W, int O, int KH, int KW, int OH, int OW"
+_LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+         "         idx += (long long)blockDim.x * gridDim.x) {\n")
+
+
+def _kname(op_name, ctype):
+    return f"gc_{op_name}_{ctype.replace(' ', '_')}"
+
+
+class Conv2d(_ConvBase):
+    """Cross-correlation of x (N, C, H, W) with weight (O, C // groups, KH, KW)."""
+    name = "Conv2d"
+
+    def infer(self, x, w):
+        dtype = self._dtype(x, w)
+        if x.shape is None or w.shape is None:
+            return (TensorDesc(None, dtype, x.device),)
+        oh, ow = self._check(x.shape, w.shape, (x, w))
+        return (TensorDesc((x.shape[0], w.shape[0], oh, ow), dtype, x.device),)
+
+    def cpu(self, x, w):
+        oh, ow = self._check(x.shape, w.shape, (x, w))
+        n, o, g = x.shape[0], w.shape[0], self.groups
+        if x.dtype != w.dtype or x.dtype.kind != "f":
+            self._dtype(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
+        cols = self._cols(x, w.shape[2:], (oh, ow))
+        wm = w.reshape(g, o // g, -1)
+        out = np.matmul(cols, wm.transpose(0, 2, 1))                # g, N*OH*OW, O/g
+        out = out.reshape(g, n, oh, ow, o // g).transpose(1, 0, 4, 2, 3)
+        return np.ascontiguousarray(out).reshape(n, o, oh, ow)
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w), (g,) = inputs, grads
+        attrs = (self.stride, self.padding, self.dilation, self.groups)
+        return [_apply1(Conv2dBackwardData(*attrs), g, w, x),
+                _apply1(Conv2dBackwardFilter(*attrs), g, x, w)]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('conv2d', T)}(const {T}* __restrict__ x, "
+            f"const {T}* __restrict__ w, {T}* __restrict__ y, {_CONV_ARGS})\n{{\n"
+            + self._consts() +
+            "    const int CG = C / G, OG = O / G;\n"
+            "    const long long total = (long long)N * O * OH * OW;\n" + _LOOP +
+            "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
+            "        const int oh = (int)(t % OH); t /= OH;\n"
+            "        const int o = (int)(t % O); const int n = (int)(t / O);\n"
+            "        const int g = o / OG;\n"
+            f"        {T} acc = 0;\n"
+            "        for (int c = 0; c < CG; ++c) {\n"
+            f"            const {T}* xc = x + ((long long)n * C + (long long)g * CG + c) * H * W;\n"
+            f"            const {T}* wc = w + ((long long)o * CG + c) * KH * KW;\n"
+            "            for (int i = 0; i < KH; ++i) {\n"
+            "                const int ih = oh * SH - PH + i * DH;\n"
+            "                if (ih < 0 || ih >= H) continue;\n"
+            "                for (int j = 0; j < KW; ++j) {\n"
+            "                    const int iw = ow * SW - PW + j * DW;\n"
+            "                    if (iw < 0 || iw >= W) continue;\n"
+            "                    acc += xc[(long long)ih * W + iw] * wc[i * KW + j];\n"
+            "                }\n"
+            "            }\n"
+            "        }\n"
+            "        y[idx] = acc;\n"
+            "    }\n}\n")
+
+
+class Conv2dBackwardData(_ConvBase):
+    """Gradient of Conv2d with respect to its input: (g, weight, x_ref) ->
+    an array shaped like x_ref (read only for its shape)."""
+    name = "Conv2dBackwardData"
+    shape_only_inputs = (2,)
+
+    def infer(self, g, w, ref):
+        dtype = self._dtype(g, w)
+        if g.shape is None or w.shape is None or ref.shape is None:
+            return (TensorDesc(ref.shape, dtype, g.device),)
+        self._check_grad(g, w, ref)
+        return (TensorDesc(ref.shape, dtype, g.device),)
+
+    def _check_grad(self, g, w, ref):
+        oh, ow = self._check(ref.shape, w.shape, (g, w, ref))
+        want = (ref.shape[0], w.shape[0], oh, ow)
+        if tuple(g.shape) != want:
+            raise self.error(f"output gradient must have shape {want}", g, w, ref)
+        return oh, ow
+
+    def cpu(self, g, w, ref):
+        oh, ow = self._check_grad(g, w, ref)
+        n, c, h, wd = ref.shape
+        o, cg, kh, kw = w.shape
+        grp = self.groups
+        gm = g.reshape(n, grp, o // grp, oh * ow).transpose(1, 0, 3, 2).reshape(grp, n * oh * ow, o // grp)
+        dcols = np.matmul(gm, w.reshape(grp, o // grp, cg * kh * kw))          # grp, N*OH*OW, K
+        dcols = dcols.reshape(grp, n, oh, ow, cg, kh, kw).transpose(1, 0, 4, 2, 3, 5, 6)
+        dcols = dcols.reshape(n, c, oh, ow, kh, kw)
+        return _col2im(dcols, ref.shape, self.stride, self.padding, self.dilation, dcols.dtype)
+
+    def vjp(self, inputs, outputs, grads):
+        (g, w, ref), (gg,) = inputs, grads
+        attrs = (self.stride, self.padding, self.dilation, self.groups)
+        return [_apply1(Conv2d(*attrs), gg, w),
+                _apply1(Conv2dBackwardFilter(*attrs), g, gg, w), None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        # one thread per input element: gathers from every output it fed
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('conv2d_backward_data', T)}(const {T}* __restrict__ gy, "
+            f"const {T}* __restrict__ w, {T}* __restrict__ gx, {_CONV_ARGS})\n{{\n"
+            + self._consts() +
+            "    const int CG = C / G, OG = O / G;\n"
+            "    const long long total = (long long)N * C * H * W;\n" + _LOOP +
+            "        const int iw = (int)(idx % W); long long t = idx / W;\n"
+            "        const int ih = (int)(t % H); t /= H;\n"
+            "        const int c = (int)(t % C); const int n = (int)(t / C);\n"
+            "        const int g = c / CG, cc = c % CG;\n"
+            f"        {T} acc = 0;\n"
+            "        for (int i = 0; i < KH; ++i) {\n"
+            "            const int th = ih + PH - i * DH;\n"
+            "            if (th < 0 || th % SH) continue;\n"
+            "            const int oh = th / SH;\n"
+            "            if (oh >= OH) continue;\n"
+            "            for (int j = 0; j < KW; ++j) {\n"
+            "                const int tw = iw + PW - j * DW;\n"
+            "                if (tw < 0 || tw % SW) continue;\n"
+            "                const int ow = tw / SW;\n"
+            "                if (ow >= OW) continue;\n"
+            "                for (int k = 0; k < OG; ++k) {\n"
+            "                    const int o = g * OG + k;\n"
+            "                    acc += gy[(((long long)n * O + o) * OH + oh) * OW + ow]\n"
+            "                         * w[(((long long)o * CG + cc) * KH + i) * KW + j];\n"
+            "                }\n"
+            "            }\n"
+            "        }\n"
+            "        gx[idx] = acc;\n"
+            "    }\n}\n")
+
+
+class Conv2dBackwardFilter(_ConvBase):
+    """Gradient of Conv2d with respect to its weight: (g, x, w_ref) -> an
+    array shaped like w_ref (read only for its shape)."""
+    name = "Conv2dBackwardFilter"
+    shape_only_inputs = (2,)
+
+    def infer(self, g, x, ref):
+        dtype = self._dtype(g, x)
+        if g.shape is None or x.shape is None or ref.shape is None:
+            return (TensorDesc(ref.shape, dtype, g.device),)
+        self._check_grad(g, x, ref)
+        return (TensorDesc(ref.shape, dtype, g.device),)
+
+    def _check_grad(self, g, x, ref):
+        oh, ow = self._check(x.shape, ref.shape, (g, x, ref))
+        want = (x.shape[0], ref.shape[0], oh, ow)
+        if tuple(g.shape) != want:
+            raise self.error(f"output gradient must have shape {want}", g, x, ref)
+        return oh, ow
+
+    def cpu(self, g, x, ref):
+        oh, ow = self._check_grad(g, x, ref)
+        n = x.shape[0]
+        o = ref.shape[0]
+        grp = self.groups
+        cols = self._cols(x, ref.shape[2:], (oh, ow))                        # grp, N*OH*OW, K
+        gm = g.reshape(n, grp, o // grp, oh * ow).transpose(1, 2, 0, 3).reshape(grp, o // grp, n * oh * ow)
+        return np.matmul(gm, cols).reshape(ref.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        (g, x, ref), (gg,) = inputs, grads
+        attrs = (self.stride, self.padding, self.dilation, self.groups)
+        return [_apply1(Conv2d(*attrs), x, gg),
+                _apply1(Conv2dBackwardData(*attrs), g, gg, x), None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        # one thread per weight element: a reduction over N, OH, OW
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('conv2d_backward_filter', T)}(const {T}* __restrict__ gy, "
+            f"const {T}* __restrict__ x, {T}* __restrict__ gw, {_CONV_ARGS})\n{{\n"
+            + self._consts() +
+            "    const int CG = C / G, OG = O / G;\n"
+            "    const long long total = (long long)O * CG * KH * KW;\n" + _LOOP +
+            "        const int j = (int)(idx % KW); long long t = idx / KW;\n"
+            "        const int i = (int)(t % KH); t /= KH;\n"
+            "        const int cc = (int)(t % CG); const int o = (int)(t / CG);\n"
+            "        const int c = (o / OG) * CG + cc;\n"
+            f"        {T} acc = 0;\n"
+            "        for (int n = 0; n < N; ++n) {\n"
+            f"            const {T}* xc = x + ((long long)n * C + c) * H * W;\n"
+            f"            const {T}* gc = gy + ((long long)n * O + o) * OH * OW;\n"
+            "            for (int oh = 0; oh < OH; ++oh) {\n"
+            "                const int ih = oh * SH - PH + i * DH;\n"
+            "                if (ih < 0 || ih >= H) continue;\n"
+            "                for (int ow = 0; ow < OW; ++ow) {\n"
+            "                    const int iw = ow * SW - PW + j * DW;\n"
+            "                    if (iw < 0 || iw >= W) continue;\n"
+            "                    acc += gc[(long long)oh * OW + ow] * xc[(long long)ih * W + iw];\n"
+            "                }\n"
+            "            }\n"
+            "        }\n"
+            "        gw[idx] = acc;\n"
+            "    }\n}\n")
+
+
+# ---------------------------------------------------------------- pooling
+class _PoolBase(Op):
+    attrs = ("kernel_size", "stride", "padding")
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        n = self.name
+        self.kernel_size = _pair(n, "kernel_size", kernel_size, 1)
+        self.stride = self.kernel_size if stride is None else _pair(n, "stride", stride, 1)
+        self.padding = _pair(n, "padding", padding, 0)
+        self._seal()
+
+    def _check(self, x, descs):
+        """Validate the input shape ``x``; return the pooled (OH, OW)."""
+        if len(x) != 4:
+            raise self.error(f"input must be 4-D (N, C, H, W), got {len(x)}-D", *descs)
+        out = []
+        for ax, (size, k, s, p) in enumerate(zip(x[2:], self.kernel_size, self.stride, self.padding)):
+            dim = "height" if ax == 0 else "width"
+            if p > k // 2:
+                raise self.error(f"padding {p} must be at most half the kernel {dim} {k}", *descs)
+            if size + 2 * p < k:
+                raise self.error(f"kernel {dim} {k} is larger than the padded input {dim} "
+                                 f"{size + 2 * p} ({size} + 2 * padding {p})", *descs)
+            out.append(_out_size(size, k, s, p, 1))
+        return tuple(out)
+
+    def _float(self, *descs):
+        if descs[0].dtype.kind != "f":
+            raise self.error(f"needs a floating-point input, got {descs[0].dtype}", *descs)
+        return descs[0].dtype
+
+    def _consts(self):
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        return (f"    const int KH = {kh}, KW = {kw}, SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw};\n")
+
+
+_POOL_ARGS = "int N, int C, int H, int W, int OH, int OW"
+
+# the argmax of a window, first maximum in row-major order (NaN wins), as the CPU kernel does
+def _cuda_argmax(T, ind="        "):
+    lines = [
+        "const int h0 = oh * SH - PH, w0 = ow * SW - PW;",
+        f"int best = -1; {T} m = 0;",
+        "for (int i = 0; i < KH; ++i) {",
+        "    const int ih = h0 + i;",
+        "    if (ih < 0 || ih >= H) continue;",
+        "    for (int j = 0; j < KW; ++j) {",
+        "        const int iw = w0 + j;",
+        "        if (iw < 0 || iw >= W) continue;",
+        f"        const {T} v = xc[(long long)ih * W + iw];",
+        "        if (best < 0 || (m == m && (v > m || v != v))) { m = v; best = ih * W + iw; }",
+        "    }",
+        "}"]
+    return "".join(ind + line + "\n" for line in lines)
+
+
+class _MaxPoolArgmax(_PoolBase):
+    """Shared by the max-pooling ops: index of each window's maximum."""
+
+    def _argmax(self, x):
+        oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
+        n, c = x.shape[:2]
+        kh, kw = self.kernel_size
+        win = _windows(_pad(x, self.padding, -np.inf), self.kernel_size, self.stride, (1, 1), (oh, ow))
+        win = win.reshape(n, c, oh, ow, kh * kw)
+        return win, np.argmax(win, axis=-1)[..., None], (oh, ow)
+
+    def _scatter(self, g, x):
+        """g (pooled shape) added at each window's argmax, in x's shape."""
+        _, idx, (oh, ow) = self._argmax(x)
+        n, c = x.shape[:2]
+        kh, kw = self.kernel_size
+        cols = np.zeros((n, c, oh, ow, kh * kw), g.dtype)
+        np.put_along_axis(cols, idx, np.asarray(g)[..., None], axis=-1)
+        return _col2im(cols.reshape(n, c, oh, ow, kh, kw), x.shape, self.stride, self.padding,
+                       (1, 1), g.dtype)
+
+    def _gather(self, gg, x):
+        """gg (x's shape) read at each window's argmax, in the pooled shape."""
+        _, idx, (oh, ow) = self._argmax(x)
+        n, c = x.shape[:2]
+        kh, kw = self.kernel_size
+        win = _windows(_pad(np.asarray(gg), self.padding, 0), self.kernel_size, self.stride, (1, 1), (oh, ow))
+        return np.take_along_axis(win.reshape(n, c, oh, ow, kh * kw), idx, axis=-1)[..., 0]
+
+
+class MaxPool2d(_MaxPoolArgmax):
+    """Max over KH x KW windows (padding never wins: it counts as -inf)."""
+    name = "MaxPool2d"
+
+    def infer(self, x):
+        dtype = self._float(x)
+        if x.shape is None:
+            return (TensorDesc(None, dtype, x.device),)
+        oh, ow = self._check(x.shape, (x,))
+        return (TensorDesc(x.shape[:2] + (oh, ow), dtype, x.device),)
+
+    def cpu(self, x):
+        if x.dtype.kind != "f":
+            self._float(TensorDesc(x.shape, x.dtype))
+        oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
+        win = _windows(_pad(x, self.padding, -np.inf), self.kernel_size, self.stride, (1, 1), (oh, ow))
+        return np.max(win, axis=(4, 5))
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return [_apply1(MaxPool2dBackward(self.kernel_size, self.stride, self.padding), g, x)]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('max_pool2d', T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, {_POOL_ARGS})\n{{\n" + self._consts() +
+            "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
+            "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
+            "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
+            f"        const {T}* xc = x + nc * H * W;\n"
+            + _cuda_argmax(T) +
+            "        y[idx] = m;\n"
+            "    }\n}\n")
+
+
+class MaxPool2dBackward(_MaxPoolArgmax):
+    """(g, x) -> zeros shaped like x with each g added at its window's
+    argmax (the first maximum): the backward of MaxPool2d."""
+    name = "MaxPool2dBackward"
+
+    def infer(self, g, x):
+        self._float(x, g)
+        if x.shape is not None and g.shape is not None:
+            oh, ow = self._check(x.shape, (g, x))
+            if tuple(g.shape) != x.shape[:2] + (oh, ow):
+                raise self.error(f"gradient must have the pooled shape {x.shape[:2] + (oh, ow)}", g, x)
+        return (TensorDesc(x.shape, g.dtype, g.device),)
+
+    def cpu(self, g, x):
+        return self._scatter(g, x)
+
+    def vjp(self, inputs, outputs, grads):
+        (g, x), (gg,) = inputs, grads
+        # piecewise constant in x: no gradient for it
+        return [_apply1(MaxPool2dGather(self.kernel_size, self.stride, self.padding), gg, x), None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        # one thread per input element: sums g over the windows whose argmax it is
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('max_pool2d_backward', T)}(const {T}* __restrict__ gy, "
+            f"const {T}* __restrict__ x, {T}* __restrict__ gx, {_POOL_ARGS})\n{{\n" + self._consts() +
+            "    const long long total = (long long)N * C * H * W;\n" + _LOOP +
+            "        const int xw = (int)(idx % W); long long t = idx / W;\n"
+            "        const int xh = (int)(t % H); const long long nc = t / H;\n"
+            f"        const {T}* xc = x + nc * H * W;\n"
+            f"        {T} acc = 0;\n"
+            "        const int oh_lo = max(0, (xh + PH - KH + SH) / SH), oh_hi = min(OH - 1, (xh + PH) / SH);\n"
+            "        const int ow_lo = max(0, (xw + PW - KW + SW) / SW), ow_hi = min(OW - 1, (xw + PW) / SW);\n"
+            "        for (int oh = oh_lo; oh <= oh_hi; ++oh) {\n"
+            "            for (int ow = ow_lo; ow <= ow_hi; ++ow) {\n"
+            + _cuda_argmax(T, " " * 16) +
+            "                if (best == xh * W + xw) acc += gy[(nc * OH + oh) * OW + ow];\n"
+            "            }\n"
+            "        }\n"
+            "        gx[idx] = acc;\n"
+            "    }\n}\n")
+
+
+class MaxPool2dGather(_MaxPoolArgmax):
+    """(gg, x) -> gg read at each window's argmax of x, in the pooled shape:
+    the backward of MaxPool2dBackward (and the forward-mode of MaxPool2d)."""
+    name = "MaxPool2dGather"
+
+    def infer(self, gg, x):
+        dtype = self._float(x, gg)
+        if x.shape is None:
+            return (TensorDesc(None, dtype, gg.device),)
+        oh, ow = self._check(x.shape, (gg, x))
+        if gg.shape is not None and tuple(gg.shape) != tuple(x.shape):
+            raise self.error("gradient must have the input's shape", gg, x)
+        return (TensorDesc(x.shape[:2] + (oh, ow), gg.dtype, gg.device),)
+
+    def cpu(self, gg, x):
+        return self._gather(gg, x)
+
+    def vjp(self, inputs, outputs, grads):
+        (gg, x), (g,) = inputs, grads
+        return [_apply1(MaxPool2dBackward(self.kernel_size, self.stride, self.padding), g, x), None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('max_pool2d_gather', T)}(const {T}* __restrict__ gg, "
+            f"const {T}* __restrict__ x, {T}* __restrict__ y, {_POOL_ARGS})\n{{\n" + self._consts() +
+            "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
+            "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
+            "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
+            f"        const {T}* xc = x + nc * H * W;\n"
+            + _cuda_argmax(T) +
+            "        y[idx] = gg[nc * H * W + best];\n"
+            "    }\n}\n")
+
+
+class _AvgBase(_PoolBase):
+    attrs = ("kernel_size", "stride", "padding", "mode")
+
+    def __init__(self, kernel_size, stride=None, padding=0, mode="average_count_exclude_padding"):
+        if mode not in AVG_MODES:
+            raise ValueError(f"{self.name}: mode must be one of {', '.join(AVG_MODES)}, got {mode!r}")
+        self.mode = mode
+        super().__init__(kernel_size, stride, padding)
+
+    def _counts(self, shape, out_hw, dtype):
+        """Divisor of each window, (OH, OW)."""
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        oh, ow = out_hw
+        if self.mode == "average":
+            return np.full((oh, ow), kh * kw, dtype)
+        h, w = shape[2:]
+
+        def valid(n_out, size, k, s, p):
+            start = np.arange(n_out) * s - p
+            return np.minimum(start + k, size) - np.maximum(start, 0)
+
+        return np.multiply.outer(valid(oh, h, kh, sh, ph), valid(ow, w, kw, sw, pw)).astype(dtype)
+
+    def _consts(self):
+        return super()._consts() + f"    const bool EXCLUDE_PADDING = {'true' if self.mode != 'average' else 'false'};\n"
+
+
+_CUDA_COUNT = (
+    "{ind}const int h0 = oh * SH - PH, w0 = ow * SW - PW;\n"
+    "{ind}const int cnt = EXCLUDE_PADDING\n"
+    "{ind}    ? (min(h0 + KH, H) - max(h0, 0)) * (min(w0 + KW, W) - max(w0, 0)) : KH * KW;\n")
+
+
+class AvgPool2d(_AvgBase):
+    """Mean over KH x KW windows; ``mode`` "average_count_exclude_padding"
+    (MegEngine's default) divides by the number of non-padding elements,
+    "average" by KH * KW."""
+    name = "AvgPool2d"
+
+    def infer(self, x):
+        dtype = self._float(x)
+        if x.shape is None:
+            return (TensorDesc(None, dtype, x.device),)
+        oh, ow = self._check(x.shape, (x,))
+        return (TensorDesc(x.shape[:2] + (oh, ow), dtype, x.device),)
+
+    def cpu(self, x):
+        if x.dtype.kind != "f":
+            self._float(TensorDesc(x.shape, x.dtype))
+        oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
+        win = _windows(_pad(x, self.padding, 0), self.kernel_size, self.stride, (1, 1), (oh, ow))
+        return np.sum(win, axis=(4, 5)) / self._counts(x.shape, (oh, ow), x.dtype)
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return [_apply1(AvgPool2dBackward(self.kernel_size, self.stride, self.padding, self.mode), g, x)]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('avg_pool2d', T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, {_POOL_ARGS})\n{{\n" + self._consts() +
+            "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
+            "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
+            "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
+            f"        const {T}* xc = x + nc * H * W;\n"
+            + _CUDA_COUNT.format(ind="        ") +
+            f"        {T} acc = 0;\n"
+            "        for (int ih = max(h0, 0); ih < min(h0 + KH, H); ++ih)\n"
+            "            for (int iw = max(w0, 0); iw < min(w0 + KW, W); ++iw)\n"
+            "                acc += xc[(long long)ih * W + iw];\n"
+            f"        y[idx] = acc / ({T})cnt;\n"
+            "    }\n}\n")
+
+
+class AvgPool2dBackward(_AvgBase):
+    """(g, x_ref) -> each g divided by its window's count, spread over the
+    window, in x_ref's shape (read only for its shape)."""
+    name = "AvgPool2dBackward"
+    shape_only_inputs = (1,)
+
+    def infer(self, g, ref):
+        dtype = self._float(g, ref)
+        if ref.shape is not None and g.shape is not None:
+            oh, ow = self._check(ref.shape, (g, ref))
+            if tuple(g.shape) != ref.shape[:2] + (oh, ow):
+                raise self.error(f"gradient must have the pooled shape {ref.shape[:2] + (oh, ow)}", g, ref)
+        return (TensorDesc(ref.shape, dtype, g.device),)
+
+    def cpu(self, g, ref):
+        oh, ow = self._check(ref.shape, (TensorDesc(g.shape, g.dtype), TensorDesc(ref.shape, ref.dtype)))
+        n, c = ref.shape[:2]
+        kh, kw = self.kernel_size
+        share = (g / self._counts(ref.shape, (oh, ow), g.dtype))[..., None, None]
+        cols = np.broadcast_to(share, (n, c, oh, ow, kh, kw))
+        return _col2im(cols, ref.shape, self.stride, self.padding, (1, 1), g.dtype)
+
+    def vjp(self, inputs, outputs, grads):
+        (g, ref), (gg,) = inputs, grads
+        return [_apply1(AvgPool2d(self.kernel_size, self.stride, self.padding, self.mode), gg), None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('avg_pool2d_backward', T)}(const {T}* __restrict__ gy, "
+            f"{T}* __restrict__ gx, {_POOL_ARGS})\n{{\n" + self._consts() +
+            "    const long long total = (long long)N * C * H * W;\n" + _LOOP +
+            "        const int xw = (int)(idx % W); long long t = idx / W;\n"
+            "        const int xh = (int)(t % H); const long long nc = t / H;\n"
+            f"        {T} acc = 0;\n"
+            "        const int oh_lo = max(0, (xh + PH - KH + SH) / SH), oh_hi = min(OH - 1, (xh + PH) / SH);\n"
+            "        const int ow_lo = max(0, (xw + PW - KW + SW) / SW), ow_hi = min(OW - 1, (xw + PW) / SW);\n"
+            "        for (int oh = oh_lo; oh <= oh_hi; ++oh) {\n"
+            "            for (int ow = ow_lo; ow <= ow_hi; ++ow) {\n"
+            + _CUDA_COUNT.format(ind="                ") +
+            f"                acc += gy[(nc * OH + oh) * OW + ow] / ({T})cnt;\n"
+            "            }\n"
+            "        }\n"
+            "        gx[idx] = acc;\n"
+            "    }\n}\n")
+
+
+CONV_OPS = [Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,
+            MaxPool2dGather, AvgPool2d, AvgPool2dBackward]
