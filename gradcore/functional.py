@@ -353,12 +353,112 @@ def avg_pool2d(inp, kernel_size, stride=None, padding=0, mode: str = "average_co
     return _apply(_AvgPool2d(_pair(kernel_size), _pair(stride), _pair(padding), mode), _t(inp))[0]
 
 
+# ---- statistics, normalisation, dropout (composites: their gradients come
+# from the recorded ops they are made of)
+def var(inp, axis=None, keepdims: bool = False):
+    """Population variance over ``axis`` (MegEngine's ``F.var``).
+
+    Example::
+
+        >>> F.var(x, axis=1)
+    """
+    x = _t(inp)
+    d = x - mean(x, axis, True)
+    return mean(d * d, axis, keepdims)
+
+
+def std(inp, axis=None, keepdims: bool = False):
+    """Population standard deviation over ``axis``."""
+    return sqrt(var(inp, axis, keepdims))  # noqa: F821
+
+
+def norm(inp, ord: float = 2, axis=None, keepdims: bool = False):
+    """Vector p-norm over ``axis`` (all elements when None).
+
+    Example::
+
+        >>> F.norm(x, ord=2, axis=-1)
+    """
+    x = _t(inp)
+    if ord == 2:
+        return sqrt(sum(x * x, axis, keepdims))  # noqa: F821
+    if ord == 1:
+        return sum(abs(x), axis, keepdims)  # noqa: F821
+    if ord == float("inf"):
+        return max(abs(x), axis, keepdims)  # noqa: F821
+    if ord == 0:
+        return sum(astype(ne(x, 0), x.dtype), axis, keepdims)  # noqa: F821
+    return sum(abs(x) ** ord, axis, keepdims) ** (1.0 / ord)  # noqa: F821
+
+
+def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
+               training: bool = False, momentum: float = 0.9, eps: float = 1e-5, inplace: bool = True):
+    """Batch normalisation over every axis but 1 (MegEngine's ``F.batch_norm``).
+
+    In training the batch statistics normalise ``inp`` and, when given,
+    ``running_mean``/``running_var`` are updated in place as
+    ``momentum * running + (1 - momentum) * batch`` (the variance unbiased);
+    otherwise the running statistics are used.
+
+    Example::
+
+        >>> y = F.batch_norm(x, rm, rv, w, b, training=True)
+    """
+    x = _t(inp)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    if training or running_mean is None:
+        m = mean(x, axes, True)
+        d = x - m
+        v = mean(d * d, axes, True)
+        if training and running_mean is not None:
+            n = x.size // x.shape[1]
+            with_history = [m.numpy(), v.numpy() * (n / builtins_max(n - 1, 1))]
+            for buf, stat in zip((running_mean, running_var), with_history):
+                if buf is not None:
+                    new = momentum * buf.numpy() + (1 - momentum) * stat.reshape(buf.shape)
+                    buf._reset(Tensor(new.astype(buf.dtype)))
+    else:
+        d = x - running_mean
+        v = running_var
+    y = d / sqrt(v + eps)  # noqa: F821
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def dropout(inp, drop_prob: float, training: bool = True):
+    """Zero each element with probability ``drop_prob`` and scale the rest by
+    ``1 / (1 - drop_prob)``; the identity when not training. The mask comes
+    from ``gradcore.random`` (``gradcore.random.seed`` makes it repeatable).
+
+    Example::
+
+        >>> F.dropout(x, 0.5)
+    """
+    x = _t(inp)
+    if not training or drop_prob == 0:
+        return x
+    if not 0 <= drop_prob < 1:
+        raise ValueError(f"dropout: drop_prob must be in [0, 1), got {drop_prob}")
+    from . import random as _random
+    keep = _random.generator().random(x.shape) >= drop_prob
+    scale = np.asarray(1.0 / (1.0 - drop_prob), x.dtype)
+    return x * Tensor(keep.astype(x.dtype) * scale)
+
+
+import builtins as _builtins  # noqa: E402
+builtins_max = _builtins.max
+
+
 class _NN:
     """``F.nn.*`` names, as in MegEngine."""
 
 
 nn = _NN()
 for _n in ("relu", "sigmoid", "tanh", "log_softmax", "logsumexp", "softmax", "cross_entropy",
-           "linear", "indexing_one_hot", "conv2d", "max_pool2d", "avg_pool2d"):
+           "linear", "indexing_one_hot", "conv2d", "max_pool2d", "avg_pool2d", "batch_norm",
+           "dropout"):
     setattr(nn, _n, globals()[_n])
 del _n

@@ -259,3 +259,46 @@ class Flatten(Module):
 
     def forward(self, x):
         return F.flatten(x, self.start_axis, self.end_axis)
+
+
+class BatchNorm2d(Module):
+    """Batch normalisation of (N, C, H, W) inputs with running statistics
+    (MegEngine's BatchNorm2d: ``momentum=0.9`` keeps 90% of the old value).
+
+    Example::
+
+        >>> bn = BatchNorm2d(16); y = bn(x)
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.9,
+                 affine: bool = True, track_running_stats: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        shape = (1, num_features, 1, 1)
+        self.weight = Parameter(np.ones(shape, "float32")) if affine else None
+        self.bias = Parameter(np.zeros(shape, "float32")) if affine else None
+        self.track_running_stats = track_running_stats
+        if track_running_stats:
+            self.running_mean = Tensor(np.zeros(shape, "float32"))
+            self.running_var = Tensor(np.ones(shape, "float32"))
+        else:
+            self.running_mean = self.running_var = None
+
+    def forward(self, x):
+        if x.ndim != 4 or x.shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm2d({self.num_features}): expected input (N, {self.num_features}, H, W), "
+                             f"got shape {x.shape}")
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                            training=self.training or not self.track_running_stats,
+                            momentum=self.momentum, eps=self.eps)
+
+
+class Dropout(Module):
+    """Dropout with probability ``drop_prob`` while training; identity in eval()."""
+
+    def __init__(self, drop_prob: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.drop_prob = drop_prob
+
+    def forward(self, x):
+        return F.dropout(x, self.drop_prob, training=self.training)

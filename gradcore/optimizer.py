@@ -91,3 +91,38 @@ class SGD(Optimizer):
                 buf += grad
             grad = grad + mom * buf if group["nesterov"] else buf
         p -= (group["lr"] * grad).astype(p.dtype, copy=False)
+
+
+class Adam(Optimizer):
+    """Adam with bias correction; ``weight_decay`` adds ``wd * param`` to the
+    gradient (MegEngine's rule).
+
+    Example::
+
+        >>> opt = Adam(model.parameters(), lr=1e-3)
+    """
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError("Adam: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    def _update(self, param, grad, group, state):
+        p = self._writable(param)
+        if group["weight_decay"]:
+            grad = grad + group["weight_decay"] * p
+        b1, b2 = group["betas"]
+        if "exp_avg" not in state:
+            state["step"] = 0
+            state["exp_avg"] = np.zeros_like(p)
+            state["exp_avg_sq"] = np.zeros_like(p)
+        state["step"] += 1
+        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+        m *= b1
+        m += (1 - b1) * grad
+        v *= b2
+        v += (1 - b2) * grad * grad
+        m_hat = m / (1 - b1 ** t)
+        v_hat = v / (1 - b2 ** t)
+        p -= (group["lr"] * m_hat / (np.sqrt(v_hat) + group["eps"])).astype(p.dtype, copy=False)
