@@ -256,6 +256,12 @@ def logsumexp(inp, axis: int = -1, keepdims: bool = False):
     return _apply(_LogSumExp(int(axis), bool(keepdims)), _t(inp))[0]
 
 
+def leaky_relu(inp, negative_slope: float = 0.01):
+    """``x`` where positive, ``negative_slope * x`` elsewhere."""
+    x = _t(inp)
+    return where(gt(x, 0), x, x * negative_slope)  # noqa: F821
+
+
 def softmax(inp, axis: int = -1):
     return exp(log_softmax(inp, axis))  # noqa: F821
 
@@ -458,7 +464,7 @@ class _NN:
 
 nn = _NN()
 for _n in ("relu", "sigmoid", "tanh", "log_softmax", "logsumexp", "softmax", "cross_entropy",
-           "linear", "indexing_one_hot", "conv2d", "max_pool2d", "avg_pool2d", "batch_norm",
+           "linear", "indexing_one_hot", "leaky_relu", "gelu", "silu", "softplus", "logsigmoid", "conv2d", "max_pool2d", "avg_pool2d", "batch_norm",
            "dropout"):
     setattr(nn, _n, globals()[_n])
 del _n

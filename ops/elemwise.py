@@ -13,6 +13,7 @@ shape and the core sums them down to each input's shape, once, centrally.
 """
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -61,9 +62,24 @@ TABLE = [
     Row("cos",      "np.cos(x)",              "cos(x)",             ("-(g * sin(x))",)),
     Row("tan",      "np.tan(x)",              "tan(x)",             ("g * (out * out + 1)",), (-1.0, 1.0)),
     Row("tanh",     "np.tanh(x)",             "tanh(x)",            ("g * (1 - out * out)",)),
+    Row("asin",     "np.arcsin(x)",           "asin(x)",            ("g / sqrt(1 - x * x)",), (-0.9, 0.9)),
+    Row("acos",     "np.arccos(x)",           "acos(x)",            ("-(g / sqrt(1 - x * x))",), (-0.9, 0.9)),
+    Row("atan",     "np.arctan(x)",           "atan(x)",            ("g / (x * x + 1)",)),
+    Row("sinh",     "np.sinh(x)",             "sinh(x)",            ("g * cosh(x)",)),
+    Row("cosh",     "np.cosh(x)",             "cosh(x)",            ("g * sinh(x)",)),
+    Row("asinh",    "np.arcsinh(x)",          "asinh(x)",           ("g / sqrt(x * x + 1)",)),
+    Row("acosh",    "np.arccosh(x)",          "acosh(x)",           ("g / sqrt(x * x - 1)",), (1.2, 3.0)),
+    Row("atanh",    "np.arctanh(x)",          "atanh(x)",           ("g / (1 - x * x)",), (-0.9, 0.9)),
+    Row("erf",      "_erf(x)",                "erf(x)",             ("g * exp(-(x * x)) * 1.1283791670955126",)),
     # activations
     Row("sigmoid",  "(np.tanh(x * 0.5) + 1) * 0.5", "1 / (1 + exp(-x))", ("g * out * (1 - out)",)),
     Row("relu",     "np.maximum(x, 0)",       "fmax(x, (T)0)",      ("g * (out > 0)",)),
+    Row("softplus", "np.logaddexp(x, 0)",     "log1p(exp(-fabs(x))) + fmax(x, (T)0)", ("g * sigmoid(x)",)),
+    Row("logsigmoid", "-np.logaddexp(-x, 0)", "-(log1p(exp(-fabs(x))) + fmax(-x, (T)0))", ("g * sigmoid(-x)",)),
+    Row("silu",     "x * ((np.tanh(x * 0.5) + 1) * 0.5)", "x / (1 + exp(-x))",
+                                                                    ("g * (sigmoid(x) * (1 + x * (1 - sigmoid(x))))",)),
+    Row("gelu",     "x * (_erf(x * 0.7071067811865476) + 1) * 0.5", "x * (T)0.5 * (1 + erf(x * (T)0.7071067811865476))",
+                    ("g * ((erf(x * 0.7071067811865476) + 1) * 0.5 + x * exp(x * x * -0.5) * 0.3989422804014327)",)),
     # selection
     Row("where",    "np.where(x, y, z)",      "x ? y : z",          (None, "where(x, g, 0)", "where(x, 0, g)")),
     # rounding (zero gradient almost everywhere: not differentiable here)
@@ -101,7 +117,17 @@ def _cpu_kernel(row: Row):
     if m and m.group(2) == ", ".join(_ARGS[:n]) and isinstance(getattr(np, m.group(1), None), np.ufunc):
         return getattr(np, m.group(1))
     src = f"lambda {', '.join(_ARGS[:n])}: {row.numpy}"
-    return eval(src, {"np": np})  # noqa: S307 - our own table
+    return eval(src, {"np": np, "_erf": _erf})  # noqa: S307 - our own table
+
+
+_erf_object = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x):
+    """erf for NumPy arrays (NumPy has none; math.erf is exact to double
+    precision, at the price of a Python call per element)."""
+    x = np.asarray(x)
+    return np.asarray(_erf_object(x), dtype=x.dtype if x.dtype.kind == "f" else np.float64)
 
 
 def cuda_source(row: Row, ctype: str = "float") -> str:

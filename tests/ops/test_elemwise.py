@@ -7,6 +7,8 @@ as soon as it has a reference below (and ``test_every_row_has_references``
 fails until it does)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -55,11 +57,32 @@ NUMPY_REF = {
     "logical_and": lambda x, y: x.astype(bool) & y.astype(bool),
     "logical_or": lambda x, y: x.astype(bool) | y.astype(bool),
     "logical_xor": lambda x, y: x.astype(bool) ^ y.astype(bool),
+    "asin": np.arcsin,
+    "acos": lambda x: np.pi / 2 - np.arcsin(x),
+    "atan": np.arctan,
+    "sinh": lambda x: (np.exp(x) - np.exp(-x)) / 2,
+    "cosh": lambda x: (np.exp(x) + np.exp(-x)) / 2,
+    "asinh": lambda x: np.log(x + np.sqrt(x * x + 1)),
+    "acosh": lambda x: np.log(x + np.sqrt(x * x - 1)),
+    "atanh": lambda x: 0.5 * np.log((1 + x) / (1 - x)),
+    "erf": lambda x: np.vectorize(math.erf, otypes=[x.dtype])(x),
+    "softplus": lambda x: np.log(1 + np.exp(x)),
+    "logsigmoid": lambda x: -np.log(1 + np.exp(-x)),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1 + np.vectorize(math.erf, otypes=[x.dtype])(x / np.sqrt(2))),
 }
 
 # the PyTorch function of each mode (torch.<name>)
 TORCH_NAME = {m: m for m in NUMPY_REF}
 TORCH_NAME.update(floor_div="floor_divide", mod="remainder")
+# activations that live in torch.nn.functional
+TORCH_NN = {"softplus", "logsigmoid", "silu", "gelu"}
+
+
+def torch_fn(torch, mode):
+    if mode in TORCH_NN:
+        return getattr(torch.nn.functional, mode)
+    return getattr(torch, TORCH_NAME[mode])
 
 PREDICATES = {"lt", "le", "gt", "ge", "eq", "ne"}
 LOGICAL = {"logical_not", "logical_and", "logical_or", "logical_xor"}
@@ -172,7 +195,7 @@ def test_gradgradcheck(row, shapes, rng, h):
 @pytest.mark.parametrize("row, shapes", DIFF)
 def test_grads_vs_torch(row, shapes, rng, h, torch):
     arrays = sample(row, shapes, rng)
-    tfn = getattr(torch, TORCH_NAME[row.mode])
+    tfn = torch_fn(torch, row.mode)
     h.compare(torch, lambda *xs: run(row.mode, *xs), tfn, arrays, rtol=1e-10, atol=1e-12)
 
 
@@ -180,7 +203,7 @@ def test_grads_vs_torch(row, shapes, rng, h, torch):
 def test_values_vs_torch(row, shapes, rng, h, torch):
     arrays = sample(row, shapes, rng)
     out = run(row.mode, *[gradcore.Tensor(a) for a in arrays])
-    ref = getattr(torch, TORCH_NAME[row.mode])(*[h.to_torch(torch, a, False) for a in arrays])
+    ref = torch_fn(torch, row.mode)(*[h.to_torch(torch, a, False) for a in arrays])
     h.assert_close(out.numpy(), ref.numpy(), 1e-12, 1e-12, row.mode)
 
 

@@ -191,3 +191,13 @@ def test_linear_shape_mismatch(h):
     with pytest.raises(ValueError) as ei:
         F.linear(gradcore.Tensor(np.ones((2, 3))), gradcore.Tensor(np.ones((4, 2))))
     h.check_error(ei, "MatrixMul", "(2, 3)", "(4, 2)")
+
+
+def test_leaky_relu_matches_torch_and_differentiates(torch):
+    import gradcore.functional as F
+    from gradcore.testing import gradcheck, gradgradcheck
+    x = np.array([-2.0, -0.5, 0.3, 1.7])
+    y = F.leaky_relu(gradcore.Tensor(x), 0.2).numpy()
+    np.testing.assert_allclose(y, torch.nn.functional.leaky_relu(torch.tensor(x), 0.2).numpy())
+    assert gradcheck(lambda t: F.leaky_relu(t, 0.2), [x])
+    assert gradgradcheck(lambda t: F.leaky_relu(t, 0.2) * t, [x])
