@@ -16,11 +16,19 @@ keeps a node alive and a node never keeps its outputs alive.
 """
 cimport cython
 cimport numpy as cnp
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, PyObject
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 import numpy as np
 
 cnp.import_array()
+
+cdef extern from "Python.h":
+    PyObject* PyList_GET_ITEM(object lst, Py_ssize_t i)   # borrowed
+    object PyObject_Vectorcall(object f, PyObject** args, size_t nargsf, PyObject* kwnames)
+
+cdef extern from "numpy/arrayobject.h":
+    object PyArray_NewFromDescr(PyObject* subtype, PyObject* descr, int nd, cnp.npy_intp* dims,
+                                cnp.npy_intp* strides, void* data, int flags, PyObject* obj)
 
 cdef object _ndarray = np.ndarray
 cdef object _np_add = np.add
@@ -516,6 +524,12 @@ cdef class CompiledBackward:
     cdef public bint reduce_broadcast # grads may come back in a broadcast shape
     cdef public bint check_shapes     # not a standard op: verify every gradient's shape
     cdef public object graph          # the BackwardGraph it was compiled from
+    # run_raw as an instruction list (gradcore.graph._program), or None
+    cdef public tuple prog_kernels
+    cdef public bytes prog_code
+    cdef public list prog_regs        # register template: constants preloaded
+    cdef public bytes prog_ret
+    cdef public Py_ssize_t n_kept, n_out
 
 
 # ---------------------------------------------------------------- keys
@@ -1316,6 +1330,8 @@ cdef object _run_node(GradFn node, object grads, bint tensor_mode):
             return cb.run_tensor(saved, grads)
         if node.saved_tensors:
             saved = _unwrap(saved) if cb.one_saved else tuple([_unwrap(v) for v in saved])
+        if cb.prog_kernels is not None:
+            return _run_prog(cb, saved, grads)
         return cb.run_raw(saved, grads)
     # user backward: Tensors in, Tensors out
     if one:
@@ -1327,6 +1343,47 @@ cdef object _run_node(GradFn node, object grads, bint tensor_mode):
     if not tensor_mode:
         res = tuple([None if g is None else (<Tensor>g)._data for g in res])
     return res[0] if n == 1 else res
+
+
+cdef object _run_prog(CompiledBackward cb, object saved, object grads):
+    """What ``cb.run_raw(saved, grads)`` computes, without its Python frame:
+    each kernel is called by vectorcall on borrowed references from a
+    register list (see gradcore.graph._program for the encoding)."""
+    cdef list regs = cb.prog_regs[:]
+    cdef const unsigned char* code = cb.prog_code
+    cdef const unsigned char* ret = cb.prog_ret
+    cdef PyObject* argv[4]
+    cdef Py_ssize_t k, j, nargs, nk = cb.n_kept, n_ret = len(cb.prog_ret)
+    cdef unsigned char r
+    if cb.one_saved:
+        regs[0] = saved
+    else:
+        for k in range(nk):
+            regs[k] = (<tuple>saved)[k]
+    if cb.n_out == 1:
+        regs[nk] = grads
+    else:
+        for k in range(cb.n_out):
+            regs[nk + k] = (<tuple>grads)[k]
+    for k in range(len(cb.prog_kernels)):
+        nargs = code[0]
+        for j in range(nargs):
+            argv[j] = PyList_GET_ITEM(regs, code[2 + j])
+        r = code[5]
+        if r != 255 and type(regs[r]) is _ndarray:
+            # a dead intermediate of the right shape and dtype: write into it
+            argv[nargs] = PyList_GET_ITEM(regs, r)
+            nargs += 1
+        regs[code[1]] = PyObject_Vectorcall(cb.prog_kernels[k], argv, nargs, NULL)
+        code += 6
+    if n_ret == 1:
+        return None if ret[0] == 255 else regs[ret[0]]
+    res = PyTuple_New(n_ret)
+    for k in range(n_ret):
+        v = None if ret[k] == 255 else regs[ret[k]]
+        Py_INCREF(v)
+        PyTuple_SET_ITEM(res, k, v)
+    return res
 
 
 cdef inline object _unwrap(object v):
@@ -1502,9 +1559,23 @@ def broadcast_view(object arr, tuple shape):
             raise ValueError(f"cannot broadcast shape {arr.shape} to {shape}")
     if same:
         return arr
-    out = _ndarray(shape, arr.dtype, arr, 0, tuple(strides)) if a.flags.c_contiguous \
-        else np.broadcast_to(arr, shape)
-    out.flags.writeable = False
+    if want_nd > 32:
+        out = np.broadcast_to(arr, shape)
+        out.flags.writeable = False
+        return out
+    # built with the C API: the ndarray constructor and the flags setter
+    # cost more than the rest of a small reduction's backward
+    cdef cnp.npy_intp dims[32]
+    cdef cnp.npy_intp st[32]
+    for k in range(want_nd):
+        dims[k] = shape[k]
+        st[k] = strides[k]
+    cdef PyObject* descr = <PyObject*>cnp.PyArray_DESCR(a)
+    Py_INCREF(<object>descr)    # PyArray_NewFromDescr steals it
+    out = PyArray_NewFromDescr(<PyObject*>_ndarray, descr, <int>want_nd, dims, st,
+                               cnp.PyArray_DATA(a), 0, NULL)
+    cnp.set_array_base(<cnp.ndarray>out, arr)
+    cnp.PyArray_CLEARFLAGS(<cnp.ndarray>out, cnp.NPY_ARRAY_WRITEABLE)
     return out
 
 

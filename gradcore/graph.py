@@ -328,12 +328,7 @@ def _compile(graph: BackwardGraph, device: str):
         if isinstance(a, int):
             return f"v{a}"
         name = f"c{len(consts)}"
-        value = a.value
-        if not tensor_mode and isinstance(value, (bool, int, float)) and a.dtype is not None:
-            # a 0-d array of the dtype the tracer resolved: NumPy converts a
-            # Python scalar on every call, which costs as much as the kernel
-            value = np.asarray(value, a.dtype)
-        consts[name] = value
+        consts[name] = a.value if tensor_mode else _raw_const(a)
         return name
 
     reuse = {} if device != "cpu" else _buffer_reuse(graph, n_in, n_out)
@@ -398,9 +393,63 @@ def _compile(graph: BackwardGraph, device: str):
         cb.passthrough = tuple(-1 if v is None else v - first_grad for v in graph.grad_vids)
     # third-party ops get every gradient's shape verified in the backward
     cb.check_shapes = not type(graph.op).__module__.startswith("gradcore.")
+    if device == "cpu":
+        _program(cb, graph, kept, reuse)
     cb.graph = graph
     graph.source = src
     return cb
+
+
+def _raw_const(a):
+    if isinstance(a.value, (bool, int, float)) and a.dtype is not None:
+        # a 0-d array of the dtype the tracer resolved: NumPy converts a
+        # Python scalar on every call, which costs as much as the kernel
+        return np.asarray(a.value, a.dtype)
+    return a.value
+
+
+def _program(cb, graph, kept, reuse):
+    """``run_raw`` as an instruction list that the core runs itself, with no
+    Python frame and no argument tuples per node (the frame of a generated
+    function costs about as much as a small kernel).
+
+    Registers: the kept saved values, then the output grads, then constants
+    and node results. Each node is 6 bytes: (nargs, result register, 3
+    argument registers, register whose dead buffer may take the result or
+    255). ``prog_ret`` holds the register of each input's gradient (255:
+    None). Graphs with a multi-output node or a plugin kernel (which may
+    return a 1-tuple) keep the generated ``run_raw``."""
+    n_in, n_out = graph.n_in, graph.n_out
+    for node in graph.nodes:
+        if (len(node.outs) != 1 or len(node.args) > 3
+                or not type(node.op).__module__.startswith("gradcore.")):
+            return
+    reg = {v: k for k, v in enumerate(kept)}
+    for k in range(n_out):
+        reg[n_in + n_out + k] = len(kept) + k
+    regs = [None] * len(reg)
+    code, kernels = [], []
+    for i, node in enumerate(graph.nodes):
+        args = []
+        for a in node.args:
+            if not isinstance(a, int):
+                regs.append(_raw_const(a))
+                args.append(len(regs) - 1)
+            else:
+                args.append(reg[a])
+        reg[node.outs[0]] = len(regs)
+        regs.append(None)
+        out = reg[reuse[i]] if i in reuse else 255
+        code += [len(args), reg[node.outs[0]]] + args + [0] * (3 - len(args)) + [out]
+        kernels.append(_kernel(node.op, "cpu"))
+    if len(regs) >= 255:
+        return
+    cb.prog_kernels = tuple(kernels)
+    cb.prog_code = bytes(code)
+    cb.prog_regs = regs
+    cb.prog_ret = bytes(255 if v is None else reg[v] for v in graph.grad_vids)
+    cb.n_kept = len(kept)
+    cb.n_out = n_out
 
 
 def _buffer_reuse(graph, n_in, n_out):
