@@ -1,0 +1,131 @@
+"""The demo's training step and a conv2d forward + backward, gradcore against
+PyTorch eager, side by side in one process (alternating, repeated, medians).
+
+    python benchmarks/bench_models.py [--repeat 7] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import gradcore as gc
+import gradcore.functional as F
+import gradcore.optimizer as optim
+from gradcore.autodiff import GradManager
+from gradcore.demo import DigitsCNN, load_digits
+
+try:
+    import torch
+except ImportError:  # the torch column is left out
+    torch = None
+
+
+def timed(fn, seconds=0.25):
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        fn()
+        n += 1
+    return (time.perf_counter() - t0) / n
+
+
+def gc_demo_step(batch=32):
+    x, y = load_digits()
+    xb, yb = gc.tensor(x[:batch]), gc.tensor(y[:batch])
+    model = DigitsCNN()
+    gm = GradManager().attach(model.parameters())
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        with gm:
+            gm.backward(F.cross_entropy(model(xb), yb))
+        opt.step().clear_grad()
+    return step
+
+
+def torch_demo_step(batch=32):
+    nn = torch.nn
+    x, y = load_digits()
+    xb, yb = torch.tensor(x[:batch]), torch.tensor(y[:batch]).long()
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    return step
+
+
+CONV = dict(n=16, c=32, h=32, w=32, o=64, k=3)
+
+
+def gc_conv():
+    s = CONV
+    rng = np.random.default_rng(0)
+    x = gc.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"))
+    w = gc.Parameter(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05)
+    gm = GradManager().attach([x, w])
+
+    def step():
+        with gm:
+            gm.backward(F.conv2d(x, w, padding=1).sum())
+        x.grad = w.grad = None
+    return step
+
+
+def torch_conv():
+    s = CONV
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), requires_grad=True)
+    w = torch.tensor(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05,
+                     requires_grad=True)
+
+    def step():
+        torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+        x.grad = w.grad = None
+    return step
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    print(f"load average before: {os.getloadavg()}; torch {'absent' if torch is None else torch.__version__}")
+    cases = {"demo training step (digits CNN, batch 32)": (gc_demo_step, torch_demo_step),
+             f"conv2d fwd+bwd {CONV}": (gc_conv, torch_conv)}
+    results = {}
+    for name, (make_gc, make_torch) in cases.items():
+        impls = {"gradcore": make_gc()}
+        if torch is not None:
+            impls["torch"] = make_torch()
+        times = {k: [] for k in impls}
+        for r in range(args.repeat):
+            order = list(impls)[r % len(impls):] + list(impls)[:r % len(impls)]
+            for k in order:
+                time.sleep(0.2)      # let the other library's worker threads go idle
+                times[k].append(timed(impls[k]))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        results[name] = {"median_s": med, "rounds": times}
+        line = f"{name}: gradcore {med['gradcore'] * 1e3:.3f} ms"
+        if "torch" in med:
+            line += f", torch {med['torch'] * 1e3:.3f} ms, gradcore/torch {med['gradcore'] / med['torch']:.2f}x"
+        print(line)
+    print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
