@@ -77,19 +77,42 @@ def _windows(xp, kernel, stride, dilation, out_hw):
                       writeable=False)
 
 
+def _offset_slices(size, out, k, s, p, d):
+    """For each kernel offset along one axis: (output slice, input slice) of
+    the outputs whose tap lands inside the unpadded input, or None."""
+    res = []
+    for i in range(k):
+        off = i * d - p                       # input index of output 0's tap
+        lo = max(0, -(off // s)) if off < 0 else 0
+        hi = min(out - 1, (size - 1 - off) // s)
+        if hi < lo:
+            res.append(None)
+        else:
+            start = lo * s + off
+            res.append((slice(lo, hi + 1), slice(start, start + (hi - lo) * s + 1, s)))
+    return res
+
+
 def _col2im(cols, xshape, stride, padding, dilation, dtype):
-    """Scatter-add windows ``cols`` (N, C, OH, OW, KH, KW) back to an
-    (N, C, H, W) array: the adjoint of ``_windows`` over the padded input."""
+    """Scatter-add windows ``cols`` (..., OH, OW, KH, KW) (leading axes N, C
+    or any view of them) back to an (N, C, H, W) array: the adjoint of
+    ``_windows`` over the padded input. Loops over kernel offsets only; taps
+    that land in the padding are skipped instead of written and cropped."""
     n, c, h, w = xshape
-    _, _, oh, ow, kh, kw = cols.shape
+    oh, ow, kh, kw = cols.shape[-4:]
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    out = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype)
+    out = np.zeros((n, c, h, w), dtype)
+    rows = _offset_slices(h, oh, kh, sh, ph, dh)
+    colz = _offset_slices(w, ow, kw, sw, pw, dw)
     for i in range(kh):                 # loops over kernel positions only
+        if rows[i] is None:
+            continue
+        ro, ri = rows[i]
         for j in range(kw):
-            out[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw] \
-                += cols[:, :, :, :, i, j]
-    if ph or pw:
-        out = np.ascontiguousarray(out[:, :, ph:ph + h, pw:pw + w])
+            if colz[j] is None:
+                continue
+            co, ci = colz[j]
+            out[:, :, ri, ci] += cols[:, :, ro, co, i, j]
     return out
 
 
@@ -145,14 +168,28 @@ class _ConvBase(Op):
         return a.dtype
 
     def _cols(self, x, kshape, out_hw):
-        """im2col: (groups, N*OH*OW, C/groups*KH*KW), contiguous."""
+        """im2col, transposed: (groups, C/groups*KH*KW, N*OH*OW), contiguous.
+        Rows are (c, i, j), columns (n, oh, ow): the copy out of the window
+        view then runs along OW (contiguous for stride 1), and the GEMMs
+        below need no transposed copies of the big matrix."""
         n, c = x.shape[:2]
         g = self.groups
         kh, kw = kshape
         oh, ow = out_hw
-        cols = _windows(_pad(x, self.padding), kshape, self.stride, self.dilation, out_hw)
-        cols = cols.reshape(n, g, c // g, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
-        return cols.reshape(g, n * oh * ow, (c // g) * kh * kw)
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        xp = _pad(x, self.padding)
+        s0, s1, s2, s3 = xp.strides
+        cg = c // g
+        view = as_strided(xp, (g, cg, kh, kw, n, oh, ow),
+                          (s1 * cg, s1, s2 * dh, s3 * dw, s0, s2 * sh, s3 * sw), writeable=False)
+        return view.reshape(g, cg * kh * kw, n * oh * ow)
+
+    @staticmethod
+    def _grad_rows(g, grp):
+        """Output gradient (N, O, OH, OW) as (groups, O/groups, N*OH*OW), contiguous."""
+        n, o, oh, ow = g.shape
+        gm = np.ascontiguousarray(g.reshape(n, grp, o // grp, oh * ow).transpose(1, 2, 0, 3))
+        return gm.reshape(grp, o // grp, n * oh * ow)
 
     def _consts(self):
         (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
@@ -185,10 +222,10 @@ class Conv2d(_ConvBase):
         n, o, g = x.shape[0], w.shape[0], self.groups
         if x.dtype != w.dtype or x.dtype.kind != "f":
             self._dtype(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
-        cols = self._cols(x, w.shape[2:], (oh, ow))
-        wm = w.reshape(g, o // g, -1)
-        out = np.matmul(cols, wm.transpose(0, 2, 1))                # g, N*OH*OW, O/g
-        out = out.reshape(g, n, oh, ow, o // g).transpose(1, 0, 4, 2, 3)
+        cols = self._cols(x, w.shape[2:], (oh, ow))                 # g, K, N*OH*OW
+        wm = w.reshape(g, o // g, cols.shape[1])
+        out = np.matmul(wm, cols) if g > 1 else np.matmul(wm[0], cols[0])[None]   # g, O/g, N*OH*OW
+        out = out.reshape(g, o // g, n, oh * ow).transpose(2, 0, 1, 3)
         return np.ascontiguousarray(out).reshape(n, o, oh, ow)
 
     def vjp(self, inputs, outputs, grads):
@@ -252,10 +289,11 @@ class Conv2dBackwardData(_ConvBase):
         n, c, h, wd = ref.shape
         o, cg, kh, kw = w.shape
         grp = self.groups
-        gm = g.reshape(n, grp, o // grp, oh * ow).transpose(1, 0, 3, 2).reshape(grp, n * oh * ow, o // grp)
-        dcols = np.matmul(gm, w.reshape(grp, o // grp, cg * kh * kw))          # grp, N*OH*OW, K
-        dcols = dcols.reshape(grp, n, oh, ow, cg, kh, kw).transpose(1, 0, 4, 2, 3, 5, 6)
-        dcols = dcols.reshape(n, c, oh, ow, kh, kw)
+        gm = self._grad_rows(g, grp)                                            # grp, O/grp, N*OH*OW
+        wm = w.reshape(grp, o // grp, cg * kh * kw).transpose(0, 2, 1)
+        dcols = np.matmul(wm, gm) if grp > 1 else np.matmul(wm[0], gm[0])        # (grp,) K, N*OH*OW
+        # rows (c, i, j), columns (n, oh, ow): view as (N, C, OH, OW, KH, KW)
+        dcols = dcols.reshape(c, kh, kw, n, oh, ow).transpose(3, 0, 4, 5, 1, 2)
         return _col2im(dcols, ref.shape, self.stride, self.padding, self.dilation, dcols.dtype)
 
     def vjp(self, inputs, outputs, grads):
@@ -324,9 +362,11 @@ class Conv2dBackwardFilter(_ConvBase):
         n = x.shape[0]
         o = ref.shape[0]
         grp = self.groups
-        cols = self._cols(x, ref.shape[2:], (oh, ow))                        # grp, N*OH*OW, K
-        gm = g.reshape(n, grp, o // grp, oh * ow).transpose(1, 2, 0, 3).reshape(grp, o // grp, n * oh * ow)
-        return np.matmul(gm, cols).reshape(ref.shape)
+        cols = self._cols(x, ref.shape[2:], (oh, ow))                        # grp, K, N*OH*OW
+        gm = self._grad_rows(g, grp)                                           # grp, O/grp, N*OH*OW
+        if grp == 1:
+            return np.matmul(gm[0], cols[0].T).reshape(ref.shape)
+        return np.matmul(gm, cols.transpose(0, 2, 1)).reshape(ref.shape)
 
     def vjp(self, inputs, outputs, grads):
         (g, x, ref), (gg,) = inputs, grads
