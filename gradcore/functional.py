@@ -212,6 +212,93 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
     return _apply(_IndexingOneHot(int(axis), bool(keepdims)), _t(src), _t(index))[0]
 
 
+# ---- split, stack, gather, scatter, sort, topk
+from .ops.indexing import Gather as _GatherOp, Scatter as _ScatterOp, Sort as _SortOp, TopK as _TopKOp  # noqa: E402
+from .ops.shape import Split as _SplitOp, Stack as _StackOp  # noqa: E402
+
+_Split, _Stack, _Gather, _Scatter, _Sort, _TopK = map(
+    interned, (_SplitOp, _StackOp, _GatherOp, _ScatterOp, _SortOp, _TopKOp))
+
+
+def split(inp, nsplits_or_sections, axis: int = 0):
+    """Split ``inp`` along ``axis`` into a list of tensors, MegEngine's
+    ``F.split``: an int is a number of pieces (sizes as np.array_split: the
+    first ``size % n`` pieces one longer), a list gives the split indices.
+
+    Example::
+
+        >>> [p.shape for p in F.split(gc.tensor(np.zeros((5, 2))), [1, 3])]
+        [(1, 2), (2, 2), (2, 2)]
+    """
+    if isinstance(nsplits_or_sections, (int, np.integer)):
+        sections = int(nsplits_or_sections)
+    else:
+        sections = tuple(int(s) for s in nsplits_or_sections)
+    return list(_apply(_Split(int(axis), sections), _t(inp)))
+
+
+def stack(inps, axis: int = 0):
+    """Stack equally shaped tensors along a new ``axis``.
+
+    Example::
+
+        >>> F.stack([x, y], axis=1)         # (3,), (3,) -> (3, 2)
+    """
+    return _apply(_Stack(int(axis)), *[_t(x) for x in inps])[0]
+
+
+def gather(inp, axis: int, index):
+    """``out[i][j] = inp[i][index[i][j]]`` for axis 1 (torch.gather): ``index``
+    is an integer tensor of ``inp``'s rank, no larger than ``inp`` outside
+    ``axis``; the result has ``index``'s shape.
+
+    Example::
+
+        >>> F.gather(x, 1, gc.tensor([[0, 0], [1, 0]]))
+    """
+    return _apply(_Gather(int(axis)), _t(inp), _t(index))[0]
+
+
+def scatter(inp, axis: int, index, source):
+    """A copy of ``inp`` with ``out[i][index[i][j]] = source[i][j]`` for axis 1
+    (torch.scatter, not accumulating). ``source`` is cast to ``inp``'s dtype.
+
+    Example::
+
+        >>> F.scatter(x, 0, gc.tensor([[1, 0, 2]]), src)
+    """
+    x = _t(inp)
+    src = source if isinstance(source, Tensor) or hasattr(source, "trace") else \
+        _core.wrap_array(np.asarray(source, x.dtype), x.device)
+    if src.dtype != x.dtype:
+        src = astype(src, x.dtype)
+    return _apply(_Scatter(int(axis)), x, _t(index), src)[0]
+
+
+def sort(inp, descending: bool = False):
+    """``(sorted, indices)`` along the last axis; indices are int32.
+
+    Example::
+
+        >>> values, indices = F.sort(x, descending=True)
+    """
+    return _apply(_Sort(bool(descending)), _t(inp))
+
+
+def topk(inp, k: int, descending: bool = False, kth_only: bool = False, no_sort: bool = False):
+    """``(values, indices)`` of the ``k`` smallest elements along the last
+    axis (the largest with ``descending=True``), MegEngine's ``F.topk``:
+    ``kth_only`` returns only the k-th one (the last axis removed),
+    ``no_sort`` returns them in index order. Indices are int32.
+
+    Example::
+
+        >>> values, indices = F.topk(x, 3, descending=True)
+    """
+    mode = "kth_only" if kth_only else "no_sort" if no_sort else "sorted"
+    return _apply(_TopK(int(k), bool(descending), mode), _t(inp))
+
+
 # ---- creation
 def zeros(shape, dtype="float32", device=None):
     return Tensor(np.zeros(shape, dtype), device=device)

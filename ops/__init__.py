@@ -11,13 +11,14 @@ Example::
 from .conv import (AvgPool2d, AvgPool2dBackward, Conv2d, Conv2dBackwardData, Conv2dBackwardFilter,
                    MaxPool2d, MaxPool2dBackward, MaxPool2dGather)
 from .elemwise import Elemwise
-from .indexing import IndexingOneHot, IndexingOneHotGrad, SetSubtensor, Subtensor, SubtensorGrad
+from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, Scatter, SetSubtensor, Sort,
+                       Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
 from .nn import LogSoftmax, LogSumExp
 from .reduce import BroadcastBack, Reduce
 from .shape import (Broadcast, BroadcastToLike, Cast, Concat, ExpandDims, Identity, Reshape,
-                    ReshapeLike, SplitLike, Squeeze, StopGradient, SumTo, SumToLike, Transpose,
-                    ZerosLike)
+                    ReshapeLike, Split, SplitLike, Squeeze, Stack, StopGradient, SumTo, SumToLike,
+                    Transpose, Unstack, ZerosLike)
 
 STANDARD_OPS = [
     Elemwise, Reduce, BroadcastBack, MatrixMul, Reshape, ReshapeLike, Transpose, Broadcast,
@@ -26,6 +27,7 @@ STANDARD_OPS = [
     IndexingOneHotGrad, LogSoftmax, LogSumExp,
     Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,
     MaxPool2dGather, AvgPool2d, AvgPool2dBackward,
+    Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
 ]
 
 

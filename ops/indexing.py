@@ -221,3 +221,381 @@ class IndexingOneHotGrad(Op):
 
     def vjp(self, inputs, outputs, grads):
         return [_apply1(IndexingOneHot(self.axis, self.keepdims), grads[0], inputs[2]), None, None]
+
+
+# ---------------------------------------------------------------- gather / scatter
+# CUDA kernels below: a grid-stride loop, one thread per output element (per
+# row for TopK); index arrays are int32 (``const int*``); arbitrary ranks
+# (up to GC_MAX_DIMS) are passed as ``gc_dims`` structs by value; the op's
+# attributes that do not depend on the rank are compiled in as constants.
+_LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+         "         idx += (long long)blockDim.x * gridDim.x) {\n")
+_DIMS = ("#ifndef GC_DIMS_DEFINED\n#define GC_DIMS_DEFINED\n#define GC_MAX_DIMS 8\n"
+         "struct gc_dims { int n; long long d[GC_MAX_DIMS]; };\n#endif\n")
+
+
+def _kname(op_name, ctype):
+    return f"gc_{op_name}_{ctype.replace(' ', '_')}"
+
+
+def _validate(op, *arrays):
+    """Run the op's shape inference on the kernel's arrays: bad input raises
+    the op's own error (naming it and the shapes) before any work is done."""
+    op.infer(*[TensorDesc(a.shape, a.dtype) for a in arrays])
+
+
+def _axis_of(op, axis, nd, descs):
+    if nd == 0 or not -nd <= axis < nd:
+        raise op.error(f"axis {axis} is out of range for {nd} dimensions", *descs)
+    return axis % nd
+
+
+def _check_index_dtype(op, index, descs):
+    if any(d.shape is None for d in descs):
+        return    # traced (shapes unknown): checked on the real input, so the error shows its shapes
+    if index.dtype.kind not in "iu":
+        raise op.error(f"index must be an integer tensor, got {index.dtype}", *descs)
+
+
+def _check_gather_shapes(op, x, index, descs, what="index"):
+    """``index`` has x's rank and is no larger than x outside the axis."""
+    if index.ndim != x.ndim:
+        raise op.error(f"{what} must have as many dimensions as the input ({x.ndim}), "
+                       f"got {index.ndim}", *descs)
+    ax = _axis_of(op, op.axis, x.ndim, descs)
+    for d in range(x.ndim):
+        if d != ax and index.shape[d] > x.shape[d]:
+            raise op.error(f"{what} size {index.shape[d]} exceeds the input's {x.shape[d]} "
+                           f"at dimension {d} (apart from axis {ax})", *descs)
+    return ax
+
+
+def _region(x_shape, index_shape, ax):
+    """x's slice that index covers outside the axis."""
+    return tuple(slice(None) if d == ax else slice(0, s) for d, s in enumerate(index_shape))
+
+
+def _checked_index(op, index, n, ax, arrays):
+    if index.size and (index.min() < -n or index.max() >= n):
+        shapes = ", ".join(str(a.shape) for a in arrays)
+        raise IndexOpError(f"{op._name()}: index out of range for axis {ax} of size {n} "
+                           f"(input shapes: {shapes})")
+    return np.where(index < 0, index + n, index) if index.size and index.min() < 0 else index
+
+
+# the element offset of index coordinates in x (the axis coordinate replaced)
+_GATHER_BODY = (
+    "        long long t = idx, off = 0, stride = 1;\n"
+    "        bool ok = true;\n"
+    "        for (int d = is.n - 1; d >= 0; --d) {\n"
+    "            long long c = t % is.d[d]; t /= is.d[d];\n"
+    "            if (d == axis) {\n"
+    "                c = index[idx];\n"
+    "                if (c < 0) c += xs.d[d];\n"
+    "                ok = ok && c >= 0 && c < xs.d[d];\n"
+    "            }\n"
+    "            off += c * stride; stride *= xs.d[d];\n"
+    "        }\n")
+
+# for one x element: walk the index entries that could point at it (same
+# coordinates outside the axis); `hit` runs for each one that does
+_SCAN_BODY = (
+    "        long long t = idx, ioff = 0, istride = 1, istride_ax = 1, cax = 0;\n"
+    "        bool inside = true;\n"
+    "        for (int d = xs.n - 1; d >= 0; --d) {\n"
+    "            const long long c = t % xs.d[d]; t /= xs.d[d];\n"
+    "            if (d == axis) { cax = c; istride_ax = istride; }\n"
+    "            else { inside = inside && c < is.d[d]; ioff += c * istride; }\n"
+    "            istride *= is.d[d];\n"
+    "        }\n"
+    "        if (inside) {\n"
+    "            for (long long k = 0; k < is.d[axis]; ++k) {\n"
+    "                const long long p = ioff + k * istride_ax;\n"
+    "                long long v = index[p];\n"
+    "                if (v < 0) v += xs.d[axis];\n"
+    "                if (v == cax) { HIT }\n"
+    "            }\n"
+    "        }\n")
+
+
+class Gather(Op):
+    """``out[i][j][k] = x[i][index[i][j][k]][k]`` for axis 1 (torch.gather /
+    MegEngine's F.gather): index has x's rank and is no larger than x outside
+    ``axis``; the output has index's shape."""
+    name = "Gather"
+    attrs = ("axis",)
+
+    def __init__(self, axis=0):
+        self.axis = int(axis)
+        self._seal()
+
+    def infer(self, x, index):
+        _check_index_dtype(self, index, (x, index))
+        if x.shape is None or index.shape is None:
+            return (TensorDesc(index.shape, x.dtype, x.device),)
+        _check_gather_shapes(self, x, index, (x, index))
+        return (TensorDesc(index.shape, x.dtype, x.device),)
+
+    def cpu(self, x, index):
+        _validate(self, x, index)
+        ax = self.axis % x.ndim
+        index = _checked_index(self, index, x.shape[ax], ax, (x, index))
+        return np.take_along_axis(x[_region(x.shape, index.shape, ax)], index, ax)
+
+    def vjp(self, inputs, outputs, grads):
+        x, index = inputs
+        return [_apply1(GatherGrad(self.axis), grads[0], x, index), None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (_DIMS +
+                f"extern \"C\" __global__ void {_kname('gather', T)}(const {T}* __restrict__ x, "
+                f"const int* __restrict__ index, {T}* __restrict__ y, gc_dims xs, gc_dims is, int axis)\n{{\n"
+                "    long long total = 1;\n"
+                "    for (int d = 0; d < is.n; ++d) total *= is.d[d];\n" + _LOOP + _GATHER_BODY +
+                f"        y[idx] = ok ? x[off] : ({T})0;\n"
+                "    }\n}\n")
+
+
+class GatherGrad(Op):
+    """Zeros shaped like ``ref`` with ``g`` added where ``index`` points
+    (repeated indices accumulate): Gather's backward (a scatter-add)."""
+    name = "GatherGrad"
+    attrs = ("axis",)
+    shape_only_inputs = (1,)
+
+    def __init__(self, axis=0):
+        self.axis = int(axis)
+        self._seal()
+
+    def infer(self, g, ref, index):
+        _check_index_dtype(self, index, (g, ref, index))
+        if g.shape is not None and index.shape is not None and tuple(g.shape) != tuple(index.shape):
+            raise self.error("the gradient must have the index's shape", g, ref, index)
+        if ref.shape is not None and index.shape is not None:
+            _check_gather_shapes(self, ref, index, (g, ref, index))
+        return (TensorDesc(ref.shape, g.dtype, g.device),)
+
+    def cpu(self, g, ref, index):
+        ax = self.axis % len(ref.shape)
+        index = _checked_index(self, index, ref.shape[ax], ax, (g, ref, index))
+        out = np.zeros(ref.shape, g.dtype)
+        region = out[_region(ref.shape, index.shape, ax)]
+        # np.add.at along one axis: every other coordinate from a broadcast grid
+        grid = list(np.ogrid[tuple(slice(0, s) for s in index.shape)])
+        grid[ax] = index
+        np.add.at(region, tuple(grid), g)
+        return out
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(Gather(self.axis), grads[0], inputs[2]), None, None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (_DIMS +
+                f"extern \"C\" __global__ void {_kname('gather_grad', T)}(const {T}* __restrict__ g, "
+                f"const int* __restrict__ index, {T}* __restrict__ y, gc_dims xs, gc_dims is, int axis)\n{{\n"
+                "    // one thread per output element, summing every index entry that points at it:\n"
+                "    // deterministic, no atomics\n"
+                "    long long total = 1;\n"
+                "    for (int d = 0; d < xs.n; ++d) total *= xs.d[d];\n" + _LOOP +
+                f"        {T} acc = 0;\n" +
+                _SCAN_BODY.replace("HIT", "acc += g[p];") +
+                "        y[idx] = acc;\n"
+                "    }\n}\n")
+
+
+class Scatter(Op):
+    """A copy of ``x`` with ``x[i][index[i][j][k]][k] = source[i][j][k]`` for
+    axis 1 (torch.scatter / MegEngine's F.scatter, not accumulating; with
+    repeated indices the last write wins). index and source have the same
+    shape, x's rank, and are no larger than x outside ``axis``."""
+    name = "Scatter"
+    attrs = ("axis",)
+
+    def __init__(self, axis=0):
+        self.axis = int(axis)
+        self._seal()
+
+    def infer(self, x, index, source):
+        descs = (x, index, source)
+        _check_index_dtype(self, index, descs)
+        if x.shape is None or index.shape is None or source.shape is None:
+            return (TensorDesc(x.shape, x.dtype, x.device),)
+        if source.dtype != x.dtype:
+            raise self.error(f"source dtype {source.dtype} differs from the input's {x.dtype}", *descs)
+        if tuple(index.shape) != tuple(source.shape):
+            raise self.error("index and source must have the same shape", *descs)
+        _check_gather_shapes(self, x, index, descs)
+        return (TensorDesc(x.shape, x.dtype, x.device),)
+
+    def cpu(self, x, index, source):
+        _validate(self, x, index, source)
+        ax = self.axis % x.ndim
+        index = _checked_index(self, index, x.shape[ax], ax, (x, index, source))
+        out = x.copy()
+        np.put_along_axis(out[_region(x.shape, index.shape, ax)], index, source, ax)
+        return out
+
+    def vjp(self, inputs, outputs, grads):
+        x, index, source = inputs
+        g = grads[0]
+        dx = _apply1(Scatter(self.axis), g, index, _apply1(_zeros_like(), source))
+        return [dx, None, _apply1(Gather(self.axis), g, index)]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (_DIMS +
+                f"extern \"C\" __global__ void {_kname('scatter', T)}(const {T}* __restrict__ x, "
+                f"const int* __restrict__ index, const {T}* __restrict__ src, {T}* __restrict__ y, "
+                "gc_dims xs, gc_dims is, int axis)\n{\n"
+                "    // one thread per output element: the last index entry pointing at it wins\n"
+                "    long long total = 1;\n"
+                "    for (int d = 0; d < xs.n; ++d) total *= xs.d[d];\n" + _LOOP +
+                f"        {T} v_out = x[idx];\n" +
+                _SCAN_BODY.replace("HIT", "v_out = src[p];") +
+                "        y[idx] = v_out;\n"
+                "    }\n}\n")
+
+
+def _zeros_like():
+    from .shape import ZerosLike
+    return ZerosLike()
+
+
+# ---------------------------------------------------------------- sort / topk
+def _order(x, descending):
+    """Stable argsort along the last axis (ties keep index order)."""
+    if descending:
+        key = -x if x.dtype.kind == "f" else -(x.astype(np.int64))
+    else:
+        key = x
+    return np.argsort(key, axis=-1, kind="stable")
+
+
+def _rank_cmp(desc):
+    # u comes before v (element j before element i): strictly smaller (larger
+    # when descending), or equal with a smaller index (stable)
+    op = ">" if desc else "<"
+    return f"(u {op} v || (u == v && j < i))"
+
+
+class Sort(Op):
+    """(sorted values, int32 indices) along the last axis (MegEngine's
+    F.sort); stable: equal values keep their order."""
+    name = "Sort"
+    attrs = ("descending",)
+
+    def __init__(self, descending=False):
+        self.descending = bool(descending)
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is not None and x.ndim == 0:
+            raise self.error("cannot sort a 0-d tensor (it sorts along the last axis)", x)
+        return (TensorDesc(x.shape, x.dtype, x.device), TensorDesc(x.shape, np.int32, x.device))
+
+    def cpu(self, x):
+        _validate(self, x)
+        order = _order(x, self.descending)
+        return np.take_along_axis(x, order, -1), order.astype(np.int32)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(GatherGrad(-1), grads[0], inputs[0], outputs[1])]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('sort', T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, int* __restrict__ ind, long long rows, int n)\n{{\n"
+            "    // one thread per element: its rank in its row is where it goes\n"
+            "    const long long total = rows * n;\n" + _LOOP +
+            "        const int i = (int)(idx % n);\n"
+            f"        const {T}* row = x + (idx - i);\n"
+            f"        const {T} v = row[i];\n"
+            "        int rank = 0;\n"
+            "        for (int j = 0; j < n; ++j) {\n"
+            f"            const {T} u = row[j];\n"
+            f"            if {_rank_cmp(self.descending)} ++rank;\n"
+            "        }\n"
+            "        y[idx - i + rank] = v;\n"
+            "        ind[idx - i + rank] = i;\n"
+            "    }\n}\n")
+
+
+TOPK_MODES = ("sorted", "no_sort", "kth_only")
+
+
+class TopK(Op):
+    """The ``k`` smallest (largest when ``descending``) elements along the
+    last axis and their int32 indices (MegEngine's F.topk). ``mode``:
+    "sorted" (in order), "no_sort" (in index order), "kth_only" (only the
+    k-th one: the last axis is removed)."""
+    name = "TopK"
+    attrs = ("k", "descending", "mode")
+
+    def __init__(self, k, descending=False, mode="sorted"):
+        if mode not in TOPK_MODES:
+            raise ValueError(f"TopK: mode must be one of {TOPK_MODES}, got {mode!r}")
+        self.k, self.descending, self.mode = int(k), bool(descending), mode
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device), TensorDesc(None, np.int32, x.device))
+        if x.ndim == 0:
+            raise self.error("needs at least one dimension (it selects along the last axis)", x)
+        n, low = x.shape[-1], 1 if self.mode == "kth_only" else 0
+        if not low <= self.k <= n:
+            raise self.error(f"k={self.k} is out of range [{low}, {n}] for a last axis of size {n}", x)
+        shape = x.shape[:-1] if self.mode == "kth_only" else x.shape[:-1] + (self.k,)
+        return (TensorDesc(shape, x.dtype, x.device), TensorDesc(shape, np.int32, x.device))
+
+    def cpu(self, x):
+        _validate(self, x)
+        order = _order(x, self.descending)
+        if self.mode == "kth_only":
+            ind = order[..., self.k - 1]
+            return np.take_along_axis(x, ind[..., None], -1)[..., 0], ind.astype(np.int32)
+        ind = order[..., :self.k]
+        if self.mode == "no_sort":
+            ind = np.sort(ind, axis=-1)
+        return np.take_along_axis(x, ind, -1), ind.astype(np.int32)
+
+    def vjp(self, inputs, outputs, grads):
+        if self.mode == "kth_only":
+            return [_apply1(IndexingOneHotGrad(-1, False), grads[0], inputs[0], outputs[1])]
+        return [_apply1(GatherGrad(-1), grads[0], inputs[0], outputs[1])]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        if self.mode == "kth_only":
+            emit = "            if (rank == K - 1) { y[r] = v; ind[r] = i; }\n"
+            width = "1"
+        elif self.mode == "no_sort":
+            emit = "            if (rank < K) { yr[pos] = v; ir[pos] = i; ++pos; }\n"
+            width = "K"
+        else:
+            emit = "            if (rank < K) { yr[rank] = v; ir[rank] = i; }\n"
+            width = "K"
+        return (
+            f"extern \"C\" __global__ void {_kname('topk', T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, int* __restrict__ ind, long long rows, int n)\n{{\n"
+            f"    const int K = {self.k};   // mode {self.mode}, descending={self.descending}\n"
+            "    // one thread per row: each element's rank, O(n^2), in index order\n"
+            "    const long long total = rows;\n" + _LOOP +
+            "        const long long r = idx;\n"
+            f"        const {T}* row = x + r * n;\n"
+            f"        {T}* yr = y + r * {width};\n"
+            f"        int* ir = ind + r * {width};\n"
+            "        int pos = 0;\n"
+            "        (void)yr; (void)ir; (void)pos;\n"
+            "        for (int i = 0; i < n; ++i) {\n"
+            f"            const {T} v = row[i];\n"
+            "            int rank = 0;\n"
+            "            for (int j = 0; j < n; ++j) {\n"
+            f"                const {T} u = row[j];\n"
+            f"                if {_rank_cmp(self.descending)} ++rank;\n"
+            "            }\n" + emit +
+            "        }\n"
+            "    }\n}\n")

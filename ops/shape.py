@@ -349,3 +349,184 @@ class SplitLike(Op):
 
     def vjp(self, inputs, outputs, grads):
         return [_apply1(Concat(self.axis), *grads)] + [None] * (len(inputs) - 1)
+
+
+# ---------------------------------------------------------------- split / stack
+# CUDA kernels of the copy ops below: one thread per output element
+# (grid-stride loop); the caller collapses the shape to (outer, axis, inner)
+# and passes it as integer arguments after the pointers.
+_LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+         "         idx += (long long)blockDim.x * gridDim.x) {\n")
+
+
+def _kname(op_name, ctype):
+    return f"gc_{op_name}_{ctype.replace(' ', '_')}"
+
+
+def _split_sizes(sections, n):
+    """Piece sizes along an axis of length ``n``: ``sections`` is a number of
+    parts (np.array_split / MegEngine: the first ``n % parts`` pieces are one
+    longer) or a tuple of split indices (MegEngine: non-decreasing, <= n)."""
+    if isinstance(sections, int):
+        return [(n + sections - i - 1) // sections for i in range(sections)]
+    bounds = (0,) + tuple(sections) + (n,)
+    return [bounds[i + 1] - bounds[i] for i in range(len(sections) + 1)]
+
+
+class Split(Op):
+    """Split x along ``axis`` (MegEngine's ``F.split``): ``sections`` is an int
+    (that many pieces, as np.array_split) or a tuple of split indices."""
+    name = "Split"
+    attrs = ("axis", "sections")
+
+    def __init__(self, axis=0, sections=1):
+        self.axis = int(axis)
+        if isinstance(sections, (int, np.integer)):
+            self.sections = int(sections)
+        else:
+            self.sections = tuple(int(s) for s in sections)
+        self._seal()
+
+    @property
+    def n_out(self):
+        return self.sections if isinstance(self.sections, int) else len(self.sections) + 1
+
+    def infer(self, x):
+        if x.shape is None:       # traced: checked when the shape is known
+            return tuple(TensorDesc(None, x.dtype, x.device) for _ in range(max(self.n_out, 0)))
+        if isinstance(self.sections, int) and self.sections <= 0:
+            raise self.error(f"the number of sections must be positive, got {self.sections}", x)
+        nd = x.ndim
+        if not -nd <= self.axis < nd:
+            raise self.error(f"axis {self.axis} is out of range for {nd} dimensions", x)
+        ax = self.axis % nd
+        n = x.shape[ax]
+        if isinstance(self.sections, int) and self.sections > n:
+            raise self.error(f"axis {ax} of size {n} cannot be split into {self.sections} sections", x)
+        sizes = _split_sizes(self.sections, n)
+        if any(s < 0 for s in sizes):
+            raise self.error(f"split indices {self.sections} must be non-decreasing and within "
+                             f"[0, {n}] (axis {ax} has size {n})", x)
+        out = []
+        for s in sizes:
+            shape = list(x.shape)
+            shape[ax] = s
+            out.append(TensorDesc(tuple(shape), x.dtype, x.device))
+        return tuple(out)
+
+    def cpu(self, x):
+        self.infer(TensorDesc(x.shape, x.dtype))     # bad input: Split's own error
+        ax = self.axis % x.ndim
+        sizes = _split_sizes(self.sections, x.shape[ax])
+        if len(sizes) == 1:
+            return x
+        return tuple(np.split(x, np.cumsum(sizes)[:-1], axis=ax))
+
+    def vjp(self, inputs, outputs, grads):
+        # a piece without a gradient gets zeros (filled in by the core)
+        return [_apply1(Concat(self.axis), *grads) if grads else None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('split', T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, long long outer, int n, int offset, int len, long long inner)\n{{\n"
+            "    // y = x[:, offset:offset + len, :] of x viewed as (outer, n, inner)\n"
+            "    const long long total = outer * len * inner;\n" + _LOOP +
+            "        const long long i = idx % inner; const long long t = idx / inner;\n"
+            "        const long long j = t % len; const long long o = t / len;\n"
+            "        y[idx] = x[(o * n + offset + j) * inner + i];\n"
+            "    }\n}\n")
+
+
+def _stack_axis(op, axis, nd, descs):
+    if not -(nd + 1) <= axis <= nd:
+        raise op.error(f"axis {axis} is out of range for stacking {nd}-dimensional inputs", *descs)
+    return axis % (nd + 1)
+
+
+class Stack(Op):
+    """Stack equally shaped inputs along a new ``axis``."""
+    name = "Stack"
+    attrs = ("axis",)
+
+    def __init__(self, axis=0):
+        self.axis = int(axis)
+        self._seal()
+
+    def infer(self, *xs):
+        if not xs:
+            raise self.error("needs at least one input")
+        dtype = np.result_type(*[x.dtype for x in xs])
+        if any(x.shape is None for x in xs):
+            return (TensorDesc(None, dtype, xs[0].device),)
+        shape = xs[0].shape
+        if any(x.shape != shape for x in xs):
+            raise self.error("all inputs must have the same shape", *xs)
+        ax = _stack_axis(self, self.axis, len(shape), xs)
+        return (TensorDesc(shape[:ax] + (len(xs),) + shape[ax:], dtype, xs[0].device),)
+
+    def cpu(self, *xs):
+        self.infer(*[TensorDesc(x.shape, x.dtype) for x in xs])
+        return np.stack(xs, axis=self.axis)
+
+    def vjp(self, inputs, outputs, grads):
+        gs = _core.apply(Unstack(self.axis, len(inputs)), grads[0])
+        out = []
+        for x, g in zip(inputs, gs):
+            if x.dtype != g.dtype and x.dtype.kind in "fc":
+                g = _apply1(Cast(x.dtype), g)
+            out.append(g)
+        return out
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('stack', T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, long long outer, int n, int k, long long inner)\n{{\n"
+            "    // y[:, k, :] = x, y viewed as (outer, n, inner) and x as (outer, inner)\n"
+            "    const long long total = outer * inner;\n" + _LOOP +
+            "        const long long i = idx % inner; const long long o = idx / inner;\n"
+            "        y[(o * n + k) * inner + i] = x[idx];\n"
+            "    }\n}\n")
+
+
+class Unstack(Op):
+    """The ``n`` slices of x along ``axis``, that axis removed (Stack's backward)."""
+    name = "Unstack"
+    attrs = ("axis", "n")
+
+    def __init__(self, axis=0, n=1):
+        self.axis, self.n = int(axis), int(n)
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is None:
+            return tuple(TensorDesc(None, x.dtype, x.device) for _ in range(self.n))
+        nd = x.ndim
+        if nd == 0 or not -nd <= self.axis < nd:
+            raise self.error(f"axis {self.axis} is out of range for {nd} dimensions", x)
+        ax = self.axis % nd
+        if x.shape[ax] != self.n:
+            raise self.error(f"axis {ax} has size {x.shape[ax]}, expected {self.n}", x)
+        shape = x.shape[:ax] + x.shape[ax + 1:]
+        return tuple(TensorDesc(shape, x.dtype, x.device) for _ in range(self.n))
+
+    def cpu(self, x):
+        ax = self.axis % x.ndim
+        parts = tuple(np.take(x, i, axis=ax) for i in range(self.n))
+        return parts[0] if self.n == 1 else parts
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(Stack(self.axis), *grads)]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('unstack', T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, long long outer, int n, int k, long long inner)\n{{\n"
+            "    // y = x[:, k, :], x viewed as (outer, n, inner)\n"
+            "    const long long total = outer * inner;\n" + _LOOP +
+            "        const long long i = idx % inner; const long long o = idx / inner;\n"
+            "        y[idx] = x[(o * n + k) * inner + i];\n"
+            "    }\n}\n")

@@ -79,6 +79,18 @@ def _cases():
         "SumToLike": [(shape.SumToLike(), [f(2, 3), f(3)], [0])],
         "Transpose": [(shape.Transpose((1, 0, 2)), [f(2, 3, 4)], None), (shape.Transpose(()), [f()], None)],
         "ZerosLike": [(shape.ZerosLike(), [f(2, 2)], None)],
+        "Split": [(shape.Split(0, 2), [f(3, 2)], None), (shape.Split(-1, (1, 1)), [f(2, 3)], None),
+                  (shape.Split(0, 1), [f(1)], None)],
+        "Stack": [(shape.Stack(1), [f(2, 3), f(2, 3)], None), (shape.Stack(0), [f(), f()], None)],
+        "Unstack": [(shape.Unstack(1, 2), [f(3, 2)], None), (shape.Unstack(0, 1), [f(1)], None)],
+        "Gather": [(indexing.Gather(1), [f(2, 3), i([[0, 2, 2, 1], [1, 1, 0, 0]])], None),
+                   (indexing.Gather(0), [f(3, 2), i([[2]])], None), (indexing.Gather(0), [f(1), i([0, 0])], None)],
+        "GatherGrad": [(indexing.GatherGrad(1), [f(2, 2), f(2, 3), i([[0, 0], [2, 1]])], [0])],
+        "Scatter": [(indexing.Scatter(1), [f(2, 3), i([[2, 0], [1, 2]]), f(2, 2)], None),
+                    (indexing.Scatter(0), [f(1), i([0]), f(1)], None)],
+        "Sort": [(indexing.Sort(False), [f(2, 3)], None), (indexing.Sort(True), [f(1)], None)],
+        "TopK": [(indexing.TopK(2), [f(2, 4)], None), (indexing.TopK(1, True, "kth_only"), [f(3)], None),
+                 (indexing.TopK(2, True, "no_sort"), [f(1, 3)], None)],
         # every differentiable elementwise row on an empty and a broadcast shape
         "Elemwise": [(ew.Elemwise(r.mode), [("d", r, s) for s in shapes], None)
                      for r in ew.TABLE if r.grads and any(r.grads)
