@@ -9,7 +9,7 @@ GradManager) is plain Python that installs itself through ``_install_hooks``.
 Ownership, chosen so that there are no reference cycles between tensors and
 nodes::
 
-    Tensor --> GradSlot <-- GradFn.dests / GradFn.slots <-- GradKey.tape
+    Tensor --> GradSlot <-- GradFn.dest0/dest1/dests / GradFn.slots <-- GradKey.tape
 
 A slot never points at the node that fills it, so dropping a tensor never
 keeps a node alive and a node never keeps its outputs alive.
@@ -45,6 +45,16 @@ cdef object _h_kernel_error = None    # (op, args, exc) -> exception to raise
 cdef object _h_kernel_for = None      # (op, device) -> kernel callable
 cdef object _h_getattr = None         # (name) -> python-level Tensor method impl
 cdef dict _operator_ops = {}
+# the hottest operator ops, read without a dict lookup per call
+cdef object _op_add = None, _op_sub = None, _op_mul = None, _op_div = None
+
+
+cdef void _set_hot_ops():
+    global _op_add, _op_sub, _op_mul, _op_div
+    _op_add = _operator_ops.get("add")
+    _op_sub = _operator_ops.get("sub")
+    _op_mul = _operator_ops.get("mul")
+    _op_div = _operator_ops.get("div")
 
 
 def _install_hooks(**hooks):
@@ -59,7 +69,9 @@ def _install_hooks(**hooks):
         elif name == "kernel_error": _h_kernel_error = fn
         elif name == "kernel_for": _h_kernel_for = fn
         elif name == "tensor_method": _h_getattr = fn
-        elif name == "operator_ops": _operator_ops.update(fn)
+        elif name == "operator_ops":
+            _operator_ops.update(fn)
+            _set_hot_ops()
         else:
             raise KeyError(f"unknown core hook {name!r}")
 
@@ -253,14 +265,14 @@ cdef class Tensor:
         return (_rebuild_tensor, (type(self), self._data.copy(), self._device, self.name))
 
     # -- operators: the hot ones go straight to the compiled dispatcher
-    def __add__(self, other): return _binary("add", self, other)
-    def __radd__(self, other): return _binary("add", other, self)
-    def __sub__(self, other): return _binary("sub", self, other)
-    def __rsub__(self, other): return _binary("sub", other, self)
-    def __mul__(self, other): return _binary("mul", self, other)
-    def __rmul__(self, other): return _binary("mul", other, self)
-    def __truediv__(self, other): return _binary("div", self, other)
-    def __rtruediv__(self, other): return _binary("div", other, self)
+    def __add__(self, other): return _apply1(_op_add, (self, other))
+    def __radd__(self, other): return _apply1(_op_add, (other, self))
+    def __sub__(self, other): return _apply1(_op_sub, (self, other))
+    def __rsub__(self, other): return _apply1(_op_sub, (other, self))
+    def __mul__(self, other): return _apply1(_op_mul, (self, other))
+    def __rmul__(self, other): return _apply1(_op_mul, (other, self))
+    def __truediv__(self, other): return _apply1(_op_div, (self, other))
+    def __rtruediv__(self, other): return _apply1(_op_div, (other, self))
     def __pow__(self, other, mod=None): return _binary("pow", self, other)
     def __rpow__(self, other, mod=None): return _binary("pow", other, self)
     def __matmul__(self, other): return _h_getattr("matmul")(self, other)
@@ -485,7 +497,11 @@ cdef class GradFn:
     cdef bint saved_tensors   # saved values are Tensors (several keys recorded the op)
     cdef GradSlot slot0       # the output slot when there is one output
     cdef tuple slots          # one per forward output, when there are several
-    cdef tuple dests          # one per forward input: producer slot or None
+    # the slot of each forward input (None: no gradient goes there): two
+    # fields for up to two inputs, a tuple only for more (no tuple per op)
+    cdef GradSlot dest0, dest1
+    cdef tuple dests
+    cdef Py_ssize_t nin
     cdef tuple in_shapes
     cdef tuple out_meta       # (shape, dtype) per output, to zero-fill missing grads
     cdef object device
@@ -499,6 +515,8 @@ cdef class GradFn:
         self.saved = None
         self.slots = None
         self.slot0 = None
+        self.dest0 = None
+        self.dest1 = None
         self.dests = None
         self.in_shapes = None
         self.out_meta = None
@@ -755,30 +773,48 @@ cdef str _op_name(op):
 
 
 cdef tuple _apply(op, tuple args):
+    return <tuple>_dispatch(op, args, False)
+
+
+cdef object _dispatch(op, tuple args, bint one):
+    """The outputs of ``op`` on ``args``: a tuple, or the first output
+    itself when ``one`` (then a recorded single-output op makes no tuple)."""
     cdef Py_ssize_t n = len(args)
     cdef Py_ssize_t i
     if n == 0:
-        return _h_slow_apply(op, args)
+        return _first(_h_slow_apply(op, args), one)
     for i in range(n):
         if type(args[i]) is not Tensor and not isinstance(args[i], Tensor):
-            return _h_slow_apply(op, args)
+            return _first(_h_slow_apply(op, args), one)
     device = _common_device(op, args)
     keys = None
     if _recording and _no_record == 0:
         keys = _recorders(args)
     if keys is None:
         if _has_own_rule(op) and not hasattr(op, "cpu"):
-            return _run_own_rule(op, args, device)[0]
-        return _wrap_outputs(_kernel_call(op, args, device), device)
-    return _record(op, args, device, keys)
+            return _first(_run_own_rule(op, args, device)[0], one)
+        return _outputs(_kernel_call(op, args, device), device, one)
+    return _record(op, args, device, keys, one)
+
+
+cdef inline object _first(object outs, bint one):
+    return outs[0] if one else outs
+
+
+cdef inline object _outputs(object res, object device, bint one):
+    if not one:
+        return _wrap_outputs(res, device)
+    if type(res) is tuple or type(res) is list:
+        return _wrap(res[0], device)
+    return _wrap(res, device)
 
 
 cdef object _apply1(op, tuple args):
-    """``_apply(op, args)[0]`` without the output tuple when nothing records."""
+    """``_apply(op, args)[0]`` without the output tuple."""
     cdef Py_ssize_t n = len(args)
     cdef Py_ssize_t i
     if n == 0 or (_recording and _no_record == 0):
-        return _apply(op, args)[0]
+        return _dispatch(op, args, True)
     for i in range(n):
         if type(args[i]) is not Tensor:
             return _apply(op, args)[0]
@@ -913,7 +949,7 @@ cdef CompiledBackward _graph_for_slow(op, tuple args, object device, int rg):
     return <CompiledBackward>cb
 
 
-cdef tuple _record(op, tuple args, object device, object keys):
+cdef object _record(op, tuple args, object device, object keys, bint one):
     global _seq
     cdef Py_ssize_t n = len(args)
     cdef Py_ssize_t i, j
@@ -928,7 +964,8 @@ cdef tuple _record(op, tuple args, object device, object keys):
     cdef bint single = False
     rule = None
     backward = None
-    outs = None
+    cdef tuple outs = None    # None: one output, out0, and no tuple made
+    out0 = None
 
     # choose the gradient path, in the SPEC's order
     if _has_own_rule(op):
@@ -955,7 +992,7 @@ cdef tuple _record(op, tuple args, object device, object keys):
         if one_key:
             cb = _graph_for(op, args, device, _rg_mask(args, <GradKey>keys))
             if not cb.any_grad:
-                return _wrap_outputs(_kernel_call(op, args, device), device)
+                return _outputs(_kernel_call(op, args, device), device, one)
         else:
             graphs = []
             any_grad = False
@@ -965,14 +1002,20 @@ cdef tuple _record(op, tuple args, object device, object keys):
                 if cb.any_grad:
                     any_grad = True
             if not any_grad:
-                return _wrap_outputs(_kernel_call(op, args, device), device)
-        outs = _wrap_outputs(_kernel_call(op, args, device), device)
+                return _outputs(_kernel_call(op, args, device), device, one)
+        res = _kernel_call(op, args, device)
+        if type(res) is tuple or type(res) is list:
+            outs = _wrap_outputs(res, device)
+        else:
+            out0 = _wrap(res, device)
+    if outs is not None and len(outs):
+        out0 = outs[0]
 
     cdef tuple in_shapes = None
-    cdef Py_ssize_t nout = len(outs)
+    cdef Py_ssize_t nout = 1 if outs is None else len(outs)
     if path != 3:
         in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
-    elif cb.check_shapes or (cb.reduce_broadcast and _needs_reduction(args, outs[0])):
+    elif cb.check_shapes or (cb.reduce_broadcast and _needs_reduction(args, out0)):
         in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
     out_meta = None
     if nout > 1:
@@ -995,39 +1038,42 @@ cdef tuple _record(op, tuple args, object device, object keys):
             if not cb.any_grad:
                 continue
             node.backward = cb
-            node.dests = _dests(args, key, cb.input_has_grad)
+            _set_dests(node, args, key, cb.input_has_grad)
             as_tensors = save_tensors and _older_key_in(keys, key)
-            node.saved = _save(cb, args, outs, as_tensors)
+            node.saved = _save(cb, args, outs, out0, as_tensors)
             node.saved_tensors = as_tensors
             if cb.saves_inputs:
                 node.versions = _versions_of(cb, args)
         else:
             node.backward = backward
-            node.dests = _dests(args, key, None)
-        _make_slots(node, outs, key)
+            _set_dests(node, args, key, None)
+        _make_slots(node, outs, out0, key)
         _seq += 1
         node.seq = _seq
         key.tape.append(node)
-    return outs
+    if outs is None:
+        return out0 if one else (out0,)
+    return outs[0] if one else outs
 
 
-cdef inline void _make_slots(GradFn node, tuple outs, GradKey key):
+cdef inline void _make_slots(GradFn node, tuple outs, object out0, GradKey key):
     """Output slots of a new node, and its link to its inputs: every input
     slot gets one more pending producer, and the node reaches an attached
     tensor when one of its input slots does (so backward needs no pre-pass)."""
     cdef GradSlot s
     cdef bint r = False
-    for d in node.dests:
-        if d is not None:
-            s = <GradSlot>d
+    cdef Py_ssize_t j
+    for j in range(node.nin):
+        s = _dest(node, j)
+        if s is not None:
             s.pending += 1
             if s.reaches:
                 r = True
     node.reaches = r
-    if len(outs) == 1:
+    if outs is None or len(outs) == 1:
         s = _new_slot(key)
         s.reaches = r
-        _add_slot(<Tensor>outs[0], s)
+        _add_slot(<Tensor>out0, s)
         node.slot0 = s          # one output: a field, no tuple
         return
     slots = []
@@ -1062,6 +1108,24 @@ cdef bint _needs_reduction(tuple args, object out):
             if cnp.PyArray_DIMS(a)[k] != odims[k]:
                 return True
     return False
+
+
+cdef inline void _set_dests(GradFn node, tuple args, GradKey key, tuple has_grad):
+    cdef Py_ssize_t n = len(args)
+    node.nin = n
+    if n > 2:
+        node.dests = _dests(args, key, has_grad)
+        return
+    if n > 0 and (has_grad is None or has_grad[0]):
+        node.dest0 = _slot_for(<Tensor>args[0], key)
+    if n > 1 and (has_grad is None or has_grad[1]):
+        node.dest1 = _slot_for(<Tensor>args[1], key)
+
+
+cdef inline GradSlot _dest(GradFn node, Py_ssize_t j):
+    if node.dests is not None:
+        return <GradSlot>node.dests[j]
+    return node.dest0 if j == 0 else node.dest1
 
 
 cdef tuple _dests(tuple args, GradKey key, tuple has_grad):
@@ -1110,7 +1174,15 @@ cdef void _check_versions(GradFn node) except *:
                 f"e.g. by an optimizer step); run backward before modifying it")
 
 
-cdef object _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
+cdef inline object _io(tuple args, tuple outs, object out0, Py_ssize_t idx):
+    """Input or output number ``idx``, counting the inputs first."""
+    cdef Py_ssize_t n = len(args)
+    if idx < n:
+        return args[idx]
+    return out0 if outs is None else outs[idx - n]
+
+
+cdef object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint as_tensors):
     cdef Py_ssize_t n = len(args)
     cdef tuple index = cb.save_index
     cdef Py_ssize_t k, idx, ns = len(index)
@@ -1119,13 +1191,13 @@ cdef object _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
     cdef tuple pre = cb.precomp_index
     if cb.one_saved and pre is None:
         idx = <Py_ssize_t>index[0]
-        v = args[idx] if idx < n else outs[idx - n]
+        v = _io(args, outs, out0, idx)
         return v if as_tensors else (<Tensor>v)._data
     if pre is None:
         res = PyTuple_New(ns)
         for k in range(ns):
             idx = <Py_ssize_t>index[k]
-            v = args[idx] if idx < n else outs[idx - n]
+            v = _io(args, outs, out0, idx)
             if not as_tensors:
                 v = (<Tensor>v)._data
             Py_INCREF(v)
@@ -1134,12 +1206,12 @@ cdef object _save(CompiledBackward cb, tuple args, tuple outs, bint as_tensors):
     cdef list vals = []
     for k in range(ns):
         idx = <Py_ssize_t>index[k]
-        v = args[idx] if idx < n else outs[idx - n]
+        v = _io(args, outs, out0, idx)
         vals.append(v if as_tensors else (<Tensor>v)._data)
     # the precomp part: what is read only for its shape is kept as a carrier
     for k in range(len(pre)):
         idx = <Py_ssize_t>pre[k]
-        v = shape_carrier((<Tensor>(args[idx] if idx < n else outs[idx - n]))._data)
+        v = shape_carrier((<Tensor>(_io(args, outs, out0, idx)))._data)
         vals.append(_wrap(v, (<Tensor>args[0])._device) if as_tensors else v)
     return vals[0] if cb.one_saved else tuple(vals)
 
@@ -1168,8 +1240,8 @@ def _record_custom(op, tuple inputs, tuple outputs, backward):
         node.device = device
         node.in_shapes = in_shapes
         node.backward = backward
-        node.dests = _dests(inputs, key, None)
-        _make_slots(node, outs, key)
+        _set_dests(node, inputs, key, None)
+        _make_slots(node, outs, outs[0] if len(outs) else None, key)
         _seq += 1
         node.seq = _seq
         key.tape.append(node)
@@ -1303,7 +1375,7 @@ cdef object _run_node(GradFn node, object grads, bint tensor_mode):
     """Run a node's backward: the input gradient itself for a node with one
     input, else a tuple of them."""
     cdef CompiledBackward cb
-    cdef Py_ssize_t n = len(node.dests)
+    cdef Py_ssize_t n = node.nin
     cdef Py_ssize_t k
     cdef bint one = node.slot0 is not None
     if node.path == 3:
@@ -1412,7 +1484,7 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
     cdef GradFn node
     cdef GradSlot s
     cdef Tensor y
-    cdef Py_ssize_t i, j, nt = len(tape)
+    cdef Py_ssize_t i, j, nd, nt = len(tape)
     cdef list roots = []
     key.ran_backward = True
     cdef long saved_visible = _visible_below
@@ -1449,12 +1521,12 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
             grads = _node_grads(node, tensor_mode) if node.reaches else None
             if grads is not None:
                 res = _run_node(node, grads, tensor_mode)
-                nd = len(node.dests)
+                nd = node.nin
                 if nd != 1 and len(res) != nd:
                     raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
                                      f"gradients for {nd} inputs")
                 for j in range(nd):
-                    d = node.dests[j]
+                    d = _dest(node, j)
                     if d is None:
                         continue
                     g = res if nd == 1 else res[j]
@@ -1470,9 +1542,9 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
                             _check_reducible(node, g, j)
                             g = _sum_to_raw(node.op, g, node.in_shapes[j])
                         _acc_raw(<GradSlot>d, g)
-            for d in node.dests:
-                if d is not None:
-                    s = <GradSlot>d
+            for j in range(node.nin):
+                s = _dest(node, j)
+                if s is not None:
                     s.pending -= 1
                     if s.pending == 0 and s.leaf:
                         _fire(s, tensor_mode, node.device)
