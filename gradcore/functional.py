@@ -19,7 +19,7 @@ from .ops.elemwise import Elemwise
 from .ops.indexing import IndexingOneHot, SetSubtensor, Subtensor, split_index
 from .ops.linalg import MatrixMul
 from .ops.nn import LogSoftmax, LogSumExp
-from .ops.reduce import Reduce
+from .ops.reduce import ArgReduce, CumSum, Reduce
 from .ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape, Squeeze,
                         StopGradient, Transpose)
 
@@ -31,6 +31,7 @@ _apply = _core.apply
 _Reduce, _MatrixMul, _Reshape, _Transpose, _Broadcast = map(interned, (Reduce, MatrixMul, Reshape, Transpose, Broadcast))
 _ExpandDims, _Squeeze, _Cast, _Concat, _Subtensor = map(interned, (ExpandDims, Squeeze, Cast, Concat, Subtensor))
 _SetSubtensor, _IndexingOneHot, _LogSoftmax, _LogSumExp = map(interned, (SetSubtensor, IndexingOneHot, LogSoftmax, LogSumExp))
+_ArgReduce, _CumSum = map(interned, (ArgReduce, CumSum))
 
 
 def _axis_key(axis):
@@ -106,6 +107,26 @@ mean = _reduce("mean")
 max = _reduce("max")    # noqa: A001
 min = _reduce("min")    # noqa: A001
 prod = _reduce("prod")
+
+
+def argmax(inp, axis=None, keepdims: bool = False):
+    """Index of the largest element along ``axis`` (None: flattened), int32."""
+    return _apply(_ArgReduce("argmax", axis, bool(keepdims)), _t(inp))[0]
+
+
+def argmin(inp, axis=None, keepdims: bool = False):
+    """Index of the smallest element along ``axis`` (None: flattened), int32."""
+    return _apply(_ArgReduce("argmin", axis, bool(keepdims)), _t(inp))[0]
+
+
+def cumsum(inp, axis: int = 0):
+    """Cumulative sum along ``axis``.
+
+    Example::
+
+        >>> F.cumsum(x, axis=1)
+    """
+    return _apply(_CumSum(int(axis), False), _t(inp))[0]
 
 
 # ---- linear algebra

@@ -15,13 +15,13 @@ from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, S
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
 from .nn import LogSoftmax, LogSumExp
-from .reduce import BroadcastBack, Reduce
+from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
 from .shape import (Broadcast, BroadcastToLike, Cast, Concat, ExpandDims, Identity, Reshape,
                     ReshapeLike, Split, SplitLike, Squeeze, Stack, StopGradient, SumTo, SumToLike,
                     Transpose, Unstack, ZerosLike)
 
 STANDARD_OPS = [
-    Elemwise, Reduce, BroadcastBack, MatrixMul, Reshape, ReshapeLike, Transpose, Broadcast,
+    Elemwise, Reduce, BroadcastBack, ArgReduce, CumSum, MatrixMul, Reshape, ReshapeLike, Transpose, Broadcast,
     BroadcastToLike, SumTo, SumToLike, ZerosLike, ExpandDims, Squeeze, Cast, Identity,
     StopGradient, Concat, SplitLike, Subtensor, SubtensorGrad, SetSubtensor, IndexingOneHot,
     IndexingOneHotGrad, LogSoftmax, LogSumExp,

@@ -1,6 +1,7 @@
 """Reductions over axes: sum, mean, max, min, prod."""
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import numpy as np
@@ -58,6 +59,10 @@ class Reduce(Op):
             raise ValueError(f"Reduce: unknown mode {mode!r}; known: {', '.join(_KERNELS)}")
         self.mode, self.axis, self.keepdims = mode, norm_axis(axis), bool(keepdims)
         self._kernel = _KERNELS[mode]
+        if self.axis is None and mode != "mean":
+            # a full reduction is the ufunc's reduce itself: no Python frame
+            # per call (``cpu`` below, with axis None for every input)
+            self.cpu = functools.partial(self._kernel, axis=None, keepdims=self.keepdims)
         self._seal()
 
     def infer(self, x):
@@ -135,3 +140,96 @@ class BroadcastBack(Op):
     def vjp(self, inputs, outputs, grads):
         mode = "mean" if self.mean else "sum"
         return [_apply1(Reduce(mode, self.axis, self.keepdims), grads[0]), None]
+
+
+class ArgReduce(Op):
+    """Index of the max ("argmax") or min ("argmin") along ``axis`` (None:
+    of the flattened tensor), int32. Not differentiable: no gradient flows."""
+    name = "ArgReduce"
+    attrs = ("mode", "axis", "keepdims")
+
+    def __init__(self, mode: str, axis=None, keepdims: bool = False):
+        if mode not in ("argmax", "argmin"):
+            raise ValueError(f"ArgReduce: mode must be 'argmax' or 'argmin', got {mode!r}")
+        self.mode, self.axis, self.keepdims = mode, None if axis is None else int(axis), bool(keepdims)
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is None:
+            return (TensorDesc(None, np.dtype("int32"), x.device),)
+        empty = (0 in x.shape) if self.axis is None else (x.shape and x.shape[self.axis % len(x.shape)] == 0)
+        if empty:
+            raise self.error("cannot take an arg-reduction over an empty axis", x)
+        if self.axis is None:
+            shape = (1,) * len(x.shape) if self.keepdims else ()
+        else:
+            shape = reduced_shape(self, x.shape, (self.axis,), self.keepdims, x)
+        return (TensorDesc(shape, np.dtype("int32"), x.device),)
+
+    def cpu(self, x):
+        fn = np.argmax if self.mode == "argmax" else np.argmin
+        return np.asarray(fn(x, axis=self.axis, keepdims=self.keepdims)).astype(np.int32)
+
+    def vjp(self, inputs, outputs, grads):
+        return [None]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        cmp = ">" if self.mode == "argmax" else "<"
+        return (f'extern "C" __global__ void gc_{self.mode}_{ctype}(const {ctype}* __restrict__ x, '
+                f"int* __restrict__ out, long long rows, long long n, long long inner)\n"
+                "{\n"
+                "    // one thread per (outer, inner) position; reduce over n strided by inner\n"
+                "    long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+                "    if (r >= rows) return;\n"
+                "    const long long base = (r / inner) * n * inner + r % inner;\n"
+                f"    {ctype} best = x[base]; int at = 0;\n"
+                "    for (long long k = 1; k < n; ++k) {\n"
+                f"        {ctype} v = x[base + k * inner];\n"
+                f"        if (v {cmp} best) {{ best = v; at = (int)k; }}\n"
+                "    }\n"
+                "    out[r] = at;\n"
+                "}\n")
+
+
+class CumSum(Op):
+    """Cumulative sum along ``axis`` (``reverse``: from the end), the
+    gradient of one being the other."""
+    name = "CumSum"
+    attrs = ("axis", "reverse")
+
+    def __init__(self, axis: int = 0, reverse: bool = False):
+        self.axis, self.reverse = int(axis), bool(reverse)
+        self._seal()
+
+    def infer(self, x):
+        if x.shape is not None and not -max(len(x.shape), 1) <= self.axis < max(len(x.shape), 1):
+            raise self.error(f"axis {self.axis} is out of range for {len(x.shape)} dimensions", x)
+        dtype = np.cumsum(np.zeros(1, x.dtype)).dtype
+        return (TensorDesc(x.shape, dtype, x.device),)
+
+    def cpu(self, x):
+        if x.ndim == 0:
+            return np.asarray(x).copy()
+        if self.reverse:
+            return np.flip(np.cumsum(np.flip(x, self.axis), axis=self.axis), self.axis)
+        return np.cumsum(x, axis=self.axis)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(CumSum(self.axis, not self.reverse), grads[0])]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        name = "gc_cumsum_rev" if self.reverse else "gc_cumsum"
+        k = "n - 1 - k" if self.reverse else "k"
+        return (f'extern "C" __global__ void {name}_{ctype}(const {ctype}* __restrict__ x, '
+                f"{ctype}* __restrict__ out, long long rows, long long n, long long inner)\n"
+                "{\n"
+                "    long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+                "    if (r >= rows) return;\n"
+                "    const long long base = (r / inner) * n * inner + r % inner;\n"
+                f"    {ctype} acc = 0;\n"
+                "    for (long long k = 0; k < n; ++k) {\n"
+                f"        const long long j = base + ({k}) * inner;\n"
+                "        acc += x[j];\n"
+                "        out[j] = acc;\n"
+                "    }\n"
+                "}\n")

@@ -64,6 +64,8 @@ def _cases():
         "Reduce": [(reduce.Reduce(m, 1), [f(2, 3)], None) for m in ("sum", "mean", "max", "min", "prod")]
         + [(reduce.Reduce("sum"), [f()], None), (reduce.Reduce("mean", None, True), [f(1, 1)], None),
            (reduce.Reduce("sum", 0), [f(0, 3)], None), (reduce.Reduce("max", (0, 2), True), [f(2, 1, 3)], None)],
+        "CumSum": [(reduce.CumSum(1), [f(2, 3)], None), (reduce.CumSum(0, True), [f(3)], None),
+                   (reduce.CumSum(0), [f()], None), (reduce.CumSum(1), [f(0, 2)], None)],
         "Reshape": [(shape.Reshape((3, 2)), [f(2, 3)], None), (shape.Reshape((-1,)), [f()], None),
                     (shape.Reshape((0, 2)), [f(0, 1, 2)], None)],
         "ReshapeLike": [(shape.ReshapeLike(), [f(6), f(2, 3)], [0])],
@@ -101,7 +103,8 @@ def _cases():
 
 CASES = _cases()
 # ops whose gradient deliberately differs from the derivative
-NOT_DIFFERENTIABLE = {"StopGradient": "its gradient is zero by definition"}
+NOT_DIFFERENTIABLE = {"StopGradient": "its gradient is zero by definition",
+                      "ArgReduce": "an integer index: no gradient"}
 
 
 def test_every_registered_op_has_cases():
