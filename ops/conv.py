@@ -5,9 +5,12 @@ shape (N, C, H, W) and weight (O, C // groups, KH, KW) (the bias is added by
 ``F.conv2d`` with broadcasting). ``MaxPool2d`` and ``AvgPool2d`` take
 (kernel_size, stride, padding) (AvgPool2d also MegEngine's ``mode``).
 
-CPU kernels are im2col over a strided window view plus one (batched)
-matmul; the only Python loop is over kernel positions when windows are
-scattered back (col2im), never over pixels. Every op also has a
+CPU kernels: convolutions are one GEMM per group on a transposed im2col
+matrix (C/groups*KH*KW, N*OH*OW) copied out of a strided window view (the
+gradients reuse it: no transposed copies of the big matrix); pooling works on
+the KH*KW strided views of the input, one per kernel offset. The only Python
+loops are over kernel offsets (pooling, col2im), never over pixels, batch or
+channels. Every op also has a
 ``cuda_source(ctype)``: a direct kernel, one thread per output element
 (grid-stride loop), shapes passed as ``int`` arguments after the pointers,
 the op's attributes compiled in as constants.
@@ -68,15 +71,6 @@ def _pad(x, padding, fill=0):
     return out
 
 
-def _windows(xp, kernel, stride, dilation, out_hw):
-    """Read-only view (N, C, OH, OW, KH, KW) of the windows of padded ``xp``."""
-    n, c = xp.shape[:2]
-    s0, s1, s2, s3 = xp.strides
-    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, stride, dilation, out_hw
-    return as_strided(xp, (n, c, oh, ow, kh, kw), (s0, s1, s2 * sh, s3 * sw, s2 * dh, s3 * dw),
-                      writeable=False)
-
-
 def _offset_slices(size, out, k, s, p, d):
     """For each kernel offset along one axis: (output slice, input slice) of
     the outputs whose tap lands inside the unpadded input, or None."""
@@ -96,7 +90,7 @@ def _offset_slices(size, out, k, s, p, d):
 def _col2im(cols, xshape, stride, padding, dilation, dtype):
     """Scatter-add windows ``cols`` (..., OH, OW, KH, KW) (leading axes N, C
     or any view of them) back to an (N, C, H, W) array: the adjoint of
-    ``_windows`` over the padded input. Loops over kernel offsets only; taps
+    im2col over the padded input. Loops over kernel offsets only; taps
     that land in the padding are skipped instead of written and cropped."""
     n, c, h, w = xshape
     oh, ow, kh, kw = cols.shape[-4:]
@@ -436,6 +430,14 @@ class _PoolBase(Op):
             raise self.error(f"needs a floating-point input, got {descs[0].dtype}", *descs)
         return descs[0].dtype
 
+    def _taps(self, xp, out_hw):
+        """The KH*KW strided views (N, C, OH, OW) of padded ``xp``, one per
+        kernel offset, in row-major order."""
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        oh, ow = out_hw
+        return [xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+                for i in range(kh) for j in range(kw)]
+
     def _consts(self):
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         return (f"    const int KH = {kh}, KW = {kw}, SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw};\n")
@@ -465,30 +467,58 @@ class _MaxPoolArgmax(_PoolBase):
     """Shared by the max-pooling ops: index of each window's maximum."""
 
     def _argmax(self, x):
+        """Offset (row-major in the window) of each window's first maximum,
+        NaN winning (as np.argmax): a loop over kernel offsets only."""
         oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
-        n, c = x.shape[:2]
-        kh, kw = self.kernel_size
-        win = _windows(_pad(x, self.padding, -np.inf), self.kernel_size, self.stride, (1, 1), (oh, ow))
-        win = win.reshape(n, c, oh, ow, kh * kw)
-        return win, np.argmax(win, axis=-1)[..., None], (oh, ow)
+        taps = self._taps(_pad(x, self.padding, -np.inf), (oh, ow))
+        m = taps[0].copy()
+        for t in taps[1:]:              # propagates NaN
+            np.maximum(m, t, out=m)
+        nan = bool(np.isnan(m).any())
+        kk = len(taps)
+        idx = np.full(m.shape, kk - 1, np.uint8 if kk <= 256 else np.intp)
+        for k in range(kk - 2, -1, -1):   # descending: the first maximum is written last
+            hit = taps[k] == m
+            if nan:                       # where the max is NaN, the first NaN wins
+                hit |= taps[k] != taps[k]
+            np.copyto(idx, k, where=hit, casting="unsafe")
+        return idx, (oh, ow)
 
     def _scatter(self, g, x):
         """g (pooled shape) added at each window's argmax, in x's shape."""
-        _, idx, (oh, ow) = self._argmax(x)
-        n, c = x.shape[:2]
-        kh, kw = self.kernel_size
-        cols = np.zeros((n, c, oh, ow, kh * kw), g.dtype)
-        np.put_along_axis(cols, idx, np.asarray(g)[..., None], axis=-1)
-        return _col2im(cols.reshape(n, c, oh, ow, kh, kw), x.shape, self.stride, self.padding,
-                       (1, 1), g.dtype)
+        idx, (oh, ow) = self._argmax(x)
+        g = np.asarray(g)
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        h, w = x.shape[2:]
+        out = np.zeros(x.shape, g.dtype)
+        rows = _offset_slices(h, oh, kh, sh, ph, 1)
+        colz = _offset_slices(w, ow, kw, sw, pw, 1)
+        disjoint = sh >= kh and sw >= kw     # each input element in one window at most
+        zero = g.dtype.type(0)
+        for i in range(kh):              # loops over kernel positions only
+            if rows[i] is None:
+                continue
+            ro, ri = rows[i]
+            for j in range(kw):
+                if colz[j] is None:
+                    continue
+                co, ci = colz[j]
+                hit = idx[:, :, ro, co] == i * kw + j
+                if disjoint:
+                    np.copyto(out[:, :, ri, ci], g[:, :, ro, co], where=hit)
+                else:
+                    out[:, :, ri, ci] += np.where(hit, g[:, :, ro, co], zero)
+        return out
 
     def _gather(self, gg, x):
         """gg (x's shape) read at each window's argmax, in the pooled shape."""
-        _, idx, (oh, ow) = self._argmax(x)
-        n, c = x.shape[:2]
-        kh, kw = self.kernel_size
-        win = _windows(_pad(np.asarray(gg), self.padding, 0), self.kernel_size, self.stride, (1, 1), (oh, ow))
-        return np.take_along_axis(win.reshape(n, c, oh, ow, kh * kw), idx, axis=-1)[..., 0]
+        idx, (oh, ow) = self._argmax(x)
+        gg = np.asarray(gg)
+        taps = self._taps(_pad(gg, self.padding, 0), (oh, ow))
+        out = taps[-1].copy()
+        for k in range(len(taps) - 2, -1, -1):
+            np.copyto(out, taps[k], where=idx == k)
+        return out
 
 
 class MaxPool2d(_MaxPoolArgmax):
@@ -506,8 +536,11 @@ class MaxPool2d(_MaxPoolArgmax):
         if x.dtype.kind != "f":
             self._float(TensorDesc(x.shape, x.dtype))
         oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
-        win = _windows(_pad(x, self.padding, -np.inf), self.kernel_size, self.stride, (1, 1), (oh, ow))
-        return np.max(win, axis=(4, 5))
+        taps = self._taps(_pad(x, self.padding, -np.inf), (oh, ow))
+        out = taps[0].copy()
+        for t in taps[1:]:              # np.maximum propagates NaN, as np.max
+            np.maximum(out, t, out=out)
+        return out
 
     def vjp(self, inputs, outputs, grads):
         (x,), (g,) = inputs, grads
@@ -656,8 +689,12 @@ class AvgPool2d(_AvgBase):
         if x.dtype.kind != "f":
             self._float(TensorDesc(x.shape, x.dtype))
         oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
-        win = _windows(_pad(x, self.padding, 0), self.kernel_size, self.stride, (1, 1), (oh, ow))
-        return np.sum(win, axis=(4, 5)) / self._counts(x.shape, (oh, ow), x.dtype)
+        taps = self._taps(_pad(x, self.padding, 0), (oh, ow))
+        out = taps[0].copy()
+        for t in taps[1:]:
+            out += t
+        out /= self._counts(x.shape, (oh, ow), x.dtype)
+        return out
 
     def vjp(self, inputs, outputs, grads):
         (x,), (g,) = inputs, grads
