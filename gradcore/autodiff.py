@@ -132,7 +132,8 @@ class GradManager:
             self._key.exit()
             self._key = None
         self._recording = False
-        self._gradients = {}
+        if self._gradients:
+            self._gradients = {}
 
     def __enter__(self) -> "GradManager":
         return self.record()
@@ -153,23 +154,11 @@ class GradManager:
             raise RuntimeError("GradManager.backward: no computation history: call record() "
                                "(or use `with gm:`) before backward; a manager records for one "
                                "backward only")
-        if y is None:
-            ys = []
-        elif isinstance(y, (tuple, list)):
-            ys = list(y)
+        if dy is None and isinstance(y, Tensor):
+            # the common call, checked already: one output, ones as its gradient
+            ys, dys = [y], [None]
         else:
-            ys = [y]
-        if dy is None:
-            dys = [None] * len(ys)      # ones, made by the core
-        elif isinstance(dy, (tuple, list)):
-            dys = list(dy)
-        else:
-            dys = [dy]
-        for t in ys:
-            if not isinstance(t, Tensor):
-                raise TypeError(f"GradManager.backward: y must be Tensors, got {type(t).__name__}")
-        if len(dys) != len(ys):
-            raise ValueError(f"GradManager.backward: {len(ys)} outputs but {len(dys)} output gradients")
+            ys, dys = self._outputs(y, dy)
         try:
             self._key.backward(ys, dys)
             for cb in self._after_backward_callbacks:
@@ -187,6 +176,27 @@ class GradManager:
                     tensor.grad = tensor.grad + grad
         finally:
             self.release()
+
+    @staticmethod
+    def _outputs(y, dy):
+        if y is None:
+            ys = []
+        elif isinstance(y, (tuple, list)):
+            ys = list(y)
+        else:
+            ys = [y]
+        if dy is None:
+            dys = [None] * len(ys)      # ones, made by the core
+        elif isinstance(dy, (tuple, list)):
+            dys = list(dy)
+        else:
+            dys = [dy]
+        for t in ys:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"GradManager.backward: y must be Tensors, got {type(t).__name__}")
+        if len(dys) != len(ys):
+            raise ValueError(f"GradManager.backward: {len(ys)} outputs but {len(dys)} output gradients")
+        return ys, dys
 
     def __or__(self, other: "GradManager") -> "GradManagerGroup":
         return GradManagerGroup([self, other])
