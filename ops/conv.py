@@ -283,12 +283,39 @@ class Conv2dBackwardData(_ConvBase):
         n, c, h, wd = ref.shape
         o, cg, kh, kw = w.shape
         grp = self.groups
-        gm = self._grad_rows(g, grp)                                            # grp, O/grp, N*OH*OW
         wm = w.reshape(grp, o // grp, cg * kh * kw).transpose(0, 2, 1)
+        if self.stride == (1, 1):
+            return self._stride1(g, wm, ref.shape, (kh, kw), (oh, ow))
+        gm = self._grad_rows(g, grp)                                            # grp, O/grp, N*OH*OW
         dcols = np.matmul(wm, gm) if grp > 1 else np.matmul(wm[0], gm[0])        # (grp,) K, N*OH*OW
         # rows (c, i, j), columns (n, oh, ow): view as (N, C, OH, OW, KH, KW)
         dcols = dcols.reshape(c, kh, kw, n, oh, ow).transpose(3, 0, 4, 5, 1, 2)
         return _col2im(dcols, ref.shape, self.stride, self.padding, self.dilation, dcols.dtype)
+
+    def _stride1(self, g, wm, xshape, kshape, out_hw):
+        """Stride 1: the GEMM runs on the gradient zero-padded to the padded
+        input's width, so every kernel tap of the scatter-add is one flat
+        offset into each padded (C, N) image: KH*KW adds of long contiguous
+        runs instead of short rows."""
+        n, c, h, w = xshape
+        kh, kw = kshape
+        oh, ow = out_hw
+        (ph, pw), (dh, dw) = self.padding, self.dilation
+        grp, _, og = wm.shape
+        hp, wp = h + 2 * ph, w + 2 * pw            # oh = hp - (kh-1)*dh, ow = wp - (kw-1)*dw
+        gm = np.zeros((grp, og, n, oh, wp), g.dtype)
+        gm[..., :ow] = g.reshape(n, grp, og, oh, ow).transpose(1, 2, 0, 3, 4)
+        gm = gm.reshape(grp, og, n * oh * wp)
+        dc = np.matmul(wm, gm) if grp > 1 else np.matmul(wm[0], gm[0])           # (grp,) K, N*OH*WP
+        dc = dc.reshape(c, kh, kw, n, oh * wp)       # the columns past ow are zero
+        out = np.zeros((c, n, hp * wp), dc.dtype)
+        run = oh * wp - (kw - 1) * dw                # the rest of the last row is zero columns
+        for i in range(kh):                          # loops over kernel positions only
+            for j in range(kw):
+                off = i * dh * wp + j * dw
+                out[:, :, off:off + run] += dc[:, i, j, :, :run]
+        out = out.reshape(c, n, hp, wp)[:, :, ph:ph + h, pw:pw + w].transpose(1, 0, 2, 3)
+        return np.ascontiguousarray(out)
 
     def vjp(self, inputs, outputs, grads):
         (g, w, ref), (gg,) = inputs, grads
@@ -358,9 +385,13 @@ class Conv2dBackwardFilter(_ConvBase):
         grp = self.groups
         cols = self._cols(x, ref.shape[2:], (oh, ow))                        # grp, K, N*OH*OW
         gm = self._grad_rows(g, grp)                                           # grp, O/grp, N*OH*OW
+        # computed as (cols @ gm^T)^T: BLAS is faster with the long N*OH*OW
+        # axis as the reduction of a tall-skinny product; the transpose is small
         if grp == 1:
-            return np.matmul(gm[0], cols[0].T).reshape(ref.shape)
-        return np.matmul(gm, cols.transpose(0, 2, 1)).reshape(ref.shape)
+            gw = np.matmul(cols[0], gm[0].T).T
+        else:
+            gw = np.matmul(cols, gm.transpose(0, 2, 1)).transpose(0, 2, 1)
+        return np.ascontiguousarray(gw).reshape(ref.shape)
 
     def vjp(self, inputs, outputs, grads):
         (g, x, ref), (gg,) = inputs, grads
