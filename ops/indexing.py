@@ -105,6 +105,14 @@ class Subtensor(Op):
         x, idx = inputs[0], inputs[1:]
         return [_apply1(SubtensorGrad(self.spec), grads[0], x, *idx)] + [None] * len(idx)
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (f"extern \"C\" __global__ void {_kname('subtensor', T)}(const {T}* __restrict__ x, "
+                f"const long long* __restrict__ offsets, {T}* __restrict__ y, long long total)\n{{\n"
+                "    // y = x[index]: offsets[i] is the flat element offset in contiguous x of y's\n"
+                "    // element i, computed by the backend on the host from the index expression\n" + _LOOP +
+                "        y[idx] = x[offsets[idx]];\n"
+                "    }\n}\n")
 
 class SubtensorGrad(Op):
     """Zeros shaped like ``ref`` with ``g`` added at ``index`` (repeated
@@ -133,6 +141,16 @@ class SubtensorGrad(Op):
         idx = inputs[2:]
         return [_apply1(Subtensor(self.spec), grads[0], *idx), None] + [None] * len(idx)
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        # basic indexing never selects an element twice: a plain store will do
+        store = "atomicAdd(y + offsets[idx], g[idx]);" if _has_arrays(self.spec) else "y[offsets[idx]] = g[idx];"
+        return (f"extern \"C\" __global__ void {_kname('subtensor_grad', T)}(const {T}* __restrict__ g, "
+                f"const long long* __restrict__ offsets, {T}* y, long long total)\n{{\n"
+                "    // y (contiguous, ref's shape) zero-filled by the backend first; offsets as for\n"
+                "    // Subtensor (one per element of g); repeated offsets accumulate\n" + _LOOP +
+                f"        {store}\n"
+                "    }\n}\n")
 
 class SetSubtensor(Op):
     """A copy of ``x`` with ``value`` (broadcast) written at ``index``."""
@@ -165,6 +183,16 @@ class SetSubtensor(Op):
         dv = _apply1(Subtensor(self.spec), g, *idx)
         return [dx, dv] + [None] * len(idx)
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (f"extern \"C\" __global__ void {_kname('set_subtensor', T)}(const {T}* __restrict__ value, "
+                "const long long* __restrict__ offsets, const long long* __restrict__ vpos, "
+                f"{T}* __restrict__ y, long long total)\n{{\n"
+                "    // y holds a copy of x already (the backend copies first); y[offsets[i]] =\n"
+                "    // value[vpos[i]]: vpos is value's flat offset under broadcasting to the indexed\n"
+                "    // shape; the host keeps only the last write of a repeated offset (NumPy's rule)\n" + _LOOP +
+                "        y[offsets[idx]] = value[vpos[idx]];\n"
+                "    }\n}\n")
 
 class IndexingOneHot(Op):
     """``out[..., i, ...] = x[..., index[i], ...]`` along ``axis``: one element
@@ -199,6 +227,18 @@ class IndexingOneHot(Op):
         x, index = inputs
         return [_apply1(IndexingOneHotGrad(self.axis, self.keepdims), grads[0], x, index), None]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (f"extern \"C\" __global__ void {_kname('indexing_one_hot', T)}(const {T}* __restrict__ x, "
+                f"const int* __restrict__ index, {T}* __restrict__ y, long long outer, long long n, "
+                "long long inner)\n{\n"
+                f"    // axis {self.axis}: x viewed as (outer, n, inner); index and y (keepdims or not)\n"
+                "    // as (outer, inner); an index out of range gives 0 (the host checks bounds)\n"
+                "    const long long total = outer * inner;\n" + _LOOP +
+                "        long long k = index[idx];\n"
+                "        if (k < 0) k += n;\n"
+                f"        y[idx] = (k >= 0 && k < n) ? x[((idx / inner) * n + k) * inner + idx % inner] : ({T})0;\n"
+                "    }\n}\n")
 
 class IndexingOneHotGrad(Op):
     name = "IndexingOneHotGrad"
@@ -222,6 +262,20 @@ class IndexingOneHotGrad(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(IndexingOneHot(self.axis, self.keepdims), grads[0], inputs[2]), None, None]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (f"extern \"C\" __global__ void {_kname('indexing_one_hot_grad', T)}(const {T}* __restrict__ g, "
+                f"const int* __restrict__ index, {T}* __restrict__ y, long long outer, long long n, "
+                "long long inner)\n{\n"
+                f"    // axis {self.axis}: y (ref's shape) viewed as (outer, n, inner), written whole;\n"
+                "    // g and index as (outer, inner)\n"
+                "    const long long total = outer * n * inner;\n" + _LOOP +
+                "        const long long i = idx % inner; const long long t = idx / inner;\n"
+                "        const long long j = t % n; const long long r = (t / n) * inner + i;\n"
+                "        long long k = index[r];\n"
+                "        if (k < 0) k += n;\n"
+                f"        y[idx] = k == j ? g[r] : ({T})0;\n"
+                "    }\n}\n")
 
 # ---------------------------------------------------------------- gather / scatter
 # CUDA kernels below: a grid-stride loop, one thread per output element (per

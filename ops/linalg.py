@@ -52,3 +52,48 @@ class MatrixMul(Op):
         if not ta and tb:
             return [mm(g, b), mm(g, a, ta=True)]
         return [mm(b, g, True, True), mm(g, a, True, True)]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """The CUDA backend runs MatrixMul with cuBLAS (``gemmStridedBatched``,
+        or one GEMM per batch offset when the batch axes broadcast); this
+        source is the fallback, for ctypes cuBLAS lacks or without cuBLAS: a
+        tiled batched GEMM ``gc_matmul_<ctype>(a, b, c, M, N, K, bs, as, bst)``.
+
+        a, b, c contiguous; c of shape (*bs, M, N). ``bs`` is the output's
+        batch shape, ``as``/``bst`` a's and b's element strides over those
+        batch axes (right-aligned, 0 where an operand broadcasts). Launch:
+        block (GC_TILE, GC_TILE), grid (ceil(N / GC_TILE), ceil(M / GC_TILE),
+        min(batch, 65535)); the kernel loops over the batch with gridDim.z.
+        """
+        T = ctype
+        from .indexing import _DIMS
+        return (_DIMS + "#ifndef GC_TILE\n#define GC_TILE 16\n#endif\n"
+                f'extern "C" __global__ void gc_matmul_{T.replace(" ", "_")}(const {T}* __restrict__ a, '
+                f"const {T}* __restrict__ b, {T}* __restrict__ c, long long M, long long N, long long K, "
+                "gc_dims bs, gc_dims as, gc_dims bst)\n{\n"
+                "    // c = op(a) @ op(b): a stored (M, K), or (K, M) when TA; b (K, N), or (N, K) when TB\n"
+                f"    const bool TA = {'true' if self.transpose_a else 'false'}, "
+                f"TB = {'true' if self.transpose_b else 'false'};\n"
+                f"    __shared__ {T} As[GC_TILE][GC_TILE], Bs[GC_TILE][GC_TILE + 1];\n"
+                "    const int tx = threadIdx.x, ty = threadIdx.y;\n"
+                "    const long long i = blockIdx.y * (long long)GC_TILE + ty, j = blockIdx.x * (long long)GC_TILE + tx;\n"
+                "    long long batch = 1;\n"
+                "    for (int d = 0; d < bs.n; ++d) batch *= bs.d[d];\n"
+                "    for (long long z = blockIdx.z; z < batch; z += gridDim.z) {\n"
+                "        long long t = z, ao = 0, bo = 0;\n"
+                "        for (int d = bs.n - 1; d >= 0; --d) {\n"
+                "            const long long q = t % bs.d[d]; t /= bs.d[d];\n"
+                "            ao += q * as.d[d]; bo += q * bst.d[d];\n"
+                "        }\n"
+                f"        const {T}* A = a + ao; const {T}* B = b + bo;\n"
+                f"        {T} acc = 0;\n"
+                "        for (long long k0 = 0; k0 < K; k0 += GC_TILE) {\n"
+                "            const long long ka = k0 + tx, kb = k0 + ty;\n"
+                f"            As[ty][tx] = (i < M && ka < K) ? (TA ? A[ka * M + i] : A[i * K + ka]) : ({T})0;\n"
+                f"            Bs[ty][tx] = (kb < K && j < N) ? (TB ? B[j * K + kb] : B[kb * N + j]) : ({T})0;\n"
+                "            __syncthreads();\n"
+                "            for (int kk = 0; kk < GC_TILE; ++kk) acc += As[ty][kk] * Bs[kk][tx];\n"
+                "            __syncthreads();\n"
+                "        }\n"
+                "        if (i < M && j < N) c[(z * M + i) * N + j] = acc;\n"
+                "    }\n}\n")

@@ -48,6 +48,24 @@ class LogSoftmax(Op):
     def decompose(self, x):
         return x - _apply1(LogSumExp(self.axis, True), x)
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_log_softmax_<ctype>(x, y, outer, n, inner)``: x and y
+        contiguous, viewed as (outer, n, inner) around the axis; one thread
+        per row (outer * inner of them): a max pass, a sum-exp pass, a write."""
+        T = ctype
+        return (f'extern "C" __global__ void gc_log_softmax_{_cname(T)}(const {T}* __restrict__ x, '
+                f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
+                f"    // axis {self.axis}\n"
+                "    const long long total = outer * inner;\n"
+                "    if (n <= 0) return;\n" + _ROWS +
+                "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
+                f"        const {T}* p = x + base;\n"
+                f"        {T} m = p[0], s = 0;\n"
+                "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
+                "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
+                f"        const {T} ls = log(s);\n"
+                "        for (long long k = 0; k < n; ++k) y[base + k * inner] = (p[k * inner] - m) - ls;\n"
+                "    }\n}\n")
 
 class LogSumExp(Composite):
     """log(sum(exp(x), axis)): forward and backward both come from the
@@ -71,3 +89,29 @@ class LogSumExp(Composite):
             from .shape import Squeeze
             out = _apply1(Squeeze(self.axis), out)
         return out
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_logsumexp_<ctype>(x, y, outer, n, inner)``: a fused kernel for
+        the decomposition; x contiguous, viewed as (outer, n, inner) around
+        the axis; y: outer * inner (keepdims or not); one thread per row."""
+        T = ctype
+        return (f'extern "C" __global__ void gc_logsumexp_{_cname(T)}(const {T}* __restrict__ x, '
+                f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
+                f"    // axis {self.axis}, keepdims={self.keepdims}\n"
+                "    const long long total = outer * inner;\n"
+                "    if (n <= 0) return;\n" + _ROWS +
+                f"        const {T}* p = x + (idx / inner) * n * inner + idx % inner;\n"
+                f"        {T} m = p[0], s = 0;\n"
+                "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
+                "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
+                "        y[idx] = log(s) + m;\n"
+                "    }\n}\n")
+
+
+# grid-stride loop of the CUDA kernels above: one thread per row
+_ROWS = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+         "         idx += (long long)blockDim.x * gridDim.x) {\n")
+
+
+def _cname(ctype):
+    return ctype.replace(" ", "_")

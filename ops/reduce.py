@@ -108,6 +108,36 @@ class Reduce(Op):
         count = _apply1(back, _apply1(Reduce("sum", self.axis, self.keepdims), hit), x)
         return [_apply1(back, g, x) * hit / count]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_reduce_<mode>_<ctype>(x, y, outer, n, inner)``: x viewed as
+        (outer, n, inner) with every reduced axis moved together into n (the
+        backend transposes first when they are not adjacent; a full reduction
+        is (1, size, 1)); y holds outer * inner elements (keepdims or not: the
+        same layout). Integer inputs are cast to ``ctype`` first."""
+        T = ctype
+        init, step, final = {
+            "sum": ("0", "acc += v;", "acc"),
+            "mean": ("0", "acc += v;", f"acc / ({T})n"),
+            "prod": ("1", "acc *= v;", "acc"),
+            # NaN propagates as in NumPy: once acc is NaN no comparison replaces it
+            "max": ("n > 0 ? p[0] : 0", "if (v > acc || v != v) acc = v;", "acc"),
+            "min": ("n > 0 ? p[0] : 0", "if (v < acc || v != v) acc = v;", "acc"),
+        }[self.mode]
+        name = f"gc_reduce_{self.mode}_{T.replace(' ', '_')}"
+        return (f'extern "C" __global__ void {name}(const {T}* __restrict__ x, {T}* __restrict__ y, '
+                "long long outer, long long n, long long inner)\n{\n"
+                f"    // axes {self.axis} moved together into n: x as (outer, n, inner); one thread per output\n"
+                "    const long long total = outer * inner;\n"
+                "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+                "         idx += (long long)blockDim.x * gridDim.x) {\n"
+                f"        const {T}* p = x + (idx / inner) * n * inner + idx % inner;\n"
+                f"        {T} acc = ({T})({init});\n"
+                "        for (long long k = 0; k < n; ++k) {\n"
+                f"            const {T} v = p[k * inner];\n"
+                f"            {step}\n"
+                "        }\n"
+                f"        y[idx] = {final};\n"
+                "    }\n}\n")
 
 class BroadcastBack(Op):
     """Broadcast a reduced gradient back to the shape of ``ref`` (and divide
@@ -141,6 +171,38 @@ class BroadcastBack(Op):
         mode = "mean" if self.mean else "sum"
         return [_apply1(Reduce(mode, self.axis, self.keepdims), grads[0]), None]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_broadcast_back[_mean]_<ctype>(g, y, ys)``: y contiguous of
+        ref's shape ``ys``; g contiguous of the reduced shape (keepdims or
+        not: the same layout). The reduced axes are compiled in; a mean
+        divides by the number of elements reduced."""
+        T = ctype
+        axes = self.axis if self.axis is not None else ()
+        all_ = "true" if self.axis is None else "false"
+        name = f"gc_broadcast_back{'_mean' if self.mean else ''}_{T.replace(' ', '_')}"
+        from .indexing import _DIMS
+        return (_DIMS +
+                f'extern "C" __global__ void {name}(const {T}* __restrict__ g, {T}* __restrict__ y, '
+                "gc_dims ys)\n{\n"
+                f"    const int NA = {len(axes)}; const int AXES[] = {{{', '.join(str(a) for a in axes + (0,))}}};\n"
+                "    bool red[GC_MAX_DIMS];\n"
+                f"    for (int d = 0; d < GC_MAX_DIMS; ++d) red[d] = {all_};\n"
+                "    for (int k = 0; k < NA; ++k) {\n"
+                "        const int a = AXES[k] < 0 ? AXES[k] + ys.n : AXES[k];\n"
+                "        if (a >= 0 && a < ys.n) red[a] = true;\n"
+                "    }\n"
+                "    long long total = 1, count = 1;\n"
+                "    for (int d = 0; d < ys.n; ++d) { total *= ys.d[d]; if (red[d]) count *= ys.d[d]; }\n"
+                "    (void)count;\n"
+                "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+                "         idx += (long long)blockDim.x * gridDim.x) {\n"
+                "        long long t = idx, off = 0, stride = 1;   // g's offset: the kept coordinates\n"
+                "        for (int d = ys.n - 1; d >= 0; --d) {\n"
+                "            const long long c = t % ys.d[d]; t /= ys.d[d];\n"
+                "            if (!red[d]) { off += c * stride; stride *= ys.d[d]; }\n"
+                "        }\n"
+                f"        y[idx] = {f'g[off] / ({T})count' if self.mean else 'g[off]'};\n"
+                "    }\n}\n")
 
 class ArgReduce(Op):
     """Index of the max ("argmax") or min ("argmin") along ``axis`` (None:

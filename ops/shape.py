@@ -58,6 +58,8 @@ class Reshape(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(ReshapeLike(), grads[0], inputs[0])]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _copy_source("reshape", ctype, f"reshape to {self.shape}")
 
 class ReshapeLike(Op):
     """reshape(x, shape of ref)."""
@@ -73,6 +75,8 @@ class ReshapeLike(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(ReshapeLike(), grads[0], inputs[0]), None]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _copy_source("reshape_like", ctype, "reshape to ref's shape (ref is not passed)")
 
 class Transpose(Op):
     name = "Transpose"
@@ -95,6 +99,22 @@ class Transpose(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(Transpose(tuple(np.argsort(self.perm))), grads[0])]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T, nd = ctype, len(self.perm)
+        return (_dims_src() +
+                f"extern \"C\" __global__ void {_kname('transpose', T)}(const {T}* __restrict__ x, "
+                f"{T}* __restrict__ y, gc_dims xs)\n{{\n"
+                "    // y = x.transpose(PERM); x contiguous of shape xs, y contiguous\n"
+                f"    const int ND = {nd}; const int PERM[] = {{{_c_list(self.perm)}}};\n"
+                "    long long xstr[ND + 1], total = 1;          // x's element strides\n"
+                "    for (int d = ND - 1; d >= 0; --d) { xstr[d] = total; total *= xs.d[d]; }\n" + _LOOP +
+                "        long long t = idx, off = 0;\n"
+                "        for (int d = ND - 1; d >= 0; --d) {     // y's axis d is x's axis PERM[d]\n"
+                "            const long long n = xs.d[PERM[d]];\n"
+                "            off += (t % n) * xstr[PERM[d]]; t /= n;\n"
+                "        }\n"
+                "        y[idx] = x[off];\n"
+                "    }\n}\n")
 
 class Broadcast(Op):
     name = "Broadcast"
@@ -120,6 +140,12 @@ class Broadcast(Op):
     def vjp(self, inputs, outputs, grads):
         return [grads[0]]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        total = int(np.prod(self.shape, dtype=np.int64))
+        return _broadcast_source(
+            "broadcast", ctype, "",
+            f"    const int ND = {len(self.shape)}; const long long OUT[] = {{{_c_list(self.shape)}}};\n"
+            f"    const long long total = {total}LL;\n")
 
 class BroadcastToLike(Op):
     """broadcast x to the shape of ref."""
@@ -136,6 +162,12 @@ class BroadcastToLike(Op):
     def vjp(self, inputs, outputs, grads):
         return [grads[0], None]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _broadcast_source(
+            "broadcast_to_like", ctype, ", gc_dims ys",
+            "    const int ND = ys.n; const long long* OUT = ys.d;   // ref's shape\n"
+            "    long long total = 1;\n"
+            "    for (int d = 0; d < ND; ++d) total *= OUT[d];\n")
 
 class SumToLike(Op):
     """Sum x down to the (broadcast-compatible) shape of ref."""
@@ -151,6 +183,9 @@ class SumToLike(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(BroadcastToLike(), grads[0], inputs[0]), None]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _sum_to_source("sum_to_like", ctype, ", gc_dims ys",
+                              "    const int NY = ys.n; const long long* YS = ys.d;   // ref's shape\n")
 
 class SumTo(Op):
     """Sum x down to a fixed shape (the core's central broadcast reduction
@@ -171,6 +206,10 @@ class SumTo(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(BroadcastToLike(), grads[0], inputs[0])]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _sum_to_source("sum_to", ctype, "",
+                              f"    const int NY = {len(self.shape)}; "
+                              f"const long long YS[] = {{{_c_list(self.shape)}}};\n")
 
 def sum_to(x, shape):
     shape = tuple(shape)
@@ -194,6 +233,12 @@ class ZerosLike(Op):
     def vjp(self, inputs, outputs, grads):
         return [None]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (f"extern \"C\" __global__ void {_kname('zeros_like', T)}({T}* __restrict__ y, long long total)\n{{\n"
+                "    // y: total contiguous elements (ref is not passed)\n" + _LOOP +
+                f"        y[idx] = ({T})0;\n"
+                "    }\n}\n")
 
 class ExpandDims(Op):
     name = "ExpandDims"
@@ -219,6 +264,8 @@ class ExpandDims(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(ReshapeLike(), grads[0], inputs[0])]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _copy_source("expand_dims", ctype, f"expand_dims at {self.axis}")
 
 class Squeeze(Op):
     name = "Squeeze"
@@ -247,6 +294,8 @@ class Squeeze(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(ReshapeLike(), grads[0], inputs[0])]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _copy_source("squeeze", ctype, f"squeeze of {self.axis if self.axis is not None else 'every size-1 axis'}")
 
 class Cast(Op):
     name = "Cast"
@@ -268,6 +317,20 @@ class Cast(Op):
             return [None]
         return [_apply1(Cast(x.dtype), grads[0])]
 
+    def cuda_source(self, ctype: str = "float", to_ctype: Optional[str] = None) -> str:
+        """Convert ``ctype`` elements to ``to_ctype`` (default: the C type of
+        the op's dtype); the kernel is ``gc_cast_<ctype>_to_<to_ctype>``."""
+        if to_ctype is None:
+            if self.dtype.name not in CUDA_CTYPES:
+                raise ValueError(f"Cast: no CUDA C type for {self.dtype}")
+            to_ctype = CUDA_CTYPES[self.dtype.name]
+        T, U = ctype, to_ctype
+        name = f"gc_cast_{T}_to_{U}".replace(" ", "_")
+        return (f"extern \"C\" __global__ void {name}(const {T}* __restrict__ x, {U}* __restrict__ y, "
+                "long long total)\n{\n"
+                "    // x, y: total contiguous elements\n" + _LOOP +
+                f"        y[idx] = ({U})x[idx];\n"
+                "    }\n}\n")
 
 class Identity(Op):
     name = "Identity"
@@ -281,6 +344,8 @@ class Identity(Op):
     def vjp(self, inputs, outputs, grads):
         return [grads[0]]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _copy_source("identity", ctype, "identity")
 
 class StopGradient(Op):
     """Identity in the forward, no gradient in the backward."""
@@ -295,6 +360,8 @@ class StopGradient(Op):
     def vjp(self, inputs, outputs, grads):
         return [None]
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        return _copy_source("stop_gradient", ctype, "stop_gradient (identity forward)")
 
 class Concat(Op):
     name = "Concat"
@@ -327,6 +394,19 @@ class Concat(Op):
     def vjp(self, inputs, outputs, grads):
         return list(_core.apply(SplitLike(self.axis), grads[0], *inputs))
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (f"extern \"C\" __global__ void {_kname('concat', T)}(const {T}* __restrict__ x, "
+                f"{T}* __restrict__ y, long long outer, long long n, long long offset, long long len, "
+                "long long inner)\n{\n"
+                f"    // one launch per input (axis {self.axis}): y[:, offset:offset + len, :] = x, y viewed\n"
+                "    // as (outer, n, inner) around the axis and x as (outer, len, inner); inputs of\n"
+                "    // another dtype are cast to y's first\n"
+                "    const long long total = outer * len * inner;\n" + _LOOP +
+                "        const long long i = idx % inner; const long long t = idx / inner;\n"
+                "        const long long j = t % len; const long long o = t / len;\n"
+                "        y[(o * n + offset + j) * inner + i] = x[idx];\n"
+                "    }\n}\n")
 
 class SplitLike(Op):
     """Split x along axis into pieces sized like refs (concat's backward)."""
@@ -350,6 +430,18 @@ class SplitLike(Op):
     def vjp(self, inputs, outputs, grads):
         return [_apply1(Concat(self.axis), *grads)] + [None] * (len(inputs) - 1)
 
+    def cuda_source(self, ctype: str = "float") -> str:
+        T = ctype
+        return (f"extern \"C\" __global__ void {_kname('split_like', T)}(const {T}* __restrict__ x, "
+                f"{T}* __restrict__ y, long long outer, long long n, long long offset, long long len, "
+                "long long inner)\n{\n"
+                f"    // one launch per output (axis {self.axis}): y = x[:, offset:offset + len, :], x viewed\n"
+                "    // as (outer, n, inner) around the axis and y as (outer, len, inner)\n"
+                "    const long long total = outer * len * inner;\n" + _LOOP +
+                "        const long long i = idx % inner; const long long t = idx / inner;\n"
+                "        const long long j = t % len; const long long o = t / len;\n"
+                "        y[idx] = x[(o * n + offset + j) * inner + i];\n"
+                "    }\n}\n")
 
 # ---------------------------------------------------------------- split / stack
 # CUDA kernels of the copy ops below: one thread per output element
@@ -529,4 +621,83 @@ class Unstack(Op):
             "    const long long total = outer * inner;\n" + _LOOP +
             "        const long long i = idx % inner; const long long o = idx / inner;\n"
             "        y[idx] = x[(o * n + k) * inner + i];\n"
+            "    }\n}\n")
+
+
+# ---------------------------------------------------------------- CUDA helpers
+# of the shape ops above (same conventions as the split / stack kernels; a
+# rank not known from the op's attributes comes as a ``gc_dims`` struct by
+# value, at most GC_MAX_DIMS = 8 dimensions).
+CUDA_CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "int16": "short",
+               "int32": "int", "int64": "long long", "uint8": "unsigned char", "uint16": "unsigned short",
+               "uint32": "unsigned int", "uint64": "unsigned long long", "bool": "bool"}
+
+
+def _dims_src():
+    from .indexing import _DIMS      # one guarded gc_dims definition for every op
+    return _DIMS
+
+
+def _c_list(values):
+    """A C initializer list; padded so that a 0-d one is not empty."""
+    return ", ".join([str(int(v)) for v in values] + ["1"])
+
+
+def _copy_source(op_name, T, what):
+    return (f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, long long total)\n{{\n"
+            f"    // {what}: a contiguous copy of total elements\n" + _LOOP +
+            "        y[idx] = x[idx];\n"
+            "    }\n}\n")
+
+
+def _broadcast_source(op_name, T, extra_params, shape_decl):
+    """y (shape OUT of rank ND, contiguous) = x broadcast: x contiguous of
+    shape xs, right-aligned to OUT (size-1 and missing axes repeat)."""
+    return (_dims_src() +
+            f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, gc_dims xs{extra_params})\n{{\n"
+            "    // x: contiguous, shape xs right-aligned to OUT; y: contiguous, shape OUT\n" + shape_decl + _LOOP +
+            "        long long t = idx, off = 0, stride = 1;\n"
+            "        for (int d = ND - 1; d >= 0; --d) {\n"
+            "            const long long c = t % OUT[d]; t /= OUT[d];\n"
+            "            const int j = d - (ND - xs.n);           // x's axis under y's axis d\n"
+            "            if (j >= 0) { if (xs.d[j] != 1) off += c * stride; stride *= xs.d[j]; }\n"
+            "        }\n"
+            "        y[idx] = x[off];\n"
+            "    }\n}\n")
+
+
+def _sum_to_source(op_name, T, extra_params, shape_decl):
+    """y (shape YS of rank NY) = x summed over its broadcast axes: x's leading
+    axes, and those where YS (right-aligned) has 1 and x more. One thread per
+    output element loops over every x element that maps to it."""
+    return (_dims_src() +
+            f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, gc_dims xs{extra_params})\n{{\n"
+            "    // x: contiguous of shape xs; y: contiguous, shape YS right-aligned to xs\n" + shape_decl +
+            "    const int lead = xs.n - NY;\n"
+            "    bool summed[GC_MAX_DIMS];\n"
+            "    long long total = 1, count = 1;\n"
+            "    for (int d = 0; d < NY; ++d) total *= YS[d];\n"
+            "    for (int d = 0; d < xs.n; ++d) {\n"
+            "        summed[d] = d < lead || (YS[d - lead] == 1 && xs.d[d] != 1);\n"
+            "        if (summed[d]) count *= xs.d[d];\n"
+            "    }\n" + _LOOP +
+            "        long long t = idx, base = 0, stride = 1;   // x offset of the kept coordinates\n"
+            "        for (int d = xs.n - 1; d >= lead; --d) {\n"
+            "            const long long c = t % YS[d - lead]; t /= YS[d - lead];\n"
+            "            if (!summed[d]) base += c * stride;\n"
+            "            stride *= xs.d[d];\n"
+            "        }\n"
+            f"        {T} acc = 0;\n"
+            "        for (long long r = 0; r < count; ++r) {  // r: coordinates over the summed axes\n"
+            "            long long u = r, off = base, s = 1;\n"
+            "            for (int d = xs.n - 1; d >= 0; --d) {\n"
+            "                if (summed[d]) { off += (u % xs.d[d]) * s; u /= xs.d[d]; }\n"
+            "                s *= xs.d[d];\n"
+            "            }\n"
+            "            acc += x[off];\n"
+            "        }\n"
+            "        y[idx] = acc;\n"
             "    }\n}\n")
