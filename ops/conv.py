@@ -110,6 +110,31 @@ def _col2im(cols, xshape, stride, padding, dilation, dtype):
     return out
 
 
+# Convolutions run over chunks of images whose im2col matrix holds about this
+# many elements (a few MB: it stays in cache between being written and read by
+# the GEMM); small problems are one chunk, one GEMM.
+_CHUNK_ELEMS = 1 << 20
+
+
+def _image_chunks(n, per_image):
+    cs = max(1, _CHUNK_ELEMS // max(per_image, 1))
+    return [(s, min(n, s + cs)) for s in range(0, n, cs)] or [(0, 0)]
+
+
+def _by_images(fn, n, per_image):
+    """Stack ``fn(start, stop)`` (arrays with the images on axis 0) over the
+    chunks of ``n`` images, into one contiguous array."""
+    chunks = _image_chunks(n, per_image)
+    first = fn(*chunks[0])
+    if len(chunks) == 1:
+        return np.ascontiguousarray(first)
+    out = np.empty((n,) + first.shape[1:], first.dtype)
+    out[:chunks[0][1]] = first
+    for s, e in chunks[1:]:
+        out[s:e] = fn(s, e)
+    return out
+
+
 # ---------------------------------------------------------------- convolution
 class _ConvBase(Op):
     attrs = ("stride", "padding", "dilation", "groups")
@@ -213,14 +238,19 @@ class Conv2d(_ConvBase):
 
     def cpu(self, x, w):
         oh, ow = self._check(x.shape, w.shape, (x, w))
-        n, o, g = x.shape[0], w.shape[0], self.groups
         if x.dtype != w.dtype or x.dtype.kind != "f":
             self._dtype(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
+        return _by_images(lambda s, e: self._forward(x[s:e], w, (oh, ow)), x.shape[0],
+                          x.shape[1] * w.shape[2] * w.shape[3] * oh * ow)
+
+    def _forward(self, x, w, out_hw):
+        """Output of images ``x`` as a (possibly strided) (N, O, OH, OW) view."""
+        oh, ow = out_hw
+        n, o, g = x.shape[0], w.shape[0], self.groups
         cols = self._cols(x, w.shape[2:], (oh, ow))                 # g, K, N*OH*OW
         wm = w.reshape(g, o // g, cols.shape[1])
         out = np.matmul(wm, cols) if g > 1 else np.matmul(wm[0], cols[0])[None]   # g, O/g, N*OH*OW
-        out = out.reshape(g, o // g, n, oh * ow).transpose(2, 0, 1, 3)
-        return np.ascontiguousarray(out).reshape(n, o, oh, ow)
+        return out.reshape(g, o // g, n, oh, ow).transpose(2, 0, 1, 3, 4).reshape(n, o, oh, ow)
 
     def vjp(self, inputs, outputs, grads):
         (x, w), (g,) = inputs, grads
@@ -280,17 +310,25 @@ class Conv2dBackwardData(_ConvBase):
 
     def cpu(self, g, w, ref):
         oh, ow = self._check_grad(g, w, ref)
-        n, c, h, wd = ref.shape
+        n, c = ref.shape[:2]
+        kh, kw = w.shape[2:]
+        return _by_images(lambda s, e: self._data(g[s:e], w, (e - s,) + tuple(ref.shape[1:]), (oh, ow)),
+                          n, c * kh * kw * oh * ow)
+
+    def _data(self, g, w, xshape, out_hw):
+        """Input gradient of images ``g`` as a (possibly strided) (N, C, H, W) view."""
+        oh, ow = out_hw
+        n, c, h, wd = xshape
         o, cg, kh, kw = w.shape
         grp = self.groups
         wm = w.reshape(grp, o // grp, cg * kh * kw).transpose(0, 2, 1)
         if self.stride == (1, 1):
-            return self._stride1(g, wm, ref.shape, (kh, kw), (oh, ow))
+            return self._stride1(g, wm, xshape, (kh, kw), (oh, ow))
         gm = self._grad_rows(g, grp)                                            # grp, O/grp, N*OH*OW
         dcols = np.matmul(wm, gm) if grp > 1 else np.matmul(wm[0], gm[0])        # (grp,) K, N*OH*OW
         # rows (c, i, j), columns (n, oh, ow): view as (N, C, OH, OW, KH, KW)
         dcols = dcols.reshape(c, kh, kw, n, oh, ow).transpose(3, 0, 4, 5, 1, 2)
-        return _col2im(dcols, ref.shape, self.stride, self.padding, self.dilation, dcols.dtype)
+        return _col2im(dcols, xshape, self.stride, self.padding, self.dilation, dcols.dtype)
 
     def _stride1(self, g, wm, xshape, kshape, out_hw):
         """Stride 1: the GEMM runs on the gradient zero-padded to the padded
@@ -314,8 +352,7 @@ class Conv2dBackwardData(_ConvBase):
             for j in range(kw):
                 off = i * dh * wp + j * dw
                 out[:, :, off:off + run] += dc[:, i, j, :, :run]
-        out = out.reshape(c, n, hp, wp)[:, :, ph:ph + h, pw:pw + w].transpose(1, 0, 2, 3)
-        return np.ascontiguousarray(out)
+        return out.reshape(c, n, hp, wp)[:, :, ph:ph + h, pw:pw + w].transpose(1, 0, 2, 3)
 
     def vjp(self, inputs, outputs, grads):
         (g, w, ref), (gg,) = inputs, grads
@@ -380,18 +417,24 @@ class Conv2dBackwardFilter(_ConvBase):
 
     def cpu(self, g, x, ref):
         oh, ow = self._check_grad(g, x, ref)
-        n = x.shape[0]
-        o = ref.shape[0]
+        n, c = x.shape[:2]
+        per_image = c * ref.shape[2] * ref.shape[3] * oh * ow
+        gw = None
+        for s, e in _image_chunks(n, per_image):       # a sum over chunks of images
+            part = self._filter(g[s:e], x[s:e], ref.shape, (oh, ow))
+            gw = part if gw is None else np.add(gw, part, out=gw)
+        return np.ascontiguousarray(gw).reshape(ref.shape)
+
+    def _filter(self, g, x, wshape, out_hw):
+        oh, ow = out_hw
         grp = self.groups
-        cols = self._cols(x, ref.shape[2:], (oh, ow))                        # grp, K, N*OH*OW
+        cols = self._cols(x, wshape[2:], (oh, ow))                           # grp, K, N*OH*OW
         gm = self._grad_rows(g, grp)                                           # grp, O/grp, N*OH*OW
         # computed as (cols @ gm^T)^T: BLAS is faster with the long N*OH*OW
         # axis as the reduction of a tall-skinny product; the transpose is small
         if grp == 1:
-            gw = np.matmul(cols[0], gm[0].T).T
-        else:
-            gw = np.matmul(cols, gm.transpose(0, 2, 1)).transpose(0, 2, 1)
-        return np.ascontiguousarray(gw).reshape(ref.shape)
+            return np.matmul(cols[0], gm[0].T).T
+        return np.matmul(cols, gm.transpose(0, 2, 1)).transpose(0, 2, 1)
 
     def vjp(self, inputs, outputs, grads):
         (g, x, ref), (gg,) = inputs, grads
