@@ -7,10 +7,13 @@ shape (N, C, H, W) and weight (O, C // groups, KH, KW) (the bias is added by
 
 CPU kernels: convolutions are one GEMM per group on a transposed im2col
 matrix (C/groups*KH*KW, N*OH*OW) copied out of a strided window view (the
-gradients reuse it: no transposed copies of the big matrix); pooling works on
-the KH*KW strided views of the input, one per kernel offset. The only Python
-loops are over kernel offsets (pooling, col2im), never over pixels, batch or
-channels. Every op also has a
+gradients use the same layout: no transposed copies of the big matrix), run
+over chunks of images whose matrix stays in cache (a few MB; small problems
+are a single GEMM). The stride-1 data gradient scatters its columns back with
+one flat offset per kernel tap over width-padded images. Pooling works on the
+KH*KW strided views of the input, one per kernel offset. The only Python
+loops are over kernel offsets (pooling, col2im) and image chunks, never over
+pixels or channels. Every op also has a
 ``cuda_source(ctype)``: a direct kernel, one thread per output element
 (grid-stride loop), shapes passed as ``int`` arguments after the pointers,
 the op's attributes compiled in as constants.
