@@ -291,25 +291,37 @@ class Conv2d(_ConvBase):
             "    }\n}\n")
 
 
-class Conv2dBackwardData(_ConvBase):
+class _ConvGrad(_ConvBase):
+    """A gradient of Conv2d: (g, other operand, ref) -> an array shaped like
+    ref (read only for its shape). ``_x_and_w`` says which of the two is the
+    input and which the weight."""
+    shape_only_inputs = (2,)
+
+    def _x_and_w(self, other, ref):
+        raise NotImplementedError
+
+    def infer(self, g, other, ref):
+        dtype = self._dtype(g, other)
+        if g.shape is not None and other.shape is not None and ref.shape is not None:
+            self._check_grad(g, other, ref)
+        return (TensorDesc(ref.shape, dtype, g.device),)
+
+    def _check_grad(self, g, other, ref):
+        x, w = self._x_and_w(other, ref)
+        oh, ow = self._check(x.shape, w.shape, (g, other, ref))
+        want = (x.shape[0], w.shape[0], oh, ow)
+        if tuple(g.shape) != want:
+            raise self.error(f"output gradient must have shape {want}", g, other, ref)
+        return oh, ow
+
+
+class Conv2dBackwardData(_ConvGrad):
     """Gradient of Conv2d with respect to its input: (g, weight, x_ref) ->
     an array shaped like x_ref (read only for its shape)."""
     name = "Conv2dBackwardData"
-    shape_only_inputs = (2,)
 
-    def infer(self, g, w, ref):
-        dtype = self._dtype(g, w)
-        if g.shape is None or w.shape is None or ref.shape is None:
-            return (TensorDesc(ref.shape, dtype, g.device),)
-        self._check_grad(g, w, ref)
-        return (TensorDesc(ref.shape, dtype, g.device),)
-
-    def _check_grad(self, g, w, ref):
-        oh, ow = self._check(ref.shape, w.shape, (g, w, ref))
-        want = (ref.shape[0], w.shape[0], oh, ow)
-        if tuple(g.shape) != want:
-            raise self.error(f"output gradient must have shape {want}", g, w, ref)
-        return oh, ow
+    def _x_and_w(self, w, ref):
+        return ref, w
 
     def cpu(self, g, w, ref):
         oh, ow = self._check_grad(g, w, ref)
@@ -398,25 +410,13 @@ class Conv2dBackwardData(_ConvBase):
             "    }\n}\n")
 
 
-class Conv2dBackwardFilter(_ConvBase):
+class Conv2dBackwardFilter(_ConvGrad):
     """Gradient of Conv2d with respect to its weight: (g, x, w_ref) -> an
     array shaped like w_ref (read only for its shape)."""
     name = "Conv2dBackwardFilter"
-    shape_only_inputs = (2,)
 
-    def infer(self, g, x, ref):
-        dtype = self._dtype(g, x)
-        if g.shape is None or x.shape is None or ref.shape is None:
-            return (TensorDesc(ref.shape, dtype, g.device),)
-        self._check_grad(g, x, ref)
-        return (TensorDesc(ref.shape, dtype, g.device),)
-
-    def _check_grad(self, g, x, ref):
-        oh, ow = self._check(x.shape, ref.shape, (g, x, ref))
-        want = (x.shape[0], ref.shape[0], oh, ow)
-        if tuple(g.shape) != want:
-            raise self.error(f"output gradient must have shape {want}", g, x, ref)
-        return oh, ow
+    def _x_and_w(self, x, ref):
+        return x, ref
 
     def cpu(self, g, x, ref):
         oh, ow = self._check_grad(g, x, ref)
