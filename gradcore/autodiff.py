@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Iterable, List, Optional, Sequence, Union
+from typing import Callable, Iterable, List, Optional, Union
 
 from . import _core
 from ._core import Tensor

@@ -11,11 +11,10 @@ Example::
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
-from . import _core
-from ._core import (CompiledBackward, GradKey, GradRuleFallback, NotDifferentiableError, Tensor,
-                    apply, register_grad_rule, registered_grad_rule, unregister_grad_rule)
+from ._core import (GradKey, GradRuleFallback, NotDifferentiableError, Tensor,
+                    apply, register_grad_rule)
 from .graph import BackwardGraph, cache_info, make_backward_graph
 from .op import Composite, Op, OpError, TensorDesc
 

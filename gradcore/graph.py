@@ -18,14 +18,13 @@ Results are cached under (op, input dtypes, devices, requires-grad mask).
 """
 from __future__ import annotations
 
-import itertools
 import threading
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _core
-from .op import Op, OpError, TensorDesc, shape_carrier
+from .op import TensorDesc
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
 

@@ -241,7 +241,6 @@ def _sum_to(g, shape):
 
 
 def install():
-    from gradcore import ops
     from gradcore.ops.elemwise import Elemwise, modes
     _core._install_hooks(
         slow_apply=slow_apply,

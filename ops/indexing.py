@@ -114,6 +114,7 @@ class Subtensor(Op):
                 "        y[idx] = x[offsets[idx]];\n"
                 "    }\n}\n")
 
+
 class SubtensorGrad(Op):
     """Zeros shaped like ``ref`` with ``g`` added at ``index`` (repeated
     indices accumulate): the backward of Subtensor."""
@@ -151,6 +152,7 @@ class SubtensorGrad(Op):
                 "    // Subtensor (one per element of g); repeated offsets accumulate\n" + _LOOP +
                 f"        {store}\n"
                 "    }\n}\n")
+
 
 class SetSubtensor(Op):
     """A copy of ``x`` with ``value`` (broadcast) written at ``index``."""
@@ -193,6 +195,7 @@ class SetSubtensor(Op):
                 "    // shape; the host keeps only the last write of a repeated offset (NumPy's rule)\n" + _LOOP +
                 "        y[offsets[idx]] = value[vpos[idx]];\n"
                 "    }\n}\n")
+
 
 class IndexingOneHot(Op):
     """``out[..., i, ...] = x[..., index[i], ...]`` along ``axis``: one element
@@ -239,6 +242,7 @@ class IndexingOneHot(Op):
                 "        if (k < 0) k += n;\n"
                 f"        y[idx] = (k >= 0 && k < n) ? x[((idx / inner) * n + k) * inner + idx % inner] : ({T})0;\n"
                 "    }\n}\n")
+
 
 class IndexingOneHotGrad(Op):
     name = "IndexingOneHotGrad"

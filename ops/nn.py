@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from gradcore import _core
-from gradcore.op import Composite, Op, TensorDesc
+from gradcore.op import Composite, Op
 
 from .elemwise import Elemwise
-from .reduce import BroadcastBack, Reduce
+from .reduce import Reduce
 from .shape import StopGradient
 
 
@@ -66,6 +66,7 @@ class LogSoftmax(Op):
                 f"        const {T} ls = log(s);\n"
                 "        for (long long k = 0; k < n; ++k) y[base + k * inner] = (p[k * inner] - m) - ls;\n"
                 "    }\n}\n")
+
 
 class LogSumExp(Composite):
     """log(sum(exp(x), axis)): forward and backward both come from the

@@ -139,6 +139,7 @@ class Reduce(Op):
                 f"        y[idx] = {final};\n"
                 "    }\n}\n")
 
+
 class BroadcastBack(Op):
     """Broadcast a reduced gradient back to the shape of ``ref`` (and divide
     by the element count for a mean): the backward of a reduction."""
@@ -203,6 +204,7 @@ class BroadcastBack(Op):
                 "        }\n"
                 f"        y[idx] = {f'g[off] / ({T})count' if self.mean else 'g[off]'};\n"
                 "    }\n}\n")
+
 
 class ArgReduce(Op):
     """Index of the max ("argmax") or min ("argmin") along ``axis`` (None:

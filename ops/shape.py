@@ -3,7 +3,7 @@ the "like" helpers backward graphs use (their reference input is read only
 for its shape, so backward graphs keep a shape carrier instead of it)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -61,6 +61,7 @@ class Reshape(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         return _copy_source("reshape", ctype, f"reshape to {self.shape}")
 
+
 class ReshapeLike(Op):
     """reshape(x, shape of ref)."""
     name = "ReshapeLike"
@@ -77,6 +78,7 @@ class ReshapeLike(Op):
 
     def cuda_source(self, ctype: str = "float") -> str:
         return _copy_source("reshape_like", ctype, "reshape to ref's shape (ref is not passed)")
+
 
 class Transpose(Op):
     name = "Transpose"
@@ -116,6 +118,7 @@ class Transpose(Op):
                 "        y[idx] = x[off];\n"
                 "    }\n}\n")
 
+
 class Broadcast(Op):
     name = "Broadcast"
     attrs = ("shape",)
@@ -147,6 +150,7 @@ class Broadcast(Op):
             f"    const int ND = {len(self.shape)}; const long long OUT[] = {{{_c_list(self.shape)}}};\n"
             f"    const long long total = {total}LL;\n")
 
+
 class BroadcastToLike(Op):
     """broadcast x to the shape of ref."""
     name = "BroadcastToLike"
@@ -169,6 +173,7 @@ class BroadcastToLike(Op):
             "    long long total = 1;\n"
             "    for (int d = 0; d < ND; ++d) total *= OUT[d];\n")
 
+
 class SumToLike(Op):
     """Sum x down to the (broadcast-compatible) shape of ref."""
     name = "SumToLike"
@@ -186,6 +191,7 @@ class SumToLike(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         return _sum_to_source("sum_to_like", ctype, ", gc_dims ys",
                               "    const int NY = ys.n; const long long* YS = ys.d;   // ref's shape\n")
+
 
 class SumTo(Op):
     """Sum x down to a fixed shape (the core's central broadcast reduction
@@ -210,6 +216,7 @@ class SumTo(Op):
         return _sum_to_source("sum_to", ctype, "",
                               f"    const int NY = {len(self.shape)}; "
                               f"const long long YS[] = {{{_c_list(self.shape)}}};\n")
+
 
 def sum_to(x, shape):
     shape = tuple(shape)
@@ -240,6 +247,7 @@ class ZerosLike(Op):
                 f"        y[idx] = ({T})0;\n"
                 "    }\n}\n")
 
+
 class ExpandDims(Op):
     name = "ExpandDims"
     attrs = ("axis",)
@@ -266,6 +274,7 @@ class ExpandDims(Op):
 
     def cuda_source(self, ctype: str = "float") -> str:
         return _copy_source("expand_dims", ctype, f"expand_dims at {self.axis}")
+
 
 class Squeeze(Op):
     name = "Squeeze"
@@ -296,6 +305,7 @@ class Squeeze(Op):
 
     def cuda_source(self, ctype: str = "float") -> str:
         return _copy_source("squeeze", ctype, f"squeeze of {self.axis if self.axis is not None else 'every size-1 axis'}")
+
 
 class Cast(Op):
     name = "Cast"
@@ -332,6 +342,7 @@ class Cast(Op):
                 f"        y[idx] = ({U})x[idx];\n"
                 "    }\n}\n")
 
+
 class Identity(Op):
     name = "Identity"
 
@@ -346,6 +357,7 @@ class Identity(Op):
 
     def cuda_source(self, ctype: str = "float") -> str:
         return _copy_source("identity", ctype, "identity")
+
 
 class StopGradient(Op):
     """Identity in the forward, no gradient in the backward."""
@@ -362,6 +374,7 @@ class StopGradient(Op):
 
     def cuda_source(self, ctype: str = "float") -> str:
         return _copy_source("stop_gradient", ctype, "stop_gradient (identity forward)")
+
 
 class Concat(Op):
     name = "Concat"
@@ -407,6 +420,7 @@ class Concat(Op):
                 "        const long long j = t % len; const long long o = t / len;\n"
                 "        y[(o * n + offset + j) * inner + i] = x[idx];\n"
                 "    }\n}\n")
+
 
 class SplitLike(Op):
     """Split x along axis into pieces sized like refs (concat's backward)."""
