@@ -18,7 +18,7 @@ from .ops import elemwise as _ew
 from .ops.elemwise import Elemwise
 from .ops.indexing import IndexingOneHot, SetSubtensor, Subtensor, split_index
 from .ops.linalg import MatrixMul
-from .ops.nn import LogSoftmax, LogSumExp
+from .ops.nn import LogSoftmax, LogSumExp, Softmax
 from .ops.reduce import ArgReduce, CumSum, Reduce
 from .ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape, Squeeze,
                         StopGradient, Transpose)
@@ -31,7 +31,7 @@ _apply = _core.apply
 _Reduce, _MatrixMul, _Reshape, _Transpose, _Broadcast = map(interned, (Reduce, MatrixMul, Reshape, Transpose, Broadcast))
 _ExpandDims, _Squeeze, _Cast, _Concat, _Subtensor = map(interned, (ExpandDims, Squeeze, Cast, Concat, Subtensor))
 _SetSubtensor, _IndexingOneHot, _LogSoftmax, _LogSumExp = map(interned, (SetSubtensor, IndexingOneHot, LogSoftmax, LogSumExp))
-_ArgReduce, _CumSum = map(interned, (ArgReduce, CumSum))
+_ArgReduce, _CumSum, _Softmax = map(interned, (ArgReduce, CumSum, Softmax))
 
 
 def _axis_key(axis):
@@ -371,7 +371,8 @@ def leaky_relu(inp, negative_slope: float = 0.01):
 
 
 def softmax(inp, axis: int = -1):
-    return exp(log_softmax(inp, axis))  # noqa: F821
+    """exp(x) / sum(exp(x)) along ``axis``."""
+    return _apply(_Softmax(int(axis)), _t(inp))[0]
 
 
 def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,

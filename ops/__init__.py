@@ -14,7 +14,7 @@ from .elemwise import Elemwise
 from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, Scatter, SetSubtensor, Sort,
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
-from .nn import LogSoftmax, LogSumExp
+from .nn import LogSoftmax, LogSumExp, Softmax
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
 from .shape import (Broadcast, BroadcastToLike, Cast, Concat, ExpandDims, Identity, Reshape,
                     ReshapeLike, Split, SplitLike, Squeeze, Stack, StopGradient, SumTo, SumToLike,
@@ -24,7 +24,7 @@ STANDARD_OPS = [
     Elemwise, Reduce, BroadcastBack, ArgReduce, CumSum, MatrixMul, Reshape, ReshapeLike, Transpose, Broadcast,
     BroadcastToLike, SumTo, SumToLike, ZerosLike, ExpandDims, Squeeze, Cast, Identity,
     StopGradient, Concat, SplitLike, Subtensor, SubtensorGrad, SetSubtensor, IndexingOneHot,
-    IndexingOneHotGrad, LogSoftmax, LogSumExp,
+    IndexingOneHotGrad, LogSoftmax, LogSumExp, Softmax,
     Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,
     MaxPool2dGather, AvgPool2d, AvgPool2dBackward,
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,

@@ -221,6 +221,8 @@ class IndexingOneHot(Op):
 
     def cpu(self, x, index):
         ax = self.axis % x.ndim
+        if index.shape != x.shape[:ax] + x.shape[ax + 1:]:   # take_along_axis would broadcast it
+            raise ValueError(f"index shape must be {x.shape[:ax] + x.shape[ax + 1:]}")
         if index.size and (index.min() < -x.shape[ax] or index.max() >= x.shape[ax]):
             raise IndexError(f"index out of range for axis {ax} of size {x.shape[ax]}")
         out = np.take_along_axis(x, np.expand_dims(index, ax), ax)

@@ -35,6 +35,8 @@ class MatrixMul(Op):
         return (TensorDesc(tuple(batch) + (m, n), dtype, a.device),)
 
     def cpu(self, a, b):
+        if a.ndim < 2 or b.ndim < 2:   # np.matmul would take 1-D operands; this op does not
+            raise ValueError("both operands need at least 2 dimensions")
         if self.transpose_a:
             a = np.swapaxes(a, -1, -2)
         if self.transpose_b:

@@ -395,3 +395,10 @@ def test_training_loop_does_not_leak():
     second = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert second - first < 64 * 1024, f"memory grew by {second - first} bytes over 300 steps"
+
+
+def test_softmax_hand_rule_keeps_only_the_output():
+    from gradcore.ops import Softmax
+    d = TensorDesc((2, 3), "float32", "cpu")
+    _, mask, _ = make_backward_graph(Softmax(1), [d], [True], [True])
+    assert mask == [False, True, True]

@@ -65,6 +65,7 @@ def _instances():
         "Sort": [indexing.Sort(False), indexing.Sort(True)],
         "TopK": [indexing.TopK(2, False, m) for m in indexing.TOPK_MODES],
         "LogSoftmax": [nn.LogSoftmax(1)],
+        "Softmax": [nn.Softmax(1)],
         "LogSumExp": [nn.LogSumExp(-1), nn.LogSumExp(0, True)],
         "Conv2d": [conv.Conv2d(*conv_attrs)],
         "Conv2dBackwardData": [conv.Conv2dBackwardData(*conv_attrs)],

@@ -178,7 +178,7 @@ def test_dtype(fn, dtype, rng, h):
 # ---- bad input
 @pytest.mark.parametrize("fn, name", [
     (lambda x: F.log_softmax(x, 2), "LogSoftmax"),
-    (lambda x: F.softmax(x, -3), "LogSoftmax"),
+    (lambda x: F.softmax(x, -3), "Softmax"),
     (lambda x: F.logsumexp(x, 2), "LogSumExp"),
 ])
 @pytest.mark.parametrize("record", [False, True])

@@ -56,6 +56,7 @@ def _cases():
                            (indexing.IndexingOneHot(0, True), [f(2, 3), i([1, 0, 1])], None)],
         "IndexingOneHotGrad": [(indexing.IndexingOneHotGrad(1, False), [f(3), f(3, 4), i([0, 3, 1])], [0])],
         "LogSoftmax": [(nn.LogSoftmax(1), [f(2, 3)], None), (nn.LogSoftmax(0), [f(1)], None)],
+        "Softmax": [(nn.Softmax(1), [f(2, 3)], None), (nn.Softmax(0), [f(1)], None), (nn.Softmax(-1), [f(0, 3)], None)],
         "LogSumExp": [(nn.LogSumExp(-1), [f(2, 3)], None), (nn.LogSumExp(0, True), [f(1)], None)],
         "MatrixMul": [(linalg.MatrixMul(), [f(2, 3), f(3, 4)], None),
                       (linalg.MatrixMul(False, True), [f(5, 2, 3), f(4, 3)], None),
