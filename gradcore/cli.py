@@ -1,9 +1,15 @@
 """The ``gradcore`` command.
 
-    gradcore ops        list every registered op: package, devices, gradient path
-    gradcore demo ...   run the demo (python -m gradcore.demo)
+    gradcore ops           list every registered op: package, devices, gradient path
+    gradcore check DIST    run gradcore.testing.check_op on every op of an installed
+                           distribution (each op class's examples()); a table
+                           op | check | status
+    gradcore doctor        the compiled core, NumPy and its BLAS, PyCUDA, GPU, nvcc,
+                           mpi4py, and the registry (ops per distribution, failed plugins)
+    gradcore demo ...      run the demo (python -m gradcore.demo)
 
-Exit codes: 0 success, 1 a check failed (e.g. a plugin failed to load), 2 usage.
+Exit codes: 0 success, 1 a check failed (e.g. a plugin failed to load, an op
+failed check_op), 2 usage (e.g. an unknown distribution).
 """
 from __future__ import annotations
 
@@ -12,16 +18,208 @@ from typing import List, Optional
 
 
 def _ops() -> int:
+    import warnings
     from . import registry
-    entries = registry.entries()
+    with warnings.catch_warnings():
+        # each failure is printed below, once; not also as a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        entries = registry.entries()
+        failures = registry.failures()
     width = max([len(e.name) for e in entries] + [4])
-    print(f"{'op':<{width}}  {'package':<12}  {'devices':<10}  gradient path")
+    pwidth = max([len(e.dist) for e in entries] + [12])
+    print(f"{'op':<{width}}  {'package':<{pwidth}}  {'devices':<10}  gradient path")
     for e in entries:
-        print(f"{e.name:<{width}}  {e.dist:<12}  {','.join(e.devices):<10}  {e.grad_path}")
-    failures = registry.failures()
+        print(f"{e.name:<{width}}  {e.dist:<{pwidth}}  {','.join(e.devices):<10}  {e.grad_path}")
     for f in failures:
         print(f"FAILED plugin {f.dist} ({f.entry_point}): {f.error}")
     return 1 if failures else 0
+
+
+def _quiet_registry():
+    """(entries, failures), without the registry's RuntimeWarnings: the
+    commands print each failure themselves."""
+    import warnings
+    from . import registry
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return registry.entries(), registry.failures()
+
+
+def _check(args: List[str]) -> int:
+    from . import registry
+    from .testing import CheckReport, CheckResult, check_op, op_examples
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: gradcore check DIST   (an installed distribution that registers gradcore ops)",
+              file=sys.stderr)
+        return 2
+    dist = args[0]
+    entries, failures = _quiet_registry()
+    norm = registry._norm if hasattr(registry, "_norm") else (lambda n: n.lower())
+    mine = [e for e in entries if norm(e.dist) == norm(dist)]
+    failed = [f for f in failures if norm(f.dist) == norm(dist)]
+    if not mine and not failed:
+        known = sorted({e.dist for e in entries})
+        print(f"gradcore check: no ops are registered by a distribution named {dist!r}; "
+              f"distributions with ops: {', '.join(known) or 'none'}", file=sys.stderr)
+        return 2
+    report = CheckReport()
+    for f in failed:
+        report.results.append(CheckResult(f"<plugin {f.dist}>", "load", "failed", f.error))
+    for e in mine:
+        try:
+            has_examples = bool(op_examples(e.cls))
+        except Exception as exc:
+            report.results.append(CheckResult(e.name, "examples", "failed", f"{type(exc).__name__}: {exc}"))
+            continue
+        if not has_examples:
+            report.results.append(CheckResult(e.name, "examples", "skipped",
+                                              "no examples(): add a classmethod examples() returning "
+                                              "[(op_instance, [input arrays]), ...]"))
+            continue
+        try:
+            sub = check_op(e.cls)
+        except Exception as exc:
+            report.results.append(CheckResult(e.name, "check_op", "failed", f"{type(exc).__name__}: {exc}"))
+            continue
+        for r in sub.results:
+            r.op = e.name
+        report.extend(sub)
+    print(report.table())
+    n_fail = len(report.failed)
+    n_ops = len(mine)
+    print(f"\n{dist}: {n_ops} op(s), {len(report.passed)} check(s) passed, {n_fail} failed, "
+          f"{len(report.skipped)} skipped")
+    return 0 if report.ok else 1
+
+
+def _doctor(args: List[str]) -> int:
+    import os
+    import platform
+    import shutil
+    import subprocess
+    if args:
+        print("usage: gradcore doctor", file=sys.stderr)
+        return 2
+    problems: List[str] = []
+
+    def line(key, value):
+        print(f"{key:<18} {value}")
+
+    line("python", f"{platform.python_version()} ({sys.executable})")
+    # the compiled core
+    try:
+        from . import _core
+        path = _core.__file__
+        build = []
+        src_c = os.path.join(os.path.dirname(path), "_core.c")
+        if os.path.exists(src_c):
+            with open(src_c) as fh:
+                head = fh.readline().strip()
+            build.append(head.strip("/* ").strip())
+        import datetime
+        build.append("built " + datetime.datetime.fromtimestamp(os.path.getmtime(path)).strftime("%Y-%m-%d %H:%M"))
+        import sysconfig
+        build.append(f"ABI {sysconfig.get_config_var('SOABI')}")
+        line("compiled core", path)
+        line("core build", ", ".join(build))
+    except Exception as exc:
+        line("compiled core", f"BROKEN: {type(exc).__name__}: {exc}")
+        problems.append("the compiled core does not import (pip install -e . rebuilds it)")
+    # NumPy and BLAS
+    try:
+        import numpy as np
+        line("numpy", f"{np.__version__} ({os.path.dirname(np.__file__)})")
+        line("BLAS", _blas_info(np))
+    except Exception as exc:
+        line("numpy", f"BROKEN: {exc}")
+        problems.append("NumPy does not import")
+    # CUDA
+    try:
+        import pycuda
+        line("PyCUDA", f"importable, {getattr(pycuda, 'VERSION_TEXT', '')} ({os.path.dirname(pycuda.__file__)})")
+    except Exception as exc:
+        line("PyCUDA", f"not importable ({type(exc).__name__}: {exc}); optional: pip install gradcore[cuda]")
+    try:
+        from . import devices
+        gpu = "available" if devices.is_cuda_available() else f"unavailable: {devices.cuda_unavailable_reason()}"
+    except Exception as exc:
+        gpu = f"unknown ({type(exc).__name__}: {exc})"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            names = "; ".join(l.strip() for l in out.stdout.splitlines() if l.strip())
+            if names:
+                gpu += f" (nvidia-smi: {names})"
+        except Exception:
+            pass
+    line("GPU (cuda device)", gpu)
+    from .testing import nvcc_path
+    nvcc = nvcc_path()
+    if nvcc:
+        try:
+            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+            ver = [l for l in out.stdout.splitlines() if "release" in l]
+            line("nvcc", f"{nvcc} ({ver[-1].strip() if ver else 'version unknown'})")
+        except Exception as exc:
+            line("nvcc", f"{nvcc} (does not run: {exc})")
+    else:
+        line("nvcc", "not found (CUDA sources are not compile-checked)")
+    # MPI
+    try:
+        import mpi4py
+        from mpi4py import MPI
+        line("mpi4py", f"{mpi4py.__version__}, MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
+    except Exception as exc:
+        line("mpi4py", f"not available ({type(exc).__name__}: {exc}); optional: pip install gradcore[distributed]")
+    # registry
+    try:
+        entries, failures = _quiet_registry()
+        per: dict = {}
+        for e in entries:
+            per[e.dist] = per.get(e.dist, 0) + 1
+        line("registry", f"{len(entries)} op(s) from {len(per)} distribution(s)")
+        for dist, n in sorted(per.items()):
+            line("", f"{dist}: {n} op(s)")
+        if "gradcore" not in per:
+            problems.append("the standard op library registered no ops")
+        for f in failures:
+            line("", f"FAILED plugin {f.dist} ({f.entry_point}): {f.error}")
+            problems.append(f"plugin {f.dist!r} failed to load")
+    except Exception as exc:
+        line("registry", f"BROKEN: {type(exc).__name__}: {exc}")
+        problems.append("the registry does not load")
+    print()
+    if problems:
+        print("problems:")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    print("healthy")
+    return 0
+
+
+def _blas_info(np) -> str:
+    parts = []
+    try:
+        cfg = np.show_config(mode="dicts")
+        deps = cfg.get("Build Dependencies", {})
+        for key in ("blas", "lapack"):
+            d = deps.get(key) or {}
+            if d.get("found", True) and d.get("name"):
+                parts.append(f"{key}: {d.get('name')} {d.get('version', '')}".strip())
+    except Exception:
+        pass
+    try:
+        from threadpoolctl import threadpool_info
+        for info in threadpool_info():
+            if info.get("user_api") == "blas":
+                parts.append(f"runtime {info.get('internal_api')} {info.get('version')}, "
+                             f"{info.get('num_threads')} thread(s)")
+    except Exception:
+        parts.append("threadpoolctl not installed (no runtime thread info)")
+    return "; ".join(parts) or "unknown"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -32,6 +230,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "ops":
         return _ops()
+    if cmd == "check":
+        return _check(rest)
+    if cmd == "doctor":
+        return _doctor(rest)
     if cmd == "demo":
         from . import demo
         return demo.main(rest)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -86,12 +87,147 @@ def register_op(cls=None, *, name: Optional[str] = None):
         if old is not None and old.cls is not c:
             if old.dist != dist:
                 raise PluginConflictError(
-                    f"op {key!r} is registered by two distributions: {old.dist!r} and {dist!r}")
-            raise PluginConflictError(f"op {key!r} is registered twice by {dist!r}")
+                    f"op {key!r} is registered by two distributions: {old.dist!r} and {dist!r}; "
+                    f"rename one (class attribute `name`, or register_op(cls, name=...)) or block "
+                    f"one with {ENV_BLOCK}")
+            raise PluginConflictError(
+                f"op {key!r} is registered twice by {dist!r} ({_qualname(old.cls)} and {_qualname(c)}); "
+                f"give one of them another `name`")
+        validate_op_class(c, key)
         c.dist = dist
         _state.ops[key] = OpEntry(key, c, dist)
         return c
     return do(cls) if cls is not None else do
+
+
+class OpDeclarationError(TypeError):
+    """An op class that cannot work as declared (found when it is registered):
+    the message names the op and says what to add or change."""
+
+
+def _qualname(c) -> str:
+    return f"{c.__module__}.{c.__qualname__}"
+
+
+def _positional_arity(fn, drop_self: bool = True):
+    """(min, max) positional arguments ``fn`` accepts (max None for *args);
+    None when the signature cannot be read (a C function, say)."""
+    import inspect
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if drop_self and params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        params = params[1:]
+    lo, hi = 0, 0
+    for p in params:
+        if p.kind == p.VAR_POSITIONAL:
+            hi = None
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            if hi is not None:
+                hi += 1
+            if p.default is p.empty:
+                lo += 1
+        elif p.kind == p.KEYWORD_ONLY and p.default is p.empty:
+            return (lo, -1)      # a required keyword-only argument: never callable positionally
+    return (lo, hi)
+
+
+def _accepts(arity, n: int) -> bool:
+    lo, hi = arity
+    return hi != -1 and lo <= n and (hi is None or n <= hi)
+
+
+def _fmt_arity(arity) -> str:
+    lo, hi = arity
+    if hi == -1:
+        return "a required keyword-only argument"
+    if hi is None:
+        return f"at least {lo} input(s)"
+    return f"{lo} input(s)" if lo == hi else f"{lo} to {hi} inputs"
+
+
+def validate_op_class(c, key: Optional[str] = None) -> None:
+    """Checks made when an op class is registered, each failure an
+    ``OpDeclarationError`` naming the op and what to add:
+
+    - ``vjp`` takes ``(self, inputs, outputs, grads)``;
+    - ``_grad_rule`` and ``decompose`` accept the forward's inputs (as many
+      as ``cpu``/``infer`` take, when those say);
+    - every device in a declared ``devices`` has a kernel (``cpu`` or
+      ``decompose`` for "cpu", ``cuda_source`` or ``decompose`` for "cuda").
+
+    Example::
+
+        >>> class Bad(Op):
+        ...     name = "bad"; devices = ("cpu", "cuda")
+        ...     def cpu(self, x): return x
+        >>> validate_op_class(Bad)
+        OpDeclarationError: op 'bad' declares devices ('cpu', 'cuda') but has no CUDA kernel: ...
+    """
+    key = key or getattr(c, "name", "") or c.__name__
+    where = f"op {key!r} ({_qualname(c)})"
+    if not isinstance(c, type):
+        raise OpDeclarationError(f"{where}: register_op expects an op class, got {type(c).__name__}")
+
+    vjp = getattr(c, "vjp", None)
+    if vjp is not None and callable(vjp):
+        ar = _positional_arity(vjp)
+        if ar is not None and not _accepts(ar, 3):
+            raise OpDeclarationError(
+                f"{where}: vjp must be `def vjp(self, inputs, outputs, grads)` (three arguments: the "
+                f"forward inputs, the forward outputs and one gradient per output, and return one "
+                f"gradient per input), but it takes {_fmt_arity(ar).replace('input(s)', 'argument(s)')}")
+
+    # the forward's arity, from the kernel or the shape inference
+    forward = None
+    for attr in ("cpu", "infer"):
+        fn = getattr(c, attr, None)
+        if fn is None or (attr == "infer" and _is_base_infer(fn)):
+            continue
+        ar = _positional_arity(fn)
+        if ar is not None and ar[1] is not None and ar[1] != -1:
+            forward = (attr, ar)
+            break
+    for attr in ("_grad_rule", "decompose"):
+        fn = getattr(c, attr, None)
+        if fn is None or not callable(fn) or forward is None:
+            continue
+        ar = _positional_arity(fn)
+        if ar is None:
+            continue
+        fattr, (flo, fhi) = forward
+        bad = [n for n in range(flo, fhi + 1) if not _accepts(ar, n)]
+        if bad:
+            raise OpDeclarationError(
+                f"{where}: {attr} takes {_fmt_arity(ar)} but the forward ({fattr}) takes "
+                f"{_fmt_arity((flo, fhi))}; declare `def {attr}(self, "
+                f"{', '.join(f'x{i}' for i in range(fhi)) or '*inputs'})` to receive the forward's inputs")
+
+    declared = getattr(c, "devices", None)
+    if declared is not None and not isinstance(declared, property):
+        if isinstance(declared, str):
+            declared = (declared,)
+        has_decomp = getattr(c, "decompose", None) is not None
+        for dev in declared:
+            if dev == "cpu" and getattr(c, "cpu", None) is None and not has_decomp:
+                raise OpDeclarationError(
+                    f"{where} declares devices {tuple(declared)} but has no CPU kernel: add "
+                    f"`def cpu(self, *arrays)` (NumPy) or a `decompose`, or drop 'cpu' from devices")
+            elif dev == "cuda" and getattr(c, "cuda_source", None) is None and not has_decomp:
+                raise OpDeclarationError(
+                    f"{where} declares devices {tuple(declared)} but has no CUDA kernel: add "
+                    f"`cuda_source` (a CUDA C source string, or a method `cuda_source(self, ctype)` "
+                    f"returning one) or a `decompose`, or drop 'cuda' from devices")
+            elif dev not in ("cpu", "cuda"):
+                raise OpDeclarationError(
+                    f"{where} declares an unknown device {dev!r}; gradcore knows 'cpu' and 'cuda'")
+
+
+def _is_base_infer(fn) -> bool:
+    from .op import Op, Composite
+    return fn is Op.infer or fn is Composite.infer
 
 
 def _dist_of_module(module: str) -> str:
@@ -103,8 +239,18 @@ def _entry_points():
     return list(metadata.entry_points(group=GROUP))
 
 
+def _norm(name: str) -> str:
+    """A distribution name compared the PEP 503 way (``Foo_Bar`` is ``foo-bar``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _blocked() -> set:
-    return {n.strip() for n in os.environ.get(ENV_BLOCK, "").split(",") if n.strip()}
+    return {_norm(n.strip()) for n in os.environ.get(ENV_BLOCK, "").split(",") if n.strip()}
+
+
+def _dist_name(ep) -> str:
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist is not None else ep.module.split(".")[0]
 
 
 def load(force: bool = False) -> None:
@@ -112,16 +258,21 @@ def load(force: bool = False) -> None:
     if (_state.loaded and not force) or _state.loading:
         return
     _state.loading = True
+    if force:
+        _state.failures = []
     try:
-        eps = _entry_points()
+        # a fixed order (the standard library first, then by distribution
+        # name) so that which side of a name conflict is rejected does not
+        # depend on how sys.path happens to list the installed packages
+        eps = sorted(((_dist_name(ep), ep) for ep in _entry_points()),
+                     key=lambda de: (_norm(de[0]) != STANDARD_DIST, _norm(de[0]), de[1].name))
         no_plugins = os.environ.get(ENV_DISABLE, "") not in ("", "0")
         blocked = _blocked()
         has_standard = False
-        for ep in eps:
-            dist = ep.dist.name if ep.dist is not None else ep.module
-            if dist == STANDARD_DIST:
+        for dist, ep in eps:
+            if _norm(dist) == STANDARD_DIST:
                 has_standard = True
-            elif no_plugins or dist in blocked:
+            elif no_plugins or _norm(dist) in blocked:
                 continue
             _load_one(ep, dist)
         if not has_standard:

@@ -174,3 +174,506 @@ def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float
     n = numerical_grads(g, xs, ws2, eps, wrt)
     _compare("gradgradcheck", a, n, xs, atol, rtol)
     return True
+
+
+# ---------------------------------------------------------------- check_op
+# Everything an op should pass, in one call: see ``check_op``.
+
+import functools
+import inspect
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+__all__ += ["check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path"]
+
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+CHECKS = ("forward[cpu]", "forward[cuda]", "infer", "dtype", "grad", "gradgrad", "bad_shapes", "cuda_compile")
+
+
+class OpCheckError(AssertionError):
+    """``CheckReport.raise_on_failure``: some check of an op failed; the message is the report."""
+
+
+@dataclass
+class CheckResult:
+    op: str
+    check: str
+    status: str           # "passed" | "failed" | "skipped"
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status != FAILED
+
+
+@dataclass
+class CheckReport:
+    """The outcome of ``check_op``: one ``CheckResult`` per (op, check).
+
+    ``ok`` is False when any check failed (skipped checks do not fail);
+    ``raise_on_failure()`` raises ``OpCheckError`` with the table."""
+    results: List[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> List[CheckResult]:
+        return [r for r in self.results if r.status == FAILED]
+
+    @property
+    def skipped(self) -> List[CheckResult]:
+        return [r for r in self.results if r.status == SKIPPED]
+
+    @property
+    def passed(self) -> List[CheckResult]:
+        return [r for r in self.results if r.status == PASSED]
+
+    def __getitem__(self, check: str) -> CheckResult:
+        """The (first) result of the check named ``check``."""
+        for r in self.results:
+            if r.check == check:
+                return r
+        raise KeyError(check)
+
+    def status(self, check: str) -> str:
+        return self[check].status
+
+    def extend(self, other: "CheckReport") -> "CheckReport":
+        self.results.extend(other.results)
+        return self
+
+    def table(self) -> str:
+        rows = [(r.op, r.check, r.status + (f": {r.message}" if r.message else "")) for r in self.results]
+        w0 = max([len(r[0]) for r in rows] + [2])
+        w1 = max([len(r[1]) for r in rows] + [5])
+        lines = [f"{'op':<{w0}} | {'check':<{w1}} | status"]
+        lines += [f"{a:<{w0}} | {b:<{w1}} | {c}" for a, b, c in rows]
+        return "\n".join(lines)
+
+    def __str__(self):
+        head = "all checks passed" if self.ok else f"{len(self.failed)} check(s) failed"
+        return f"{head}\n{self.table()}"
+
+    def raise_on_failure(self) -> "CheckReport":
+        if not self.ok:
+            raise OpCheckError(str(self))
+        return self
+
+
+def _op_label(op) -> str:
+    try:
+        return op._name()
+    except Exception:
+        return getattr(op, "name", "") or type(op).__name__
+
+
+def _op_short_name(op) -> str:
+    cls = op if isinstance(op, type) else type(op)
+    return getattr(cls, "name", "") or cls.__name__
+
+
+def op_examples(op_or_cls) -> List[tuple]:
+    """The op's own sample inputs: ``examples()`` (a classmethod, method or
+    attribute) as a list of ``(op_instance, [arrays])`` or
+    ``(op_instance, [arrays], wrt)``; [] when the op has none."""
+    ex = getattr(op_or_cls, "examples", None)
+    if ex is None:
+        return []
+    if callable(ex):
+        ex = ex()
+    out = []
+    for item in ex or ():
+        item = tuple(item)
+        if len(item) not in (2, 3):
+            raise TypeError(f"{_op_short_name(op_or_cls)}.examples(): each item must be "
+                            f"(op, [inputs]) or (op, [inputs], wrt), got {item!r}")
+        out.append(item if len(item) == 3 else item + (None,))
+    return out
+
+
+def _to_array(x) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return np.array(x.numpy())
+    return np.array(x)
+
+
+def _cast(arrays, dtype):
+    return [a.astype(dtype) if a.dtype.kind == "f" else a for a in arrays]
+
+
+def _run(op, arrays, device="cpu"):
+    from ._core import apply
+    xs = [Tensor(a) if device == "cpu" else Tensor(a, device=device) for a in arrays]
+    return [np.asarray(o.numpy()) for o in apply(op, *xs)]
+
+
+def _diff_path(op) -> Optional[str]:
+    from . import _core
+    t = type(op)
+    if hasattr(t, "_grad_rule"):
+        return "_grad_rule"
+    if _core.registered_grad_rule(t) is not None:
+        return "registered rule"
+    if hasattr(t, "vjp"):
+        return "vjp"
+    if hasattr(t, "decompose"):
+        return "decompose"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_path() -> Optional[str]:
+    """nvcc on PATH, or under $CUDA_HOME / /usr/local/cuda; None when absent."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.path.exists(os.path.join(root, "bin", "nvcc")):
+            return os.path.join(root, "bin", "nvcc")
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _nvcc_compile(source: str) -> Optional[str]:
+    """None when ``source`` compiles to PTX, else nvcc's error output."""
+    with tempfile.TemporaryDirectory(prefix="gradcore-nvcc-") as d:
+        src = os.path.join(d, "op.cu")
+        with open(src, "w") as fh:
+            fh.write(source)
+        try:
+            out = subprocess.run([nvcc_path(), "--ptx", "-o", os.path.join(d, "op.ptx"), src],
+                                 capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            return "nvcc timed out after 300 s"
+        if out.returncode != 0:
+            return (out.stderr or out.stdout)[-2000:]
+    return None
+
+
+def _cuda_sources(op, dtypes) -> List[tuple]:
+    src = getattr(op, "cuda_source", None)
+    if isinstance(src, str):
+        return [("", src)]
+    if not callable(src):
+        return []
+    try:
+        params = [p for p in inspect.signature(src).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = [None]
+    if not params:
+        return [("", src())]
+    ctypes = {np.dtype("float32"): "float", np.dtype("float64"): "double"}
+    names = [ctypes[d] for d in dtypes if d in ctypes] or ["float"]
+    return [(c, src(c)) for c in dict.fromkeys(names)]
+
+
+class _Check:
+    """Accumulates one check's outcome over several samples."""
+
+    def __init__(self, report, label, check):
+        self.report, self.label, self.check = report, label, check
+        self.fail: List[str] = []
+        self.skip: List[str] = []
+        self.notes: List[str] = []
+        self.ran = False
+        self.rejected = self.accepted = 0     # bad_shapes: variants rejected / accepted
+
+    def passed(self, note=""):
+        self.ran = True
+        if note and note not in self.notes:
+            self.notes.append(note)
+
+    def failed(self, msg):
+        self.fail.append(msg)
+
+    def skipped(self, reason):
+        if reason not in self.skip:
+            self.skip.append(reason)
+
+    def close(self):
+        if self.rejected or self.accepted:
+            self.notes.append(f"{self.rejected} bad-shape variant(s) rejected naming the op, "
+                              f"{self.accepted} accepted by infer and kernel alike")
+        if self.fail:
+            res = CheckResult(self.label, self.check, FAILED, "; ".join(self.fail))
+        elif self.ran:
+            res = CheckResult(self.label, self.check, PASSED, "; ".join(self.notes))
+        else:
+            res = CheckResult(self.label, self.check, SKIPPED, "; ".join(self.skip) or "not applicable")
+        self.report.results.append(res)
+
+
+def _fmt_exc(exc) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _bad_shape_variants(arrays):
+    """(description, arrays) with one input given an extra or a mismatched dimension."""
+    for i, a in enumerate(arrays):
+        if a.dtype.kind not in "fc":
+            continue
+        yield f"input {i} with an extra dimension {(2,) + a.shape}", \
+            arrays[:i] + [np.ones((2,) + a.shape, a.dtype) * 0.5] + arrays[i + 1:]
+        if a.ndim:
+            shp = a.shape[:-1] + (a.shape[-1] + 3,)
+            yield f"input {i} with a mismatched last dimension {shp}", \
+                arrays[:i] + [np.full(shp, 0.5, a.dtype)] + arrays[i + 1:]
+
+
+def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: float = 1e-5,
+             rtol: float = 1e-3, eps: float = 1e-6, wrt: Optional[Sequence[int]] = None,
+             second_order: bool = True, compile_cuda: bool = True) -> CheckReport:
+    """Run every check an op should pass and return a ``CheckReport``:
+
+    - ``forward[cpu]`` / ``forward[cuda]``: the op runs through ``apply`` on
+      each device (cuda only when ``gradcore.devices.is_cuda_available()``,
+      else skipped with the reason); float32 results agree with the float64
+      ones, cuda results with cpu;
+    - ``infer``: ``op.infer`` gives the number, shapes and dtypes of the
+      outputs the kernel actually returns;
+    - ``dtype``: float32 in gives float32 out, float64 stays float64 (unless
+      ``infer`` declares otherwise, as ``Cast`` does);
+    - ``grad`` / ``gradgrad``: first and second order gradients against
+      float64 central finite differences (the samples are cast to float64);
+    - ``bad_shapes``: inputs with an extra or a mismatched dimension are
+      either accepted consistently by ``infer`` and the kernel, or rejected
+      with an error that names the op;
+    - ``cuda_compile``: ``cuda_source`` compiles with nvcc (when both exist).
+
+    ``op`` is an op instance or class. Without ``sample_inputs`` the op's
+    ``examples()`` are used (every example for a class, the equal ones for
+    an instance). ``wrt``: input indices to differentiate (default: every
+    floating input not listed in ``op.shape_only_inputs``).
+
+    Example::
+
+        >>> report = check_op(Elemwise("mul"), np.random.rand(2, 3), np.random.rand(3))
+        >>> report.ok
+        True
+    """
+    cases = _cases_for(op, sample_inputs, wrt)
+    label = _op_label(cases[0][0]) if len(cases) == 1 else _op_short_name(op)
+    report = CheckReport()
+    checks = {c: _Check(report, label, c) for c in CHECKS}
+    wanted = list(devices) if devices is not None else ["cpu", "cuda"]
+    many = len(cases) > 1
+    for k, (inst, arrays, case_wrt) in enumerate(cases):
+        tag = f"[{_op_label(inst)}] " if many else ""
+        _check_case(inst, arrays, case_wrt, tag, checks, wanted, atol, rtol, eps, second_order, compile_cuda)
+    for c in CHECKS:
+        checks[c].close()
+    return report
+
+
+def _cases_for(op, sample_inputs, wrt):
+    if sample_inputs:
+        inst = op() if isinstance(op, type) else op
+        return [(inst, [_to_array(x) for x in sample_inputs], wrt)]
+    examples = op_examples(op)
+    if not isinstance(op, type):
+        same = [e for e in examples if e[0] == op]
+        examples = same or [(op,) + tuple(e[1:]) for e in examples[:1]]
+    if not examples:
+        raise ValueError(f"check_op({_op_short_name(op)}): no sample inputs given and the op has no "
+                         f"examples(); pass sample arrays, or add a classmethod examples() returning "
+                         f"[(op_instance, [input arrays]), ...]")
+    return [(e[0], [_to_array(x) for x in e[1]], wrt if wrt is not None else e[2]) for e in examples]
+
+
+def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_order, compile_cuda):
+    from . import devices as devmod
+    from .op import TensorDesc
+    name = _op_short_name(op)
+    a32, a64 = _cast(arrays, np.float32), _cast(arrays, np.float64)
+    has_float = any(a.dtype.kind == "f" for a in arrays)
+
+    # ---- forward, cpu
+    outs = {}
+    c = checks["forward[cpu]"]
+    if "cpu" not in devices:
+        c.skipped("not requested")
+    else:
+        for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
+            try:
+                outs[dt] = _run(op, arrs)
+            except Exception as exc:
+                c.failed(f"{tag}{dt} inputs: {_fmt_exc(exc)}")
+        if "float64" in outs and "float32" in outs:
+            for j, (o32, o64) in enumerate(zip(outs["float32"], outs["float64"])):
+                if o32.shape != o64.shape:
+                    c.failed(f"{tag}output {j}: shape {o32.shape} for float32 inputs, {o64.shape} for float64")
+                elif o64.dtype.kind == "f" and not np.allclose(o32.astype(np.float64), o64, rtol=1e-3, atol=1e-4,
+                                                                equal_nan=True):
+                    err = np.max(np.abs(o32.astype(np.float64) - o64)) if o64.size else 0.0
+                    c.failed(f"{tag}output {j}: float32 and float64 results differ by up to {err:.3g}")
+        if not c.fail:
+            c.passed()
+
+    # ---- forward, cuda
+    c = checks["forward[cuda]"]
+    if "cuda" not in devices:
+        c.skipped("not requested")
+    elif not devmod.is_cuda_available():
+        c.skipped(f"CUDA unavailable: {devmod.cuda_unavailable_reason()}")
+    else:
+        ref = outs.get("float32") or outs.get("input")
+        try:
+            got = _run(op, a32 if has_float else arrays, "cuda")
+            if ref is not None:
+                for j, (g, r) in enumerate(zip(got, ref)):
+                    if g.shape != r.shape or g.dtype != r.dtype:
+                        c.failed(f"{tag}output {j}: cuda gives {g.shape} {g.dtype}, cpu {r.shape} {r.dtype}")
+                    elif not np.allclose(g, r, rtol=1e-4, atol=1e-5, equal_nan=True):
+                        c.failed(f"{tag}output {j}: cuda and cpu values differ by up to "
+                                 f"{np.max(np.abs(g.astype(np.float64) - r)):.3g}")
+            if not c.fail:
+                c.passed()
+        except Exception as exc:
+            c.failed(f"{tag}{_fmt_exc(exc)}")
+
+    # ---- infer
+    c = checks["infer"]
+    infers = {}
+    if not hasattr(op, "infer"):
+        c.skipped("the op has no infer()")
+    else:
+        for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
+            if dt not in outs:
+                continue
+            try:
+                descs = tuple(op.infer(*[TensorDesc(a.shape, a.dtype, "cpu") for a in arrs]))
+            except Exception as exc:
+                c.failed(f"{tag}{dt} inputs: infer raised {_fmt_exc(exc)} but the kernel ran")
+                continue
+            infers[dt] = descs
+            actual = outs[dt]
+            if len(descs) != len(actual):
+                c.failed(f"{tag}infer declares {len(descs)} output(s), the kernel returns {len(actual)}")
+                continue
+            for j, (d, o) in enumerate(zip(descs, actual)):
+                if d.shape is not None and tuple(d.shape) != o.shape:
+                    c.failed(f"{tag}{dt} inputs: output {j}: infer says shape {tuple(d.shape)}, kernel gives {o.shape}")
+                if np.dtype(d.dtype) != o.dtype:
+                    c.failed(f"{tag}{dt} inputs: output {j}: infer says dtype {np.dtype(d.dtype)}, "
+                             f"kernel gives {o.dtype}")
+            if not c.fail:
+                c.passed()
+        if not infers and not c.fail:
+            c.skipped("the forward did not run")
+
+    # ---- dtype propagation
+    c = checks["dtype"]
+    if not has_float:
+        c.skipped("no floating-point input")
+    else:
+        for dt in ("float32", "float64"):
+            if dt not in outs:
+                continue
+            declared = infers.get(dt)
+            for j, o in enumerate(outs[dt]):
+                if o.dtype.kind != "f":
+                    continue
+                if o.dtype != np.dtype(dt):
+                    if declared is not None and j < len(declared) and np.dtype(declared[j].dtype) == o.dtype:
+                        c.passed(f"output {j}: {o.dtype} for {dt} inputs, as infer declares")
+                    else:
+                        c.failed(f"{tag}{dt} inputs give a {o.dtype} output {j}")
+                else:
+                    c.passed()
+        if not c.ran and not c.fail:
+            c.skipped("no floating-point output")
+
+    # ---- gradients
+    path = _diff_path(op)
+    float_idx = [i for i, a in enumerate(arrays) if a.dtype.kind == "f"
+                 and i not in tuple(getattr(op, "shape_only_inputs", ()) or ())]
+    chosen = list(wrt) if wrt is not None else float_idx
+    out_float = "float64" in outs and any(o.dtype.kind == "f" for o in outs["float64"])
+    for check, fn, order in (("grad", gradcheck, 1), ("gradgrad", gradgradcheck, 2)):
+        c = checks[check]
+        if path is None:
+            c.skipped("not differentiable: no _grad_rule, registered rule, vjp or decompose")
+        elif order == 2 and not second_order:
+            c.skipped("second order not requested")
+        elif not chosen:
+            c.skipped("no floating-point input to differentiate")
+        elif "float64" not in outs:
+            c.skipped("the forward did not run")
+        elif not out_float:
+            c.skipped("no floating-point output")
+        elif not checks[check].fail and check == "gradgrad" and checks["grad"].fail:
+            c.skipped("first order gradients already fail")
+        else:
+            try:
+                fn(_apply_fn(op), [Tensor(a) for a in a64], eps=eps, atol=atol, rtol=rtol, wrt=chosen)
+                c.passed(f"via {path}")
+            except Exception as exc:
+                c.failed(f"{tag}{_fmt_exc(exc)}")
+
+    # ---- bad shapes
+    c = checks["bad_shapes"]
+    for what, bad in _bad_shape_variants(a64):
+        descs = [TensorDesc(a.shape, a.dtype, "cpu") for a in bad]
+        infer_exc = kernel_exc = None
+        try:
+            op.infer(*descs)
+        except Exception as exc:
+            infer_exc = exc
+        try:
+            got = _run(op, bad)
+        except Exception as exc:
+            kernel_exc = exc
+        for who, exc in (("infer", infer_exc), ("apply", kernel_exc)):
+            if exc is not None and name.lower() not in str(exc).lower():
+                c.failed(f"{tag}{what}: the {who} error does not name the op {name!r}: {_fmt_exc(exc)}")
+        if infer_exc is None and kernel_exc is not None:
+            c.failed(f"{tag}{what}: infer accepts it but the kernel fails ({_fmt_exc(kernel_exc)}); "
+                     f"reject it in infer")
+        elif infer_exc is not None and kernel_exc is None:
+            c.failed(f"{tag}{what}: infer rejects it ({infer_exc}) but apply silently runs the kernel; "
+                     f"make the kernel reject it too")
+        elif infer_exc is not None:
+            c.passed()
+            c.rejected += 1
+        else:
+            c.passed()
+            c.accepted += 1
+    if not c.ran and not c.fail:
+        c.skipped("no floating-point input to reshape")
+
+    # ---- CUDA source compiles
+    c = checks["cuda_compile"]
+    if not compile_cuda:
+        c.skipped("not requested")
+    elif getattr(op, "cuda_source", None) is None:
+        c.skipped("the op has no cuda_source")
+    elif nvcc_path() is None:
+        c.skipped("nvcc is not installed")
+    else:
+        dts = sorted({a.dtype for a in a32 + a64 if a.dtype.kind == "f"}, key=str)
+        try:
+            sources = _cuda_sources(op, dts)
+        except Exception as exc:
+            c.failed(f"{tag}cuda_source raised {_fmt_exc(exc)}")
+            sources = []
+        for ctype, src in sources:
+            err = _nvcc_compile(src)
+            if err:
+                c.failed(f"{tag}cuda_source({ctype!r}) does not compile: {err.strip()[-800:]}")
+            else:
+                c.passed()
+
+
+def _apply_fn(op):
+    from ._core import apply
+
+    def run(*xs):
+        outs = apply(op, *xs)
+        return outs if len(outs) > 1 else outs[0]
+    return run

@@ -233,6 +233,15 @@ class Elemwise(Op):
     def vjp(self, inputs, outputs, grads):
         return _make_vjp(self.row)(inputs, outputs, grads)
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (and ``gradcore check``):
+        a binary, a broadcasting and a unary mode, away from kinks."""
+        rng = np.random.default_rng(0)
+        return [(cls("mul"), [rng.uniform(-1, 1, (2, 3)), rng.uniform(-1, 1, (3,))]),
+                (cls("add"), [rng.uniform(-1, 1, (3, 1)), rng.uniform(-1, 1, (1, 2))]),
+                (cls("tanh"), [rng.uniform(-1, 1, (4,))])]
+
     def __reduce__(self):
         return (Elemwise, (self.mode,))
 

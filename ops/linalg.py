@@ -18,6 +18,13 @@ class MatrixMul(Op):
         self.transpose_a, self.transpose_b = bool(transpose_a), bool(transpose_b)
         self._seal()
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: plain, transposed and batched."""
+        rng = np.random.default_rng(0)
+        return [(cls(), [rng.standard_normal((2, 3)), rng.standard_normal((3, 4))]),
+                (cls(False, True), [rng.standard_normal((2, 2, 3)), rng.standard_normal((4, 3))])]
+
     def infer(self, a, b):
         dtype = np.result_type(a.dtype, b.dtype)
         if a.shape is None or b.shape is None:

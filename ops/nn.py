@@ -79,6 +79,12 @@ class Softmax(Op):
         self.axis = int(axis)
         self._seal()
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: last and first axis."""
+        rng = np.random.default_rng(0)
+        return [(cls(-1), [rng.standard_normal((2, 3))]), (cls(0), [rng.standard_normal((3, 2))])]
+
     def infer(self, x):
         _check_axis(self, x)
         if x.dtype.kind not in "fc":

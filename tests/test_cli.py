@@ -1,0 +1,115 @@
+"""``gradcore check DIST`` and ``gradcore doctor`` (``ops`` and ``demo`` are
+covered in test_registry.py and test_demo.py)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gradcore import cli, registry
+from gradcore.op import Op
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "gradcore.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_check_the_standard_library():
+    out = run("check", "gradcore")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split("|")[0].strip() == "op" and "check" in lines[0] and "status" in lines[0]
+    assert any(l.startswith("Elemwise ") and "| grad " in l and "passed" in l for l in lines)
+    assert any(l.startswith("MatrixMul ") and "gradgrad" in l and "passed" in l for l in lines)
+    assert any(l.startswith("Reduce ") and "no examples()" in l for l in lines)
+    assert "0 failed" in out.stdout
+
+
+def test_check_usage_and_unknown_distribution():
+    out = run("check", "no-such-distribution")
+    assert out.returncode == 2 and "no-such-distribution" in out.stderr
+    assert run("check").returncode == 2
+    assert run("check", "a", "b").returncode == 2
+
+
+class _Good(Op):
+    name = "CliGood"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return 2 * x
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 2,)
+
+    @classmethod
+    def examples(cls):
+        return [(cls(), [np.array([1.0, 2.0])])]
+
+
+class _Bad(_Good):
+    name = "CliBad"
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 3,)
+
+
+@pytest.fixture
+def fake_dist():
+    registry.load()
+    saved_ops, saved_failures = dict(registry._state.ops), list(registry._state.failures)
+    try:
+        yield
+    finally:
+        registry._state.ops.clear()
+        registry._state.ops.update(saved_ops)
+        registry._state.failures[:] = saved_failures
+
+
+def test_check_exit_codes_in_process(fake_dist, capsys):
+    with registry._loading_as("cli-fake-good"):
+        registry.register_op(_Good)
+    with registry._loading_as("cli_fake_bad"):
+        registry.register_op(_Bad)
+        registry.register_op(_Good, name="CliGood2")
+    assert cli.main(["check", "cli-fake-good"]) == 0
+    out = capsys.readouterr().out
+    assert "CliGood" in out and "failed" not in out.split("\n\n")[0]
+    assert cli.main(["check", "cli-fake-bad"]) == 1        # names compared the PEP 503 way
+    out = capsys.readouterr().out
+    bad = [l for l in out.splitlines() if l.startswith("CliBad ") and "| grad " in l]
+    assert bad and "failed" in bad[0] and "gradcheck" in bad[0]
+    assert any(l.startswith("CliGood2 ") and "| grad " in l and "passed" in l for l in out.splitlines())
+
+
+def test_check_reports_a_plugin_that_failed_to_load(fake_dist, capsys):
+    registry._state.failures.append(registry.PluginFailure("cli-broken", "cli_broken:register",
+                                                           "ImportError: nope"))
+    assert cli.main(["check", "cli-broken"]) == 1
+    assert "ImportError: nope" in capsys.readouterr().out
+
+
+def test_doctor_healthy():
+    out = run("doctor")
+    assert out.returncode == 0, out.stdout + out.stderr
+    for key in ("compiled core", "_core", "Cython", "numpy", "BLAS", "PyCUDA", "GPU", "nvcc", "mpi4py",
+                "registry", "gradcore:", "healthy"):
+        assert key in out.stdout, key
+
+
+def test_doctor_reports_failed_plugins(fake_dist, capsys):
+    registry._state.failures.append(registry.PluginFailure("cli-broken", "cli_broken:register",
+                                                           "ImportError: nope"))
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED plugin cli-broken" in out and "problems:" in out
+    assert cli.main(["doctor", "extra"]) == 2
+
+
+def test_help_lists_the_new_commands(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "gradcore check DIST" in out and "gradcore doctor" in out

@@ -1,0 +1,397 @@
+"""The op author's kit: gradcore.testing.check_op, the registration checks
+in gradcore.registry.register_op, and the pytest plugin (fixture
+``check_op``, ``parametrize_ops``), the latter run with pytester."""
+import numpy as np
+import pytest
+
+import gradcore
+from gradcore import registry
+from gradcore.op import Op, TensorDesc
+from gradcore.ops import Elemwise, MatrixMul, Softmax
+from gradcore.registry import OpDeclarationError, PluginConflictError, register_op, validate_op_class
+from gradcore.testing import CheckReport, OpCheckError, check_op, op_examples
+
+pytest_plugins = ["pytester"]
+
+rng = np.random.default_rng(0)
+
+
+# ---------------------------------------------------------------- ops under test
+class Cube(Op):
+    name = "KitCube"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * x * x
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return (g * 3 * x * x,)
+
+    def cuda_source(self, ctype="float"):
+        return (f'extern "C" __global__ void gc_kitcube_{ctype}(const {ctype}* x, {ctype}* y, long long n) '
+                f'{{ long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; '
+                f'if (i < n) y[i] = x[i] * x[i] * x[i]; }}\n')
+
+    @classmethod
+    def examples(cls):
+        return [(cls(), [np.linspace(-1, 1, 6).reshape(2, 3)])]
+
+
+class WrongGrad(Cube):
+    name = "KitWrongGrad"
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return (g * 2 * x,)                       # should be 3 x^2
+
+
+class WrongInfer(Cube):
+    name = "KitWrongInfer"
+
+    def infer(self, x):
+        return (TensorDesc(x.shape + (1,), x.dtype, x.device),)
+
+
+class Promotes(Cube):
+    name = "KitPromotes"
+
+    def cpu(self, x):
+        return (x * x * x).astype(np.float64)      # float32 in, float64 out, undeclared
+
+
+class Add(Op):
+    """A binary op whose kernel error does not name the op."""
+    name = "KitAdd"
+
+    def infer(self, a, b):
+        if a.shape != b.shape:
+            raise self.error("shapes differ", a, b)
+        return (a,)
+
+    def cpu(self, a, b):
+        if a.shape != b.shape:
+            raise ValueError("boom")              # the core prefixes the op's name anyway
+        return a + b
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0], grads[0])
+
+
+class LaxAdd(Add):
+    """infer rejects mismatched shapes, the kernel silently broadcasts."""
+    name = "KitLaxAdd"
+
+    def cpu(self, a, b):
+        return a + b
+
+
+class BadInferMessage(Add):
+    name = "KitBadInferMessage"
+
+    def infer(self, a, b):
+        if a.shape != b.shape:
+            raise ValueError("shapes differ")     # does not name the op
+        return (a,)
+
+
+class BadCuda(Cube):
+    name = "KitBadCuda"
+
+    def cuda_source(self, ctype="float"):
+        return 'extern "C" __global__ void k(float* x) { x[0] = undefined_name; }\n'
+
+
+class NoGrad(Op):
+    name = "KitNoGrad"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return np.floor(x)
+
+
+# ---------------------------------------------------------------- check_op
+def test_a_good_op_passes_every_check():
+    report = check_op(Cube(), rng.uniform(-1, 1, (2, 3)))
+    assert isinstance(report, CheckReport) and report.ok, report
+    for check in ("forward[cpu]", "infer", "dtype", "grad", "gradgrad", "bad_shapes"):
+        assert report.status(check) == "passed", report
+    assert report.raise_on_failure() is report
+    assert "KitCube" in report.table() and "op" in report.table().splitlines()[0]
+
+
+def test_cuda_is_skipped_with_the_reason_when_unavailable():
+    report = check_op(Cube(), rng.uniform(-1, 1, (3,)))
+    if gradcore.devices.is_cuda_available():
+        assert report.status("forward[cuda]") == "passed"
+    else:
+        r = report["forward[cuda]"]
+        assert r.status == "skipped" and gradcore.devices.cuda_unavailable_reason() in r.message
+    assert check_op(Cube(), rng.uniform(-1, 1, (3,)), devices=["cpu"])["forward[cuda]"].message == "not requested"
+
+
+def test_the_cuda_source_is_compiled_when_nvcc_is_there():
+    from gradcore.testing import nvcc_path
+    good = check_op(Cube(), rng.uniform(-1, 1, (3,)))["cuda_compile"]
+    bad = check_op(BadCuda(), rng.uniform(-1, 1, (3,)))
+    if nvcc_path() is None:
+        assert good.status == bad["cuda_compile"].status == "skipped"
+        assert "nvcc" in good.message
+    else:
+        assert good.status == "passed"
+        assert bad["cuda_compile"].status == "failed" and "undefined_name" in bad["cuda_compile"].message
+        assert not bad.ok
+    assert check_op(NoGrad(), rng.uniform(-1, 1, (3,)))["cuda_compile"].message == "the op has no cuda_source"
+
+
+@pytest.mark.parametrize("op, inputs", [(Elemwise("mul"), [rng.random((2, 3)), rng.random(3)]),
+                                        (MatrixMul(), [rng.random((2, 3)), rng.random((3, 4))]),
+                                        (Softmax(1), [rng.random((2, 3))])])
+def test_standard_ops_pass(op, inputs):
+    check_op(op, *inputs).raise_on_failure()
+
+
+@pytest.mark.parametrize("cls", [Elemwise, MatrixMul, Softmax])
+def test_standard_examples(cls):
+    assert op_examples(cls)
+    check_op(cls).raise_on_failure()
+
+
+def test_a_wrong_gradient_fails_grad_and_gradgrad():
+    report = check_op(WrongGrad(), rng.uniform(0.5, 1, (4,)))
+    assert not report.ok
+    assert report.status("grad") == "failed" and "gradcheck" in report["grad"].message
+    assert report.status("gradgrad") in ("failed", "skipped")
+    assert report.status("forward[cpu]") == "passed"
+    with pytest.raises(OpCheckError, match="KitWrongGrad"):
+        report.raise_on_failure()
+
+
+def test_infer_disagreeing_with_the_kernel_fails():
+    report = check_op(WrongInfer(), rng.uniform(-1, 1, (2, 2)))
+    assert report.status("infer") == "failed"
+    assert "infer says shape (2, 2, 1)" in report["infer"].message
+
+
+def test_undeclared_dtype_promotion_fails():
+    report = check_op(Promotes(), rng.uniform(-1, 1, (3,)))
+    assert report.status("dtype") == "failed"
+    assert "float32 inputs give a float64 output" in report["dtype"].message
+
+
+def test_bad_shapes_must_be_rejected_by_name_and_consistently():
+    ok = check_op(Add(), rng.random((2, 3)), rng.random((2, 3)))
+    assert ok["bad_shapes"].status == "passed", ok
+    assert "rejected naming the op" in ok["bad_shapes"].message
+    lax = check_op(LaxAdd(), rng.random((2, 3)), rng.random((2, 3)))
+    assert lax["bad_shapes"].status == "failed" and "silently" in lax["bad_shapes"].message
+    unnamed = check_op(BadInferMessage(), rng.random((2, 3)), rng.random((2, 3)))
+    assert unnamed["bad_shapes"].status == "failed"
+    assert "does not name the op 'KitBadInferMessage'" in unnamed["bad_shapes"].message
+
+
+def test_non_differentiable_op_skips_gradients():
+    report = check_op(NoGrad(), rng.uniform(-1, 1, (3,)))
+    assert report.ok
+    assert report.status("grad") == "skipped" and "not differentiable" in report["grad"].message
+
+
+def test_samples_from_examples_and_float32_samples():
+    assert check_op(Cube).ok
+    assert check_op(Cube()).ok
+    # float32 samples are cast to float64 for the gradient checks
+    assert check_op(Cube(), rng.uniform(-1, 1, (3,)).astype(np.float32)).status("grad") == "passed"
+    assert check_op(Cube(), gradcore.tensor([0.5, 1.0])).ok
+    with pytest.raises(ValueError, match="examples"):
+        check_op(NoGrad())
+
+
+# ---------------------------------------------------------------- registration checks
+@pytest.fixture
+def scratch_registry():
+    registry.load()
+    saved = dict(registry._state.ops)
+    try:
+        yield
+    finally:
+        registry._state.ops.clear()
+        registry._state.ops.update(saved)
+
+
+def test_vjp_arity_is_checked(scratch_registry):
+    class BadVjp(Cube):
+        name = "KitBadVjp"
+
+        def vjp(self, grads):
+            return grads
+    with pytest.raises(OpDeclarationError, match=r"KitBadVjp.*vjp\(self, inputs, outputs, grads\)"):
+        register_op(BadVjp)
+    assert "KitBadVjp" not in {e.name for e in registry.entries()}
+
+
+def test_grad_rule_and_decompose_must_take_the_forward_inputs(scratch_registry):
+    class BadRule(Op):
+        name = "KitBadRule"
+
+        def cpu(self, a, b):
+            return a + b
+
+        def _grad_rule(self, a):
+            raise AssertionError
+
+    class BadDecomp(Op):
+        name = "KitBadDecomp"
+
+        def infer(self, x):
+            return (x,)
+
+        def decompose(self, x, y):
+            return x
+    with pytest.raises(OpDeclarationError, match=r"KitBadRule.*_grad_rule takes 1 input.*forward \(cpu\) takes 2"):
+        register_op(BadRule)
+    with pytest.raises(OpDeclarationError, match=r"KitBadDecomp.*decompose takes 2"):
+        register_op(BadDecomp)
+
+    class GoodRule(Op):
+        name = "KitGoodRule"
+
+        def cpu(self, a, b):
+            return a + b
+
+        def _grad_rule(self, *inputs):
+            raise AssertionError
+    register_op(GoodRule)
+
+
+def test_declared_device_without_kernel(scratch_registry):
+    class NoCuda(Op):
+        name = "KitNoCuda"
+        devices = ("cpu", "cuda")
+
+        def cpu(self, x):
+            return x
+    with pytest.raises(OpDeclarationError, match=r"KitNoCuda.*no CUDA kernel: add `cuda_source`"):
+        register_op(NoCuda)
+
+    class NoCpu(Op):
+        name = "KitNoCpu"
+        devices = ("cpu",)
+    with pytest.raises(OpDeclarationError, match=r"KitNoCpu.*no CPU kernel"):
+        register_op(NoCpu)
+
+    class Fine(Cube):
+        name = "KitFine"
+        devices = ("cpu", "cuda")
+    register_op(Fine)
+    assert gradcore.ops.get("KitFine") is Fine
+
+
+def test_name_clash_names_both(scratch_registry):
+    class One(Cube):
+        name = "KitClash"
+
+    class Two(Cube):
+        name = "KitClash"
+    with registry._loading_as("pkg-one"):
+        register_op(One)
+    with registry._loading_as("pkg-two"):
+        with pytest.raises(PluginConflictError, match=r"KitClash.*pkg-one.*pkg-two.*rename"):
+            register_op(Two)
+    with registry._loading_as("pkg-one"):
+        with pytest.raises(PluginConflictError, match=r"registered twice by 'pkg-one'"):
+            register_op(Two)
+    with pytest.raises(PluginConflictError, match="Elemwise"):
+        register_op(Cube, name="Elemwise")
+
+
+def test_the_standard_library_passes_registration_checks():
+    import gradcore.ops as std
+    for cls in std.STANDARD_OPS:
+        validate_op_class(cls)
+    assert not registry.failures()
+
+
+# ---------------------------------------------------------------- the pytest plugin
+def test_the_plugin_is_registered_as_pytest11():
+    from importlib import metadata
+    eps = [ep for ep in metadata.entry_points(group="pytest11") if ep.name == "gradcore"]
+    assert [ep.value for ep in eps] == ["gradcore.pytest_plugin"]
+
+
+OPS_MODULE = '''
+import numpy as np
+from gradcore.op import Op
+
+class Sq(Op):
+    name = "PtSq"
+    def infer(self, x): return (x,)
+    def cpu(self, x): return x * x
+    def vjp(self, inputs, outputs, grads): return (grads[0] * 2 * inputs[0],)
+    @classmethod
+    def examples(cls): return [(cls(), [np.array([0.5, -1.0, 2.0])]), (cls(), [np.ones((2, 2))])]
+
+class BadSq(Sq):
+    name = "PtBadSq"
+    def vjp(self, inputs, outputs, grads): return (grads[0] * inputs[0],)
+
+class NoExamples(Sq):
+    name = "PtNoExamples"
+    examples = None
+'''
+
+
+def test_fixture_passes_and_fails(pytester):
+    pytester.makepyfile(ptops=OPS_MODULE)
+    pytester.makepyfile(test_fixture='''
+import numpy as np
+from ptops import Sq, BadSq
+
+def test_good(check_op):
+    report = check_op(Sq(), np.array([1.0, 2.0]))
+    assert report.ok
+
+def test_bad(check_op):
+    check_op(BadSq(), np.array([1.0, 2.0]))
+''')
+    res = pytester.runpytest()
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines(["*check_op(PtBadSq)*", "*PtBadSq*grad*failed*gradcheck*"])
+
+
+def test_parametrize_ops_in_one_line(pytester):
+    pytester.makepyfile(ptops=OPS_MODULE)
+    pytester.makepyfile(test_all='''
+from gradcore.pytest_plugin import parametrize_ops
+from ptops import Sq, BadSq, NoExamples
+
+test_ops = parametrize_ops([Sq, BadSq, NoExamples])
+''')
+    res = pytester.runpytest("-v")
+    res.assert_outcomes(passed=2, failed=2, skipped=1)
+    res.stdout.fnmatch_lines(["*test_ops?PtSq-0?*PASSED*", "*test_ops?PtBadSq-1?*FAILED*",
+                              "*PtNoExamples*SKIPPED*"])
+
+
+def test_parametrize_ops_by_distribution(pytester):
+    pytester.makepyfile(test_dist='''
+import pytest
+from gradcore.pytest_plugin import op_cases, parametrize_ops
+
+test_std = parametrize_ops("gradcore")
+
+def test_cases_know_their_examples():
+    ids = [p.id for p in op_cases("gradcore")]
+    assert any(i.startswith("Elemwise(mul)") for i in ids)
+
+def test_unknown_distribution():
+    with pytest.raises(pytest.UsageError, match="no-such-dist"):
+        op_cases("no-such-dist")
+''')
+    res = pytester.runpytest()
+    outcomes = res.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0, res.stdout.str()
+    assert outcomes["passed"] >= 2 + 7          # 3 + 2 + 2 examples of the standard ops
