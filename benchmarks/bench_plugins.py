@@ -59,6 +59,14 @@ class PluginMul(Op):
         return (g * b, g * a)
 
 
+@register_op
+class PluginUfuncMul(PluginMul):
+    """The same op with its kernel given as the ufunc itself (no Python frame
+    per call), the way the standard elementwise ops bind theirs."""
+    name = "BenchPluginUfuncMul"
+    cpu = staticmethod(np.multiply)
+
+
 def _per_call(op, a, b, n, record):
     if not record:
         t = perf_counter()
@@ -78,7 +86,7 @@ def _per_call(op, a, b, n, record):
 def bench_calls(rounds, n):
     a = gradcore.Tensor(np.random.default_rng(0).random(16, dtype=np.float32))
     b = gradcore.Tensor(np.random.default_rng(1).random(16, dtype=np.float32))
-    ops = {"plugin": PluginMul(), "standard": Elemwise("mul")}
+    ops = {"plugin": PluginMul(), "plugin, ufunc kernel": PluginUfuncMul(), "standard": Elemwise("mul")}
     # same values, and both differentiate the same
     np.testing.assert_allclose(apply(ops["plugin"], a, b)[0].numpy(), apply(ops["standard"], a, b)[0].numpy())
     times = {(k, r): [] for k in ops for r in (False, True)}
@@ -129,11 +137,11 @@ def main(argv=None):
     calls = bench_calls(args.rounds, args.calls)
     reg = bench_registry(args.procs)
     print(f"per call, 16-element float32 a*b, median of {args.rounds} rounds x {args.calls} calls")
-    print(f"{'':<14}{'plugin op':>12}{'Elemwise mul':>14}{'ratio':>8}")
+    print(f"{'':<14}{'plugin op':>12}{'ratio':>7}{'plugin, ufunc kernel':>22}{'ratio':>7}{'Elemwise mul':>14}")
     for rec in ("", "_recorded"):
-        p, s = calls[f"plugin{rec}_us"], calls[f"standard{rec}_us"]
+        p, u, s = (calls[f"{k}{rec}_us"] for k in ("plugin", "plugin, ufunc kernel", "standard"))
         label = "recorded" if rec else "not recorded"
-        print(f"{label:<14}{p:>10.2f}us{s:>12.2f}us{p / s:>8.2f}")
+        print(f"{label:<14}{p:>10.2f}us{p / s:>7.2f}{u:>20.2f}us{u / s:>7.2f}{s:>12.2f}us")
     ok = reg["entries_ms"] < REGISTRY_TARGET_MS
     print(f"registry.entries() cold, median of {args.procs} processes: {reg['entries_ms']:.1f} ms "
           f"(target < {REGISTRY_TARGET_MS:.0f} ms: {'met' if ok else 'MISSED'}); import gradcore + entries(): "

@@ -446,6 +446,7 @@ cdef class GradSlot:
     cdef Py_ssize_t pending   # producers still to run in this backward
     cdef object callback
     cdef object tensor_ref    # weakref to an attached tensor, for inspection
+    cdef tuple shape          # an attached tensor's shape: its gradient must have it
 
 
 cdef inline GradSlot _new_slot(GradKey key):
@@ -540,7 +541,6 @@ cdef class CompiledBackward:
     cdef public bint one_saved        # exactly one saved value: kept bare, not in a tuple
     cdef public bint any_grad
     cdef public bint reduce_broadcast # grads may come back in a broadcast shape
-    cdef public bint check_shapes     # not a standard op: verify every gradient's shape
     cdef public object graph          # the BackwardGraph it was compiled from
     # run_raw as an instruction list (gradcore.graph._program), or None
     cdef public tuple prog_kernels
@@ -629,6 +629,7 @@ cdef class GradKey:
             _add_slot(t, s)
             self.leaves.append(s)
         s.leaf = True
+        s.shape = t._data.shape
         s.reaches = True
         if callback is not None:
             if s.callback is None:
@@ -1015,7 +1016,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
     cdef Py_ssize_t nout = 1 if outs is None else len(outs)
     if path != 3:
         in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
-    elif cb.check_shapes or (cb.reduce_broadcast and _needs_reduction(args, out0)):
+    elif cb.reduce_broadcast and _needs_reduction(args, out0):
         in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
     out_meta = None
     if nout > 1:
@@ -1301,12 +1302,20 @@ cdef inline void _acc_tensor(GradSlot s, object g):
         s.grad = _apply(_h_add, (s.grad, g))[0]
 
 
-cdef void _fire(GradSlot s, bint tensor_mode, object device):
+cdef void _fire(GradSlot s, bint tensor_mode, object device) except *:
     g = s.grad
     s.grad = None
     s.owned = False
     if g is None or s.callback is None:
         return
+    # backward graphs are trusted per node (standard and plugin ops alike, so
+    # both cost the same); a wrongly shaped gradient is caught here, at the
+    # tensor it would land on
+    shape = (<Tensor>g)._data.shape if tensor_mode else g.shape
+    if s.shape is not None and shape != s.shape:
+        raise ValueError(f"{s.key.name}: the gradient for an attached tensor of shape {s.shape} "
+                         f"has shape {shape}: an op's backward returned a wrongly shaped gradient "
+                         f"(gradcore.testing.check_op finds which)")
     if not tensor_mode:
         g = _wrap(g, device)
     s.callback(g)

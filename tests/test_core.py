@@ -402,3 +402,27 @@ def test_softmax_hand_rule_keeps_only_the_output():
     d = TensorDesc((2, 3), "float32", "cpu")
     _, mask, _ = make_backward_graph(Softmax(1), [d], [True], [True])
     assert mask == [False, True, True]
+
+
+def test_wrongly_shaped_gradient_from_a_plugin_vjp_is_caught_at_the_leaf():
+    class BadVJP(Op):
+        name = "test_bad_vjp"
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return x * 2
+
+        def vjp(self, inputs, outputs, grads):
+            return [grads[0].sum()]          # wrong: a scalar for a vector input
+
+    x = gc.tensor([1.0, 2.0, 3.0])
+    gm = GradManager().attach(x)
+    with gm:
+        y = apply(BadVJP(), x)[0]
+        with pytest.raises(ValueError, match=r"shape \(3,\).*has shape \(\)"):
+            gm.backward(y.sum())
+    with gm:                                  # still usable
+        gm.backward((x * 2).sum())
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 2.0, 2.0])
