@@ -17,7 +17,17 @@ from . import _core
 from ._core import Tensor
 from ._core import GradKey
 
-__all__ = ["GradManager", "GradManagerGroup", "Function"]
+__all__ = ["GradManager", "GradManagerGroup", "Function", "get_backwarding_grad_manager"]
+
+# the managers whose backward is running, innermost last (MegEngine's
+# get_backwarding_grad_manager): lets a callback such as
+# gradcore.distributed's allreduce find the manager that called it
+_backwarding: List["GradManager"] = []
+
+
+def get_backwarding_grad_manager() -> Optional["GradManager"]:
+    """The GradManager whose ``backward`` is running now (innermost), or None."""
+    return _backwarding[-1] if _backwarding else None
 
 
 class _AttachSpec:
@@ -159,6 +169,7 @@ class GradManager:
             ys, dys = [y], [None]
         else:
             ys, dys = self._outputs(y, dy)
+        _backwarding.append(self)
         try:
             self._key.backward(ys, dys)
             for cb in self._after_backward_callbacks:
@@ -175,6 +186,7 @@ class GradManager:
                 else:
                     tensor.grad = tensor.grad + grad
         finally:
+            _backwarding.pop()
             self.release()
 
     @staticmethod
