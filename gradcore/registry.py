@@ -345,3 +345,21 @@ def failures() -> List[PluginFailure]:
 def _reset_for_tests():
     global _state
     _state = _State()
+
+
+@contextlib.contextmanager
+def preserved():
+    """Restore the registered ops on exit: for tests that register ops.
+
+    Example::
+
+        >>> with gradcore.registry.preserved():
+        ...     register_op(MyTestOp)
+    """
+    load()
+    saved = dict(_state.ops)
+    try:
+        yield
+    finally:
+        _state.ops.clear()
+        _state.ops.update(saved)

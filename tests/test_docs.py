@@ -18,13 +18,8 @@ def python_blocks(path):
 @pytest.fixture
 def scratch_registry():
     """The docs register ops; leave the registry as it was."""
-    registry.load()
-    saved = dict(registry._state.ops)
-    try:
+    with registry.preserved():
         yield
-    finally:
-        registry._state.ops.clear()
-        registry._state.ops.update(saved)
 
 
 def test_tutorial_has_code():

@@ -213,13 +213,8 @@ def test_samples_from_examples_and_float32_samples():
 # ---------------------------------------------------------------- registration checks
 @pytest.fixture
 def scratch_registry():
-    registry.load()
-    saved = dict(registry._state.ops)
-    try:
+    with registry.preserved():
         yield
-    finally:
-        registry._state.ops.clear()
-        registry._state.ops.update(saved)
 
 
 def test_vjp_arity_is_checked(scratch_registry):
