@@ -168,7 +168,11 @@ def main(argv=None) -> int:
         sys.stdout = open(os.devnull, "w")        # only rank 0 prints
 
     if args.device != "cpu":
-        gc.tensor([0.0], device=args.device)      # says why the device is unavailable
+        try:
+            gc.tensor([0.0], device=args.device)
+        except (RuntimeError, ValueError) as exc:   # says why the device is unavailable
+            print(f"gradcore demo: {exc}", file=sys.stderr)
+            return 2
     gc.random.seed(args.seed)
     x, y = load_digits()
     x_train, y_train, x_test, y_test = split(x, y, 0.2, args.seed)
