@@ -36,3 +36,24 @@ def to_device(arr, device):
 
 def copy_to(tensor, device):
     require_cuda()
+
+
+def nvcc_path():
+    """The path of ``nvcc`` (PATH, then ``$CUDA_HOME/bin``, then
+    ``/usr/local/cuda/bin``), or None. Compiling kernel sources needs it; a
+    GPU does not."""
+    import os
+    import shutil
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            cand = os.path.join(root, "bin", "nvcc")
+            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                return cand
+    return None
+
+
+def is_nvcc_available() -> bool:
+    return nvcc_path() is not None
