@@ -10,7 +10,7 @@ extensions = [
 ]
 
 setup(
-    packages=["gradcore", "gradcore.ops", "gradcore.data"],
+    packages=["gradcore", "gradcore.ops", "gradcore.data", "gradcore.cuda"],
     package_dir={"gradcore": "gradcore", "gradcore.ops": "ops"},
     package_data={"gradcore.data": ["*.npz", "*.txt"]},
     ext_modules=cythonize(extensions, language_level=3,
