@@ -148,3 +148,23 @@ def torch():
 def rng(request):
     # a stable seed per test, so failures reproduce
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def nvcc_ptx(tmp_path):
+    """Compile CUDA source text with ``nvcc --ptx`` (skip without nvcc);
+    assert it compiles and return the PTX text."""
+    import shutil
+    import subprocess
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+
+    def compile_(source, name="kernels"):
+        path, out = tmp_path / f"{name}.cu", tmp_path / f"{name}.ptx"
+        path.write_text(source)
+        res = subprocess.run([nvcc, "--ptx", "-o", str(out), str(path)],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-4000:]
+        return out.read_text()
+    return compile_

@@ -303,17 +303,9 @@ ALL_OPS_2 = _op_set(((1, 1), (0, 0), (1, 1), 1), ((2, 3), (1, 2), (0, 1)),
 
 
 @pytest.mark.parametrize("ctype", ["float", "double"])
-def test_cuda_sources_compile(tmp_path, ctype):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not installed")
+def test_cuda_sources_compile(nvcc_ptx, ctype):
     # one translation unit for every op (kernel names differ): one nvcc run
-    path = tmp_path / f"conv_{ctype}.cu"
-    path.write_text("\n".join(op.cuda_source(ctype) for op in ALL_OPS))
-    out = subprocess.run([nvcc, "--ptx", "-o", str(tmp_path / "out.ptx"), str(path)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-4000:]
-    ptx = (tmp_path / "out.ptx").read_text()
+    ptx = nvcc_ptx("\n".join(op.cuda_source(ctype) for op in ALL_OPS), f"conv_{ctype}")
     for name in ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "max_pool2d",
                  "max_pool2d_backward", "max_pool2d_gather", "avg_pool2d", "avg_pool2d_backward"):
         assert f"gc_{name}_{ctype}" in ptx

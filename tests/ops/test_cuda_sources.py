@@ -10,17 +10,10 @@ from gradcore.ops.elemwise import TABLE, cuda_source
 nvcc = shutil.which("nvcc")
 
 
-@pytest.mark.skipif(nvcc is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("ctype", ["float", "double"])
-def test_elemwise_sources_compile(tmp_path, ctype):
+def test_elemwise_sources_compile(nvcc_ptx, ctype):
     # one translation unit for the whole table: one nvcc run instead of 40
-    src = "\n".join(_isolated(row, ctype) for row in TABLE)
-    path = tmp_path / f"elemwise_{ctype}.cu"
-    path.write_text(src)
-    out = subprocess.run([nvcc, "--ptx", "-o", str(tmp_path / "out.ptx"), str(path)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-4000:]
-    ptx = (tmp_path / "out.ptx").read_text()
+    ptx = nvcc_ptx("\n".join(_isolated(row, ctype) for row in TABLE), f"elemwise_{ctype}")
     for row in TABLE:
         assert f"gc_{row.mode}_{ctype}" in ptx
 

@@ -339,16 +339,8 @@ NAMES = ["split", "stack", "unstack", "gather", "gather_grad", "scatter", "sort"
 
 
 @pytest.mark.parametrize("ctype", ["float", "double"])
-def test_cuda_sources_compile(tmp_path, ctype):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not installed")
-    path = tmp_path / f"indexing_{ctype}.cu"
-    path.write_text("\n".join(op.cuda_source(ctype) for op in _ops()))
-    out = subprocess.run([nvcc, "--ptx", "-o", str(tmp_path / "out.ptx"), str(path)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-4000:]
-    ptx = (tmp_path / "out.ptx").read_text()
+def test_cuda_sources_compile(nvcc_ptx, ctype):
+    ptx = nvcc_ptx("\n".join(op.cuda_source(ctype) for op in _ops()), f"indexing_{ctype}")
     for name in NAMES:
         assert f"gc_{name}_{ctype}" in ptx
 
