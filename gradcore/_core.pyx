@@ -60,7 +60,7 @@ cdef void _set_hot_ops():
 def _install_hooks(**hooks):
     """Called once by gradcore's Python modules to plug their parts in."""
     global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
-    global _h_kernel_error, _h_kernel_for, _h_getattr
+    global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array
     for name, fn in hooks.items():
         if name == "slow_apply": _h_slow_apply = fn
         elif name == "backward_graph": _h_backward_graph = fn
@@ -69,6 +69,7 @@ def _install_hooks(**hooks):
         elif name == "kernel_error": _h_kernel_error = fn
         elif name == "kernel_for": _h_kernel_for = fn
         elif name == "tensor_method": _h_getattr = fn
+        elif name == "device_array": _device_array = fn
         elif name == "operator_ops":
             _operator_ops.update(fn)
             _set_hot_ops()
@@ -87,6 +88,10 @@ cdef dict _grad_rules = {}         # op type -> registered rule (path 2)
 cdef dict _own_rule_types = {}     # op type -> has _grad_rule (path 1)
 cdef dict _bw_front = {}           # (id(op), device, dtypes, rg) -> (op, CompiledBackward)
 cdef str CPU = "cpu"
+cdef str CUDA = "cuda"
+# gradcore.cuda.DeviceArray (set when the CUDA backend is imported): the
+# only data type besides ndarray a Tensor holds; its device is "cuda"
+cdef object _device_array = None
 
 
 class GradRuleFallback(Exception):
@@ -171,8 +176,11 @@ cdef class Tensor:
         if isinstance(data, Tensor):
             src = <Tensor>data
             # its own buffer: in-place updates of one never show in the other
-            self._data = np.array(src._data, dtype=dtype, copy=True)
-            self._device = src._device if device is None else _h_getattr("_norm_device")(device)
+            if type(src._data) is _ndarray:
+                self._data = np.array(src._data, dtype=dtype, copy=True)
+                self._device = src._device if device is None else _h_getattr("_norm_device")(device)
+            else:
+                self._data, self._device = _h_getattr("_to_array")(src._data, dtype, device or src._device)
         else:
             self._data, self._device = _h_getattr("_to_array")(data, dtype, device)
         self.name = name
@@ -201,6 +209,10 @@ cdef class Tensor:
     def numpy(self):
         """The value as a read-only NumPy array (a view, no copy)."""
         arr = self._data
+        if type(arr) is not _ndarray:
+            arr = arr.get()         # a device array: a host copy
+            arr.flags.writeable = False
+            return arr
         if arr.flags.writeable:
             arr = arr.view()
             arr.flags.writeable = False
@@ -231,7 +243,7 @@ cdef class Tensor:
         self._more_slots = None if other._more_slots is None else list(other._more_slots)
 
     def __repr__(self):
-        body = np.array2string(self._data, separator=", ", prefix="Tensor(")
+        body = np.array2string(self.numpy(), separator=", ", prefix="Tensor(")
         return f"Tensor({body}, dtype={self._data.dtype}, device={self._device})"
 
     def __len__(self):
@@ -262,7 +274,7 @@ cdef class Tensor:
         return self._data if dtype is None else self._data.astype(dtype)
 
     def __reduce__(self):
-        return (_rebuild_tensor, (type(self), self._data.copy(), self._device, self.name))
+        return (_rebuild_tensor, (type(self), np.array(self.numpy()), self._device, self.name))
 
     # -- operators: the hot ones go straight to the compiled dispatcher
     def __add__(self, other): return _apply1(_op_add, (self, other))
@@ -353,7 +365,7 @@ cdef object _reduce(Tensor t, str mode, axis, keepdims):
 
 def _rebuild_tensor(cls, data, device, name):
     t = cls.__new__(cls)
-    (<Tensor>t)._data = data
+    (<Tensor>t)._data = data if device == CPU else _h_getattr("_to_array")(data, None, device)[0]
     (<Tensor>t)._device = device
     (<Tensor>t).name = name
     return t
@@ -365,11 +377,16 @@ def _bump_version(Tensor t):
 
 
 cdef inline Tensor _wrap(object arr, object device):
+    # the device follows the data (a Copy op's output is on its target device)
     cdef Tensor t = Tensor.__new__(Tensor)
-    if type(arr) is not _ndarray:
+    if type(arr) is _ndarray:
+        t._device = CPU
+    elif type(arr) is _device_array:
+        t._device = CUDA
+    else:
         arr = _np_asarray(arr)
+        t._device = CPU
     t._data = arr
-    t._device = device
     return t
 
 
@@ -1266,7 +1283,7 @@ cdef object _sum_to_raw(op, object g, tuple shape):
         else:
             raise _shape_error(op, g, shape)
     r = g.sum(axis=tuple(axes))
-    if type(r) is not _ndarray:
+    if type(r) is not _ndarray and type(r) is not _device_array:
         r = _np_asarray(r)
     return r.reshape(shape)
 
@@ -1289,7 +1306,7 @@ cdef inline void _acc_raw(GradSlot s, object g):
         _np_add(s.grad, g, out=s.grad)
     else:
         r = s.grad + g
-        if type(r) is not _ndarray:
+        if type(r) is not _ndarray and type(r) is not _device_array:
             r = _np_asarray(r)
         s.grad = r
         s.owned = True
@@ -1375,7 +1392,8 @@ cdef object _node_grads(GradFn node, bint tensor_mode):
         for i in range(len(grads)):
             if grads[i] is None:
                 shape, dtype = node.out_meta[i]
-                z = _np_zeros(shape, dtype)
+                z = _np_zeros(shape, dtype) if node.device is CPU or node.device == CPU else \
+                    _h_getattr("_zeros_on")(shape, dtype, node.device)
                 grads[i] = _wrap(z, node.device) if tensor_mode else z
     return tuple(grads)
 
@@ -1581,6 +1599,8 @@ def shape_carrier(object arr):
     """A zero-stride array with ``arr``'s shape and dtype that holds one
     element: what a backward graph keeps of a tensor it reads only the shape
     of. Read-only, so equal ones are shared."""
+    if type(arr) is not _ndarray and type(arr) is _device_array:
+        return arr.backend.shape_only(arr.shape, arr.dtype)
     key = (arr.shape, arr.dtype)
     c = _carriers.get(key)
     if c is None:
@@ -1600,6 +1620,8 @@ cdef dict _ones_cache = {}
 cdef object _ones_like(object arr):
     """Ones shaped like ``arr`` (the default output gradient); small ones are
     cached read-only (a seed is never written: slots do not own it)."""
+    if type(arr) is not _ndarray:
+        return _h_getattr("_ones_on")(arr)
     key = (arr.shape, arr.dtype)
     out = _ones_cache.get(key)
     if out is not None:

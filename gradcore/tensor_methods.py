@@ -11,6 +11,7 @@ import numpy as np
 from . import _core, graph
 from .op import OpError, TensorDesc
 from ._core import Tensor
+from .cuda.array import DeviceArray
 
 DEFAULT_FLOAT = np.dtype("float32")
 DEFAULT_INT = np.dtype("int32")
@@ -33,6 +34,11 @@ def to_array(data, dtype=None, device=None):
     """(array, device) for Tensor(data, dtype, device): float32 by default
     for Python numbers and lists, NumPy arrays keep their dtype."""
     dev = norm_device(device)
+    if isinstance(data, DeviceArray):
+        if dev == "cuda":
+            return (data.copy() if dtype is None else data.astype(dtype)), dev
+        arr = data.get() if dtype is None else data.get().astype(dtype)
+        return arr, dev
     if isinstance(data, np.ndarray):
         # a copy: the tensor must not share a buffer the caller can still write
         arr = np.array(data, dtype=dtype, copy=True)
@@ -62,13 +68,34 @@ def _const_for(x, tensors, device):
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
         dtypes = [t.dtype for t in tensors]
         dtype = np.result_type(*dtypes, x) if dtypes else to_array(x)[0].dtype
+        if device != "cpu":
+            return _core.wrap_array(_device_scalar(x, dtype, device))
         return _core.wrap_array(np.asarray(x, dtype), device)
     if isinstance(x, (np.ndarray, np.generic, list, tuple)):
         arr = np.asarray(x)
         if not isinstance(x, (np.ndarray, np.generic)):
             arr = to_array(x)[0]
+        if device != "cpu":
+            from . import devices
+            arr = devices.to_device(arr, device)
         return _core.wrap_array(arr, device)
     return None
+
+
+_scalars = {}
+
+
+def _device_scalar(x, dtype, device):
+    """A Python scalar operand on a device, uploaded once per (value, dtype):
+    constants are never written (in-place operators rebind)."""
+    key = (device, type(x), x, np.dtype(dtype).str)
+    arr = _scalars.get(key)
+    if arr is None:
+        from . import devices
+        if len(_scalars) > 1024:
+            _scalars.clear()
+        arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device)
+    return arr
 
 
 def slow_apply(op, args):
@@ -225,6 +252,8 @@ _HOOK_FNS = {
     "astype": astype,
     "_to_array": to_array,
     "_norm_device": norm_device,
+    "_zeros_on": lambda shape, dtype, device: _F().zeros(shape, dtype, device)._data,
+    "_ones_on": lambda arr: arr.backend.full(arr.shape, 1, arr.dtype),
 }
 
 
@@ -251,4 +280,5 @@ def install():
         kernel_for=kernel_for,
         tensor_method=_HOOK_FNS.__getitem__,
         operator_ops={m: Elemwise(m) for m in modes()},
+        device_array=DeviceArray,
     )

@@ -16,13 +16,13 @@ from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, S
 from .linalg import MatrixMul
 from .nn import LogSoftmax, LogSumExp, Softmax
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
-from .shape import (Broadcast, BroadcastToLike, Cast, Concat, ExpandDims, Identity, Reshape,
+from .shape import (Broadcast, BroadcastToLike, Cast, Concat, Copy, ExpandDims, Identity, Reshape,
                     ReshapeLike, Split, SplitLike, Squeeze, Stack, StopGradient, SumTo, SumToLike,
                     Transpose, Unstack, ZerosLike)
 
 STANDARD_OPS = [
     Elemwise, Reduce, BroadcastBack, ArgReduce, CumSum, MatrixMul, Reshape, ReshapeLike, Transpose, Broadcast,
-    BroadcastToLike, SumTo, SumToLike, ZerosLike, ExpandDims, Squeeze, Cast, Identity,
+    BroadcastToLike, SumTo, SumToLike, ZerosLike, ExpandDims, Squeeze, Cast, Copy, Identity,
     StopGradient, Concat, SplitLike, Subtensor, SubtensorGrad, SetSubtensor, IndexingOneHot,
     IndexingOneHotGrad, LogSoftmax, LogSumExp, Softmax,
     Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,

@@ -268,6 +268,20 @@ class Elemwise(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         return cuda_source(self.row, ctype)
 
+    def cuda(self, be, *xs):
+        (out,) = self.infer(*[TensorDesc(x.shape, x.dtype, "cuda") for x in xs])
+        # the kernel computes in one C type: the output's, or for predicates
+        # the inputs' common type; a where's condition stays bool
+        if out.dtype == np.bool_ and self.mode != "where":
+            compute = np.result_type(*[x.dtype for x in xs])
+        else:
+            compute = out.dtype
+        args = [be.broadcast_to(be.cast(x, np.bool_ if (i == 0 and self.mode == "where") else compute), out.shape)
+                for i, x in enumerate(xs)]
+        y = be.empty(out.shape, out.dtype)
+        be.launch_n(be.kernel(self, be.ctype(compute)), y.size, *args, y, y.size)
+        return y
+
 
 def modes():
     """All elementwise modes, in table order."""

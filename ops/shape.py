@@ -144,11 +144,12 @@ class Broadcast(Op):
         return [grads[0]]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        total = int(np.prod(self.shape, dtype=np.int64))
-        return _broadcast_source(
-            "broadcast", ctype, "",
-            f"    const int ND = {len(self.shape)}; const long long OUT[] = {{{_c_list(self.shape)}}};\n"
-            f"    const long long total = {total}LL;\n")
+        return _broadcast_source("broadcast", ctype, ", gc_dims ys", _RUNTIME_OUT)
+
+    def cuda(self, be, x):
+        y = be.empty(self.shape, x.dtype)
+        be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, y, be.dims(x.shape), be.dims(self.shape))
+        return y
 
 
 class BroadcastToLike(Op):
@@ -327,6 +328,12 @@ class Cast(Op):
             return [None]
         return [_apply1(Cast(x.dtype), grads[0])]
 
+    def cuda(self, be, x):
+        y = be.empty(x.shape, self.dtype)
+        src = self.cuda_source(be.ctype(x.dtype), be.ctype(self.dtype))
+        be.launch_n(be.kernel(self, be.ctype(x.dtype), source=src), y.size, x, y, y.size)
+        return y
+
     def cuda_source(self, ctype: str = "float", to_ctype: Optional[str] = None) -> str:
         """Convert ``ctype`` elements to ``to_ctype`` (default: the C type of
         the op's dtype); the kernel is ``gc_cast_<ctype>_to_<to_ctype>``."""
@@ -341,6 +348,42 @@ class Cast(Op):
                 "    // x, y: total contiguous elements\n" + _LOOP +
                 f"        y[idx] = ({U})x[idx];\n"
                 "    }\n}\n")
+
+
+class Copy(Op):
+    """``x`` copied to ``device`` ("cpu" or "cuda"): ``Tensor.to(device)``.
+    Differentiable: the gradient is copied back to the input's device."""
+    name = "Copy"
+    attrs = ("device",)
+
+    def __init__(self, device: str = "cpu"):
+        from gradcore.tensor_methods import norm_device
+        self.device = norm_device(device)
+        self._seal()
+
+    def infer(self, x):
+        return (TensorDesc(x.shape, x.dtype, self.device),)
+
+    def cpu(self, x):
+        # runs wherever the input is (backward graphs call it on either device)
+        from gradcore import devices
+        if self.device == "cpu":
+            return np.array(devices.to_host(x))
+        if isinstance(x, np.ndarray):
+            return devices.to_device(x, self.device)
+        return x.copy()
+
+    def cuda(self, be, x):
+        return self.cpu(x)
+
+    def vjp(self, inputs, outputs, grads):
+        return [_apply1(Copy(inputs[0].device), grads[0])]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_copy_<ctype>(x, y, total)``: a device-to-device copy of
+        contiguous arrays (host <-> device copies are driver memcpys)."""
+        return (f"extern \"C\" __global__ void {_kname('copy', ctype)}(const {ctype}* __restrict__ x, "
+                f"{ctype}* __restrict__ y, long long total)\n{{\n" + _LOOP + "        y[idx] = x[idx];\n    }\n}\n")
 
 
 class Identity(Op):
@@ -663,6 +706,11 @@ def _copy_source(op_name, T, what):
             f"    // {what}: a contiguous copy of total elements\n" + _LOOP +
             "        y[idx] = x[idx];\n"
             "    }\n}\n")
+
+
+# the output shape as a kernel argument (one kernel for every shape)
+_RUNTIME_OUT = ("    const int ND = ys.n; const long long* OUT = ys.d;\n"
+                "    long long total = 1;\n    for (int d = 0; d < ND; ++d) total *= OUT[d];\n")
 
 
 def _broadcast_source(op_name, T, extra_params, shape_decl):

@@ -1,0 +1,156 @@
+"""``DeviceArray``: what a ``cuda`` Tensor holds instead of an ndarray.
+
+A C-contiguous array in device memory: a pool ``Block`` (shared by views
+such as ``reshape``), a byte offset into it, a shape and a dtype. It offers
+the small part of the ndarray interface the core and the optimizers use
+(shape/dtype/size, ``reshape``, ``sum``, ``copy``, ``astype``, arithmetic
+and NumPy ufuncs with ``out=`` through ``__array_ufunc__``), each running
+the standard ops' CUDA kernels. It never converts itself to host memory
+silently: ``np.asarray(device_array)`` is a TypeError; ``.get()`` copies.
+
+Example::
+
+    >>> import gradcore.cuda as gcuda                   # doctest: +SKIP
+    >>> a = gcuda.backend().to_device(np.arange(3.0))   # doctest: +SKIP
+    >>> (a * 2).get()                                   # doctest: +SKIP
+    array([0., 2., 4.])
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+
+def _normalize_shape(shape, size: int) -> Tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"reshape: at most one -1 in {shape}")
+    if -1 in shape:
+        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        if known == 0 or size % known:
+            raise ValueError(f"cannot reshape an array of size {size} into shape {shape}")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    if int(np.prod(shape, dtype=np.int64)) != size:
+        raise ValueError(f"cannot reshape an array of size {size} into shape {shape}")
+    return shape
+
+
+class DeviceArray:
+    """A C-contiguous array on the ``cuda`` device (see the module docstring)."""
+
+    __slots__ = ("backend", "shape", "dtype", "size", "ndim", "nbytes", "ptr", "_block", "__weakref__")
+    __array_priority__ = 2000
+
+    def __init__(self, backend, shape, dtype, block=None, offset: int = 0):
+        self.backend = backend
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.ndim = len(self.shape)
+        size = 1
+        for s in self.shape:
+            size *= s
+        self.size = size
+        self.nbytes = size * self.dtype.itemsize
+        self._block = block
+        self.ptr = 0 if block is None else int(block) + offset
+
+    # ------------------------------------------------------------ host side
+    def get(self) -> np.ndarray:
+        """A host copy (a new, writable ndarray)."""
+        out = np.empty(self.shape, self.dtype)
+        if self.nbytes:
+            self.backend.driver.dtoh(out, self.ptr)
+        return out
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError(f"item() needs an array with one element, got shape {self.shape}")
+        return self.get().item()
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("a cuda array is not converted to host memory implicitly; "
+                        "use Tensor.numpy() or .to('cpu')")
+
+    def __repr__(self):
+        return f"DeviceArray({np.array2string(self.get(), separator=', ')}, dtype={self.dtype}, device=cuda)"
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def T(self):
+        return self.transpose()
+
+    # ------------------------------------------------------------ views and copies
+    def reshape(self, *shape) -> "DeviceArray":
+        shape = _normalize_shape(shape, self.size)
+        view = DeviceArray(self.backend, shape, self.dtype)
+        view._block, view.ptr = self._block, self.ptr
+        return view
+
+    def copy(self) -> "DeviceArray":
+        out = self.backend.empty(self.shape, self.dtype)
+        if self.nbytes:
+            self.backend.driver.dtod(out.ptr, self.ptr, self.nbytes)
+        return out
+
+    def astype(self, dtype, copy: bool = True) -> "DeviceArray":
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype:
+            return self.copy() if copy else self
+        return self.backend.cast(self, dtype)
+
+    def fill(self, value) -> None:
+        self.backend.fill(self, value)
+
+    def transpose(self, *axes) -> "DeviceArray":
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return self.backend.transpose(self, axes or tuple(reversed(range(self.ndim))))
+
+    # ------------------------------------------------------------ math (standard op kernels)
+    def sum(self, axis=None, keepdims: bool = False, dtype=None) -> "DeviceArray":
+        r = self.backend.reduce("sum", self, axis, keepdims)
+        return r if dtype is None else r.astype(dtype, copy=False)
+
+    def mean(self, axis=None, keepdims: bool = False) -> "DeviceArray":
+        return self.backend.reduce("mean", self, axis, keepdims)
+
+    def max(self, axis=None, keepdims: bool = False) -> "DeviceArray":
+        return self.backend.reduce("max", self, axis, keepdims)
+
+    def min(self, axis=None, keepdims: bool = False) -> "DeviceArray":
+        return self.backend.reduce("min", self, axis, keepdims)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out: Optional[tuple] = None, **kwargs):
+        return self.backend.ufunc(ufunc, method, inputs, out, kwargs)
+
+    def _binary(self, mode, other, reflected=False):
+        a, b = (other, self) if reflected else (self, other)
+        return self.backend.elementwise(mode, a, b)
+
+    def __add__(self, o): return self._binary("add", o)
+    def __radd__(self, o): return self._binary("add", o, True)
+    def __sub__(self, o): return self._binary("sub", o)
+    def __rsub__(self, o): return self._binary("sub", o, True)
+    def __mul__(self, o): return self._binary("mul", o)
+    def __rmul__(self, o): return self._binary("mul", o, True)
+    def __truediv__(self, o): return self._binary("div", o)
+    def __rtruediv__(self, o): return self._binary("div", o, True)
+    def __pow__(self, o): return self._binary("pow", o)
+    def __neg__(self): return self.backend.elementwise("neg", self)

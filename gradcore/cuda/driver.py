@@ -1,0 +1,129 @@
+"""The CUDA driver layer: the few device operations the backend needs, in
+one small interface with two implementations.
+
+- ``PyCudaDriver``: a real GPU through PyCUDA. It uses the device's *primary
+  context* (``retain_primary_context``; never ``pycuda.autoinit``, which
+  creates a private context), so gradcore shares the GPU with PyTorch or
+  CuPy in one process; kernels are PTX from gradcore's own kernel cache
+  (``cache.KernelCache``), loaded with ``module_from_buffer``.
+- ``gradcore.cuda.emulator.HostDriver``: the same interface on the host. It
+  compiles the very same CUDA C sources as C++ and runs them one simulated
+  thread at a time, so the whole backend (device arrays, memory pool, launch
+  layouts, argument packing) is tested on machines without a GPU.
+
+The interface (``alloc`` returns an allocation object whose ``int()`` is the
+device address; ``free`` gives it back)::
+
+    alloc(nbytes) -> allocation            free(allocation)
+    htod(ptr, ndarray)   dtoh(ndarray, ptr)   dtod(dst, src, nbytes)   memset0(ptr, nbytes)
+    load(name, source) -> module           function(module, kernel_name) -> function
+    launch(function, grid, block, param_buffer, shared_bytes)
+    synchronize()      gemm(...)  (cuBLAS, see ``blas``)
+
+Launch parameters arrive as one packed buffer laid out as the CUDA ABI lays
+out kernel parameters (each at an offset aligned to its own alignment), built
+by ``gradcore.cuda.runtime.pack_params``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class CudaUnavailable(RuntimeError):
+    """The ``cuda`` device cannot be used here; the message says why."""
+
+
+class PyCudaDriver:
+    """A GPU through PyCUDA (``pip install gradcore[cuda]``)."""
+
+    kind = "gpu"
+
+    def __init__(self, device_index: int = 0):
+        try:
+            import pycuda.driver as drv
+        except Exception as exc:  # ImportError, or a libcuda that fails to load
+            raise CudaUnavailable(f"PyCUDA is not importable ({type(exc).__name__}: {exc}); "
+                                  "install gradcore[cuda] on a machine with an NVIDIA GPU") from None
+        try:
+            drv.init()
+            count = drv.Device.count()
+        except Exception as exc:
+            raise CudaUnavailable(f"the CUDA driver failed to initialise ({exc})") from None
+        if count == 0:
+            raise CudaUnavailable("PyCUDA found no GPU")
+        if not 0 <= device_index < count:
+            raise CudaUnavailable(f"there is no GPU {device_index} (this machine has {count})")
+        self.drv = drv
+        self.device = drv.Device(device_index)
+        # the primary context: the one the runtime API (PyTorch, CuPy) uses too
+        self.context = self.device.retain_primary_context()
+        self.context.push()
+        major, minor = self.device.compute_capability()
+        self.arch = f"sm_{major}{minor}"
+        self.name = self.device.name()
+        self.total_memory = self.device.total_memory()
+        from .cache import KernelCache
+        self.cache = KernelCache(arch=self.arch)
+        self._blas = None
+
+    def __repr__(self):
+        return f"PyCudaDriver({self.name}, {self.arch})"
+
+    # ---------------------------------------------------------------- memory
+    def alloc(self, nbytes: int):
+        try:
+            return self.drv.mem_alloc(nbytes)
+        except self.drv.MemoryError as exc:
+            raise MemoryError(f"cuda: out of device memory allocating {nbytes} bytes ({exc})") from None
+
+    def free(self, allocation) -> None:
+        allocation.free()
+
+    def htod(self, ptr: int, host) -> None:
+        self.drv.memcpy_htod(ptr, host)
+
+    def dtoh(self, host, ptr: int) -> None:
+        self.drv.memcpy_dtoh(host, ptr)
+
+    def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self.drv.memcpy_dtod(dst, src, nbytes)
+
+    def memset0(self, ptr: int, nbytes: int) -> None:
+        self.drv.memset_d8(ptr, 0, nbytes)
+
+    # ---------------------------------------------------------------- kernels
+    def load(self, name: str, source: str):
+        ptx = self.cache.get(name, source)
+        return self.drv.module_from_buffer(ptx.encode())
+
+    def function(self, module, kernel_name: str):
+        return module.get_function(kernel_name)
+
+    def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
+        # PyCUDA's own call paths pack arguments with struct-style formats
+        # that do not align a by-value struct; the raw launch takes our
+        # buffer, laid out by the CUDA ABI (backend.pack_params)
+        function._launch_kernel(tuple(grid), tuple(block), params, int(shared), None)
+
+    def synchronize(self) -> None:
+        self.drv.Context.synchronize()
+
+    # ---------------------------------------------------------------- BLAS
+    def gemm(self, *args) -> None:
+        if self._blas is None:
+            from .blas import Cublas
+            self._blas = Cublas()
+        self._blas.gemm_strided_batched(*args)
+
+
+def open_driver(kind: Optional[str] = None):
+    """The driver for ``kind``: "gpu" (PyCUDA), "emulator" (host), or None:
+    ``$GRADCORE_CUDA`` ("gpu"/"emulator"), else a GPU."""
+    import os
+    kind = kind or os.environ.get("GRADCORE_CUDA", "").strip().lower() or "gpu"
+    if kind == "gpu":
+        return PyCudaDriver()
+    if kind == "emulator":
+        from .emulator import HostDriver
+        return HostDriver()
+    raise CudaUnavailable(f"GRADCORE_CUDA={kind!r}: expected 'gpu' or 'emulator'")

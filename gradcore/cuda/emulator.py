@@ -1,0 +1,252 @@
+"""A host emulation of the CUDA driver, for machines without a GPU.
+
+``HostDriver`` has ``PyCudaDriver``'s interface. Device memory is host
+memory; a kernel module is the op's CUDA C source compiled as C++ (g++)
+behind a prelude that maps CUDA's keywords, with one launcher per
+``extern "C" __global__`` kernel that unpacks the parameter buffer (laid out
+as the CUDA ABI lays it out) and runs the kernel once per simulated thread,
+block after block, thread after thread. So everything above the driver (the
+device arrays, the memory pool, each op's launch layout and argument list)
+is exercised exactly as on a GPU, only slower.
+
+What it cannot emulate: threads that wait for each other (``__syncthreads``
+is a compile error here), warp intrinsics, and timing. Launch configurations
+are checked against a GPU's limits (1024 threads per block, grid y/z at most
+65535), so a launch that would fail on a GPU fails here too.
+
+Select it with ``GRADCORE_CUDA=emulator`` or ``gradcore.cuda.use("emulator")``.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from .cache import KernelCompileError, default_directory, parse_errors
+from .driver import CudaUnavailable
+
+_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
+
+PRELUDE = r"""
+// ---- gradcore host emulation of CUDA C (gradcore/cuda/emulator.py)
+#include <cmath>
+#include <cfloat>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <tuple>
+#include <utility>
+#include <algorithm>
+using std::min; using std::max;
+using std::sqrt; using std::exp; using std::log; using std::fabs; using std::floor; using std::ceil;
+using std::isnan; using std::isinf;
+struct gc_emu_dim3 { unsigned int x, y, z; };
+static gc_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __syncthreads() static_assert(sizeof(int) == 0, "__syncthreads cannot be emulated on the host")
+template <class T> static inline T atomicAdd(T* p, T v) { T old = *p; *p += v; return old; }
+template <class T> static inline T __ldg(const T* p) { return *p; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+"""
+
+LAUNCHER = r"""
+// ---- launchers: unpack the CUDA-ABI parameter buffer, loop over the grid
+template <class T> static T gc_emu_take(const char* buf, size_t& off) {
+    off = (off + alignof(T) - 1) / alignof(T) * alignof(T);
+    T v; std::memcpy((void*)&v, buf + off, sizeof(T)); off += sizeof(T);
+    return v;
+}
+template <class... A> static void gc_emu_run(void (*k)(A...), const unsigned* g, const unsigned* b, const char* buf) {
+    size_t off = 0;
+    std::tuple<A...> args{gc_emu_take<A>(buf, off)...};   // braced: left to right
+    gridDim = {g[0], g[1], g[2]}; blockDim = {b[0], b[1], b[2]};
+    for (unsigned bz = 0; bz < g[2]; ++bz) for (unsigned by = 0; by < g[1]; ++by) for (unsigned bx = 0; bx < g[0]; ++bx) {
+        blockIdx = {bx, by, bz};
+        for (unsigned tz = 0; tz < b[2]; ++tz) for (unsigned ty = 0; ty < b[1]; ++ty) for (unsigned tx = 0; tx < b[0]; ++tx) {
+            threadIdx = {tx, ty, tz};
+            std::apply(k, args);
+        }
+    }
+}
+"""
+
+
+def _compiler():
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+class _Module:
+    def __init__(self, lib, path):
+        self.lib, self.path = lib, path
+
+
+class HostDriver:
+    """The CUDA driver interface on the host (see the module docstring)."""
+
+    kind = "emulator"
+    name = "host emulator"
+    arch = "host"
+
+    def __init__(self, directory=None):
+        self.cxx = _compiler()
+        if self.cxx is None:
+            raise CudaUnavailable("the CUDA emulator needs a C++ compiler (g++), and none was found")
+        self.directory = Path(directory) if directory else default_directory() / "host"
+        self.total_memory = 1 << 34
+        self._buffers = {}          # address -> host buffer backing it
+        self._modules = {}
+        self._lock = threading.Lock()
+        self.stats = {"compiles": 0, "launches": 0}
+
+    def __repr__(self):
+        return "HostDriver(CUDA emulated on the host)"
+
+    # ---------------------------------------------------------------- memory
+    def alloc(self, nbytes: int):
+        buf = np.empty(max(int(nbytes), 1) + 256, np.uint8)
+        addr = (buf.ctypes.data + 255) & ~255          # cudaMalloc aligns to 256
+        self._buffers[addr] = (buf, int(nbytes))
+        return _Allocation(addr)
+
+    def free(self, allocation) -> None:
+        if self._buffers.pop(int(allocation), None) is None:
+            raise RuntimeError(f"cuda emulator: free of an unknown address {int(allocation):#x}")
+
+    def _check(self, ptr: int, nbytes: int, what: str):
+        """The range [ptr, ptr+nbytes) must lie inside one live allocation
+        (on a GPU, a stray pointer is an illegal address, or silent garbage)."""
+        if nbytes == 0:
+            return
+        for base, (_, size) in self._buffers.items():
+            if base <= ptr and ptr + nbytes <= base + size:
+                return
+        raise RuntimeError(f"cuda emulator: {what} of {nbytes} bytes at {ptr:#x} is outside every allocation")
+
+    def htod(self, ptr: int, host) -> None:
+        host = np.ascontiguousarray(host)
+        self._check(ptr, host.nbytes, "copy to device")
+        ctypes.memmove(ptr, host.ctypes.data, host.nbytes)
+
+    def dtoh(self, host, ptr: int) -> None:
+        self._check(ptr, host.nbytes, "copy to host")
+        ctypes.memmove(host.ctypes.data, ptr, host.nbytes)
+
+    def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self._check(src, nbytes, "device copy from")
+        self._check(dst, nbytes, "device copy to")
+        ctypes.memmove(dst, src, nbytes)
+
+    def memset0(self, ptr: int, nbytes: int) -> None:
+        self._check(ptr, nbytes, "memset")
+        ctypes.memset(ptr, 0, nbytes)
+
+    def check_pointer(self, ptr: int, nbytes: int, what: str) -> None:
+        self._check(ptr, nbytes, what)
+
+    # ---------------------------------------------------------------- kernels
+    def load(self, name: str, source: str):
+        kernels = _KERNEL.findall(source)
+        full = PRELUDE + "#line 1\n" + source + "\n" + LAUNCHER + "".join(
+            f'extern "C" void gc_emu_launch_{k}(const unsigned* g, const unsigned* b, const char* p) '
+            f'{{ gc_emu_run({k}, g, b, p); }}\n' for k in kernels)
+        key = hashlib.sha256(f"{self.cxx}\0{full}".encode()).hexdigest()[:32]
+        with self._lock:
+            mod = self._modules.get(key)
+            if mod is None:
+                path = self.directory / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:80]}-{key}.so"
+                if not path.exists():
+                    self._compile(name, source, full, path)
+                mod = self._modules[key] = _Module(ctypes.CDLL(str(path)), path)
+        return mod
+
+    def _compile(self, name, source, full, path: Path):
+        self.stats["compiles"] += 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="gradcore-emu-") as tmp:
+            src = Path(tmp) / "kernel.cpp"
+            src.write_text(full)
+            out = Path(tmp) / "kernel.so"
+            cmd = [self.cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-o", str(out), str(src)]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if res.returncode != 0:
+                log = res.stdout + res.stderr
+                raise KernelCompileError(name, parse_errors(log, source, src.name), log, "host")
+            tmp_target = path.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(out, tmp_target)
+            os.replace(tmp_target, path)      # atomic: concurrent processes never see half a file
+
+    def function(self, module, kernel_name: str):
+        try:
+            fn = getattr(module.lib, f"gc_emu_launch_{kernel_name}")
+        except AttributeError:
+            raise RuntimeError(f"cuda emulator: no kernel {kernel_name!r} in {module.path.name}") from None
+        fn.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint), ctypes.c_char_p]
+        fn.restype = None
+        return fn
+
+    def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        b = tuple(block) + (1,) * (3 - len(block))
+        if b[0] * b[1] * b[2] > 1024 or b[2] > 64 or min(b) < 1:
+            raise RuntimeError(f"cuda emulator: invalid block {b} (at most 1024 threads, z at most 64)")
+        if not (1 <= g[0] < 2 ** 31 and 1 <= g[1] <= 65535 and 1 <= g[2] <= 65535):
+            raise RuntimeError(f"cuda emulator: invalid grid {g}")
+        self.stats["launches"] += 1
+        function((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), params)
+
+    def synchronize(self) -> None:
+        pass
+
+    # ---------------------------------------------------------------- BLAS
+    def gemm(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+             beta, c, ldc, stride_c, batch, dtype) -> None:
+        """cuBLAS's column-major strided batched GEMM, C = alpha op(A) op(B) + beta C,
+        on host memory (NumPy)."""
+        dt = np.dtype(dtype)
+        ra, ca = (k, m) if transa else (m, k)      # op(A) is m x k; A is stored ra x ca column-major
+        rb, cb = (n, k) if transb else (k, n)
+
+        def view(ptr, rows, cols, ld, stride):
+            if batch == 0 or rows == 0 or cols == 0:
+                return np.zeros((batch, rows, cols), dt)
+            span = ((batch - 1) * stride + (cols - 1) * ld + rows) * dt.itemsize
+            self._check(ptr, span, "gemm operand")
+            raw = (ctypes.c_char * span).from_address(ptr)
+            flat = np.frombuffer(raw, dt)
+            # column-major: element (r, c) of batch i at i*stride + c*ld + r
+            return np.lib.stride_tricks.as_strided(
+                flat, (batch, rows, cols), (stride * dt.itemsize, dt.itemsize, ld * dt.itemsize))
+        A, B, C = view(a, ra, ca, lda, stride_a), view(b, rb, cb, ldb, stride_b), view(c, m, n, ldc, stride_c)
+        opA = A.transpose(0, 2, 1) if transa else A
+        opB = B.transpose(0, 2, 1) if transb else B
+        res = alpha * np.matmul(opA, opB)
+        if beta != 0:
+            res = res + beta * C
+        if m and n and batch:
+            C[...] = res.astype(dt)
+
+
+class _Allocation:
+    __slots__ = ("addr",)
+
+    def __init__(self, addr):
+        self.addr = addr
+
+    def __int__(self):
+        return self.addr

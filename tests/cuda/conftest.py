@@ -1,0 +1,124 @@
+"""The ``cuda`` fixture and the cpu-vs-cuda comparison every CUDA op test uses.
+
+Each test taking ``cuda`` runs once per CUDA driver: ``emulator`` (the host
+emulation in gradcore/cuda/emulator.py, wherever a C++ compiler is) and
+``gpu`` (PyCUDA on a real GPU, skipped cleanly where there is none). The
+same launch code runs on both; on the emulator the kernels are the same
+CUDA C sources compiled as C++.
+"""
+from __future__ import annotations
+
+import shutil
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+from gradcore.autodiff import GradManager
+from gradcore.cuda import runtime
+
+_gpu_reason = None
+
+
+def gpu_unavailable_reason() -> Optional[str]:
+    global _gpu_reason
+    if _gpu_reason is None:
+        from gradcore.cuda.driver import CudaUnavailable, PyCudaDriver
+        try:
+            PyCudaDriver()
+            _gpu_reason = ""
+        except CudaUnavailable as exc:
+            _gpu_reason = str(exc)
+    return _gpu_reason or None
+
+
+@pytest.fixture(params=["emulator", "gpu"])
+def cuda(request):
+    """The CUDA backend under test (selected for the whole process while the
+    test runs: ``device="cuda"`` means it)."""
+    kind = request.param
+    if kind == "emulator" and not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("the CUDA emulator needs g++")
+    if kind == "gpu":
+        reason = gpu_unavailable_reason()
+        if reason:
+            pytest.skip(f"no GPU: {reason}")
+    be = runtime.use(kind)
+    yield be
+    runtime.use(None)
+
+
+def _outputs(res):
+    return [res] if isinstance(res, gc.Tensor) else [r for r in res if r is not None]
+
+
+def _host(t):
+    return None if t is None else np.asarray(t.numpy(), dtype=np.float64)
+
+
+def run_on(device: str, fn: Callable, arrays: Sequence[np.ndarray], weights=None, vweights=None,
+           wrt: Optional[Sequence[int]] = None, second_order: bool = True):
+    """(outputs, first-order grads, second-order grads) of ``fn`` on ``device``,
+    all as float64 host arrays. First order: d sum(out * w) / dx; second order:
+    d sum(grad1 * v) / dx, through nested GradManagers."""
+    xs = [gc.Tensor(np.asarray(a), device=device) for a in arrays]
+    chosen = [x for i, x in enumerate(xs) if x.dtype.kind == "f" and (wrt is None or i in wrt)]
+    outer, inner = GradManager().attach(chosen), GradManager().attach(chosen)
+    with outer:
+        with inner:
+            outs = _outputs(fn(*xs))
+            for o in outs:
+                assert o.device == device, f"an output is on {o.device}, its inputs on {device}"
+            ys = [o for o, w in zip(outs, weights) if o.dtype.kind == "f"]
+            dys = [gc.Tensor(w, device=device) for o, w in zip(outs, weights) if o.dtype.kind == "f"]
+            if ys:
+                inner.backward(ys, dys)
+        first = [x.grad for x in chosen]
+        for g in first:
+            assert g is None or g.device == device, f"a gradient is on {g.device}, its tensor on {device}"
+        for x in chosen:
+            x.grad = None
+        second = None
+        if second_order:
+            terms = [(g * gc.Tensor(v, device=device)).sum() for g, v in zip(first, vweights) if g is not None]
+            if terms:
+                total = terms[0]
+                for t in terms[1:]:
+                    total = total + t
+                outer.backward(total)
+            second = [_host(x.grad) for x in chosen]
+    return [_host(o) for o in outs], [_host(g) for g in first], second
+
+
+def assert_cuda_matches_cpu(fn: Callable, arrays: Sequence, *, rtol: float = 1e-4, atol: float = 1e-5,
+                            wrt: Optional[Sequence[int]] = None, second_order: bool = True, seed: int = 0):
+    """``fn`` on cuda gives the cpu's outputs, first-order gradients and
+    (``second_order``) second-order gradients, within float32 tolerance."""
+    arrays = [np.asarray(a) for a in arrays]
+    rng = np.random.default_rng(seed)
+    cpu_outs = _outputs(fn(*[gc.Tensor(a) for a in arrays]))
+    weights = [rng.standard_normal(o.shape).astype(o.dtype) if o.dtype.kind == "f" else None for o in cpu_outs]
+    floats = [a for i, a in enumerate(arrays) if a.dtype.kind == "f" and (wrt is None or i in wrt)]
+    vweights = [rng.standard_normal(a.shape).astype(a.dtype) for a in floats]
+    ref = run_on("cpu", fn, arrays, weights, vweights, wrt, second_order)
+    got = run_on("cuda", fn, arrays, weights, vweights, wrt, second_order)
+    for what, r_list, g_list in zip(("output", "gradient", "second-order gradient"), ref, got):
+        if r_list is None:
+            continue
+        assert len(r_list) == len(g_list), f"{what}s: {len(g_list)} on cuda, {len(r_list)} on cpu"
+        for i, (r, g) in enumerate(zip(r_list, g_list)):
+            if r is None or g is None:
+                # no path on one device: the other must be zero (or also no path)
+                other = g if r is None else r
+                assert other is None or not np.any(other), f"{what} {i}: None on one device only"
+                continue
+            assert r.shape == g.shape, f"{what} {i}: shape {g.shape} on cuda, {r.shape} on cpu"
+            np.testing.assert_allclose(g, r, rtol=rtol, atol=atol, equal_nan=True,
+                                       err_msg=f"{what} {i}: cuda vs cpu")
+    return ref, got
+
+
+@pytest.fixture
+def matches_cpu():
+    return assert_cuda_matches_cpu
