@@ -176,11 +176,7 @@ cdef class Tensor:
         if isinstance(data, Tensor):
             src = <Tensor>data
             # its own buffer: in-place updates of one never show in the other
-            if type(src._data) is _ndarray:
-                self._data = np.array(src._data, dtype=dtype, copy=True)
-                self._device = src._device if device is None else _h_getattr("_norm_device")(device)
-            else:
-                self._data, self._device = _h_getattr("_to_array")(src._data, dtype, device or src._device)
+            self._data, self._device = _h_getattr("_to_array")(src._data, dtype, device or src._device)
         else:
             self._data, self._device = _h_getattr("_to_array")(data, dtype, device)
         self.name = name

@@ -527,11 +527,12 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         v = mean(d * d, axes, True)
         if training and running_mean is not None:
             n = x.size // x.shape[1]
-            with_history = [m.numpy(), v.numpy() * (n / builtins_max(n - 1, 1))]
+            # history-free tensors: computed where x is, never recorded
+            with_history = [m.detach(), v.detach() * (n / builtins_max(n - 1, 1))]
             for buf, stat in zip((running_mean, running_var), with_history):
                 if buf is not None:
-                    new = momentum * buf.numpy() + (1 - momentum) * stat.reshape(buf.shape)
-                    buf._reset(Tensor(new.astype(buf.dtype)))
+                    new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
+                    buf._reset(new.astype(buf.dtype))
     else:
         d = x - running_mean
         v = running_var
@@ -560,7 +561,7 @@ def dropout(inp, drop_prob: float, training: bool = True):
     from . import random as _random
     keep = _random.generator().random(x.shape) >= drop_prob
     scale = np.asarray(1.0 / (1.0 - drop_prob), x.dtype)
-    return x * Tensor(keep.astype(x.dtype) * scale)
+    return x * Tensor(keep.astype(x.dtype) * scale, device=x.device)
 
 
 import builtins as _builtins  # noqa: E402

@@ -322,12 +322,15 @@ def _compile(graph: BackwardGraph, device: str):
     n_in, n_out = graph.n_in, graph.n_out
     ns = {"_apply": _core.apply, "_one": _one, "_nd": np.ndarray}
     consts = {}
+    raw_consts = []
 
     def arg(a, tensor_mode):
         if isinstance(a, int):
             return f"v{a}"
         name = f"c{len(consts)}"
         consts[name] = a.value if tensor_mode else _raw_const(a)
+        if not tensor_mode:
+            raw_consts.append(name)
         return name
 
     reuse = {} if device != "cpu" else _buffer_reuse(graph, n_in, n_out)
@@ -372,9 +375,22 @@ def _compile(graph: BackwardGraph, device: str):
 
     src = (f"def run_raw(s, g):\n{body(False)}\n\n"
            f"def run_tensor(s, g):\n{body(True)}\n")
+    if device != "cpu":
+        # kernels take device arrays: the raw-mode constants go over once
+        from gradcore import devices
+        for name in raw_consts:
+            value = consts[name]
+            if isinstance(value, (np.ndarray, np.generic)):
+                consts[name] = devices.to_device(np.asarray(value), device)
     ns.update(consts)
     code = compile(src, f"<backward of {graph.op!r}>", "exec")
     exec(code, ns)
+    if device == "cuda":
+        # an all-elementwise graph runs as one fused kernel (gradcore.cuda.fusion)
+        from gradcore.cuda.fusion import fused_runner
+        fused = fused_runner(graph, kept, one_saved)
+        if fused is not None:
+            ns["run_raw"] = fused
     cb = _core.CompiledBackward()
     cb.save_index = tuple(graph.saved_vids)
     cb.precomp_index = tuple(src for src, _ in graph.precomp) or None

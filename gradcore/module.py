@@ -115,7 +115,24 @@ class Module:
             value = np.asarray(state[k].numpy() if isinstance(state[k], Tensor) else state[k])
             if value.shape != t.shape:
                 raise ValueError(f"load_state_dict: {k}: shape {value.shape} does not match {t.shape}")
-            t._reset(Tensor(value.astype(t.dtype)))
+            t._reset(Tensor(value.astype(t.dtype), device=t.device))
+
+    def to(self, device: str) -> "Module":
+        """Move every parameter and buffer to ``device`` ("cpu" or "cuda"),
+        in place: the Parameter objects stay the same, so an optimizer made
+        before keeps working. Gradients are dropped.
+
+        Example::
+
+            >>> model = M.Linear(3, 2).to("cuda")     # doctest: +SKIP
+        """
+        from .tensor_methods import norm_device
+        dev = norm_device(device)
+        for _, t in list(self.named_parameters()) + list(self.named_buffers()):
+            if t.device != dev:
+                t._reset(Tensor(t, device=dev))
+                t.grad = None
+        return self
 
     def zero_grad(self):
         for p in self.parameters():

@@ -15,6 +15,13 @@ from . import _core
 from ._core import Tensor
 
 
+def _zeros_like(data):
+    """Zeros shaped like a parameter's data, on its device."""
+    if type(data) is np.ndarray:
+        return np.zeros_like(data)
+    return data.backend.zeros(data.shape, data.dtype)
+
+
 class Optimizer:
     """Holds ``param_groups`` (dicts with "params" and hyper-parameters)."""
 
@@ -46,7 +53,8 @@ class Optimizer:
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p, p.grad.numpy(), group, self._state.setdefault(id(p), {}))
+                    # the raw data (an ndarray, or a DeviceArray on cuda): updated where it lives
+                    self._update(p, p.grad._data, group, self._state.setdefault(id(p), {}))
         return self
 
     def _update(self, param, grad, group, state):
@@ -58,6 +66,9 @@ class Optimizer:
         allocation and its page faults every step). The version bump makes a
         backward that saved the old value fail loudly instead of silently."""
         data = param._data
+        if type(data) is not np.ndarray:      # a device array: always its own buffer
+            _core._bump_version(param)
+            return data
         if not data.flags.writeable or not data.flags.owndata:
             data = param._data = data.copy()
         _core._bump_version(param)
@@ -85,7 +96,7 @@ class SGD(Optimizer):
         if mom:
             buf = state.get("momentum_buffer")
             if buf is None:
-                buf = state["momentum_buffer"] = np.array(grad, dtype=p.dtype)
+                buf = state["momentum_buffer"] = grad.astype(p.dtype, copy=True)
             else:
                 buf *= mom
                 buf += grad
@@ -115,8 +126,8 @@ class Adam(Optimizer):
         b1, b2 = group["betas"]
         if "exp_avg" not in state:
             state["step"] = 0
-            state["exp_avg"] = np.zeros_like(p)
-            state["exp_avg_sq"] = np.zeros_like(p)
+            state["exp_avg"] = _zeros_like(p)
+            state["exp_avg_sq"] = _zeros_like(p)
         state["step"] += 1
         m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
         m *= b1

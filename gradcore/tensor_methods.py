@@ -33,7 +33,7 @@ def norm_device(device) -> str:
 def to_array(data, dtype=None, device=None):
     """(array, device) for Tensor(data, dtype, device): float32 by default
     for Python numbers and lists, NumPy arrays keep their dtype."""
-    dev = norm_device(device)
+    dev = norm_device("cuda" if device is None and isinstance(data, DeviceArray) else device)
     if isinstance(data, DeviceArray):
         if dev == "cuda":
             return (data.copy() if dtype is None else data.astype(dtype)), dev

@@ -154,3 +154,14 @@ class DeviceArray:
     def __rtruediv__(self, o): return self._binary("div", o, True)
     def __pow__(self, o): return self._binary("pow", o)
     def __neg__(self): return self.backend.elementwise("neg", self)
+
+    # in place: the result is written into this array's buffer (optimizers)
+    def _inplace(self, mode, other):
+        res = self.backend.elementwise(mode, self, other)
+        self.backend.copy_into(self, res)
+        return self
+
+    def __iadd__(self, o): return self._inplace("add", o)
+    def __isub__(self, o): return self._inplace("sub", o)
+    def __imul__(self, o): return self._inplace("mul", o)
+    def __itruediv__(self, o): return self._inplace("div", o)

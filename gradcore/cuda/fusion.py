@@ -274,3 +274,51 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
 
 class _Unfusable(Exception):
     pass
+
+
+def fused_runner(graph, kept: List[int], one_saved: bool):
+    """A ``run_raw(s, g)`` for the cuda device that computes every input
+    gradient of ``graph`` with ONE launch of its fused kernel, or None when
+    the graph does not fuse. ``kept``/``one_saved`` say how the core hands
+    over the saved values (``graph.compiled``'s layout, see graph._compile).
+
+    The parameters are expanded to the output's shape first (a no-op when
+    they have it, the usual case); the core sums the gradients of broadcast
+    inputs down to their shapes afterwards, as for every elementwise op.
+    """
+    kernel = fuse_elementwise(graph, None)
+    if kernel is None:
+        return None
+    position = {v: k for k, v in enumerate(kept)}
+    n_in, n_out = graph.n_in, graph.n_out
+    first_grad = n_in + n_out
+    fetch = []                                  # per parameter: ("s", index) or ("g", index)
+    for p in kernel.inputs:
+        if p.role == "grad":
+            fetch.append(("g", None if n_out == 1 else p.index))
+        else:
+            fetch.append(("s", None if one_saved else position[p.vid]))
+    out_dtypes = [np.dtype(graph.descs[o.vid].dtype) for o in kernel.outputs]
+    slot_of = {o.index: k for k, o in enumerate(kernel.outputs)}
+    grad_order = [None if v is None else slot_of[i] for i, v in enumerate(graph.grad_vids)]
+    single = n_in == 1
+    compiled = {}                               # backend -> Kernel
+
+    def run_raw(s, g):
+        params = [(s if i is None else s[i]) if src == "s" else (g if i is None else g[i]) for src, i in fetch]
+        be = params[0].backend
+        k = compiled.get(be)
+        if k is None:
+            k = compiled[be] = be.kernel(graph.op, kernel.ctype, name=kernel.name, source=kernel.source)
+        shape = params[0].shape
+        for p in params[1:]:
+            if p.shape != shape:
+                shape = tuple(np.broadcast_shapes(shape, p.shape))
+        params = [be.broadcast_to(p, shape) for p in params]
+        outs = [be.empty(shape, dt) for dt in out_dtypes]
+        size = int(np.prod(shape, dtype=np.int64))
+        be.launch_n(k, size, *params, *outs, size)
+        res = tuple(None if k_ is None else outs[k_] for k_ in grad_order)
+        return res[0] if single else res
+    run_raw.fused_kernel = kernel
+    return run_raw

@@ -263,11 +263,18 @@ class Backend:
         if out is None:
             return res
         (target,) = out
-        if not isinstance(target, DeviceArray) or target.shape != res.shape:
-            raise ValueError(f"cuda: np.{ufunc.__name__}(out=...) needs a device array of shape {res.shape}")
-        res = self.cast(res, target.dtype)
-        if res.nbytes:
-            self.driver.dtod(target.ptr, res.ptr, res.nbytes)
+        if not isinstance(target, DeviceArray):
+            raise ValueError(f"cuda: np.{ufunc.__name__}(out=...) needs a device array")
+        return self.copy_into(target, res)
+
+    def copy_into(self, target: DeviceArray, value: DeviceArray) -> DeviceArray:
+        """Write ``value`` (cast to target's dtype) into ``target``'s buffer."""
+        if value.shape != target.shape:
+            raise ValueError(f"cuda: cannot write a result of shape {value.shape} into an array of "
+                             f"shape {target.shape}")
+        value = self.cast(value, target.dtype)
+        if value.nbytes and value.ptr != target.ptr:
+            self.driver.dtod(target.ptr, value.ptr, value.nbytes)
         return target
 
 
@@ -323,12 +330,22 @@ def use(kind: Optional[str]) -> Optional[Backend]:
     with _state_lock:
         _backend, _error = None, None
         if kind is None:
+            _forget_device_state()
             return None
+        _forget_device_state()
         be = _by_kind.get(kind)
         if be is None:
             be = _by_kind[kind] = Backend(open_driver(kind))
         _backend = be
         return be
+
+
+def _forget_device_state():
+    """Backward graphs and scalar constants compiled for the previous
+    backend hold its arrays: drop them when the backend changes."""
+    from gradcore import graph, tensor_methods
+    graph.clear_cache()
+    tensor_methods._scalars.clear()
 
 
 def unavailable_reason() -> Optional[str]:
