@@ -267,7 +267,8 @@ cdef class Tensor:
         return id(self) >> 4
 
     def __array__(self, dtype=None, copy=None):
-        return self._data if dtype is None else self._data.astype(dtype)
+        arr = self._data if type(self._data) is _ndarray else self._data.get()   # a device copies to host
+        return arr if dtype is None else arr.astype(dtype)
 
     def __reduce__(self):
         return (_rebuild_tensor, (type(self), np.array(self.numpy()), self._device, self.name))

@@ -38,6 +38,14 @@ def _axis_key(axis):
     return tuple(axis) if isinstance(axis, list) else axis
 
 
+def _on(x, like) -> Tensor:
+    """``x`` as a Tensor on ``like``'s device, with its own dtype (index
+    arrays, labels)."""
+    if isinstance(x, Tensor) or hasattr(x, "trace"):
+        return x
+    return Tensor(x, device=getattr(like, "device", None))
+
+
 def _t(x, like: Optional[Tensor] = None) -> Tensor:
     if isinstance(x, Tensor):
         return x
@@ -209,15 +217,15 @@ def concat(inps, axis: int = 0):
 # ---- indexing
 def getitem(x, index):
     spec, arrays = split_index(index)
-    arrays = [a if isinstance(a, Tensor) else Tensor(np.asarray(a)) for a in arrays]
+    arrays = [_on(a if isinstance(a, Tensor) else np.asarray(a), x) for a in arrays]
     return _apply(_Subtensor(spec), x, *arrays)[0]
 
 
 def setitem(x, index, value):
     """A copy of ``x`` with ``value`` written at ``index`` (recorded)."""
     spec, arrays = split_index(index)
-    arrays = [a if isinstance(a, Tensor) else Tensor(np.asarray(a)) for a in arrays]
-    value = value if isinstance(value, Tensor) else _core.wrap_array(np.asarray(value, x.dtype), x.device)
+    arrays = [_on(a if isinstance(a, Tensor) else np.asarray(a), x) for a in arrays]
+    value = value if isinstance(value, Tensor) else Tensor(np.asarray(value, x.dtype), device=x.device)
     if value.dtype != x.dtype:
         value = astype(value, x.dtype)
     return _apply(_SetSubtensor(spec), x, value, *arrays)[0]
@@ -230,7 +238,7 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
 
         >>> F.indexing_one_hot(logits, labels)     # (N, C), (N,) -> (N,)
     """
-    return _apply(_IndexingOneHot(int(axis), bool(keepdims)), _t(src), _t(index))[0]
+    return _apply(_IndexingOneHot(int(axis), bool(keepdims)), _t(src), _on(index, src))[0]
 
 
 # ---- split, stack, gather, scatter, sort, topk
@@ -277,7 +285,8 @@ def gather(inp, axis: int, index):
 
         >>> F.gather(x, 1, gc.tensor([[0, 0], [1, 0]]))
     """
-    return _apply(_Gather(int(axis)), _t(inp), _t(index))[0]
+    x = _t(inp)
+    return _apply(_Gather(int(axis)), x, _on(index, x))[0]
 
 
 def scatter(inp, axis: int, index, source):
@@ -290,10 +299,10 @@ def scatter(inp, axis: int, index, source):
     """
     x = _t(inp)
     src = source if isinstance(source, Tensor) or hasattr(source, "trace") else \
-        _core.wrap_array(np.asarray(source, x.dtype), x.device)
+        Tensor(np.asarray(source, x.dtype), device=x.device)
     if src.dtype != x.dtype:
         src = astype(src, x.dtype)
-    return _apply(_Scatter(int(axis)), x, _t(index), src)[0]
+    return _apply(_Scatter(int(axis)), x, _on(index, x), src)[0]
 
 
 def sort(inp, descending: bool = False):
@@ -384,7 +393,8 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
 
         >>> loss = F.cross_entropy(logits, labels)
     """
-    pred, label = _t(pred), _t(label)
+    pred = _t(pred)
+    label = _on(label, pred)
     if label.dtype.kind not in "iu":
         raise TypeError(f"cross_entropy: label must be an integer tensor, got {label.dtype}")
     logp = log_softmax(pred, axis) if with_logits else log(pred)  # noqa: F821

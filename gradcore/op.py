@@ -196,3 +196,8 @@ class Composite(Op):
         if isinstance(res, _core.Tensor):
             return res._data
         return tuple(r._data for r in res)
+
+    def cuda(self, be, *arrays):
+        # the decomposition's ops run where the arrays are (a wrapped
+        # DeviceArray is a cuda tensor)
+        return self.cpu(*arrays)

@@ -18,6 +18,16 @@ pixels or channels. Every op also has a
 (grid-stride loop), shapes passed as ``int`` arguments after the pointers,
 the op's attributes compiled in as constants.
 
+CUDA launchers (``cuda(be, ...)``): pooling runs the direct kernels. The
+convolutions in float32/float64 run as the CPU does, im2col + GEMM: an
+im2col kernel (``gemm_source``; shapes and attributes are arguments, one
+compile per element type) writes each image's (C*KH*KW, OH*OW) matrix, and
+cuBLAS multiplies it per group, batched over the images (the data gradient
+scatters its columns back with a col2im kernel; the filter gradient sums
+the per-image products with one more GEMM). Images run in chunks whose
+scratch matrices stay under ``CUDA_CHUNK_ELEMS``. With ``CUDA_GEMM = False``
+(or other dtypes) the convolutions run the direct kernels.
+
 Gradients are built from the helper ops below, each with its own ``vjp``, so
 every order of derivative works:
 
@@ -39,6 +49,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from gradcore import _core
 from gradcore.op import Op, TensorDesc
+
+from .linalg import check_cuda_dtype, gemm_rows
 
 AVG_MODES = ("average_count_exclude_padding", "average")
 
@@ -119,8 +131,8 @@ def _col2im(cols, xshape, stride, padding, dilation, dtype):
 _CHUNK_ELEMS = 1 << 20
 
 
-def _image_chunks(n, per_image):
-    cs = max(1, _CHUNK_ELEMS // max(per_image, 1))
+def _image_chunks(n, per_image, budget=None):
+    cs = max(1, (budget or _CHUNK_ELEMS) // max(per_image, 1))
     return [(s, min(n, s + cs)) for s in range(0, n, cs)] or [(0, 0)]
 
 
@@ -136,6 +148,84 @@ def _by_images(fn, n, per_image):
     for s, e in chunks[1:]:
         out[s:e] = fn(s, e)
     return out
+
+
+# ---------------------------------------------------------------- CUDA helpers
+# The convolutions run im2col + cuBLAS on cuda (False: the direct kernels),
+# over chunks of images whose scratch matrices hold at most this many elements.
+CUDA_GEMM = True
+CUDA_CHUNK_ELEMS = 1 << 25
+_GEMM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _desc(a):
+    return TensorDesc(a.shape, a.dtype, "cuda")
+
+
+def _use_gemm(dtype):
+    return CUDA_GEMM and np.dtype(dtype) in _GEMM_DTYPES
+
+
+def _launch_direct(op, be, arrays, out, ints):
+    """A new array for ``out`` (a TensorDesc) filled by ``op``'s direct
+    kernel: (*arrays, out, *ints as int), one thread per output element."""
+    check_cuda_dtype(op, out.dtype)
+    y = be.empty(out.shape, out.dtype)
+    be.launch_n(be.kernel(op, be.ctype(out.dtype)), y.size, *arrays, y, *[np.int32(i) for i in ints])
+    return y
+
+
+def _gemm_kernel(op, be, which, dtype):
+    """The im2col or col2im kernel (``gemm_source``: one module per dtype)."""
+    T = be.ctype(dtype)
+    return be.kernel(op, T, name=_kname(which, T), source=gemm_source(T))
+
+
+def gemm_source(ctype: str = "float") -> str:
+    """The convolutions' im2col kernels for the GEMM path, shapes and
+    attributes as arguments (ints: C, H, W, KH, KW, OH, OW, SH, SW, PH, PW,
+    DH, DW); one thread per element written (grid-stride loops):
+
+    ``gc_im2col_<ctype>(x, cols, n0, nb, ...)``: cols (nb, C*KH*KW, OH*OW),
+    rows (c, i, j), columns (oh, ow), of images n0..n0+nb of x (N, C, H, W);
+    taps in the padding are 0.
+
+    ``gc_col2im_<ctype>(cols, gx, n0, nb, ...)``: the adjoint, images
+    n0..n0+nb of gx: each element gathers the columns of every tap that
+    read it (no atomics).
+    """
+    T = ctype
+    ints = ("int C, int H, int W, int KH, int KW, int OH, int OW, int SH, int SW, int PH, int PW, "
+            "int DH, int DW")
+    return (
+        f"extern \"C\" __global__ void {_kname('im2col', T)}(const {T}* __restrict__ x, {T}* __restrict__ cols, "
+        f"long long n0, long long nb, {ints})\n{{\n"
+        "    const long long P = (long long)OH * OW, R = (long long)C * KH * KW;\n"
+        "    const long long total = nb * R * P;\n" + _LOOP +
+        "        const long long p = idx % P, t = idx / P, r = t % R, n = n0 + t / R;\n"
+        "        const int j = (int)(r % KW), i = (int)(r / KW % KH), c = (int)(r / ((long long)KH * KW));\n"
+        "        const int ih = (int)(p / OW) * SH - PH + i * DH, iw = (int)(p % OW) * SW - PW + j * DW;\n"
+        "        cols[idx] = (ih >= 0 && ih < H && iw >= 0 && iw < W)\n"
+        f"            ? x[((n * C + c) * H + ih) * W + iw] : ({T})0;\n"
+        "    }\n}\n"
+        f"extern \"C\" __global__ void {_kname('col2im', T)}(const {T}* __restrict__ cols, {T}* __restrict__ gx, "
+        f"long long n0, long long nb, {ints})\n{{\n"
+        "    const long long P = (long long)OH * OW;\n"
+        "    const long long total = nb * C * H * W;\n" + _LOOP +
+        "        const int iw = (int)(idx % W), ih = (int)(idx / W % H);\n"
+        f"        const {T}* col = cols + idx / ((long long)H * W) * KH * KW * P;   // image and channel\n"
+        f"        {T} acc = 0;\n"
+        "        for (int i = 0; i < KH; ++i) {\n"
+        "            const int th = ih + PH - i * DH;\n"
+        "            if (th < 0 || th % SH || th / SH >= OH) continue;\n"
+        "            for (int j = 0; j < KW; ++j) {\n"
+        "                const int tw = iw + PW - j * DW;\n"
+        "                if (tw < 0 || tw % SW || tw / SW >= OW) continue;\n"
+        "                acc += col[(i * KW + j) * P + (long long)(th / SH) * OW + tw / SW];\n"
+        "            }\n"
+        "        }\n"
+        "        gx[n0 * C * H * W + idx] = acc;\n"
+        "    }\n}\n")
 
 
 # ---------------------------------------------------------------- convolution
@@ -218,6 +308,40 @@ class _ConvBase(Op):
         return (f"    const int SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw}, DH = {dh}, DW = {dw}, "
                 f"G = {self.groups};\n")
 
+    # ------------------------------------------------------------ cuda
+    def _cuda_direct(self, be, arrays, out, xshape, wshape):
+        """Run the op's direct kernel (one thread per element of ``out``, a
+        TensorDesc) on ``arrays``; the kernel's ints are the shapes."""
+        ints = tuple(xshape) + (wshape[0],) + tuple(wshape[2:]) + tuple(self._out_hw(xshape, wshape))
+        return _launch_direct(self, be, arrays, out, ints)
+
+    def _out_hw(self, xshape, wshape):
+        return [_out_size(*a) for a in zip(xshape[2:], wshape[2:], self.stride, self.padding, self.dilation)]
+
+    def _pointwise(self, wshape):
+        """A 1x1 kernel, stride 1, no padding: the im2col matrix is the input."""
+        return tuple(wshape[2:]) == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
+
+    def _gemm_geometry(self, xshape, wshape):
+        """(int args of the im2col/col2im kernels, per-image sizes): rows
+        R = C*KH*KW of the image's matrix, its columns P = OH*OW, a group's
+        rows K = R / groups, the output channels per group OG."""
+        n, c, h, w = xshape
+        o, cg, kh, kw = wshape
+        oh, ow = self._out_hw(xshape, wshape)
+        ints = [np.int32(v) for v in (c, h, w, kh, kw, oh, ow) + self.stride + self.padding + self.dilation]
+        return ints, (c * kh * kw, oh * ow, cg * kh * kw, o // self.groups)
+
+    def _cuda_cols(self, be, x, wshape, n0, nb):
+        """The im2col matrices (nb, C*KH*KW, OH*OW) of images n0..n0+nb of
+        x: (the array to keep alive, its address)."""
+        if self._pointwise(wshape):
+            return x, x.ptr + n0 * (x.size // x.shape[0]) * x.itemsize
+        ints, (r, p, _, _) = self._gemm_geometry(x.shape, wshape)
+        cols = be.empty((nb, r, p), x.dtype)
+        be.launch_n(_gemm_kernel(self, be, "im2col", x.dtype), cols.size, x, cols, n0, nb, *ints)
+        return cols, cols.ptr
+
 
 _CONV_ARGS = "int N, int C, int H, int W, int O, int KH, int KW, int OH, int OW"
 _LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
@@ -254,6 +378,24 @@ class Conv2d(_ConvBase):
         wm = w.reshape(g, o // g, cols.shape[1])
         out = np.matmul(wm, cols) if g > 1 else np.matmul(wm[0], cols[0])[None]   # g, O/g, N*OH*OW
         return out.reshape(g, o // g, n, oh, ow).transpose(2, 0, 1, 3, 4).reshape(n, o, oh, ow)
+
+    def cuda(self, be, x, w):
+        (out,) = self.infer(_desc(x), _desc(w))
+        if 0 in out.shape or x.shape[1] == 0:      # no outputs, or sums over no channels
+            return be.zeros(out.shape, out.dtype)
+        if not _use_gemm(out.dtype):
+            return self._cuda_direct(be, [x, w], out, x.shape, w.shape)
+        y = be.empty(out.shape, out.dtype)
+        _, (r, p, k, og) = self._gemm_geometry(x.shape, w.shape)
+        n, o, it = x.shape[0], w.shape[0], x.itemsize
+        for n0, n1 in _image_chunks(n, r * p, CUDA_CHUNK_ELEMS):
+            scratch, cols = self._cuda_cols(be, x, w.shape, n0, n1 - n0)   # alive while the GEMMs read it
+            for g in range(self.groups):
+                # y[i, g] (OG, P) = w[g] (OG, K) @ cols[i, g] (K, P), for each image i of the chunk
+                gemm_rows(be, out.dtype, og, p, k, w.ptr + g * og * k * it, cols + g * k * p * it,
+                          y.ptr + (n0 * o + g * og) * p * it, stride_a=0, stride_b=r * p, stride_c=o * p,
+                          batch=n1 - n0)
+        return y
 
     def vjp(self, inputs, outputs, grads):
         (x, w), (g,) = inputs, grads
@@ -369,6 +511,29 @@ class Conv2dBackwardData(_ConvGrad):
                 out[:, :, off:off + run] += dc[:, i, j, :, :run]
         return out.reshape(c, n, hp, wp)[:, :, ph:ph + h, pw:pw + w].transpose(1, 0, 2, 3)
 
+    def cuda(self, be, g, w, ref):
+        (out,) = self.infer(_desc(g), _desc(w), _desc(ref))
+        if 0 in out.shape or w.shape[0] == 0:      # nothing to fill, or no outputs fed by it
+            return be.zeros(out.shape, out.dtype)
+        if not _use_gemm(out.dtype):
+            return self._cuda_direct(be, [g, w], out, ref.shape, w.shape)
+        gx = be.empty(out.shape, out.dtype)
+        ints, (r, p, k, og) = self._gemm_geometry(ref.shape, w.shape)
+        n, o, it = ref.shape[0], w.shape[0], g.itemsize
+        pointwise = self._pointwise(w.shape)     # the columns are the gradient itself
+        for n0, n1 in _image_chunks(n, r * p, CUDA_CHUNK_ELEMS):
+            nb = n1 - n0
+            dcols = gx if pointwise else be.empty((nb, r, p), out.dtype)
+            base = dcols.ptr + (n0 * r * p * it if pointwise else 0)
+            for grp in range(self.groups):
+                # dcols[i, grp] (K, P) = w[grp]^T (K, OG) @ g[i, grp] (OG, P)
+                gemm_rows(be, out.dtype, k, p, og, w.ptr + grp * og * k * it, g.ptr + (n0 * o + grp * og) * p * it,
+                          base + grp * k * p * it, ta=True, stride_a=0, stride_b=o * p, stride_c=r * p, batch=nb)
+            if not pointwise:
+                be.launch_n(_gemm_kernel(self, be, "col2im", out.dtype), nb * (gx.size // n), dcols, gx,
+                            n0, nb, *ints)
+        return gx
+
     def vjp(self, inputs, outputs, grads):
         (g, w, ref), (gg,) = inputs, grads
         attrs = (self.stride, self.padding, self.dilation, self.groups)
@@ -438,6 +603,31 @@ class Conv2dBackwardFilter(_ConvGrad):
         if grp == 1:
             return np.matmul(cols[0], gm[0].T).T
         return np.matmul(cols, gm.transpose(0, 2, 1)).transpose(0, 2, 1)
+
+    def cuda(self, be, g, x, ref):
+        (out,) = self.infer(_desc(g), _desc(x), _desc(ref))
+        if 0 in out.shape or x.shape[0] == 0:      # no weights, or a sum over no images
+            return be.zeros(out.shape, out.dtype)
+        if not _use_gemm(out.dtype):
+            return self._cuda_direct(be, [g, x], out, x.shape, ref.shape)
+        gw = be.empty(out.shape, out.dtype)
+        _, (r, p, k, og) = self._gemm_geometry(x.shape, ref.shape)
+        n, o, it = x.shape[0], ref.shape[0], x.itemsize
+        chunks = _image_chunks(n, r * p + o * k, CUDA_CHUNK_ELEMS)
+        most = max(e - s for s, e in chunks)
+        part = be.empty((most, o, k), out.dtype)          # each image's product
+        ones = be.full((most,), 1, out.dtype)
+        for n0, n1 in chunks:
+            nb = n1 - n0
+            scratch, cols = self._cuda_cols(be, x, ref.shape, n0, nb)      # alive while the GEMMs read it
+            for grp in range(self.groups):
+                # part[i, grp] (OG, K) = g[i, grp] (OG, P) @ cols[i, grp]^T (P, K)
+                gemm_rows(be, out.dtype, og, k, p, g.ptr + (n0 * o + grp * og) * p * it, cols + grp * k * p * it,
+                          part.ptr + grp * og * k * it, tb=True, stride_a=o * p, stride_b=r * p,
+                          stride_c=o * k, batch=nb)
+            # gw (1, O*K) (+)= ones (1, nb) @ part (nb, O*K): the sum over the images
+            gemm_rows(be, out.dtype, 1, o * k, nb, ones.ptr, part.ptr, gw.ptr, beta=0.0 if n0 == 0 else 1.0)
+        return gw
 
     def vjp(self, inputs, outputs, grads):
         (g, x, ref), (gg,) = inputs, grads
@@ -519,6 +709,11 @@ class _PoolBase(Op):
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         return (f"    const int KH = {kh}, KW = {kw}, SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw};\n")
 
+    def _cuda_run(self, be, arrays, out, xshape, pooled_shape):
+        """The op's direct kernel on ``arrays`` into a new array for ``out``
+        (a TensorDesc); its ints: x's shape and the pooled (OH, OW)."""
+        return _launch_direct(self, be, arrays, out, tuple(xshape) + tuple(pooled_shape[2:]))
+
 
 _POOL_ARGS = "int N, int C, int H, int W, int OH, int OW"
 
@@ -542,6 +737,14 @@ def _cuda_argmax(T, ind="        "):
 
 class _MaxPoolArgmax(_PoolBase):
     """Shared by the max-pooling ops: index of each window's maximum."""
+
+    def _cuda_argmax_run(self, be, g, x, out, pooled_shape):
+        """Run the kernel on (g, x) in one type, the wider of the two (exact:
+        the argmax of x does not change), then give ``out``'s dtype."""
+        common = np.result_type(g.dtype, x.dtype)
+        y = self._cuda_run(be, [be.cast(g, common), be.cast(x, common)], TensorDesc(out.shape, common),
+                           x.shape, pooled_shape)
+        return be.cast(y, out.dtype)
 
     def _argmax(self, x):
         """Offset (row-major in the window) of each window's first maximum,
@@ -623,6 +826,10 @@ class MaxPool2d(_MaxPoolArgmax):
         (x,), (g,) = inputs, grads
         return [_apply1(MaxPool2dBackward(self.kernel_size, self.stride, self.padding), g, x)]
 
+    def cuda(self, be, x):
+        (out,) = self.infer(_desc(x))
+        return self._cuda_run(be, [x], out, x.shape, out.shape)
+
     def cuda_source(self, ctype: str = "float") -> str:
         T = ctype
         return (
@@ -652,6 +859,10 @@ class MaxPool2dBackward(_MaxPoolArgmax):
 
     def cpu(self, g, x):
         return self._scatter(g, x)
+
+    def cuda(self, be, g, x):
+        (out,) = self.infer(_desc(g), _desc(x))
+        return self._cuda_argmax_run(be, g, x, out, g.shape)
 
     def vjp(self, inputs, outputs, grads):
         (g, x), (gg,) = inputs, grads
@@ -697,6 +908,10 @@ class MaxPool2dGather(_MaxPoolArgmax):
 
     def cpu(self, gg, x):
         return self._gather(gg, x)
+
+    def cuda(self, be, gg, x):
+        (out,) = self.infer(_desc(gg), _desc(x))
+        return self._cuda_argmax_run(be, gg, x, out, out.shape)
 
     def vjp(self, inputs, outputs, grads):
         (gg, x), (g,) = inputs, grads
@@ -777,6 +992,10 @@ class AvgPool2d(_AvgBase):
         (x,), (g,) = inputs, grads
         return [_apply1(AvgPool2dBackward(self.kernel_size, self.stride, self.padding, self.mode), g, x)]
 
+    def cuda(self, be, x):
+        (out,) = self.infer(_desc(x))
+        return self._cuda_run(be, [x], out, x.shape, out.shape)
+
     def cuda_source(self, ctype: str = "float") -> str:
         T = ctype
         return (
@@ -820,6 +1039,10 @@ class AvgPool2dBackward(_AvgBase):
     def vjp(self, inputs, outputs, grads):
         (g, ref), (gg,) = inputs, grads
         return [_apply1(AvgPool2d(self.kernel_size, self.stride, self.padding, self.mode), gg), None]
+
+    def cuda(self, be, g, ref):
+        (out,) = self.infer(_desc(g), _desc(ref))
+        return self._cuda_run(be, [g], out, ref.shape, g.shape)
 
     def cuda_source(self, ctype: str = "float") -> str:
         T = ctype

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Tuple
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from gradcore import _core
 from gradcore.op import Op, OpError, TensorDesc
@@ -86,6 +87,113 @@ def _probe_shape(op, spec, shape, idx_descs, descs):
         raise IndexOpError(str(op.error(str(exc), *descs))) from None
 
 
+# ---------------------------------------------------------------- cuda launch helpers
+def _descs(*arrays):
+    return [TensorDesc(a.shape, a.dtype, "cuda") for a in arrays]
+
+
+def _host(a):
+    """A host copy of an index array (a DeviceArray, or an ndarray already).
+    Copying a device index means a synchronization; the index forms that need
+    it (arrays, masks, range checks) are computed on the host for now."""
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
+def _c_strides(shape):
+    """Element strides of a C-contiguous array of ``shape``."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
+
+def _full_index(index):
+    # a trailing Ellipsis makes NumPy return a 0-d array, never a scalar
+    return index if any(i is Ellipsis for i in index) else index + (Ellipsis,)
+
+
+def _basic_view(shape, spec):
+    """(shape, element strides, element offset of the first element) of
+    ``x[index]`` for a basic index: the view NumPy would make, found on a
+    one-byte-per-element probe (no data is touched)."""
+    probe = as_strided(np.zeros(1, np.uint8), shape, _c_strides(shape))
+    view = probe[_full_index(build_index(spec, ()))]
+    base = view.__array_interface__["data"][0] - probe.__array_interface__["data"][0]
+    return view.shape, view.strides, base
+
+
+def _broadcast_strides(shape, to):
+    """Element strides reading an array of ``shape`` broadcast to ``to`` (0 on
+    broadcast axes)."""
+    probe = as_strided(np.zeros(1, np.uint8), shape, _c_strides(shape))
+    return np.broadcast_to(probe, to).strides
+
+
+def _flat_offsets(shape, spec, idx):
+    """The flat element offsets in a contiguous array of ``shape`` of the
+    elements ``x[index]`` selects (an int64 array of the result's shape), for
+    an index with arrays. Indexes zero-stride coordinate probes, one per axis,
+    so it costs the result's size, never x's, and a bad index raises NumPy's
+    own IndexError."""
+    index = _full_index(build_index(spec, [_host(a) for a in idx]))
+    zeros = (0,) * len(shape)
+    offsets = np.array(as_strided(np.zeros(1, np.int64), shape, zeros)[index], np.int64)
+    for d, (n, step) in enumerate(zip(shape, _c_strides(shape))):
+        if n > 1:
+            coord = as_strided(np.arange(n, dtype=np.int64), shape, zeros[:d] + (8,) + zeros[d + 1:])
+            offsets += coord[index] * step
+    return offsets
+
+
+def _compact(shape, *strides):
+    """(shape, strides...) without size-1 axes and with the axes that are
+    contiguous in every stride list merged: fewer axes for the kernels'
+    index arithmetic (and fewer than GC_MAX_DIMS in practice)."""
+    dims, out = [], [[] for _ in strides]
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        if dims and all(o[-1] == st[d] * n for o, st in zip(out, strides)):
+            dims[-1] *= n
+            for o, st in zip(out, strides):
+                o[-1] = st[d]
+        else:
+            dims.append(n)
+            for o, st in zip(out, strides):
+                o.append(st[d])
+    return tuple(dims), [tuple(o) for o in out]
+
+
+def _launch_strided(be, op, src, dst, shape, sstrides, sbase, dstrides, dbase):
+    """dst[dbase + c . dstrides] = src[sbase + c . sstrides] for every
+    coordinate c of ``shape``: ``op``'s _strided_source kernel."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if n == 0:
+        return
+    dims, (ss, ds) = _compact(shape, sstrides, dstrides)
+    be.launch_n(be.kernel(op, be.ctype(dst.dtype)), n, src, dst, be.dims(dims), be.dims(ss), int(sbase),
+                be.dims(ds), int(dbase))
+
+
+def _on_device(be, a, dtype):
+    """``a`` (a DeviceArray, or host data a tensor may hold) as a DeviceArray
+    of ``dtype`` and of ``a``'s own shape (0-d included)."""
+    out = be.asarray(a, dtype)
+    return out if out.shape == a.shape else out.reshape(a.shape)
+
+
+def _index32(be, index):
+    """An index array as the kernels' int32 (cast on the device; the range is
+    checked before, so no value wraps)."""
+    return _on_device(be, index, np.int32)
+
+
+def _outer_n_inner(shape, ax):
+    return (int(np.prod(shape[:ax], dtype=np.int64)), int(shape[ax]),
+            int(np.prod(shape[ax + 1:], dtype=np.int64)))
+
+
 class Subtensor(Op):
     """``x[index]``; index arrays are extra inputs."""
     name = "Subtensor"
@@ -107,12 +215,28 @@ class Subtensor(Op):
 
     def cuda_source(self, ctype: str = "float") -> str:
         T = ctype
+        if not _has_arrays(self.spec):
+            return _strided_source("subtensor", T, "y = x[index] for a basic index: a strided view of x (src) "
+                                   "copied into contiguous y (dst)")
         return (f"extern \"C\" __global__ void {_kname('subtensor', T)}(const {T}* __restrict__ x, "
                 f"const long long* __restrict__ offsets, {T}* __restrict__ y, long long total)\n{{\n"
                 "    // y = x[index]: offsets[i] is the flat element offset in contiguous x of y's\n"
                 "    // element i, computed by the backend on the host from the index expression\n" + _LOOP +
                 "        y[idx] = x[offsets[idx]];\n"
                 "    }\n}\n")
+
+    def cuda(self, be, x, *idx):
+        self.infer(*_descs(x, *idx))
+        if not _has_arrays(self.spec):
+            shape, strides, base = _basic_view(x.shape, self.spec)
+            y = be.empty(shape, x.dtype)
+            _launch_strided(be, self, x, y, shape, strides, base, _c_strides(shape), 0)
+            return y
+        offsets = _flat_offsets(x.shape, self.spec, idx)
+        y = be.empty(offsets.shape, x.dtype)
+        if y.size:
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, be.to_device(offsets), y, y.size)
+        return y
 
 
 class SubtensorGrad(Op):
@@ -144,14 +268,31 @@ class SubtensorGrad(Op):
 
     def cuda_source(self, ctype: str = "float") -> str:
         T = ctype
-        # basic indexing never selects an element twice: a plain store will do
-        store = "atomicAdd(y + offsets[idx], g[idx]);" if _has_arrays(self.spec) else "y[offsets[idx]] = g[idx];"
+        if not _has_arrays(self.spec):
+            # basic indexing never selects an element twice: a plain strided store will do
+            return _strided_source("subtensor_grad", T, "y (ref's shape, zero-filled by the backend first)[index] "
+                                   "= g: contiguous g (src, or broadcast: stride 0) stored through the view (dst)")
         return (f"extern \"C\" __global__ void {_kname('subtensor_grad', T)}(const {T}* __restrict__ g, "
                 f"const long long* __restrict__ offsets, {T}* y, long long total)\n{{\n"
                 "    // y (contiguous, ref's shape) zero-filled by the backend first; offsets as for\n"
                 "    // Subtensor (one per element of g); repeated offsets accumulate\n" + _LOOP +
-                f"        {store}\n"
+                "        atomicAdd(y + offsets[idx], g[idx]);\n"
                 "    }\n}\n")
+
+    def cuda(self, be, g, ref, *idx):
+        # ref is shape-only (no device memory): only its shape is read
+        self.infer(*_descs(g, ref, *idx))
+        if not _has_arrays(self.spec):
+            shape, strides, base = _basic_view(ref.shape, self.spec)
+            y = be.zeros(ref.shape, g.dtype)
+            _launch_strided(be, self, g, y, shape, _broadcast_strides(g.shape, shape), 0, strides, base)
+            return y
+        offsets = _flat_offsets(ref.shape, self.spec, idx)
+        y = be.zeros(ref.shape, g.dtype)
+        if offsets.size:
+            g = be.broadcast_to(g, offsets.shape)
+            be.launch_n(be.kernel(self, be.ctype(g.dtype)), g.size, g, be.to_device(offsets), y, g.size)
+        return y
 
 
 class SetSubtensor(Op):
@@ -175,7 +316,7 @@ class SetSubtensor(Op):
         return (TensorDesc(x.shape, x.dtype, x.device),)
 
     def cpu(self, x, value, *idx):
-        out = x.copy()
+        out = np.array(x)     # a copy, and an array even where a backward hands a 0-d x over as a NumPy scalar
         out[build_index(self.spec, idx)] = value
         return out
 
@@ -187,6 +328,9 @@ class SetSubtensor(Op):
 
     def cuda_source(self, ctype: str = "float") -> str:
         T = ctype
+        if not _has_arrays(self.spec):
+            return _strided_source("set_subtensor", T, "y (a copy of x, made by the backend first)[index] = value: "
+                                   "value (src, broadcast: stride 0) stored through the view (dst)")
         return (f"extern \"C\" __global__ void {_kname('set_subtensor', T)}(const {T}* __restrict__ value, "
                 "const long long* __restrict__ offsets, const long long* __restrict__ vpos, "
                 f"{T}* __restrict__ y, long long total)\n{{\n"
@@ -195,6 +339,33 @@ class SetSubtensor(Op):
                 "    // shape; the host keeps only the last write of a repeated offset (NumPy's rule)\n" + _LOOP +
                 "        y[offsets[idx]] = value[vpos[idx]];\n"
                 "    }\n}\n")
+
+    def cuda(self, be, x, value, *idx):
+        self.infer(*_descs(x, value, *idx))
+        if not _has_arrays(self.spec):
+            shape, strides, base = _basic_view(x.shape, self.spec)
+            y = x.copy()
+            value = _on_device(be, value, x.dtype)      # NumPy's assignment casts the value
+            _launch_strided(be, self, value, y, shape, _broadcast_strides(value.shape, shape), 0, strides, base)
+            return y
+        host_idx = [_host(a) for a in idx]
+        offsets = _flat_offsets(x.shape, self.spec, host_idx)
+        # the assignment into a zero-stride probe raises NumPy's own error for a
+        # value that does not broadcast to the selection (the shape is only known
+        # here when a mask is involved)
+        as_strided(np.zeros(1, np.int8), x.shape, (0,) * x.ndim, writeable=True)[
+            build_index(self.spec, host_idx)] = as_strided(np.zeros(1, np.int8), value.shape, (0,) * value.ndim)
+        vpos = np.broadcast_to(np.arange(value.size, dtype=np.int64).reshape(value.shape), offsets.shape).ravel()
+        offsets = offsets.ravel()
+        # threads write in no order: keep only the last write of a repeated offset
+        _, last = np.unique(offsets[::-1], return_index=True)
+        keep = offsets.size - 1 - last
+        y = x.copy()
+        value = _on_device(be, value, x.dtype)
+        if keep.size:
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), keep.size, value, be.to_device(offsets[keep]),
+                        be.to_device(vpos[keep]), y, keep.size)
+        return y
 
 
 class IndexingOneHot(Op):
@@ -223,8 +394,7 @@ class IndexingOneHot(Op):
         ax = self.axis % x.ndim
         if index.shape != x.shape[:ax] + x.shape[ax + 1:]:   # take_along_axis would broadcast it
             raise ValueError(f"index shape must be {x.shape[:ax] + x.shape[ax + 1:]}")
-        if index.size and (index.min() < -x.shape[ax] or index.max() >= x.shape[ax]):
-            raise IndexError(f"index out of range for axis {ax} of size {x.shape[ax]}")
+        _check_one_hot_range(index, x.shape[ax], ax)
         out = np.take_along_axis(x, np.expand_dims(index, ax), ax)
         return out if self.keepdims else np.squeeze(out, ax)
 
@@ -244,6 +414,23 @@ class IndexingOneHot(Op):
                 "        if (k < 0) k += n;\n"
                 f"        y[idx] = (k >= 0 && k < n) ? x[((idx / inner) * n + k) * inner + idx % inner] : ({T})0;\n"
                 "    }\n}\n")
+
+    def cuda(self, be, x, index):
+        (out,) = self.infer(*_descs(x, index))
+        ax = self.axis % x.ndim
+        # the cpu raises for an index out of range (the kernel would give 0): checked
+        # on a host copy of the index, a synchronization
+        _check_one_hot_range(_host(index), x.shape[ax], ax)
+        outer, n, inner = _outer_n_inner(x.shape, ax)
+        y = be.empty(out.shape, x.dtype)
+        if y.size:
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, _index32(be, index), y, outer, n, inner)
+        return y
+
+
+def _check_one_hot_range(index, n, ax):
+    if index.size and (index.min() < -n or index.max() >= n):
+        raise IndexError(f"index out of range for axis {ax} of size {n}")
 
 
 class IndexingOneHotGrad(Op):
@@ -283,6 +470,17 @@ class IndexingOneHotGrad(Op):
                 f"        y[idx] = k == j ? g[r] : ({T})0;\n"
                 "    }\n}\n")
 
+    def cuda(self, be, g, ref, index):
+        # ref is shape-only. The index is not range-checked again: it is the one
+        # the forward (IndexingOneHot, TopK) checked or made, and an index out of
+        # range only leaves zeros here
+        (out,) = self.infer(*_descs(g, ref, index))
+        outer, n, inner = _outer_n_inner(ref.shape, self.axis % len(ref.shape))
+        y = be.empty(out.shape, g.dtype)
+        if y.size:
+            be.launch_n(be.kernel(self, be.ctype(g.dtype)), y.size, g, _index32(be, index), y, outer, n, inner)
+        return y
+
 # ---------------------------------------------------------------- gather / scatter
 # CUDA kernels below: a grid-stride loop, one thread per output element (per
 # row for TopK); index arrays are int32 (``const int*``); arbitrary ranks
@@ -292,6 +490,25 @@ _LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadId
          "         idx += (long long)blockDim.x * gridDim.x) {\n")
 _DIMS = ("#ifndef GC_DIMS_DEFINED\n#define GC_DIMS_DEFINED\n#define GC_MAX_DIMS 8\n"
          "struct gc_dims { int n; long long d[GC_MAX_DIMS]; };\n#endif\n")
+
+
+def _strided_source(op_name, T, what):
+    """A copy between two strided views: one thread per element of ``shape``."""
+    return (_DIMS +
+            f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ src, {T}* __restrict__ dst, "
+            "gc_dims shape, gc_dims sstr, long long sbase, gc_dims dstr, long long dbase)\n{\n"
+            f"    // {what}.\n"
+            "    // For each coordinate c of shape: dst[dbase + c . dstr] = src[sbase + c . sstr]; element\n"
+            "    // strides (negative for negative steps, 0 where src is broadcast), computed on the host\n"
+            "    long long total = 1;\n"
+            "    for (int d = 0; d < shape.n; ++d) total *= shape.d[d];\n" + _LOOP +
+            "        long long t = idx, s = sbase, o = dbase;\n"
+            "        for (int d = shape.n - 1; d >= 0; --d) {\n"
+            "            const long long c = t % shape.d[d]; t /= shape.d[d];\n"
+            "            s += c * sstr.d[d]; o += c * dstr.d[d];\n"
+            "        }\n"
+            "        dst[o] = src[s];\n"
+            "    }\n}\n")
 
 
 def _kname(op_name, ctype):
@@ -416,6 +633,17 @@ class Gather(Op):
                 f"        y[idx] = ok ? x[off] : ({T})0;\n"
                 "    }\n}\n")
 
+    def cuda(self, be, x, index):
+        _validate(self, x, index)
+        ax = self.axis % x.ndim
+        # the cpu's range error: checked on a host copy of the index (a synchronization)
+        _checked_index(self, _host(index), x.shape[ax], ax, (x, index))
+        y = be.empty(index.shape, x.dtype)
+        if y.size:
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, _index32(be, index), y,
+                        be.dims(x.shape), be.dims(index.shape), np.int32(ax))
+        return y
+
 
 class GatherGrad(Op):
     """Zeros shaped like ``ref`` with ``g`` added where ``index`` points
@@ -463,6 +691,17 @@ class GatherGrad(Op):
                 _SCAN_BODY.replace("HIT", "acc += g[p];") +
                 "        y[idx] = acc;\n"
                 "    }\n}\n")
+
+    def cuda(self, be, g, ref, index):
+        # ref is shape-only. The index is the one Gather checked (or Sort / TopK
+        # made): not range-checked again; an entry out of range adds nowhere
+        _validate(self, g, ref, index)
+        ax = self.axis % len(ref.shape)
+        y = be.empty(ref.shape, g.dtype)
+        if y.size:
+            be.launch_n(be.kernel(self, be.ctype(g.dtype)), y.size, g, _index32(be, index), y,
+                        be.dims(ref.shape), be.dims(index.shape), np.int32(ax))
+        return y
 
 
 class Scatter(Op):
@@ -517,6 +756,17 @@ class Scatter(Op):
                 "        y[idx] = v_out;\n"
                 "    }\n}\n")
 
+    def cuda(self, be, x, index, source):
+        _validate(self, x, index, source)
+        ax = self.axis % x.ndim
+        _checked_index(self, _host(index), x.shape[ax], ax, (x, index, source))   # a synchronization
+        y = be.empty(x.shape, x.dtype)
+        if y.size:
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, _index32(be, index),
+                        _on_device(be, source, x.dtype), y,
+                        be.dims(x.shape), be.dims(index.shape), np.int32(ax))
+        return y
+
 
 def _zeros_like():
     from .shape import ZerosLike
@@ -535,9 +785,11 @@ def _order(x, descending):
 
 def _rank_cmp(desc):
     # u comes before v (element j before element i): strictly smaller (larger
-    # when descending), or equal with a smaller index (stable)
+    # when descending), or equal with a smaller index (stable). NaN (x != x)
+    # goes last either way and NaNs tie, as in NumPy's argsort of x (or -x)
     op = ">" if desc else "<"
-    return f"(u {op} v || (u == v && j < i))"
+    return (f"((u == u && (v != v || u {op} v)) || "
+            "((u == v || (u != u && v != v)) && j < i))")
 
 
 class Sort(Op):
@@ -581,6 +833,14 @@ class Sort(Op):
             "        y[idx - i + rank] = v;\n"
             "        ind[idx - i + rank] = i;\n"
             "    }\n}\n")
+
+    def cuda(self, be, x):
+        _validate(self, x)
+        y, ind = be.empty(x.shape, x.dtype), be.empty(x.shape, np.int32)
+        if x.size:
+            n = x.shape[-1]
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), x.size, x, y, ind, x.size // n, np.int32(n))
+        return y, ind
 
 
 TOPK_MODES = ("sorted", "no_sort", "kth_only")
@@ -659,3 +919,12 @@ class TopK(Op):
             "            }\n" + emit +
             "        }\n"
             "    }\n}\n")
+
+    def cuda(self, be, x):
+        (vd, idd) = self.infer(*_descs(x))
+        y, ind = be.empty(vd.shape, x.dtype), be.empty(idd.shape, np.int32)
+        if y.size:
+            n = x.shape[-1]
+            rows = x.size // n
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), rows, x, y, ind, rows, np.int32(n))
+        return y, ind

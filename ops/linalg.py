@@ -1,4 +1,10 @@
-"""Linear algebra: batched matrix multiplication."""
+"""Linear algebra: batched matrix multiplication.
+
+On ``cuda``, floating-point products run on cuBLAS (``gemm_rows`` maps a
+row-major product onto its column-major strided batched GEMM); integer and
+bool products, which cuBLAS lacks, run on a direct kernel
+(``direct_matmul_source``) that gives NumPy's exact (wrapping) result.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -62,11 +68,37 @@ class MatrixMul(Op):
             return [mm(g, b), mm(g, a, ta=True)]
         return [mm(b, g, True, True), mm(g, a, True, True)]
 
+    def cuda(self, be, a, b):
+        (out,) = self.infer(TensorDesc(a.shape, a.dtype, "cuda"), TensorDesc(b.shape, b.dtype, "cuda"))
+        dtype, bs = out.dtype, out.shape[:-2]
+        m, n = out.shape[-2:]
+        k = a.shape[-2] if self.transpose_a else a.shape[-1]
+        check_cuda_dtype(self, dtype)
+        if 0 in out.shape or k == 0:      # an empty sum is 0 (and cuBLAS needs k >= 1)
+            return be.zeros(out.shape, dtype)
+        a, sa = _batch_operand(be, be.cast(a, dtype), bs)
+        b, sb = _batch_operand(be, be.cast(b, dtype), bs)
+        batch = int(np.prod(bs, dtype=np.int64))
+        c = be.empty(out.shape, dtype)
+        if dtype.kind in "iub":
+            kernel = be.kernel(self, be.ctype(dtype), source=direct_matmul_source(be.ctype(dtype)))
+            be.launch_n(kernel, c.size, a, b, c, m, n, k, batch, sa, sb,
+                        np.int32(self.transpose_a), np.int32(self.transpose_b))
+            return c
+        if sb == 0 and sa and not self.transpose_a:
+            m, batch = m * batch, 1      # one shared b: the batch is just more rows of a
+        gemm_rows(be, dtype, m, n, k, a.ptr, b.ptr, c.ptr, ta=self.transpose_a, tb=self.transpose_b,
+                  stride_a=sa, stride_b=sb, batch=batch)
+        return c
+
     def cuda_source(self, ctype: str = "float") -> str:
-        """The CUDA backend runs MatrixMul with cuBLAS (``gemmStridedBatched``,
-        or one GEMM per batch offset when the batch axes broadcast); this
-        source is the fallback, for ctypes cuBLAS lacks or without cuBLAS: a
-        tiled batched GEMM ``gc_matmul_<ctype>(a, b, c, M, N, K, bs, as, bst)``.
+        """The CUDA backend runs MatrixMul with cuBLAS (``gemmStridedBatched``:
+        an operand with one matrix gets stride 0, other broadcast batch axes
+        are materialised) and integer products on ``direct_matmul_source``;
+        this source is the documented fallback for a build without cuBLAS
+        (it needs real thread blocks: ``__syncthreads``, so the emulator
+        cannot run it): a tiled batched GEMM
+        ``gc_matmul_<ctype>(a, b, c, M, N, K, bs, as, bst)``.
 
         a, b, c contiguous; c of shape (*bs, M, N). ``bs`` is the output's
         batch shape, ``as``/``bst`` a's and b's element strides over those
@@ -106,3 +138,77 @@ class MatrixMul(Op):
                 "        }\n"
                 "        if (i < M && j < N) c[(z * M + i) * N + j] = acc;\n"
                 "    }\n}\n")
+
+
+_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_INT32_MAX = 2 ** 31 - 1
+
+
+def check_cuda_dtype(op, dtype):
+    """float16 and complex have no cuda kernels (nor cuBLAS GEMMs here): say
+    so, as Elemwise does, instead of failing to compile a ``__half`` kernel."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float16 or dtype.kind == "c":
+        raise TypeError(f"{op._name()}: cuda has no {dtype} kernels; cast the inputs to float32 or float64")
+
+
+def _batch_operand(be, x, batch_shape):
+    """``x`` (*, r, c) ready for a batched product over ``batch_shape``, and
+    its stride between matrices: its own when its batch is the whole batch
+    (the same layout), 0 when it has one matrix, else broadcast out."""
+    mat = x.shape[-2] * x.shape[-1]
+    own = int(np.prod(x.shape[:-2], dtype=np.int64))
+    if own == int(np.prod(batch_shape, dtype=np.int64)):
+        return x, mat
+    if own == 1:
+        return x, 0
+    return be.broadcast_to(x, tuple(batch_shape) + x.shape[-2:]), mat
+
+
+def gemm_rows(be, dtype, m, n, k, a, b, c, *, ta=False, tb=False, lda=None, ldb=None, ldc=None,
+              stride_a=None, stride_b=None, stride_c=None, batch=1, beta=0.0):
+    """``c[i] = op(a[i]) @ op(b[i]) + beta * c[i]`` for ``i < batch`` on row-major
+    matrices through cuBLAS (``be.gemm``, column-major): op(a) is m x k
+    (stored k x m when ``ta``), op(b) k x n (stored n x k when ``tb``), c
+    m x n. ``a``, ``b``, ``c`` are device addresses; ``ld*`` the distance
+    between a stored matrix's rows (default: contiguous), ``stride_*`` between
+    the batch's matrices (0: the same matrix for all). Needs k >= 1.
+
+    A row-major matrix is its transpose in column-major order, so C = A B is
+    computed as C^T = B^T A^T: cuBLAS's A is our b, its B our a, m and n swap.
+    """
+    if not (m and n and batch):
+        return
+    lda = max(1, m if ta else k) if lda is None else lda
+    ldb = max(1, k if tb else n) if ldb is None else ldb
+    ldc = max(1, n) if ldc is None else ldc
+    if max(m, n, k, lda, ldb, ldc, batch) > _INT32_MAX:
+        raise ValueError(f"cuda matmul: a dimension exceeds cuBLAS's 32-bit limit (m={m}, n={n}, k={k}, "
+                         f"batch={batch})")
+    stride_a = m * k if stride_a is None else stride_a
+    stride_b = k * n if stride_b is None else stride_b
+    stride_c = m * n if stride_c is None else stride_c
+    be.gemm(tb, ta, n, m, k, 1.0, b, ldb, stride_b, a, lda, stride_a, beta, c, ldc, stride_c, batch, dtype)
+
+
+def direct_matmul_source(ctype: str) -> str:
+    """``gc_matmul_direct_<ctype>(a, b, c, M, N, K, batch, sa, sb, ta, tb)``:
+    the products cuBLAS has no GEMM for (integers, bool), accumulated in the
+    element type as NumPy does. c (batch, M, N) contiguous; a and b
+    contiguous matrices ``sa``/``sb`` elements apart (0: one matrix for the
+    whole batch), a stored (M, K) or (K, M) when ``ta``, b (K, N) or (N, K)
+    when ``tb``. One thread per element of c (grid-stride loop)."""
+    T = ctype
+    return (f'extern "C" __global__ void gc_matmul_direct_{T.replace(" ", "_")}(const {T}* __restrict__ a, '
+            f"const {T}* __restrict__ b, {T}* __restrict__ c, long long M, long long N, long long K, "
+            "long long batch, long long sa, long long sb, int ta, int tb)\n{\n"
+            "    const long long total = batch * M * N;\n"
+            "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+            "         idx += (long long)blockDim.x * gridDim.x) {\n"
+            "        const long long j = idx % N, t = idx / N, i = t % M, z = t / M;\n"
+            f"        const {T}* A = a + z * sa; const {T}* B = b + z * sb;\n"
+            f"        {T} acc = 0;\n"
+            "        for (long long q = 0; q < K; ++q)\n"
+            f"            acc = ({T})(acc + (ta ? A[q * M + i] : A[i * K + q]) * (tb ? B[j * K + q] : B[q * N + j]));\n"
+            "        c[idx] = acc;\n"
+            "    }\n}\n")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from gradcore import _core
-from gradcore.op import Composite, Op
+from gradcore.op import Composite, Op, TensorDesc
 
 from .elemwise import Elemwise
+from .linalg import check_cuda_dtype
 from .reduce import Reduce
 from .shape import StopGradient
 
@@ -48,6 +49,9 @@ class LogSoftmax(Op):
     def decompose(self, x):
         return x - _apply1(LogSumExp(self.axis, True), x)
 
+    def cuda(self, be, x):
+        return _launch_rows(self, be, x)
+
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_log_softmax_<ctype>(x, y, outer, n, inner)``: x and y
         contiguous, viewed as (outer, n, inner) around the axis; one thread
@@ -55,7 +59,6 @@ class LogSoftmax(Op):
         T = ctype
         return (f'extern "C" __global__ void gc_log_softmax_{_cname(T)}(const {T}* __restrict__ x, '
                 f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
-                f"    // axis {self.axis}\n"
                 "    const long long total = outer * inner;\n"
                 "    if (n <= 0) return;\n" + _ROWS +
                 "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
@@ -100,6 +103,9 @@ class Softmax(Op):
     def decompose(self, x):
         return _apply1(Elemwise("exp"), _apply1(LogSoftmax(self.axis), x))
 
+    def cuda(self, be, x):
+        return _launch_rows(self, be, x)
+
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_softmax_<ctype>(x, y, outer, n, inner)``: as log_softmax."""
         return LogSoftmax(self.axis).cuda_source(ctype).replace("gc_log_softmax_", "gc_softmax_").replace(
@@ -124,10 +130,15 @@ class LogSumExp(Composite):
         m = _apply1(StopGradient(), _apply1(Reduce("max", self.axis, True), x))
         s = _apply1(Reduce("sum", self.axis, True), _apply1(Elemwise("exp"), x - m))
         out = _apply1(Elemwise("log"), s) + m
-        if not self.keepdims:
+        if not self.keepdims and x.ndim != 0:      # a 0-d x has no axis to squeeze
             from .shape import Squeeze
             out = _apply1(Squeeze(self.axis), out)
         return out
+
+    def cuda(self, be, x):
+        # the fused kernel runs the forward; the backward is still derived
+        # from the decomposition (its ops run on cuda one by one)
+        return _launch_rows(self, be, x)
 
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_logsumexp_<ctype>(x, y, outer, n, inner)``: a fused kernel for
@@ -136,7 +147,6 @@ class LogSumExp(Composite):
         T = ctype
         return (f'extern "C" __global__ void gc_logsumexp_{_cname(T)}(const {T}* __restrict__ x, '
                 f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
-                f"    // axis {self.axis}, keepdims={self.keepdims}\n"
                 "    const long long total = outer * inner;\n"
                 "    if (n <= 0) return;\n" + _ROWS +
                 f"        const {T}* p = x + (idx / inner) * n * inner + idx % inner;\n"
@@ -145,6 +155,25 @@ class LogSumExp(Composite):
                 "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
                 "        y[idx] = log(s) + m;\n"
                 "    }\n}\n")
+
+
+def _launch_rows(op, be, x):
+    """Run ``op``'s row kernel (x viewed as (outer, n, inner) around
+    ``op.axis``; one thread per row) into a new array of the inferred shape."""
+    # the CPU kernels take integers too (exp promotes them as NumPy does); so
+    # does this, past infer's check (which also rejects a bad axis, and
+    # LogSumExp over an empty axis, as the CPU does)
+    dtype = x.dtype if x.dtype.kind in "fc" else np.exp(np.zeros(0, x.dtype)).dtype
+    (out,) = op.infer(TensorDesc(x.shape, dtype, "cuda"))
+    check_cuda_dtype(op, out.dtype)
+    x = be.cast(x, out.dtype)
+    y = be.empty(out.shape, out.dtype)
+    axis = op.axis % max(x.ndim, 1)
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    n = x.shape[axis] if x.ndim else 1
+    inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    be.launch_n(be.kernel(op, be.ctype(x.dtype)), outer * inner, x, y, outer, n, inner)
+    return y
 
 
 # grid-stride loop of the CUDA kernels above: one thread per row

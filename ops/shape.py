@@ -59,7 +59,10 @@ class Reshape(Op):
         return [_apply1(ReshapeLike(), grads[0], inputs[0])]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _copy_source("reshape", ctype, f"reshape to {self.shape}")
+        return _copy_source("reshape", ctype, "reshape (cuda: a view, no kernel)")
+
+    def cuda(self, be, x):
+        return _view(self, x)
 
 
 class ReshapeLike(Op):
@@ -77,7 +80,10 @@ class ReshapeLike(Op):
         return [_apply1(ReshapeLike(), grads[0], inputs[0]), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _copy_source("reshape_like", ctype, "reshape to ref's shape (ref is not passed)")
+        return _copy_source("reshape_like", ctype, "reshape to ref's shape (ref is not passed; cuda: a view)")
+
+    def cuda(self, be, x, ref):
+        return _view(self, x, ref)
 
 
 class Transpose(Op):
@@ -102,21 +108,33 @@ class Transpose(Op):
         return [_apply1(Transpose(tuple(np.argsort(self.perm))), grads[0])]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T, nd = ctype, len(self.perm)
+        """``gc_transpose_<ctype>(x, y, xs, perm)``: y = x.transpose(perm), x
+        contiguous of shape ``xs``, y contiguous; ``perm`` is a ``gc_dims``
+        (one kernel for every permutation). One thread per y element,
+        grid-stride loop."""
+        T = ctype
         return (_dims_src() +
                 f"extern \"C\" __global__ void {_kname('transpose', T)}(const {T}* __restrict__ x, "
-                f"{T}* __restrict__ y, gc_dims xs)\n{{\n"
-                "    // y = x.transpose(PERM); x contiguous of shape xs, y contiguous\n"
-                f"    const int ND = {nd}; const int PERM[] = {{{_c_list(self.perm)}}};\n"
-                "    long long xstr[ND + 1], total = 1;          // x's element strides\n"
+                f"{T}* __restrict__ y, gc_dims xs, gc_dims perm)\n{{\n"
+                "    const int ND = xs.n;\n"
+                "    long long xstr[GC_MAX_DIMS], total = 1;     // x's element strides\n"
                 "    for (int d = ND - 1; d >= 0; --d) { xstr[d] = total; total *= xs.d[d]; }\n" + _LOOP +
                 "        long long t = idx, off = 0;\n"
-                "        for (int d = ND - 1; d >= 0; --d) {     // y's axis d is x's axis PERM[d]\n"
-                "            const long long n = xs.d[PERM[d]];\n"
-                "            off += (t % n) * xstr[PERM[d]]; t /= n;\n"
+                "        for (int d = ND - 1; d >= 0; --d) {     // y's axis d is x's axis perm.d[d]\n"
+                "            const long long n = xs.d[perm.d[d]];\n"
+                "            off += (t % n) * xstr[perm.d[d]]; t /= n;\n"
                 "        }\n"
                 "        y[idx] = x[off];\n"
                 "    }\n}\n")
+
+    def cuda(self, be, x):
+        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        shape, perm = _merge_axes(x.shape, self.perm)
+        if perm == tuple(range(len(perm))):     # the order of the elements is unchanged
+            return x.reshape(out.shape)
+        y = be.empty(out.shape, x.dtype)
+        be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, y, be.dims(shape), be.dims(perm))
+        return y
 
 
 class Broadcast(Op):
@@ -147,9 +165,7 @@ class Broadcast(Op):
         return _broadcast_source("broadcast", ctype, ", gc_dims ys", _RUNTIME_OUT)
 
     def cuda(self, be, x):
-        y = be.empty(self.shape, x.dtype)
-        be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, y, be.dims(x.shape), be.dims(self.shape))
-        return y
+        return _broadcast(be, self, x, self.shape)
 
 
 class BroadcastToLike(Op):
@@ -174,6 +190,9 @@ class BroadcastToLike(Op):
             "    long long total = 1;\n"
             "    for (int d = 0; d < ND; ++d) total *= OUT[d];\n")
 
+    def cuda(self, be, x, ref):
+        return _broadcast(be, self, x, ref.shape)      # ref may be shape-only: its shape is all we read
+
 
 class SumToLike(Op):
     """Sum x down to the (broadcast-compatible) shape of ref."""
@@ -190,8 +209,10 @@ class SumToLike(Op):
         return [_apply1(BroadcastToLike(), grads[0], inputs[0]), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _sum_to_source("sum_to_like", ctype, ", gc_dims ys",
-                              "    const int NY = ys.n; const long long* YS = ys.d;   // ref's shape\n")
+        return _sum_to_source("sum_to_like", ctype, "ref's shape")
+
+    def cuda(self, be, x, ref):
+        return _sum_to(be, self, x, ref.shape)         # ref may be shape-only: its shape is all we read
 
 
 class SumTo(Op):
@@ -214,9 +235,10 @@ class SumTo(Op):
         return [_apply1(BroadcastToLike(), grads[0], inputs[0])]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _sum_to_source("sum_to", ctype, "",
-                              f"    const int NY = {len(self.shape)}; "
-                              f"const long long YS[] = {{{_c_list(self.shape)}}};\n")
+        return _sum_to_source("sum_to", ctype, "the op's shape")
+
+    def cuda(self, be, x):
+        return _sum_to(be, self, x, self.shape)
 
 
 def sum_to(x, shape):
@@ -248,6 +270,9 @@ class ZerosLike(Op):
                 f"        y[idx] = ({T})0;\n"
                 "    }\n}\n")
 
+    def cuda(self, be, ref):
+        return be.zeros(ref.shape, ref.dtype)      # a memset; ref may be shape-only
+
 
 class ExpandDims(Op):
     name = "ExpandDims"
@@ -274,7 +299,10 @@ class ExpandDims(Op):
         return [_apply1(ReshapeLike(), grads[0], inputs[0])]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _copy_source("expand_dims", ctype, f"expand_dims at {self.axis}")
+        return _copy_source("expand_dims", ctype, "expand_dims (cuda: a view, no kernel)")
+
+    def cuda(self, be, x):
+        return _view(self, x)
 
 
 class Squeeze(Op):
@@ -305,7 +333,10 @@ class Squeeze(Op):
         return [_apply1(ReshapeLike(), grads[0], inputs[0])]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _copy_source("squeeze", ctype, f"squeeze of {self.axis if self.axis is not None else 'every size-1 axis'}")
+        return _copy_source("squeeze", ctype, "squeeze (cuda: a view, no kernel)")
+
+    def cuda(self, be, x):
+        return _view(self, x)
 
 
 class Cast(Op):
@@ -399,7 +430,10 @@ class Identity(Op):
         return [grads[0]]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _copy_source("identity", ctype, "identity")
+        return _copy_source("identity", ctype, "identity (cuda: the input itself, as on the cpu)")
+
+    def cuda(self, be, x):
+        return x
 
 
 class StopGradient(Op):
@@ -416,7 +450,10 @@ class StopGradient(Op):
         return [None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _copy_source("stop_gradient", ctype, "stop_gradient (identity forward)")
+        return _copy_source("stop_gradient", ctype, "stop_gradient (identity forward; cuda: the input itself)")
+
+    def cuda(self, be, x):
+        return x
 
 
 class Concat(Op):
@@ -451,20 +488,17 @@ class Concat(Op):
         return list(_core.apply(SplitLike(self.axis), grads[0], *inputs))
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (f"extern \"C\" __global__ void {_kname('concat', T)}(const {T}* __restrict__ x, "
-                f"{T}* __restrict__ y, long long outer, long long n, long long offset, long long len, "
-                "long long inner)\n{\n"
-                f"    // one launch per input (axis {self.axis}): y[:, offset:offset + len, :] = x, y viewed\n"
-                "    // as (outer, n, inner) around the axis and x as (outer, len, inner); inputs of\n"
-                "    // another dtype are cast to y's first\n"
-                "    const long long total = outer * len * inner;\n" + _LOOP +
-                "        const long long i = idx % inner; const long long t = idx / inner;\n"
-                "        const long long j = t % len; const long long o = t / len;\n"
-                "        y[(o * n + offset + j) * inner + i] = x[idx];\n"
-                "    }\n}\n")
+        return _piece_source("concat", ctype, True,
+                             "one launch per input: y[:, offset:offset + len, :] = x, y viewed as (outer, n,\n"
+                             "    // inner) around the axis and x as (outer, len, inner); inputs of another\n"
+                             "    // dtype are cast to y's first")
 
-
+    def cuda(self, be, *xs):
+        (out,) = self.infer(*_descs(xs))
+        ax = self.axis % len(out.shape)
+        y = be.empty(out.shape, out.dtype)
+        _pieces(be, self, y, ax, [be.cast(x, out.dtype) for x in xs], [x.shape[ax] for x in xs], scatter=True)
+        return y
 class SplitLike(Op):
     """Split x along axis into pieces sized like refs (concat's backward)."""
     name = "SplitLike"
@@ -488,17 +522,17 @@ class SplitLike(Op):
         return [_apply1(Concat(self.axis), *grads)] + [None] * (len(inputs) - 1)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (f"extern \"C\" __global__ void {_kname('split_like', T)}(const {T}* __restrict__ x, "
-                f"{T}* __restrict__ y, long long outer, long long n, long long offset, long long len, "
-                "long long inner)\n{\n"
-                f"    // one launch per output (axis {self.axis}): y = x[:, offset:offset + len, :], x viewed\n"
-                "    // as (outer, n, inner) around the axis and y as (outer, len, inner)\n"
-                "    const long long total = outer * len * inner;\n" + _LOOP +
-                "        const long long i = idx % inner; const long long t = idx / inner;\n"
-                "        const long long j = t % len; const long long o = t / len;\n"
-                "        y[idx] = x[(o * n + offset + j) * inner + i];\n"
-                "    }\n}\n")
+        return _piece_source("split_like", ctype, False,
+                             "one launch per output: y = x[:, offset:offset + len, :], x viewed as\n"
+                             "    // (outer, n, inner) around the axis and y as (outer, len, inner)")
+
+    def cuda(self, be, x, *refs):
+        if len(refs) == 1:      # as the cpu: the array itself
+            return x
+        ax = self.axis % x.ndim
+        ys = [be.empty(r.shape, x.dtype) for r in refs]     # refs may be shape-only
+        _pieces(be, self, x, ax, ys, [r.shape[ax] for r in refs], scatter=False)
+        return tuple(ys)
 
 # ---------------------------------------------------------------- split / stack
 # CUDA kernels of the copy ops below: one thread per output element
@@ -576,16 +610,18 @@ class Split(Op):
         return [_apply1(Concat(self.axis), *grads) if grads else None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('split', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, long long outer, int n, int offset, int len, long long inner)\n{{\n"
-            "    // y = x[:, offset:offset + len, :] of x viewed as (outer, n, inner)\n"
-            "    const long long total = outer * len * inner;\n" + _LOOP +
-            "        const long long i = idx % inner; const long long t = idx / inner;\n"
-            "        const long long j = t % len; const long long o = t / len;\n"
-            "        y[idx] = x[(o * n + offset + j) * inner + i];\n"
-            "    }\n}\n")
+        return _piece_source("split", ctype, False,
+                             "one launch per output: y = x[:, offset:offset + len, :], x viewed as\n"
+                             "    // (outer, n, inner) around the axis and y as (outer, len, inner)")
+
+    def cuda(self, be, x):
+        outs = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        if len(outs) == 1:
+            return x
+        ax = self.axis % x.ndim
+        ys = [be.empty(o.shape, o.dtype) for o in outs]
+        _pieces(be, self, x, ax, ys, [o.shape[ax] for o in outs], scatter=False)
+        return tuple(ys)
 
 
 def _stack_axis(op, axis, nd, descs):
@@ -629,17 +665,16 @@ class Stack(Op):
         return out
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('stack', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, long long outer, int n, int k, long long inner)\n{{\n"
-            "    // y[:, k, :] = x, y viewed as (outer, n, inner) and x as (outer, inner)\n"
-            "    const long long total = outer * inner;\n" + _LOOP +
-            "        const long long i = idx % inner; const long long o = idx / inner;\n"
-            "        y[(o * n + k) * inner + i] = x[idx];\n"
-            "    }\n}\n")
+        return _piece_source("stack", ctype, True,
+                             "one launch per input k: y[:, k, :] = x (offset k, len 1), y viewed as\n"
+                             "    // (outer, n, inner) around the new axis and x as (outer, 1, inner)")
 
-
+    def cuda(self, be, *xs):
+        (out,) = self.infer(*_descs(xs))
+        ax = self.axis % len(out.shape)
+        y = be.empty(out.shape, out.dtype)
+        _pieces(be, self, y, ax, [be.cast(x, out.dtype) for x in xs], [1] * len(xs), scatter=True)
+        return y
 class Unstack(Op):
     """The ``n`` slices of x along ``axis``, that axis removed (Stack's backward)."""
     name = "Unstack"
@@ -670,15 +705,16 @@ class Unstack(Op):
         return [_apply1(Stack(self.axis), *grads)]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('unstack', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, long long outer, int n, int k, long long inner)\n{{\n"
-            "    // y = x[:, k, :], x viewed as (outer, n, inner)\n"
-            "    const long long total = outer * inner;\n" + _LOOP +
-            "        const long long i = idx % inner; const long long o = idx / inner;\n"
-            "        y[idx] = x[(o * n + k) * inner + i];\n"
-            "    }\n}\n")
+        return _piece_source("unstack", ctype, False,
+                             "one launch per output k: y = x[:, k, :] (offset k, len 1), x viewed as\n"
+                             "    // (outer, n, inner) around the axis and y as (outer, 1, inner)")
+
+    def cuda(self, be, x):
+        outs = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        ax = self.axis % x.ndim
+        ys = [be.empty(o.shape, o.dtype) for o in outs]
+        _pieces(be, self, x, ax, ys, [1] * self.n, scatter=False)
+        return ys[0] if self.n == 1 else tuple(ys)     # as the cpu
 
 
 # ---------------------------------------------------------------- CUDA helpers
@@ -695,9 +731,69 @@ def _dims_src():
     return _DIMS
 
 
-def _c_list(values):
-    """A C initializer list; padded so that a 0-d one is not empty."""
-    return ", ".join([str(int(v)) for v in values] + ["1"])
+def _prod(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _merge_axes(shape, perm):
+    """(x's shape, perm) of the same transpose with fewer axes: size-1 axes
+    dropped, and axes that stay adjacent and in order in y merged."""
+    kept = [a for a in range(len(shape)) if shape[a] != 1]
+    rank = {a: i for i, a in enumerate(kept)}
+    groups = []                         # runs of consecutive x axes, in y's order
+    for a in perm:
+        if shape[a] == 1:
+            continue
+        if groups and rank[groups[-1][-1]] + 1 == rank[a]:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    by_x = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    merged = tuple(_prod([shape[a] for a in groups[g]]) for g in by_x)
+    pos = {g: i for i, g in enumerate(by_x)}
+    return merged, tuple(pos[g] for g in range(len(groups)))
+
+
+def _check_broadcast(op, small, big):
+    """``small`` must broadcast to ``big``: a kernel given other shapes would
+    read out of bounds."""
+    try:
+        ok = tuple(np.broadcast_shapes(small, big)) == tuple(big)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise op.error(f"shape {tuple(small)} does not broadcast to {tuple(big)}")
+
+
+def _broadcast(be, op, x, shape):
+    """``op``'s broadcast kernel: x broadcast to ``shape``."""
+    shape = tuple(shape)
+    _check_broadcast(op, x.shape, shape)
+    if x.size == _prod(shape):          # only size-1 axes added: the same elements
+        return x.reshape(shape)
+    y = be.empty(shape, x.dtype)
+    be.launch_n(be.kernel(op, be.ctype(x.dtype)), y.size, x, y, be.dims(x.shape), be.dims(shape))
+    return y
+
+
+# the sum-to kernels add up at most this many elements per thread
+_LONG_SUM = 1024
+
+
+def _sum_to(be, op, x, shape):
+    """``op``'s sum-to kernel: x summed down to ``shape`` (as ``sum_to``)."""
+    shape = tuple(shape)
+    if x.size == _prod(shape):          # nothing to add up (as the cpu, a reshape)
+        return x.reshape(shape)
+    _check_broadcast(op, shape, x.shape)
+    lead = x.ndim - len(shape)
+    axes = tuple(a for a in range(x.ndim) if a < lead or (shape[a - lead] == 1 and x.shape[a] != 1))
+    if x.dtype.kind == "f" and _prod([x.shape[a] for a in axes]) > _LONG_SUM:
+        # long sums: the reduction's kernels split them over many threads
+        return be.reduce("sum", x, axes).reshape(shape)
+    y = be.empty(shape, x.dtype)
+    be.launch_n(be.kernel(op, be.ctype(x.dtype)), y.size, x, y, be.dims(x.shape), be.dims(shape))
+    return y
 
 
 def _copy_source(op_name, T, what):
@@ -706,6 +802,48 @@ def _copy_source(op_name, T, what):
             f"    // {what}: a contiguous copy of total elements\n" + _LOOP +
             "        y[idx] = x[idx];\n"
             "    }\n}\n")
+
+
+def _piece_source(op_name, T, scatter, what):
+    """``gc_<op_name>_<T>(x, y, outer, n, offset, len, inner)`` (long longs
+    after the pointers): copies one piece (outer, len, inner) into
+    (``scatter``) or out of the big array (outer, n, inner), at ``offset``
+    along its middle axis. One thread per piece element, grid-stride loop."""
+    big = "(o * n + offset + j) * inner + i"
+    body = f"y[{big}] = x[idx];" if scatter else f"y[idx] = x[{big}];"
+    return (f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
+            f"{T}* __restrict__ y, long long outer, long long n, long long offset, long long len, "
+            "long long inner)\n{\n"
+            f"    // {what}\n"
+            "    const long long total = outer * len * inner;\n" + _LOOP +
+            "        const long long i = idx % inner; const long long t = idx / inner;\n"
+            "        const long long j = t % len; const long long o = t / len;\n"
+            f"        {body}\n"
+            "    }\n}\n")
+
+
+def _pieces(be, op, big, axis, pieces, lengths, scatter):
+    """Launch ``op``'s piece kernel once per piece: piece k spans
+    ``lengths[k]`` entries of ``big``'s ``axis``, the pieces in order;
+    ``scatter``: write them into ``big``, else read them out of it."""
+    outer, n, inner = _prod(big.shape[:axis]), big.shape[axis], _prod(big.shape[axis + 1:])
+    kernel = be.kernel(op, be.ctype(big.dtype))
+    offset = 0
+    for piece, length in zip(pieces, lengths):
+        src, dst = (piece, big) if scatter else (big, piece)
+        be.launch_n(kernel, piece.size, src, dst, outer, n, offset, length, inner)
+        offset += length
+
+
+def _descs(arrays):
+    return [TensorDesc(a.shape, a.dtype, "cuda") for a in arrays]
+
+
+def _view(op, *arrays):
+    """A reshape op on cuda: the input's memory under the inferred shape (no
+    copy, like NumPy's view on the cpu; arrays are never written in place)."""
+    (out,) = op.infer(*_descs(arrays))
+    return arrays[0].reshape(out.shape)
 
 
 # the output shape as a kernel argument (one kernel for every shape)
@@ -730,14 +868,16 @@ def _broadcast_source(op_name, T, extra_params, shape_decl):
             "    }\n}\n")
 
 
-def _sum_to_source(op_name, T, extra_params, shape_decl):
-    """y (shape YS of rank NY) = x summed over its broadcast axes: x's leading
-    axes, and those where YS (right-aligned) has 1 and x more. One thread per
-    output element loops over every x element that maps to it."""
+def _sum_to_source(op_name, T, what):
+    """``gc_<op_name>_<T>(x, y, xs, ys)``: y (shape ys, ``what``) = x (shape
+    xs) summed over its broadcast axes: x's leading axes, and those where ys
+    (right-aligned) has 1 and x more. One thread per output element loops
+    over every x element that maps to it (grid-stride loop)."""
     return (_dims_src() +
             f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, gc_dims xs{extra_params})\n{{\n"
-            "    // x: contiguous of shape xs; y: contiguous, shape YS right-aligned to xs\n" + shape_decl +
+            f"{T}* __restrict__ y, gc_dims xs, gc_dims ys)\n{{\n"
+            f"    // x: contiguous of shape xs; y: contiguous, shape ys ({what}) right-aligned to xs\n"
+            "    const int NY = ys.n; const long long* YS = ys.d;\n"
             "    const int lead = xs.n - NY;\n"
             "    bool summed[GC_MAX_DIMS];\n"
             "    long long total = 1, count = 1;\n"

@@ -32,6 +32,8 @@ __all__ = ["KernelCache", "KernelCompileError", "default_directory", "cache_key"
 DEFAULT_ARCH = "sm_80"
 KEY_VERSION = 1     # bump when the key or the file format changes
 _ERROR_LINE = re.compile(r"^(?P<file>.*?)\((?P<line>\d+)\): (?P<kind>(?:catastrophic )?error)[^:]*: (?P<msg>.*)$")
+# g++ (the host emulator): file:line:column: error: message
+_GCC_ERROR_LINE = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):\d+: (?P<kind>(?:fatal )?error): (?P<msg>.*)$")
 
 
 class KernelCompileError(RuntimeError):
@@ -219,11 +221,12 @@ class KernelCache:
 
 def parse_errors(log: str, source: str, filename: Optional[str] = None) -> List[Tuple[Optional[int], str, str]]:
     """(line number, source line, message) for each ``file(line): error``
-    nvcc reported in ``source`` (errors in headers keep their file name)."""
+    nvcc (or ``file:line:col: error`` g++) reported in ``source`` (errors
+    in headers keep their file name)."""
     lines = source.splitlines()
     errors = []
     for raw in log.splitlines():
-        m = _ERROR_LINE.match(raw.strip())
+        m = _ERROR_LINE.match(raw.strip()) or _GCC_ERROR_LINE.match(raw.strip())
         if not m:
             continue
         lineno = int(m.group("line"))

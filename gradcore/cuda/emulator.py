@@ -18,6 +18,7 @@ Select it with ``GRADCORE_CUDA=emulator`` or ``gradcore.cuda.use("emulator")``.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import os
@@ -113,6 +114,7 @@ class HostDriver:
         self._modules = {}
         self._lock = threading.Lock()
         self.stats = {"compiles": 0, "launches": 0}
+        self.launched = collections.deque(maxlen=10000)     # kernel names, for tests
 
     def __repr__(self):
         return "HostDriver(CUDA emulated on the host)"
@@ -198,6 +200,7 @@ class HostDriver:
             raise RuntimeError(f"cuda emulator: no kernel {kernel_name!r} in {module.path.name}") from None
         fn.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint), ctypes.c_char_p]
         fn.restype = None
+        fn.kernel_name = kernel_name
         return fn
 
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
@@ -208,6 +211,7 @@ class HostDriver:
         if not (1 <= g[0] < 2 ** 31 and 1 <= g[1] <= 65535 and 1 <= g[2] <= 65535):
             raise RuntimeError(f"cuda emulator: invalid grid {g}")
         self.stats["launches"] += 1
+        self.launched.append(function.kernel_name)
         function((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), params)
 
     def synchronize(self) -> None:

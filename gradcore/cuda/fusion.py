@@ -299,6 +299,9 @@ def fused_runner(graph, kept: List[int], one_saved: bool):
         else:
             fetch.append(("s", None if one_saved else position[p.vid]))
     out_dtypes = [np.dtype(graph.descs[o.vid].dtype) for o in kernel.outputs]
+    # the dtype each parameter is compiled for: a gradient may arrive in a
+    # wider type (a float32 input of a float64 sum gets a float64 gradient)
+    param_dtypes = [np.dtype(graph.descs[p.vid].dtype) for p in kernel.inputs]
     slot_of = {o.index: k for k, o in enumerate(kernel.outputs)}
     grad_order = [None if v is None else slot_of[i] for i, v in enumerate(graph.grad_vids)]
     single = n_in == 1
@@ -314,7 +317,7 @@ def fused_runner(graph, kept: List[int], one_saved: bool):
         for p in params[1:]:
             if p.shape != shape:
                 shape = tuple(np.broadcast_shapes(shape, p.shape))
-        params = [be.broadcast_to(p, shape) for p in params]
+        params = [be.broadcast_to(be.cast(p, dt), shape) for p, dt in zip(params, param_dtypes)]
         outs = [be.empty(shape, dt) for dt in out_dtypes]
         size = int(np.prod(shape, dtype=np.int64))
         be.launch_n(k, size, *params, *outs, size)

@@ -130,7 +130,7 @@ class Backend:
         return self.to_device(np.full(shape, value, dtype))
 
     def to_device(self, host, dtype=None) -> DeviceArray:
-        host = np.ascontiguousarray(host, dtype=dtype)
+        host = np.asarray(host, dtype=dtype, order="C")     # keeps 0-d (ascontiguousarray would not)
         if host.dtype == object:
             raise TypeError("cuda: arrays of Python objects cannot live on the GPU")
         out = self.empty(host.shape, host.dtype)

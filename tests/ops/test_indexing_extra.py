@@ -5,9 +5,6 @@ the ops' CUDA sources (compiled with nvcc when it is installed, and run on
 the host as C++ against the NumPy kernels)."""
 from __future__ import annotations
 
-import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -345,95 +342,4 @@ def test_cuda_sources_compile(nvcc_ptx, ctype):
         assert f"gc_{name}_{ctype}" in ptx
 
 
-_HOST_PRELUDE = """
-struct gc_dim3 { long long x; };
-static const gc_dim3 blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
-#define __global__
-#define __restrict__
-"""
-
-
-class _Dims(ctypes.Structure):
-    _fields_ = [("n", ctypes.c_int), ("d", ctypes.c_longlong * 8)]
-
-
-def _dims(shape):
-    return _Dims(len(shape), (ctypes.c_longlong * 8)(*shape))
-
-
-def _host_lib(tmp_path, ops):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    # each op's kernel renamed apart, so several variants of one op can be compared
-    src = _HOST_PRELUDE
-    for k, op in enumerate(ops):
-        src += op.cuda_source("double").replace("_double(", f"_double_{k}(") + "\n"
-    (tmp_path / "k.cpp").write_text(src)
-    lib = tmp_path / "k.so"
-    out = subprocess.run([cxx, "-x", "c++", "-shared", "-fPIC", "-O1", "-o", str(lib), str(tmp_path / "k.cpp")],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return ctypes.CDLL(str(lib))
-
-
-def _ptr(a):
-    return a.ctypes.data_as(ctypes.c_void_p)
-
-
-def test_cuda_sources_compute_what_the_cpu_kernels_do(tmp_path, rng):
-    """Each kernel's body, run on the host (one thread, compiled as C++),
-    against the op's NumPy kernel."""
-    topks = [TopK(k, d, m) for k in (1, 3) for d in (False, True) for m in ("sorted", "no_sort", "kth_only")]
-    ops = [Split(1, 3), Stack(1), Unstack(1, 3), Gather(1), GatherGrad(1), Scatter(1),
-           Sort(False), Sort(True)] + topks
-    so = _host_lib(tmp_path, ops)
-    fn = lambda name, k: getattr(so, f"gc_{name}_double_{k}")
-    L, I = ctypes.c_longlong, ctypes.c_int
-
-    x = rng.standard_normal((2, 7, 3))
-    for k, (off, ln) in enumerate([(0, 3), (3, 2), (5, 2)]):
-        y = np.full((2, ln, 3), np.nan)
-        fn("split", 0)(_ptr(x), _ptr(y), L(2), I(7), I(off), I(ln), L(3))
-        np.testing.assert_array_equal(y, ops[0].cpu(x)[k])
-    parts = [np.ascontiguousarray(p) for p in rng.standard_normal((3, 2, 4))]
-    y = np.full((2, 3, 4), np.nan)
-    for k, p in enumerate(parts):
-        fn("stack", 1)(_ptr(p), _ptr(y), L(2), I(3), I(k), L(4))
-    np.testing.assert_array_equal(y, ops[1].cpu(*parts))
-    for k in range(3):
-        u = np.full((2, 4), np.nan)
-        fn("unstack", 2)(_ptr(y), _ptr(u), L(2), I(3), I(k), L(4))
-        np.testing.assert_array_equal(u, ops[2].cpu(y)[k])
-
-    # gather / gather_grad / scatter with an index smaller than x outside the axis
-    x = rng.standard_normal((3, 5, 4))
-    idx = rng.integers(-5, 5, (2, 6, 3)).astype(np.int32)
-    y = np.full(idx.shape, np.nan)
-    fn("gather", 3)(_ptr(x), _ptr(idx), _ptr(y), _dims(x.shape), _dims(idx.shape), I(1))
-    np.testing.assert_array_equal(y, ops[3].cpu(x, idx))
-    g = rng.standard_normal(idx.shape)
-    gx = np.full(x.shape, np.nan)
-    fn("gather_grad", 4)(_ptr(g), _ptr(idx), _ptr(gx), _dims(x.shape), _dims(idx.shape), I(1))
-    np.testing.assert_allclose(gx, ops[4].cpu(g, x, idx), rtol=1e-12, atol=1e-12)
-    sidx = perm_index(rng, (2, 3, 3), 1, 5).astype(np.int32)
-    src = rng.standard_normal(sidx.shape)
-    out = np.full(x.shape, np.nan)
-    fn("scatter", 5)(_ptr(x), _ptr(sidx), _ptr(src), _ptr(out), _dims(x.shape), _dims(sidx.shape), I(1))
-    np.testing.assert_array_equal(out, ops[5].cpu(x, sidx, src))
-
-    # sort / topk, with ties (stable on both sides)
-    x = rng.standard_normal((3, 6))
-    x[0, :3] = 0.5
-    for k in (6, 7):
-        v, ind = np.full(x.shape, np.nan), np.full(x.shape, -1, np.int32)
-        fn("sort", k)(_ptr(x), _ptr(v), _ptr(ind), L(3), I(6))
-        ev, ei = ops[k].cpu(x)
-        np.testing.assert_array_equal(v, ev)
-        np.testing.assert_array_equal(ind, ei)
-    for k, op in enumerate(topks, start=8):
-        ev, ei = op.cpu(x)
-        v, ind = np.full(ev.shape, np.nan), np.full(ei.shape, -1, np.int32)
-        fn("topk", k)(_ptr(x), _ptr(v), _ptr(ind), L(3), I(6))
-        np.testing.assert_array_equal(v, ev, err_msg=repr(op))
-        np.testing.assert_array_equal(ind, ei, err_msg=repr(op))
+# the kernels run through their launchers on the host emulator: tests/cuda/test_cuda_indexing.py

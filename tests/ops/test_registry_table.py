@@ -52,6 +52,7 @@ def _cases():
         "AvgPool2dBackward": [(conv.AvgPool2dBackward(3, 1, 1), [f(1, 1, 4, 4), f(1, 1, 4, 4)], [0])],
         "ExpandDims": [(shape.ExpandDims(0), [f()], None), (shape.ExpandDims((0, 2)), [f(2)], None)],
         "Identity": [(shape.Identity(), [f(2)], None), (shape.Identity(), [f(0, 2)], None)],
+        "Copy": [(shape.Copy("cpu"), [f(2, 3)], None), (shape.Copy("cpu"), [f()], None)],
         "IndexingOneHot": [(indexing.IndexingOneHot(1), [f(3, 4), i([0, 3, 1])], None),
                            (indexing.IndexingOneHot(0, True), [f(2, 3), i([1, 0, 1])], None)],
         "IndexingOneHotGrad": [(indexing.IndexingOneHotGrad(1, False), [f(3), f(3, 4), i([0, 3, 1])], [0])],

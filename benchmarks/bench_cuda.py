@@ -1,0 +1,262 @@
+"""The CUDA backend on a GPU: elementwise throughput against a device copy,
+the MLP training step and a conv2d step against PyTorch CUDA eager (side by
+side in one process, alternating, repeated, medians), and cold / warm
+start-up of the standard kernels (empty kernel cache vs disk cache, each in
+a fresh process).
+
+    python benchmarks/bench_cuda.py [--repeat 7] [--json PATH]
+    python benchmarks/bench_cuda.py --emulator --quick   # smoke test without a GPU (timings meaningless)
+
+Targets (issue 6): elementwise forward and backward >= 85% of a
+device-to-device copy's bandwidth; MLP and conv2d steps <= 1.0x PyTorch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import gradcore as gc
+import gradcore.functional as F
+from gradcore.autodiff import GradManager
+from gradcore.cuda import runtime
+
+try:
+    import torch
+    if not torch.cuda.is_available():
+        torch = None
+except ImportError:
+    torch = None
+
+
+def sync():
+    runtime.backend().synchronize()
+    if torch is not None:
+        torch.cuda.synchronize()
+
+
+def timed(fn, seconds):
+    """Seconds per call, synchronised (kernels are asynchronous)."""
+    fn()
+    sync()
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        if n % 4 == 0:
+            sync()
+            if time.perf_counter() - t0 >= seconds:
+                break
+    sync()
+    return (time.perf_counter() - t0) / n
+
+
+# ---------------------------------------------------------------- elementwise throughput
+def elementwise_cases(n):
+    """name -> (callable, bytes moved per call); and the copy reference."""
+    be = runtime.backend()
+    rng = np.random.default_rng(0)
+    host = rng.standard_normal(n).astype(np.float32)
+    x = gc.Tensor(host, device="cuda")
+    a = gc.Tensor(rng.standard_normal(n).astype(np.float32), device="cuda")
+    src, dst = x._data, be.empty((n,), np.float32)
+    item = 4
+
+    def copy():
+        be.driver.dtod(dst.ptr, src.ptr, src.nbytes)
+
+    def fwd_tanh():
+        F.tanh(x)
+
+    def fwd_mul():
+        x * a
+
+    gm = GradManager().attach([x, a])
+
+    def fwd_bwd_mul():
+        with gm:
+            gm.backward(x * a)
+        x.grad = a.grad = None
+
+    return {
+        "copy (device to device)": (copy, 2 * n * item),
+        "forward tanh(x)": (fwd_tanh, 2 * n * item),
+        "forward x * a": (fwd_mul, 3 * n * item),
+        # forward 3n + seed n (read) + fused backward: reads g, x, a, writes dx, da
+        "forward + backward x * a": (fwd_bwd_mul, (3 + 5) * n * item),
+    }
+
+
+# ---------------------------------------------------------------- models
+def gc_mlp(batch):
+    rng = np.random.default_rng(0)
+    sizes = [784, 512, 512, 10]
+    ws = [gc.Parameter(rng.normal(0, 1 / np.sqrt(i), (i, o)).astype(np.float32), device="cuda")
+          for i, o in zip(sizes, sizes[1:])]
+    bs = [gc.Parameter(np.zeros(o, np.float32), device="cuda") for o in sizes[1:]]
+    x = gc.Tensor(rng.standard_normal((batch, 784)).astype(np.float32), device="cuda")
+    y = gc.Tensor(rng.integers(0, 10, batch).astype(np.int32), device="cuda")
+    gm = GradManager().attach(ws + bs)
+
+    def step():
+        with gm:
+            h = x
+            for i, (w, b) in enumerate(zip(ws, bs)):
+                h = F.matmul(h, w) + b
+                if i < len(ws) - 1:
+                    h = F.relu(h)
+            gm.backward(F.cross_entropy(h, y))
+        for p in ws + bs:
+            p.grad = None
+    return step
+
+
+def torch_mlp(batch):
+    rng = np.random.default_rng(0)
+    sizes = [784, 512, 512, 10]
+    dev = "cuda"
+    ws = [torch.tensor(rng.normal(0, 1 / np.sqrt(i), (i, o)).astype(np.float32), device=dev, requires_grad=True)
+          for i, o in zip(sizes, sizes[1:])]
+    bs = [torch.zeros(o, device=dev, requires_grad=True) for o in sizes[1:]]
+    x = torch.tensor(rng.standard_normal((batch, 784)).astype(np.float32), device=dev)
+    y = torch.tensor(rng.integers(0, 10, batch), device=dev)
+
+    def step():
+        h = x
+        for i, (w, b) in enumerate(zip(ws, bs)):
+            h = h @ w + b
+            if i < len(ws) - 1:
+                h = torch.relu(h)
+        torch.nn.functional.cross_entropy(h, y).backward()
+        for p in ws + bs:
+            p.grad = None
+    return step
+
+
+CONV = dict(n=16, c=32, h=32, w=32, o=64, k=3)
+
+
+def gc_conv():
+    s, rng = CONV, np.random.default_rng(0)
+    x = gc.Tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), device="cuda")
+    w = gc.Parameter(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05, device="cuda")
+    gm = GradManager().attach([x, w])
+
+    def step():
+        with gm:
+            gm.backward(F.conv2d(x, w, padding=1).sum())
+        x.grad = w.grad = None
+    return step
+
+
+def torch_conv():
+    s, rng = CONV, np.random.default_rng(0)
+    x = torch.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), device="cuda",
+                     requires_grad=True)
+    w = torch.tensor(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05, device="cuda",
+                     requires_grad=True)
+
+    def step():
+        torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+        x.grad = w.grad = None
+    return step
+
+
+# ---------------------------------------------------------------- start-up
+STARTUP = r"""
+import time, numpy as np
+t0 = time.perf_counter()
+import gradcore as gc, gradcore.functional as F
+from gradcore.autodiff import GradManager
+x = gc.Tensor(np.ones((8, 16), np.float32), device="cuda")
+w = gc.Parameter(np.ones((16, 4), np.float32), device="cuda")
+y = gc.Tensor(np.zeros(8, np.int32), device="cuda")
+gm = GradManager().attach([w])
+with gm:
+    gm.backward(F.cross_entropy(F.relu(F.matmul(x, w)) * 2.0 + 1.0, y))
+w.grad.numpy()
+print(time.perf_counter() - t0)
+"""
+
+
+def startup(cache_dir, env_kind):
+    env = dict(os.environ, GRADCORE_KERNEL_CACHE=cache_dir, GRADCORE_CUDA=env_kind)
+    out = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, env=env, timeout=1200)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--target-time", type=float, default=0.3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--emulator", action="store_true", help="run on the host emulator (smoke test only)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    global torch
+    if args.emulator:
+        runtime.use("emulator")
+        torch = None
+    if args.quick:
+        args.repeat, args.target_time = 1, 0.01
+    be = runtime.backend()
+    kind = be.driver.kind
+    print(f"device: {be.name} ({kind}); torch: {torch.__version__ if torch else 'not available on cuda'}")
+    results = {"device": be.name, "kind": kind, "cases": {}}
+
+    # elementwise throughput
+    n = (1 << 12) if args.emulator else (1 << 24)
+    cases = elementwise_cases(n)
+    rounds = {k: [] for k in cases}
+    for _ in range(args.repeat):
+        for name, (fn, _) in cases.items():
+            rounds[name].append(timed(fn, args.target_time))
+    copy_bw = cases["copy (device to device)"][1] / statistics.median(rounds["copy (device to device)"])
+    print(f"\nelementwise, {n} float32 elements (fraction of the copy's bandwidth; target >= 0.85)")
+    for name, (_, nbytes) in cases.items():
+        t = statistics.median(rounds[name])
+        frac = nbytes / t / copy_bw
+        print(f"  {name:28s} {t * 1e6:10.1f} us  {nbytes / t / 1e9:8.1f} GB/s  {frac:6.2f}")
+        results["cases"][f"elementwise: {name}"] = {"seconds": t, "bandwidth_fraction": frac}
+
+    # models, side by side
+    batches = (8,) if args.emulator else (128, 32)
+    model_cases = [(f"MLP 784-512-512-10 batch {b}", gc_mlp(b), torch_mlp(b) if torch else None) for b in batches]
+    if not args.emulator:
+        model_cases.append(("conv2d 16x32x32x32 * 64x3x3 fwd+bwd", gc_conv(), torch_conv() if torch else None))
+    print("\nsteps (medians; ratio = gradcore / PyTorch CUDA eager; target <= 1.0)")
+    for name, g, t in model_cases:
+        gt, tt = [], []
+        for _ in range(args.repeat):
+            gt.append(timed(g, args.target_time))
+            if t is not None:
+                tt.append(timed(t, args.target_time))
+        gm_, tm_ = statistics.median(gt), (statistics.median(tt) if tt else None)
+        ratio = f"{gm_ / tm_:.2f}x" if tm_ else "-"
+        print(f"  {name:40s} gradcore {gm_ * 1e3:8.3f} ms  torch {tm_ * 1e3 if tm_ else float('nan'):8.3f} ms  {ratio}")
+        results["cases"][name] = {"gradcore_s": gm_, "torch_s": tm_}
+
+    # start-up, each in a fresh process: empty cache, then the disk cache
+    with tempfile.TemporaryDirectory() as cache:
+        env_kind = "emulator" if args.emulator else "gpu"
+        cold = startup(cache, env_kind)
+        warm = startup(cache, env_kind)
+    print(f"\nstart-up (import + first MLP step, fresh process): cold {cold:.2f} s (compiles), warm {warm:.2f} s "
+          "(disk cache)")
+    results["startup"] = {"cold_s": cold, "warm_s": warm}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""conv2d (im2col + cuBLAS, and the direct kernels), max_pool2d and
+avg_pool2d on cuda: cpu vs cuda, first and second order (the gradient ops
+Conv2dBackwardData/Filter, MaxPool2dBackward/Gather, AvgPool2dBackward run
+in the backward graphs)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+from gradcore.op import OpError
+from gradcore.ops import conv
+
+
+@pytest.fixture(params=["gemm", "direct"])
+def conv_path(request, monkeypatch):
+    """Both cuda paths of the convolutions: im2col + GEMM, direct kernels."""
+    monkeypatch.setattr(conv, "CUDA_GEMM", request.param == "gemm")
+    return request.param
+
+
+def _rand(*shape, dtype=np.float32, seed=0):
+    return np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(dtype)
+
+
+# (x shape, weight shape, stride, padding, dilation, groups)
+CONV_CASES = {
+    "plain": ((2, 3, 5, 6), (4, 3, 3, 2), 1, 0, 1, 1),
+    "stride-padding": ((2, 3, 6, 5), (4, 3, 3, 3), 2, 1, 1, 1),
+    "asymmetric": ((1, 2, 7, 6), (3, 2, 2, 3), (2, 1), (1, 2), (1, 2), 1),
+    "dilation": ((2, 2, 7, 7), (2, 2, 3, 3), 1, 2, 2, 1),
+    "groups": ((2, 4, 5, 5), (6, 2, 3, 3), 1, 1, 1, 2),
+    "depthwise": ((2, 3, 5, 4), (3, 1, 3, 3), (1, 2), 1, 1, 3),
+    "pointwise": ((2, 4, 3, 3), (5, 4, 1, 1), 1, 0, 1, 1),
+    "pointwise-groups": ((2, 4, 3, 3), (4, 2, 1, 1), 1, 0, 1, 2),
+    "1x1-strided": ((1, 2, 5, 5), (3, 2, 1, 1), 2, 0, 1, 1),
+    "size-1": ((1, 1, 1, 1), (1, 1, 1, 1), 1, 0, 1, 1),
+    "padding-only-input": ((1, 2, 1, 2), (2, 2, 3, 3), 1, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(CONV_CASES))
+def test_conv2d(cuda, matches_cpu, conv_path, case):
+    xs, ws, stride, padding, dilation, groups = CONV_CASES[case]
+    matches_cpu(lambda x, w: F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups),
+                [_rand(*xs), _rand(*ws)], rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_bias_and_5d_weight(cuda, matches_cpu, conv_path):
+    x, w, b = _rand(2, 4, 5, 5), _rand(2, 3, 2, 3, 3), _rand(1, 6, 1, 1)
+    matches_cpu(lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2), [x, w, b], rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_float64(cuda, matches_cpu, conv_path):
+    x, w = _rand(2, 4, 6, 5, dtype=np.float64), _rand(6, 2, 3, 2, dtype=np.float64)
+    matches_cpu(lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2), [x, w],
+                rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["stride-padding", "groups", "pointwise"])
+def test_conv2d_in_image_chunks(cuda, matches_cpu, monkeypatch, case):
+    """Scratch matrices for one image at a time: the forward and the data
+    gradient in pieces, the filter gradient summed over chunks (beta = 1)."""
+    monkeypatch.setattr(conv, "CUDA_CHUNK_ELEMS", 1)
+    xs, ws, stride, padding, dilation, groups = CONV_CASES[case]
+    x = _rand(3, *xs[1:])
+    matches_cpu(lambda x, w: F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups),
+                [x, _rand(*ws)], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("xs, ws, padding", [((0, 3, 4, 4), (2, 3, 3, 3), 0), ((2, 3, 4, 4), (0, 3, 3, 3), 0),
+                                             ((2, 0, 4, 4), (2, 0, 3, 3), 0), ((2, 3, 0, 4), (2, 3, 1, 1), 1)],
+                         ids=["no-images", "no-filters", "no-channels", "no-rows-but-padding"])
+def test_conv2d_empty(cuda, matches_cpu, conv_path, xs, ws, padding):
+    matches_cpu(lambda x, w: F.conv2d(x, w, padding=padding), [_rand(*xs), _rand(*ws)])
+
+
+def test_conv2d_runs_on_cublas(cuda, monkeypatch):
+    calls = []
+    real = cuda.driver.gemm
+    monkeypatch.setattr(cuda.driver, "gemm", lambda *a: (calls.append(a), real(*a))[1], raising=False)
+    x, w = _rand(2, 4, 5, 5), _rand(6, 2, 3, 3)
+    got = F.conv2d(gc.Tensor(x, device="cuda"), gc.Tensor(w, device="cuda"), groups=2).numpy()
+    np.testing.assert_allclose(got, F.conv2d(gc.Tensor(x), gc.Tensor(w), groups=2).numpy(), rtol=1e-4, atol=1e-5)
+    assert len(calls) == 2                     # one GEMM per group, batched over the images
+
+
+def test_conv_errors_match_cpu(cuda):
+    for device in ("cpu", "cuda"):
+        x = gc.Tensor(_rand(1, 3, 5, 5), device=device)
+        with pytest.raises(OpError, match="channel mismatch"):
+            F.conv2d(x, gc.Tensor(_rand(2, 2, 3, 3), device=device))
+        with pytest.raises(OpError, match="larger than the padded input"):
+            F.conv2d(x, gc.Tensor(_rand(2, 3, 7, 3), device=device))
+        with pytest.raises(OpError, match="floating-point"):
+            F.conv2d(gc.Tensor(np.ones((1, 1, 3, 3), np.int32), device=device),
+                     gc.Tensor(np.ones((1, 1, 1, 1), np.int32), device=device))
+        with pytest.raises(OpError, match="padding"):
+            F.max_pool2d(x, 2, padding=2)
+
+
+def test_float16_is_a_clear_error(cuda, conv_path):
+    x = gc.Tensor(np.ones((1, 1, 4, 4), np.float16), device="cuda")
+    for fn in (lambda x: F.conv2d(x, x), lambda x: F.max_pool2d(x, 2), lambda x: F.avg_pool2d(x, 2)):
+        with pytest.raises(TypeError, match="no float16 kernels"):
+            fn(x)
+
+
+# ---------------------------------------------------------------- pooling
+# (x shape, kernel_size, stride, padding)
+POOL_CASES = {
+    "2x2": ((2, 3, 4, 4), 2, None, 0),
+    "overlapping": ((2, 2, 5, 6), 3, 1, 1),
+    "asymmetric": ((1, 2, 7, 6), (3, 2), (2, 1), (1, 1)),
+    "ragged": ((1, 2, 5, 5), 2, 2, 0),           # the last row/column never pooled
+    "global": ((2, 3, 3, 3), 3, None, 0),
+    "size-1": ((1, 1, 1, 1), 1, None, 0),
+    "empty": ((0, 2, 4, 4), 2, None, 0),
+}
+
+
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_max_pool2d(cuda, matches_cpu, case):
+    xs, k, s, p = POOL_CASES[case]
+    matches_cpu(lambda x: F.max_pool2d(x, k, s, p), [_rand(*xs)])
+
+
+def test_max_pool2d_ties_and_nan(cuda, matches_cpu):
+    """The first maximum of a window gets the gradient, a NaN wins: as on the CPU."""
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    x[0, 0, 1:3, 1:3] = 1.0
+    x[0, 1, 0, 3] = np.nan
+    matches_cpu(lambda x: F.max_pool2d(x, 2, 1), [x])
+    matches_cpu(lambda x: F.max_pool2d(x, 3, 1, 1), [x], second_order=False)
+
+
+def test_max_pool2d_float64(cuda, matches_cpu):
+    matches_cpu(lambda x: F.max_pool2d(x * x, 3, 2, 1), [_rand(2, 2, 5, 5, dtype=np.float64)], rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", conv.AVG_MODES)
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_avg_pool2d(cuda, matches_cpu, case, mode):
+    xs, k, s, p = POOL_CASES[case]
+    matches_cpu(lambda x: F.avg_pool2d(x, k, s, p, mode=mode), [_rand(*xs)])
+
+
+def test_avg_pool2d_float64(cuda, matches_cpu):
+    matches_cpu(lambda x: F.avg_pool2d(x * x, 3, 1, 1), [_rand(2, 2, 4, 5, dtype=np.float64)], rtol=1e-12)
+
+
+def test_small_cnn(cuda, matches_cpu):
+    """conv -> relu -> max pool -> conv -> avg pool -> linear -> cross entropy."""
+    def net(x, w1, w2, fc):
+        h = F.max_pool2d(F.relu(F.conv2d(x, w1, padding=1)), 2)
+        h = F.avg_pool2d(F.conv2d(h, w2, groups=2), 2)
+        return F.cross_entropy(F.linear(F.reshape(h, (2, -1)), fc), np.array([1, 0]))
+    matches_cpu(net, [_rand(2, 2, 6, 6), _rand(4, 2, 3, 3), _rand(4, 2, 1, 1), _rand(3, 4)], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_gemm_source_compiles_with_nvcc(tmp_path):
+    (tmp_path / "k.cu").write_text(conv.gemm_source("float") + conv.gemm_source("double"))
+    out = subprocess.run([shutil.which("nvcc"), "--ptx", "-o", str(tmp_path / "k.ptx"), str(tmp_path / "k.cu")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert all(f"gc_{k}_{T}" in ptx for k in ("im2col", "col2im") for T in ("float", "double"))
