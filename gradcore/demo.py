@@ -77,7 +77,7 @@ class DigitsCNN(M.Module):
         return self.fc2(F.relu(self.fc1(x)))
 
 
-def evaluate(model, x, y, batch=256, distributed=False):
+def evaluate(model, x, y, batch=256, distributed=False, device="cpu"):
     """(accuracy, mean loss). Distributed: each rank evaluates its part and
     the sums are allreduced."""
     n = len(x)
@@ -87,8 +87,8 @@ def evaluate(model, x, y, batch=256, distributed=False):
     model.eval()
     hits, losses = 0, []
     for i in range(0, len(x), batch):
-        logits = model(gc.tensor(x[i:i + batch]))
-        losses.append(F.cross_entropy(logits, gc.tensor(y[i:i + batch]), reduction="sum").item())
+        logits = model(gc.tensor(x[i:i + batch], device=device))
+        losses.append(F.cross_entropy(logits, gc.tensor(y[i:i + batch], device=device), reduction="sum").item())
         hits += int((logits.numpy().argmax(1) == y[i:i + batch]).sum())
     model.train()
     hits, loss = float(hits), float(sum(losses))
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     gc.random.seed(args.seed)
     x, y = load_digits()
     x_train, y_train, x_test, y_test = split(x, y, 0.2, args.seed)
-    model = DigitsCNN()
+    model = DigitsCNN().to(args.device)
     if distributed:
         dist.broadcast_parameters(model.parameters())
         # small buckets: this model has 55 KB of gradients; several buckets
@@ -201,7 +201,8 @@ def main(argv=None) -> int:
             if distributed:
                 idx = idx[dist.shard(len(idx), rank, world)]     # this rank's part of the batch
             with gm:
-                loss = F.cross_entropy(model(gc.tensor(x_train[idx])), gc.tensor(y_train[idx]))
+                loss = F.cross_entropy(model(gc.tensor(x_train[idx], device=args.device)),
+                                       gc.tensor(y_train[idx], device=args.device))
                 gm.backward(loss)
             opt.step().clear_grad()
             total += loss.item() * len(idx)
@@ -209,8 +210,8 @@ def main(argv=None) -> int:
             progress(epoch, args.epochs, step + 1, steps, total / seen)
         if distributed:
             total, seen = dist.allreduce(np.array([total, seen], np.float64), "sum")
-        train_acc, _ = evaluate(model, x_train, y_train, distributed=distributed)
-        test_acc, test_loss = evaluate(model, x_test, y_test, distributed=distributed)
+        train_acc, _ = evaluate(model, x_train, y_train, distributed=distributed, device=args.device)
+        test_acc, test_loss = evaluate(model, x_test, y_test, distributed=distributed, device=args.device)
         for k, v in (("train loss", total / seen), ("test loss", test_loss),
                      ("train accuracy", train_acc), ("test accuracy", test_acc)):
             history[k].append(v)

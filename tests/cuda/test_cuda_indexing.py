@@ -388,16 +388,13 @@ def test_sort_topk_errors(cuda, fn, arrays):
     assert_same_error(fn, arrays)
 
 
-# ---------------------------------------------------------------- host-side index constants
-@pytest.mark.xfail(raises=RuntimeError, strict=False,
-                   reason="gradcore.functional makes a non-tensor index a cpu tensor, whatever the input's device")
+# ---------------------------------------------------------------- host-side index constants and values
+# (made on the input's device by gradcore.functional)
 def test_literal_list_and_array_indices(cuda, matches_cpu):
     matches_cpu(lambda x: x[[0, 2, 2]] * x[1:, 0].sum(), [rand(3, 4)])
     matches_cpu(lambda x: F.gather(x, 1, np.array([[0, 0], [1, 0]])), [rand(2, 3)])
 
 
-@pytest.mark.xfail(raises=RuntimeError, strict=False,
-                   reason="gradcore.functional.setitem wraps a non-tensor value as a cpu tensor")
 def test_setitem_python_scalar(cuda, matches_cpu):
     def fn(x):
         y = x * 1
