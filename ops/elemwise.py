@@ -40,16 +40,16 @@ TABLE = [
     Row("sub",      "np.subtract(x, y)",      "x - y",              ("g", "-g")),
     Row("mul",      "np.multiply(x, y)",      "x * y",              ("g * y", "g * x")),
     Row("div",      "np.true_divide(x, y)",   "x / y",              ("g / y", "-(g * out) / y"), (0.5, 2.0)),
-    Row("pow",      "np.power(x, y)",         "pow(x, y)",          ("g * y * x ** (y - 1)", "g * out * log(x)"), (0.5, 2.0)),
-    Row("maximum",  "np.maximum(x, y)",       "fmax(x, y)",         ("where(x > y, g, where(eq(x, y), g * 0.5, 0))",
+    Row("pow",      "np.power(x, y)",         "gc_pow(x, y)",       ("g * y * x ** (y - 1)", "g * out * log(x)"), (0.5, 2.0)),
+    Row("maximum",  "np.maximum(x, y)",       "gc_max(x, y)",       ("where(x > y, g, where(eq(x, y), g * 0.5, 0))",
                                                                       "where(y > x, g, where(eq(x, y), g * 0.5, 0))")),
-    Row("minimum",  "np.minimum(x, y)",       "fmin(x, y)",         ("where(x < y, g, where(eq(x, y), g * 0.5, 0))",
+    Row("minimum",  "np.minimum(x, y)",       "gc_min(x, y)",       ("where(x < y, g, where(eq(x, y), g * 0.5, 0))",
                                                                       "where(y < x, g, where(eq(x, y), g * 0.5, 0))")),
-    Row("floor_div", "np.floor_divide(x, y)", "floor(x / y)",       (None, None), (0.5, 2.0)),
-    Row("mod",      "np.mod(x, y)",           "x - floor(x / y) * y", ("g", "-(g * floor_div(x, y))"), (0.5, 2.0)),
+    Row("floor_div", "np.floor_divide(x, y)", "gc_floor_div(x, y)", (None, None), (0.5, 2.0)),
+    Row("mod",      "np.mod(x, y)",           "gc_mod(x, y)",       ("g", "-(g * floor_div(x, y))"), (0.5, 2.0)),
     Row("neg",      "np.negative(x)",         "-x",                 ("-g",)),
-    Row("abs",      "np.abs(x)",              "fabs(x)",            ("g * sign(x)",)),
-    Row("sign",     "np.sign(x)",             "(T)((x > 0) - (x < 0))", (None,)),
+    Row("abs",      "np.abs(x)",              "gc_abs(x)",          ("g * sign(x)",)),
+    Row("sign",     "np.sign(x)",             "x != x ? x : (T)((x > 0) - (x < 0))", (None,)),
     Row("square",   "np.square(x)",           "x * x",              ("g * x * 2",)),
     Row("sqrt",     "np.sqrt(x)",             "sqrt(x)",            ("g / (out * 2)",), (0.5, 2.0)),
     # exponentials and logarithms
@@ -73,9 +73,9 @@ TABLE = [
     Row("erf",      "_erf(x)",                "erf(x)",             ("g * exp(-(x * x)) * 1.1283791670955126",)),
     # activations
     Row("sigmoid",  "(np.tanh(x * 0.5) + 1) * 0.5", "1 / (1 + exp(-x))", ("g * out * (1 - out)",)),
-    Row("relu",     "np.maximum(x, 0)",       "fmax(x, (T)0)",      ("g * (out > 0)",)),
-    Row("softplus", "np.logaddexp(x, 0)",     "log1p(exp(-fabs(x))) + fmax(x, (T)0)", ("g * sigmoid(x)",)),
-    Row("logsigmoid", "-np.logaddexp(-x, 0)", "-(log1p(exp(-fabs(x))) + fmax(-x, (T)0))", ("g * sigmoid(-x)",)),
+    Row("relu",     "np.maximum(x, 0)",       "gc_max(x, (T)0)",    ("g * (out > 0)",)),
+    Row("softplus", "np.logaddexp(x, 0)",     "log1p(exp(-gc_abs(x))) + gc_max(x, (T)0)", ("g * sigmoid(x)",)),
+    Row("logsigmoid", "-np.logaddexp(-x, 0)", "-(log1p(exp(-gc_abs(x))) + gc_max(-x, (T)0))", ("g * sigmoid(-x)",)),
     Row("silu",     "x * ((np.tanh(x * 0.5) + 1) * 0.5)", "x / (1 + exp(-x))",
                                                                     ("g * (sigmoid(x) * (1 + x * (1 - sigmoid(x))))",)),
     Row("gelu",     "x * (_erf(x * 0.7071067811865476) + 1) * 0.5", "x * (T)0.5 * (1 + erf(x * (T)0.7071067811865476))",
@@ -83,9 +83,9 @@ TABLE = [
     # selection
     Row("where",    "np.where(x, y, z)",      "x ? y : z",          (None, "where(x, g, 0)", "where(x, 0, g)")),
     # rounding (zero gradient almost everywhere: not differentiable here)
-    Row("floor",    "np.floor(x)",            "floor(x)",           (None,)),
-    Row("ceil",     "np.ceil(x)",             "ceil(x)",            (None,)),
-    Row("round",    "np.round(x)",            "rint(x)",            (None,)),
+    Row("floor",    "np.floor(x)",            "gc_floor(x)",        (None,)),
+    Row("ceil",     "np.ceil(x)",             "gc_ceil(x)",         (None,)),
+    Row("round",    "np.round(x)",            "gc_rint(x)",         (None,)),
     # predicates
     Row("lt",       "np.less(x, y)",          "x < y",              (None, None), out_dtype="bool"),
     Row("le",       "np.less_equal(x, y)",    "x <= y",             (None, None), out_dtype="bool"),
@@ -96,7 +96,7 @@ TABLE = [
     Row("logical_not", "np.logical_not(x)",   "!x",                 (None,), out_dtype="bool"),
     Row("logical_and", "np.logical_and(x, y)", "x && y",            (None, None), out_dtype="bool"),
     Row("logical_or",  "np.logical_or(x, y)",  "x || y",            (None, None), out_dtype="bool"),
-    Row("logical_xor", "np.logical_xor(x, y)", "x != y",            (None, None), out_dtype="bool"),
+    Row("logical_xor", "np.logical_xor(x, y)", "!x != !y",          (None, None), out_dtype="bool"),
 ]
 # fmt: on
 
@@ -130,20 +130,107 @@ def _erf(x):
     return np.asarray(_erf_object(x), dtype=x.dtype if x.dtype.kind == "f" else np.float64)
 
 
+# Device functions the rows' CUDA expressions call where C's operators and
+# math functions differ from NumPy: NaN in maximum/minimum, Python's floor
+# division and modulo (npy_divmod for floats; no trap on x / 0 or MIN / -1
+# for integers), exact integer powers, abs and rounding of integers without
+# a trip through double. Guarded: one definition per translation unit. Any
+# kernel built from ``Row.cuda`` (the fused backward kernels too) needs it
+# in front. No identifier T, x, y or z in here (those are the rows').
+CUDA_HELPERS = r"""
+#ifndef GC_ELEMWISE_HELPERS
+#define GC_ELEMWISE_HELPERS
+template <class V> __device__ __forceinline__ V gc_max(V a, V b) { return (a != a || a > b) ? a : b; }
+template <class V> __device__ __forceinline__ V gc_min(V a, V b) { return (a != a || a < b) ? a : b; }
+// -MIN wraps to MIN, as in NumPy (computed unsigned: no signed overflow)
+template <class V> __device__ __forceinline__ V gc_neg_wrap(V a) { return (V)(0ULL - (unsigned long long)a); }
+template <class V> __device__ __forceinline__ V gc_abs(V a) { return a < 0 ? gc_neg_wrap(a) : a; }
+__device__ __forceinline__ bool gc_abs(bool a) { return a; }
+__device__ __forceinline__ float gc_abs(float a) { return fabsf(a); }
+__device__ __forceinline__ double gc_abs(double a) { return fabs(a); }
+// rounding: integers are already whole
+template <class V> __device__ __forceinline__ V gc_floor(V a) { return a; }
+template <class V> __device__ __forceinline__ V gc_ceil(V a) { return a; }
+template <class V> __device__ __forceinline__ V gc_rint(V a) { return a; }
+__device__ __forceinline__ float gc_floor(float a) { return floorf(a); }
+__device__ __forceinline__ double gc_floor(double a) { return floor(a); }
+__device__ __forceinline__ float gc_ceil(float a) { return ceilf(a); }
+__device__ __forceinline__ double gc_ceil(double a) { return ceil(a); }
+__device__ __forceinline__ float gc_rint(float a) { return rintf(a); }     // half to even, as np.round
+__device__ __forceinline__ double gc_rint(double a) { return rint(a); }
+// integer floor division and modulo, Python's signs; x / 0 is 0 as in NumPy
+template <class V> __device__ __forceinline__ V gc_floor_div(V a, V b) {
+    if (b == 0) return 0;
+    if ((V)-1 < (V)0 && b == (V)-1) return gc_neg_wrap(a);
+    V q = a / b;
+    if (a % b != 0 && ((a < 0) != (b < 0))) q = q - 1;
+    return q;
+}
+template <class V> __device__ __forceinline__ V gc_mod(V a, V b) {
+    if (b == 0 || ((V)-1 < (V)0 && b == (V)-1)) return 0;
+    V r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) r = r + b;
+    return r;
+}
+// floating floor division and modulo: NumPy's npy_divmod
+template <class F> __device__ __forceinline__ F gc_divmod_float(F a, F b, F* mod) {
+    F m = fmod(a, b);
+    if (!b) { *mod = m; return a / b; }
+    F div = (a - m) / b;
+    if (m) {
+        if ((b < 0) != (m < 0)) { m += b; div -= 1; }
+    } else {
+        m = copysign((F)0, b);
+    }
+    F fl;
+    if (div) {
+        fl = floor(div);
+        if (div - fl > (F)0.5) fl += 1;
+    } else {
+        fl = copysign((F)0, a / b);
+    }
+    *mod = m;
+    return fl;
+}
+__device__ __forceinline__ float gc_floor_div(float a, float b) { float m; return gc_divmod_float(a, b, &m); }
+__device__ __forceinline__ double gc_floor_div(double a, double b) { double m; return gc_divmod_float(a, b, &m); }
+__device__ __forceinline__ float gc_mod(float a, float b) { float m; gc_divmod_float(a, b, &m); return m; }
+__device__ __forceinline__ double gc_mod(double a, double b) { double m; gc_divmod_float(a, b, &m); return m; }
+// integer powers by squaring, wrapping as NumPy's (the launcher rejects
+// negative exponents, as NumPy does)
+template <class V> __device__ __forceinline__ V gc_pow(V a, V b) {
+    unsigned long long r = 1, base = (unsigned long long)a;
+    for (; b > 0; b = b / 2) {
+        if (b % 2) r *= base;
+        base *= base;
+    }
+    return (V)r;
+}
+__device__ __forceinline__ float gc_pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ double gc_pow(double a, double b) { return pow(a, b); }
+#endif
+"""
+
+
 def cuda_source(row: Row, ctype: str = "float") -> str:
-    """CUDA C source of the row's forward kernel for one element type
-    (contiguous inputs of the output's size; broadcasting inputs are
-    expanded by the backend before launch)."""
+    """CUDA C source of the row's forward kernel for one element type:
+    ``gc_<mode>_<ctype>(in0, n0, in1, n1, ..., out, n)``; out is contiguous
+    of n elements, a grid-stride loop over them. Input k is contiguous of
+    n_k elements and read at ``i % n_k``: n_k = n (the output's shape), 1 (a
+    scalar) or the size of a trailing part of the output's shape (a bias);
+    the launcher expands inputs that broadcast otherwise, and casts them to
+    ``ctype`` (a where's condition to bool; a predicate's output is bool)."""
     n = _arity(row)
-    in_t = "bool" if row.mode in ("where",) else ctype
     params = []
     for i in range(n):
-        t = in_t if (i == 0 and row.mode == "where") else ctype
-        params.append(f"const {t}* __restrict__ in{i}")
+        t = "bool" if (i == 0 and row.mode == "where") else ctype
+        params.append(f"const {t}* __restrict__ in{i}, long long n{i}")
     out_t = "bool" if row.out_dtype == "bool" else ctype
-    loads = "\n".join(f"        const {('bool' if (i == 0 and row.mode == 'where') else 'T')} {_ARGS[i]} = in{i}[i];"
+    loads = "\n".join(f"        const {('bool' if (i == 0 and row.mode == 'where') else 'T')} {_ARGS[i]} = "
+                      f"in{i}[n{i} == n ? i : n{i} == 1 ? 0 : i % n{i}];"
                       for i in range(n))
     return (
+        CUDA_HELPERS +
         f"typedef {ctype} T;\n"
         f"extern \"C\" __global__ void gc_{row.mode}_{ctype.replace(' ', '_')}("
         f"{', '.join(params)}, {out_t}* __restrict__ out, long long n)\n"
@@ -276,11 +363,35 @@ class Elemwise(Op):
             compute = np.result_type(*[x.dtype for x in xs])
         else:
             compute = out.dtype
-        args = [be.broadcast_to(be.cast(x, np.bool_ if (i == 0 and self.mode == "where") else compute), out.shape)
-                for i, x in enumerate(xs)]
+        if compute == np.float16:
+            # NumPy's result type for e.g. sqrt of int8/uint8/bool inputs
+            raise TypeError(f"{self._name()}: cuda has no float16 kernels (NumPy computes this in float16 "
+                            f"for inputs {', '.join(str(x.dtype) for x in xs)}); cast the inputs to float32")
+        ctype = be.ctype(compute)
+        size = int(np.prod(out.shape, dtype=np.int64))
+        if self.mode == "pow" and compute.kind in "iu" and xs[1].dtype.kind == "i" and size:
+            # NumPy raises rather than give 1 / x**n in integers (costs a sync)
+            if be.reduce("min", xs[1]).item() < 0:
+                raise ValueError("Integers to negative integer powers are not allowed.")
+        args = []
+        for i, x in enumerate(xs):
+            x = be.cast(x, np.bool_ if (i == 0 and self.mode == "where") else compute)
+            if not _reads_in_place(x.shape, out.shape):
+                x = be.broadcast_to(x, out.shape)
+            args += [x, x.size]
         y = be.empty(out.shape, out.dtype)
-        be.launch_n(be.kernel(self, be.ctype(compute)), y.size, *args, y, y.size)
+        be.launch_n(be.kernel(self, ctype), size, *args, y, size)
         return y
+
+
+def _reads_in_place(shape, out_shape) -> bool:
+    """Whether the kernel reads an input of ``shape`` broadcast to
+    ``out_shape`` at ``i % size``: same size, a single element, or (leading
+    1s aside) a trailing part of the output's shape."""
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return not shape or tuple(out_shape[len(out_shape) - len(shape):]) == shape
 
 
 def modes():

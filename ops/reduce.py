@@ -109,35 +109,104 @@ class Reduce(Op):
         return [_apply1(back, g, x) * hit / count]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        """``gc_reduce_<mode>_<ctype>(x, y, outer, n, inner)``: x viewed as
-        (outer, n, inner) with every reduced axis moved together into n (the
-        backend transposes first when they are not adjacent; a full reduction
-        is (1, size, 1)); y holds outer * inner elements (keepdims or not: the
-        same layout). Integer inputs are cast to ``ctype`` first."""
+        """``gc_reduce_<mode>_<ctype>(x, y, outer, n, inner, parts, count)``:
+        x contiguous, viewed as (outer, n, inner); n is split into ``parts``
+        chunks of ceil(n / parts) elements and y, contiguous, is (outer,
+        parts, inner): one thread per output element reduces its chunk
+        (parts = 1: the whole axis). A long axis with few outputs is reduced
+        in two launches (partial results, then those), so that a full
+        reduction does not run on one thread. A mean divides by ``count``,
+        the number of elements of the whole reduction (its partial passes
+        are sums); the other modes ignore it. The launcher reduces one run
+        of adjacent axes per launch, casting integer inputs to the output
+        dtype first."""
         T = ctype
         init, step, final = {
             "sum": ("0", "acc += v;", "acc"),
-            "mean": ("0", "acc += v;", f"acc / ({T})n"),
+            "mean": ("0", "acc += v;", f"acc / ({T})count"),
             "prod": ("1", "acc *= v;", "acc"),
             # NaN propagates as in NumPy: once acc is NaN no comparison replaces it
-            "max": ("n > 0 ? p[0] : 0", "if (v > acc || v != v) acc = v;", "acc"),
-            "min": ("n > 0 ? p[0] : 0", "if (v < acc || v != v) acc = v;", "acc"),
+            "max": ("lo < hi ? q[lo * inner] : 0", "if (v > acc || v != v) acc = v;", "acc"),
+            "min": ("lo < hi ? q[lo * inner] : 0", "if (v < acc || v != v) acc = v;", "acc"),
         }[self.mode]
         name = f"gc_reduce_{self.mode}_{T.replace(' ', '_')}"
         return (f'extern "C" __global__ void {name}(const {T}* __restrict__ x, {T}* __restrict__ y, '
-                "long long outer, long long n, long long inner)\n{\n"
-                f"    // axes {self.axis} moved together into n: x as (outer, n, inner); one thread per output\n"
-                "    const long long total = outer * inner;\n"
+                "long long outer, long long n, long long inner, long long parts, long long count)\n{\n"
+                "    // x as (outer, n, inner), y as (outer, parts, inner); one thread per output\n"
+                "    const long long chunk = (n + parts - 1) / parts;\n"
+                "    const long long total = outer * parts * inner;\n"
+                "    (void)count;\n"
                 "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
                 "         idx += (long long)blockDim.x * gridDim.x) {\n"
-                f"        const {T}* p = x + (idx / inner) * n * inner + idx % inner;\n"
+                "        const long long i = idx % inner, p = (idx / inner) % parts, o = idx / (inner * parts);\n"
+                "        const long long lo = p * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
+                f"        const {T}* q = x + o * n * inner + i;\n"
                 f"        {T} acc = ({T})({init});\n"
-                "        for (long long k = 0; k < n; ++k) {\n"
-                f"            const {T} v = p[k * inner];\n"
+                "        for (long long k = lo; k < hi; ++k) {\n"
+                f"            const {T} v = q[k * inner];\n"
                 f"            {step}\n"
                 "        }\n"
                 f"        y[idx] = {final};\n"
                 "    }\n}\n")
+
+    def cuda(self, be, x):
+        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        axes = range(x.ndim) if self.axis is None or x.ndim == 0 else {a % x.ndim for a in self.axis}
+        count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        # size-1 axes do not change the layout: drop them, then reduce each run
+        # of adjacent reduced axes with one (outer, n, inner) reduction, the
+        # last run first (the earlier axes keep their places)
+        dims = [(s, a in axes) for a, s in enumerate(x.shape) if s != 1]
+        runs = []
+        for i, (s, red) in enumerate(dims):
+            if red and runs and runs[-1][1] == i:
+                runs[-1][1] = i + 1
+            elif red:
+                runs.append([i, i + 1])
+        y = be.cast(x, out.dtype)
+        if not runs:
+            return (y.copy() if y is x else y).reshape(out.shape)
+        sizes = [s for s, _ in dims]
+        for k, (a, b) in enumerate(reversed(runs)):
+            last = k == len(runs) - 1
+            mode = self.mode if last or self.mode != "mean" else "sum"
+            y = _reduce_run(be, mode, y, _prod(sizes[:a]), _prod(sizes[a:b]), _prod(sizes[b:]), count)
+            del sizes[a:b]
+        return y.reshape(out.shape)
+
+
+# a thread reduces at most _SERIAL elements when there are fewer than
+# _PARALLEL outputs: a long axis is then split into chunks (several launches)
+_SERIAL = 256
+_PARALLEL = 1 << 16
+_REDUCERS = {}
+
+
+def _prod(sizes) -> int:
+    p = 1
+    for s in sizes:
+        p *= int(s)
+    return p
+
+
+def _reducer(mode):
+    op = _REDUCERS.get(mode)
+    if op is None:
+        op = _REDUCERS[mode] = Reduce(mode)
+    return op
+
+
+def _reduce_run(be, mode, x, outer, n, inner, count):
+    """x (contiguous, outer * n * inner elements) reduced over n: a flat
+    array of outer * inner elements."""
+    rows = outer * inner
+    parts = 1
+    if n > _SERIAL and rows < _PARALLEL:
+        parts = min(-(-n // _SERIAL), -(-_PARALLEL // max(rows, 1)))
+    stage = "sum" if mode == "mean" and parts > 1 else mode    # a mean's partials are sums
+    y = be.empty((outer * parts * inner,), x.dtype)
+    be.launch_n(be.kernel(_reducer(stage), be.ctype(x.dtype)), y.size, x, y, outer, n, inner, parts, count)
+    return y if parts == 1 else _reduce_run(be, mode, y, outer, parts, inner, count)
 
 
 class BroadcastBack(Op):
@@ -173,37 +242,42 @@ class BroadcastBack(Op):
         return [_apply1(Reduce(mode, self.axis, self.keepdims), grads[0]), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        """``gc_broadcast_back[_mean]_<ctype>(g, y, ys)``: y contiguous of
-        ref's shape ``ys``; g contiguous of the reduced shape (keepdims or
-        not: the same layout). The reduced axes are compiled in; a mean
-        divides by the number of elements reduced."""
+        """``gc_broadcast_back[_mean]_<ctype>(g, y, gs, ys)``: y contiguous of
+        ref's shape ``ys``; g contiguous of shape ``gs``, the reduced shape
+        with keepdims (1 on each reduced axis, same rank as ys; without
+        keepdims the layout is the same). One thread per element of y; a
+        mean divides by the number of elements reduced (size(y) / size(g))."""
         T = ctype
-        axes = self.axis if self.axis is not None else ()
-        all_ = "true" if self.axis is None else "false"
         name = f"gc_broadcast_back{'_mean' if self.mean else ''}_{T.replace(' ', '_')}"
         from .indexing import _DIMS
         return (_DIMS +
                 f'extern "C" __global__ void {name}(const {T}* __restrict__ g, {T}* __restrict__ y, '
-                "gc_dims ys)\n{\n"
-                f"    const int NA = {len(axes)}; const int AXES[] = {{{', '.join(str(a) for a in axes + (0,))}}};\n"
-                "    bool red[GC_MAX_DIMS];\n"
-                f"    for (int d = 0; d < GC_MAX_DIMS; ++d) red[d] = {all_};\n"
-                "    for (int k = 0; k < NA; ++k) {\n"
-                "        const int a = AXES[k] < 0 ? AXES[k] + ys.n : AXES[k];\n"
-                "        if (a >= 0 && a < ys.n) red[a] = true;\n"
-                "    }\n"
-                "    long long total = 1, count = 1;\n"
-                "    for (int d = 0; d < ys.n; ++d) { total *= ys.d[d]; if (red[d]) count *= ys.d[d]; }\n"
+                "gc_dims gs, gc_dims ys)\n{\n"
+                "    long long total = 1, gsize = 1;\n"
+                "    for (int d = 0; d < ys.n; ++d) { total *= ys.d[d]; gsize *= gs.d[d]; }\n"
+                "    const long long count = gsize > 0 ? total / gsize : 1;\n"
                 "    (void)count;\n"
                 "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
                 "         idx += (long long)blockDim.x * gridDim.x) {\n"
                 "        long long t = idx, off = 0, stride = 1;   // g's offset: the kept coordinates\n"
                 "        for (int d = ys.n - 1; d >= 0; --d) {\n"
                 "            const long long c = t % ys.d[d]; t /= ys.d[d];\n"
-                "            if (!red[d]) { off += c * stride; stride *= ys.d[d]; }\n"
+                "            if (gs.d[d] != 1) off += c * stride;\n"
+                "            stride *= gs.d[d];\n"
                 "        }\n"
                 f"        y[idx] = {f'g[off] / ({T})count' if self.mean else 'g[off]'};\n"
                 "    }\n}\n")
+
+    def cuda(self, be, g, ref):
+        (out,) = self.infer(TensorDesc(g.shape, g.dtype, "cuda"), TensorDesc(ref.shape, ref.dtype, "cuda"))
+        shape = out.shape
+        axes = range(len(shape)) if self.axis is None else {a % len(shape) for a in self.axis} if shape else ()
+        kept = tuple(1 if i in axes else s for i, s in enumerate(shape))
+        if self.mean and g.dtype.kind != "f":
+            g = be.cast(g, np.float64)      # the cpu's true division
+        y = be.empty(shape, g.dtype)
+        be.launch_n(be.kernel(self, be.ctype(g.dtype)), y.size, g.reshape(kept), y, be.dims(kept), be.dims(shape))
+        return y
 
 
 class ArgReduce(Op):
@@ -238,21 +312,36 @@ class ArgReduce(Op):
         return [None]
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_<argmax|argmin>_<ctype>(x, out, rows, n, inner)``: x contiguous
+        as (rows / inner, n, inner) (a flattened x: (1, size, 1)), out int32
+        of ``rows`` elements; one thread per output. Ties and NaN as in
+        NumPy: the first extreme element, the first NaN."""
         cmp = ">" if self.mode == "argmax" else "<"
-        return (f'extern "C" __global__ void gc_{self.mode}_{ctype}(const {ctype}* __restrict__ x, '
-                f"int* __restrict__ out, long long rows, long long n, long long inner)\n"
+        return (f'extern "C" __global__ void gc_{self.mode}_{ctype.replace(" ", "_")}('
+                f"const {ctype}* __restrict__ x, int* __restrict__ out, long long rows, long long n, "
+                "long long inner)\n"
                 "{\n"
                 "    // one thread per (outer, inner) position; reduce over n strided by inner\n"
                 "    long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
                 "    if (r >= rows) return;\n"
                 "    const long long base = (r / inner) * n * inner + r % inner;\n"
                 f"    {ctype} best = x[base]; int at = 0;\n"
-                "    for (long long k = 1; k < n; ++k) {\n"
+                "    for (long long k = 1; k < n && best == best; ++k) {   // stop at a NaN\n"
                 f"        {ctype} v = x[base + k * inner];\n"
-                f"        if (v {cmp} best) {{ best = v; at = (int)k; }}\n"
+                f"        if (v {cmp} best || v != v) {{ best = v; at = (int)k; }}\n"
                 "    }\n"
                 "    out[r] = at;\n"
                 "}\n")
+
+    def cuda(self, be, x):
+        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        if self.axis is None:
+            outer, n, inner = 1, x.size, 1
+        else:
+            outer, n, inner = _around(x.shape, self.axis)
+        y = be.empty(out.shape, np.int32)
+        be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, y, outer * inner, n, inner)
+        return y
 
 
 class CumSum(Op):
@@ -282,9 +371,13 @@ class CumSum(Op):
         return [_apply1(CumSum(self.axis, not self.reverse), grads[0])]
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_cumsum[_rev]_<ctype>(x, out, rows, n, inner)``: x and out
+        contiguous as (rows / inner, n, inner); one thread per (outer, inner)
+        position scans its n elements (from the end when reversed). The
+        launcher casts x to the output dtype first."""
         name = "gc_cumsum_rev" if self.reverse else "gc_cumsum"
         k = "n - 1 - k" if self.reverse else "k"
-        return (f'extern "C" __global__ void {name}_{ctype}(const {ctype}* __restrict__ x, '
+        return (f'extern "C" __global__ void {name}_{ctype.replace(" ", "_")}(const {ctype}* __restrict__ x, '
                 f"{ctype}* __restrict__ out, long long rows, long long n, long long inner)\n"
                 "{\n"
                 "    long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
@@ -297,3 +390,20 @@ class CumSum(Op):
                 "        out[j] = acc;\n"
                 "    }\n"
                 "}\n")
+
+    def cuda(self, be, x):
+        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        x = be.cast(x, out.dtype)
+        y = be.empty(out.shape, out.dtype)
+        if x.ndim == 0:
+            outer, n, inner = 1, 1, 1
+        else:
+            outer, n, inner = _around(x.shape, self.axis)
+        be.launch_n(be.kernel(self, be.ctype(out.dtype)), outer * inner, x, y, outer * inner, n, inner)
+        return y
+
+
+def _around(shape, axis):
+    """(outer, n, inner) of a contiguous shape around ``axis``."""
+    axis %= len(shape)
+    return _prod(shape[:axis]), int(shape[axis]), _prod(shape[axis + 1:])

@@ -260,7 +260,8 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
     loads = [f"        const {p.ctype} v{p.vid} = {p.name}[i];" for p in inputs]
     params = ([f"const {p.ctype}* __restrict__ {p.name}" for p in inputs]
               + [f"{o.ctype}* __restrict__ {o.name}" for o in outputs] + ["long long n"])
-    source = (
+    from gradcore.ops.elemwise import CUDA_HELPERS      # the rows' helper functions (gc_pow, ...)
+    source = CUDA_HELPERS + (
         f"// fused backward of {graph.op!r} ({len(graph.nodes)} nodes, {ctype})\n"
         f"extern \"C\" __global__ void {name}({', '.join(params)})\n"
         "{\n"
