@@ -141,7 +141,12 @@ def _doctor(args: List[str]) -> int:
         line("PyCUDA", f"not importable ({type(exc).__name__}: {exc}); optional: pip install gradcore[cuda]")
     try:
         from . import devices
-        gpu = "available" if devices.is_cuda_available() else f"unavailable: {devices.cuda_unavailable_reason()}"
+        if devices.is_cuda_available():
+            from .cuda import runtime
+            be = runtime.backend()
+            gpu = f"available: {be.name} ({be.driver.kind}, {getattr(be.driver, 'arch', '')})"
+        else:
+            gpu = f"unavailable: {devices.cuda_unavailable_reason()}"
     except Exception as exc:
         gpu = f"unknown ({type(exc).__name__}: {exc})"
     smi = shutil.which("nvidia-smi")

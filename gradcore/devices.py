@@ -7,6 +7,8 @@ kernel or its ``cuda(be, *arrays)`` launcher.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -50,7 +52,9 @@ def kernel_for(op, device):
     if fn is None:
         launcher = getattr(op, "cuda", None)
         if launcher is None:
-            raise _no_cuda_kernel(op)
+            if getattr(op, "cuda_source", None) is None:
+                raise _no_cuda_kernel(op)
+            launcher = functools.partial(elementwise_launcher, op)
         from .cuda import runtime
 
         def fn(*arrays, _launcher=launcher, _rt=runtime):
@@ -59,6 +63,26 @@ def kernel_for(op, device):
             _launchers.clear()
         _launchers[op] = fn
     return fn
+
+
+def elementwise_launcher(op, be, *arrays):
+    """The launcher of an op that has a ``cuda_source`` but no ``cuda``
+    method, for the simplest layout: ONE kernel taking the inputs (expanded
+    to the first output's shape and cast to its dtype), then the outputs,
+    then ``long long n`` (the elements of that shape), one thread per element
+    (a grid-stride loop, or a bound check, both work)::
+
+        extern "C" __global__ void gc_mycube_float(const float* x, float* y, long long n)
+
+    Any other layout: give the op a ``cuda(self, be, *arrays)`` method."""
+    from .op import TensorDesc
+    outs = op.infer(*[TensorDesc(a.shape, a.dtype, "cuda") for a in arrays])
+    shape, dtype = tuple(outs[0].shape), np.dtype(outs[0].dtype)
+    ins = [be.broadcast_to(be.cast(a, dtype) if a.dtype.kind == "f" else a, shape) for a in arrays]
+    ys = [be.empty(d.shape, d.dtype) for d in outs]
+    size = int(np.prod(shape, dtype=np.int64))
+    be.launch_n(be.kernel(op, be.ctype(dtype)), size, *ins, *ys, size)
+    return ys[0] if len(ys) == 1 else tuple(ys)
 
 
 def to_device(arr, device):

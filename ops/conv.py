@@ -15,8 +15,11 @@ KH*KW strided views of the input, one per kernel offset. The only Python
 loops are over kernel offsets (pooling, col2im) and image chunks, never over
 pixels or channels. Every op also has a
 ``cuda_source(ctype)``: a direct kernel, one thread per output element
-(grid-stride loop), shapes passed as ``int`` arguments after the pointers,
-the op's attributes compiled in as constants.
+(grid-stride loop), shapes and then the op's attributes passed as ``int``
+arguments after the pointers. The source depends on the element type only
+(never on the attributes), so every configuration of an op class shares
+one compiled module per type: a network with many layer shapes compiles
+each kernel once.
 
 CUDA launchers (``cuda(be, ...)``): pooling runs the direct kernels. The
 convolutions in float32/float64 run as the CPU does, im2col + GEMM: an
@@ -303,16 +306,13 @@ class _ConvBase(Op):
         gm = np.ascontiguousarray(g.reshape(n, grp, o // grp, oh * ow).transpose(1, 2, 0, 3))
         return gm.reshape(grp, o // grp, n * oh * ow)
 
-    def _consts(self):
-        (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
-        return (f"    const int SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw}, DH = {dh}, DW = {dw}, "
-                f"G = {self.groups};\n")
-
     # ------------------------------------------------------------ cuda
     def _cuda_direct(self, be, arrays, out, xshape, wshape):
         """Run the op's direct kernel (one thread per element of ``out``, a
-        TensorDesc) on ``arrays``; the kernel's ints are the shapes."""
-        ints = tuple(xshape) + (wshape[0],) + tuple(wshape[2:]) + tuple(self._out_hw(xshape, wshape))
+        TensorDesc) on ``arrays``; the kernel's ints (``_CONV_ARGS``): the
+        shapes, then the attributes."""
+        ints = (tuple(xshape) + (wshape[0],) + tuple(wshape[2:]) + tuple(self._out_hw(xshape, wshape))
+                + self.stride + self.padding + self.dilation + (self.groups,))
         return _launch_direct(self, be, arrays, out, ints)
 
     def _out_hw(self, xshape, wshape):
@@ -343,7 +343,10 @@ class _ConvBase(Op):
         return cols, cols.ptr
 
 
-_CONV_ARGS = "int N, int C, int H, int W, int O, int KH, int KW, int OH, int OW"
+# the direct convolution kernels' ints: x (N, C, H, W), weight (O, C/G, KH, KW),
+# output (N, O, OH, OW), then stride, padding, dilation and groups
+_CONV_ARGS = ("int N, int C, int H, int W, int O, int KH, int KW, int OH, int OW, "
+              "int SH, int SW, int PH, int PW, int DH, int DW, int G")
 _LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
          "         idx += (long long)blockDim.x * gridDim.x) {\n")
 
@@ -404,11 +407,13 @@ class Conv2d(_ConvBase):
                 _apply1(Conv2dBackwardFilter(*attrs), g, x, w)]
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_conv2d_<ctype>(x, w, y, <_CONV_ARGS>)``: one thread per
+        output element (grid-stride loop, ``launch_n(N*O*OH*OW)``), a sum
+        over the group's channels and the kernel taps."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('conv2d', T)}(const {T}* __restrict__ x, "
             f"const {T}* __restrict__ w, {T}* __restrict__ y, {_CONV_ARGS})\n{{\n"
-            + self._consts() +
             "    const int CG = C / G, OG = O / G;\n"
             "    const long long total = (long long)N * O * OH * OW;\n" + _LOOP +
             "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
@@ -541,12 +546,13 @@ class Conv2dBackwardData(_ConvGrad):
                 _apply1(Conv2dBackwardFilter(*attrs), g, gg, w), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        # one thread per input element: gathers from every output it fed
+        """``gc_conv2d_backward_data_<ctype>(gy, w, gx, <_CONV_ARGS>)``: one
+        thread per input element (grid-stride loop, ``launch_n(N*C*H*W)``),
+        gathering from every output it fed (no atomics)."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('conv2d_backward_data', T)}(const {T}* __restrict__ gy, "
             f"const {T}* __restrict__ w, {T}* __restrict__ gx, {_CONV_ARGS})\n{{\n"
-            + self._consts() +
             "    const int CG = C / G, OG = O / G;\n"
             "    const long long total = (long long)N * C * H * W;\n" + _LOOP +
             "        const int iw = (int)(idx % W); long long t = idx / W;\n"
@@ -636,12 +642,13 @@ class Conv2dBackwardFilter(_ConvGrad):
                 _apply1(Conv2dBackwardData(*attrs), g, gg, x), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        # one thread per weight element: a reduction over N, OH, OW
+        """``gc_conv2d_backward_filter_<ctype>(gy, x, gw, <_CONV_ARGS>)``: one
+        thread per weight element (grid-stride loop, ``launch_n(O*C/G*KH*KW)``),
+        a reduction over N, OH, OW."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('conv2d_backward_filter', T)}(const {T}* __restrict__ gy, "
             f"const {T}* __restrict__ x, {T}* __restrict__ gw, {_CONV_ARGS})\n{{\n"
-            + self._consts() +
             "    const int CG = C / G, OG = O / G;\n"
             "    const long long total = (long long)O * CG * KH * KW;\n" + _LOOP +
             "        const int j = (int)(idx % KW); long long t = idx / KW;\n"
@@ -705,17 +712,20 @@ class _PoolBase(Op):
         return [xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
                 for i in range(kh) for j in range(kw)]
 
-    def _consts(self):
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
-        return (f"    const int KH = {kh}, KW = {kw}, SH = {sh}, SW = {sw}, PH = {ph}, PW = {pw};\n")
+    def _cuda_attrs(self):
+        """The attributes as the kernels' trailing ints (after the shapes)."""
+        return self.kernel_size + self.stride + self.padding
 
     def _cuda_run(self, be, arrays, out, xshape, pooled_shape):
         """The op's direct kernel on ``arrays`` into a new array for ``out``
-        (a TensorDesc); its ints: x's shape and the pooled (OH, OW)."""
-        return _launch_direct(self, be, arrays, out, tuple(xshape) + tuple(pooled_shape[2:]))
+        (a TensorDesc); its ints: x's shape, the pooled (OH, OW), then the
+        attributes (``_POOL_ARGS``)."""
+        return _launch_direct(self, be, arrays, out,
+                              tuple(xshape) + tuple(pooled_shape[2:]) + self._cuda_attrs())
 
 
-_POOL_ARGS = "int N, int C, int H, int W, int OH, int OW"
+# the pooling kernels' ints: x (N, C, H, W), pooled (OH, OW), kernel size, stride, padding
+_POOL_ARGS = "int N, int C, int H, int W, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW"
 
 # the argmax of a window, first maximum in row-major order (NaN wins), as the CPU kernel does
 def _cuda_argmax(T, ind="        "):
@@ -831,10 +841,13 @@ class MaxPool2d(_MaxPoolArgmax):
         return self._cuda_run(be, [x], out, x.shape, out.shape)
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_max_pool2d_<ctype>(x, y, <_POOL_ARGS>)``: one thread per
+        pooled element (grid-stride loop, ``launch_n(N*C*OH*OW)``): its
+        window's first maximum (NaN wins)."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('max_pool2d', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, {_POOL_ARGS})\n{{\n" + self._consts() +
+            f"{T}* __restrict__ y, {_POOL_ARGS})\n{{\n" +
             "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
             "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
             "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
@@ -870,11 +883,13 @@ class MaxPool2dBackward(_MaxPoolArgmax):
         return [_apply1(MaxPool2dGather(self.kernel_size, self.stride, self.padding), gg, x), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        # one thread per input element: sums g over the windows whose argmax it is
+        """``gc_max_pool2d_backward_<ctype>(gy, x, gx, <_POOL_ARGS>)``: one
+        thread per input element (grid-stride loop, ``launch_n(N*C*H*W)``),
+        summing gy over the windows whose argmax it is (no atomics)."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('max_pool2d_backward', T)}(const {T}* __restrict__ gy, "
-            f"const {T}* __restrict__ x, {T}* __restrict__ gx, {_POOL_ARGS})\n{{\n" + self._consts() +
+            f"const {T}* __restrict__ x, {T}* __restrict__ gx, {_POOL_ARGS})\n{{\n" +
             "    const long long total = (long long)N * C * H * W;\n" + _LOOP +
             "        const int xw = (int)(idx % W); long long t = idx / W;\n"
             "        const int xh = (int)(t % H); const long long nc = t / H;\n"
@@ -918,10 +933,13 @@ class MaxPool2dGather(_MaxPoolArgmax):
         return [_apply1(MaxPool2dBackward(self.kernel_size, self.stride, self.padding), g, x), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_max_pool2d_gather_<ctype>(gg, x, y, <_POOL_ARGS>)``: one
+        thread per pooled element (grid-stride loop, ``launch_n(N*C*OH*OW)``):
+        gg at its window's argmax of x."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('max_pool2d_gather', T)}(const {T}* __restrict__ gg, "
-            f"const {T}* __restrict__ x, {T}* __restrict__ y, {_POOL_ARGS})\n{{\n" + self._consts() +
+            f"const {T}* __restrict__ x, {T}* __restrict__ y, {_POOL_ARGS})\n{{\n" +
             "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
             "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
             "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
@@ -954,13 +972,16 @@ class _AvgBase(_PoolBase):
 
         return np.multiply.outer(valid(oh, h, kh, sh, ph), valid(ow, w, kw, sw, pw)).astype(dtype)
 
-    def _consts(self):
-        return super()._consts() + f"    const bool EXCLUDE_PADDING = {'true' if self.mode != 'average' else 'false'};\n"
+    def _cuda_attrs(self):
+        # then the mode: 1 divides by the count of non-padding elements
+        return super()._cuda_attrs() + (int(self.mode != "average"),)
 
 
+# the average pooling kernels take one more int after _POOL_ARGS
+_AVG_ARGS = _POOL_ARGS + ", int exclude_padding"
 _CUDA_COUNT = (
     "{ind}const int h0 = oh * SH - PH, w0 = ow * SW - PW;\n"
-    "{ind}const int cnt = EXCLUDE_PADDING\n"
+    "{ind}const int cnt = exclude_padding\n"
     "{ind}    ? (min(h0 + KH, H) - max(h0, 0)) * (min(w0 + KW, W) - max(w0, 0)) : KH * KW;\n")
 
 
@@ -997,10 +1018,14 @@ class AvgPool2d(_AvgBase):
         return self._cuda_run(be, [x], out, x.shape, out.shape)
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_avg_pool2d_<ctype>(x, y, <_POOL_ARGS>, int exclude_padding)``:
+        one thread per pooled element (grid-stride loop,
+        ``launch_n(N*C*OH*OW)``): its window's sum over its count (the
+        non-padding elements when ``exclude_padding``, else KH*KW)."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('avg_pool2d', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, {_POOL_ARGS})\n{{\n" + self._consts() +
+            f"{T}* __restrict__ y, {_AVG_ARGS})\n{{\n" +
             "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
             "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
             "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
@@ -1045,10 +1070,13 @@ class AvgPool2dBackward(_AvgBase):
         return self._cuda_run(be, [g], out, ref.shape, g.shape)
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_avg_pool2d_backward_<ctype>(gy, gx, <_POOL_ARGS>, int
+        exclude_padding)``: one thread per input element (grid-stride loop,
+        ``launch_n(N*C*H*W)``), summing each window's gy / count it is in."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('avg_pool2d_backward', T)}(const {T}* __restrict__ gy, "
-            f"{T}* __restrict__ gx, {_POOL_ARGS})\n{{\n" + self._consts() +
+            f"{T}* __restrict__ gx, {_AVG_ARGS})\n{{\n" +
             "    const long long total = (long long)N * C * H * W;\n" + _LOOP +
             "        const int xw = (int)(idx % W); long long t = idx / W;\n"
             "        const int xh = (int)(t % H); const long long nc = t / H;\n"

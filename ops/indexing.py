@@ -783,13 +783,11 @@ def _order(x, descending):
     return np.argsort(key, axis=-1, kind="stable")
 
 
-def _rank_cmp(desc):
-    # u comes before v (element j before element i): strictly smaller (larger
-    # when descending), or equal with a smaller index (stable). NaN (x != x)
-    # goes last either way and NaNs tie, as in NumPy's argsort of x (or -x)
-    op = ">" if desc else "<"
-    return (f"((u == u && (v != v || u {op} v)) || "
-            "((u == v || (u != u && v != v)) && j < i))")
+# u comes before v (element j before element i): strictly smaller (larger
+# when `desc`, a kernel argument), or equal with a smaller index (stable).
+# NaN (x != x) goes last either way and NaNs tie, as in NumPy's argsort of x (or -x)
+_RANK_CMP = ("((u == u && (v != v || (desc ? u > v : u < v))) || "
+             "((u == v || (u != u && v != v)) && j < i))")
 
 
 class Sort(Op):
@@ -816,11 +814,13 @@ class Sort(Op):
         return [_apply1(GatherGrad(-1), grads[0], inputs[0], outputs[1])]
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_sort_<ctype>(x, y, ind, long long rows, int n, int desc)``:
+        x as (rows, n); one thread per element (grid-stride loop,
+        ``launch_n(rows*n)``): its rank in its row is where it goes."""
         T = ctype
         return (
             f"extern \"C\" __global__ void {_kname('sort', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, int* __restrict__ ind, long long rows, int n)\n{{\n"
-            "    // one thread per element: its rank in its row is where it goes\n"
+            f"{T}* __restrict__ y, int* __restrict__ ind, long long rows, int n, int desc)\n{{\n"
             "    const long long total = rows * n;\n" + _LOOP +
             "        const int i = (int)(idx % n);\n"
             f"        const {T}* row = x + (idx - i);\n"
@@ -828,7 +828,7 @@ class Sort(Op):
             "        int rank = 0;\n"
             "        for (int j = 0; j < n; ++j) {\n"
             f"            const {T} u = row[j];\n"
-            f"            if {_rank_cmp(self.descending)} ++rank;\n"
+            f"            if {_RANK_CMP} ++rank;\n"
             "        }\n"
             "        y[idx - i + rank] = v;\n"
             "        ind[idx - i + rank] = i;\n"
@@ -839,7 +839,8 @@ class Sort(Op):
         y, ind = be.empty(x.shape, x.dtype), be.empty(x.shape, np.int32)
         if x.size:
             n = x.shape[-1]
-            be.launch_n(be.kernel(self, be.ctype(x.dtype)), x.size, x, y, ind, x.size // n, np.int32(n))
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), x.size, x, y, ind, x.size // n, np.int32(n),
+                        np.int32(self.descending))
         return y, ind
 
 
@@ -888,35 +889,36 @@ class TopK(Op):
         return [_apply1(GatherGrad(-1), grads[0], inputs[0], outputs[1])]
 
     def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_topk_<ctype>(x, y, ind, long long rows, int n, int k, int mode,
+        int desc)``: x as (rows, n), ``mode`` the index of the op's mode in
+        ``TOPK_MODES``; y and ind (rows, k), or (rows,) for "kth_only". One
+        thread per row (grid-stride loop, ``launch_n(rows)``): each
+        element's rank, O(n^2), in index order."""
         T = ctype
-        if self.mode == "kth_only":
-            emit = "            if (rank == K - 1) { y[r] = v; ind[r] = i; }\n"
-            width = "1"
-        elif self.mode == "no_sort":
-            emit = "            if (rank < K) { yr[pos] = v; ir[pos] = i; ++pos; }\n"
-            width = "K"
-        else:
-            emit = "            if (rank < K) { yr[rank] = v; ir[rank] = i; }\n"
-            width = "K"
         return (
             f"extern \"C\" __global__ void {_kname('topk', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, int* __restrict__ ind, long long rows, int n)\n{{\n"
-            f"    const int K = {self.k};   // mode {self.mode}, descending={self.descending}\n"
-            "    // one thread per row: each element's rank, O(n^2), in index order\n"
+            f"{T}* __restrict__ y, int* __restrict__ ind, long long rows, int n, int k, int mode, int desc)\n{{\n"
+            f"    const bool kth_only = mode == {TOPK_MODES.index('kth_only')}, "
+            f"no_sort = mode == {TOPK_MODES.index('no_sort')};\n"
             "    const long long total = rows;\n" + _LOOP +
             "        const long long r = idx;\n"
             f"        const {T}* row = x + r * n;\n"
-            f"        {T}* yr = y + r * {width};\n"
-            f"        int* ir = ind + r * {width};\n"
-            "        int pos = 0;\n"
-            "        (void)yr; (void)ir; (void)pos;\n"
+            f"        {T}* yr = y + r * (kth_only ? 1 : k);\n"
+            "        int* ir = ind + r * (kth_only ? 1 : k);\n"
+            "        int pos = 0;   // no_sort: the next slot, in index order\n"
             "        for (int i = 0; i < n; ++i) {\n"
             f"            const {T} v = row[i];\n"
             "            int rank = 0;\n"
             "            for (int j = 0; j < n; ++j) {\n"
             f"                const {T} u = row[j];\n"
-            f"                if {_rank_cmp(self.descending)} ++rank;\n"
-            "            }\n" + emit +
+            f"                if {_RANK_CMP} ++rank;\n"
+            "            }\n"
+            "            if (kth_only) {\n"
+            "                if (rank == k - 1) { yr[0] = v; ir[0] = i; }\n"
+            "            } else if (rank < k) {\n"
+            "                const int at = no_sort ? pos++ : rank;\n"
+            "                yr[at] = v; ir[at] = i;\n"
+            "            }\n"
             "        }\n"
             "    }\n}\n")
 
@@ -926,5 +928,6 @@ class TopK(Op):
         if y.size:
             n = x.shape[-1]
             rows = x.size // n
-            be.launch_n(be.kernel(self, be.ctype(x.dtype)), rows, x, y, ind, rows, np.int32(n))
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), rows, x, y, ind, rows, np.int32(n),
+                        np.int32(self.k), np.int32(TOPK_MODES.index(self.mode)), np.int32(self.descending))
         return y, ind

@@ -58,6 +58,10 @@ class PyCudaDriver:
         # the primary context: the one the runtime API (PyTorch, CuPy) uses too
         self.context = self.device.retain_primary_context()
         self.context.push()
+        # PyCUDA aborts at exit when a pushed context is still on its stack
+        # (what pycuda.autoprimaryctx does too)
+        import atexit
+        atexit.register(self._finish_up)
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.name = self.device.name()
@@ -68,6 +72,17 @@ class PyCudaDriver:
 
     def __repr__(self):
         return f"PyCudaDriver({self.name}, {self.arch})"
+
+    def _finish_up(self):
+        if self.context is None:
+            return
+        try:
+            self.context.synchronize()
+        finally:
+            self.context.pop()
+            self.context = None
+            from pycuda.tools import clear_context_caches
+            clear_context_caches()
 
     # ---------------------------------------------------------------- memory
     def alloc(self, nbytes: int):

@@ -12,6 +12,8 @@ import pytest
 
 import gradcore as gc
 import gradcore.functional as F
+from gradcore.cuda import runtime
+from gradcore.cuda.emulator import HostDriver
 from gradcore.op import OpError
 from gradcore.ops import conv
 
@@ -170,3 +172,69 @@ def test_gemm_source_compiles_with_nvcc(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     ptx = (tmp_path / "k.ptx").read_text()
     assert all(f"gc_{k}_{T}" in ptx for k in ("im2col", "col2im") for T in ("float", "double"))
+
+
+# ---------------------------------------------------------------- one compiled kernel per C type
+# Two configurations (attributes and shapes all different): (conv attributes,
+# x shape, weight shape), (pool attributes, x shape, avg mode).
+CONFIGS = {
+    "a": ((((1, 1), (0, 0), (1, 1), 1), (2, 3, 5, 5), (4, 3, 3, 3)), ((2, None, 0), (2, 2, 4, 4), "average")),
+    "b": ((((2, 1), (1, 2), (1, 2), 2), (1, 4, 7, 6), (6, 2, 2, 3)),
+          (((3, 2), (2, 1), (1, 1)), (1, 3, 6, 5), "average_count_exclude_padding")),
+}
+
+
+def _instances(config, dtype=np.float32):
+    """One instance of each op class of this module for ``config``, with inputs: [(op, arrays)]."""
+    (attrs, xs, ws), (pool, ps, mode) = CONFIGS[config]
+    x, w, p = _rand(*xs, dtype=dtype, seed=1), _rand(*ws, dtype=dtype, seed=2), _rand(*ps, dtype=dtype, seed=3)
+    g = _rand(*conv.Conv2d(*attrs).cpu(x, w).shape, dtype=dtype, seed=4)
+    gp = _rand(*conv.MaxPool2d(*pool).cpu(p).shape, dtype=dtype, seed=5)
+    return [(conv.Conv2d(*attrs), [x, w]), (conv.Conv2dBackwardData(*attrs), [g, w, x]),
+            (conv.Conv2dBackwardFilter(*attrs), [g, x, w]), (conv.MaxPool2d(*pool), [p]),
+            (conv.MaxPool2dBackward(*pool), [gp, p]),
+            (conv.MaxPool2dGather(*pool), [_rand(*ps, dtype=dtype, seed=6), p]),
+            (conv.AvgPool2d(*pool, mode), [p]), (conv.AvgPool2dBackward(*pool, mode), [gp, p])]
+
+
+@pytest.mark.parametrize("ctype", ["float", "double"])
+def test_one_source_per_class_and_ctype(ctype):
+    """The attributes are kernel arguments: every configuration of an op
+    class has the same source (the backend loads one module for all)."""
+    pairs = list(zip(_instances("a"), _instances("b")))
+    assert len(pairs) == len(conv.CONV_OPS)
+    for (a, _), (b, _) in pairs:
+        assert type(a) is type(b) and a != b
+        assert a.cuda_source(ctype) == b.cuda_source(ctype), type(a).__name__
+    assert len({a.cuda_source(ctype) for (a, _), _ in pairs}) == len(pairs)    # the classes' kernels differ
+
+
+@pytest.fixture
+def fresh_backend(cuda, tmp_path, monkeypatch):
+    """A new backend (nothing loaded) on the driver under test, and the
+    sources its driver is asked to load. On the emulator a new driver with
+    an empty disk cache: every load is a compile."""
+    driver = HostDriver(tmp_path) if cuda.driver.kind == "emulator" else cuda.driver
+    loads = []
+    real = driver.load
+    monkeypatch.setattr(driver, "load", lambda name, src: (loads.append(src), real(name, src))[1])
+    return runtime.Backend(driver), loads
+
+
+def test_each_source_compiles_once(fresh_backend, monkeypatch):
+    """Both configurations of every op (the convolutions on both cuda paths)
+    load and compile each kernel source once: the second one adds nothing."""
+    be, loads = fresh_backend
+    counts = []
+    for config in CONFIGS:
+        for gemm in (True, False):
+            monkeypatch.setattr(conv, "CUDA_GEMM", gemm)
+            for op, arrays in _instances(config):
+                got = op.cuda(be, *[be.to_device(a) for a in arrays]).get()
+                np.testing.assert_allclose(got, op.cpu(*arrays), rtol=1e-4, atol=1e-5, err_msg=repr(op))
+        counts.append((len(loads), len(be._modules)))
+    want = {op.cuda_source("float") for op, _ in _instances("a")} | {conv.gemm_source("float")}
+    assert len(loads) == len(set(loads)) and set(loads) == want
+    assert counts == [(len(want), len(want))] * 2
+    if be.driver.kind == "emulator":
+        assert be.driver.stats["compiles"] == len(want)

@@ -12,6 +12,8 @@ import pytest
 import gradcore as gc
 import gradcore.functional as F
 from gradcore import _core
+from gradcore.cuda import runtime
+from gradcore.cuda.emulator import HostDriver
 from gradcore.ops import indexing as I
 
 rng = np.random.default_rng(0)
@@ -386,6 +388,35 @@ def test_topk_shapes_and_dtypes(cuda, matches_cpu):
 ])
 def test_sort_topk_errors(cuda, fn, arrays):
     assert_same_error(fn, arrays)
+
+
+# the attributes (k, mode, descending) are kernel arguments: one source, one compile per C type
+SORT_CONFIGS = [I.Sort(False), I.Sort(True)] + [I.TopK(k, d, m) for k, d in ((1, True), (3, False))
+                                                for m in I.TOPK_MODES]
+
+
+@pytest.mark.parametrize("ctype", ["float", "double", "int"])
+def test_sort_topk_one_source_per_ctype(ctype):
+    for cls in (I.Sort, I.TopK):
+        ops = [op for op in SORT_CONFIGS if type(op) is cls]
+        assert len({op.cuda_source(ctype) for op in ops}) == 1, cls.__name__
+
+
+def test_sort_topk_compile_once(cuda, tmp_path, monkeypatch):
+    """Every configuration runs (and matches the cpu) on a new backend; each
+    class's source is loaded (compiled, on the emulator) once."""
+    driver = HostDriver(tmp_path) if cuda.driver.kind == "emulator" else cuda.driver
+    loads = []
+    real = driver.load
+    monkeypatch.setattr(driver, "load", lambda name, src: (loads.append(src), real(name, src))[1])
+    be = runtime.Backend(driver)
+    x = _with_ties(3, 5)
+    for op in SORT_CONFIGS:
+        for got, want in zip(op.cuda(be, be.to_device(x)), op.cpu(x)):
+            np.testing.assert_array_equal(got.get(), want, err_msg=repr(op))
+    assert sorted(loads) == sorted({op.cuda_source("float") for op in SORT_CONFIGS})
+    if driver.kind == "emulator":
+        assert driver.stats["compiles"] == 2
 
 
 # ---------------------------------------------------------------- host-side index constants and values
