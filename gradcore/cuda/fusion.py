@@ -292,7 +292,6 @@ def fused_runner(graph, kept: List[int], one_saved: bool):
         return None
     position = {v: k for k, v in enumerate(kept)}
     n_in, n_out = graph.n_in, graph.n_out
-    first_grad = n_in + n_out
     fetch = []                                  # per parameter: ("s", index) or ("g", index)
     for p in kernel.inputs:
         if p.role == "grad":

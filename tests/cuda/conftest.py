@@ -122,3 +122,16 @@ def assert_cuda_matches_cpu(fn: Callable, arrays: Sequence, *, rtol: float = 1e-
 @pytest.fixture
 def matches_cpu():
     return assert_cuda_matches_cpu
+
+
+@pytest.fixture
+def fresh_backend(cuda, tmp_path, monkeypatch):
+    """A new backend (nothing loaded) on the driver under test, and the
+    sources its driver is asked to load. On the emulator a new driver with
+    an empty disk cache: every load is a compile."""
+    from gradcore.cuda.emulator import HostDriver
+    driver = HostDriver(tmp_path) if cuda.driver.kind == "emulator" else cuda.driver
+    loads = []
+    real = driver.load
+    monkeypatch.setattr(driver, "load", lambda name, src: (loads.append(src), real(name, src))[1])
+    return runtime.Backend(driver), loads

@@ -15,7 +15,7 @@ import gradcore.functional as F
 from gradcore.cuda import DeviceArray, pack_params, runtime
 from gradcore.cuda.cache import KernelCompileError
 from gradcore.cuda.memory import MemoryPool, size_class
-from gradcore.op import Op, TensorDesc
+from gradcore.op import Op
 
 
 # ---------------------------------------------------------------- packing

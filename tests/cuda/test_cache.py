@@ -3,7 +3,6 @@ disk, keyed by gradcore's key; a second instance or process reads the PTX
 without running nvcc; compile errors quote the CUDA source line; writes are
 atomic under concurrent processes."""
 import os
-import shutil
 import subprocess
 import sys
 import textwrap

@@ -12,8 +12,6 @@ import pytest
 
 import gradcore as gc
 import gradcore.functional as F
-from gradcore.cuda import runtime
-from gradcore.cuda.emulator import HostDriver
 from gradcore.op import OpError
 from gradcore.ops import conv
 
@@ -207,18 +205,6 @@ def test_one_source_per_class_and_ctype(ctype):
         assert type(a) is type(b) and a != b
         assert a.cuda_source(ctype) == b.cuda_source(ctype), type(a).__name__
     assert len({a.cuda_source(ctype) for (a, _), _ in pairs}) == len(pairs)    # the classes' kernels differ
-
-
-@pytest.fixture
-def fresh_backend(cuda, tmp_path, monkeypatch):
-    """A new backend (nothing loaded) on the driver under test, and the
-    sources its driver is asked to load. On the emulator a new driver with
-    an empty disk cache: every load is a compile."""
-    driver = HostDriver(tmp_path) if cuda.driver.kind == "emulator" else cuda.driver
-    loads = []
-    real = driver.load
-    monkeypatch.setattr(driver, "load", lambda name, src: (loads.append(src), real(name, src))[1])
-    return runtime.Backend(driver), loads
 
 
 def test_each_source_compiles_once(fresh_backend, monkeypatch):

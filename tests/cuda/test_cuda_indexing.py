@@ -12,8 +12,6 @@ import pytest
 import gradcore as gc
 import gradcore.functional as F
 from gradcore import _core
-from gradcore.cuda import runtime
-from gradcore.cuda.emulator import HostDriver
 from gradcore.ops import indexing as I
 
 rng = np.random.default_rng(0)
@@ -402,14 +400,11 @@ def test_sort_topk_one_source_per_ctype(ctype):
         assert len({op.cuda_source(ctype) for op in ops}) == 1, cls.__name__
 
 
-def test_sort_topk_compile_once(cuda, tmp_path, monkeypatch):
+def test_sort_topk_compile_once(fresh_backend):
     """Every configuration runs (and matches the cpu) on a new backend; each
     class's source is loaded (compiled, on the emulator) once."""
-    driver = HostDriver(tmp_path) if cuda.driver.kind == "emulator" else cuda.driver
-    loads = []
-    real = driver.load
-    monkeypatch.setattr(driver, "load", lambda name, src: (loads.append(src), real(name, src))[1])
-    be = runtime.Backend(driver)
+    be, loads = fresh_backend
+    driver = be.driver
     x = _with_ties(3, 5)
     for op in SORT_CONFIGS:
         for got, want in zip(op.cuda(be, be.to_device(x)), op.cpu(x)):
