@@ -47,9 +47,9 @@ def kernel_for(op, device):
     backend current at call time (compiled backward graphs keep kernels)."""
     if device == "cpu":
         return op.cpu
-    require_cuda()
     fn = _launchers.get(op)
     if fn is None:
+        require_cuda()
         launcher = getattr(op, "cuda", None)
         if launcher is None:
             if getattr(op, "cuda_source", None) is None:

@@ -253,7 +253,7 @@ _HOOK_FNS = {
     "_to_array": to_array,
     "_norm_device": norm_device,
     "_zeros_on": lambda shape, dtype, device: _F().zeros(shape, dtype, device)._data,
-    "_ones_on": lambda arr: arr.backend.full(arr.shape, 1, arr.dtype),
+    "_ones_on": lambda arr: arr.backend.ones_seed(arr.shape, arr.dtype),
 }
 
 

@@ -304,6 +304,7 @@ class Elemwise(Op):
             inst.nin = _arity(row)
             inst.cpu = _cpu_kernel(row)
             inst.vjp = _make_vjp(row)
+            inst._cuda_plans = {}
             inst._seal()
             cls._instances[mode] = inst
         return inst
@@ -356,6 +357,32 @@ class Elemwise(Op):
         return cuda_source(self.row, ctype)
 
     def cuda(self, be, *xs):
+        # the plan (output, C type, per-input cast and broadcast, kernel)
+        # depends only on the input shapes and dtypes: made once per signature
+        key = (be,) + tuple([(x.shape, x.dtype) for x in xs])
+        plan = self._cuda_plans.get(key)
+        if plan is None:
+            plan = self._cuda_plan(be, xs)
+            if len(self._cuda_plans) > 4096:
+                self._cuda_plans.clear()
+            self._cuda_plans[key] = plan
+        out_shape, out_dtype, size, casts, kernel, check_pow = plan
+        if check_pow and be.reduce("min", xs[1]).item() < 0:
+            # NumPy raises rather than give 1 / x**n in integers (costs a sync)
+            raise ValueError("Integers to negative integer powers are not allowed.")
+        args = []
+        for x, (dtype, expand) in zip(xs, casts):
+            if dtype is not None:
+                x = be.cast(x, dtype)
+            if expand:
+                x = be.broadcast_to(x, out_shape)
+            args += [x, x.size]
+        y = be.empty(out_shape, out_dtype)
+        if size:
+            be.launch_n(kernel, size, *args, y, size)
+        return y
+
+    def _cuda_plan(self, be, xs):
         (out,) = self.infer(*[TensorDesc(x.shape, x.dtype, "cuda") for x in xs])
         # the kernel computes in one C type: the output's, or for predicates
         # the inputs' common type; a where's condition stays bool
@@ -367,21 +394,13 @@ class Elemwise(Op):
             # NumPy's result type for e.g. sqrt of int8/uint8/bool inputs
             raise TypeError(f"{self._name()}: cuda has no float16 kernels (NumPy computes this in float16 "
                             f"for inputs {', '.join(str(x.dtype) for x in xs)}); cast the inputs to float32")
-        ctype = be.ctype(compute)
         size = int(np.prod(out.shape, dtype=np.int64))
-        if self.mode == "pow" and compute.kind in "iu" and xs[1].dtype.kind == "i" and size:
-            # NumPy raises rather than give 1 / x**n in integers (costs a sync)
-            if be.reduce("min", xs[1]).item() < 0:
-                raise ValueError("Integers to negative integer powers are not allowed.")
-        args = []
+        casts = []
         for i, x in enumerate(xs):
-            x = be.cast(x, np.bool_ if (i == 0 and self.mode == "where") else compute)
-            if not _reads_in_place(x.shape, out.shape):
-                x = be.broadcast_to(x, out.shape)
-            args += [x, x.size]
-        y = be.empty(out.shape, out.dtype)
-        be.launch_n(be.kernel(self, ctype), size, *args, y, size)
-        return y
+            want = np.dtype(np.bool_) if (i == 0 and self.mode == "where") else compute
+            casts.append((None if x.dtype == want else want, not _reads_in_place(x.shape, out.shape)))
+        check_pow = bool(self.mode == "pow" and compute.kind in "iu" and xs[1].dtype.kind == "i" and size)
+        return tuple(out.shape), np.dtype(out.dtype), size, casts, be.kernel(self, be.ctype(compute)), check_pow
 
 
 def _reads_in_place(shape, out_shape) -> bool:

@@ -46,12 +46,13 @@ class DeviceArray:
 
     def __init__(self, backend, shape, dtype, block=None, offset: int = 0):
         self.backend = backend
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-        self.ndim = len(self.shape)
+        self.shape = shape = shape if type(shape) is tuple else tuple(shape)
+        self.dtype = dtype if type(dtype) is np.dtype or isinstance(dtype, np.dtype) else np.dtype(dtype)
+        self.ndim = len(shape)
         size = 1
-        for s in self.shape:
+        for s in shape:
             size *= s
+        size = int(size)
         self.size = size
         self.nbytes = size * self.dtype.itemsize
         self._block = block
@@ -98,7 +99,17 @@ class DeviceArray:
 
     # ------------------------------------------------------------ views and copies
     def reshape(self, *shape) -> "DeviceArray":
-        shape = _normalize_shape(shape, self.size)
+        if len(shape) == 1 and type(shape[0]) is tuple and -1 not in shape[0]:
+            shape = shape[0]
+            if shape == self.shape:
+                return self
+            size = 1
+            for s in shape:
+                size *= s
+            if size != self.size:
+                raise ValueError(f"cannot reshape an array of size {self.size} into shape {shape}")
+        else:
+            shape = _normalize_shape(shape, self.size)
         view = DeviceArray(self.backend, shape, self.dtype)
         view._block, view.ptr = self._block, self.ptr
         return view

@@ -313,13 +313,16 @@ def fused_runner(graph, kept: List[int], one_saved: bool):
         k = compiled.get(be)
         if k is None:
             k = compiled[be] = be.kernel(graph.op, kernel.ctype, name=kernel.name, source=kernel.source)
-        shape = params[0].shape
+        shape, same = params[0].shape, True
         for p in params[1:]:
             if p.shape != shape:
-                shape = tuple(np.broadcast_shapes(shape, p.shape))
-        params = [be.broadcast_to(be.cast(p, dt), shape) for p, dt in zip(params, param_dtypes)]
+                shape, same = tuple(np.broadcast_shapes(shape, p.shape)), False
+        if same:
+            params = [p if p.dtype == dt else be.cast(p, dt) for p, dt in zip(params, param_dtypes)]
+        else:
+            params = [be.broadcast_to(be.cast(p, dt), shape) for p, dt in zip(params, param_dtypes)]
         outs = [be.empty(shape, dt) for dt in out_dtypes]
-        size = int(np.prod(shape, dtype=np.int64))
+        size = outs[0].size if outs else 0
         be.launch_n(k, size, *params, *outs, size)
         res = tuple(None if k_ is None else outs[k_] for k_ in grad_order)
         return res[0] if single else res

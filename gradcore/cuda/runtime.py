@@ -41,39 +41,66 @@ CTYPES = {"float32": "float", "float64": "double", "float16": "__half", "int8": 
           "bool": "bool"}
 
 
+_CTYPE_OF = {}      # dtype (or anything np.dtype accepts) -> C type
+
+
 class Dims(ctypes.Structure):
     """``struct gc_dims { int n; long long d[GC_MAX_DIMS]; }`` (ops/indexing.py)."""
     _fields_ = [("n", ctypes.c_int), ("d", ctypes.c_longlong * MAX_DIMS)]
 
 
+def _param_layout(i, a):
+    """(struct code, alignment, value getter) of kernel argument ``a``."""
+    if isinstance(a, DeviceArray):
+        return "Q", 8, _pointer
+    if a is None:
+        return "8x", 8, None
+    if isinstance(a, Dims):
+        return f"{ctypes.sizeof(Dims)}s", ctypes.alignment(Dims), bytes
+    if isinstance(a, np.generic):
+        return f"{a.dtype.itemsize}s", a.dtype.alignment, _scalar_bytes
+    if isinstance(a, bool):
+        raise TypeError(f"kernel argument {i}: pass np.bool_({a}) (a bool is ambiguous)")
+    if isinstance(a, int):
+        return "q", 8, None
+    if isinstance(a, float):
+        raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), the kernel's C type")
+    raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
+
+
+def _pointer(a):
+    if a.ptr == 0 and a.size:
+        raise ValueError(f"a shape-only array (no device memory) of shape {a.shape} cannot be read by a kernel")
+    return a.ptr
+
+
+def _scalar_bytes(a):
+    return a.tobytes()
+
+
+_layouts = {}       # argument type signature -> (struct.Struct, per-argument getters)
+
+
 def pack_params(args: Sequence) -> bytes:
     """Kernel arguments as one buffer in the CUDA ABI's layout: each
-    parameter at an offset aligned to its own alignment, in order."""
-    out = bytearray()
-    for i, a in enumerate(args):
-        if isinstance(a, DeviceArray):
-            if a.ptr == 0 and a.size:
-                raise ValueError(f"kernel argument {i}: a shape-only array (no device memory) "
-                                 f"of shape {a.shape} cannot be read by a kernel")
-            data, align = struct.pack("<Q", a.ptr), 8
-        elif a is None:
-            data, align = b"\0" * 8, 8
-        elif isinstance(a, Dims):
-            data, align = bytes(a), ctypes.alignment(Dims)
-        elif isinstance(a, np.generic):
-            data, align = a.tobytes(), a.dtype.alignment
-        elif isinstance(a, bool):
-            raise TypeError(f"kernel argument {i}: pass np.bool_({a}) (a bool is ambiguous)")
-        elif isinstance(a, int):
-            data, align = struct.pack("<q", a), 8
-        elif isinstance(a, float):
-            raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), "
-                            "the kernel's C type")
-        else:
-            raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
-        out += b"\0" * (-len(out) % align)
-        out += data
-    return bytes(out)
+    parameter at an offset aligned to its own alignment, in order. The
+    layout is computed once per signature of argument types."""
+    sig = tuple([type(a) if type(a) is not np.ndarray and not isinstance(a, np.generic) else a.dtype
+                 for a in args])
+    layout = _layouts.get(sig)
+    if layout is None:
+        fmt, getters, offset = "<", [], 0
+        for i, a in enumerate(args):
+            code, align, get = _param_layout(i, a)
+            pad = -offset % align
+            fmt += f"{pad}x" if pad else ""
+            fmt += code
+            offset += pad + struct.calcsize("<" + code)
+            getters.append(get)
+        layout = _layouts[sig] = (struct.Struct(fmt), tuple(getters))
+    packer, getters = layout
+    values = [a if g is None else g(a) for a, g in zip(args, getters) if a is not None]
+    return packer.pack(*values)
 
 
 class Kernel:
@@ -103,6 +130,7 @@ class Backend:
         self.pool = MemoryPool(driver)
         self._kernels = {}
         self._modules = {}
+        self._seeds = {}
         self._lock = threading.Lock()
 
     def __repr__(self):
@@ -114,16 +142,29 @@ class Backend:
 
     # ------------------------------------------------------------ arrays
     def empty(self, shape, dtype) -> DeviceArray:
-        shape = tuple(int(s) for s in shape)
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        block = self.pool.malloc(nbytes) if nbytes else None
-        return DeviceArray(self, shape, dtype, block)
+        out = DeviceArray(self, shape, dtype)
+        if out.nbytes:
+            out._block = block = self.pool.malloc(out.nbytes)
+            out.ptr = block.ptr
+        return out
 
     def zeros(self, shape, dtype) -> DeviceArray:
         out = self.empty(shape, dtype)
         if out.nbytes:
             self.driver.memset0(out.ptr, out.nbytes)
+        return out
+
+    def ones_seed(self, shape, dtype) -> DeviceArray:
+        """Ones (the default output gradient of a backward); small ones are
+        uploaded once and shared: a seed is never written (slots do not own it)."""
+        key = (shape, dtype)
+        out = self._seeds.get(key)
+        if out is None:
+            out = self.full(shape, 1, dtype)
+            if out.size <= 256:
+                if len(self._seeds) > 256:
+                    self._seeds.clear()
+                self._seeds[key] = out
         return out
 
     def full(self, shape, value, dtype) -> DeviceArray:
@@ -159,11 +200,13 @@ class Backend:
 
     @staticmethod
     def ctype(dtype) -> str:
-        name = np.dtype(dtype).name
-        try:
-            return CTYPES[name]
-        except KeyError:
-            raise TypeError(f"cuda: no kernels for dtype {name}") from None
+        c = _CTYPE_OF.get(dtype)
+        if c is None:
+            name = np.dtype(dtype).name
+            if name not in CTYPES:
+                raise TypeError(f"cuda: no kernels for dtype {name}")
+            c = _CTYPE_OF[dtype] = CTYPES[name]
+        return c
 
     # ------------------------------------------------------------ kernels
     def kernel(self, op, ctype: str, name: Optional[str] = None, source: Optional[str] = None) -> Kernel:
