@@ -140,6 +140,8 @@ class KernelCache:
             return ptx
         path = self.path_for(key, name)
         ptx = self._read(path)
+        if ptx is not None and self._stale(ptx):
+            ptx = None          # made by another nvcc than the one installed now
         if ptx is not None:
             self.stats["disk_hits"] += 1
             self._memory[key] = ptx
@@ -148,6 +150,29 @@ class KernelCache:
         self._write(path, ptx)
         self._memory[key] = ptx
         return ptx
+
+    def nvcc_version(self) -> Optional[str]:
+        """The installed nvcc's version line ("Cuda compilation tools,
+        release 13.0, V13.0.88"), or None without nvcc."""
+        if not hasattr(self, "_nvcc_version"):
+            self._nvcc_version = None
+            try:
+                out = subprocess.run([self.nvcc(), "--version"], capture_output=True, text=True, timeout=60)
+                self._nvcc_version = next((line.strip() for line in out.stdout.splitlines()
+                                           if line.startswith("Cuda compilation tools")), None)
+            except Exception:
+                pass
+        return self._nvcc_version
+
+    def _stale(self, ptx: str) -> bool:
+        """Whether cached PTX came from another nvcc than the installed one
+        (its header names the compiler); without nvcc any cached PTX serves."""
+        made_by = next((line[2:].strip() for line in ptx.splitlines()[:8]
+                        if line.startswith("// Cuda compilation tools")), None)
+        if made_by is None:
+            return False
+        current = self.nvcc_version()
+        return current is not None and current != made_by
 
     def contains(self, name, source, dtypes=(), shapes_class="", arch=None) -> bool:
         key = self.key(name, source, dtypes, shapes_class, arch)

@@ -170,8 +170,11 @@ def test_a_second_process_does_not_recompile(tmp_path):
         import sys, json
         from gradcore.cuda import cache
         if sys.argv[1] == "warm":
-            def boom(*a, **k):
-                raise SystemExit("nvcc was run in the warm process")
+            real = cache.subprocess.run
+            def boom(cmd, *a, **k):
+                if "--ptx" in cmd:      # asking nvcc its version is fine
+                    raise SystemExit("nvcc was run in the warm process")
+                return real(cmd, *a, **k)
             cache.subprocess.run = boom
         c = cache.KernelCache()
         ptx = c.get("gc_test_scale", {SRC!r}, ["float32"], "nd1:contig")
@@ -236,3 +239,26 @@ def test_a_fused_backward_kernel_through_the_cache(tmp_path):
     k = fuse_elementwise(make_backward_graph(Elemwise("gelu"), [d], [True])[0])
     ptx = KernelCache(tmp_path).get(k.name, k.source, ["float32"], "same_shape:contig")
     assert f".entry {k.name}(" in ptx
+
+
+def test_ptx_from_another_nvcc_is_recompiled(tmp_path, monkeypatch):
+    """The PTX header names the nvcc that made it; a cache entry made by
+    another version is compiled again, and without nvcc any entry serves."""
+    old = "//\n// Cuda compilation tools, release 12.0, V12.0.76\n//\n" + FAKE_PTX
+    new = "//\n// Cuda compilation tools, release 13.0, V13.0.88\n//\n" + FAKE_PTX
+    c = KernelCache(tmp_path)
+    path = c.path_for(c.key("k", SRC), "k")
+    tmp_path.mkdir(exist_ok=True)
+    path.write_text(old)
+    monkeypatch.setattr(c, "nvcc_version", lambda: "Cuda compilation tools, release 13.0, V13.0.88")
+    monkeypatch.setattr(c, "compile", lambda name, source, arch=None: new)
+    assert c.get("k", SRC) == new and c.stats["compiles"] == 0 and path.read_text() == new
+    c2 = KernelCache(tmp_path)
+    monkeypatch.setattr(c2, "nvcc_version", lambda: "Cuda compilation tools, release 13.0, V13.0.88")
+    monkeypatch.setattr(c2, "compile", _no_compiler)
+    assert c2.get("k", SRC) == new and c2.stats["disk_hits"] == 1
+    path.write_text(old)
+    c3 = KernelCache(tmp_path)
+    monkeypatch.setattr(c3, "nvcc_version", lambda: None)
+    monkeypatch.setattr(c3, "compile", _no_compiler)
+    assert c3.get("k", SRC) == old
