@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+import bench_models         # the conv2d case, on the device (benchmarks/ is on sys.path)
 import gradcore as gc
 import gradcore.functional as F
 from gradcore.autodiff import GradManager
@@ -140,33 +141,12 @@ def torch_mlp(batch):
     return step
 
 
-CONV = dict(n=16, c=32, h=32, w=32, o=64, k=3)
-
-
 def gc_conv():
-    s, rng = CONV, np.random.default_rng(0)
-    x = gc.Tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), device="cuda")
-    w = gc.Parameter(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05, device="cuda")
-    gm = GradManager().attach([x, w])
-
-    def step():
-        with gm:
-            gm.backward(F.conv2d(x, w, padding=1).sum())
-        x.grad = w.grad = None
-    return step
+    return bench_models.gc_conv("cuda")
 
 
 def torch_conv():
-    s, rng = CONV, np.random.default_rng(0)
-    x = torch.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), device="cuda",
-                     requires_grad=True)
-    w = torch.tensor(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05, device="cuda",
-                     requires_grad=True)
-
-    def step():
-        torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
-        x.grad = w.grad = None
-    return step
+    return bench_models.torch_conv("cuda")
 
 
 # ---------------------------------------------------------------- start-up

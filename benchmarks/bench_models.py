@@ -68,11 +68,11 @@ def torch_demo_step(batch=32):
 CONV = dict(n=16, c=32, h=32, w=32, o=64, k=3)
 
 
-def gc_conv():
+def gc_conv(device="cpu"):
     s = CONV
     rng = np.random.default_rng(0)
-    x = gc.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"))
-    w = gc.Parameter(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05)
+    x = gc.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), device=device)
+    w = gc.Parameter(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05, device=device)
     gm = GradManager().attach([x, w])
 
     def step():
@@ -82,11 +82,12 @@ def gc_conv():
     return step
 
 
-def torch_conv():
+def torch_conv(device="cpu"):
     s = CONV
     rng = np.random.default_rng(0)
-    x = torch.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), requires_grad=True)
-    w = torch.tensor(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05,
+    x = torch.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), device=device,
+                     requires_grad=True)
+    w = torch.tensor(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05, device=device,
                      requires_grad=True)
 
     def step():

@@ -14,29 +14,19 @@ import gradcore.functional as F
 from gradcore.op import OpError
 from gradcore.ops import linalg
 
-# (shape of a, shape of b) as multiplied, before any transposition
-SHAPES = [
-    ((3, 4), (4, 2)),
-    ((2, 3, 4), (2, 4, 5)),          # batched
-    ((5, 3, 4), (4, 2)),             # b shared by a's batch (one GEMM, more rows)
-    ((3, 4), (2, 4, 2)),             # a shared by b's batch (stride 0)
-    ((2, 1, 3, 4), (3, 4, 2)),       # both batch axes broadcast (materialised)
-    ((1, 4), (4, 1)),
-    ((4,), (4, 2)),                  # 1-D operands
-    ((3, 4), (4,)),
-    ((4,), (4,)),
-    ((4,), (2, 4, 3)),
-]
-TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]
+def _cpu_cases():
+    """The cpu suite's matmul cases (tests/ops/test_linalg.py): the same
+    shapes and transpositions run on cuda."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "_linalg_cases", Path(__file__).resolve().parents[1] / "ops" / "test_linalg.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.CASES, mod.TRANSPOSES, mod._stored
 
 
-def _stored(shape, transposed):
-    return shape[:-2] + (shape[-1], shape[-2]) if transposed and len(shape) >= 2 else shape
-
-
-CASES = [pytest.param(sa, sb, ta, tb, id=f"{list(sa)}@{list(sb)}-ta{int(ta)}-tb{int(tb)}".replace(" ", ""))
-         for sa, sb in SHAPES for ta, tb in TRANSPOSES
-         if not ((ta and len(sa) == 1) or (tb and len(sb) == 1))]
+CASES, TRANSPOSES, _stored = _cpu_cases()
 
 
 def _operands(sa, sb, ta, tb, dtype=np.float32, seed=0):
