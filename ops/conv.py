@@ -727,6 +727,7 @@ class _PoolBase(Op):
 # the pooling kernels' ints: x (N, C, H, W), pooled (OH, OW), kernel size, stride, padding
 _POOL_ARGS = "int N, int C, int H, int W, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW"
 
+
 # the argmax of a window, first maximum in row-major order (NaN wins), as the CPU kernel does
 def _cuda_argmax(T, ind="        "):
     lines = [

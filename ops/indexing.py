@@ -481,6 +481,7 @@ class IndexingOneHotGrad(Op):
             be.launch_n(be.kernel(self, be.ctype(g.dtype)), y.size, g, _index32(be, index), y, outer, n, inner)
         return y
 
+
 # ---------------------------------------------------------------- gather / scatter
 # CUDA kernels below: a grid-stride loop, one thread per output element (per
 # row for TopK); index arrays are int32 (``const int*``); arbitrary ranks

@@ -499,6 +499,8 @@ class Concat(Op):
         y = be.empty(out.shape, out.dtype)
         _pieces(be, self, y, ax, [be.cast(x, out.dtype) for x in xs], [x.shape[ax] for x in xs], scatter=True)
         return y
+
+
 class SplitLike(Op):
     """Split x along axis into pieces sized like refs (concat's backward)."""
     name = "SplitLike"
@@ -533,6 +535,7 @@ class SplitLike(Op):
         ys = [be.empty(r.shape, x.dtype) for r in refs]     # refs may be shape-only
         _pieces(be, self, x, ax, ys, [r.shape[ax] for r in refs], scatter=False)
         return tuple(ys)
+
 
 # ---------------------------------------------------------------- split / stack
 # CUDA kernels of the copy ops below: one thread per output element
@@ -675,6 +678,8 @@ class Stack(Op):
         y = be.empty(out.shape, out.dtype)
         _pieces(be, self, y, ax, [be.cast(x, out.dtype) for x in xs], [1] * len(xs), scatter=True)
         return y
+
+
 class Unstack(Op):
     """The ``n`` slices of x along ``axis``, that axis removed (Stack's backward)."""
     name = "Unstack"

@@ -14,6 +14,7 @@ import gradcore.functional as F
 from gradcore.op import OpError
 from gradcore.ops import linalg
 
+
 def _cpu_cases():
     """The cpu suite's matmul cases (tests/ops/test_linalg.py): the same
     shapes and transpositions run on cuda."""
