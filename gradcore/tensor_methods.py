@@ -142,10 +142,12 @@ def kernel_error(op, args, exc):
         return exc
     shapes = ", ".join(str(d.shape) for d in descs)
     cls = exc.__class__ if isinstance(exc, (ValueError, TypeError, IndexError)) else RuntimeError
+    text = str(exc)
+    text = text if text.startswith(f"{_name(op)}:") else f"{_name(op)}: {text}"   # named once
     try:
-        return cls(f"{_name(op)}: {exc} (input shapes: {shapes})")
+        return cls(f"{text} (input shapes: {shapes})")
     except Exception:
-        return RuntimeError(f"{_name(op)}: {exc} (input shapes: {shapes})")
+        return RuntimeError(f"{text} (input shapes: {shapes})")
 
 
 def kernel_for(op, device):

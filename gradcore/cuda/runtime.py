@@ -35,7 +35,7 @@ from .memory import MemoryPool
 MAX_DIMS = 8
 _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 
-CTYPES = {"float32": "float", "float64": "double", "float16": "__half", "int8": "signed char",
+CTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
           "int16": "short", "int32": "int", "int64": "long long", "uint8": "unsigned char",
           "uint16": "unsigned short", "uint32": "unsigned int", "uint64": "unsigned long long",
           "bool": "bool"}
@@ -204,7 +204,8 @@ class Backend:
         if c is None:
             name = np.dtype(dtype).name
             if name not in CTYPES:
-                raise TypeError(f"cuda: no kernels for dtype {name}")
+                hint = "; cast to float32 (float16 kernels are not written yet)" if name == "float16" else ""
+                raise TypeError(f"cuda: no kernels for dtype {name}{hint}")
             c = _CTYPE_OF[dtype] = CTYPES[name]
         return c
 
