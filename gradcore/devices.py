@@ -8,6 +8,7 @@ kernel or its ``cuda(be, *arrays)`` launcher.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def elementwise_launcher(op, be, *arrays):
     shape, dtype = tuple(outs[0].shape), np.dtype(outs[0].dtype)
     ins = [be.broadcast_to(be.cast(a, dtype) if a.dtype.kind == "f" else a, shape) for a in arrays]
     ys = [be.empty(d.shape, d.dtype) for d in outs]
-    size = int(np.prod(shape, dtype=np.int64))
+    size = int(math.prod(shape))
     be.launch_n(be.kernel(op, be.ctype(dtype)), size, *ins, *ys, size)
     return ys[0] if len(ys) == 1 else tuple(ys)
 
@@ -102,8 +103,8 @@ def to_host(data) -> np.ndarray:
 def copy_to(tensor, device):
     """A new Tensor: ``tensor``'s value on ``device``, recorded (gradients
     flow back to the source device)."""
-    from .ops.shape import Copy
     from . import _core
+    from .ops.shape import Copy
     return _core.apply(Copy(device), tensor)[0]
 
 

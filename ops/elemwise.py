@@ -394,7 +394,7 @@ class Elemwise(Op):
             # NumPy's result type for e.g. sqrt of int8/uint8/bool inputs
             raise TypeError(f"{self._name()}: cuda has no float16 kernels (NumPy computes this in float16 "
                             f"for inputs {', '.join(str(x.dtype) for x in xs)}); cast the inputs to float32")
-        size = int(np.prod(out.shape, dtype=np.int64))
+        size = int(math.prod(out.shape))
         casts = []
         for i, x in enumerate(xs):
             want = np.dtype(np.bool_) if (i == 0 and self.mode == "where") else compute

@@ -7,6 +7,7 @@ the op, so an op instance is shared by every call with the same index form.
 """
 from __future__ import annotations
 
+import math
 from typing import Tuple
 
 import numpy as np
@@ -168,7 +169,7 @@ def _compact(shape, *strides):
 def _launch_strided(be, op, src, dst, shape, sstrides, sbase, dstrides, dbase):
     """dst[dbase + c . dstrides] = src[sbase + c . sstrides] for every
     coordinate c of ``shape``: ``op``'s _strided_source kernel."""
-    n = int(np.prod(shape, dtype=np.int64))
+    n = int(math.prod(shape))
     if n == 0:
         return
     dims, (ss, ds) = _compact(shape, sstrides, dstrides)
@@ -190,8 +191,8 @@ def _index32(be, index):
 
 
 def _outer_n_inner(shape, ax):
-    return (int(np.prod(shape[:ax], dtype=np.int64)), int(shape[ax]),
-            int(np.prod(shape[ax + 1:], dtype=np.int64)))
+    return (int(math.prod(shape[:ax])), int(shape[ax]),
+            int(math.prod(shape[ax + 1:])))
 
 
 class Subtensor(Op):

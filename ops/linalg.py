@@ -7,6 +7,8 @@ bool products, which cuBLAS lacks, run on a direct kernel
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from gradcore import _core
@@ -78,7 +80,7 @@ class MatrixMul(Op):
             return be.zeros(out.shape, dtype)
         a, sa = _batch_operand(be, be.cast(a, dtype), bs)
         b, sb = _batch_operand(be, be.cast(b, dtype), bs)
-        batch = int(np.prod(bs, dtype=np.int64))
+        batch = int(math.prod(bs))
         c = be.empty(out.shape, dtype)
         if dtype.kind in "iub":
             kernel = be.kernel(self, be.ctype(dtype), source=direct_matmul_source(be.ctype(dtype)))
@@ -157,8 +159,8 @@ def _batch_operand(be, x, batch_shape):
     its stride between matrices: its own when its batch is the whole batch
     (the same layout), 0 when it has one matrix, else broadcast out."""
     mat = x.shape[-2] * x.shape[-1]
-    own = int(np.prod(x.shape[:-2], dtype=np.int64))
-    if own == int(np.prod(batch_shape, dtype=np.int64)):
+    own = int(math.prod(x.shape[:-2]))
+    if own == int(math.prod(batch_shape)):
         return x, mat
     if own == 1:
         return x, 0

@@ -2,6 +2,8 @@
 logsumexp (declared by decomposition only: its backward graph is derived)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from gradcore import _core
@@ -169,9 +171,9 @@ def _launch_rows(op, be, x):
     x = be.cast(x, out.dtype)
     y = be.empty(out.shape, out.dtype)
     axis = op.axis % max(x.ndim, 1)
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    outer = int(math.prod(x.shape[:axis]))
     n = x.shape[axis] if x.ndim else 1
-    inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    inner = int(math.prod(x.shape[axis + 1:]))
     be.launch_n(be.kernel(op, be.ctype(x.dtype)), outer * inner, x, y, outer, n, inner)
     return y
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional, Tuple
 
 import numpy as np
@@ -152,7 +153,7 @@ class Reduce(Op):
     def cuda(self, be, x):
         (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
         axes = range(x.ndim) if self.axis is None or x.ndim == 0 else {a % x.ndim for a in self.axis}
-        count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        count = int(math.prod([x.shape[a] for a in axes]))
         # size-1 axes do not change the layout: drop them, then reduce each run
         # of adjacent reduced axes with one (outer, n, inner) reduction, the
         # last run first (the earlier axes keep their places)

@@ -3,6 +3,7 @@ the "like" helpers backward graphs use (their reference input is read only
 for its shape, so backward graphs keep a shape carrier instead of it)."""
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -30,13 +31,13 @@ def _resolve_shape(op, shape, in_shape, desc):
         return None if -1 in shape else shape
     if shape.count(-1) > 1:
         raise op.error(f"at most one dimension of {shape} can be -1", desc)
-    size = int(np.prod(in_shape, dtype=np.int64))
+    size = int(math.prod(in_shape))
     if -1 in shape:
-        rest = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        rest = int(math.prod([s for s in shape if s != -1]))
         if rest == 0 or size % rest:
             raise op.error(f"cannot reshape {size} elements into {shape}", desc)
         shape = tuple(size // rest if s == -1 else s for s in shape)
-    if int(np.prod(shape, dtype=np.int64)) != size:
+    if int(math.prod(shape)) != size:
         raise op.error(f"cannot reshape {size} elements into {shape}", desc)
     return shape
 
@@ -732,12 +733,12 @@ CUDA_CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "
 
 
 def _dims_src():
-    from .indexing import _DIMS      # one guarded gc_dims definition for every op
+    from .indexing import _DIMS  # one guarded gc_dims definition for every op
     return _DIMS
 
 
 def _prod(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    return int(math.prod(shape))
 
 
 def _merge_axes(shape, perm):
