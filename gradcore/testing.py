@@ -190,7 +190,8 @@ from dataclasses import dataclass, field
 __all__ += ["check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path"]
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
-CHECKS = ("forward[cpu]", "forward[cuda]", "infer", "dtype", "grad", "gradgrad", "bad_shapes", "cuda_compile")
+CHECKS = ("forward[cpu]", "forward[cuda]", "infer", "dtype", "grad", "gradgrad", "grad[cuda]", "bad_shapes",
+          "cuda_compile")
 
 
 class OpCheckError(AssertionError):
@@ -310,6 +311,20 @@ def _run(op, arrays, device="cpu"):
     from ._core import apply
     xs = [Tensor(a) if device == "cpu" else Tensor(a, device=device) for a in arrays]
     return [np.asarray(o.numpy()) for o in apply(op, *xs)]
+
+
+def _device_grads(op, arrays, weights, wrt, device):
+    """First-order gradients of ``sum(op(*arrays) * weights)`` computed on
+    ``device``, as float64 host arrays (None for inputs not in ``wrt``)."""
+    xs = [Tensor(a, device=device) for a in arrays]
+    chosen = [xs[i] for i in wrt]
+    gm = GradManager().attach(chosen)
+    with gm:
+        outs = _outputs(_apply_fn(op)(*xs))
+        pairs = [(o, Tensor(w, device=device)) for o, w in zip(outs, weights) if w is not None]
+        gm.backward([o for o, _ in pairs], [w for _, w in pairs])
+    return [None if i not in wrt else (np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64))
+            for i, x in enumerate(xs)]
 
 
 def _diff_path(op) -> Optional[str]:
@@ -441,6 +456,9 @@ def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: 
       ``infer`` declares otherwise, as ``Cast`` does);
     - ``grad`` / ``gradgrad``: first and second order gradients against
       float64 central finite differences (the samples are cast to float64);
+    - ``grad[cuda]``: first order gradients computed on cuda agree with the
+      cpu's (float32), when the forward ran on cuda. Without a GPU,
+      ``GRADCORE_CUDA=emulator`` runs the op's CUDA kernels on the host;
     - ``bad_shapes``: inputs with an extra or a mismatched dimension are
       either accepted consistently by ``infer`` and the kernel, or rejected
       with an error that names the op;
@@ -517,10 +535,11 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
 
     # ---- forward, cuda
     c = checks["forward[cuda]"]
+    cuda_skip = None              # why the cuda gradients cannot be checked in this case
     if "cuda" not in devices:
-        c.skipped("not requested")
+        c.skipped(cuda_skip := "not requested")
     elif not devmod.is_cuda_available():
-        c.skipped(f"CUDA unavailable: {devmod.cuda_unavailable_reason()}")
+        c.skipped(cuda_skip := f"CUDA unavailable: {devmod.cuda_unavailable_reason()}")
     else:
         ref = outs.get("float32") or outs.get("input")
         try:
@@ -536,6 +555,8 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                 c.passed()
         except Exception as exc:
             c.failed(f"{tag}{_fmt_exc(exc)}")
+        if c.fail:
+            cuda_skip = "the forward fails on cuda"
 
     # ---- infer
     c = checks["infer"]
@@ -615,6 +636,26 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                 c.passed(f"via {path}")
             except Exception as exc:
                 c.failed(f"{tag}{_fmt_exc(exc)}")
+
+    # ---- gradients on cuda against the cpu's (float32)
+    c = checks["grad[cuda]"]
+    if cuda_skip:
+        c.skipped(cuda_skip)
+    elif path is None or not chosen or not out_float:
+        c.skipped("nothing to differentiate")
+    else:
+        try:
+            ws = _weights(_apply_fn(op), [Tensor(a) for a in a32], 0)
+            ref = _device_grads(op, a32, ws, chosen, "cpu")
+            got = _device_grads(op, a32, ws, chosen, "cuda")
+            for i, (g, r) in enumerate(zip(got, ref)):
+                if r is not None and not np.allclose(g, r, rtol=1e-4, atol=1e-5, equal_nan=True):
+                    c.failed(f"{tag}input {i}: cuda and cpu gradients differ by up to "
+                             f"{np.max(np.abs(g - r)):.3g}")
+            if not c.fail:
+                c.passed()
+        except Exception as exc:
+            c.failed(f"{tag}{_fmt_exc(exc)}")
 
     # ---- bad shapes
     c = checks["bad_shapes"]

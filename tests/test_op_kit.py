@@ -134,6 +134,33 @@ def test_cuda_is_skipped_with_the_reason_when_unavailable():
     assert check_op(Cube(), rng.uniform(-1, 1, (3,)), devices=["cpu"])["forward[cuda]"].message == "not requested"
 
 
+class WrongCudaKernel(Cube):
+    name = "KitWrongCuda"
+
+    def cuda_source(self, ctype="float"):       # squares instead of cubing
+        return super().cuda_source(ctype).replace("gc_kitcube_", "gc_kitwrong_").replace(" * x[i] * x[i]", " * x[i]")
+
+
+@pytest.fixture
+def emulated_cuda():
+    import shutil
+    from gradcore.cuda import runtime
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("the CUDA emulator needs g++")
+    yield runtime.use("emulator")
+    runtime.use(None)
+
+
+def test_check_op_runs_the_cuda_kernel_on_the_emulator(emulated_cuda):
+    """Without a GPU, op authors check their CUDA kernel and its gradients
+    on the host emulator (GRADCORE_CUDA=emulator gradcore check my-dist)."""
+    report = check_op(Cube(), rng.uniform(-1, 1, (2, 3)))
+    assert report.status("forward[cuda]") == "passed" and report.status("grad[cuda]") == "passed", report
+    bad = check_op(WrongCudaKernel(), rng.uniform(-1, 1, (2, 3)))
+    assert bad.status("forward[cuda]") == "failed" and "differ" in bad["forward[cuda]"].message
+    assert bad.status("grad[cuda]") == "skipped" and not bad.ok
+
+
 def test_the_cuda_source_is_compiled_when_nvcc_is_there():
     from gradcore.testing import nvcc_path
     good = check_op(Cube(), rng.uniform(-1, 1, (3,)))["cuda_compile"]
