@@ -313,6 +313,19 @@ def _run(op, arrays, device="cpu"):
     return [np.asarray(o.numpy()) for o in apply(op, *xs)]
 
 
+def _compare_with_cpu(check, what, got, ref):
+    """Fail ``check`` for each array computed on cuda (``got``) that is not
+    the cpu's (``ref``; None: nothing to compare) within float32 tolerance."""
+    for j, (g, r) in enumerate(zip(got, ref)):
+        if r is None:
+            continue
+        if g.shape != r.shape or g.dtype != r.dtype:
+            check.failed(f"{what} {j}: cuda gives {g.shape} {g.dtype}, cpu {r.shape} {r.dtype}")
+        elif not np.allclose(g, r, rtol=1e-4, atol=1e-5, equal_nan=True):
+            check.failed(f"{what} {j}: cuda and cpu values differ by up to "
+                         f"{np.max(np.abs(g.astype(np.float64) - r)):.3g}")
+
+
 def _device_grads(op, arrays, weights, wrt, device):
     """First-order gradients of ``sum(op(*arrays) * weights)`` computed on
     ``device``, as float64 host arrays (None for inputs not in ``wrt``)."""
@@ -545,12 +558,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
         try:
             got = _run(op, a32 if has_float else arrays, "cuda")
             if ref is not None:
-                for j, (g, r) in enumerate(zip(got, ref)):
-                    if g.shape != r.shape or g.dtype != r.dtype:
-                        c.failed(f"{tag}output {j}: cuda gives {g.shape} {g.dtype}, cpu {r.shape} {r.dtype}")
-                    elif not np.allclose(g, r, rtol=1e-4, atol=1e-5, equal_nan=True):
-                        c.failed(f"{tag}output {j}: cuda and cpu values differ by up to "
-                                 f"{np.max(np.abs(g.astype(np.float64) - r)):.3g}")
+                _compare_with_cpu(c, f"{tag}output", got, ref)
             if not c.fail:
                 c.passed()
         except Exception as exc:
@@ -648,10 +656,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             ws = _weights(_apply_fn(op), [Tensor(a) for a in a32], 0)
             ref = _device_grads(op, a32, ws, chosen, "cpu")
             got = _device_grads(op, a32, ws, chosen, "cuda")
-            for i, (g, r) in enumerate(zip(got, ref)):
-                if r is not None and not np.allclose(g, r, rtol=1e-4, atol=1e-5, equal_nan=True):
-                    c.failed(f"{tag}input {i}: cuda and cpu gradients differ by up to "
-                             f"{np.max(np.abs(g - r)):.3g}")
+            _compare_with_cpu(c, f"{tag}gradient of input", got, ref)
             if not c.fail:
                 c.passed()
         except Exception as exc:
