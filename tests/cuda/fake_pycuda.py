@@ -1,0 +1,172 @@
+"""A stand-in for ``pycuda`` on machines without a GPU, so that gradcore's
+``PyCudaDriver`` runs: its context handling, allocations, copies, PTX from
+the real nvcc through gradcore's kernel cache, and raw launches.
+
+Memory and execution are the host emulator's. What it checks that the
+emulator alone cannot: every launch's parameter buffer against the
+parameter list nvcc wrote into the PTX for that kernel (offsets follow the
+alignment of each ``.param``, the total size must match), and the calls
+follow PyCUDA's signatures (``_launch_kernel(grid, block, buffer, shared,
+stream)`` with 3-tuples, bytes, an int and None).
+"""
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import numpy as np
+
+from gradcore.cuda.emulator import HostDriver
+
+_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([a-z])(\d+)\s+\w+(?:\[(\d+)\])?")
+
+
+def ptx_params(ptx: str):
+    """kernel name -> [(offset, size)] of its parameters, as nvcc laid them out."""
+    kernels = {}
+    for name, body in _ENTRY.findall(ptx):
+        layout, offset = [], 0
+        for align, _, bits, count in _PARAM.findall(body):
+            size = int(bits) // 8 * (int(count) if count else 1)
+            align = int(align) if align else int(bits) // 8
+            offset = (offset + align - 1) // align * align
+            layout.append((offset, size))
+            offset += size
+        kernels[name] = layout
+    return kernels
+
+
+class FakeCuda:
+    """The parts of ``pycuda.driver`` gradcore uses."""
+
+    def __init__(self, sources):
+        self.host = HostDriver()
+        self.sources = sources          # PTX text -> the CUDA source it came from
+        self.launches = []              # (kernel, grid, block, parameter bytes)
+        self.context_stack = []
+        outer = self
+
+        class Error(Exception):
+            pass
+
+        class MemoryError_(Error):
+            pass
+
+        class Context:
+            def push(self):
+                outer.context_stack.append(self)
+
+            @staticmethod
+            def pop():
+                outer.context_stack.pop()
+
+            @staticmethod
+            def synchronize():
+                assert outer.context_stack, "synchronize without a current context"
+
+        class Device:
+            def __init__(self, index):
+                assert index == 0
+                self.index = index
+
+            @staticmethod
+            def count():
+                return 1
+
+            def name(self):
+                return "Fake GPU (host emulator)"
+
+            def compute_capability(self):
+                return (7, 5)
+
+            def total_memory(self):
+                return 1 << 30
+
+            def retain_primary_context(self):
+                return Context()
+
+        self.Error, self.MemoryError, self.Context, self.Device = Error, MemoryError_, Context, Device
+
+    # -- pycuda.driver functions
+    def init(self):
+        pass
+
+    def _current(self):
+        assert self.context_stack, "a CUDA call without a current context"
+
+    def mem_alloc(self, nbytes):
+        self._current()
+        return self.host.alloc(nbytes)
+
+    def memcpy_htod(self, dest, src):
+        self._current()
+        assert isinstance(dest, int) and isinstance(src, np.ndarray) and src.flags.c_contiguous
+        self.host.htod(dest, src)
+
+    def memcpy_dtoh(self, dest, src):
+        self._current()
+        assert isinstance(dest, np.ndarray) and dest.flags.c_contiguous and isinstance(src, int)
+        self.host.dtoh(dest, src)
+
+    def memcpy_dtod(self, dest, src, size):
+        self._current()
+        self.host.dtod(dest, src, size)
+
+    def memset_d8(self, dest, data, size):
+        self._current()
+        assert data == 0
+        self.host.memset0(dest, size)
+
+    def module_from_buffer(self, buffer):
+        self._current()
+        ptx = bytes(buffer).decode()
+        return _Module(self, ptx, self.sources[ptx])
+
+
+class _Module:
+    def __init__(self, fake, ptx, source):
+        self.fake, self.params = fake, ptx_params(ptx)
+        self.host_module = fake.host.load("fake", source)
+
+    def get_function(self, name):
+        if name not in self.params:
+            raise self.fake.Error(f"cuModuleGetFunction failed: named symbol not found ({name})")
+        return _Function(self, name)
+
+
+class _Function:
+    def __init__(self, module, name):
+        self.module, self.name = module, name
+        self.host_fn = module.fake.host.function(module.host_module, name)
+
+    def _launch_kernel(self, grid, block, buffer, shared, stream):
+        fake = self.module.fake
+        fake._current()
+        assert isinstance(grid, tuple) and isinstance(block, tuple) and len(grid) <= 3 and len(block) <= 3
+        assert isinstance(buffer, bytes) and isinstance(shared, int) and stream is None
+        layout = self.module.params[self.name]
+        end = layout[-1][0] + layout[-1][1] if layout else 0
+        assert len(buffer) == end, (f"{self.name}: a parameter buffer of {len(buffer)} bytes; nvcc's "
+                                    f"parameter list {layout} takes {end}")
+        fake.launches.append((self.name, grid, block, buffer))
+        fake.host.launch(self.host_fn, grid, block, buffer, shared)
+
+
+def install(monkeypatch, sources):
+    """Put the fake ``pycuda`` into ``sys.modules``; returns the FakeCuda."""
+    fake = FakeCuda(sources)
+    pkg = types.ModuleType("pycuda")
+    drv = types.ModuleType("pycuda.driver")
+    for name in ("init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "memset_d8",
+                 "module_from_buffer"):
+        setattr(drv, name, getattr(fake, name))
+    drv.Device, drv.Context, drv.Error, drv.MemoryError = fake.Device, fake.Context, fake.Error, fake.MemoryError
+    tools = types.ModuleType("pycuda.tools")
+    tools.clear_context_caches = lambda: None
+    pkg.driver, pkg.tools = drv, tools
+    monkeypatch.setitem(sys.modules, "pycuda", pkg)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
+    monkeypatch.setitem(sys.modules, "pycuda.tools", tools)
+    return fake

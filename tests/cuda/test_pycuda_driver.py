@@ -1,0 +1,106 @@
+"""gradcore's PyCUDA driver (gradcore/cuda/driver.py) without a GPU: a fake
+``pycuda`` (tests/cuda/fake_pycuda.py) takes PyCUDA's place, kernels are
+compiled to PTX by the real nvcc through gradcore's kernel cache, and every
+launch's parameter buffer is checked against the parameter list nvcc wrote
+for that kernel before the host emulator runs it. So the code that drives a
+real GPU runs here end to end: the primary context, allocations through the
+pool, copies, PTX loading, raw launches with the packed parameters."""
+import shutil
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+from gradcore.cuda import runtime
+from gradcore.cuda.cache import KernelCache
+from gradcore.devices import nvcc_path
+
+import fake_pycuda
+
+pytestmark = pytest.mark.skipif(nvcc_path() is None or not (shutil.which("g++") or shutil.which("c++")),
+                                reason="needs nvcc (PTX) and g++ (the emulator runs the kernels)")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    sources = {}
+    real_get = KernelCache.get
+
+    def get(self, name, source, *args, **kwargs):
+        ptx = real_get(self, name, source, *args, **kwargs)
+        sources[ptx] = source
+        return ptx
+    monkeypatch.setattr(KernelCache, "get", get)
+    fake = fake_pycuda.install(monkeypatch, sources)
+    monkeypatch.setattr(runtime, "_by_kind", {})          # this backend is not kept for later tests
+    be = runtime.use("gpu")
+    assert type(be.driver).__name__ == "PyCudaDriver" and be.driver.arch == "sm_75"
+    be.driver._blas = type("Blas", (), {"gemm_strided_batched": staticmethod(fake.host.gemm)})()
+    yield fake
+    be.driver._finish_up()
+    runtime.use(None)
+
+
+def test_the_primary_context_is_pushed_and_popped_at_exit(fake_gpu):
+    assert len(fake_gpu.context_stack) == 1
+    runtime.backend().driver._finish_up()
+    assert fake_gpu.context_stack == []
+
+
+def test_elementwise_reductions_and_second_order(fake_gpu, matches_cpu):
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    matches_cpu(lambda x, y: F.tanh(x * y + x) * 2.0, [a, b])
+    matches_cpu(lambda x: F.sum(F.exp(x), axis=1, keepdims=True) - F.max(x, axis=0), [a])
+    names = {n for n, *_ in fake_gpu.launches}
+    assert {"gc_mul_float", "gc_tanh_float"} <= names and any(n.startswith("gc_bwd_") for n in names)
+
+
+def test_a_training_step_matches_the_cpu(fake_gpu):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 6).astype(np.int32)
+    w0 = (rng.standard_normal((8, 3)) * 0.3).astype(np.float32)
+
+    def train(device):
+        w = gc.Parameter(w0, device=device)
+        b = gc.Parameter(np.zeros(3, np.float32), device=device)
+        gm = gc.GradManager().attach([w, b])
+        opt = gc.optimizer.SGD([w, b], lr=0.5, momentum=0.9)
+        losses = []
+        for _ in range(3):
+            with gm:
+                loss = F.cross_entropy(F.relu(F.matmul(gc.tensor(x, device=device), w) + b),
+                                       gc.tensor(y, device=device))
+                gm.backward(loss)
+            opt.step().clear_grad()
+            losses.append(loss.item())
+        return losses, w.numpy()
+    cpu, gpu = train("cpu"), train("cuda")
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5)
+    np.testing.assert_allclose(gpu[1], cpu[1], rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_with_many_scalar_parameters(fake_gpu, matches_cpu):
+    # conv and pooling take a dozen int parameters, indexing gc_dims structs
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    matches_cpu(lambda t, k: F.max_pool2d(F.conv2d(t, k, stride=1, padding=1), 2), [x, w], second_order=False)
+    matches_cpu(lambda t: F.sum(t[[0, 1, 1], :, 1:] * 2.0, axis=0) + F.transpose(t, (0, 2, 1))[1, :, 1:], [x[0]])
+    assert len(fake_gpu.launches) > 10
+
+
+def test_a_parameter_of_the_wrong_c_type_is_caught(fake_gpu):
+    """The check itself: an int passed where the kernel takes a long long
+    leaves the buffer shorter than nvcc's parameter list."""
+    from gradcore.ops.shape import Cast
+    be = runtime.backend()
+    op = Cast(np.float64)
+    k = be.kernel(op, "float", source=op.cuda_source("float", "double"))
+    x, y = be.to_device(np.ones(3, np.float32)), be.empty((3,), np.float64)
+    be.launch_n(k, 3, x, y, 3)                       # long long: right
+    np.testing.assert_array_equal(y.get(), np.ones(3))
+    with pytest.raises(AssertionError, match="parameter buffer of 20 bytes"):
+        be.launch_n(k, 3, x, y, np.int32(3))
