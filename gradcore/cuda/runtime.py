@@ -366,17 +366,19 @@ def backend() -> Backend:
     return _backend
 
 
-def use(kind: Optional[str]) -> Optional[Backend]:
-    """Select the backend: "gpu", "emulator", or None (forget it; the next
-    use picks again). Returns the new backend. Arrays made by an earlier
-    backend keep working with that one."""
+def use(kind) -> Optional[Backend]:
+    """Select the backend: "gpu", "emulator", a ``Backend`` instance, or
+    None (forget it; the next use picks again). Returns the backend. Arrays
+    made by an earlier backend keep working with that one."""
     global _backend, _error
     with _state_lock:
         _backend, _error = None, None
-        if kind is None:
-            _forget_device_state()
-            return None
         _forget_device_state()
+        if kind is None:
+            return None
+        if isinstance(kind, Backend):
+            _backend = kind
+            return kind
         be = _by_kind.get(kind)
         if be is None:
             be = _by_kind[kind] = Backend(open_driver(kind))

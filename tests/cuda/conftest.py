@@ -33,18 +33,42 @@ def gpu_unavailable_reason() -> Optional[str]:
     return _gpu_reason or None
 
 
-@pytest.fixture(params=["emulator", "gpu"])
+@pytest.fixture(scope="session")
+def _fake_gpu_backend():
+    import fake_pycuda
+    be = fake_pycuda.make_backend()
+    yield be
+    fake_pycuda.close(be)
+
+
+@pytest.fixture(params=["emulator", "gpu", "fake-gpu"])
 def cuda(request):
     """The CUDA backend under test (selected for the whole process while the
-    test runs: ``device="cuda"`` means it)."""
+    test runs: ``device="cuda"`` means it).
+
+    - ``emulator``: the host emulator (gradcore/cuda/emulator.py);
+    - ``gpu``: PyCUDA on a real GPU, where there is one;
+    - ``fake-gpu``: where there is none but nvcc is, gradcore's PyCUDA driver
+      on a fake pycuda (fake_pycuda.py): every kernel compiled to PTX by
+      nvcc, every launch's parameters checked against the PTX, run by the
+      emulator."""
     kind = request.param
-    if kind == "emulator" and not (shutil.which("g++") or shutil.which("c++")):
+    has_cxx = bool(shutil.which("g++") or shutil.which("c++"))
+    if kind in ("emulator", "fake-gpu") and not has_cxx:
         pytest.skip("the CUDA emulator needs g++")
     if kind == "gpu":
         reason = gpu_unavailable_reason()
         if reason:
             pytest.skip(f"no GPU: {reason}")
-    be = runtime.use(kind)
+    if kind == "fake-gpu":
+        from gradcore.devices import nvcc_path
+        if not gpu_unavailable_reason():
+            pytest.skip("a real GPU runs these")
+        if nvcc_path() is None:
+            pytest.skip("the fake GPU needs nvcc")
+        be = runtime.use(request.getfixturevalue("_fake_gpu_backend"))
+    else:
+        be = runtime.use(kind)
     yield be
     runtime.use(None)
 

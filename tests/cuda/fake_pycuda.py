@@ -17,6 +17,7 @@ import types
 
 import numpy as np
 
+from gradcore.cuda.cache import KernelCache
 from gradcore.cuda.emulator import HostDriver
 
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
@@ -154,9 +155,8 @@ class _Function:
         fake.host.launch(self.host_fn, grid, block, buffer, shared)
 
 
-def install(monkeypatch, sources):
-    """Put the fake ``pycuda`` into ``sys.modules``; returns the FakeCuda."""
-    fake = FakeCuda(sources)
+def fake_modules(fake):
+    """``pycuda``, ``pycuda.driver``, ``pycuda.tools`` modules backed by ``fake``."""
     pkg = types.ModuleType("pycuda")
     drv = types.ModuleType("pycuda.driver")
     for name in ("init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "memset_d8",
@@ -166,7 +166,49 @@ def install(monkeypatch, sources):
     tools = types.ModuleType("pycuda.tools")
     tools.clear_context_caches = lambda: None
     pkg.driver, pkg.tools = drv, tools
-    monkeypatch.setitem(sys.modules, "pycuda", pkg)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
-    monkeypatch.setitem(sys.modules, "pycuda.tools", tools)
-    return fake
+    return {"pycuda": pkg, "pycuda.driver": drv, "pycuda.tools": tools}
+
+
+class _RecordingCache(KernelCache):
+    """The kernel cache, remembering which source each PTX came from (the
+    fake module runs the source on the emulator)."""
+
+    def __init__(self, sources, **kwargs):
+        super().__init__(**kwargs)
+        self.sources = sources
+
+    def get(self, name, source, *args, **kwargs):
+        ptx = super().get(name, source, *args, **kwargs)
+        self.sources[ptx] = source
+        return ptx
+
+
+def make_backend():
+    """A gradcore Backend on ``PyCudaDriver`` driving the fake (built with
+    the fake modules in ``sys.modules``, which are then put back)."""
+    from gradcore.cuda.driver import PyCudaDriver
+    from gradcore.cuda.runtime import Backend
+    sources = {}
+    fake = FakeCuda(sources)
+    saved = {k: sys.modules.get(k) for k in ("pycuda", "pycuda.driver", "pycuda.tools")}
+    sys.modules.update(fake_modules(fake))
+    try:
+        driver = PyCudaDriver()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    driver.cache = _RecordingCache(sources, arch=driver.arch)
+    driver._blas = type("Blas", (), {"gemm_strided_batched": staticmethod(fake.host.gemm)})()
+    driver.fake = fake
+    return Backend(driver)
+
+
+def close(backend):
+    """Pop the fake's context (what PyCudaDriver does at exit)."""
+    driver = backend.driver
+    if driver.context is not None:
+        driver.context.pop()
+        driver.context = None

@@ -6,6 +6,7 @@ for that kernel before the host emulator runs it. So the code that drives a
 real GPU runs here end to end: the primary context, allocations through the
 pool, copies, PTX loading, raw launches with the packed parameters."""
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ import pytest
 import gradcore as gc
 import gradcore.functional as F
 from gradcore.cuda import runtime
-from gradcore.cuda.cache import KernelCache
 from gradcore.devices import nvcc_path
 
 import fake_pycuda
@@ -23,27 +23,19 @@ pytestmark = pytest.mark.skipif(nvcc_path() is None or not (shutil.which("g++") 
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch):
-    sources = {}
-    real_get = KernelCache.get
-
-    def get(self, name, source, *args, **kwargs):
-        ptx = real_get(self, name, source, *args, **kwargs)
-        sources[ptx] = source
-        return ptx
-    monkeypatch.setattr(KernelCache, "get", get)
-    fake = fake_pycuda.install(monkeypatch, sources)
-    monkeypatch.setattr(runtime, "_by_kind", {})          # this backend is not kept for later tests
-    be = runtime.use("gpu")
+def fake_gpu():
+    be = fake_pycuda.make_backend()
     assert type(be.driver).__name__ == "PyCudaDriver" and be.driver.arch == "sm_75"
-    be.driver._blas = type("Blas", (), {"gemm_strided_batched": staticmethod(fake.host.gemm)})()
-    yield fake
-    be.driver._finish_up()
+    runtime.use(be)
+    yield be.driver.fake
+    fake_pycuda.close(be)
     runtime.use(None)
 
 
-def test_the_primary_context_is_pushed_and_popped_at_exit(fake_gpu):
+def test_the_primary_context_is_pushed_and_popped_at_exit(fake_gpu, monkeypatch):
     assert len(fake_gpu.context_stack) == 1
+    for name, mod in fake_pycuda.fake_modules(fake_gpu).items():
+        monkeypatch.setitem(sys.modules, name, mod)
     runtime.backend().driver._finish_up()
     assert fake_gpu.context_stack == []
 
