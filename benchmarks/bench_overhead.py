@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc as pygc
 import json
@@ -38,6 +39,7 @@ import numpy as np
 
 import gradcore as gc
 import gradcore.functional as F
+import gradcore.memory as gc_memory
 from gradcore.autodiff import GradManager
 
 try:
@@ -214,6 +216,7 @@ class ChainNumpy:
     g*(1-out*out); x+b: g; x*a: g*a), in place where NumPy allows it and with
     the constant 1 hoisted out of the loop as a float32 0-d array."""
     name = "numpy"
+    host_pool = False        # NumPy's own allocator, as hand-written code has
 
     def __init__(self, x0, a, b):
         self.x0, self.a, self.b = x0, a, b
@@ -303,6 +306,7 @@ class ScalarGradcore:
 
 class ScalarNumpy:
     name = "numpy"
+    host_pool = False
 
     def __init__(self, x0):
         self.x = x0.copy()
@@ -384,6 +388,7 @@ class MlpNumpy:
     """Hand-written forward and backward (fused softmax-cross-entropy
     gradient, in-place ReLU masks and bias adds), no dx for the input."""
     name = "numpy"
+    host_pool = False
 
     def __init__(self, params, x, y):
         self.params = [p.copy() for p in params]
@@ -427,6 +432,13 @@ class MlpNumpy:
 
     def result(self):
         return float(self.out[0]), self.out[1]
+
+
+class MlpNumpyPooled(MlpNumpy):
+    """The same hand-written NumPy, its arrays from gradcore's host memory
+    pool (gradcore.memory): what the allocator alone is worth."""
+    name = "numpy+pool"
+    host_pool = True
 
 
 class MlpTorch:
@@ -482,7 +494,7 @@ def build_cases(args):
                       rtol=1e-6, split=False))
     for batch in (128, 32):
         params, x, y = mlp_data(batch)
-        impls = [MlpGradcore(params, x, y), MlpNumpy(params, x, y)]
+        impls = [MlpGradcore(params, x, y), MlpNumpy(params, x, y), MlpNumpyPooled(params, x, y)]
         if torch is not None:
             impls.append(MlpTorch(params, x, y))
         cases.append(Case(f"mlp{batch}", f"(c) MLP 784-512-512-10, batch {batch}", impls,
@@ -499,7 +511,8 @@ def check_case(case) -> dict:
     tanh/sin/exp and GEMM differ in the last bits)."""
     results = {}
     for impl in case.impls:
-        impl.run()
+        with allocator(impl):
+            impl.run()
         results[impl.name] = impl.result()
     ref_loss, ref_grads = results["numpy"]
     report = {}
@@ -522,6 +535,14 @@ def check_case(case) -> dict:
 
 
 # ============================================================== timing
+def allocator(impl):
+    """The NumPy allocator an implementation runs with: gradcore's pool
+    (what gradcore and torch see) or NumPy's own (hand-written NumPy)."""
+    if getattr(impl, "host_pool", True):
+        return contextlib.nullcontext()
+    return gc_memory.pool_disabled()
+
+
 def _time_loop(run, n):
     fwd = 0.0
     t0 = perf_counter()
@@ -549,7 +570,8 @@ def bench_case(case, repeat, target_s, no_gc, settle_s):
     inner = {}
     for impl in case.impls:
         time.sleep(settle_s)
-        inner[impl.name] = calibrate(impl.run, target_s)
+        with allocator(impl):
+            inner[impl.name] = calibrate(impl.run, target_s)
     total = {n: [] for n in names}
     fwd = {n: [] for n in names}
     k = len(case.impls)
@@ -561,16 +583,17 @@ def bench_case(case, repeat, target_s, no_gc, settle_s):
             # spinning (OpenBLAS and torch's OpenMP pool busy-wait after a call;
             # on 2 cores that starves whoever runs next), then two untimed calls.
             time.sleep(settle_s)
-            impl.run()
-            impl.run()
-            pygc.collect()
-            if no_gc:
-                pygc.disable()
-            try:
-                dt, f = _time_loop(impl.run, n)
-            finally:
+            with allocator(impl):
+                impl.run()
+                impl.run()
+                pygc.collect()
                 if no_gc:
-                    pygc.enable()
+                    pygc.disable()
+                try:
+                    dt, f = _time_loop(impl.run, n)
+                finally:
+                    if no_gc:
+                        pygc.enable()
             total[impl.name].append(dt / n)
             fwd[impl.name].append(f / n)
     out = {"title": case.title, "unit": case.unit, "scale": case.scale, "inner": inner,

@@ -12,12 +12,16 @@ Example::
     array([2., 4.], dtype=float32)
 """
 try:
-    from . import _core
+    from . import _core, _host_pool  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the build
     raise ImportError(
-        "gradcore's compiled core (gradcore._core) is not built. Build it with "
+        "gradcore's compiled core (gradcore._core, gradcore._host_pool) is not built. Build it with "
         "`pip install -e .` (or `pip install .`, or `python setup.py build_ext --inplace`) "
         f"from the source tree. Original error: {exc}") from exc
+
+from . import memory
+
+memory._install_at_import()
 
 from ._core import GradRuleFallback, Tensor, register_grad_rule
 from .tensor import Parameter, tensor
