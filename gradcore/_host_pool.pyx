@@ -3,28 +3,30 @@
 
 Why: a training step allocates the same multi-megabyte arrays every step
 (activations, GEMM outputs, gradients). glibc's malloc serves blocks that
-large with mmap or from the top of the heap, and hands them back to the
-kernel when they are freed, so every step pays for page faults and for the
-kernel zeroing fresh pages: on a 2-core machine, about half of an MLP step.
-Like PyTorch's caching allocators, this keeps freed large blocks and hands
-them out again to the next request of the same size class.
+large with mmap or from the top of the heap and hands them back to the
+kernel when they are freed, so a step can pay for page faults and for the
+kernel zeroing fresh pages each time: a third of an MLP step at batch 512 on
+a 2-core machine. Like PyTorch's caching allocators, this keeps freed blocks
+and hands them out again to the next request of the same size class.
 
-- Blocks under ``POOL_MIN`` bytes go straight to malloc/free (its thread
-  caches are fast for them).
-- Larger blocks are rounded up to one of 8 size classes per power of two
-  (at most 12.5% slack) and, when freed, kept on a per-class free list.
-- The cached bytes are bounded (``set_limit``); a block that would exceed
-  the bound first empties the cache (the workload changed: the cached
-  shapes are stale), then is kept if it fits, else freed.
+- Large blocks (``LARGE_MIN`` bytes and more) are rounded up to one of 8 size
+  classes per power of two (at most 12.5% slack) and kept, when freed, on a
+  free list per class. The bytes kept are bounded (``set_limit``); a block
+  that would exceed the bound first empties the cache (the workload changed:
+  the cached sizes are stale), then is kept if it fits.
+- Small blocks (up to ``SMALL_MAX`` bytes) are rounded to 16 bytes and a few
+  per size are kept, as NumPy's own allocator does (its small-block cache
+  is what we replace).
+- Blocks in between go to malloc and free directly.
 
-Every block carries a small header in front of its data with what malloc
-returned and its capacity, so ``free`` never relies on the size NumPy passes.
-The handler is thread-safe (one mutex around the free lists); it holds no
-Python objects and never needs the GIL.
+Every block carries a header in front of its data (what malloc returned, the
+capacity, the kind), so ``free`` never relies on the size NumPy passes. One
+spin lock guards the caches (held for a few pointer moves only); the handler
+holds no Python objects and never needs the GIL.
 """
 from cpython.pycapsule cimport PyCapsule_New
 from cpython.ref cimport PyObject
-from libc.stdint cimport uintptr_t, uint8_t
+from libc.stdint cimport uint8_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset, strncpy
 
@@ -45,46 +47,72 @@ cdef extern from "numpy/arrayobject.h":
     int _import_array() except -1
 
 cdef extern from *:
+    """
+    #if defined(__x86_64__) || defined(__i386__)
+    #define gc_cpu_relax() __builtin_ia32_pause()
+    #else
+    #define gc_cpu_relax() ((void)0)
+    #endif
+    """
     int __builtin_clzll(unsigned long long) nogil
-
-cdef extern from "<pthread.h>" nogil:
-    ctypedef struct pthread_mutex_t:
-        pass
-    int pthread_mutex_init(pthread_mutex_t*, void*)
-    int pthread_mutex_lock(pthread_mutex_t*)
-    int pthread_mutex_unlock(pthread_mutex_t*)
+    bint __atomic_test_and_set(void* ptr, int order) nogil
+    void __atomic_clear(void* ptr, int order) nogil
+    void gc_cpu_relax() nogil
+    int __ATOMIC_ACQUIRE, __ATOMIC_RELEASE
 
 _import_array()
 
-# A header of 32 bytes sits right before the data of every block.
-ctypedef struct Header:
+ctypedef struct Header:   # right before the data of every block
     void* base            # what malloc/calloc returned (to free)
     size_t capacity       # usable bytes from the data pointer on
-    Header* next          # free-list link while the block is cached
-    size_t pooled         # 1: a size-classed block that may be cached
+    Header* next          # free-list link while a large block is cached
+    size_t kind           # PLAIN, SMALL or LARGE
 
 cdef enum:
-    HEADER = 32           # sizeof(Header)
-    ALIGN = 64            # data alignment of pooled blocks (cache lines, AVX-512)
-    N_CLASSES = 512       # 8 classes per power of two, up to 2**64
+    HEADER = 32           # sizeof(Header): keeps malloc's 16-byte alignment
+    ALIGN = 64            # data alignment of large blocks (cache lines, AVX-512)
+    PLAIN = 0
+    SMALL = 1
+    LARGE = 2
+    N_CLASSES = 512       # large: 8 classes per power of two, up to 2**64
+    SMALL_MAX = 1024
+    N_SMALL = 65          # 16-byte size classes 0..SMALL_MAX
+    SMALL_DEPTH = 8       # small blocks kept per 16-byte size
 
-cdef size_t POOL_MIN = 32 * 1024
-cdef Header* _free_lists[N_CLASSES]
+cdef size_t LARGE_MIN = 32 * 1024
+cdef Header* _large[N_CLASSES]
+cdef Header* _small[N_SMALL][SMALL_DEPTH]
+cdef int _small_count[N_SMALL]
 cdef size_t _cached_bytes = 0
 cdef size_t _limit = 256 * 1024 * 1024
 cdef size_t _hits = 0, _misses = 0, _flushes = 0
-cdef pthread_mutex_t _lock
+cdef char _lock = 0
 cdef PyDataMem_Handler _handler
 
 
-cdef inline int _size_class(size_t size, size_t* capacity) noexcept nogil:
-    """Class index of a request >= POOL_MIN and the capacity of its class:
-    8 equal steps between consecutive powers of two (at most 12.5% slack)."""
+cdef inline void _acquire() noexcept nogil:
+    while __atomic_test_and_set(&_lock, __ATOMIC_ACQUIRE):
+        gc_cpu_relax()
+
+
+cdef inline void _release_lock() noexcept nogil:
+    __atomic_clear(&_lock, __ATOMIC_RELEASE)
+
+
+cdef inline int _large_class(size_t size, size_t* capacity) noexcept nogil:
+    """Class index of a request >= LARGE_MIN and the capacity of its class:
+    8 equal steps between consecutive powers of two."""
     cdef int top = 63 - __builtin_clzll(size - 1)       # 2**top < size <= 2**(top + 1)
     cdef int shift = top - 3                             # a step is 2**top / 8
-    cdef size_t cap = ((size - 1) >> shift) + 1          # in 9..16 steps
-    capacity[0] = cap << shift
-    return top * 8 + <int>cap - 9
+    cdef size_t steps = ((size - 1) >> shift) + 1        # 9..16
+    capacity[0] = steps << shift
+    return top * 8 + <int>steps - 9
+
+
+cdef inline size_t _kind_of(size_t size) noexcept nogil:
+    if size <= SMALL_MAX:
+        return SMALL
+    return LARGE if size >= LARGE_MIN else PLAIN
 
 
 cdef inline void* _data_of(Header* h) noexcept nogil:
@@ -97,76 +125,108 @@ cdef inline Header* _header_of(void* data) noexcept nogil:
 
 cdef void* _new_block(size_t size, bint zero) noexcept nogil:
     global _cached_bytes, _hits, _misses
+    cdef size_t kind = _kind_of(size)
     cdef size_t cap = size
-    cdef int cls = -1
-    cdef Header* h
+    cdef size_t pad = 0
+    cdef int cls = 0
+    cdef Header* h = NULL
     cdef void* base
     cdef uintptr_t data
-    if size >= POOL_MIN:
-        cls = _size_class(size, &cap)
-        pthread_mutex_lock(&_lock)
-        h = _free_lists[cls]
+    if kind == SMALL:
+        cls = <int>((size + 15) >> 4)
+        cap = (<size_t>cls) << 4
+        _acquire()
+        if _small_count[cls]:
+            _small_count[cls] -= 1
+            h = _small[cls][_small_count[cls]]
+        _release_lock()
+    elif kind == LARGE:
+        cls = _large_class(size, &cap)
+        pad = ALIGN
+        _acquire()
+        h = _large[cls]
         if h is not NULL:
-            _free_lists[cls] = h.next
+            _large[cls] = h.next
             _cached_bytes -= cap
             _hits += 1
-            pthread_mutex_unlock(&_lock)
-            if zero:
-                memset(_data_of(h), 0, size)
-            return _data_of(h)
-        _misses += 1
-        pthread_mutex_unlock(&_lock)
-        base = calloc(1, cap + HEADER + ALIGN) if zero else malloc(cap + HEADER + ALIGN)
-        if base is NULL:
-            return NULL
-        data = (<uintptr_t>base + HEADER + ALIGN - 1) & ~(<uintptr_t>(ALIGN - 1))
-    else:
-        base = calloc(1, size + HEADER) if zero else malloc(size + HEADER)
-        if base is NULL:
-            return NULL
-        data = <uintptr_t>base + HEADER
+        else:
+            _misses += 1
+        _release_lock()
+    if h is not NULL:
+        if zero:
+            memset(_data_of(h), 0, size)
+        return _data_of(h)
+    base = calloc(1, cap + HEADER + pad) if zero else malloc(cap + HEADER + pad)
+    if base is NULL:
+        return NULL
+    data = <uintptr_t>base + HEADER
+    if pad:
+        data = (data + ALIGN - 1) & ~(<uintptr_t>(ALIGN - 1))
     h = _header_of(<void*>data)
     h.base = base
     h.capacity = cap
     h.next = NULL
-    h.pooled = cls >= 0
+    h.kind = kind
     return <void*>data
 
 
-cdef void _flush_locked() noexcept nogil:
+cdef Header* _take_all_large() noexcept nogil:
+    """Unlink every cached large block (lock held); returns them as one list."""
     global _cached_bytes
-    cdef int i
+    cdef Header* out = NULL
     cdef Header* h
     cdef Header* nxt
+    cdef int i
     for i in range(N_CLASSES):
-        h = _free_lists[i]
+        h = _large[i]
         while h is not NULL:
             nxt = h.next
-            free(h.base)
+            h.next = out
+            out = h
             h = nxt
-        _free_lists[i] = NULL
+        _large[i] = NULL
     _cached_bytes = 0
+    return out
 
 
-cdef void _release(void* data) noexcept nogil:
+cdef void _free_list(Header* h) noexcept nogil:
+    cdef Header* nxt
+    while h is not NULL:
+        nxt = h.next
+        free(h.base)
+        h = nxt
+
+
+cdef void _give_back(void* data) noexcept nogil:
     global _cached_bytes, _flushes
     cdef Header* h = _header_of(data)
+    cdef Header* stale = NULL
     cdef size_t cap = h.capacity
     cdef int cls
-    if h.pooled:
-        cls = _size_class(cap, &cap)
-        pthread_mutex_lock(&_lock)
+    cdef bint kept = False
+    if h.kind == SMALL:
+        cls = <int>(cap >> 4)
+        _acquire()
+        if _small_count[cls] < SMALL_DEPTH:
+            _small[cls][_small_count[cls]] = h
+            _small_count[cls] += 1
+            kept = True
+        _release_lock()
+    elif h.kind == LARGE:
+        cls = _large_class(cap, &cap)
+        _acquire()
         if _cached_bytes + cap > _limit and _cached_bytes:
-            _flush_locked()
+            stale = _take_all_large()
             _flushes += 1
         if cap <= _limit:
-            h.next = _free_lists[cls]
-            _free_lists[cls] = h
+            h.next = _large[cls]
+            _large[cls] = h
             _cached_bytes += cap
-            pthread_mutex_unlock(&_lock)
-            return
-        pthread_mutex_unlock(&_lock)
-    free(h.base)
+            kept = True
+        _release_lock()
+        _free_list(stale)              # outside the lock: free() can be slow
+    if not kept:
+        free(h.base)
 
 
 cdef void* _h_malloc(void* ctx, size_t size) noexcept nogil:
@@ -185,22 +245,22 @@ cdef void* _h_realloc(void* ctx, void* ptr, size_t new_size) noexcept nogil:
     if ptr is NULL:
         return _new_block(new_size, False)
     h = _header_of(ptr)
-    if new_size <= h.capacity and (new_size >= POOL_MIN) == <bint>h.pooled:
+    # in place when it fits, stays in its kind and does not waste half the block
+    if new_size <= h.capacity and _kind_of(new_size) == h.kind and new_size >= h.capacity // 2:
         return ptr
     out = _new_block(new_size, False)
     if out is NULL:
         return NULL
     memcpy(out, ptr, new_size if new_size < h.capacity else h.capacity)
-    _release(ptr)
+    _give_back(ptr)
     return out
 
 
 cdef void _h_free(void* ctx, void* ptr, size_t size) noexcept nogil:
     if ptr is not NULL:
-        _release(ptr)
+        _give_back(ptr)
 
 
-pthread_mutex_init(&_lock, NULL)
 strncpy(_handler.name, b"gradcore_host_pool", 127)
 _handler.version = 1
 _handler.allocator.ctx = NULL
@@ -232,26 +292,31 @@ def is_active() -> bool:
 
 
 def set_limit(size_t nbytes):
-    """Bound the bytes kept in the cache (0 keeps nothing)."""
+    """Bound the bytes of large blocks kept in the cache (0 keeps none)."""
     global _limit
+    cdef Header* stale = NULL
     with nogil:
-        pthread_mutex_lock(&_lock)
+        _acquire()
         _limit = nbytes
         if _cached_bytes > _limit:
-            _flush_locked()
-        pthread_mutex_unlock(&_lock)
+            stale = _take_all_large()
+        _release_lock()
+        _free_list(stale)
 
 
 def empty_cache():
-    """Free every cached block."""
+    """Free every cached large block."""
+    cdef Header* stale
     with nogil:
-        pthread_mutex_lock(&_lock)
-        _flush_locked()
-        pthread_mutex_unlock(&_lock)
+        _acquire()
+        stale = _take_all_large()
+        _release_lock()
+        _free_list(stale)
 
 
 def stats() -> dict:
-    """Counters: hits and misses of pooled requests, cached bytes, limit,
-    times the cache was emptied because it was full, the pooling threshold."""
+    """Counters of large blocks: hits and misses, cached bytes, limit, times
+    the cache was emptied because a block did not fit, the size from which a
+    block is large."""
     return {"hits": _hits, "misses": _misses, "cached_bytes": _cached_bytes,
-            "limit": _limit, "flushes": _flushes, "min_block": POOL_MIN}
+            "limit": _limit, "flushes": _flushes, "min_block": LARGE_MIN}

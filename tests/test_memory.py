@@ -75,12 +75,28 @@ def test_reused_blocks_are_zeroed_for_zeros():
     assert not z.any()
 
 
-def test_small_arrays_are_not_cached():
+def test_small_arrays_are_kept_apart_from_the_large_ones():
     before = mem.stats()
     for _ in range(100):
         np.empty(SMALL)
     after = mem.stats()
     assert (after["hits"], after["misses"]) == (before["hits"], before["misses"])
+
+
+def test_a_freed_small_block_is_handed_out_again_and_zeroed_for_zeros():
+    a = np.full(SMALL, 3.0)
+    addr = a.ctypes.data
+    del a
+    z = np.zeros(SMALL)
+    assert z.ctypes.data == addr and not z.any()
+
+
+def test_numpy_error_state_still_works():
+    with np.errstate(divide="raise"):
+        with pytest.raises(FloatingPointError):
+            np.float64(1.0) / np.zeros(3)
+    with np.errstate(all="ignore"):
+        assert np.isinf(np.ones(3) / np.zeros(3)).all()
 
 
 def test_alignment():
