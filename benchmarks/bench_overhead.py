@@ -467,6 +467,62 @@ class MlpTorch:
         return float(self.loss.item()), [p.grad.numpy() for p in self.params]
 
 
+# ------------------------------------------------- (c') the MLP's GEMMs alone
+def mlp_gemm_operands(batch, seed=1):
+    """The eight products of one MLP step (forward: x W1^T, h1 W2^T, h2 W3^T;
+    backward: dW3 = d^T h2, dh2 = d W3, dW2 = g2^T h1, dh1 = g2 W2,
+    dW1 = g1^T x; no dx for the input), as (a, b, transpose a, transpose b)."""
+    rng = np.random.default_rng(seed)
+    r = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    (i, h, o), n = (MLP_SIZES[0], MLP_SIZES[1], MLP_SIZES[3]), batch
+    return [(r(n, i), r(h, i), False, True), (r(n, h), r(h, h), False, True), (r(n, h), r(o, h), False, True),
+            (r(n, o), r(n, h), True, False), (r(n, o), r(o, h), False, False),
+            (r(n, h), r(n, h), True, False), (r(n, h), r(h, h), False, False),
+            (r(n, h), r(n, i), True, False)]
+
+
+class GemmGradcore:
+    """The products through gradcore's MatrixMul op (not recorded)."""
+    name = "gradcore"
+
+    def __init__(self, operands):
+        self.ops = [(gc.tensor(a), gc.tensor(b), ta, tb) for a, b, ta, tb in operands]
+
+    def run(self):
+        self.out = [F.matmul(a, b, ta, tb) for a, b, ta, tb in self.ops]
+
+    def result(self):
+        return 0.0, [o.numpy() for o in self.out]
+
+
+class GemmNumpy:
+    name = "numpy"
+    host_pool = False
+
+    def __init__(self, operands):
+        self.ops = [(a.T if ta else a, b.T if tb else b) for a, b, ta, tb in operands]
+
+    def run(self):
+        self.out = [np.matmul(a, b) for a, b in self.ops]
+
+    def result(self):
+        return 0.0, self.out
+
+
+class GemmTorch:
+    name = "torch"
+
+    def __init__(self, operands):
+        t = lambda x: torch.from_numpy(x.copy())  # noqa: E731
+        self.ops = [(t(a).T if ta else t(a), t(b).T if tb else t(b)) for a, b, ta, tb in operands]
+
+    def run(self):
+        self.out = [torch.mm(a, b) for a, b in self.ops]
+
+    def result(self):
+        return 0.0, [o.numpy() for o in self.out]
+
+
 # ============================================================== cases
 class Case:
     def __init__(self, key, title, impls, unit, scale, ops=None, rtol=1e-5, atol_rel=0.0,
@@ -499,6 +555,14 @@ def build_cases(args):
             impls.append(MlpTorch(params, x, y))
         cases.append(Case(f"mlp{batch}", f"(c) MLP 784-512-512-10, batch {batch}", impls,
                           "ms/iter", 1e3, rtol=1e-4, atol_rel=1e-5))
+    for batch in (128, 32):
+        # the floor under (c): its eight GEMMs alone, on each library's BLAS
+        operands = mlp_gemm_operands(batch)
+        impls = [GemmGradcore(operands), GemmNumpy(operands)]
+        if torch is not None:
+            impls.append(GemmTorch(operands))
+        cases.append(Case(f"gemm{batch}", f"(c') its 8 GEMMs alone, batch {batch}", impls,
+                          "ms/iter", 1e3, rtol=1e-4, atol_rel=1e-5, split=False))
     if args.only:
         cases = [c for c in cases if c.key in args.only]
     return cases
@@ -682,7 +746,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="3 rounds of ~0.05 s measurements")
     p.add_argument("--target-time", type=float, default=None,
                    help="seconds per measurement of one implementation (default 0.25, quick 0.05)")
-    p.add_argument("--only", nargs="*", choices=["chain", "scalar", "mlp128", "mlp32"],
+    p.add_argument("--only", nargs="*", choices=["chain", "scalar", "mlp128", "mlp32", "gemm128", "gemm32"],
                    help="run only these cases")
     p.add_argument("--no-gc", action="store_true",
                    help="disable Python's cyclic GC while timing (default: enabled, as in real use)")
@@ -740,7 +804,7 @@ def main(argv=None):
     elapsed = perf_counter() - t_start
     load_after = loadavg()
 
-    names = [i.name for i in cases[0].impls] if cases else []
+    names = list(dict.fromkeys(i.name for c in cases for i in c.impls))
     print()
     print(f"medians over {repeat} rounds (ratios: gradcore median / other median; "
           f"target met when ratio <= target)")
