@@ -133,6 +133,16 @@ def _doctor(args: List[str]) -> int:
     except Exception as exc:
         line("numpy", f"BROKEN: {exc}")
         problems.append("NumPy does not import")
+    # host memory pool
+    try:
+        from . import memory
+        st = memory.stats()
+        line("host memory pool", ("on" if memory.is_enabled() else "off (GRADCORE_HOST_POOL=0)")
+             + f", {st['cached_bytes'] >> 20} MiB cached of {st['limit'] >> 20} MiB, "
+               f"{st['hits']} hits / {st['misses']} misses")
+    except Exception as exc:
+        line("host memory pool", f"BROKEN: {type(exc).__name__}: {exc}")
+        problems.append("the host memory pool does not load (pip install -e . rebuilds it)")
     # CUDA
     try:
         import pycuda
