@@ -40,7 +40,9 @@ TABLE = [
     Row("sub",      "np.subtract(x, y)",      "x - y",              ("g", "-g")),
     Row("mul",      "np.multiply(x, y)",      "x * y",              ("g * y", "g * x")),
     Row("div",      "np.true_divide(x, y)",   "x / y",              ("g / y", "-(g * out) / y"), (0.5, 2.0)),
-    Row("pow",      "np.power(x, y)",         "gc_pow(x, y)",       ("g * y * x ** (y - 1)", "g * out * log(x)"), (0.5, 2.0)),
+    # d/dy at x = 0 is taken as 0 (PyTorch's choice; out * log(x) would be 0 * -inf)
+    Row("pow",      "np.power(x, y)",         "gc_pow(x, y)",       ("g * y * x ** (y - 1)",
+                                                                     "g * out * log(where(eq(x, 0), 1, x))"), (0.5, 2.0)),
     Row("maximum",  "np.maximum(x, y)",       "gc_max(x, y)",       ("where(x > y, g, where(eq(x, y), g * 0.5, 0))",
                                                                       "where(y > x, g, where(eq(x, y), g * 0.5, 0))")),
     Row("minimum",  "np.minimum(x, y)",       "gc_min(x, y)",       ("where(x < y, g, where(eq(x, y), g * 0.5, 0))",
@@ -49,7 +51,7 @@ TABLE = [
     Row("mod",      "np.mod(x, y)",           "gc_mod(x, y)",       ("g", "-(g * floor_div(x, y))"), (0.5, 2.0)),
     Row("neg",      "np.negative(x)",         "-x",                 ("-g",)),
     Row("abs",      "np.abs(x)",              "gc_abs(x)",          ("g * sign(x)",)),
-    Row("sign",     "np.sign(x)",             "x != x ? x : (T)((x > 0) - (x < 0))", (None,)),
+    Row("sign",     "np.sign(x)",             "x != x ? x : (T)((x > 0) - (x < 0))", ("g * 0",)),
     Row("square",   "np.square(x)",           "x * x",              ("g * x * 2",)),
     Row("sqrt",     "np.sqrt(x)",             "sqrt(x)",            ("g / (out * 2)",), (0.5, 2.0)),
     # exponentials and logarithms
@@ -82,10 +84,10 @@ TABLE = [
                     ("g * ((erf(x * 0.7071067811865476) + 1) * 0.5 + x * exp(x * x * -0.5) * 0.3989422804014327)",)),
     # selection
     Row("where",    "np.where(x, y, z)",      "x ? y : z",          (None, "where(x, g, 0)", "where(x, 0, g)")),
-    # rounding (zero gradient almost everywhere: not differentiable here)
-    Row("floor",    "np.floor(x)",            "gc_floor(x)",        (None,)),
-    Row("ceil",     "np.ceil(x)",             "gc_ceil(x)",         (None,)),
-    Row("round",    "np.round(x)",            "gc_rint(x)",         (None,)),
+    # rounding: zero gradient (almost everywhere), a zero .grad as in PyTorch
+    Row("floor",    "np.floor(x)",            "gc_floor(x)",        ("g * 0",)),
+    Row("ceil",     "np.ceil(x)",             "gc_ceil(x)",         ("g * 0",)),
+    Row("round",    "np.round(x)",            "gc_rint(x)",         ("g * 0",)),
     # predicates
     Row("lt",       "np.less(x, y)",          "x < y",              (None, None), out_dtype="bool"),
     Row("le",       "np.less_equal(x, y)",    "x <= y",             (None, None), out_dtype="bool"),

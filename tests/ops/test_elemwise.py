@@ -238,6 +238,22 @@ def test_kink_at_zero_like_torch(mode, h, torch):
     h.compare(torch, lambda a: run(mode, a), getattr(torch, mode), [x])
 
 
+@pytest.mark.parametrize("mode", ["floor", "ceil", "round", "sign"])
+def test_rounding_gives_a_zero_gradient_like_torch(mode, h, torch):
+    x = np.array([-1.5, -0.2, 0.0, 0.7, 2.5])
+    _, grads, _ = h.gc_vjp(lambda a: run(mode, a), [x])
+    assert grads[0] is not None and not grads[0].any()
+    h.compare(torch, lambda a: run(mode, a), getattr(torch, mode), [x])
+
+
+def test_pow_at_zero_base_like_torch(h, torch):
+    x = np.array([0.0, 0.0, 2.0, 0.5])
+    y = np.array([2.0, 1.0, 3.0, 0.0])
+    _, grads, _ = h.gc_vjp(lambda a, b: run("pow", a, b), [x, y])
+    assert np.isfinite(grads[1]).all()
+    h.compare(torch, lambda a, b: run("pow", a, b), torch.pow, [x, y])
+
+
 def test_where_broadcast_condition(h, torch):
     c = np.array([[True], [False], [True]])
     x, y = np.arange(4.0), np.array(-1.5)
