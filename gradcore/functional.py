@@ -8,7 +8,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -401,13 +401,19 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
     nll = -indexing_one_hot(logp, label, axis)
     if label_smooth:
         nll = nll * (1 - label_smooth) - mean(logp, axis) * label_smooth
+    return _reduce_loss("cross_entropy", nll, reduction)
+
+
+def _reduce_loss(name: str, loss: Tensor, reduction: str) -> Tensor:
+    """Every loss's ``reduction``: "mean" or "sum" over all elements, or
+    "none" (the elementwise loss as is)."""
     if reduction == "mean":
-        return mean(nll)
+        return mean(loss)
     if reduction == "sum":
-        return sum(nll)
+        return sum(loss)
     if reduction == "none":
-        return nll
-    raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        return loss
+    raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def linear(inp, weight, bias=None):
@@ -574,6 +580,349 @@ def dropout(inp, drop_prob: float, training: bool = True):
     return x * Tensor(keep.astype(x.dtype) * scale, device=x.device)
 
 
+# ---- more of MegEngine's functional API, each a composite of the ops above:
+# gradients (first and higher order) and every device come from those ops
+def _int_arg(name: str, what: str, v, low: Optional[int] = 0) -> int:
+    """``v`` as an int no smaller than ``low`` (None: any), or a clear error
+    naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name}: {what} must be an int, got {type(v).__name__} {v!r}")
+    if low is not None and v < low:
+        raise ValueError(f"{name}: {what} must be >= {low}, got {v}")
+    return int(v)
+
+
+def _int_tuple(name: str, what: str, v) -> tuple:
+    """An int or a sequence of ints as a tuple of ints."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return (int(v),)
+    try:
+        items = tuple(v)
+    except TypeError:
+        raise TypeError(f"{name}: {what} must be an int or a sequence of ints, got {v!r}") from None
+    return tuple(_int_arg(name, what, i, low=None) for i in items)
+
+
+def _axis_in(name: str, axis, ndim: int) -> int:
+    """``axis`` (negative counts from the end) as an index into ``ndim`` axes."""
+    axis = _int_arg(name, "axis", axis, low=None)
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}: axis {axis} is out of range for a {ndim}-d tensor")
+    return axis % ndim
+
+
+def isnan(inp: Tensor) -> Tensor:
+    """True where ``inp`` is NaN (a bool tensor; never for integers).
+
+    Example::
+
+        >>> F.isnan(gc.tensor([1.0, float("nan")])).numpy()
+        array([False,  True])
+    """
+    x = _t(inp)
+    return ne(x, x)  # noqa: F821
+
+
+def isinf(inp: Tensor) -> Tensor:
+    """True where ``inp`` is +inf or -inf (a bool tensor).
+
+    Example::
+
+        >>> F.isinf(gc.tensor([1.0, -float("inf")])).numpy()
+        array([False,  True])
+    """
+    return eq(abs(_t(inp)), float("inf"))  # noqa: F821
+
+
+def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
+    """A tensor of ``inp``'s shape, dtype and device filled with ``value``.
+
+    Example::
+
+        >>> F.full_like(gc.tensor([[1, 2], [3, 4]]), 7).numpy()
+        array([[7, 7],
+               [7, 7]], dtype=int32)
+    """
+    x = _t(inp)
+    return Tensor(np.full(x.shape, value, x.dtype), device=x.device)
+
+
+def one_hot(inp: Tensor, num_classes: int) -> Tensor:
+    """One-hot encoding of the integer tensor ``inp``: a new last axis of
+    length ``num_classes``, 1 at each label's position; int32.
+
+    Example::
+
+        >>> F.one_hot(gc.tensor([1, 3]), 4).numpy()
+        array([[0, 1, 0, 0],
+               [0, 0, 0, 1]], dtype=int32)
+    """
+    num_classes = _int_arg("one_hot", "num_classes", num_classes, low=1)
+    x = _on(inp, None)
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"one_hot: inp must be an integer tensor, got {x.dtype}")
+    if isinstance(x, Tensor) and x.size:     # concrete labels (not symbolic ones in a trace)
+        values = x.numpy()
+        lo, hi = int(values.min()), int(values.max())
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(f"one_hot: labels must be in [0, {num_classes}), got values in [{lo}, {hi}]")
+    classes = arange(num_classes, dtype=x.dtype, device=x.device)
+    return astype(eq(expand_dims(x, -1), classes), "int32")  # noqa: F821
+
+
+def relu6(inp: Tensor) -> Tensor:
+    """``min(max(x, 0), 6)``.
+
+    Example::
+
+        >>> F.relu6(gc.tensor([-1.0, 3.0, 8.0])).numpy()
+        array([0., 3., 6.], dtype=float32)
+    """
+    return clip(_t(inp), 0, 6)
+
+
+def hsigmoid(inp: Tensor) -> Tensor:
+    """Hard sigmoid, ``relu6(x + 3) / 6``.
+
+    Example::
+
+        >>> F.hsigmoid(gc.tensor([-4.0, 0.0, 4.0])).numpy()
+        array([0. , 0.5, 1. ], dtype=float32)
+    """
+    return relu6(_t(inp) + 3) / 6
+
+
+def hswish(inp: Tensor) -> Tensor:
+    """Hard swish, ``x * relu6(x + 3) / 6``.
+
+    Example::
+
+        >>> F.hswish(gc.tensor([0.0, 1.0, 4.0])).numpy()
+        array([0.       , 0.6666667, 4.       ], dtype=float32)
+    """
+    x = _t(inp)
+    return x * hsigmoid(x)
+
+
+def elu(inp: Tensor, alpha: float = 1.0) -> Tensor:
+    """``x`` where positive, ``alpha * (exp(x) - 1)`` elsewhere (exp never
+    sees a positive argument, so large inputs neither overflow nor poison
+    the gradient).
+
+    Example::
+
+        >>> F.elu(gc.tensor([-1.0, 2.0])).numpy()
+        array([-0.63212055,  2.        ], dtype=float32)
+    """
+    x = _t(inp)
+    return relu(x) + expm1(minimum(x, 0)) * alpha  # noqa: F821
+
+
+def prelu(inp: Tensor, weight: Tensor) -> Tensor:
+    """``max(x, 0) + weight * min(x, 0)``, MegEngine's ``F.nn.prelu``:
+    ``weight`` broadcasts against ``inp`` (for one slope per channel of
+    (N, C, H, W), give it shape (1, C, 1, 1) or (C, 1, 1)).
+
+    Example::
+
+        >>> F.prelu(gc.tensor([-2.0, 3.0]), gc.tensor([0.25])).numpy()
+        array([-0.5,  3. ], dtype=float32)
+    """
+    x = _t(inp)
+    return relu(x) + minimum(x, 0) * _t(weight, x)  # noqa: F821
+
+
+# ---- losses: ``reduction`` is "mean" (default), "sum" or "none"
+def _label(label, pred: Tensor) -> Tensor:
+    """``label`` as a tensor of ``pred``'s dtype: the loss keeps ``pred``'s."""
+    return astype(_t(label, pred), pred.dtype)
+
+
+def l1_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean absolute error, ``|pred - label|`` reduced.
+
+    Example::
+
+        >>> F.l1_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
+        3.0
+    """
+    pred = _t(pred)
+    return _reduce_loss("l1_loss", abs(pred - _label(label, pred)), reduction)  # noqa: F821
+
+
+def square_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean squared error, ``(pred - label) ** 2`` reduced (also ``F.mse_loss``).
+
+    Example::
+
+        >>> F.square_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
+        13.0
+    """
+    pred = _t(pred)
+    return _reduce_loss("square_loss", square(pred - _label(label, pred)), reduction)  # noqa: F821
+
+
+mse_loss = square_loss
+
+
+def binary_cross_entropy(pred: Tensor, label: Tensor, with_logits: bool = True,
+                         reduction: str = "mean") -> Tensor:
+    """Binary cross-entropy of ``pred`` against probabilities ``label`` (same
+    shape). ``pred`` holds logits by default (computed stably as
+    ``softplus(-pred) + (1 - label) * pred``); with ``with_logits=False`` it
+    holds probabilities in (0, 1).
+
+    Example::
+
+        >>> F.binary_cross_entropy(gc.tensor([0.0, 0.0]), gc.tensor([1.0, 0.0])).item()
+        0.6931471824645996
+    """
+    pred = _t(pred)
+    label = _label(label, pred)
+    if with_logits:
+        loss = softplus(-pred) + (1 - label) * pred  # noqa: F821
+    else:
+        loss = -(label * log(pred) + (1 - label) * log(1 - pred))  # noqa: F821
+    return _reduce_loss("binary_cross_entropy", loss, reduction)
+
+
+def hinge_loss(pred: Tensor, label: Tensor, norm: str = "L1", reduction: str = "mean") -> Tensor:
+    """SVM hinge loss of scores ``pred`` (N, C) against labels of -1 or 1
+    (same shape): per sample, the sum over axis 1 of ``max(0, 1 - pred *
+    label)`` ("L1") or of its square ("L2"); then ``reduction`` over samples.
+
+    Example::
+
+        >>> pred = gc.tensor([[0.5, -0.5, 0.1], [-0.6, 0.7, 0.8]])
+        >>> F.hinge_loss(pred, gc.tensor([[1.0, -1, -1], [-1, 1, 1]]), reduction="none").numpy()
+        array([2.1, 0.9], dtype=float32)
+    """
+    kind = norm.upper() if isinstance(norm, str) else norm
+    if kind not in ("L1", "L2"):
+        raise ValueError(f"hinge_loss: norm must be 'L1' or 'L2', got {norm!r}")
+    pred = _t(pred)
+    if pred.ndim < 2:
+        raise ValueError(f"hinge_loss: pred must be (N, C, ...), got shape {pred.shape}")
+    margin = relu(1 - pred * _label(label, pred))  # noqa: F821
+    loss = sum(margin if kind == "L1" else square(margin), 1)  # noqa: F821
+    return _reduce_loss("hinge_loss", loss, reduction)
+
+
+def normalize(inp: Tensor, ord: Optional[float] = None, axis: Union[int, Sequence[int], None] = None,
+              eps: float = 1e-12) -> Tensor:
+    """``inp / max(norm(inp, ord, axis), eps)``: L``ord`` normalisation
+    (default L2) of each vector along ``axis`` (None: the whole tensor as one
+    vector). An all-zero vector stays zero, with a finite gradient.
+
+    Example::
+
+        >>> F.normalize(gc.tensor([[3.0, 4.0]]), axis=1).numpy()
+        array([[0.6, 0.8]], dtype=float32)
+    """
+    x = _t(inp)
+    if ord is None or ord == 2:
+        # max(sqrt(s), eps) as sqrt(max(s, eps**2)): the same value, and no
+        # 0 * inf in the gradient where s is 0
+        return x / sqrt(maximum(sum(x * x, axis, True), eps * eps))  # noqa: F821
+    return x / clip(norm(x, ord, axis, True), lower=eps)
+
+
+# ---- repeating and rolling (reshape, broadcast and split/concat)
+def repeat(inp: Tensor, repeats: int, axis: Optional[int] = None) -> Tensor:
+    """Repeat each element ``repeats`` times along ``axis`` (None: of the
+    flattened input), as ``np.repeat`` with an int ``repeats``.
+
+    Example::
+
+        >>> F.repeat(gc.tensor([[1, 2], [3, 4]]), 2, axis=1).numpy()
+        array([[1, 1, 2, 2],
+               [3, 3, 4, 4]], dtype=int32)
+    """
+    repeats = _int_arg("repeat", "repeats", repeats)
+    x = _t(inp)
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    ax = _axis_in("repeat", axis, x.ndim)
+    shape = x.shape
+    wide = broadcast_to(expand_dims(x, ax + 1), shape[:ax + 1] + (repeats,) + shape[ax + 1:])
+    return reshape(wide, shape[:ax] + (shape[ax] * repeats,) + shape[ax + 1:])
+
+
+def tile(inp: Tensor, reps: Sequence[int]) -> Tensor:
+    """``inp`` repeated ``reps[i]`` times along axis ``i``, as ``np.tile``:
+    the shorter of ``reps`` and the shape is padded with leading 1s.
+
+    Example::
+
+        >>> F.tile(gc.tensor([[1, 2], [3, 4]]), (2, 1)).numpy()
+        array([[1, 2],
+               [3, 4],
+               [1, 2],
+               [3, 4]], dtype=int32)
+    """
+    x = _t(inp)
+    reps = tuple(_int_arg("tile", "reps", r) for r in _int_tuple("tile", "reps", reps))
+    nd = builtins_max(len(reps), x.ndim)
+    reps = (1,) * (nd - len(reps)) + reps
+    shape = (1,) * (nd - x.ndim) + x.shape
+    pairs = list(zip(reps, shape))
+    wide = broadcast_to(reshape(x, [v for _, d in pairs for v in (1, d)]), [v for p in pairs for v in p])
+    return reshape(wide, tuple(r * d for r, d in pairs))
+
+
+def roll(inp: Tensor, shift: Union[int, Sequence[int]],
+         axis: Union[int, Sequence[int], None] = None) -> Tensor:
+    """Shift elements by ``shift`` along ``axis``, wrapping around, as
+    ``np.roll``: ``shift`` and ``axis`` may be matching sequences; with
+    ``axis=None`` the flattened tensor is rolled and the shape restored.
+
+    Example::
+
+        >>> F.roll(gc.tensor([1, 2, 3, 4]), 1).numpy()
+        array([4, 1, 2, 3], dtype=int32)
+    """
+    x = _t(inp)
+    if axis is None:
+        if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
+            raise TypeError(f"roll: with axis=None, shift must be an int, got {shift!r}")
+        return reshape(roll(reshape(x, (-1,)), shift, 0), x.shape)
+    shifts, axes = _int_tuple("roll", "shift", shift), _int_tuple("roll", "axis", axis)
+    if len(shifts) != len(axes):
+        raise ValueError(f"roll: shift {shift!r} and axis {axis!r} must have the same length")
+    out = x
+    for s, a in zip(shifts, axes):
+        a = _axis_in("roll", a, x.ndim)
+        n = x.shape[a]
+        k = s % n if n else 0
+        if k:
+            head, tail = split(out, [n - k], a)
+            out = concat([tail, head], a)
+    return copy(x) if out is x else out
+
+
+def embedding(inp: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
+              max_norm: Optional[float] = None, norm_type: Optional[float] = None) -> Tensor:
+    """Rows of ``weight`` (num_embeddings, dim) picked by the integer tensor
+    ``inp``: the result has shape ``inp.shape + (dim,)``. As in MegEngine,
+    ``padding_idx``, ``max_norm`` and ``norm_type`` must be None.
+
+    Example::
+
+        >>> w = gc.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])
+        >>> F.embedding(gc.tensor([[2, 0]]), w).shape
+        (1, 2, 2)
+    """
+    if padding_idx is not None or max_norm is not None or norm_type is not None:
+        raise ValueError("embedding: padding_idx, max_norm and norm_type are not supported (give None)")
+    w = _t(weight)
+    idx = _on(inp, w)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"embedding: inp must be an integer tensor, got {idx.dtype}")
+    if w.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-d (num_embeddings, dim), got shape {w.shape}")
+    return reshape(getitem(w, reshape(idx, (-1,))), idx.shape + (w.shape[1],))
+
+
 import builtins as _builtins  # noqa: E402
 builtins_max = _builtins.max
 
@@ -585,6 +934,7 @@ class _NN:
 nn = _NN()
 for _n in ("relu", "sigmoid", "tanh", "log_softmax", "logsumexp", "softmax", "cross_entropy",
            "linear", "indexing_one_hot", "leaky_relu", "gelu", "silu", "softplus", "logsigmoid", "conv2d", "max_pool2d", "avg_pool2d", "batch_norm",
-           "dropout"):
+           "dropout", "relu6", "hsigmoid", "hswish", "prelu", "one_hot", "embedding", "normalize",
+           "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss"):
     setattr(nn, _n, globals()[_n])
 del _n
