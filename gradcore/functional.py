@@ -77,11 +77,19 @@ def where(mask, x, y):
 
 
 def clip(x, lower=None, upper=None):
-    """Limit ``x`` to [lower, upper] (either may be None)."""
+    """Limit ``x`` to [lower, upper] (either may be None). The gradient
+    passes where ``lower <= x <= upper``, bounds included (PyTorch's
+    ``clamp``); a bound given as a tensor gets it where ``x`` is beyond it.
+
+    Example::
+
+        >>> F.clip(x, 0.0, 1.0)
+    """
+    x = _t(x)
     if lower is not None:
-        x = maximum(x, lower)  # noqa: F821
+        x = where(lt(x, lower), lower, x)  # noqa: F821
     if upper is not None:
-        x = minimum(x, upper)  # noqa: F821
+        x = where(gt(x, upper), upper, x)  # noqa: F821
     return x
 
 
@@ -512,7 +520,10 @@ def norm(inp, ord: float = 2, axis=None, keepdims: bool = False):
     """
     x = _t(inp)
     if ord == 2:
-        return sqrt(sum(x * x, axis, keepdims))  # noqa: F821
+        # the gradient at a zero vector is 0 (PyTorch's subgradient), not 0/0
+        ss = sum(x * x, axis, keepdims)  # noqa: F821
+        zero = eq(ss, 0)  # noqa: F821
+        return where(zero, 0, sqrt(where(zero, 1, ss)))  # noqa: F821
     if ord == 1:
         return sum(abs(x), axis, keepdims)  # noqa: F821
     if ord == float("inf"):
@@ -537,6 +548,14 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     """
     x = _t(inp)
     axes = tuple(i for i in range(x.ndim) if i != 1)
+
+    def per_channel(t):
+        # MegEngine's parameters are (1, C, 1, 1); PyTorch's (C,) work too
+        if t is None or x.ndim <= 2:
+            return t
+        t = _t(t)
+        return t.reshape((1, -1) + (1,) * (x.ndim - 2)) if t.ndim == 1 else t
+    weight, bias = per_channel(weight), per_channel(bias)
     if training or running_mean is None:
         m = mean(x, axes, True)
         d = x - m
@@ -550,8 +569,8 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
                     new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
                     buf._reset(new.astype(buf.dtype))
     else:
-        d = x - running_mean
-        v = running_var
+        d = x - per_channel(running_mean)
+        v = per_channel(running_var)
     y = d / sqrt(v + eps)  # noqa: F821
     if weight is not None:
         y = y * weight
