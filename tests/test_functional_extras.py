@@ -10,7 +10,6 @@ second order gradients against float64 finite differences, and gradients
 from __future__ import annotations
 
 import inspect
-import zlib
 
 import numpy as np
 import pytest
@@ -26,14 +25,7 @@ pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 INF = float("inf")
 
 
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
 
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 # ---------------------------------------------------------------- helpers

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
-import zlib
 
 import numpy as np
 import pytest
@@ -139,15 +138,7 @@ def h():
                                  error_of=error_of)
 
 
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
 
-
-@pytest.fixture
-def rng(request):
-    # a stable seed per test, so failures reproduce
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture
