@@ -167,10 +167,20 @@ def _F():
     return _functional
 
 
-def _shape_args(shape):
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
-    return tuple(shape)
+def _shape_args(shape, what="reshape: shape"):
+    """Dims given as varargs, or as one tuple, list, ndarray or Tensor
+    (MegEngine accepts all of these), as a tuple of Python ints."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, np.ndarray, Tensor)):
+        shape = shape[0]
+        if isinstance(shape, (np.ndarray, Tensor)):
+            shape = np.asarray(shape).reshape(-1).tolist()
+    out = []
+    for d in shape:
+        try:
+            out.append(d.__index__())     # ints, NumPy ints, 0-d integer Tensors; never a float
+        except (AttributeError, TypeError):
+            raise TypeError(f"{what} entries must be integers, got {d!r} in {tuple(shape)}") from None
+    return tuple(out)
 
 
 def reshape(self, *shape):
@@ -178,7 +188,7 @@ def reshape(self, *shape):
 
 
 def transpose(self, *perm):
-    perm = _shape_args(perm)
+    perm = _shape_args(perm, "transpose: axes")
     return _F().transpose(self, perm if perm else None)
 
 
@@ -203,7 +213,7 @@ _METHODS = {
     "max": lambda self, axis=None, keepdims=False: _F().max(self, axis, keepdims),
     "min": lambda self, axis=None, keepdims=False: _F().min(self, axis, keepdims),
     "prod": lambda self, axis=None, keepdims=False: _F().prod(self, axis, keepdims),
-    "broadcast_to": lambda self, *shape: _F().broadcast_to(self, _shape_args(shape)),
+    "broadcast_to": lambda self, *shape: _F().broadcast_to(self, _shape_args(shape, "broadcast_to: shape")),
     "expand_dims": lambda self, axis: _F().expand_dims(self, axis),
     "squeeze": lambda self, axis=None: _F().squeeze(self, axis),
     "astype": astype,

@@ -8,6 +8,7 @@ the op, so an op instance is shared by every call with the same index form.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Tuple
 
 import numpy as np
@@ -49,7 +50,14 @@ def split_index(index) -> Tuple[tuple, list]:
 
 
 def _int_or_none(v):
-    return None if v is None else int(v)
+    # NumPy's rule: a slice bound is an int (or has __index__, as a 0-d
+    # integer Tensor does), never a float truncated to one
+    if v is None:
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"slice indices must be integers or None, got {v!r}") from None
 
 
 def build_index(spec, arrays):
@@ -78,8 +86,12 @@ def _probe_shape(op, spec, shape, idx_descs, descs):
     probe = np.ndarray(shape, np.uint8, np.zeros(1, np.uint8), 0, (0,) * len(shape))
     arrays = [np.zeros(d.shape, d.dtype) if d.dtype.kind == "b" else np.zeros(d.shape, d.dtype)
               for d in idx_descs]
-    if any(d.dtype.kind not in "biu" for d in idx_descs):
-        raise op.error("index arrays must be integer or boolean", *descs)
+    bad = next((d for d in idx_descs if d.dtype.kind not in "biu"), None)
+    if bad is not None:
+        # an IndexError, as NumPy raises for a float, string or object index
+        raise IndexOpError(str(op.error(f"only integers, slices, ellipsis, None and integer or boolean "
+                                        f"arrays are valid indices, got an index of dtype {bad.dtype}",
+                                        *descs)))
     if any(d.dtype.kind == "b" for d in idx_descs):
         return None   # the result size depends on the mask's values
     try:

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from gradcore import _core
-from gradcore.op import Op, TensorDesc
+from gradcore.op import Op, OpError, TensorDesc
 
 
 def _apply1(op, *args):
@@ -48,6 +48,12 @@ class Reshape(Op):
 
     def __init__(self, shape: Sequence[int]):
         self.shape = tuple(int(s) for s in shape)
+        # NumPy's reshape takes any negative dim as -1; MegEngine and torch
+        # reject all but -1. Checked here since the cpu kernel is NumPy's
+        bad = [s for s in self.shape if s < -1]
+        if bad:
+            raise OpError(f"Reshape(shape={self.shape}): dimension {bad[0]} is negative "
+                          "(only -1, for one inferred dimension, may be)")
         self._seal()
 
     def infer(self, x):
@@ -92,7 +98,11 @@ class Transpose(Op):
     attrs = ("perm",)
 
     def __init__(self, perm: Sequence[int]):
-        self.perm = tuple(int(p) for p in perm)
+        # negative axes count from the end, as in NumPy: a valid perm has one
+        # entry per axis, so len(perm) is the rank. Normalised here so the
+        # backward's inverse permutation (argsort) is right
+        n = len(perm)
+        self.perm = tuple(int(p) % n if -n <= int(p) < 0 else int(p) for p in perm)
         self._seal()
 
     def infer(self, x):

@@ -274,6 +274,23 @@ def test_float_index_array(h):
     h.check_error(ei, "Subtensor", "(3, 2)")
 
 
+def test_non_integer_index_is_an_index_error(h):
+    # NumPy raises IndexError for a float, string or object index, and a
+    # TypeError for a float slice bound (never truncated to an int)
+    x = gradcore.Tensor(np.ones((3, 2)))
+    for idx in (1.0, [0, 1.5], gradcore.Tensor([1.0]), "a", [0, None]):
+        with pytest.raises(IndexError) as ei:
+            x[idx]
+        h.check_error(ei, "Subtensor", "(3, 2)", "valid indices")
+    for idx in (slice(0.5, 2), slice(0, 2, 1.0), (slice(None), slice(None, 1.0))):
+        with pytest.raises(TypeError):
+            x[idx]
+        with pytest.raises(TypeError):
+            x[idx] = 0.0
+    # integer-like bounds still work: NumPy ints and 0-d integer tensors
+    np.testing.assert_array_equal(x[np.int64(1):gradcore.Tensor(3)].numpy(), np.ones((2, 2)))
+
+
 def test_setitem_shape_mismatch(h):
     x = gradcore.Tensor(np.ones((3, 4)))
     gm = gradcore.GradManager().attach([x])

@@ -171,6 +171,30 @@ def test_tensor_methods(rng, h, torch):
     h.compare(torch, lambda t: t[:, :1].squeeze(1), lambda t: t[:, :1].squeeze(1), [x])
 
 
+def test_tensor_method_shape_forms(rng, h, torch):
+    # MegEngine's reshape/transpose take varargs, a tuple or list, an
+    # ndarray or a Tensor; negative transpose axes count from the end (as in
+    # NumPy and torch.permute), in the backward too
+    x = rng.standard_normal((2, 3, 4))
+    for shape in [(4, 6), [4, 6], np.array([4, 6]), gradcore.Tensor([4, 6]), (gradcore.Tensor(4), 6)]:
+        assert gradcore.Tensor(x).reshape(*(shape if isinstance(shape, tuple) else (shape,))).shape == (4, 6)
+    assert gradcore.Tensor(x).transpose(np.array([2, 0, 1])).shape == (4, 2, 3)
+    h.compare(torch, lambda t: t.transpose(-1, 0, -2), lambda t: t.permute(-1, 0, -2), [x])
+    h.compare(torch, lambda t: F.transpose(t, (1, -1, 0)), lambda t: t.permute(1, -1, 0), [x])
+    assert gradgradcheck(lambda t: t.transpose(-1, 0, 1) * t.transpose(2, 0, 1), [gradcore.Tensor(x)])
+
+
+@pytest.mark.parametrize("bad", [(2.5, 12), (2.0, 12.0)])
+def test_tensor_method_float_shape_is_an_error(bad):
+    x = gradcore.Tensor(np.ones((2, 12)))
+    with pytest.raises(TypeError, match="integers"):
+        x.reshape(*bad)
+    with pytest.raises(TypeError, match="integers"):
+        x.reshape(bad)
+    with pytest.raises(TypeError, match="integers"):
+        x.transpose(1.0, 0)
+
+
 def test_concat_of_one_recorded_input(rng):
     a = gradcore.Tensor(rng.standard_normal((2, 2)))
     b = gradcore.Tensor(rng.standard_normal((1, 2)))
@@ -187,6 +211,10 @@ BAD = [
     (lambda x: F.reshape(x, (4,)), (2, 3), ["Reshape", "(2, 3)", "(4,)"]),
     (lambda x: F.reshape(x, (-1, 4)), (2, 3), ["Reshape", "(2, 3)"]),
     (lambda x: F.reshape(x, (-1, -1)), (2, 3), ["Reshape", "(2, 3)", "-1"]),
+    # NumPy's reshape would take -2 as -1
+    (lambda x: F.reshape(x, (-2, 3)), (2, 3), ["Reshape", "-2"]),
+    (lambda x: x.reshape(3, -3), (2, 3), ["Reshape", "-3"]),
+    (lambda x: F.transpose(x, (0, -3)), (2, 3), ["Transpose", "(2, 3)"]),
     (lambda x: F.transpose(x, (0, 0)), (2, 3), ["Transpose", "(2, 3)"]),
     (lambda x: F.transpose(x, (0, 1, 2)), (2, 3), ["Transpose", "(2, 3)"]),
     (lambda x: F.broadcast_to(x, (4, 3)), (2, 3), ["Broadcast", "(2, 3)", "(4, 3)"]),
