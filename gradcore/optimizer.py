@@ -1,4 +1,4 @@
-"""gradcore.optimizer (``optim``): SGD.
+"""gradcore.optimizer (``optim``): SGD, Adam.
 
 Example::
 
@@ -22,39 +22,97 @@ def _zeros_like(data):
     return data.backend.zeros(data.shape, data.dtype)
 
 
-class Optimizer:
-    """Holds ``param_groups`` (dicts with "params" and hyper-parameters)."""
+def _to_numpy(data) -> np.ndarray:
+    """A NumPy copy of a state array (an ndarray or a device array)."""
+    if type(data) is np.ndarray:
+        return data.copy()
+    return data.get()
 
-    def __init__(self, params: Union[Iterable[Tensor], Iterable[Dict]], defaults: Dict):
-        params = list(params)
+
+class Optimizer:
+    """Holds ``param_groups`` (dicts with "params" and hyper-parameters, which
+    may be changed between steps) and per-parameter state.
+
+    ``params`` is a Parameter, an iterable of them, a dict
+    ``{"params": [...], "lr": ...}`` or an iterable of such dicts (a value a
+    group leaves out comes from the optimizer's arguments)."""
+
+    def __init__(self, params: Union[Tensor, Dict, Iterable[Tensor], Iterable[Dict]], defaults: Dict):
+        name = type(self).__name__
+        if isinstance(params, (Tensor, dict)):
+            params = [params]
+        elif isinstance(params, (set, frozenset)):
+            # a set's order changes between runs, and the state follows that order
+            raise TypeError(f"{name}: params must be an ordered collection (a list), not a set")
+        try:
+            params = list(params)
+        except TypeError:
+            raise TypeError(f"{name}: params must be a Parameter, a dict or an iterable of them, "
+                            f"got {type(params).__name__}") from None
         if not params:
-            raise ValueError(f"{type(self).__name__}: got an empty parameter list")
-        groups = params if isinstance(params[0], dict) else [{"params": params}]
+            raise ValueError(f"{name}: got an empty parameter list")
+        self._defaults = dict(defaults)
         self.param_groups: List[Dict] = []
-        for g in groups:
-            group = dict(defaults)
-            group.update(g)
-            group["params"] = list(group["params"])
-            for p in group["params"]:
-                if not isinstance(p, Tensor):
-                    raise TypeError(f"{type(self).__name__}: parameters must be Tensors, got {type(p).__name__}")
-            self.param_groups.append(group)
         self._state: Dict[int, Dict] = {}
+        if all(isinstance(g, dict) for g in params):
+            for g in params:
+                self.add_param_group(g)
+        elif any(isinstance(g, dict) for g in params):
+            raise TypeError(f"{name}: params mixes dicts and tensors")
+        else:
+            self.add_param_group({"params": params})
+
+    def add_param_group(self, param_group: Dict) -> "Optimizer":
+        """Add a group (a dict with "params"); its missing hyper-parameters
+        come from the optimizer's arguments."""
+        name = type(self).__name__
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise TypeError(f"{name}: a parameter group must be a dict with a 'params' entry")
+        ps = param_group["params"]
+        if isinstance(ps, (set, frozenset)):
+            raise TypeError(f"{name}: params must be an ordered collection (a list), not a set")
+        ps = [ps] if isinstance(ps, Tensor) else list(ps)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        for p in ps:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"{name}: parameters must be Tensors, got {type(p).__name__}")
+            if id(p) in seen:
+                raise ValueError(f"{name}: a parameter of shape {p.shape} appears more than once "
+                                 f"in the parameter groups")
+            seen.add(id(p))
+        group = dict(self._defaults)
+        group.update(param_group)
+        group["params"] = ps
+        self.param_groups.append(group)
+        return self
 
     def clear_grad(self) -> "Optimizer":
+        """Set every parameter's ``grad`` to None."""
         for group in self.param_groups:
             for p in group["params"]:
                 p.grad = None
         return self
 
-    zero_grad = clear_grad
-
-    def step(self) -> "Optimizer":
+    def zero_grad(self) -> "Optimizer":
+        """Set every existing gradient to zeros (MegEngine's deprecated
+        ``zero_grad``; prefer ``clear_grad``)."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    # the raw data (an ndarray, or a DeviceArray on cuda): updated where it lives
-                    self._update(p, p.grad._data, group, self._state.setdefault(id(p), {}))
+                    p.grad = Tensor(_zeros_like(p.grad._data), device=p.grad.device)
+        return self
+
+    def step(self) -> "Optimizer":
+        """Update every parameter that has a gradient; the others are skipped."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.shape != p.shape:
+                    raise ValueError(f"{type(self).__name__}.step: a gradient of shape {p.grad.shape} "
+                                     f"for a parameter of shape {p.shape}")
+                # the raw data (an ndarray, or a DeviceArray on cuda): updated where it lives
+                self._update(p, p.grad._data, group, self._state.setdefault(id(p), {}))
         return self
 
     def _update(self, param, grad, group, state):
@@ -73,6 +131,59 @@ class Optimizer:
             data = param._data = data.copy()
         _core._bump_version(param)
         return data
+
+    # ---- saving and restoring
+    def state_dict(self) -> Dict:
+        """``{"param_groups": [...], "state": {index: {...}}}``: hyper-parameters
+        per group with the parameters as indices (their order across the
+        groups), and each parameter's state as NumPy copies."""
+        index = {}
+        groups = []
+        for group in self.param_groups:
+            entry = {k: v for k, v in group.items() if k != "params"}
+            entry["params"] = []
+            for p in group["params"]:
+                index[id(p)] = len(index)
+                entry["params"].append(index[id(p)])
+            groups.append(entry)
+        state = {}
+        for pid, st in self._state.items():
+            if pid in index and st:
+                state[index[pid]] = {k: (_to_numpy(v) if not np.isscalar(v) else v) for k, v in st.items()}
+        return {"param_groups": groups, "state": state}
+
+    def load_state_dict(self, state: Dict) -> None:
+        """Restore what ``state_dict`` saved, into an optimizer over parameters
+        of the same shapes, grouped the same way."""
+        name = type(self).__name__
+        saved_groups = state["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"{name}.load_state_dict: {len(saved_groups)} parameter groups saved, "
+                             f"this optimizer has {len(self.param_groups)}")
+        new_state = {}
+        for group, saved in zip(self.param_groups, saved_groups):
+            if len(group["params"]) != len(saved["params"]):
+                raise ValueError(f"{name}.load_state_dict: a saved group has {len(saved['params'])} "
+                                 f"parameters, this one {len(group['params'])}")
+            if set(group) != set(saved):
+                raise ValueError(f"{name}.load_state_dict: a saved group has keys {sorted(saved)}, "
+                                 f"this one {sorted(group)}")
+            for p, i in zip(group["params"], saved["params"]):
+                st = {}
+                for k, v in state["state"].get(i, {}).items():
+                    if np.isscalar(v):
+                        st[k] = v
+                        continue
+                    v = np.asarray(v.numpy() if isinstance(v, Tensor) else v)
+                    if v.shape != p.shape:
+                        raise ValueError(f"{name}.load_state_dict: state {k!r} of shape {v.shape} "
+                                         f"for a parameter of shape {p.shape}")
+                    # a private copy where the parameter lives
+                    st[k] = Tensor(v.astype(p.dtype), device=p.device)._data.copy()
+                new_state[id(p)] = st
+        for group, saved in zip(self.param_groups, saved_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self._state = new_state
 
 
 class SGD(Optimizer):

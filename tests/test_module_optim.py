@@ -148,3 +148,234 @@ def test_optimizer_param_groups_and_skipping():
     np.testing.assert_allclose(b.numpy(), [1.0])
     with pytest.raises(ValueError):
         optim.SGD([], lr=0.1)
+
+
+# ---------------------------------------------------------------- MegEngine's Module API
+def test_sequential_names_layers_like_megengine_and_torch():
+    from collections import OrderedDict
+    net = M.Sequential(M.Linear(4, 8), M.ReLU(), M.Linear(8, 2))
+    assert [n for n, _ in net.named_parameters()] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [n for n, _ in net.named_modules()] == ["", "0", "1", "2"]
+    assert [n for n, _ in net.named_children()] == ["0", "1", "2"]
+    assert len(net) == 3 and isinstance(net[-1], M.Linear) and [type(m) for m in net][1] is M.ReLU
+    tail = net[1:]
+    assert isinstance(tail, M.Sequential) and [n for n, _ in tail.named_parameters()] == ["2.weight", "2.bias"]
+    named = M.Sequential(OrderedDict(fc0=M.Linear(2, 3), act=M.ReLU(), fc1=M.Linear(3, 1)))
+    assert list(named.state_dict()) == ["fc0.weight", "fc0.bias", "fc1.weight", "fc1.bias"]
+    net[2] = M.Linear(8, 5)
+    assert net(gc.tensor(np.ones((1, 4), "float32"))).shape == (1, 5)
+    del net[1]
+    assert len(net) == 2 and [n for n, _ in net.named_children()] == ["0", "2"]
+    big = M.Sequential(*[M.Linear(1, 1) for _ in range(12)])
+    assert [n for n, _ in big.named_parameters()][-2:] == ["11.weight", "11.bias"]
+
+
+def test_module_traversal_containers_prefix_recursion_and_sharing():
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = M.Linear(2, 2)
+            self.again = self.fc                    # the same module twice: listed once
+            self.blocks = {"x": [M.Linear(2, 2), (M.ReLU(), M.Linear(2, 3))]}
+            self.scale = gc.Parameter(np.ones(1, "float32"))
+            self.count = gc.tensor(np.zeros(1, "float32"))     # a plain Tensor is a buffer
+
+        def forward(self, x):
+            return x
+
+    net = Net()
+    assert [n for n, _ in net.named_parameters()] == [
+        "fc.weight", "fc.bias", "blocks.x.0.weight", "blocks.x.0.bias",
+        "blocks.x.1.1.weight", "blocks.x.1.1.bias", "scale"]
+    assert [n for n, _ in net.named_parameters(prefix="net")][0] == "net.fc.weight"
+    assert [n for n, _ in net.named_parameters(recursive=False)] == ["scale"]
+    assert len(list(net.parameters(requires_grad=True))) == 7     # accepted and ignored, as MegEngine
+    assert [n for n, _ in net.named_modules()] == ["", "fc", "blocks.x.0", "blocks.x.1.0", "blocks.x.1.1"]
+    assert len(list(net.children())) == 4
+    assert [n for n, _ in net.named_buffers()] == ["count"] and len(list(net.buffers())) == 1
+    net.train(False, recursive=False)
+    assert net.training is False and net.fc.training is True
+    net.eval()
+    assert not any(m.training for m in net.modules())
+    seen = []
+    net.apply(lambda m: seen.append(type(m).__name__))
+    assert seen == ["Net", "Linear", "Linear", "ReLU", "Linear"]
+
+
+def test_forward_hooks_run_and_can_be_removed():
+    lin = M.Linear(2, 2)
+    calls = []
+    pre = lin.register_forward_pre_hook(lambda m, inputs: calls.append(len(inputs)))
+    post = lin.register_forward_hook(lambda m, inputs, out: out * 0)
+    x = gc.tensor([[1.0, 2.0]])
+    assert not lin(x).numpy().any() and calls == [1]
+    pre.remove()
+    post.remove()
+    assert lin(x).numpy().any() and calls == [1]
+
+
+def test_state_dict_flat_batch_norm_strict_loading_and_closures():
+    net = M.Sequential(M.Conv2d(1, 2, 3), M.BatchNorm2d(2))
+    state = net.state_dict()
+    assert list(state) == ["0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var"]
+    assert all(type(v) is np.ndarray for v in state.values())
+    assert state["1.weight"].shape == (2,) and state["0.bias"].shape == (1, 2, 1, 1)   # MegEngine: XNorm flat
+    state["0.weight"][:] = 5            # a copy: the module is untouched
+    assert not (net[0].weight.numpy() == 5).any()
+    other = M.Sequential(M.Conv2d(1, 2, 3), M.BatchNorm2d(2))
+    other.load_state_dict(state)
+    np.testing.assert_array_equal(other[0].weight.numpy(), 5)
+    other.load_state_dict(dict(state, **{"1.running_mean": np.array([[[[1.0]], [[2.0]]]], "float32")}))
+    np.testing.assert_array_equal(other[1].running_mean.numpy().ravel(), [1, 2])   # (1, C, 1, 1) loads too
+    before = other[0].weight.numpy().copy()
+    with pytest.raises(KeyError, match="unexpected"):
+        other.load_state_dict(dict(state, extra=np.zeros(1)))
+    with pytest.raises(ValueError, match="0.weight"):
+        other.load_state_dict(dict(state, **{"0.weight": np.zeros((2, 1, 2, 2), "float32")}))
+    with pytest.raises(KeyError, match="missing"):
+        other.load_state_dict({"0.weight": np.zeros((2, 1, 3, 3), "float32")})
+    np.testing.assert_array_equal(other[0].weight.numpy(), before)     # a failed load changes nothing
+    other.load_state_dict({"0.weight": np.zeros((2, 1, 3, 3)), "0.bias": None}, strict=False)
+    assert other[0].weight.dtype == np.float32 and not other[0].weight.numpy().any()
+    other.load_state_dict(lambda key, t: np.full(t.shape, 3.0, "float32"))
+    np.testing.assert_array_equal(other[1].running_var.numpy(), 3)
+
+
+def test_conv2d_grouped_weight_is_megengine_5d_and_matches_torch(torch):
+    conv = M.Conv2d(4, 6, 3, padding=1, groups=2)
+    assert conv.weight.shape == (2, 3, 2, 3, 3) and conv.bias.shape == (1, 6, 1, 1)
+    assert M.Conv2d(4, 6, 3).weight.shape == (6, 4, 3, 3)
+    tconv = torch.nn.Conv2d(4, 6, 3, padding=1, groups=2)
+    conv.weight._reset(gc.tensor(tconv.weight.detach().numpy().reshape(2, 3, 2, 3, 3)))
+    conv.bias._reset(gc.tensor(tconv.bias.detach().numpy().reshape(1, 6, 1, 1)))
+    x = np.random.default_rng(0).normal(size=(2, 4, 5, 5)).astype("float32")
+    np.testing.assert_allclose(conv(gc.tensor(x)).numpy(), tconv(torch.tensor(x)).detach().numpy(),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_bad_layer_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match=r"Linear.*last dimension is 3.*\(4, 5\)"):
+        M.Linear(3, 2)(gc.tensor(np.ones((4, 5), "float32")))
+    with pytest.raises(Exception, match="channel"):
+        M.Conv2d(3, 2, 3)(gc.tensor(np.ones((1, 4, 5, 5), "float32")))
+    with pytest.raises(ValueError, match="groups"):
+        M.Conv2d(3, 6, 3, groups=2)
+    with pytest.raises(ValueError, match="BatchNorm2d"):
+        M.BatchNorm2d(3)(gc.tensor(np.ones((2, 4, 5, 5), "float32")))
+
+
+def test_batch_norm_1d_and_freeze(torch):
+    x = np.random.default_rng(1).normal(size=(4, 3, 5)).astype("float32")
+    bn, tb = M.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    np.testing.assert_allclose(bn(gc.tensor(x)).numpy(), tb(torch.tensor(x)).detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(bn.running_var.numpy().ravel(), tb.running_var.numpy(), rtol=1e-5)
+    frozen = M.BatchNorm2d(3, freeze=True)
+    x4 = x.reshape(4, 3, 5, 1)
+    np.testing.assert_allclose(frozen(gc.tensor(x4)).numpy(), x4 / np.sqrt(1 + 1e-5), rtol=1e-5)
+    np.testing.assert_array_equal(frozen.running_mean.numpy(), 0)
+
+
+# ---------------------------------------------------------------- optimizers
+def test_optimizer_accepts_megengine_param_forms_and_rejects_bad_ones():
+    p, q = gc.Parameter(np.ones((3, 2), "float32")), gc.Parameter(np.ones(2, "float32"))
+    assert optim.SGD(p, lr=0.1).param_groups[0]["params"] == [p]          # one Parameter, not its rows
+    assert optim.SGD({"params": p, "lr": 0.3}, lr=0.1).param_groups[0]["lr"] == 0.3
+    opt = optim.Adam([p], lr=0.1)
+    assert opt.add_param_group({"params": [q], "lr": 0.5}) is opt
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5] and opt.param_groups[1]["betas"] == (0.9, 0.999)
+    with pytest.raises(TypeError, match="set"):
+        optim.SGD({p, q}, lr=0.1)
+    with pytest.raises(ValueError, match="more than once"):
+        optim.SGD([{"params": [p]}, {"params": [p, q]}], lr=0.1)
+    with pytest.raises(TypeError, match="Tensors"):
+        optim.SGD([1.0], lr=0.1)
+    p.grad = gc.tensor(np.ones(3, "float32"))
+    with pytest.raises(ValueError, match=r"gradient of shape \(3,\).*\(3, 2\)"):
+        optim.SGD([p], lr=0.1).step()
+    p.grad = gc.tensor(np.ones((3, 2), "float32"))
+    opt = optim.SGD([p], lr=0.1)
+    assert opt.zero_grad() is opt and not p.grad.numpy().any()     # MegEngine's zero_grad: zeros
+    assert opt.clear_grad() is opt and p.grad is None
+
+
+def _mlp_pair(torch):
+    t = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    g = M.Sequential(M.Linear(5, 7), M.ReLU(), M.Linear(7, 3))
+    return t, g, (8, 5)
+
+
+def _cnn_pair(torch):
+    t = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1, bias=False), torch.nn.BatchNorm2d(4),
+                            torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, stride=2, groups=2),
+                            torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    g = M.Sequential(M.Conv2d(2, 4, 3, padding=1, bias=False), M.BatchNorm2d(4), M.ReLU(),
+                     M.Conv2d(4, 4, 3, stride=2, groups=2), M.Flatten(), M.Linear(16, 3))
+    return t, g, (6, 2, 6, 6)
+
+
+@pytest.mark.parametrize("make", [_mlp_pair, _cnn_pair])
+@pytest.mark.parametrize("kind, kwargs", [
+    ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3)),
+    ("Adam", dict(lr=1e-2, betas=(0.5, 0.9), weight_decay=0.05)),
+])
+def test_training_a_model_matches_torch_step_by_step(torch, make, kind, kwargs):
+    tnet, net, xshape = make(torch)
+    names = [n for n, _ in net.named_parameters()]
+    assert names == [n for n, _ in tnet.named_parameters()]          # same names as torch
+    for p, tp in zip(net.parameters(), tnet.parameters()):
+        p._reset(gc.tensor(tp.detach().numpy().reshape(p.shape)))
+    topt = getattr(torch.optim, kind)(tnet.parameters(), **kwargs)
+    opt = getattr(optim, kind)(net.parameters(), **kwargs)
+    gm = GradManager().attach(net.parameters())
+    rng = np.random.default_rng(5)
+    for step in range(4):
+        x, y = rng.normal(size=xshape).astype("float32"), rng.normal(size=(xshape[0], 3)).astype("float32")
+        if step == 2:                   # lr changed through param_groups takes effect
+            for group in opt.param_groups + topt.param_groups:
+                group["lr"] *= 0.5
+        topt.zero_grad()
+        ((tnet(torch.tensor(x)) - torch.tensor(y)) ** 2).mean().backward()
+        topt.step()
+        with gm:
+            gm.backward(((net(gc.tensor(x)) - gc.tensor(y)) ** 2).mean())
+        opt.step().clear_grad()
+        for (name, p), tp in zip(net.named_parameters(), tnet.parameters()):
+            np.testing.assert_allclose(p.numpy().reshape(tp.shape), tp.detach().numpy(), rtol=2e-4, atol=2e-5,
+                                       err_msg=f"{name} after step {step}")
+
+
+@pytest.mark.parametrize("kind, kwargs", [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.05))])
+def test_optimizer_state_dict_resumes_training_exactly(kind, kwargs):
+    def make():
+        gc.random.seed(0)
+        return M.Sequential(M.Linear(3, 4), M.ReLU(), M.Linear(4, 1))
+
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(size=(5, 3)).astype("float32") for _ in range(4)]
+
+    def train(net, opt, xs):
+        gm = GradManager().attach(net.parameters())
+        for x in xs:
+            with gm:
+                gm.backward((net(gc.tensor(x)) ** 2).mean())
+            opt.step().clear_grad()
+
+    whole = make()
+    train(whole, getattr(optim, kind)(whole.parameters(), **kwargs), batches)
+    first = make()
+    opt = getattr(optim, kind)(first.parameters(), **kwargs)
+    train(first, opt, batches[:2])
+    saved_net, saved_opt = first.state_dict(), opt.state_dict()
+    assert saved_opt["param_groups"][0]["params"] == [0, 1, 2, 3]
+    assert all(type(v) is np.ndarray for st in saved_opt["state"].values() for v in st.values()
+               if not np.isscalar(v))
+    resumed = make()
+    opt2 = getattr(optim, kind)(resumed.parameters(), **dict(kwargs, lr=99.0))
+    resumed.load_state_dict(saved_net)
+    opt2.load_state_dict(saved_opt)
+    assert opt2.param_groups[0]["lr"] == kwargs["lr"]
+    train(resumed, opt2, batches[2:])
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match="parameters"):
+        getattr(optim, kind)(M.Linear(2, 2).parameters(), **kwargs).load_state_dict(saved_opt)
