@@ -93,8 +93,10 @@ def clip(x, lower=None, upper=None):
     return x
 
 
-def copy(x):
-    return _apply(Identity(), _t(x))[0]
+def copy(inp, device=None):
+    """A recorded copy of ``inp`` (on ``device`` when given)."""
+    out = _apply(Identity(), _t(inp))[0]
+    return out if device is None else out.to(device)
 
 
 def stop_gradient(x):
@@ -146,8 +148,11 @@ def cumsum(inp, axis: int = 0):
 
 
 # ---- linear algebra
-def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False):
+def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
+           compute_mode: str = "default"):
     """Matrix product with NumPy's rules for 1-D operands and broadcast batch axes.
+    ``compute_mode`` is accepted for MegEngine compatibility (a float16
+    precision hint) and changes nothing here.
 
     Example::
 
@@ -155,6 +160,13 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False):
     """
     a, b = _t(inp1), _t(inp2)
     sa, sb = a.ndim == 1, b.ndim == 1
+    if (sa or sb) and a.shape is not None and b.shape is not None and b.ndim and a.ndim:
+        # checked here, so that the error shows the vectors as given (not as matrices)
+        ka = a.shape[-2 if transpose_a and not sa else -1]
+        kb = b.shape[-1 if transpose_b and not sb else (0 if sb else -2)]
+        if isinstance(ka, int) and isinstance(kb, int) and ka != kb:
+            raise ValueError(f"matmul: inner dimensions differ ({ka} and {kb}) for shapes "
+                             f"{a.shape} and {b.shape}")
     if sa:
         a = expand_dims(a, 0)
         transpose_a = False
@@ -213,13 +225,19 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1):
     nd = x.ndim
     if nd == 0:
         return reshape(x, (1,))
-    s, e = start_axis % nd, end_axis % nd
+    s, e = _axis_in("flatten", start_axis, nd), _axis_in("flatten", end_axis, nd)
+    if s > e:
+        raise ValueError(f"flatten: start_axis {start_axis} comes after end_axis {end_axis} "
+                         f"for a tensor of shape {x.shape}")
     shape = x.shape[:s] + (-1,) + x.shape[e + 1:]
     return reshape(x, shape)
 
 
-def concat(inps, axis: int = 0):
-    return _apply(_Concat(int(axis)), *[_t(x) for x in inps])[0]
+def concat(inps, axis: int = 0, device=None):
+    """Join tensors along an existing ``axis``; ``device`` (MegEngine's
+    argument) moves the result there."""
+    out = _apply(_Concat(int(axis)), *[_t(x) for x in inps])[0]
+    return out if device is None else out.to(device)
 
 
 # ---- indexing
@@ -274,14 +292,16 @@ def split(inp, nsplits_or_sections, axis: int = 0):
     return list(_apply(_Split(int(axis), sections), _t(inp)))
 
 
-def stack(inps, axis: int = 0):
-    """Stack equally shaped tensors along a new ``axis``.
+def stack(inps, axis: int = 0, device=None):
+    """Stack equally shaped tensors along a new ``axis`` (``device``, as in
+    MegEngine, moves the result there).
 
     Example::
 
         >>> F.stack([x, y], axis=1)         # (3,), (3,) -> (3, 2)
     """
-    return _apply(_Stack(int(axis)), *[_t(x) for x in inps])[0]
+    out = _apply(_Stack(int(axis)), *[_t(x) for x in inps])[0]
+    return out if device is None else out.to(device)
 
 
 def gather(inp, axis: int, index):
@@ -346,7 +366,11 @@ def ones(shape, dtype="float32", device=None):
     return Tensor(np.ones(shape, dtype), device=device)
 
 
-def full(shape, value, dtype="float32", device=None):
+def full(shape, value, dtype=None, device=None):
+    """A tensor of ``shape`` filled with ``value``. Without ``dtype`` it comes
+    from the value as in MegEngine: bool, int32 for an int, float32 for a float."""
+    if dtype is None:
+        dtype = Tensor(value).dtype
     return Tensor(np.full(shape, value, dtype), device=device)
 
 
@@ -359,6 +383,8 @@ def ones_like(inp):
 
 
 def arange(start=0, stop=None, step=1, dtype="float32", device=None):
+    if step == 0:
+        raise ValueError("arange: step must not be 0")
     if stop is None:
         start, stop = 0, start
     return Tensor(np.arange(start, stop, step, dtype=dtype), device=device)
@@ -368,17 +394,36 @@ def linspace(start, stop, num, dtype="float32", device=None):
     return Tensor(np.linspace(start, stop, num, dtype=dtype), device=device)
 
 
-def eye(n, m=None, dtype="float32", device=None):
-    return Tensor(np.eye(n, m, dtype=dtype), device=device)
+def eye(N, M=None, dtype="float32", device=None):
+    """An (N, M) matrix (M defaults to N) with ones on the diagonal."""
+    if N < 0 or (M is not None and M < 0):
+        raise ValueError(f"eye: N and M must be >= 0, got N={N}, M={M}")
+    return Tensor(np.eye(N, M, dtype=dtype), device=device)
 
 
 # ---- nn
 def log_softmax(inp, axis: int = -1):
-    return _apply(_LogSoftmax(int(axis)), _t(inp))[0]
+    """log(softmax(x)) along ``axis`` (an int or a sequence of axes)."""
+    x = _t(inp)
+    if isinstance(axis, (tuple, list)):
+        return x - logsumexp(x, axis, True)
+    return _apply(_LogSoftmax(int(axis)), x)[0]
+
+
+logsoftmax = log_softmax     # MegEngine 1.x's name
 
 
 def logsumexp(inp, axis: int = -1, keepdims: bool = False):
-    return _apply(_LogSumExp(int(axis), bool(keepdims)), _t(inp))[0]
+    """log(sum(exp(x))) over ``axis``: an int, a sequence of axes (as in
+    MegEngine) or None (every axis)."""
+    x = _t(inp)
+    if axis is None or isinstance(axis, (tuple, list)):
+        # the LogSumExp op's decomposition, over several axes at once
+        m = stop_gradient(max(x, _axis_key(axis), True))
+        m = where(eq(abs(m), float("inf")), 0, m)  # noqa: F821 - as LogSumExp: no inf - inf
+        s = sum(exp(x - m), _axis_key(axis), keepdims)  # noqa: F821
+        return log(s) + (m if keepdims else reshape(m, s.shape))  # noqa: F821
+    return _apply(_LogSumExp(int(axis), bool(keepdims)), x)[0]
 
 
 def leaky_relu(inp, negative_slope: float = 0.01):
@@ -387,9 +432,21 @@ def leaky_relu(inp, negative_slope: float = 0.01):
     return where(gt(x, 0), x, x * negative_slope)  # noqa: F821
 
 
-def softmax(inp, axis: int = -1):
-    """exp(x) / sum(exp(x)) along ``axis``."""
-    return _apply(_Softmax(int(axis)), _t(inp))[0]
+def softmax(inp, axis=None):
+    """exp(x) / sum(exp(x)) along ``axis`` (an int or a sequence of axes).
+    The default axis is MegEngine's: 0 for a 0-, 1- or 3-d input, else 1.
+
+    Example::
+
+        >>> F.softmax(x)               # (N, C) or (N, C, H, W): over C
+    """
+    x = _t(inp)
+    if axis is None:
+        axis = 0 if x.ndim in (0, 1, 3) else 1
+    if isinstance(axis, (tuple, list)):
+        e = exp(x - stop_gradient(max(x, _axis_key(axis), True)))  # noqa: F821
+        return e / sum(e, _axis_key(axis), True)
+    return _apply(_Softmax(int(axis)), x)[0]
 
 
 def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
@@ -405,6 +462,9 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
     label = _on(label, pred)
     if label.dtype.kind not in "iu":
         raise TypeError(f"cross_entropy: label must be an integer tensor, got {label.dtype}")
+    if label.ndim != pred.ndim - 1:
+        raise ValueError(f"cross_entropy: label must have one dimension less than pred, "
+                         f"got shapes {pred.shape} and {label.shape}")
     logp = log_softmax(pred, axis) if with_logits else log(pred)  # noqa: F821
     nll = -indexing_one_hot(logp, label, axis)
     if label_smooth:
@@ -424,8 +484,9 @@ def _reduce_loss(name: str, loss: Tensor, reduction: str) -> Tensor:
     raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def linear(inp, weight, bias=None):
-    """``inp @ weight.T + bias`` (weight is (out_features, in_features))."""
+def linear(inp, weight, bias=None, compute_mode: str = "default"):
+    """``inp @ weight.T + bias`` (weight is (out_features, in_features));
+    ``compute_mode`` as in ``matmul``."""
     out = matmul(inp, weight, transpose_b=True)
     return out if bias is None else out + bias
 
@@ -464,7 +525,13 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
             raise ValueError(f"conv2d: a 5-D weight {w.shape} has {g} groups, but groups={groups}")
         w = reshape(w, (g * og, cg, kh, kw))
     out = _apply(_Conv2d(_pair(stride), _pair(padding), _pair(dilation), int(groups)), x, w)[0]
-    return out if bias is None else out + _t(bias, out)
+    if bias is None:
+        return out
+    bias = _t(bias, out)
+    if bias.ndim == 1 and bias.shape[0] == out.shape[1]:
+        # a (O,) bias is one per output channel (PyTorch's form), not one per column
+        bias = reshape(bias, (1, -1, 1, 1))
+    return out + bias
 
 
 def max_pool2d(inp, kernel_size, stride=None, padding=0):
@@ -507,19 +574,22 @@ def var(inp, axis=None, keepdims: bool = False):
 
 
 def std(inp, axis=None, keepdims: bool = False):
-    """Population standard deviation over ``axis``."""
-    return sqrt(var(inp, axis, keepdims))  # noqa: F821
+    """Population standard deviation over ``axis``. Where it is 0 (constant
+    data) the gradient is 0, as PyTorch's, not 0 * inf."""
+    v = var(inp, axis, keepdims)
+    zero = eq(v, 0)  # noqa: F821
+    return where(zero, 0, sqrt(where(zero, 1, v)))  # noqa: F821
 
 
-def norm(inp, ord: float = 2, axis=None, keepdims: bool = False):
-    """Vector p-norm over ``axis`` (all elements when None).
+def norm(inp, ord: Optional[float] = None, axis=None, keepdims: bool = False):
+    """Vector p-norm over ``axis`` (all elements when None); ``ord`` None is 2.
 
     Example::
 
         >>> F.norm(x, ord=2, axis=-1)
     """
     x = _t(inp)
-    if ord == 2:
+    if ord is None or ord == 2:
         # the gradient at a zero vector is 0 (PyTorch's subgradient), not 0/0
         ss = sum(x * x, axis, keepdims)  # noqa: F821
         zero = eq(ss, 0)  # noqa: F821
@@ -528,24 +598,32 @@ def norm(inp, ord: float = 2, axis=None, keepdims: bool = False):
         return sum(abs(x), axis, keepdims)  # noqa: F821
     if ord == float("inf"):
         return max(abs(x), axis, keepdims)  # noqa: F821
+    if ord == -float("inf"):
+        return min(abs(x), axis, keepdims)  # noqa: F821
     if ord == 0:
         return sum(astype(ne(x, 0), x.dtype), axis, keepdims)  # noqa: F821
     return sum(abs(x) ** ord, axis, keepdims) ** (1.0 / ord)  # noqa: F821
 
 
 def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
-               training: bool = False, momentum: float = 0.9, eps: float = 1e-5, inplace: bool = True):
+               training: bool = False, momentum: float = 0.9, eps: float = 1e-5, inplace: bool = True,
+               compute_mode: str = "default", param_dim: str = "dim_1c11"):
     """Batch normalisation over every axis but 1 (MegEngine's ``F.batch_norm``).
 
     In training the batch statistics normalise ``inp`` and, when given,
-    ``running_mean``/``running_var`` are updated in place as
-    ``momentum * running + (1 - momentum) * batch`` (the variance unbiased);
-    otherwise the running statistics are used.
+    ``running_mean``/``running_var`` are updated as ``momentum * running +
+    (1 - momentum) * batch`` (the variance unbiased): in place, or, with
+    ``inplace=False``, returned as ``(output, new_mean, new_var)`` (None for
+    a statistic not given) and the buffers left alone. Otherwise (inference)
+    both running statistics are required and used. ``compute_mode`` and
+    ``param_dim`` ("dim_1c11" only) are MegEngine's and change nothing here.
 
     Example::
 
         >>> y = F.batch_norm(x, rm, rv, w, b, training=True)
     """
+    if param_dim != "dim_1c11":
+        raise ValueError(f"batch_norm: only param_dim='dim_1c11' (NCHW) is supported, got {param_dim!r}")
     x = _t(inp)
     axes = tuple(i for i in range(x.ndim) if i != 1)
 
@@ -556,19 +634,25 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         t = _t(t)
         return t.reshape((1, -1) + (1,) * (x.ndim - 2)) if t.ndim == 1 else t
     weight, bias = per_channel(weight), per_channel(bias)
-    if training or running_mean is None:
+    stats = (running_mean, running_var)
+    new_stats = [None, None]
+    if training:
         m = mean(x, axes, True)
         d = x - m
         v = mean(d * d, axes, True)
-        if training and running_mean is not None:
-            n = x.size // x.shape[1]
-            # history-free tensors: computed where x is, never recorded
-            with_history = [m.detach(), v.detach() * (n / builtins_max(n - 1, 1))]
-            for buf, stat in zip((running_mean, running_var), with_history):
-                if buf is not None:
-                    new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
-                    buf._reset(new.astype(buf.dtype))
+        n = x.size // x.shape[1]
+        for k, buf in enumerate(stats):
+            if buf is not None:
+                # history-free tensors: computed where x is, never recorded
+                stat = m.detach() if k == 0 else v.detach() * (n / builtins_max(n - 1, 1))
+                new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
+                new_stats[k] = new.astype(buf.dtype)
+                if inplace:
+                    buf._reset(new_stats[k])
     else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: running_mean and running_var must be given in inference "
+                             "(training=False)")
         d = x - per_channel(running_mean)
         v = per_channel(running_var)
     y = d / sqrt(v + eps)  # noqa: F821
@@ -576,6 +660,8 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         y = y * weight
     if bias is not None:
         y = y + bias
+    if training and not inplace and any(t is not None for t in stats):
+        return y, new_stats[0], new_stats[1]
     return y
 
 
@@ -589,10 +675,10 @@ def dropout(inp, drop_prob: float, training: bool = True):
         >>> F.dropout(x, 0.5)
     """
     x = _t(inp)
-    if not training or drop_prob == 0:
-        return x
     if not 0 <= drop_prob < 1:
         raise ValueError(f"dropout: drop_prob must be in [0, 1), got {drop_prob}")
+    if not training or drop_prob == 0:
+        return x
     from . import random as _random
     keep = _random.generator().random(x.shape) >= drop_prob
     scale = np.asarray(1.0 / (1.0 - drop_prob), x.dtype)
@@ -951,7 +1037,7 @@ class _NN:
 
 
 nn = _NN()
-for _n in ("relu", "sigmoid", "tanh", "log_softmax", "logsumexp", "softmax", "cross_entropy",
+for _n in ("relu", "sigmoid", "tanh", "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy",
            "linear", "indexing_one_hot", "leaky_relu", "gelu", "silu", "softplus", "logsigmoid", "conv2d", "max_pool2d", "avg_pool2d", "batch_norm",
            "dropout", "relu6", "hsigmoid", "hswish", "prelu", "one_hot", "embedding", "normalize",
            "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss"):

@@ -954,6 +954,8 @@ class _AvgBase(_PoolBase):
     attrs = ("kernel_size", "stride", "padding", "mode")
 
     def __init__(self, kernel_size, stride=None, padding=0, mode="average_count_exclude_padding"):
+        # MegEngine takes the mode in either case ("AVERAGE" in older releases)
+        mode = mode.lower() if isinstance(mode, str) else mode
         if mode not in AVG_MODES:
             raise ValueError(f"{self.name}: mode must be one of {', '.join(AVG_MODES)}, got {mode!r}")
         self.mode = mode

@@ -130,6 +130,9 @@ class LogSumExp(Composite):
 
     def decompose(self, x):
         m = _apply1(StopGradient(), _apply1(Reduce("max", self.axis, True), x))
+        # an infinite max would make x - m NaN; shifting by 0 instead gives
+        # -inf for a row of -inf and inf for a row holding inf (as PyTorch)
+        m = _apply1(Elemwise("where"), _apply1(Elemwise("eq"), _apply1(Elemwise("abs"), m), math.inf), 0, m)
         s = _apply1(Reduce("sum", self.axis, True), _apply1(Elemwise("exp"), x - m))
         out = _apply1(Elemwise("log"), s) + m
         if not self.keepdims and x.ndim != 0:      # a 0-d x has no axis to squeeze
@@ -154,6 +157,7 @@ class LogSumExp(Composite):
                 f"        const {T}* p = x + (idx / inner) * n * inner + idx % inner;\n"
                 f"        {T} m = p[0], s = 0;\n"
                 "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
+                "        if (isinf(m)) m = 0;  // as the decomposition: no inf - inf\n"
                 "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
                 "        y[idx] = log(s) + m;\n"
                 "    }\n}\n")

@@ -851,3 +851,75 @@ def test_megengine_defaults(name, defaults):
     params = inspect.signature(getattr(F, name)).parameters
     for k, v in defaults.items():
         assert params[k].default == v, (name, k)
+
+
+# ---------------------------------------------------------------- MegEngine's forms of the core functional API
+def test_full_infers_its_dtype_from_the_value():
+    assert F.full((2, 3), 6).dtype == np.int32
+    assert F.full((2,), 6.5).dtype == np.float32
+    assert F.full((2,), True).dtype == np.bool_
+    assert F.full(3, 1, dtype="float64").numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_eye_takes_megengines_argument_names():
+    np.testing.assert_array_equal(F.eye(N=4, M=2).numpy(), np.eye(4, 2, dtype=np.float32))
+    with pytest.raises(ValueError, match="eye"):
+        F.eye(-1)
+    with pytest.raises(ValueError, match="arange"):
+        F.arange(0, 5, 0)
+
+
+@pytest.mark.parametrize("start, end", [(3, -1), (0, 4), (2, 1), (-1, 0)])
+def test_flatten_rejects_bad_axes(start, end):
+    with pytest.raises(ValueError, match="flatten"):
+        F.flatten(gc.Tensor(np.zeros((2, 3, 4))), start, end)
+
+
+def test_device_arguments_of_copy_concat_stack():
+    x = gc.Tensor(np.ones((2, 3)))
+    assert F.copy(x, device="cpu").device == x.device
+    assert F.concat([x, x], axis=0, device="cpu").shape == (4, 3)
+    assert F.stack([x, x], axis=1, device="cpu").shape == (2, 2, 3)
+    assert inspect.signature(F.copy).parameters["inp"].default is inspect.Parameter.empty
+
+
+def test_matmul_of_mismatched_vectors_names_the_given_shapes():
+    with pytest.raises(ValueError, match=r"matmul.*\(3,\).*\(4,\)"):
+        F.matmul(gc.Tensor(np.ones(3)), gc.Tensor(np.ones(4)))
+    with pytest.raises(ValueError, match=r"matmul.*\(2, 3\).*\(4,\)"):
+        F.matmul(gc.Tensor(np.ones((2, 3))), gc.Tensor(np.ones(4)))
+    assert F.matmul(gc.Tensor(np.ones((3, 2))), gc.Tensor(np.ones(3)), transpose_a=True).shape == (2,)
+
+
+def test_norm_minus_inf_is_the_smallest_magnitude(rng, torch):
+    x = rng.standard_normal((3, 4))
+    fn = lambda t: F.norm(t, -INF, 1)
+    compare_torch(torch, fn, lambda t: torch.linalg.vector_norm(t, -INF, 1), [x])
+    assert inspect.signature(F.norm).parameters["ord"].default is None
+
+
+def test_std_of_constant_data_has_a_zero_gradient(rng, torch):
+    # PyTorch's: 0 where the deviation is 0, not 0 * inf
+    x = np.array([[1.5, 1.5, 1.5], [0.0, 1.0, 3.0]])
+    compare_torch(torch, lambda t: F.std(t, 1), lambda t: t.std(1, unbiased=False), [x])
+    compare_second_order(torch, lambda t: F.std(t, 1), lambda t: t.std(1, unbiased=False), [x[1:]], rng)
+
+
+def test_batch_norm_inplace_false_returns_the_new_statistics(rng, torch):
+    x = rng.standard_normal((4, 3, 2, 2))
+    rm, rv = rng.standard_normal((1, 3, 1, 1)), rng.uniform(0.5, 2, (1, 3, 1, 1))
+    grm, grv = gc.Tensor(rm), gc.Tensor(rv)
+    y, new_mean, new_var = F.batch_norm(gc.Tensor(x), grm, grv, training=True, momentum=0.8, inplace=False)
+    np.testing.assert_array_equal(grm.numpy(), rm)          # the buffers are left alone
+    np.testing.assert_array_equal(grv.numpy(), rv)
+    trm, trv = torch.tensor(rm.reshape(-1)), torch.tensor(rv.reshape(-1))
+    ty = torch.nn.functional.batch_norm(torch.tensor(x), trm, trv, training=True, momentum=0.2)
+    np.testing.assert_allclose(y.numpy(), ty.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(new_mean.numpy().reshape(-1), trm.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(new_var.numpy().reshape(-1), trv.numpy(), rtol=1e-10)
+    # only the running variance given: it alone is updated (in place by default)
+    grv = gc.Tensor(rv)
+    F.batch_norm(gc.Tensor(x), None, grv, training=True, momentum=0.8)
+    np.testing.assert_allclose(grv.numpy().reshape(-1), trv.numpy(), rtol=1e-10)
+    with pytest.raises(ValueError, match="batch_norm.*running"):
+        F.batch_norm(gc.Tensor(x), None, None, training=False)

@@ -253,7 +253,8 @@ def test_float32_stays_float32(rng, h, torch):
 # ---------------------------------------------------------------- modules
 def test_modules_shapes_and_parameters():
     conv = M.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
-    assert conv.weight.shape == (6, 2, 3, 3) and conv.bias.shape == (1, 6, 1, 1)
+    # MegEngine's grouped weight: (groups, out/groups, in/groups, kh, kw)
+    assert conv.weight.shape == (2, 3, 2, 3, 3) and conv.bias.shape == (1, 6, 1, 1)
     assert conv.weight.dtype == np.float32
     x = _x((2, 4, 7, 7))
     assert conv(x).shape == (2, 6, 4, 4)
@@ -262,7 +263,7 @@ def test_modules_shapes_and_parameters():
     assert M.AvgPool2d(3, 1, 1)(x).shape == (2, 4, 7, 7)
     assert M.Flatten()(x).shape == (2, 196)
     assert [n for n, _ in M.Sequential(conv, M.Flatten()).named_parameters()] == \
-        ["layer_values.0.weight", "layer_values.0.bias"]
+        ["0.weight", "0.bias"]
 
 
 def test_small_conv_net_trains():
@@ -302,3 +303,16 @@ def test_cuda_sources_compile(nvcc_ptx, ctype):
     for name in ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "max_pool2d",
                  "max_pool2d_backward", "max_pool2d_gather", "avg_pool2d", "avg_pool2d_backward"):
         assert f"gc_{name}_{ctype}" in ptx
+
+
+def test_avg_pool2d_mode_in_either_case(rng, h, torch):
+    x = rng.standard_normal((1, 2, 5, 5))
+    for mode, include in [("AVERAGE", True), ("AVERAGE_COUNT_EXCLUDE_PADDING", False)]:
+        h.compare(torch, lambda t: F.avg_pool2d(t, 3, 2, 1, mode=mode),
+                  lambda t: torch.nn.functional.avg_pool2d(t, 3, 2, 1, count_include_pad=include), [x])
+
+
+def test_conv2d_vector_bias_is_per_output_channel(rng, h, torch):
+    # (O,) as PyTorch's bias: one per channel, even where OW == O would broadcast it per column
+    x, w, b = rng.standard_normal((2, 2, 5, 5)), rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3)
+    h.compare(torch, lambda *t: F.conv2d(*t), lambda *t: torch.nn.functional.conv2d(*t), [x, w, b])

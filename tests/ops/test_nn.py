@@ -201,3 +201,52 @@ def test_leaky_relu_matches_torch_and_differentiates(torch):
     np.testing.assert_allclose(y, torch.nn.functional.leaky_relu(torch.tensor(x), 0.2).numpy())
     assert gradcheck(lambda t: F.leaky_relu(t, 0.2), [x])
     assert gradgradcheck(lambda t: F.leaky_relu(t, 0.2) * t, [x])
+
+
+# ---- MegEngine's defaults and forms
+@pytest.mark.parametrize("shape, axis", [((5,), 0), ((3, 4), 1), ((2, 3, 4), 0), ((2, 3, 4, 5), 1)])
+def test_softmax_default_axis_is_megengines(shape, axis, rng, h, torch):
+    # MegEngine (and PyTorch's implicit dim): 0 for 0-, 1- and 3-d inputs, else 1
+    x = rng.standard_normal(shape)
+    h.compare(torch, lambda t: F.softmax(t), lambda t: torch.softmax(t, axis), [x], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("axis", [(0, 2), [2, -3], (1,), None])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_logsumexp_over_several_axes(axis, keepdims, rng, h, torch):
+    x = rng.standard_normal((2, 3, 4))
+    taxis = (0, 1, 2) if axis is None else tuple(axis)
+    fn = lambda t: F.logsumexp(t, axis, keepdims)
+    h.compare(torch, fn, lambda t: torch.logsumexp(t, taxis, keepdims), [x], rtol=1e-10, atol=1e-12)
+    h.check_grads(fn, [x])
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsoftmax"])
+def test_softmax_family_over_several_axes(name, rng, h, torch):
+    x = rng.standard_normal((2, 3, 4))
+    ref = lambda t: torch.log_softmax(t.reshape(2, 12), 1).reshape(2, 3, 4)
+    tfn = (lambda t: torch.exp(ref(t))) if name == "softmax" else ref
+    fn = lambda t: getattr(F, name)(t, [1, 2])
+    h.compare(torch, fn, tfn, [x], rtol=1e-10, atol=1e-12)
+    h.check_grads(fn, [x])
+    assert F.nn.logsoftmax is F.logsoftmax
+
+
+def test_logsumexp_of_infinities_is_infinite(h, torch):
+    # max is shifted by 0 where it is infinite: no inf - inf (PyTorch's values)
+    x = np.array([[0.0, -np.inf, 1.0], [np.inf, 0.0, 1.0]])
+    for fn, tfn in [(lambda t: F.logsumexp(t, 1), lambda t: torch.logsumexp(t, 1)),
+                    (lambda t: F.logsumexp(t, (0, 1), True), lambda t: torch.logsumexp(t, (0, 1), True))]:
+        h.assert_close(fn(gradcore.Tensor(x)).numpy(), tfn(torch.tensor(x)).numpy())
+    with np.errstate(divide="ignore"):      # log(0): the sum over a row of -inf
+        y = F.logsumexp(gradcore.Tensor(np.full((2, 3), -np.inf)), 1).numpy()
+    np.testing.assert_array_equal(y, [-np.inf, -np.inf])
+    # finite entries next to a -inf still get softmax's gradient
+    h.compare(torch, lambda t: F.logsumexp(t, 1), lambda t: torch.logsumexp(t, 1), [x[:1]])
+
+
+def test_cross_entropy_label_rank_is_checked(h):
+    pred = gradcore.Tensor(np.zeros((4, 3)))
+    with pytest.raises(ValueError) as ei:
+        F.cross_entropy(pred, gradcore.Tensor(np.zeros((4, 1), np.int32)))
+    h.check_error(ei, "cross_entropy", "(4, 3)", "(4, 1)")
