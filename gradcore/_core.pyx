@@ -255,10 +255,13 @@ cdef class Tensor:
         return bool(self._data)
 
     def __float__(self):
-        return float(self._data)
+        return float(self.item())
 
     def __int__(self):
-        return int(self._data)
+        return int(self.item())
+
+    def __round__(self, ndigits=None):
+        return _h_getattr("round")(self, ndigits)
 
     def __index__(self):
         return self._data.__index__()
@@ -293,10 +296,14 @@ cdef class Tensor:
     def __neg__(self): return _unary("neg", self)
     def __pos__(self): return self
     def __abs__(self): return _unary("abs", self)
-    def __invert__(self): return _unary("logical_not", self)
-    def __and__(self, other): return _binary("logical_and", self, other)
-    def __or__(self, other): return _binary("logical_or", self, other)
-    def __xor__(self, other): return _binary("logical_xor", self, other)
+    # & | ^ ~ are logical on bool tensors; other dtypes are refused (not cast)
+    def __invert__(self): return _h_getattr("logical")("not", self)
+    def __and__(self, other): return _h_getattr("logical")("and", self, other)
+    def __rand__(self, other): return _h_getattr("logical")("and", other, self)
+    def __or__(self, other): return _h_getattr("logical")("or", self, other)
+    def __ror__(self, other): return _h_getattr("logical")("or", other, self)
+    def __xor__(self, other): return _h_getattr("logical")("xor", self, other)
+    def __rxor__(self, other): return _h_getattr("logical")("xor", other, self)
 
     def __richcmp__(self, other, int op):
         name = ("lt", "le", "eq", "ne", "gt", "ge")[op]
@@ -309,9 +316,19 @@ cdef class Tensor:
     def __itruediv__(self, other): return self._inplace(_binary("div", self, other))
     def __ipow__(self, other): return self._inplace(_binary("pow", self, other))
     def __imatmul__(self, other): return self._inplace(_h_getattr("matmul")(self, other))
+    def __ifloordiv__(self, other): return self._inplace(_binary("floor_div", self, other))
+    def __imod__(self, other): return self._inplace(_binary("mod", self, other))
+    def __iand__(self, other): return self._inplace(self & other)
+    def __ior__(self, other): return self._inplace(self | other)
+    def __ixor__(self, other): return self._inplace(self ^ other)
 
     def _inplace(self, Tensor result):
         if result._data.dtype != self._data.dtype:
+            # NumPy's rule for in-place ufuncs: int += 1.5 is an error, not a truncation
+            if not np.can_cast(result._data.dtype, self._data.dtype, casting="same_kind"):
+                raise TypeError(f"in-place op: cannot store a {result._data.dtype} result in a "
+                                f"{self._data.dtype} tensor of shape {self._data.shape}; "
+                                f"use x = x <op> y, or astype first")
             result = _h_getattr("astype")(result, self._data.dtype)
         if result._data.shape != self._data.shape:
             raise ValueError(f"in-place op: result shape {result._data.shape} does not match "
@@ -1197,6 +1214,19 @@ cdef inline object _io(tuple args, tuple outs, object out0, Py_ssize_t idx):
     return out0 if outs is None else outs[idx - n]
 
 
+cdef Tensor _alias(Tensor t):
+    # what a second-order backward saves: the value and its history as they
+    # are now, in a tensor of its own, since an in-place op later rebinds the
+    # user's tensor object (Tensor._reset) and must not change what was saved
+    cdef Tensor a = Tensor.__new__(Tensor)
+    a._data = t._data
+    a._device = t._device
+    a._version = t._version
+    a._slot = t._slot
+    a._more_slots = None if t._more_slots is None else list(t._more_slots)
+    return a
+
+
 cdef object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint as_tensors):
     cdef Py_ssize_t n = len(args)
     cdef tuple index = cb.save_index
@@ -1207,14 +1237,13 @@ cdef object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint
     if cb.one_saved and pre is None:
         idx = <Py_ssize_t>index[0]
         v = _io(args, outs, out0, idx)
-        return v if as_tensors else (<Tensor>v)._data
+        return _alias(<Tensor>v) if as_tensors else (<Tensor>v)._data
     if pre is None:
         res = PyTuple_New(ns)
         for k in range(ns):
             idx = <Py_ssize_t>index[k]
             v = _io(args, outs, out0, idx)
-            if not as_tensors:
-                v = (<Tensor>v)._data
+            v = _alias(<Tensor>v) if as_tensors else (<Tensor>v)._data
             Py_INCREF(v)
             PyTuple_SET_ITEM(res, k, v)
         return res
@@ -1222,7 +1251,7 @@ cdef object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint
     for k in range(ns):
         idx = <Py_ssize_t>index[k]
         v = _io(args, outs, out0, idx)
-        vals.append(v if as_tensors else (<Tensor>v)._data)
+        vals.append(_alias(<Tensor>v) if as_tensors else (<Tensor>v)._data)
     # the precomp part: what is read only for its shape is kept as a carrier
     for k in range(len(pre)):
         idx = <Py_ssize_t>pre[k]

@@ -247,6 +247,31 @@ def setitem(self, index, value):
     return _F().setitem(self, index, value)
 
 
+def logical(kind, x, y=None):
+    """``& | ^ ~`` on tensors: logical on bool tensors, as MegEngine defines
+    them; for any other dtype a TypeError (no silent cast to bool)."""
+    F = _F()
+    args = (x,) if kind == "not" else (x, y)
+    for a in args:
+        dtype = a.dtype if isinstance(a, Tensor) else np.result_type(a)
+        if dtype != np.bool_:
+            sym = {"not": "~", "and": "&", "or": "|", "xor": "^"}[kind]
+            shapes = " and ".join(str(tuple(np.shape(a))) for a in args)
+            raise TypeError(f"logical_{kind} ({sym}): operands must be bool tensors, got {dtype} "
+                            f"(shapes {shapes}); compare first, e.g. (x > 0) {sym} (y > 0)")
+    return getattr(F, f"logical_{kind}")(*args)
+
+
+def round_(self, ndigits=None):
+    """``round(t)``: the tensor rounded half to even, elementwise (F.round);
+    ``round(t, n)`` to n decimals."""
+    F = _F()
+    if not ndigits:
+        return F.round(self)
+    scale = 10.0 ** ndigits
+    return F.round(self * scale) / scale
+
+
 def _reduce_op(mode, axis, keepdims):
     from .functional import _Reduce
     return _Reduce(mode, axis, keepdims)
@@ -260,6 +285,8 @@ _HOOK_FNS = {
                                           "min", "prod", "to")},
     "getitem": getitem,
     "setitem": setitem,
+    "logical": logical,
+    "round": round_,
     "matmul": lambda a, b: _F().matmul(a, b),
     "astype": astype,
     "_to_array": to_array,

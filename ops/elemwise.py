@@ -40,8 +40,9 @@ TABLE = [
     Row("sub",      "np.subtract(x, y)",      "x - y",              ("g", "-g")),
     Row("mul",      "np.multiply(x, y)",      "x * y",              ("g * y", "g * x")),
     Row("div",      "np.true_divide(x, y)",   "x / y",              ("g / y", "-(g * out) / y"), (0.5, 2.0)),
-    # d/dy at x = 0 is taken as 0 (PyTorch's choice; out * log(x) would be 0 * -inf)
-    Row("pow",      "np.power(x, y)",         "gc_pow(x, y)",       ("g * y * x ** (y - 1)",
+    # at x = 0 PyTorch's choices: d/dx is 0 where y = 0 (0 * 0 ** -1 would be NaN),
+    # d/dy is 0 (out * log(x) would be 0 * -inf)
+    Row("pow",      "np.power(x, y)",         "gc_pow(x, y)",       ("where(eq(y, 0), 0, g * y * x ** (y - 1))",
                                                                      "g * out * log(where(eq(x, 0), 1, x))"), (0.5, 2.0)),
     Row("maximum",  "np.maximum(x, y)",       "gc_max(x, y)",       ("where(x > y, g, where(eq(x, y), g * 0.5, 0))",
                                                                       "where(y > x, g, where(eq(x, y), g * 0.5, 0))")),

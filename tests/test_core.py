@@ -426,3 +426,96 @@ def test_wrongly_shaped_gradient_from_a_plugin_vjp_is_caught_at_the_leaf():
     with gm:                                  # still usable
         gm.backward((x * 2).sum())
     np.testing.assert_allclose(x.grad.numpy(), [2.0, 2.0, 2.0])
+
+
+# ---------------------------------------------------------------- operators and in-place ops
+def test_in_place_ops_under_two_managers_keep_saved_values(torch):
+    # with two keys recording, saved values are tensors (for second order);
+    # an in-place op rebinding the user's tensor must not change them
+    def run(body):
+        x = gc.Tensor([1., 2., 3.], dtype="float64")
+        g1, g2 = GradManager().attach([x]), GradManager().attach([x])
+        with g2:
+            with g1:
+                g1.backward(body(x).sum())
+        return x.grad.numpy()
+
+    def inplace_mul(x):
+        y = x * 2.0
+        y *= x
+        return y
+
+    def setitem_after_use(x):
+        y = x * 2.0
+        z = y * y
+        y[0] = 10.0
+        return z
+
+    for body in (inplace_mul, setitem_after_use):
+        t = torch.tensor([1., 2., 3.], dtype=torch.float64, requires_grad=True)
+        tx = t.clone()
+        if body is inplace_mul:
+            ty = tx * 2.0
+            ty = ty * tx
+        else:
+            ty = (tx * 2.0) ** 2
+        ty.sum().backward()
+        np.testing.assert_allclose(run(body), t.grad.numpy())
+
+
+def test_bitwise_operators_are_logical_on_bool_and_refuse_other_dtypes():
+    a = gc.Tensor([True, False, True])
+    b = gc.Tensor([True, True, False])
+    assert (a & b).numpy().tolist() == [True, False, False]
+    assert (a | b).numpy().tolist() == [True, True, True]
+    assert (a ^ b).numpy().tolist() == [False, True, True]
+    assert (~a).numpy().tolist() == [False, True, False]
+    assert (True & a).numpy().tolist() == [True, False, True]
+    assert (False | a).numpy().tolist() == [True, False, True]
+    c = gc.Tensor([True, False, True])
+    c &= b
+    assert c.numpy().tolist() == [True, False, False]
+    for bad in (lambda: gc.Tensor([1, 2]) & gc.Tensor([2, 2]), lambda: gc.Tensor([1.0]) | a,
+                lambda: ~gc.Tensor([1.0, 2.0]), lambda: a ^ 1):
+        with pytest.raises(TypeError, match=r"logical_\w+ .*bool.*shapes"):
+            bad()
+
+
+def test_in_place_ops_follow_numpys_casting_rule():
+    x = gc.Tensor([1, 2, 3])
+    with pytest.raises(TypeError, match=r"in-place op: cannot store a float64 result in a int32 tensor"):
+        x += 1.5
+    with pytest.raises(TypeError, match="in-place"):
+        x /= 2
+    assert x.numpy().tolist() == [1, 2, 3]       # untouched by the refused ops
+    f = gc.Tensor([1.0, 2.0])
+    f += np.float64(0.5)                         # same kind: cast back, as NumPy does
+    assert f.dtype == np.float32 and f.numpy().tolist() == [1.5, 2.5]
+
+
+def test_floor_div_and_mod_in_place_change_the_tensor_itself():
+    x = gc.Tensor([7, 8, 9])
+    alias = x
+    alias //= 2
+    assert x.numpy().tolist() == [3, 4, 4]
+    alias %= 3
+    assert x.numpy().tolist() == [0, 1, 1]
+    y = gc.Tensor([7.5, -1.0])
+    gm = GradManager().attach([y])
+    with gm:
+        z = y * 1.0
+        z %= 2.0
+        gm.backward(z.sum())
+    assert z.numpy().tolist() == [1.5, 1.0] and y.grad.numpy().tolist() == [1.0, 1.0]
+
+
+def test_python_number_conversions_of_one_element_tensors():
+    assert float(gc.Tensor([2])) == 2.0 and isinstance(float(gc.Tensor([2])), float)
+    assert int(gc.Tensor([[3.7]])) == 3
+    assert int(gc.Tensor(5)) == 5
+    with pytest.raises(ValueError, match=r"item\(\) needs a tensor with one element, got shape \(2,\)"):
+        float(gc.Tensor([1.0, 2.0]))
+    r = round(gc.Tensor([1.26, 2.5, -0.5]))
+    assert isinstance(r, gc.Tensor) and r.numpy().tolist() == [1.0, 2.0, -0.0]
+    np.testing.assert_allclose(round(gc.Tensor([1.26, 3.14159]), 2).numpy(), [1.26, 3.14], rtol=1e-6)
+    assert [0, 1, 2][gc.Tensor(1)] == 1          # 0-d int tensors index Python sequences
