@@ -453,7 +453,9 @@ cdef class OpFunction:
         self.__qualname__ = self.__name__
         self.__doc__ = doc
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:      # MegEngine's names: F.pow(x=a, y=b)
+            args = _h_getattr("bind_op_args")(self, args, kwargs)
         return _apply1(self.op, args)
 
     def __repr__(self):

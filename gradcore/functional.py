@@ -264,7 +264,24 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
 
         >>> F.indexing_one_hot(logits, labels)     # (N, C), (N,) -> (N,)
     """
-    return _apply(_IndexingOneHot(int(axis), bool(keepdims)), _t(src), _on(index, src))[0]
+    index = _int_labels(_on(index, src), "indexing_one_hot", "index")
+    return _apply(_IndexingOneHot(int(axis), bool(keepdims)), _t(src), index)[0]
+
+
+def _int_labels(label, name: str, what: str):
+    """Integer class indices; float ones holding whole numbers are cast to
+    int32, as MegEngine does (its own examples pass float labels)."""
+    kind = label.dtype.kind
+    if kind in "iu":
+        return label
+    if kind != "f":
+        raise TypeError(f"{name}: {what} must be an integer tensor, got {label.dtype} of shape {label.shape}")
+    if isinstance(label, Tensor):
+        values = label.numpy()
+        if not np.all(np.isfinite(values) & (values == np.round(values))):
+            raise TypeError(f"{name}: {what} must hold whole class indices, got {label.dtype} values "
+                            f"that are not integers (shape {label.shape})")
+    return astype(label, np.int32)
 
 
 # ---- split, stack, gather, scatter, sort, topk
@@ -460,8 +477,7 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
     """
     pred = _t(pred)
     label = _on(label, pred)
-    if label.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: label must be an integer tensor, got {label.dtype}")
+    label = _int_labels(label, "cross_entropy", "label")
     if label.ndim != pred.ndim - 1:
         raise ValueError(f"cross_entropy: label must have one dimension less than pred, "
                          f"got shapes {pred.shape} and {label.shape}")

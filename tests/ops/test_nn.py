@@ -127,13 +127,26 @@ def test_cross_entropy_with_probabilities(rng, h, torch):
 
 def test_cross_entropy_bad_arguments(h):
     pred = gradcore.Tensor(np.zeros((4, 3)))
-    with pytest.raises(TypeError, match="cross_entropy"):
-        F.cross_entropy(pred, gradcore.Tensor(np.zeros(4)))
+    with pytest.raises(TypeError, match="cross_entropy: label must hold whole class indices"):
+        F.cross_entropy(pred, gradcore.Tensor([0.0, 1.5, 2.0, 0.0]))
+    with pytest.raises(TypeError, match="cross_entropy: label must be an integer tensor, got bool"):
+        F.cross_entropy(pred, gradcore.Tensor(np.zeros(4, bool)))
     with pytest.raises(ValueError, match="reduction"):
         F.cross_entropy(pred, gradcore.Tensor(np.zeros(4, np.int32)), reduction="avg")
     with pytest.raises(ValueError) as ei:
         F.cross_entropy(pred, gradcore.Tensor(np.zeros(3, np.int32)))
     h.check_error(ei, "IndexingOneHot", "(4, 3)", "(3,)")
+
+
+def test_float_labels_holding_class_indices_are_accepted(rng, torch):
+    # MegEngine casts float labels to int32 (its documentation passes float ones)
+    logits = rng.standard_normal((4, 3))
+    labels = np.array([0, 2, 1, 2])
+    expect = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(labels)).item()
+    got = F.cross_entropy(gradcore.Tensor(logits), gradcore.Tensor(labels.astype(np.float32))).item()
+    assert got == pytest.approx(expect, rel=1e-12)
+    picked = F.indexing_one_hot(gradcore.Tensor(logits), gradcore.Tensor(labels.astype(np.float64)))
+    np.testing.assert_array_equal(picked.numpy(), logits[np.arange(4), labels])
 
 
 # ---- linear
