@@ -1004,14 +1004,16 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
     # choose the gradient path, in the SPEC's order
     if _has_own_rule(op):
         path = 1
-        outs, backward, single = _run_own_rule(op, args, device)
+        # the rule's backward closes over its inputs: give it tensors of its
+        # own, which a later in-place op on the caller's cannot rebind
+        outs, backward, single = _run_own_rule(op, _aliases(args), device)
     else:
         rule = _grad_rules.get(type(op)) if _grad_rules else None
         if rule is not None:
             global _no_record
             _no_record += 1
             try:
-                res = rule(op, *args)
+                res = rule(op, *_aliases(args))
             except GradRuleFallback:
                 res = None
             finally:
@@ -1057,6 +1059,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
     # several keys: save Tensors so that older keys can differentiate the backward
     cdef bint save_tensors = nk > 1
     cdef bint as_tensors
+    cdef list save_later = None
 
     for i in range(nk):
         key = <GradKey>keys if one_key else <GradKey>(<list>keys)[i]
@@ -1074,17 +1077,30 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
             node.backward = cb
             _set_dests(node, args, key, cb.input_has_grad)
             as_tensors = save_tensors and _older_key_in(keys, key)
-            node.saved = _save(cb, args, outs, out0, as_tensors)
+            if as_tensors:
+                # saved once every key's output slots exist: the saved
+                # outputs must carry the history older keys differentiate
+                if save_later is None:
+                    save_later = []
+                save_later.append(node)
+            else:
+                node.saved = _save(cb, args, outs, out0, False)
             node.saved_tensors = as_tensors
             if cb.saves_inputs:
                 node.versions = _versions_of(cb, args)
         else:
             node.backward = backward
             _set_dests(node, args, key, None)
+            # the rule may have kept any input (as its own alias): a
+            # Parameter written in place before backward is caught
+            node.versions = _param_versions(args)
         _make_slots(node, outs, out0, key)
         _seq += 1
         node.seq = _seq
         key.tape.append(node)
+    if save_later is not None:
+        for node in save_later:
+            node.saved = _save(<CompiledBackward>node.backward, args, outs, out0, True)
     if outs is None:
         return out0 if one else (out0,)
     return outs[0] if one else outs
@@ -1199,6 +1215,16 @@ cdef list _versions_of(CompiledBackward cb, tuple args):
     return res
 
 
+cdef list _param_versions(tuple args):
+    cdef list res = None
+    for a in args:
+        if type(a) is not Tensor:
+            if res is None:
+                res = []
+            res.append((a, (<Tensor>a)._version))
+    return res
+
+
 cdef void _check_versions(GradFn node) except *:
     for t, v in node.versions:
         if (<Tensor>t)._version != v:
@@ -1227,6 +1253,10 @@ cdef Tensor _alias(Tensor t):
     a._slot = t._slot
     a._more_slots = None if t._more_slots is None else list(t._more_slots)
     return a
+
+
+cdef tuple _aliases(tuple args):
+    return tuple([_alias(<Tensor>a) for a in args])
 
 
 cdef object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint as_tensors):
@@ -1461,6 +1491,8 @@ cdef object _run_node(GradFn node, object grads, bint tensor_mode):
             return _run_prog(cb, saved, grads)
         return cb.run_raw(saved, grads)
     # user backward: Tensors in, Tensors out
+    if node.versions is not None:
+        _check_versions(node)
     if one:
         grads = (grads,)
     if not tensor_mode:

@@ -39,6 +39,11 @@ class _AttachSpec:
         self.on_grad = None       # the Grad callback, made once per spec
 
 
+class AttachDtypeError(TypeError, AssertionError):
+    """Attaching a tensor that cannot have a gradient (an integer or bool
+    one). An AssertionError too, which is what MegEngine raises."""
+
+
 class GradManager:
     """Records operations on attached tensors and computes their gradients.
 
@@ -73,9 +78,14 @@ class GradManager:
             callbacks = list(callbacks)
         if isinstance(tensors, Tensor):
             tensors = [tensors]
+        tensors = list(tensors)
         for t in tensors:
             if not isinstance(t, Tensor):
                 raise TypeError(f"GradManager.attach: expected Tensors, got {type(t).__name__}")
+            if t.dtype.kind not in "fc":
+                raise AttachDtypeError(f"GradManager.attach: only tensors of floating point dtype can be "
+                                       f"attached, got {t.dtype} of shape {t.shape}")
+        for t in tensors:
             spec = self._attach_specs.get(id(t))
             new = spec is None
             if new:
@@ -118,6 +128,10 @@ class GradManager:
             # captures the spec's parts, not the spec: no reference cycle
             def on_grad(grad, tref=spec.tensor, callbacks=spec.callbacks, key=key):
                 t = tref()
+                if t is not None and grad.dtype != t.dtype:
+                    # a float32 tensor used with float64 ones gets a float32
+                    # gradient (torch; MegEngine casts before such ops)
+                    grad = grad.astype(t.dtype)
                 for cb in callbacks:
                     grad = cb(t, grad)
                 gm = selfref()
@@ -211,7 +225,11 @@ class GradManager:
         return ys, dys
 
     def __or__(self, other: "GradManager") -> "GradManagerGroup":
+        if not isinstance(other, (GradManager, GradManagerGroup)):
+            return NotImplemented
         return GradManagerGroup([self, other])
+
+    __ror__ = __or__
 
     def __repr__(self):
         return f"<GradManager attached={len(self._attach_specs)} recording={self._recording}>"
@@ -227,13 +245,25 @@ class GradManagerGroup:
             self._gms.extend(gm._gms if isinstance(gm, GradManagerGroup) else [gm])
 
     def __or__(self, other):
+        if not isinstance(other, (GradManager, GradManagerGroup)):
+            return NotImplemented
         return GradManagerGroup(self._gms + [other])
+
+    __ror__ = __or__
 
     def __enter__(self):
         _core._set_group_priority(True)
+        started = []
         try:
             for gm in self._gms:
                 gm.record()
+                started.append(gm)
+        except BaseException:
+            # `with` does not call __exit__ when __enter__ fails: stop the
+            # managers this group started, or they would record forever
+            for gm in started:
+                gm.release()
+            raise
         finally:
             _core._set_group_priority(False)
         return self
@@ -241,6 +271,85 @@ class GradManagerGroup:
     def __exit__(self, *exc):
         for gm in self._gms:
             gm.release()
+
+
+def _nested_recording() -> bool:
+    """Whether managers of different ages record now (higher order). Then a
+    Function's forward runs with recording on, so that the older managers
+    see its ops (as in MegEngine) and what it computed, which the backward
+    may read, has a history they can differentiate."""
+    keys = _core._recording_keys()
+    if len(keys) < 2:
+        return False
+    state = _core._debug_state()
+    if state["no_record"] != 1:
+        # not inside the core's own-rule call for this op
+        return False
+    below = state["visible_below"]
+    return len({k.priority for k in keys if k.recording and k.priority < below}) > 1
+
+
+def _snapshot(t: Tensor) -> Tensor:
+    """Another Tensor object with ``t``'s value and history."""
+    s = Tensor.__new__(Tensor)
+    s._reset(t)
+    return s
+
+
+class _Call:
+    """What one call of a Function keeps for its backward: its own saved
+    tensors (an instance may be called more than once), their versions, and
+    which of them are the call's outputs."""
+    __slots__ = ("fn", "saved", "versions", "output_index", "outputs", "__weakref__")
+
+    def __init__(self, fn, args, raw_outputs):
+        # args: what the forward got (the core's aliases of the caller's inputs)
+        self.fn = fn
+        self.outputs = None
+        self.output_index = None
+        saved = fn.saved_tensors
+        if not saved:
+            self.saved = ()
+            self.versions = None
+            return
+        versions = []
+        kept = []
+        for k, t in enumerate(saved):
+            if isinstance(t, Tensor):
+                if not any(t is a for a in args):     # inputs: versions checked by the core
+                    versions.append((t, t._version))
+                    # a saved output: the backward gets the output as returned
+                    # to the caller, which carries its history (as in torch,
+                    # for higher order)
+                    for j, o in enumerate(raw_outputs):
+                        if t is o:
+                            if self.output_index is None:
+                                self.output_index = {}
+                            self.output_index[k] = j
+                            break
+                    # `t += 1` or `t[i] = v` rebinds the tensor object: keep the value saved
+                    t = _snapshot(t)
+            kept.append(t)
+        self.saved = tuple(kept)
+        self.versions = versions
+
+    def backward(self, *output_grads):
+        fn = self.fn
+        for t, v in self.versions or ():
+            if t._version != v:
+                raise RuntimeError(
+                    f"{fn._name()}: a tensor of shape {t.shape} that it saved for backward was "
+                    f"modified in place afterwards (version {v} -> {t._version}, e.g. by an "
+                    f"optimizer step); run backward before modifying it")
+        saved = self.saved
+        if self.output_index is not None and self.outputs is not None:
+            saved = tuple(self.outputs[self.output_index[k]] if k in self.output_index else t
+                          for k, t in enumerate(saved))
+        fn.saved_tensors = saved
+        res = fn.backward(*output_grads)
+        if isinstance(res, Tensor) or res is None:
+            res = (res,)
+        return res
 
 
 class Function:
@@ -277,15 +386,32 @@ class Function:
         return type(self).__name__
 
     def _grad_rule(self, *args):
-        ret = self.forward(*args)
-        self._single_output = isinstance(ret, Tensor)
-        return ret, self._backward
-
-    def _backward(self, *output_grads):
-        res = self.backward(*output_grads)
-        if isinstance(res, Tensor) or res is None:
-            res = (res,)
-        return res
+        # the core runs this with recording off; under nested managers the
+        # older ones record the forward's ops (see _nested_recording)
+        lift = _nested_recording()
+        # while recording, the core hands the forward its own Tensor objects
+        # (same value and history): `x += 1` after the call rebinds the
+        # caller's x, not what the forward kept for the backward (in
+        # saved_tensors or in attributes); a Parameter written in place
+        # before backward is caught by the core's version check
+        if lift:
+            _core._no_record_exit()
+        try:
+            ret = self.forward(*args)
+        finally:
+            if lift:
+                _core._no_record_enter()
+        single = isinstance(ret, Tensor)
+        self._single_output = single
+        raw = (ret,) if single else tuple(ret) if isinstance(ret, (tuple, list)) else ()
+        call = _Call(self, args, raw)
+        if call.output_index is not None:
+            # __call__ hands the returned outputs over; a weak reference, so
+            # that an instance and its calls form no cycle
+            self._last_call = weakref.ref(call)
+        elif "_last_call" in self.__dict__:
+            del self._last_call      # left by a call that did not come through __call__
+        return ret, call.backward
 
     def __call__(self, *args):
         for a in args:
@@ -293,4 +419,8 @@ class Function:
                 raise TypeError(f"op {type(self).__name__} expects Tensor inputs, got "
                                 f"{type(a).__name__}")
         outs = _core.apply(self, *args)
+        if "_last_call" in self.__dict__:
+            call = self.__dict__.pop("_last_call")()
+            if call is not None:
+                call.outputs = tuple(_snapshot(o) for o in outs)
         return outs[0] if getattr(self, "_single_output", True) and len(outs) == 1 else outs

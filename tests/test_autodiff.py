@@ -394,3 +394,166 @@ def test_grad_without_with_block():
     grad(y, gc.tensor(np.ones_like(x_np)))
     np.testing.assert_almost_equal(x.grad.numpy(), 4 * x_np ** 3, decimal=5)
     assert _core._debug_state()["recording"] == 0
+
+
+def test_group_that_fails_to_enter_releases_its_managers():
+    gm, busy = GradManager(), GradManager()
+    busy.record()
+    with pytest.raises(RuntimeError, match="already recording"):
+        with gm | busy:
+            pass
+    busy.release()
+    assert not gm.recording and _core._debug_state()["recording"] == 0
+
+
+def test_or_with_something_else_is_a_type_error():
+    with pytest.raises(TypeError):
+        GradManager() | 3
+    with pytest.raises(TypeError):
+        (GradManager() | GradManager()) | "x"
+
+
+def test_float32_tensor_used_with_float64_gets_float32_grad():
+    x = gc.tensor([1.0, 2.0], dtype="float32")
+    seen = []
+    gm = GradManager().attach(x, callbacks=lambda t, g: seen.append(g.dtype) or g)
+    with gm:
+        gm.backward((x * gc.tensor([3.0, 4.0], dtype="float64")).sum())
+    assert seen == [np.float32] and x.grad.dtype == np.float32
+    np.testing.assert_allclose(x.grad.numpy(), [3.0, 4.0])
+
+
+class _Square(Function):
+    def forward(self, x):
+        self.save_for_backward(x)
+        return x * x
+
+    def backward(self, dy):
+        (x,) = self.saved_tensors
+        return 2 * x * dy
+
+
+def test_function_instance_reused_keeps_each_calls_saved_tensors():
+    x = gc.tensor([0.5, 1.5], dtype="float64")
+    f = _Square()
+    gm = GradManager().attach(x)
+    with gm:
+        gm.backward(f(f(x)).sum())
+    np.testing.assert_allclose(x.grad.numpy(), 4 * x.numpy() ** 3)
+
+
+def test_function_saved_tensor_written_in_place_raises():
+    w = gc.Parameter(np.array([1.0, 2.0]))
+    gm = GradManager().attach(w)
+    gm.record()
+    y = _Square()(w).sum()
+    w._data -= 0.5              # what an optimizer step does
+    _core._bump_version(w)
+    with pytest.raises(RuntimeError, match="_Square.*modified in place"):
+        gm.backward(y)
+    assert not gm.recording
+    with gm:
+        gm.backward((w * 2).sum())
+    np.testing.assert_allclose(w.grad.numpy(), [2.0, 2.0])
+
+
+def test_function_saved_tensor_rebound_keeps_saved_value():
+    x = gc.tensor([1.0, 2.0], dtype="float64")
+    gm = GradManager().attach(x)
+    with gm:
+        h = x * 1
+        y = _Square()(h).sum()
+        h += 10                 # rebinds h: the saved value stays the one used
+        gm.backward(y)
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])
+
+
+def test_function_second_order_through_saved_output():
+    # the forward is not made of gradcore ops: the saved output's history
+    # (the Function itself) carries the second order, as in torch
+    class NpTanh(Function):
+        def forward(self, x):
+            y = gc.Tensor(np.tanh(x.numpy()))
+            self.save_for_backward(y)
+            return y
+
+        def backward(self, dy):
+            (y,) = self.saved_tensors
+            return dy * (1 - y * y)
+
+    xv = np.array([0.3, -0.8, 1.1])
+    x = gc.tensor(xv)
+    gm, gm2 = GradManager().attach(x), GradManager().attach(x)
+    with gm:
+        with gm2:
+            gm2.backward(NpTanh()(x).sum())
+        d1 = x.grad
+        x.grad = None
+        gm.backward((d1 * d1).sum())
+    t = np.tanh(xv)
+    np.testing.assert_allclose(d1.numpy(), 1 - t * t)
+    np.testing.assert_allclose(x.grad.numpy(), -4 * t * (1 - t * t) ** 2)
+
+
+def test_function_second_order_through_forward_attribute():
+    # MegEngine's Sigmoid example keeps the forward's result in an attribute:
+    # the older manager records the forward's ops, so that value has a history
+    class Sigmoid(Function):
+        def forward(self, x):
+            y = 1 / (1 + F.exp(-x))
+            self.y = y
+            return y
+
+        def backward(self, dy):
+            y = self.y
+            return dy * y * (1 - y)
+
+    xv = np.array([0.5, -1.0])
+    x = gc.tensor(xv)
+    gm, gm2 = GradManager().attach(x), GradManager().attach(x)
+    with gm:
+        with gm2:
+            gm2.backward(Sigmoid()(x).sum())
+        d1 = x.grad
+        x.grad = None
+        gm.backward(d1.sum())
+    s = 1 / (1 + np.exp(-xv))
+    np.testing.assert_allclose(d1.numpy(), s * (1 - s))
+    np.testing.assert_allclose(x.grad.numpy(), s * (1 - s) * (1 - 2 * s))
+    assert _core._debug_state()["no_record"] == 0
+
+
+def test_gradcheck_checks_float32_inputs_in_float64():
+    from gradcore.testing import GradcheckError, gradcheck, gradgradcheck
+    x = gc.tensor([0.2, 0.7, 1.3])          # float32, gradcore.tensor's default
+    assert gradcheck(F.tanh, [x]) and gradgradcheck(lambda v: v * v * v, [x])
+    assert x.dtype == np.float32
+
+    class Wrong(Function):
+        def forward(self, a):
+            return a * a
+
+        def backward(self, dy):
+            return dy * 3
+
+    with pytest.raises(GradcheckError, match="analytic"):
+        gradcheck(lambda a: Wrong()(a), [x])
+
+
+def test_gradient_penalty_through_an_op_that_saves_its_output():
+    # tanh's backward reads its output; the op is recorded by both managers
+    # (x by the inner, w by the outer), so the saved output must carry its
+    # history under the outer one
+    xv, wv = np.array([0.3, -0.7]), np.array([1.5, 0.5])
+    x, w = gc.tensor(xv), gc.tensor(wv)
+    outer, inner = GradManager().attach(w), GradManager().attach(x)
+    with outer:
+        with inner:
+            inner.backward(F.tanh(x * w).sum())
+        gx = x.grad
+        outer.backward((gx * gx).sum())
+    t = np.tanh(xv * wv)
+    np.testing.assert_allclose(gx.numpy(), wv * (1 - t * t))
+    # d/dw sum((w (1 - t^2))^2), t = tanh(x w)
+    d = 2 * wv * (1 - t * t) * ((1 - t * t) - 2 * wv * t * (1 - t * t) * xv)
+    np.testing.assert_allclose(w.grad.numpy(), d)

@@ -519,3 +519,36 @@ def test_python_number_conversions_of_one_element_tensors():
     assert isinstance(r, gc.Tensor) and r.numpy().tolist() == [1.0, 2.0, -0.0]
     np.testing.assert_allclose(round(gc.Tensor([1.26, 3.14159]), 2).numpy(), [1.26, 3.14], rtol=1e-6)
     assert [0, 1, 2][gc.Tensor(1)] == 1          # 0-d int tensors index Python sequences
+
+
+class _CubeWithOwnRule(Op):
+    """Path 1: the backward closes over the input tensor itself."""
+    name = "cube_own_rule"
+
+    def _grad_rule(self, x):
+        def backward(dy):
+            return dy * 3 * x * x
+        return x * x * x, backward
+
+
+def test_own_rule_keeps_its_input_when_the_caller_rebinds_it():
+    x = gc.tensor([1.0, 2.0], dtype="float64")
+    gm = GradManager().attach(x)
+    with gm:
+        h = x * 1
+        y = apply(_CubeWithOwnRule(), h)[0].sum()
+        h += 10                 # rebinds h; the rule's x must stay the value it used
+        gm.backward(y)
+    np.testing.assert_allclose(x.grad.numpy(), [3.0, 12.0])
+
+
+def test_own_rule_with_a_parameter_written_before_backward_raises():
+    w = gc.Parameter(np.array([1.0, 2.0]))
+    gm = GradManager().attach(w)
+    gm.record()
+    y = apply(_CubeWithOwnRule(), w)[0].sum()
+    w._data -= 0.5              # what an optimizer step does
+    _core._bump_version(w)
+    with pytest.raises(RuntimeError, match="cube_own_rule.*modified in place"):
+        gm.backward(y)
+    assert not gm.recording
