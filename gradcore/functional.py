@@ -1044,6 +1044,446 @@ def embedding(inp: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
     return reshape(getitem(w, reshape(idx, (-1,))), idx.shape + (w.shape[1],))
 
 
+# ---- normalisation, padding, adaptive pooling and more of MegEngine's API
+# (composites: gradients of any order and every device come from their ops)
+def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine: bool = True,
+               weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               eps: float = 1e-5) -> Tensor:
+    """Layer normalisation over the last ``len(normalized_shape)`` axes,
+    MegEngine's ``F.nn.layer_norm``: ``(x - mean) / sqrt(var + eps)`` with
+    the biased variance, then ``* weight + bias`` when ``affine`` (both of
+    ``normalized_shape``, or of its size).
+
+    Example::
+
+        >>> x = gc.tensor([[1.0, 2.0, 3.0]])
+        >>> F.nn.layer_norm(x, 3, affine=False).numpy().round(4)
+        array([[-1.2247,  0.    ,  1.2247]], dtype=float32)
+    """
+    x = _t(inp)
+    shape = tuple(_int_arg("layer_norm", "normalized_shape", d, low=1)
+                  for d in _int_tuple("layer_norm", "normalized_shape", normalized_shape))
+    if not shape or len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
+        raise ValueError(f"layer_norm: normalized_shape {shape} must be the trailing dimensions "
+                         f"of inp, got inp shape {x.shape}")
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    d = x - mean(x, axes, True)
+    y = d / sqrt(mean(d * d, axes, True) + eps)  # noqa: F821
+    if not affine:
+        return y
+    return y * _affine_param("layer_norm", "weight", weight, shape, x) + \
+        _affine_param("layer_norm", "bias", bias, shape, x)
+
+
+def _affine_param(name: str, what: str, t, shape: tuple, x: Tensor) -> Tensor:
+    """An affine ``weight``/``bias`` reshaped to ``shape`` (it may come flat),
+    or a clear error: None with ``affine=True``, or the wrong size."""
+    if t is None:
+        raise ValueError(f"{name}: affine=True needs {what} (give affine=False for none)")
+    t = _t(t, x)
+    if t.size != int(np.prod(shape)):
+        raise ValueError(f"{name}: {what} must have shape {shape}, got {t.shape}")
+    return t if t.shape == shape else reshape(t, shape)
+
+
+def group_norm(inp: Tensor, num_groups: int, affine: bool = True, weight: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """Group normalisation of ``inp`` (N, C, ...), MegEngine's
+    ``F.nn.group_norm``: the C channels split into ``num_groups`` groups,
+    each sample's group normalised as in ``layer_norm``, then ``* weight +
+    bias`` per channel (both (C,)) when ``affine``.
+
+    Example::
+
+        >>> x = gc.tensor([[[0.0, 2.0], [4.0, 6.0]]])       # (N, C, L) = (1, 2, 2)
+        >>> F.nn.group_norm(x, 1, affine=False).numpy().round(4)
+        array([[[-1.3416, -0.4472],
+                [ 0.4472,  1.3416]]], dtype=float32)
+    """
+    x = _t(inp)
+    g = _int_arg("group_norm", "num_groups", num_groups, low=1)
+    if x.ndim < 2 or x.shape[1] % g:
+        raise ValueError(f"group_norm: inp must be (N, C, ...) with C divisible by num_groups={g}, "
+                         f"got shape {x.shape}")
+    n, c = x.shape[:2]
+    grouped = reshape(x, (n, g, (c // g) * int(np.prod(x.shape[2:]))))
+    d = grouped - mean(grouped, 2, True)
+    y = reshape(d / sqrt(mean(d * d, 2, True) + eps), x.shape)  # noqa: F821
+    if not affine:
+        return y
+    per_channel = (1, c) + (1,) * (x.ndim - 2)
+    w = reshape(_affine_param("group_norm", "weight", weight, (c,), x), per_channel)
+    b = reshape(_affine_param("group_norm", "bias", bias, (c,), x), per_channel)
+    return y * w + b
+
+
+def _pad_widths(name: str, pad_width, ndim: int) -> list:
+    """MegEngine's ``pad_width``: one (before, after) pair of ints >= 0 per
+    leading axis (the axes after those given are not padded)."""
+    try:
+        pairs = [tuple(p) for p in pad_width]
+    except TypeError:
+        raise TypeError(f"{name}: pad_width must be a sequence of (before, after) pairs, "
+                        f"got {pad_width!r}") from None
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"{name}: pad_width must be a sequence of (before, after) pairs, got {pad_width!r}")
+    if len(pairs) > ndim:
+        raise ValueError(f"{name}: pad_width has {len(pairs)} pairs, more than the {ndim} axes of inp")
+    return [tuple(_int_arg(name, "pad_width", v) for v in p) for p in pairs]
+
+
+def pad(src: Tensor, pad_width: Sequence[Sequence[int]], mode: str = "constant",
+        constant_value: float = 0.0) -> Tensor:
+    """Pad ``src``, MegEngine's ``F.nn.pad``: ``pad_width[i] = (before,
+    after)`` for axis ``i`` (later axes unpadded). ``mode`` is "constant"
+    (``constant_value``), "reflect" (mirrored, edge not repeated, as
+    ``np.pad``'s "reflect") or "replicate" (also "edge": the edge repeated).
+
+    Example::
+
+        >>> F.nn.pad(gc.tensor([[1.0, 2.0, 3.0]]), ((0, 0), (1, 2)), mode="reflect").numpy()
+        array([[2., 1., 2., 3., 2., 1.]], dtype=float32)
+    """
+    x = _t(src)
+    kind = mode.lower() if isinstance(mode, str) else mode
+    kind = "replicate" if kind == "edge" else kind
+    if kind not in ("constant", "reflect", "replicate"):
+        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'edge', got {mode!r}")
+    out = x
+    for axis, (before, after) in enumerate(_pad_widths("pad", pad_width, x.ndim)):
+        if not (before or after):
+            continue
+        n = x.shape[axis]
+        if kind == "constant":
+            head, tail = (Tensor(np.full(out.shape[:axis] + (w,) + out.shape[axis + 1:], constant_value, x.dtype),
+                                 device=x.device) for w in (before, after))
+            out = concat([head, out, tail], axis)
+            continue
+        if n == 0:
+            raise ValueError(f"pad: cannot {kind}-pad axis {axis} of size 0 (inp shape {x.shape})")
+        # the source index of each output position along the axis: reflect
+        # is periodic with period 2(n - 1), as np.pad's
+        idx = np.arange(-before, n + after)
+        if kind == "replicate" or n == 1:
+            idx = np.clip(idx, 0, n - 1)
+        else:
+            idx = np.abs(idx) % (2 * (n - 1))
+            idx = np.where(idx >= n, 2 * (n - 1) - idx, idx)
+        out = getitem(out, (slice(None),) * axis + (idx,))
+    return copy(x) if out is x else out
+
+
+def _oshp(name: str, x: Tensor, oshp) -> tuple:
+    if x.ndim != 4:
+        raise ValueError(f"{name}: inp must be (N, C, H, W), got shape {x.shape}")
+    if isinstance(oshp, Tensor):
+        oshp = [int(v) for v in oshp.numpy().reshape(-1)]
+    o = _int_tuple(name, "oshp", oshp)
+    o = o * 2 if len(o) == 1 else o
+    if len(o) != 2 or not all(1 <= v <= s for v, s in zip(o, x.shape[2:])):
+        raise ValueError(f"{name}: oshp must be an int or (OH, OW), each in [1, input size], "
+                         f"got {oshp!r} for inp shape {x.shape}")
+    return o
+
+
+def _adaptive_window(name: str, x: Tensor, oshp) -> tuple:
+    """MegEngine's adaptive pooling window: stride ``in // out`` and window
+    ``in - (out - 1) * stride`` per axis (the same bins as PyTorch's when
+    ``out`` divides ``in``; otherwise equal windows, overlapping)."""
+    o = _oshp(name, x, oshp)
+    stride = tuple(i // v for i, v in zip(x.shape[2:], o))
+    return tuple(i - (v - 1) * s for i, v, s in zip(x.shape[2:], o, stride)), stride
+
+
+def adaptive_avg_pool2d(inp: Tensor, oshp: Union[int, Sequence[int], Tensor]) -> Tensor:
+    """Average pooling of ``inp`` (N, C, H, W) to ``oshp`` = (OH, OW) (or an
+    int for both), MegEngine's ``F.nn.adaptive_avg_pool2d``: a pooling of
+    stride ``H // OH`` and window ``H - (OH - 1) * stride`` (likewise W).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.nn.adaptive_avg_pool2d(x, 2).numpy()
+        array([[[[ 2.5,  4.5],
+                 [10.5, 12.5]]]], dtype=float32)
+    """
+    x = _t(inp)
+    window, stride = _adaptive_window("adaptive_avg_pool2d", x, oshp)
+    return avg_pool2d(x, window, stride, 0)
+
+
+def adaptive_max_pool2d(inp: Tensor, oshp: Union[int, Sequence[int], Tensor]) -> Tensor:
+    """Max pooling of ``inp`` (N, C, H, W) to ``oshp`` = (OH, OW) (or an int
+    for both), MegEngine's ``F.nn.adaptive_max_pool2d``: windows as in
+    ``adaptive_avg_pool2d``.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.nn.adaptive_max_pool2d(x, (1, 2)).numpy()
+        array([[[[13., 15.]]]], dtype=float32)
+    """
+    x = _t(inp)
+    window, stride = _adaptive_window("adaptive_max_pool2d", x, oshp)
+    return max_pool2d(x, window, stride, 0)
+
+
+def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1, padding: int = 0,
+           dilation: int = 1, groups: int = 1, conv_mode: str = "cross_correlation",
+           compute_mode: str = "default") -> Tensor:
+    """1-D convolution (cross-correlation) of ``inp`` (N, C, L) with
+    ``weight`` (O, C // groups, K) (or grouped, (groups, O // groups, C //
+    groups, K)), MegEngine's ``F.nn.conv1d``: ``conv2d`` on a trailing axis
+    of size 1. ``bias`` broadcasts against (N, O, OL), e.g. (1, O, 1); a
+    (O,) bias is one per channel.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(5, dtype="float32").reshape(1, 1, 5))
+        >>> F.nn.conv1d(x, gc.tensor([[[1.0, -1.0]]])).numpy()
+        array([[[-1., -1., -1., -1.]]], dtype=float32)
+    """
+    x, w = _t(inp), _t(weight)
+    if x.ndim != 3:
+        raise ValueError(f"conv1d: inp must be (N, C, L), got shape {x.shape}")
+    if w.ndim not in (3, 4):
+        raise ValueError(f"conv1d: weight must be (O, C // groups, K) or (groups, O // groups, "
+                         f"C // groups, K), got shape {w.shape}")
+    s, p, d = (_one_int("conv1d", what, v, low) for what, v, low in
+               (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+    out = conv2d(expand_dims(x, -1), expand_dims(w, -1), None, (s, 1), (p, 0), (d, 1), groups,
+                 conv_mode, compute_mode)
+    out = squeeze(out, -1)
+    if bias is None:
+        return out
+    b = _t(bias, out)
+    if b.ndim == 1 and b.shape[0] == out.shape[1]:
+        b = reshape(b, (1, -1, 1))         # one per output channel
+    return out + b
+
+
+def _one_int(name: str, what: str, v, low: int) -> int:
+    """An int, or a sequence holding one int (a 1-d ``stride=(2,)``)."""
+    t = _int_tuple(name, what, v)
+    if len(t) != 1:
+        raise ValueError(f"{name}: {what} must be an int, got {v!r}")
+    return _int_arg(name, what, t[0], low)
+
+
+def pixel_shuffle(inp: Tensor, upscale_factor: int) -> Tensor:
+    """Rearrange (..., C * r * r, H, W) into (..., C, H * r, W * r) for
+    ``r = upscale_factor``, MegEngine's ``F.nn.pixel_shuffle`` (PyTorch's
+    element order).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(4, dtype="float32").reshape(1, 4, 1, 1))
+        >>> F.nn.pixel_shuffle(x, 2).numpy()
+        array([[[[0., 1.],
+                 [2., 3.]]]], dtype=float32)
+    """
+    r = _int_arg("pixel_shuffle", "upscale_factor", upscale_factor, low=1)
+    x = _t(inp)
+    if x.ndim < 3 or x.shape[-3] % (r * r):
+        raise ValueError(f"pixel_shuffle: inp must be (..., C * {r * r}, H, W) for upscale_factor={r}, "
+                         f"got shape {x.shape}")
+    lead, (c, h, w) = x.shape[:-3], x.shape[-3:]
+    y = reshape(x, (int(np.prod(lead)), c // (r * r), r, r, h, w))
+    y = transpose(y, (0, 1, 4, 2, 5, 3))       # (n, c, h, r, w, r)
+    return reshape(y, lead + (c // (r * r), h * r, w * r))
+
+
+_topk = topk     # topk_accuracy's argument ``topk`` hides the function
+
+
+def topk_accuracy(logits: Tensor, target: Tensor,
+                  topk: Union[int, Sequence[int]] = 1) -> Union[Tensor, list]:
+    """Fraction of samples whose ``target`` class is among the ``k`` largest
+    ``logits`` (batch, classes), for each ``k`` in ``topk``: one float32
+    scalar tensor, or a list for several ``k`` (MegEngine's
+    ``F.topk_accuracy``).
+
+    Example::
+
+        >>> logits = gc.tensor([[0.1, 0.7, 0.2], [0.5, 0.3, 0.2]])
+        >>> F.topk_accuracy(logits, gc.tensor([1, 1]), topk=(1, 2))[1].item()
+        1.0
+    """
+    x = _t(logits)
+    ks = _int_tuple("topk_accuracy", "topk", topk)
+    if x.ndim != 2 or not all(1 <= k <= x.shape[1] for k in ks):
+        raise ValueError(f"topk_accuracy: logits must be (batch, classes) and each k in [1, classes], "
+                         f"got shape {x.shape} and topk={topk!r}")
+    label = _int_labels(_on(target, x), "topk_accuracy", "target")
+    if label.shape != x.shape[:1]:
+        raise ValueError(f"topk_accuracy: target must be ({x.shape[0]},), got shape {label.shape}")
+    _, pred = _topk(stop_gradient(x), builtins_max(ks), descending=True)
+    hit = astype(eq(pred, astype(expand_dims(label, 1), pred.dtype)), "float32")  # noqa: F821
+    accs = [sum(hit[:, :k]) / builtins_max(x.shape[0], 1) for k in ks]
+    return accs[0] if len(accs) == 1 else accs
+
+
+# ---- tensor and math functions MegEngine has (composites)
+def argsort(inp: Tensor, descending: bool = False) -> Tensor:
+    """The int32 indices that sort ``inp`` along its last axis (MegEngine's
+    ``F.argsort``, for 1-d and 2-d input; any rank works here).
+
+    Example::
+
+        >>> F.argsort(gc.tensor([3.0, 1.0, 2.0])).numpy()
+        array([1, 2, 0], dtype=int32)
+    """
+    return sort(inp, descending)[1]
+
+
+def diag(inp: Tensor, k: int = 0) -> Tensor:
+    """The ``k``-th diagonal of a 2-d ``inp`` (k > 0 above the main one), or
+    the square 2-d tensor with the 1-d ``inp`` on its ``k``-th diagonal, as
+    ``np.diag``.
+
+    Example::
+
+        >>> F.diag(gc.tensor([1, 2]), k=1).numpy()
+        array([[0, 1, 0],
+               [0, 0, 2],
+               [0, 0, 0]], dtype=int32)
+    """
+    x = _t(inp)
+    k = _int_arg("diag", "k", k, low=None)
+    if x.ndim == 2:
+        rows, cols = np.nonzero(np.eye(x.shape[0], x.shape[1], k, dtype=bool))
+        return getitem(x, (rows, cols))
+    if x.ndim != 1:
+        raise ValueError(f"diag: inp must be 1-d or 2-d, got shape {x.shape}")
+    # each cell picks an element of x, or the zero appended after them
+    n = x.shape[0]
+    i = np.arange(n)
+    index = np.full((n + _builtins.abs(k),) * 2, n)
+    index[i + builtins_max(-k, 0), i + builtins_max(k, 0)] = i
+    return getitem(concat([x, zeros((1,), x.dtype, x.device)]), index)
+
+
+def _pair_of(x, y) -> tuple:
+    """``x`` and ``y`` as tensors (a number takes the other's dtype and
+    device)."""
+    if isinstance(x, Tensor) or hasattr(x, "trace"):
+        return x, _t(y, x)
+    y = _t(y)
+    return _t(x, y), y
+
+
+def _float_pair(name: str, x, y) -> tuple:
+    """``x`` and ``y`` broadcast to one shape and one floating dtype."""
+    x, y = _pair_of(x, y)
+    try:
+        shape = np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        raise ValueError(f"{name}: shapes {x.shape} and {y.shape} do not broadcast") from None
+    dtype = np.result_type(x.dtype, y.dtype)
+    dtype = dtype if dtype.kind == "f" else np.dtype("float32")
+    return broadcast_to(astype(x, dtype), shape), broadcast_to(astype(y, dtype), shape)
+
+
+def logaddexp(x: Tensor, y: Tensor) -> Tensor:
+    """Elementwise ``log(exp(x) + exp(y))``, computed without overflow (a
+    logsumexp over the pair; ``x`` and ``y`` broadcast).
+
+    Example::
+
+        >>> F.logaddexp(gc.tensor([1000.0, -1000.0]), 1000.0).numpy()     # no overflow
+        array([1000.6932, 1000.    ], dtype=float32)
+    """
+    x, y = _float_pair("logaddexp", x, y)
+    return logsumexp(stack([x, y], 0), 0)
+
+
+def atan2(y: Tensor, x: Tensor) -> Tensor:
+    """Elementwise angle of the point (x, y), in [-pi, pi] (``np.arctan2``).
+
+    Example::
+
+        >>> F.atan2(gc.tensor([1.0, 1.0]), gc.tensor([1.0, -1.0])).numpy()
+        array([0.7853982, 2.3561945], dtype=float32)
+    """
+    y, x = _float_pair("atan2", y, x)
+    # atan of the smaller over the larger coordinate: the ratio stays in
+    # [-1, 1] and its gradient, (x dy - y dx) / (x^2 + y^2), is finite
+    # everywhere but the origin
+    wide = ge(abs(x), abs(y))  # noqa: F821
+    safe_x = where(wide & ne(x, 0), x, 1)  # noqa: F821
+    safe_y = where(wide, 1, y)
+    half_pi = np.asarray(np.pi / 2, x.dtype)
+    near_x = atan(y / safe_x) + where(lt(x, 0), where(lt(y, 0), -2 * half_pi, 2 * half_pi), 0)  # noqa: F821
+    near_y = where(lt(y, 0), -half_pi, half_pi) - atan(x / safe_y)  # noqa: F821
+    return where(wide, near_x, near_y)
+
+
+def meshgrid(*inputs: Tensor, indexing: str = "xy") -> list:
+    """Coordinate grids from 1-d tensors, as ``np.meshgrid``: each result has
+    shape (N1, N2, ...) with ``indexing="ij"``; with "xy" (the default) the
+    first two are swapped, (N2, N1, ...).
+
+    Example::
+
+        >>> xv, yv = F.meshgrid(gc.tensor([0.0, 1.0, 2.0]), gc.tensor([5.0, 6.0]))
+        >>> xv.numpy()
+        array([[0., 1., 2.],
+               [0., 1., 2.]], dtype=float32)
+    """
+    if indexing not in ("xy", "ij"):
+        raise ValueError(f"meshgrid: indexing must be 'xy' or 'ij', got {indexing!r}")
+    xs = [_t(v) for v in inputs]
+    for i, v in enumerate(xs):
+        if v.ndim != 1:
+            raise ValueError(f"meshgrid: every input must be 1-d, input {i} has shape {v.shape}")
+    axes = list(range(len(xs)))
+    if indexing == "xy" and len(xs) >= 2:
+        axes[0], axes[1] = 1, 0
+    shape = [0] * len(xs)
+    for v, a in zip(xs, axes):
+        shape[a] = v.shape[0]
+    return [broadcast_to(reshape(v, [shape[a] if j == a else 1 for j in range(len(xs))]), shape)
+            for v, a in zip(xs, axes)]
+
+
+def cond_take(mask: Tensor, x: Tensor) -> tuple:
+    """``(values, indices)``: the elements of ``x`` where the bool ``mask``
+    (of ``x``'s shape) is true, and their int32 indices into the flattened
+    ``x``; both 1-d (MegEngine's ``F.cond_take``).
+
+    Example::
+
+        >>> v, i = F.cond_take(gc.tensor([[True, False], [False, True]]), gc.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        >>> v.numpy(), i.numpy()
+        (array([1., 4.], dtype=float32), array([0, 3], dtype=int32))
+    """
+    x = _t(x)
+    m = _on(mask, x)
+    if not isinstance(m, Tensor):
+        raise TypeError("cond_take: mask must be a concrete tensor (its values decide the result's size)")
+    if m.dtype != np.bool_:
+        raise TypeError(f"cond_take: mask must be a bool tensor, got {m.dtype}")
+    if m.shape != x.shape:
+        raise ValueError(f"cond_take: mask and x must have the same shape, got {m.shape} and {x.shape}")
+    index = np.flatnonzero(m.numpy()).astype(np.int32)
+    return getitem(reshape(x, (-1,)), index), Tensor(index, device=x.device)
+
+
+def swapaxes(inp: Tensor, axis1: int, axis2: int) -> Tensor:
+    """``inp`` with axes ``axis1`` and ``axis2`` interchanged.
+
+    Example::
+
+        >>> F.swapaxes(gc.tensor(np.zeros((2, 3, 4))), 0, 2).shape
+        (4, 3, 2)
+    """
+    x = _t(inp)
+    a, b = _axis_in("swapaxes", axis1, x.ndim), _axis_in("swapaxes", axis2, x.ndim)
+    pattern = list(range(x.ndim))
+    pattern[a], pattern[b] = b, a
+    return transpose(x, pattern)
+
+
 import builtins as _builtins  # noqa: E402
 builtins_max = _builtins.max
 
@@ -1057,5 +1497,11 @@ for _n in ("relu", "sigmoid", "tanh", "log_softmax", "logsoftmax", "logsumexp", 
            "linear", "indexing_one_hot", "leaky_relu", "gelu", "silu", "softplus", "logsigmoid", "conv2d", "max_pool2d", "avg_pool2d", "batch_norm",
            "dropout", "relu6", "hsigmoid", "hswish", "prelu", "one_hot", "embedding", "normalize",
            "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss"):
+    setattr(nn, _n, globals()[_n])
+del _n
+
+# the composites added after the list above
+for _n in ("layer_norm", "group_norm", "pad", "adaptive_avg_pool2d", "adaptive_max_pool2d", "conv1d",
+           "pixel_shuffle", "topk_accuracy"):
     setattr(nn, _n, globals()[_n])
 del _n

@@ -1,4 +1,9 @@
-"""gradcore.module (``M``): Module, Linear, Conv2d, BatchNorm2d, ReLU, Sequential, ...
+"""gradcore.module (``M``): MegEngine's layers.
+
+Module, Sequential, Identity, Linear, Conv1d, Conv2d, MaxPool2d, AvgPool2d,
+AdaptiveMaxPool2d, AdaptiveAvgPool2d, Flatten, BatchNorm1d, BatchNorm2d,
+LayerNorm, GroupNorm, InstanceNorm, Dropout, Embedding, and the activations
+ReLU, Sigmoid, SiLU, GELU, LeakyReLU, PReLU, Softmax.
 
 Example::
 
@@ -328,12 +333,15 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-class ReLU(Module):
-    def forward(self, x):
-        return F.relu(x)
-
-
 class Identity(Module):
+    """Returns its input unchanged (a placeholder layer).
+
+    Example::
+
+        >>> M.Identity()(x) is x
+        True
+    """
+
     def forward(self, x):
         return x
 
@@ -465,6 +473,88 @@ class Conv2d(Module):
         return s
 
 
+def _single(v, what: str, allow_zero: bool = True) -> int:
+    value = v[0] if isinstance(v, (tuple, list)) and len(v) == 1 else v
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"Conv1d: {what} must be an int, got {v!r}")
+    if value < 0 or (not allow_zero and value == 0):
+        raise ValueError(f"Conv1d: {what} must be {'non-negative' if allow_zero else 'positive'}, got {v}")
+    return int(value)
+
+
+class Conv1d(Module):
+    """1-D convolution over (N, C, L) input, MegEngine's ``M.Conv1d``: weight
+    of shape (out_channels, in_channels, kernel_size), or with ``groups > 1``
+    (groups, out_channels // groups, in_channels // groups, kernel_size),
+    drawn from N(0, 1 / (kernel_size * in_channels)); bias of shape
+    (1, out_channels, 1) starting at zero. ``padding_mode`` "reflect" or
+    "replicate" pads with ``F.nn.pad`` instead of zeros.
+
+    Example::
+
+        >>> conv = Conv1d(3, 8, 3, padding=1)
+        >>> conv(x).shape                # x: (N, 3, L) -> (N, 8, L)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int = 0, dilation: int = 1, groups: int = 1, bias: bool = True,
+                 conv_mode: str = "cross_correlation", compute_mode: str = "default",
+                 padding_mode: str = "zeros", **kwargs):
+        super().__init__(**kwargs)
+        groups = int(groups)
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv1d: in_channels={in_channels} and out_channels={out_channels} "
+                             f"must both be divisible by groups={groups}")
+        if padding_mode not in ("zeros", "reflect", "replicate"):
+            raise ValueError(f"Conv1d: padding_mode must be 'zeros', 'reflect' or 'replicate', "
+                             f"got {padding_mode!r}")
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size = _single(kernel_size, "kernel_size", allow_zero=False)
+        self.stride = _single(stride, "stride", allow_zero=False)
+        self.padding = _single(padding, "padding")
+        self.dilation = _single(dilation, "dilation", allow_zero=False)
+        self.groups = groups
+        self.conv_mode, self.compute_mode, self.padding_mode = conv_mode, compute_mode, padding_mode
+        k = self.kernel_size
+        if groups == 1:
+            shape = (out_channels, in_channels, k)
+        else:
+            shape = (groups, out_channels // groups, in_channels // groups, k)
+        self.weight = Parameter(np.zeros(shape, "float32"))
+        self.bias = Parameter(np.zeros((1, out_channels, 1), "float32")) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = np.sqrt(1.0 / (self.kernel_size * self.in_channels))
+        self.weight._reset(Tensor(_random.generator().normal(0.0, std, self.weight.shape).astype("float32")))
+        if self.bias is not None:
+            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
+
+    def forward(self, x):
+        padding = self.padding
+        if self.padding_mode != "zeros" and padding:
+            x = F.nn.pad(x, ((0, 0), (0, 0), (padding, padding)), mode=self.padding_mode)
+            padding = 0
+        return F.nn.conv1d(x, self.weight, self.bias, self.stride, padding, self.dilation,
+                           self.groups, self.conv_mode, self.compute_mode)
+
+    def _module_info_string(self):
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+        if self.stride != 1:
+            s += f", stride={self.stride}"
+        if self.padding != 0:
+            s += f", padding={self.padding}"
+        if self.dilation != 1:
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode!r}"
+        return s
+
+
 class MaxPool2d(Module):
     """``F.max_pool2d`` as a layer (stride defaults to kernel_size)."""
 
@@ -493,6 +583,41 @@ class AvgPool2d(Module):
     def _module_info_string(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, "
                 f"padding={self.padding}, mode={self.mode!r}")
+
+
+class _AdaptivePool2d(Module):
+    def __init__(self, oshp: Union[int, Tuple[int, int]], **kwargs):
+        super().__init__(**kwargs)
+        self.oshp = oshp
+
+    def _module_info_string(self):
+        return f"oshp={self.oshp}"
+
+
+class AdaptiveMaxPool2d(_AdaptivePool2d):
+    """Max pooling of (N, C, H, W) input to the output size ``oshp`` (an int
+    or (OH, OW)): ``F.nn.adaptive_max_pool2d`` as a layer.
+
+    Example::
+
+        >>> M.AdaptiveMaxPool2d((2, 2))(x).shape      # x: (N, C, H, W) -> (N, C, 2, 2)
+    """
+
+    def forward(self, x):
+        return F.nn.adaptive_max_pool2d(x, self.oshp)
+
+
+class AdaptiveAvgPool2d(_AdaptivePool2d):
+    """Average pooling of (N, C, H, W) input to the output size ``oshp`` (an
+    int or (OH, OW)): ``F.nn.adaptive_avg_pool2d`` as a layer.
+
+    Example::
+
+        >>> M.AdaptiveAvgPool2d(1)(x).shape           # x: (N, C, H, W) -> (N, C, 1, 1)
+    """
+
+    def forward(self, x):
+        return F.nn.adaptive_avg_pool2d(x, self.oshp)
 
 
 class Flatten(Module):
@@ -607,3 +732,308 @@ class Dropout(Module):
 
     def _module_info_string(self):
         return f"drop_prob={self.drop_prob}"
+
+
+# ---------------------------------------------------------------- activations
+class ReLU(Module):
+    """``max(x, 0)`` elementwise.
+
+    Example::
+
+        >>> M.ReLU()(gc.tensor([-1.0, 2.0])).numpy()
+        array([0., 2.], dtype=float32)
+    """
+
+    def forward(self, x):
+        return F.relu(x)
+
+
+class Sigmoid(Module):
+    """``1 / (1 + exp(-x))`` elementwise.
+
+    Example::
+
+        >>> M.Sigmoid()(gc.tensor([0.0])).numpy()
+        array([0.5], dtype=float32)
+    """
+
+    def forward(self, x):
+        return F.sigmoid(x)
+
+
+class SiLU(Module):
+    """``x * sigmoid(x)`` elementwise (also called swish).
+
+    Example::
+
+        >>> M.SiLU()(gc.tensor([0.0, 1.0])).numpy().round(4)
+        array([0.    , 0.7311], dtype=float32)
+    """
+
+    def forward(self, x):
+        return F.silu(x)
+
+
+class GELU(Module):
+    """``x * Phi(x)`` elementwise, Phi the standard normal CDF.
+
+    Example::
+
+        >>> M.GELU()(gc.tensor([1.0])).numpy().round(4)
+        array([0.8413], dtype=float32)
+    """
+
+    def forward(self, x):
+        return F.gelu(x)
+
+
+class LeakyReLU(Module):
+    """``x`` where positive, ``negative_slope * x`` elsewhere.
+
+    Example::
+
+        >>> M.LeakyReLU(0.1)(gc.tensor([-2.0, 3.0])).numpy()
+        array([-0.2,  3. ], dtype=float32)
+    """
+
+    def __init__(self, negative_slope: float = 0.01, **kwargs):
+        super().__init__(**kwargs)
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+    def _module_info_string(self):
+        return f"negative_slope={self.negative_slope}"
+
+
+class PReLU(Module):
+    """``max(x, 0) + a * min(x, 0)`` with a learnable slope ``a``, MegEngine's
+    ``M.PReLU``: one slope shared by every element (``num_parameters=1``,
+    weight of shape (1,)), or one per channel of an (N, C, H, W) input
+    (``num_parameters=C``, weight of shape (1, C, 1, 1)), all starting at
+    ``init``.
+
+    Example::
+
+        >>> M.PReLU()(gc.tensor([-1.2, 2.7])).numpy()
+        array([-0.3,  2.7], dtype=float32)
+    """
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, **kwargs):
+        super().__init__(**kwargs)
+        self.num_parameters = int(num_parameters)
+        if self.num_parameters < 1:
+            raise ValueError(f"PReLU: num_parameters must be positive, got {num_parameters}")
+        shape = (1, self.num_parameters, 1, 1) if self.num_parameters > 1 else (1,)
+        self.weight = Parameter(np.full(shape, init, "float32"))
+
+    def forward(self, x):
+        if self.num_parameters > 1:
+            x = x if isinstance(x, Tensor) else Tensor(x)
+            if x.ndim != 4 or x.shape[1] != self.num_parameters:
+                raise ValueError(f"PReLU({self.num_parameters}): expected input (N, {self.num_parameters}, H, W), "
+                                 f"got shape {x.shape}")
+        return F.prelu(x, self.weight)
+
+    def _module_info_string(self):
+        return f"num_parameters={self.num_parameters}"
+
+
+class Softmax(Module):
+    """``exp(x) / sum(exp(x))`` along ``axis``; the default axis is
+    ``F.softmax``'s (0 for a 0-, 1- or 3-d input, else 1).
+
+    Example::
+
+        >>> M.Softmax()(gc.tensor([0.0, 0.0])).numpy()
+        array([0.5, 0.5], dtype=float32)
+    """
+
+    def __init__(self, axis: Optional[int] = None, **kwargs):
+        super().__init__(**kwargs)
+        self.axis = axis
+
+    def forward(self, x):
+        return F.softmax(x, self.axis)
+
+    def _module_info_string(self):
+        return f"axis={self.axis}"
+
+
+# ---------------------------------------------------------------- embedding
+class Embedding(Module):
+    """A lookup table: row ``i`` of ``weight`` (num_embeddings, embedding_dim)
+    for each integer ``i`` of the input, so the output has shape
+    ``inp.shape + (embedding_dim,)``. The weight starts as ``initial_weight``
+    (copied) or is drawn from N(0, 1). As in MegEngine, ``padding_idx``,
+    ``max_norm`` and ``norm_type`` must be None; with ``freeze`` no gradient
+    reaches the weight.
+
+    Example::
+
+        >>> emb = M.Embedding(10, 4)
+        >>> emb(gc.tensor([[1, 2, 3]], dtype="int32")).shape
+        (1, 3, 4)
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None,
+                 max_norm: Optional[float] = None, norm_type: Optional[float] = None,
+                 initial_weight: Union[Tensor, np.ndarray, None] = None, freeze: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        if padding_idx is not None:
+            raise ValueError("Embedding: padding_idx is not supported (give None)")
+        if max_norm is not None or norm_type is not None:
+            raise ValueError("Embedding: max_norm and norm_type are not supported (give None)")
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
+        self.freeze = freeze
+        shape = (self.num_embeddings, self.embedding_dim)
+        if initial_weight is None:
+            self.weight = Parameter(np.zeros(shape, "float32"))
+            self.reset_parameters()
+        else:
+            value = np.array(initial_weight.numpy() if isinstance(initial_weight, Tensor) else initial_weight)
+            if value.shape != shape:
+                raise ValueError(f"Embedding: initial_weight has shape {value.shape}, expected {shape} "
+                                 f"(num_embeddings, embedding_dim)")
+            self.weight = Parameter(value.astype("float32", copy=False))
+
+    def reset_parameters(self) -> None:
+        self.weight._reset(Tensor(_random.generator().normal(0.0, 1.0, self.weight.shape).astype("float32")))
+
+    def forward(self, x):
+        weight = self.weight.detach() if self.freeze else self.weight
+        return F.embedding(x, weight)
+
+    @classmethod
+    def from_pretrained(cls, embeddings: Union[Tensor, np.ndarray], freeze: bool = True,
+                        padding_idx: Optional[int] = None, max_norm: Optional[float] = None,
+                        norm_type: Optional[float] = None) -> "Embedding":
+        """An Embedding whose weight is a copy of the 2-d ``embeddings``,
+        frozen by default.
+
+        Example::
+
+            >>> emb = M.Embedding.from_pretrained(gc.tensor([[1.0, 2.0], [3.0, 4.0]]))
+            >>> emb(gc.tensor([1], dtype="int32")).numpy()
+            array([[3., 4.]], dtype=float32)
+        """
+        shape = tuple(embeddings.shape)
+        if len(shape) != 2:
+            raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-d, got shape {shape}")
+        return cls(shape[0], shape[1], padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,
+                   initial_weight=embeddings, freeze=freeze)
+
+    def _module_info_string(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}" + (", freeze=True" if self.freeze else "")
+
+
+# ---------------------------------------------------------------- normalisation
+class LayerNorm(Module):
+    """Normalises over the last ``len(normalized_shape)`` axes,
+    ``(x - mean) / sqrt(var + eps)`` with the biased variance, then
+    ``* weight + bias`` (both of shape ``normalized_shape``, starting at ones
+    and zeros) when ``affine``.
+
+    Example::
+
+        >>> ln = M.LayerNorm(8)
+        >>> ln(x).shape              # x: (N, L, 8) -> (N, L, 8)
+    """
+
+    def __init__(self, normalized_shape: Union[int, Tuple[int, ...]], eps: float = 1e-5,
+                 affine: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(normalized_shape, (int, np.integer)):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(d) for d in normalized_shape)
+        self.eps, self.affine = eps, affine
+        self.weight = Parameter(np.ones(self.normalized_shape, "float32")) if affine else None
+        self.bias = Parameter(np.zeros(self.normalized_shape, "float32")) if affine else None
+
+    def reset_parameters(self) -> None:
+        if self.affine:
+            self.weight._reset(Tensor(np.ones(self.normalized_shape, "float32")))
+            self.bias._reset(Tensor(np.zeros(self.normalized_shape, "float32")))
+
+    def forward(self, x):
+        return F.nn.layer_norm(x, self.normalized_shape, self.affine, self.weight, self.bias, self.eps)
+
+    def _module_info_string(self):
+        return f"normalized_shape={self.normalized_shape}, eps={self.eps}, affine={self.affine}"
+
+
+def _group_norm(module: Module, x, num_groups: int):
+    """``F.nn.group_norm`` of (N, C, ...) input with the module's settings,
+    after checking C against the module's channel count."""
+    if not isinstance(x, Tensor):
+        x = Tensor(x)
+    c = module.num_channels
+    if x.ndim < 2 or x.shape[1] != c:
+        raise ValueError(f"{type(module).__name__}: expected input (N, {c}, ...), got shape {x.shape}")
+    return F.nn.group_norm(x, num_groups, module.affine, module.weight, module.bias, module.eps)
+
+
+class GroupNorm(Module):
+    """Group normalisation of (N, C, H, W) input (any (N, C, ...) works): the
+    channels are split into ``num_groups`` groups, each normalised over its
+    channels and the spatial axes with the biased variance; then
+    ``* weight + bias``, per channel, of shape (C,) when ``affine``.
+
+    Example::
+
+        >>> gn = M.GroupNorm(4, 16)
+        >>> gn(x).shape              # x: (N, 16, H, W) -> (N, 16, H, W)
+    """
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.num_groups, self.num_channels = int(num_groups), int(num_channels)
+        if self.num_groups < 1 or self.num_channels % self.num_groups:
+            raise ValueError(f"GroupNorm: num_channels={num_channels} must be divisible by "
+                             f"num_groups={num_groups}")
+        self.eps, self.affine = eps, affine
+        self.weight = Parameter(np.ones(self.num_channels, "float32")) if affine else None
+        self.bias = Parameter(np.zeros(self.num_channels, "float32")) if affine else None
+
+    def reset_parameters(self) -> None:
+        if self.affine:
+            self.weight._reset(Tensor(np.ones(self.num_channels, "float32")))
+            self.bias._reset(Tensor(np.zeros(self.num_channels, "float32")))
+
+    def forward(self, x):
+        return _group_norm(self, x, self.num_groups)
+
+    def _module_info_string(self):
+        return f"groups={self.num_groups}, channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class InstanceNorm(Module):
+    """Instance normalisation of (N, C, H, W) input (any (N, C, ...) works):
+    each channel of each sample normalised over the spatial axes, the same as
+    ``GroupNorm(num_channels, num_channels)``; then ``* weight + bias`` of
+    shape (C,) when ``affine``. No running statistics: train and eval agree.
+
+    Example::
+
+        >>> norm = M.InstanceNorm(16)
+        >>> norm(x).shape            # x: (N, 16, H, W) -> (N, 16, H, W)
+    """
+
+    def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.num_channels, self.eps, self.affine = int(num_channels), eps, affine
+        self.weight = Parameter(np.ones(self.num_channels, "float32")) if affine else None
+        self.bias = Parameter(np.zeros(self.num_channels, "float32")) if affine else None
+
+    def reset_parameters(self) -> None:
+        if self.affine:
+            self.weight._reset(Tensor(np.ones(self.num_channels, "float32")))
+            self.bias._reset(Tensor(np.zeros(self.num_channels, "float32")))
+
+    def forward(self, x):
+        return _group_norm(self, x, self.num_channels)
+
+    def _module_info_string(self):
+        return f"channels={self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -1,4 +1,5 @@
-"""gradcore.optimizer (``optim``): SGD, Adam.
+"""gradcore.optimizer (``optim``): SGD, Adam, AdamW, Adagrad, Adadelta, and the
+learning-rate schedulers LRScheduler and MultiStepLR.
 
 Example::
 
@@ -7,12 +8,13 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Union
+from typing import Dict, Iterable, List, Tuple, Union
 
 import numpy as np
 
 from . import _core
 from ._core import Tensor
+from .lr_scheduler import LRScheduler, MultiStepLR  # noqa: F401 - MegEngine's optim.MultiStepLR
 
 
 def _zeros_like(data):
@@ -248,3 +250,111 @@ class Adam(Optimizer):
         m_hat = m / (1 - b1 ** t)
         v_hat = v / (1 - b2 ** t)
         p -= (group["lr"] * m_hat / (np.sqrt(v_hat) + group["eps"])).astype(p.dtype, copy=False)
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (MegEngine's ``AdamW``): each step
+    moves the parameter by ``lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay
+    * param)``, the decay taken from the parameter before the step and kept
+    out of the moment estimates (PyTorch's ``AdamW`` gives the same update).
+
+    Example::
+
+        >>> opt = AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
+        >>> opt.step().clear_grad()
+    """
+
+    def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError("AdamW: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    def _update(self, param, grad, group, state):
+        p = self._writable(param)
+        b1, b2 = group["betas"]
+        if "exp_avg" not in state:
+            state["step"] = 0
+            state["exp_avg"] = _zeros_like(p)
+            state["exp_avg_sq"] = _zeros_like(p)
+        state["step"] += 1
+        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+        m *= b1
+        m += (1 - b1) * grad
+        v *= b2
+        v += (1 - b2) * grad * grad
+        delta = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + group["eps"])
+        if group["weight_decay"]:
+            delta = delta + group["weight_decay"] * p
+        p -= (group["lr"] * delta).astype(p.dtype, copy=False)
+
+
+class Adagrad(Optimizer):
+    """Adagrad (MegEngine's rule): ``square_avg += g * g`` and
+    ``param -= lr / (1 + (step - 1) * lr_decay) * g / sqrt(square_avg + eps)``,
+    where ``g`` is the gradient plus ``weight_decay * param``. (PyTorch adds
+    ``eps`` after the square root instead; with the default eps=1e-10 the two
+    agree to float32 precision.)
+
+    Example::
+
+        >>> opt = Adagrad(model.parameters(), lr=1e-2)
+    """
+
+    def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, eps: float = 1e-10,
+                 weight_decay: float = 0.0):
+        if lr < 0 or lr_decay < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError("Adagrad: lr, lr_decay, eps and weight_decay must be non-negative")
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay))
+
+    def _update(self, param, grad, group, state):
+        p = self._writable(param)
+        if group["weight_decay"]:
+            grad = grad + group["weight_decay"] * p
+        if "square_avg" not in state:
+            state["step"] = 0
+            state["square_avg"] = _zeros_like(p)
+        state["step"] += 1
+        square_avg = state["square_avg"]
+        square_avg += grad * grad
+        clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
+        p -= (clr * grad / np.sqrt(square_avg + group["eps"])).astype(p.dtype, copy=False)
+
+
+class Adadelta(Optimizer):
+    """Adadelta (MegEngine's and PyTorch's rule), with ``g`` the gradient plus
+    ``weight_decay * param``::
+
+        square_avg = rho * square_avg + (1 - rho) * g * g
+        delta = sqrt(acc_delta + eps) / sqrt(square_avg + eps) * g
+        param -= lr * delta
+        acc_delta = rho * acc_delta + (1 - rho) * delta * delta
+
+    Example::
+
+        >>> opt = Adadelta(model.parameters(), lr=1.0, rho=0.9)
+    """
+
+    def __init__(self, params, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6,
+                 weight_decay: float = 0.0):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not 0 <= rho <= 1:
+            raise ValueError("Adadelta: lr, eps and weight_decay must be non-negative and rho in [0, 1]")
+        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay))
+
+    def _update(self, param, grad, group, state):
+        p = self._writable(param)
+        if group["weight_decay"]:
+            grad = grad + group["weight_decay"] * p
+        rho, eps = group["rho"], group["eps"]
+        if "square_avg" not in state:
+            state["step"] = 0
+            state["square_avg"] = _zeros_like(p)
+            state["acc_delta"] = _zeros_like(p)
+        state["step"] += 1
+        square_avg, acc_delta = state["square_avg"], state["acc_delta"]
+        square_avg *= rho
+        square_avg += (1 - rho) * grad * grad
+        delta = np.sqrt(acc_delta + eps) / np.sqrt(square_avg + eps) * grad
+        p -= (group["lr"] * delta).astype(p.dtype, copy=False)
+        acc_delta *= rho
+        acc_delta += (1 - rho) * delta * delta

@@ -1,0 +1,100 @@
+"""The functional composites of tests/test_functional_more.py on cuda: each
+is made of ops that have CUDA kernels, so outputs, first and second order
+gradients on cuda are the cpu's, and everything stays on the device."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+
+
+def _x(shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def test_layer_norm(cuda, matches_cpu):
+    matches_cpu(lambda x, w, b: F.nn.layer_norm(x, (3, 4), True, w, b), [_x((2, 3, 4)), _x((3, 4), 1), _x((3, 4), 2)],
+                rtol=1e-3, atol=1e-4)
+    matches_cpu(lambda x: F.nn.layer_norm(x, 4, affine=False), [_x((3, 4), 3)], rtol=1e-3, atol=1e-4)
+
+
+def test_group_norm(cuda, matches_cpu):
+    matches_cpu(lambda x, w, b: F.nn.group_norm(x, 2, True, w, b), [_x((2, 4, 3)), _x(4, 1), _x(4, 2)],
+                rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+def test_pad(cuda, matches_cpu, mode):
+    matches_cpu(lambda x: F.sin(F.nn.pad(x, ((1, 0), (2, 3)), mode)), [_x((3, 4))])
+
+
+def test_pad_keeps_the_device(cuda):
+    out = F.nn.pad(gc.Tensor(_x((2, 3)), device="cuda"), ((1, 1), (0, 2)), constant_value=1.5)
+    assert out.device == "cuda"
+    np.testing.assert_array_equal(out.numpy(), np.pad(_x((2, 3)), ((1, 1), (0, 2)), constant_values=1.5))
+
+
+@pytest.mark.parametrize("fn", [F.nn.adaptive_avg_pool2d, F.nn.adaptive_max_pool2d], ids=["avg", "max"])
+@pytest.mark.parametrize("oshp", [(2, 3), 3])
+def test_adaptive_pools(cuda, matches_cpu, fn, oshp):
+    matches_cpu(lambda x: fn(x, oshp), [_x((2, 2, 6, 7))])
+
+
+def test_conv1d(cuda, matches_cpu):
+    matches_cpu(lambda x, w, b: F.nn.conv1d(x, w, b, stride=2, padding=1, dilation=2, groups=2),
+                [_x((2, 4, 9)), _x((6, 2, 3), 1), _x(6, 2)], rtol=1e-3, atol=1e-4)
+
+
+def test_pixel_shuffle(cuda, matches_cpu):
+    matches_cpu(lambda x: F.nn.pixel_shuffle(x, 2), [_x((2, 8, 2, 3))])
+
+
+def test_topk_accuracy(cuda):
+    logits, target = _x((10, 5)), np.random.default_rng(1).integers(0, 5, 10).astype(np.int32)
+    on = F.topk_accuracy(gc.Tensor(logits, device="cuda"), gc.Tensor(target, device="cuda"), (1, 2))
+    ref = F.topk_accuracy(gc.Tensor(logits), gc.Tensor(target), (1, 2))
+    assert [a.device for a in on] == ["cuda", "cuda"]
+    np.testing.assert_allclose([a.item() for a in on], [a.item() for a in ref])
+
+
+def test_argsort(cuda):
+    x = np.random.default_rng(0).permutation(12).reshape(3, 4).astype(np.float32)
+    for descending in (False, True):
+        out = F.argsort(gc.Tensor(x, device="cuda"), descending)
+        assert out.device == "cuda" and out.dtype == np.int32
+        np.testing.assert_array_equal(out.numpy(), np.argsort(-x if descending else x, 1))
+
+
+@pytest.mark.parametrize("shape, k", [((4,), 1), ((3, 5), -1), ((3, 3), 0)])
+def test_diag(cuda, matches_cpu, shape, k):
+    matches_cpu(lambda x: F.diag(x, k) ** 2, [_x(shape)])
+
+
+def test_logaddexp(cuda, matches_cpu):
+    matches_cpu(F.logaddexp, [_x((3, 4)) * 4, _x((4,), 1) * 4])
+
+
+def test_atan2(cuda, matches_cpu):
+    y, x = _x((20,)), _x((20,), 1)
+    y[:3], x[3:6] = 0.0, 0.0
+    matches_cpu(F.atan2, [y, x], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("indexing", ["xy", "ij"])
+def test_meshgrid(cuda, matches_cpu, indexing):
+    matches_cpu(lambda a, b, c: F.stack(F.meshgrid(a, b, c, indexing=indexing)) ** 2,
+                [_x(3), _x(2, 1), _x(4, 2)])
+
+
+def test_cond_take(cuda, matches_cpu):
+    mask = np.random.default_rng(3).random((3, 4)) < 0.5
+    matches_cpu(lambda m, x: F.cond_take(m, x)[0] ** 2, [mask, _x((3, 4))])
+    v, i = F.cond_take(gc.Tensor(mask, device="cuda"), gc.Tensor(_x((3, 4)), device="cuda"))
+    assert v.device == i.device == "cuda"
+    np.testing.assert_array_equal(i.numpy(), np.flatnonzero(mask))
+
+
+def test_swapaxes(cuda, matches_cpu):
+    matches_cpu(lambda x: F.swapaxes(x, 0, 2) ** 2, [_x((2, 3, 4))])
