@@ -799,7 +799,9 @@ def relu6(inp: Tensor) -> Tensor:
         >>> F.relu6(gc.tensor([-1.0, 3.0, 8.0])).numpy()
         array([0., 3., 6.], dtype=float32)
     """
-    return clip(_t(inp), 0, 6)
+    # not clip(x, 0, 6): PyTorch's relu6 has gradient 0 at both kinks
+    x = _t(inp)
+    return where(ge(x, 6), 6, x * gt(x, 0) + 0.0)  # noqa: F821   (+ 0.0: no -0.0 below zero)
 
 
 def hsigmoid(inp: Tensor) -> Tensor:

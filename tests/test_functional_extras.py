@@ -923,3 +923,19 @@ def test_batch_norm_inplace_false_returns_the_new_statistics(rng, torch):
     np.testing.assert_allclose(grv.numpy().reshape(-1), trv.numpy(), rtol=1e-10)
     with pytest.raises(ValueError, match="batch_norm.*running"):
         F.batch_norm(gc.Tensor(x), None, None, training=False)
+
+
+def test_relu6_and_hsigmoid_gradients_at_their_kinks_follow_torch(torch):
+    v = np.array([-4.0, -3.0, -1.0, 0.0, 3.0, 6.0, 8.0])
+    for fn, tfn in ((F.relu6, _tnn(torch).relu6), (F.hsigmoid, _tnn(torch).hardsigmoid)):
+        x = gc.tensor(v, dtype="float64")
+        gm = GradManager().attach(x)
+        with gm:
+            y = fn(x)
+            gm.backward(y.sum())
+        t = torch.tensor(v, requires_grad=True)
+        ty = tfn(t)
+        ty.sum().backward()
+        np.testing.assert_array_equal(y.numpy(), ty.detach().numpy())
+        assert not np.signbit(y.numpy()).any()          # no -0.0 below the kink
+        np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-7)
