@@ -126,9 +126,10 @@ class GradManager:
             key, selfref = id(tensor), weakref.ref(self)
 
             # captures the spec's parts, not the spec: no reference cycle
-            def on_grad(grad, tref=spec.tensor, callbacks=spec.callbacks, key=key):
+            def on_grad(grad, tref=spec.tensor, callbacks=spec.callbacks, key=key, dtype=tensor.dtype):
                 t = tref()
-                if t is not None and grad.dtype != t.dtype:
+                # (an identity test first: dtypes are interned, this is per backward)
+                if grad.dtype is not dtype and t is not None and grad.dtype != t.dtype:
                     # a float32 tensor used with float64 ones gets a float32
                     # gradient (torch; MegEngine casts before such ops)
                     grad = grad.astype(t.dtype)
@@ -416,7 +417,8 @@ class Function:
     def __call__(self, *args):
         for a in args:
             if not isinstance(a, Tensor):
-                raise TypeError(f"op {type(self).__name__} expects Tensor inputs, got "
+                # MegEngine's wording ("op ... expect type Tensor as inputs")
+                raise TypeError(f"op {type(self).__name__} expect type Tensor as inputs, got "
                                 f"{type(a).__name__}")
         outs = _core.apply(self, *args)
         if "_last_call" in self.__dict__:
