@@ -39,7 +39,11 @@ def _expand(key: str, obj) -> list:
         return []
     out = []
     for k, v in items:
-        out.extend((f"{key}.{kk}", leaf) for kk, leaf in _expand(str(k), v))
+        sub = _expand(str(k), v)
+        if sub and not isinstance(k, str) and isinstance(obj, dict):
+            # MegEngine's rule: a Tensor or Module in a dict needs a str key to be named
+            raise AssertionError(f"keys for Tensor and Module must be str, error key: {k}")
+        out.extend((f"{key}.{kk}", leaf) for kk, leaf in sub)
     return out
 
 
@@ -118,10 +122,13 @@ class Module:
         return HookHandler(self.__dict__.setdefault("_forward_hooks", OrderedDict()), hook)
 
     # ---- traversal
-    def _flatten(self, *, recursive: bool = True, with_key: bool = False, prefix: Optional[str] = None,
-                 predicate: Callable[[Any], bool] = lambda _: True, seen: Optional[set] = None):
+    def _flatten(self, *, recursive: bool = True, with_key: bool = False, with_parent: bool = False,
+                 prefix: Optional[str] = None, predicate: Callable[[Any], bool] = lambda _: True,
+                 seen: Optional[set] = None):
         """Every Tensor and Module reachable from the attributes (sub-modules'
-        too when ``recursive``) that ``predicate`` accepts, each once."""
+        too when ``recursive``) that ``predicate`` accepts, each once; with
+        ``with_key`` as ``(dotted name, obj)``, with ``with_parent`` also the
+        module that holds it: ``(obj, parent)`` or ``(name, obj, parent)``."""
         if seen is None:
             seen = {id(self)}
         dotted = "" if prefix is None else prefix + "."
@@ -131,57 +138,81 @@ class Module:
                     continue
                 seen.add(id(leaf))
                 if predicate(leaf):
-                    yield (dotted + name, leaf) if with_key else leaf
+                    if with_key:
+                        yield (dotted + name, leaf, self) if with_parent else (dotted + name, leaf)
+                    else:
+                        yield (leaf, self) if with_parent else leaf
                 if recursive and isinstance(leaf, Module):
-                    yield from leaf._flatten(recursive=True, with_key=with_key, prefix=dotted + name,
-                                             predicate=predicate, seen=seen)
+                    yield from leaf._flatten(recursive=True, with_key=with_key, with_parent=with_parent,
+                                             prefix=dotted + name, predicate=predicate, seen=seen)
 
     @staticmethod
     def _drop_requires_grad(kwargs):
         # MegEngine accepts (and ignores) requires_grad: every Parameter is trainable
         kwargs.pop("requires_grad", None)
+        return Module._check_kwargs(kwargs)
+
+    @staticmethod
+    def _check_kwargs(kwargs) -> bool:
+        """The one extra keyword the iterators take, MegEngine's ``with_parent``."""
+        with_parent = bool(kwargs.pop("with_parent", False))
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+        return with_parent
 
     def parameters(self, recursive: bool = True, **kwargs) -> Iterator[Parameter]:
-        self._drop_requires_grad(kwargs)
-        yield from self._flatten(recursive=recursive, predicate=_is_parameter)
+        wp = self._drop_requires_grad(kwargs)
+        yield from self._flatten(recursive=recursive, with_parent=wp, predicate=_is_parameter)
 
     def named_parameters(self, prefix: Optional[str] = None, recursive: bool = True,
                          **kwargs) -> Iterator[Tuple[str, Parameter]]:
-        self._drop_requires_grad(kwargs)
-        yield from self._flatten(recursive=recursive, with_key=True, prefix=prefix, predicate=_is_parameter)
+        wp = self._drop_requires_grad(kwargs)
+        yield from self._flatten(recursive=recursive, with_key=True, with_parent=wp, prefix=prefix,
+                                 predicate=_is_parameter)
 
-    def buffers(self, recursive: bool = True) -> Iterator[Tensor]:
+    def buffers(self, recursive: bool = True, **kwargs) -> Iterator[Tensor]:
         """Tensor attributes that are not Parameters (e.g. running statistics)."""
-        yield from self._flatten(recursive=recursive, predicate=_is_buffer)
+        wp = self._check_kwargs(kwargs)
+        yield from self._flatten(recursive=recursive, with_parent=wp, predicate=_is_buffer)
 
-    def named_buffers(self, prefix: Optional[str] = None, recursive: bool = True) -> Iterator[Tuple[str, Tensor]]:
-        yield from self._flatten(recursive=recursive, with_key=True, prefix=prefix, predicate=_is_buffer)
+    def named_buffers(self, prefix: Optional[str] = None, recursive: bool = True,
+                      **kwargs) -> Iterator[Tuple[str, Tensor]]:
+        wp = self._check_kwargs(kwargs)
+        yield from self._flatten(recursive=recursive, with_key=True, with_parent=wp, prefix=prefix,
+                                 predicate=_is_buffer)
 
-    def tensors(self, recursive: bool = True) -> Iterator[Tensor]:
+    def tensors(self, recursive: bool = True, **kwargs) -> Iterator[Tensor]:
         """Parameters and buffers."""
-        yield from self._flatten(recursive=recursive, predicate=lambda o: isinstance(o, Tensor))
+        wp = self._check_kwargs(kwargs)
+        yield from self._flatten(recursive=recursive, with_parent=wp, predicate=lambda o: isinstance(o, Tensor))
 
-    def named_tensors(self, prefix: Optional[str] = None, recursive: bool = True) -> Iterator[Tuple[str, Tensor]]:
-        yield from self._flatten(recursive=recursive, with_key=True, prefix=prefix,
+    def named_tensors(self, prefix: Optional[str] = None, recursive: bool = True,
+                      **kwargs) -> Iterator[Tuple[str, Tensor]]:
+        wp = self._check_kwargs(kwargs)
+        yield from self._flatten(recursive=recursive, with_key=True, with_parent=wp, prefix=prefix,
                                  predicate=lambda o: isinstance(o, Tensor))
 
-    def children(self) -> Iterator["Module"]:
+    def children(self, **kwargs) -> Iterator["Module"]:
         """The sub-modules that are direct attributes (or inside one)."""
-        yield from self._flatten(recursive=False, predicate=_is_module)
+        wp = self._check_kwargs(kwargs)
+        yield from self._flatten(recursive=False, with_parent=wp, predicate=_is_module)
 
-    def named_children(self) -> Iterator[Tuple[str, "Module"]]:
-        yield from self._flatten(recursive=False, with_key=True, predicate=_is_module)
+    def named_children(self, **kwargs) -> Iterator[Tuple[str, "Module"]]:
+        wp = self._check_kwargs(kwargs)
+        yield from self._flatten(recursive=False, with_key=True, with_parent=wp, predicate=_is_module)
 
-    def modules(self) -> Iterator["Module"]:
-        """This module, then every sub-module (each once)."""
-        yield self
-        yield from self._flatten(predicate=_is_module)
+    def modules(self, **kwargs) -> Iterator["Module"]:
+        """This module, then every sub-module (each once); with
+        ``with_parent=True`` as ``(module, parent)``, the parent of this one None."""
+        wp = self._check_kwargs(kwargs)
+        yield (self, None) if wp else self
+        yield from self._flatten(with_parent=wp, predicate=_is_module)
 
-    def named_modules(self, prefix: Optional[str] = None) -> Iterator[Tuple[str, "Module"]]:
-        yield ("" if prefix is None else prefix), self
-        yield from self._flatten(with_key=True, prefix=prefix, predicate=_is_module)
+    def named_modules(self, prefix: Optional[str] = None, **kwargs) -> Iterator[Tuple[str, "Module"]]:
+        wp = self._check_kwargs(kwargs)
+        name = "" if prefix is None else prefix
+        yield (name, self, None) if wp else (name, self)
+        yield from self._flatten(with_key=True, with_parent=wp, prefix=prefix, predicate=_is_module)
 
     def apply(self, fn: Callable[["Module"], Any]) -> None:
         """``fn(m)`` for this module and every sub-module."""
@@ -284,6 +315,30 @@ class Module:
                 t.grad = None
         return self
 
+    def replace_param(self, params: Dict[int, Parameter], start_pos: int, seen: Optional[set] = None) -> int:
+        """MegEngine's (deprecated) ``replace_param``: number the Parameters
+        that are direct attributes, depth first through sub-modules that are
+        direct attributes, from ``start_pos`` on, and put ``params[i]`` (same
+        shape) in place of the i-th; returns how many were numbered."""
+        offset = 0
+        if seen is None:
+            seen = {id(self)}
+        for key, value in list(vars(self).items()):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, Parameter):
+                new = params.get(start_pos + offset)
+                if new is not None:
+                    if tuple(new.shape) != tuple(value.shape):
+                        raise ValueError(f"replace_param: {key!r} has shape {value.shape}, "
+                                         f"the replacement {new.shape}")
+                    setattr(self, key, new)
+                offset += 1
+            elif isinstance(value, Module):
+                offset += value.replace_param(params, start_pos + offset, seen)
+        return offset
+
     def zero_grad(self) -> None:
         """Set every existing parameter gradient to zeros (MegEngine's
         deprecated ``zero_grad``; ``optimizer.clear_grad()`` sets them to None)."""
@@ -297,7 +352,11 @@ class Module:
 
     def __repr__(self):
         info = self._module_info_string()
-        children = [f"({k}): {m!r}".replace("\n", "\n  ") for k, m in self.named_children()]
+        # every attribute that holds a module, under each name (a module
+        # reachable twice is printed twice, as in MegEngine)
+        children = [f"({k}): {m!r}".replace("\n", "\n  ")
+                    for key, value in list(vars(self).items())
+                    for k, m in _expand(key, value) if isinstance(m, Module)]
         if not children:
             return f"{type(self).__name__}({info})"
         lines = ([info] if info else []) + children
@@ -415,7 +474,8 @@ class Conv2d(Module):
     shape (out_channels, in_channels, kh, kw), or with ``groups > 1``
     MegEngine's (groups, out_channels // groups, in_channels // groups, kh, kw),
     drawn from N(0, 1 / (kh * kw * in_channels)); bias of shape
-    (1, out_channels, 1, 1) starting at zero.
+    (1, out_channels, 1, 1) starting at zero. ``padding_mode`` "reflect" or
+    "replicate" pads with ``F.nn.pad`` instead of zeros.
 
     Example::
 
@@ -425,12 +485,17 @@ class Conv2d(Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  dilation=1, groups: int = 1, bias: bool = True,
-                 conv_mode: str = "cross_correlation", compute_mode: str = "default", **kwargs):
+                 conv_mode: str = "cross_correlation", compute_mode: str = "default",
+                 padding_mode: str = "zeros", **kwargs):
         super().__init__(**kwargs)
         groups = int(groups)
         if groups < 1 or in_channels % groups or out_channels % groups:
             raise ValueError(f"Conv2d: in_channels={in_channels} and out_channels={out_channels} "
                              f"must both be divisible by groups={groups}")
+        if padding_mode not in ("zeros", "reflect", "replicate"):
+            raise ValueError(f"Conv2d: padding_mode must be 'zeros', 'reflect' or 'replicate', "
+                             f"got {padding_mode!r}")
+        self.padding_mode = padding_mode
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.kernel_size = _pair(kernel_size, "kernel_size", allow_zero=False)
         self.stride = _pair(stride, "stride", allow_zero=False)
@@ -455,7 +520,12 @@ class Conv2d(Module):
             self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
 
     def forward(self, x):
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+        padding = self.padding
+        if getattr(self, "padding_mode", "zeros") != "zeros" and padding != (0, 0):
+            ph, pw = padding
+            x = F.nn.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), mode=self.padding_mode)
+            padding = (0, 0)
+        return F.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation,
                         self.groups, self.conv_mode, self.compute_mode)
 
     def _module_info_string(self):
@@ -560,7 +630,8 @@ class MaxPool2d(Module):
 
     def __init__(self, kernel_size, stride=None, padding=0, **kwargs):
         super().__init__(**kwargs)
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        # MegEngine keeps the stride it will use: kernel_size when none is given
+        self.kernel_size, self.stride, self.padding = kernel_size, stride or kernel_size, padding
 
     def forward(self, x):
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)
@@ -575,14 +646,14 @@ class AvgPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0, mode: str = "average_count_exclude_padding",
                  **kwargs):
         super().__init__(**kwargs)
-        self.kernel_size, self.stride, self.padding, self.mode = kernel_size, stride, padding, mode
+        self.kernel_size, self.stride, self.padding, self.mode = kernel_size, stride or kernel_size, padding, mode
 
     def forward(self, x):
         return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.mode)
 
     def _module_info_string(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}, mode={self.mode!r}")
+                f"padding={self.padding}, mode={self.mode}")
 
 
 class _AdaptivePool2d(Module):
@@ -647,6 +718,9 @@ class _BatchNorm(Module):
             raise ValueError(f"{type(self).__name__}: freeze needs track_running_stats=True")
         self.num_features, self.eps, self.momentum = int(num_features), eps, momentum
         self.affine, self.track_running_stats, self.freeze = affine, track_running_stats, freeze
+        # statistics exist only when tracked from the start; turning tracking
+        # off later is allowed (batch statistics are used), turning it on is not
+        self._track_running_stats_saved = track_running_stats
         shape = (1, self.num_features, 1, 1)
         self.weight = Parameter(np.ones(shape, "float32")) if affine else None
         self.bias = Parameter(np.zeros(shape, "float32")) if affine else None
@@ -674,6 +748,9 @@ class _BatchNorm(Module):
         if not isinstance(x, Tensor):
             x = Tensor(x)
         self._check_input(x)
+        if self.track_running_stats and not getattr(self, "_track_running_stats_saved", True):
+            raise ValueError(f"{type(self).__name__}: track_running_stats was False at construction "
+                             f"(no running statistics exist) and cannot be turned on later")
         shape = x.shape
         if x.ndim != 4:     # (N, C) or (N, C, L): normalised as (N, C, L, 1)
             x = x.reshape((shape[0], shape[1], -1, 1))
@@ -687,8 +764,11 @@ class _BatchNorm(Module):
                 shift = shift + self.bias.detach()
             y = x * scale + shift
         else:
-            y = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                             training=self.training or not self.track_running_stats,
+            # without tracking, batch statistics in train and eval alike, and
+            # the running statistics (if any) are left alone
+            track = self.track_running_stats
+            y = F.batch_norm(x, self.running_mean if track else None, self.running_var if track else None,
+                             self.weight, self.bias, training=self.training or not track,
                              momentum=self.momentum, eps=self.eps)
         return y if y.shape == shape else y.reshape(shape)
 

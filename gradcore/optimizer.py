@@ -1,5 +1,6 @@
-"""gradcore.optimizer (``optim``): SGD, Adam, AdamW, Adagrad, Adadelta, and the
-learning-rate schedulers LRScheduler and MultiStepLR.
+"""gradcore.optimizer (``optim``): SGD, Adam, AdamW, Adagrad, Adadelta, the
+learning-rate schedulers LRScheduler and MultiStepLR, and gradient clipping
+(clip_grad_norm, clip_grad_value).
 
 Example::
 
@@ -26,9 +27,48 @@ def _zeros_like(data):
 
 def _to_numpy(data) -> np.ndarray:
     """A NumPy copy of a state array (an ndarray or a device array)."""
+    if isinstance(data, Tensor):
+        data = data._data
     if type(data) is np.ndarray:
         return data.copy()
     return data.get()
+
+
+def _state_tensor(data, device) -> Tensor:
+    """A Tensor over ``data`` (an ndarray or a device array the optimizer
+    owns), no copy: the optimizer updates ``data`` in place and the Tensor,
+    which users reach as ``opt._state[param][name]``, sees it."""
+    t = Tensor(np.zeros((), np.float32))
+    t._data, t._device = data, device
+    return t
+
+
+class _RawState:
+    """One parameter's state as the update rules see it: raw arrays in and
+    out (updated in place), stored in the underlying dict as Tensors over
+    the same arrays, so ``opt._state[param]["momentum_buffer"].numpy()``
+    shows the live value, as in MegEngine."""
+
+    __slots__ = ("_d", "_device")
+
+    def __init__(self, d: Dict, device):
+        self._d, self._device = d, device
+
+    def __contains__(self, key) -> bool:
+        return key in self._d
+
+    def __getitem__(self, key):
+        v = self._d[key]
+        return v._data if isinstance(v, Tensor) else v
+
+    def get(self, key, default=None):
+        return self[key] if key in self._d else default
+
+    def __setitem__(self, key, value) -> None:
+        if isinstance(value, Tensor) or np.isscalar(value):
+            self._d[key] = value
+        else:
+            self._d[key] = _state_tensor(value, self._device)
 
 
 class Optimizer:
@@ -55,7 +95,10 @@ class Optimizer:
             raise ValueError(f"{name}: got an empty parameter list")
         self._defaults = dict(defaults)
         self.param_groups: List[Dict] = []
-        self._state: Dict[int, Dict] = {}
+        # per-parameter state, keyed by the Parameter itself (as MegEngine):
+        # {name: Tensor} for arrays (momentum_buffer, exp_avg, ...) and plain
+        # numbers for counters ("step"); filled by the first step that updates it
+        self._state: Dict[Tensor, Dict] = {}
         if all(isinstance(g, dict) for g in params):
             for g in params:
                 self.add_param_group(g)
@@ -114,7 +157,7 @@ class Optimizer:
                     raise ValueError(f"{type(self).__name__}.step: a gradient of shape {p.grad.shape} "
                                      f"for a parameter of shape {p.shape}")
                 # the raw data (an ndarray, or a DeviceArray on cuda): updated where it lives
-                self._update(p, p.grad._data, group, self._state.setdefault(id(p), {}))
+                self._update(p, p.grad._data, group, _RawState(self._state.setdefault(p, {}), p.device))
         return self
 
     def _update(self, param, grad, group, state):
@@ -135,10 +178,11 @@ class Optimizer:
         return data
 
     # ---- saving and restoring
-    def state_dict(self) -> Dict:
+    def state_dict(self, keep_var: bool = False) -> Dict:
         """``{"param_groups": [...], "state": {index: {...}}}``: hyper-parameters
         per group with the parameters as indices (their order across the
-        groups), and each parameter's state as NumPy copies."""
+        groups), and each parameter's state as NumPy copies (the state
+        Tensors themselves with ``keep_var=True``)."""
         index = {}
         groups = []
         for group in self.param_groups:
@@ -149,9 +193,10 @@ class Optimizer:
                 entry["params"].append(index[id(p)])
             groups.append(entry)
         state = {}
-        for pid, st in self._state.items():
-            if pid in index and st:
-                state[index[pid]] = {k: (_to_numpy(v) if not np.isscalar(v) else v) for k, v in st.items()}
+        for p, st in self._state.items():
+            if id(p) in index and st:
+                state[index[id(p)]] = {k: (v if np.isscalar(v) or keep_var else _to_numpy(v))
+                                       for k, v in st.items()}
         return {"param_groups": groups, "state": state}
 
     def load_state_dict(self, state: Dict) -> None:
@@ -181,8 +226,8 @@ class Optimizer:
                         raise ValueError(f"{name}.load_state_dict: state {k!r} of shape {v.shape} "
                                          f"for a parameter of shape {p.shape}")
                     # a private copy where the parameter lives
-                    st[k] = Tensor(v.astype(p.dtype), device=p.device)._data.copy()
-                new_state[id(p)] = st
+                    st[k] = Tensor(v.astype(p.dtype), device=p.device)
+                new_state[p] = st
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self._state = new_state
@@ -358,3 +403,54 @@ class Adadelta(Optimizer):
         p -= (group["lr"] * delta).astype(p.dtype, copy=False)
         acc_delta *= rho
         acc_delta += (1 - rho) * delta * delta
+
+
+# ---------------------------------------------------------------- gradient clipping
+def _with_grads(tensors) -> List[Tensor]:
+    if isinstance(tensors, Tensor):
+        return [tensors]
+    return list(tensors)
+
+
+def clip_grad_norm(tensors: Union[Tensor, Iterable[Tensor]], max_norm: float, ord: float = 2.0) -> Tensor:
+    """MegEngine's ``optim.clip_grad_norm``: scale the gradients of
+    ``tensors`` (a Tensor or an iterable of them; those without a gradient
+    are skipped) in place so that their joint ``ord``-norm, taken as if they
+    were one vector, is at most ``max_norm``; each gradient is multiplied by
+    ``min(max_norm / (total_norm + 1e-6), 1)``. Returns the norm before
+    clipping (a Tensor; 0.0 when no tensor has a gradient).
+
+    Example::
+
+        >>> total = optim.clip_grad_norm(model.parameters(), max_norm=1.0)
+    """
+    from . import functional as F
+    if isinstance(ord, str):        # "inf" / "-inf", as MegEngine's docs allow
+        ord = float(ord)
+    ts = [t for t in _with_grads(tensors) if t.grad is not None]
+    if not ts:
+        return Tensor(np.float32(0.0))
+    norms = [F.norm(t.grad.detach().reshape(-1), ord=ord) for t in ts]
+    total = norms[0] if len(norms) == 1 else F.norm(F.stack(norms), ord=ord)
+    scale = F.minimum(max_norm / (total + 1e-6), 1.0)
+    for t in ts:
+        g = t.grad
+        g._reset((g * scale).astype(g.dtype))
+    return total
+
+
+def clip_grad_value(tensors: Union[Tensor, Iterable[Tensor]], lower: float, upper: float) -> None:
+    """MegEngine's ``optim.clip_grad_value``: clip every gradient of
+    ``tensors`` (a Tensor or an iterable of them; those without a gradient
+    are skipped) into ``[lower, upper]``, in place.
+
+    Example::
+
+        >>> optim.clip_grad_value(model.parameters(), lower=-1.0, upper=1.0)
+    """
+    from . import functional as F
+    for t in _with_grads(tensors):
+        if t.grad is None:
+            continue
+        g = t.grad
+        g._reset(F.clip(g, lower, upper).astype(g.dtype))
