@@ -13,7 +13,7 @@ extensions = [
 ]
 
 setup(
-    packages=["gradcore", "gradcore.ops", "gradcore.data", "gradcore.cuda"],
+    packages=["gradcore", "gradcore.ops", "gradcore.data", "gradcore.cuda", "gradcore.module"],
     package_dir={"gradcore": "gradcore", "gradcore.ops": "ops"},
     package_data={"gradcore.data": ["*.npz", "*.txt"]},
     ext_modules=cythonize(extensions, language_level=3,

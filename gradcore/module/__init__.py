@@ -19,10 +19,10 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
-from . import functional as F
-from . import random as _random
-from ._core import Tensor
-from .tensor import Parameter
+from .. import functional as F
+from .. import random as _random
+from .._core import Tensor
+from ..tensor import Parameter
 
 
 def _expand(key: str, obj) -> list:
@@ -307,7 +307,7 @@ class Module:
 
             >>> model = M.Linear(3, 2).to("cuda")     # doctest: +SKIP
         """
-        from .tensor_methods import norm_device
+        from ..tensor_methods import norm_device
         dev = norm_device(device)
         for t in list(self.tensors()):
             if t.device != dev:
