@@ -23,7 +23,7 @@ from .ops.reduce import ArgReduce, CumSum, Reduce
 from .ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape, Squeeze,
                         StopGradient, Transpose)
 
-from .op import interned
+from .op import OpError, interned
 
 _apply = _core.apply
 
@@ -112,9 +112,19 @@ def astype(x, dtype):
 
 
 # ---- reductions
+class AxisError(OpError, AssertionError):
+    """An axis given twice: an ``OpError`` (a ValueError) here, and the
+    AssertionError MegEngine raises for it."""
+
+
 def _reduce(mode):
     def f(inp, axis=None, keepdims: bool = False):
-        return _apply(_Reduce(mode, _axis_key(axis), bool(keepdims)), _t(inp))[0]
+        x = _t(inp)
+        if isinstance(axis, (tuple, list)) and x.shape is not None and x.ndim:
+            seen = [int(a) % x.ndim for a in axis]
+            if len(set(seen)) != len(seen):
+                raise AxisError(f"{mode}: axis {tuple(axis)} names an axis twice (input shape {x.shape})")
+        return _apply(_Reduce(mode, _axis_key(axis), bool(keepdims)), x)[0]
     f.__name__ = mode
     f.__doc__ = f"{mode} over ``axis`` (None: every axis).\n\nExample::\n\n    >>> F.{mode}(x, axis=1, keepdims=True)\n"
     return f
@@ -127,14 +137,31 @@ min = _reduce("min")    # noqa: A001
 prod = _reduce("prod")
 
 
+def _arg_reduce(mode, inp, axis, keepdims):
+    x = _t(inp)
+    if not isinstance(axis, (tuple, list)):
+        return _apply(_ArgReduce(mode, axis, bool(keepdims)), x)[0]
+    # MegEngine's rule for several axes: one arg-reduction per axis, the
+    # last axis first, each applied to the previous result
+    axes = sorted({_axis_in(mode, a, x.ndim) for a in axis}, reverse=True)
+    if len(axes) != len(axis):
+        raise AxisError(f"{mode}: axis {tuple(axis)} names an axis twice (input shape {x.shape})")
+    for a in axes:
+        x = _apply(_ArgReduce(mode, a, bool(keepdims)), x)[0]
+    return x
+
+
 def argmax(inp, axis=None, keepdims: bool = False):
-    """Index of the largest element along ``axis`` (None: flattened), int32."""
-    return _apply(_ArgReduce("argmax", axis, bool(keepdims)), _t(inp))[0]
+    """Index of the largest element along ``axis`` (None: flattened), int32.
+    For a sequence of axes, as MegEngine: argmax over each in turn, the
+    last axis first (each step on the previous step's indices)."""
+    return _arg_reduce("argmax", inp, axis, keepdims)
 
 
 def argmin(inp, axis=None, keepdims: bool = False):
-    """Index of the smallest element along ``axis`` (None: flattened), int32."""
-    return _apply(_ArgReduce("argmin", axis, bool(keepdims)), _t(inp))[0]
+    """Index of the smallest element along ``axis`` (None: flattened), int32;
+    a sequence of axes as in ``argmax``."""
+    return _arg_reduce("argmin", inp, axis, keepdims)
 
 
 def cumsum(inp, axis: int = 0):
@@ -205,15 +232,46 @@ def transpose(inp, pattern: Optional[Sequence[int]] = None):
     return _apply(_Transpose(tuple(int(p) for p in pattern)), x)[0]
 
 
+class ShapeError(OpError, RuntimeError):
+    """A shape that does not fit an op: an ``OpError`` (a ValueError) here,
+    and the RuntimeError MegEngine raises for the same input."""
+
+
 def broadcast_to(inp, shape: Sequence[int]):
+    """``inp`` broadcast to ``shape``; as in MegEngine, a ``None`` in
+    ``shape`` keeps the size of the matching (right-aligned) axis of ``inp``.
+
+    Example::
+
+        >>> F.broadcast_to(gc.tensor(np.zeros((1, 2, 3))), (4, None, 3)).shape
+        (4, 2, 3)
+    """
     x = _t(inp)
-    if isinstance(shape, int):
+    if isinstance(shape, Tensor):
+        shape = shape.numpy().reshape(-1).tolist()
+    elif isinstance(shape, (int, np.integer)):
         shape = (shape,)
-    return _apply(_Broadcast(tuple(int(d) for d in shape)), x)[0]
+    shape = list(shape)
+    for i, d in enumerate(shape):
+        if d is None:
+            lead = len(shape) - x.ndim
+            if i < lead:
+                raise ValueError(f"broadcast_to: None at position {i} of {tuple(shape)} has no axis of "
+                                 f"inp (shape {x.shape}) to take its size from")
+            shape[i] = x.shape[i - lead]
+        elif int(d) < 0:
+            raise ValueError(f"broadcast_to: sizes must be >= 0 (or None to keep the input's), got {tuple(shape)}")
+    try:
+        return _apply(_Broadcast(tuple(int(d) for d in shape)), x)[0]
+    except OpError as exc:
+        raise ShapeError(str(exc)) from None
 
 
 def expand_dims(inp, axis):
-    return _apply(_ExpandDims(_axis_key(axis)), _t(inp))[0]
+    try:
+        return _apply(_ExpandDims(_axis_key(axis)), _t(inp))[0]
+    except OpError as exc:       # an axis out of range: MegEngine's RuntimeError too
+        raise ShapeError(str(exc)) from None
 
 
 def squeeze(inp, axis=None):
@@ -350,14 +408,22 @@ def scatter(inp, axis: int, index, source):
     return _apply(_Scatter(int(axis)), x, _on(index, x), src)[0]
 
 
-def sort(inp, descending: bool = False):
-    """``(sorted, indices)`` along the last axis; indices are int32.
+def sort(inp, descending: bool = False, axis: int = -1):
+    """``(sorted, indices)`` along ``axis`` (the last by default, as newer
+    MegEngine's ``F.sort(inp, descending, axis)``); a stable sort, indices
+    int32.
 
     Example::
 
         >>> values, indices = F.sort(x, descending=True)
     """
-    return _apply(_Sort(bool(descending)), _t(inp))
+    x = _t(inp)
+    last = -1 if x.shape is None or x.ndim == 0 else x.ndim - 1
+    ax = -1 if last < 0 or axis in (-1, last) else _axis_in("sort", axis, x.ndim)
+    if ax in (-1, last):
+        return _apply(_Sort(bool(descending)), x)
+    values, indices = _apply(_Sort(bool(descending)), swapaxes(x, ax, -1))
+    return swapaxes(values, ax, -1), swapaxes(indices, ax, -1)
 
 
 def topk(inp, k: int, descending: bool = False, kth_only: bool = False, no_sort: bool = False):
@@ -412,7 +478,15 @@ def linspace(start, stop, num, dtype="float32", device=None):
 
 
 def eye(N, M=None, dtype="float32", device=None):
-    """An (N, M) matrix (M defaults to N) with ones on the diagonal."""
+    """An (N, M) matrix (M defaults to N) with ones on the diagonal. As in
+    MegEngine, ``N`` may also be the shape: ``(N,)``, ``(N, M)`` or a 1-d
+    integer Tensor holding it (``F.eye(x.shape)``)."""
+    if M is None and not isinstance(N, (int, np.integer)):
+        shape = [int(v) for v in np.asarray(N.numpy() if isinstance(N, Tensor) else N).reshape(-1)]
+        if len(shape) not in (1, 2):
+            raise ValueError(f"eye: a shape must have 1 or 2 elements, got {N!r}")
+        N, M = shape[0], shape[-1]
+    N, M = int(N), None if M is None else int(M)
     if N < 0 or (M is not None and M < 0):
         raise ValueError(f"eye: N and M must be >= 0, got N={N}, M={M}")
     return Tensor(np.eye(N, M, dtype=dtype), device=device)
@@ -618,7 +692,10 @@ def norm(inp, ord: Optional[float] = None, axis=None, keepdims: bool = False):
         return min(abs(x), axis, keepdims)  # noqa: F821
     if ord == 0:
         return sum(astype(ne(x, 0), x.dtype), axis, keepdims)  # noqa: F821
-    return sum(abs(x) ** ord, axis, keepdims) ** (1.0 / ord)  # noqa: F821
+    # as for ord 2: a zero vector has norm 0 and gradient 0, not 0 * inf
+    s = sum(abs(x) ** ord, axis, keepdims)  # noqa: F821
+    zero = eq(s, 0)  # noqa: F821
+    return where(zero, 0, where(zero, 1, s) ** (1.0 / ord))  # noqa: F821
 
 
 def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
@@ -838,7 +915,9 @@ def elu(inp: Tensor, alpha: float = 1.0) -> Tensor:
         array([-0.63212055,  2.        ], dtype=float32)
     """
     x = _t(inp)
-    return relu(x) + expm1(minimum(x, 0)) * alpha  # noqa: F821
+    positive = gt(x, 0)  # noqa: F821
+    # at 0 the gradient is alpha, torch's (minimum's tie would split it)
+    return where(positive, x, expm1(where(positive, 0, x)) * alpha)  # noqa: F821
 
 
 def prelu(inp: Tensor, weight: Tensor) -> Tensor:
@@ -852,7 +931,8 @@ def prelu(inp: Tensor, weight: Tensor) -> Tensor:
         array([-0.5,  3. ], dtype=float32)
     """
     x = _t(inp)
-    return relu(x) + minimum(x, 0) * _t(weight, x)  # noqa: F821
+    # at 0 the gradient is weight, torch's (minimum's tie would split it)
+    return where(gt(x, 0), x, x * _t(weight, x))  # noqa: F821
 
 
 # ---- losses: ``reduction`` is "mean" (default), "sum" or "none"
@@ -1415,7 +1495,8 @@ def atan2(y: Tensor, x: Tensor) -> Tensor:
     safe_x = where(wide & ne(x, 0), x, 1)  # noqa: F821
     safe_y = where(wide, 1, y)
     half_pi = np.asarray(np.pi / 2, x.dtype)
-    near_x = atan(y / safe_x) + where(lt(x, 0), where(lt(y, 0), -2 * half_pi, 2 * half_pi), 0)  # noqa: F821
+    # (at the origin the ratio is 0/1, constant: gradient 0 there, as torch)
+    near_x = atan(where(ne(x, 0), y, 0) / safe_x) + where(lt(x, 0), where(lt(y, 0), -2 * half_pi, 2 * half_pi), 0)  # noqa: F821
     near_y = where(lt(y, 0), -half_pi, half_pi) - atan(x / safe_y)  # noqa: F821
     return where(wide, near_x, near_y)
 

@@ -61,8 +61,9 @@ class TensorDesc:
         return f"TensorDesc(shape={self.shape}, dtype={self.dtype}, device={self.device})"
 
 
-class OpError(ValueError):
-    """Bad input to an op: the message names the op and the shapes."""
+class OpError(ValueError, RuntimeError):
+    """Bad input to an op: the message names the op and the shapes. A
+    ValueError, and a RuntimeError as MegEngine raises for the same."""
 
 
 def _fmt(desc) -> str:

@@ -75,11 +75,13 @@ TABLE = [
     Row("atanh",    "np.arctanh(x)",          "atanh(x)",           ("g / (1 - x * x)",), (-0.9, 0.9)),
     Row("erf",      "_erf(x)",                "erf(x)",             ("g * exp(-(x * x)) * 1.1283791670955126",)),
     # activations
-    Row("sigmoid",  "(np.tanh(x * 0.5) + 1) * 0.5", "1 / (1 + exp(-x))", ("g * out * (1 - out)",)),
+    # exp(-log(1 + e^-x)): no cancellation in the negative tail (1 + tanh(x/2)
+    # would lose it), no overflow for large |x|
+    Row("sigmoid",  "np.exp(-np.logaddexp(0, -x))", "1 / (1 + exp(-x))", ("g * out * (1 - out)",)),
     Row("relu",     "np.maximum(x, 0)",       "gc_max(x, (T)0)",    ("g * (out > 0)",)),
     Row("softplus", "np.logaddexp(x, 0)",     "log1p(exp(-gc_abs(x))) + gc_max(x, (T)0)", ("g * sigmoid(x)",)),
     Row("logsigmoid", "-np.logaddexp(-x, 0)", "-(log1p(exp(-gc_abs(x))) + gc_max(-x, (T)0))", ("g * sigmoid(-x)",)),
-    Row("silu",     "x * ((np.tanh(x * 0.5) + 1) * 0.5)", "x / (1 + exp(-x))",
+    Row("silu",     "x * np.exp(-np.logaddexp(0, -x))", "x / (1 + exp(-x))",
                                                                     ("g * (sigmoid(x) * (1 + x * (1 - sigmoid(x))))",)),
     Row("gelu",     "x * (_erf(x * 0.7071067811865476) + 1) * 0.5", "x * (T)0.5 * (1 + erf(x * (T)0.7071067811865476))",
                     ("g * ((erf(x * 0.7071067811865476) + 1) * 0.5 + x * exp(x * x * -0.5) * 0.3989422804014327)",)),
