@@ -161,7 +161,7 @@ cdef class Tensor:
     cdef public object _data      # numpy.ndarray on cpu
     cdef public object _device
     cdef public object grad
-    cdef public object name
+    cdef object _name
     # bumped by every write into _data's buffer (optimizer steps); values
     # saved for backward remember it, so a write in between is caught
     cdef public long _version
@@ -179,9 +179,18 @@ cdef class Tensor:
             self._data, self._device = _h_getattr("_to_array")(src._data, dtype, device or src._device)
         else:
             self._data, self._device = _h_getattr("_to_array")(data, dtype, device)
-        self.name = name
+        self._name = name
 
     # -- metadata
+    @property
+    def name(self):
+        """The tensor's name ("" when it has none, as MegEngine)."""
+        return "" if self._name is None else self._name
+
+    @name.setter
+    def name(self, value):
+        self._name = value
+
     @property
     def shape(self):
         return self._data.shape
@@ -269,12 +278,16 @@ cdef class Tensor:
     def __hash__(self):
         return id(self) >> 4
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        # np.add(tensor, array) and the like: a Tensor, as in MegEngine
+        return _h_getattr("array_ufunc")(self, ufunc, method, inputs, kwargs)
+
     def __array__(self, dtype=None, copy=None):
         arr = self._data if type(self._data) is _ndarray else self._data.get()   # a device copies to host
         return arr if dtype is None else arr.astype(dtype)
 
     def __reduce__(self):
-        return (_rebuild_tensor, (type(self), np.array(self.numpy()), self._device, self.name))
+        return (_rebuild_tensor, (type(self), np.array(self.numpy()), self._device, self._name))
 
     # -- operators: the hot ones go straight to the compiled dispatcher
     def __add__(self, other): return _apply1(_op_add, (self, other))
@@ -381,7 +394,7 @@ def _rebuild_tensor(cls, data, device, name):
     t = cls.__new__(cls)
     (<Tensor>t)._data = data if device == CPU else _h_getattr("_to_array")(data, None, device)[0]
     (<Tensor>t)._device = device
-    (<Tensor>t).name = name
+    (<Tensor>t)._name = name
     return t
 
 
@@ -423,6 +436,7 @@ cdef class OpBase:
     reads without touching Python attributes (the CPU kernel, whether the op
     has its own ``_grad_rule``, the last backward graph used)."""
     cdef object _cpu_kernel
+    cdef Py_ssize_t _nin          # inputs the op takes (its ``nin``), -1 any, -2 unknown
     cdef signed char _own_rule    # -1 unknown, 0 no, 1 yes
     cdef long long _last_key
     cdef object _last_cb
@@ -431,6 +445,7 @@ cdef class OpBase:
     def __cinit__(self):
         self._own_rule = -1
         self._last_key = -1
+        self._nin = -2
 
     def _clear_caches(self):
         self._cpu_kernel = None
@@ -480,6 +495,8 @@ cdef class GradSlot:
     cdef object callback
     cdef object tensor_ref    # weakref to an attached tensor, for inspection
     cdef tuple shape          # an attached tensor's shape: its gradient must have it
+    cdef bint made_by_attach  # a leaf's own slot; else an op's output slot, whose
+                              # gradient its op still reads after the tensor's callback
 
 
 cdef inline GradSlot _new_slot(GradKey key):
@@ -658,6 +675,7 @@ cdef class GradKey:
         cdef GradSlot s = _slot_for(t, self)
         if s is None:
             s = _new_slot(self)
+            s.made_by_attach = True
             _prune_slots(t)
             _add_slot(t, s)
             self.leaves.append(s)
@@ -759,6 +777,16 @@ def apply(op, *args):
 cdef object _kernel_call(op, tuple args, object device):
     cdef Py_ssize_t n = len(args)
     cdef Tensor t0
+    cdef Py_ssize_t nin
+    if isinstance(op, OpBase):
+        # a wrong input count must not reach a ufunc kernel: NumPy would
+        # take the extra array as its output buffer and overwrite it
+        nin = (<OpBase>op)._nin
+        if nin == -2:
+            nin = getattr(op, "nin", -1)
+            (<OpBase>op)._nin = nin
+        if nin >= 0 and nin != n:
+            raise _h_kernel_error(op, args, TypeError(f"takes {nin} inputs, got {n}"))
     if device is CPU or device == CPU:
         if isinstance(op, OpBase):
             kernel = (<OpBase>op)._cpu_kernel
@@ -1377,10 +1405,15 @@ cdef inline void _acc_tensor(GradSlot s, object g):
         s.grad = _apply(_h_add, (s.grad, g))[0]
 
 
-cdef void _fire(GradSlot s, bint tensor_mode, object device) except *:
+cdef void _fire(GradSlot s, bint tensor_mode, object device, list kept) except *:
     g = s.grad
-    s.grad = None
     s.owned = False
+    if s.made_by_attach:
+        s.grad = None
+    else:
+        # an attached intermediate: the op that made it still reads this
+        # gradient to carry it further back (MegEngine's semantics)
+        kept.append(s)
     if g is None or s.callback is None:
         return
     # backward graphs are trusted per node (standard and plugin ops alike, so
@@ -1573,6 +1606,7 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
     cdef Tensor y
     cdef Py_ssize_t i, j, nd, nt = len(tape)
     cdef list roots = []
+    cdef list kept = []
     key.ran_backward = True
     cdef long saved_visible = _visible_below
     try:
@@ -1599,7 +1633,11 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
             else:
                 _acc_raw(s, (<Tensor>dy)._data)
             if s.leaf and s.pending == 0:
-                roots.append(s)
+                roots.append((s, y._device))
+        # an attached output gets its gradient before the op that made it
+        # reads it (and carries it on)
+        for s, device in roots:
+            _fire(s, tensor_mode, device, kept)
         _visible_below = key.priority
         # reverse walk
         for i in range(nt - 1, -1, -1):
@@ -1634,13 +1672,13 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
                 if s is not None:
                     s.pending -= 1
                     if s.pending == 0 and s.leaf:
-                        _fire(s, tensor_mode, node.device)
+                        _fire(s, tensor_mode, node.device, kept)
             # the tape held the only reference: the node and what it saved
             # are freed here, back to the pool
-        for s in roots:
-            _fire(s, tensor_mode, CPU)
     finally:
         _visible_below = saved_visible
+        for s in kept:
+            s.grad = None
         for o in key.tape:
             if o is not None:
                 (<GradFn>o).clear()

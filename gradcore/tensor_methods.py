@@ -23,7 +23,11 @@ def norm_device(device) -> str:
     d = str(device).lower()
     if d in ("cpu", "cpu0", "cpux") or d.startswith("cpu"):
         return "cpu"
-    if d in ("cuda", "gpu", "gpu0", "cuda0", "cuda:0", "xpux"):
+    if d in ("xpux", "xpu", "xpu0"):
+        # MegEngine's "any device": the GPU where there is one, else the CPU
+        from . import devices
+        return "cuda" if devices.is_cuda_available() else "cpu"
+    if d in ("cuda", "gpu", "gpu0", "cuda0", "cuda:0"):
         from . import devices
         devices.require_cuda()
         return "cuda"
@@ -104,7 +108,7 @@ def slow_apply(op, args):
     if hasattr(op, "_grad_rule") and not hasattr(op, "cpu"):
         bad = next(a for a in args if not isinstance(a, Tensor)) if args else None
         if args:
-            raise TypeError(f"op {_name(op)} expects Tensor inputs, got {type(bad).__name__}")
+            raise TypeError(f"op {_name(op)} expect type Tensor as inputs, got {type(bad).__name__}")
     tensors = [a for a in args if isinstance(a, Tensor)]
     device = tensors[0].device if tensors else "cpu"
     conv = []
@@ -112,6 +116,10 @@ def slow_apply(op, args):
         if isinstance(a, Tensor):
             conv.append(a)
             continue
+        if a is None:
+            # MegEngine's exact message for `t + None` and the like (its tests
+            # compare the whole text, so the op is not named)
+            raise TypeError("the operand is None and is not supported.")
         c = _const_for(a, tensors, device)
         if c is None:
             raise TypeError(f"op {_name(op)}: cannot use an argument of type {type(a).__name__} "
@@ -188,8 +196,57 @@ def reshape(self, *shape):
 
 
 def transpose(self, *perm):
+    if len(perm) == 1 and isinstance(perm[0], (tuple, list)):
+        perm = tuple(perm[0])
+    if any(isinstance(p, str) for p in perm):
+        # MegEngine's pattern: 'x' adds an axis, a left-out axis of size 1 is dropped
+        return dimshuffle(self, perm)
     perm = _shape_args(perm, "transpose: axes")
+    if 0 < len(perm) < self.ndim:
+        return dimshuffle(self, perm)
     return _F().transpose(self, perm if perm else None)
+
+
+def dimshuffle(x, pattern):
+    """MegEngine's transpose pattern with ``'x'`` entries: the listed axes in
+    that order, a new axis of size 1 at each ``'x'``; an axis left out must
+    have size 1 and is dropped. ``(1, 'x', 0)``: (A, B) -> (B, 1, A). Axes
+    are non-negative here (MegEngine's low-level -1 means 'x', NumPy's the
+    last axis: neither is guessed).
+
+    Example::
+
+        >>> t.transpose(0, 'x', 1).shape       # (2, 3) -> (2, 1, 3)
+        (2, 1, 3)
+    """
+    pattern = tuple(pattern)
+    nd = x.ndim
+    axes = []
+    for p in pattern:
+        if isinstance(p, str):
+            if p != "x":
+                raise ValueError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}")
+            continue
+        try:
+            a = p.__index__()
+        except (AttributeError, TypeError):
+            raise TypeError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}") from None
+        if not 0 <= a < nd:
+            raise ValueError(f"transpose: axis {a} in {pattern} is out of range for a tensor of shape "
+                             f"{x.shape} (a pattern with 'x' or fewer entries than axes takes axes "
+                             f"0..{nd - 1} and 'x')")
+        axes.append(a)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"transpose: pattern {pattern} repeats an axis")
+    dropped = [a for a in range(nd) if a not in axes]
+    if any(x.shape[a] != 1 for a in dropped):
+        raise ValueError(f"transpose: pattern {pattern} leaves out axes {dropped} of a tensor of shape "
+                         f"{x.shape}; only axes of size 1 can be left out")
+    F = _F()
+    y = F.transpose(x, tuple(axes) + tuple(dropped)) if nd else x
+    it = iter(y.shape)
+    shape = tuple(1 if isinstance(p, str) else next(it) for p in pattern)
+    return F.reshape(y, shape)
 
 
 def to(self, device):
@@ -272,6 +329,43 @@ def round_(self, ndigits=None):
     return F.round(self * scale) / scale
 
 
+# NumPy ufuncs that are gradcore elementwise modes, with the same NumPy
+# semantics (dtype rules included)
+_UFUNC_MODES = {
+    "add": "add", "subtract": "sub", "multiply": "mul", "true_divide": "div", "divide": "div",
+    "floor_divide": "floor_div", "remainder": "mod", "power": "pow", "negative": "neg",
+    "absolute": "abs", "equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le",
+    "greater": "gt", "greater_equal": "ge", "maximum": "maximum", "minimum": "minimum",
+    "exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt",
+    "square": "square", "sin": "sin", "cos": "cos", "tan": "tan", "arcsin": "asin",
+    "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh",
+    "arcsinh": "asinh", "arccosh": "acosh", "arctanh": "atanh", "floor": "floor", "ceil": "ceil",
+    "sign": "sign",
+}
+_ufunc_ops = {}
+
+
+def array_ufunc(self, ufunc, method, inputs, kwargs):
+    """``Tensor.__array_ufunc__``: ``np.add(tensor, array)`` and the other
+    ufuncs that are gradcore elementwise ops return a Tensor on the tensor's
+    device (recorded, like the operator), as in MegEngine; any other ufunc,
+    method (``reduce``, ``at``, ...) or an ``out=`` argument runs in NumPy on
+    the host values, as before."""
+    mode = _UFUNC_MODES.get(ufunc.__name__)
+    if method == "__call__" and not kwargs and mode is not None and len(inputs) == ufunc.nin:
+        op = _ufunc_ops.get(mode)
+        if op is None:
+            from gradcore.ops.elemwise import Elemwise
+            op = _ufunc_ops[mode] = Elemwise(mode)
+        return _core.apply(op, *inputs)[0]
+    host = [np.asarray(i.numpy()) if isinstance(i, Tensor) else i for i in inputs]
+    if "out" in kwargs:
+        kwargs = dict(kwargs)
+        kwargs["out"] = tuple(np.asarray(o.numpy()) if isinstance(o, Tensor) else o
+                              for o in kwargs["out"])
+    return getattr(ufunc, method)(*host, **kwargs)
+
+
 def bind_op_args(fn, args, kwargs):
     """Positional arguments for an OpFunction called with keywords: its
     inputs are named x, y, z (MegEngine's names; ``inp`` for one input)."""
@@ -305,6 +399,7 @@ _HOOK_FNS = {
     "setitem": setitem,
     "logical": logical,
     "bind_op_args": bind_op_args,
+    "array_ufunc": array_ufunc,
     "round": round_,
     "matmul": lambda a, b: _F().matmul(a, b),
     "astype": astype,

@@ -43,10 +43,24 @@ def split_index(index) -> Tuple[tuple, list]:
             spec.append(("i", int(item)))
         elif isinstance(item, _core.Tensor) and item.ndim == 0 and item.dtype.kind in "iu":
             spec.append(("i", int(item.item())))
+        elif isinstance(item, (list, tuple)) and _empty_sequence(item):
+            # NumPy: an empty list (x[[]], x[[], []]) is an empty integer
+            # index, not a float array
+            spec.append(("t", len(arrays)))
+            arrays.append(np.asarray(item, dtype=np.intp))
         else:
             spec.append(("t", len(arrays)))
             arrays.append(item)
     return tuple(spec), arrays
+
+
+def _empty_sequence(item) -> bool:
+    """A (nested) list or tuple holding no element at all."""
+    try:
+        arr = np.asarray(item)
+    except Exception:
+        return False
+    return arr.size == 0 and arr.dtype.kind == "f"
 
 
 def _int_or_none(v):

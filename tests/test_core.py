@@ -552,3 +552,22 @@ def test_own_rule_with_a_parameter_written_before_backward_raises():
     with pytest.raises(RuntimeError, match="cube_own_rule.*modified in place"):
         gm.backward(y)
     assert not gm.recording
+
+
+def test_megengines_any_device_falls_back_to_the_cpu():
+    from gradcore import devices
+    expect = "cuda" if devices.is_cuda_available() else "cpu"
+    for name in ("xpux", "xpu0"):
+        assert gc.Tensor([1.0], device=name).device == expect
+    with pytest.raises(ValueError, match="unknown device 'tpu0'"):
+        gc.Tensor([1.0], device="tpu0")
+
+
+def test_a_wrong_input_count_never_reaches_a_ufunc_kernel():
+    # NumPy would take the extra array as its output buffer and overwrite it
+    x, y, z = gc.Tensor([1.0, 2.0]), gc.Tensor([3.0, 4.0]), gc.Tensor([0.0, 0.0])
+    with pytest.raises(ValueError, match=r"Elemwise\(add\): takes 2 inputs, got 3 .*\(2,\), \(2,\), \(2,\)"):
+        F.add(x, y, z)
+    with pytest.raises(ValueError, match=r"Elemwise\(neg\): takes 1 inputs, got 2"):
+        apply(Elemwise("neg"), x, y)
+    assert z.numpy().tolist() == [0.0, 0.0] and y.numpy().tolist() == [3.0, 4.0]
