@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
+import operator
+
 import numpy as np
 
 from . import _core
@@ -43,15 +45,80 @@ def _on(x, like) -> Tensor:
     arrays, labels)."""
     if isinstance(x, Tensor) or hasattr(x, "trace"):
         return x
-    return Tensor(x, device=getattr(like, "device", None))
+    return _new_tensor(x, None, getattr(like, "device", None), None)
 
 
-def _t(x, like: Optional[Tensor] = None) -> Tensor:
+def _t(x, like: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
     if isinstance(x, Tensor):
         return x
     if hasattr(x, "trace"):          # a symbolic tensor inside a trace
         return x
-    return Tensor(x, dtype=None if like is None else like.dtype, device=None if like is None else like.device)
+    return _new_tensor(x, None if like is None else like.dtype, None if like is None else like.device, name)
+
+
+def _caller() -> str:
+    """The public function of this module that is running (for messages):
+    the innermost caller whose name does not start with an underscore."""
+    import sys
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_name.startswith(("_", "<")) or f.f_code.co_name == "f") \
+            and f.f_globals is globals():
+        f = f.f_back
+    return f.f_code.co_name if f is not None and f.f_globals is globals() else "functional"
+
+
+def _new_tensor(x, dtype, device, name):
+    """A Tensor from a non-Tensor argument, or an error naming the function
+    (None is not a tensor here: ``Tensor(None)`` would be a silent 0)."""
+    if x is None:
+        raise TypeError(f"{name or _caller()}: expected a tensor, got None")
+    try:
+        return Tensor(x, dtype=dtype, device=device)
+    except (TypeError, ValueError) as exc:
+        text = repr(x)
+        text = text if len(text) <= 60 else text[:57] + "..."
+        raise type(exc)(f"{name or _caller()}: cannot use {type(x).__name__} {text} as a tensor: {exc}") from None
+
+
+def _named(name: str, exc: BaseException) -> BaseException:
+    """``exc`` with ``name: `` in front of its message (same class), for an
+    error raised by an op inside a composite function."""
+    text = str(exc)
+    if text.startswith(f"{name}:"):
+        return exc
+    try:
+        new = type(exc)(f"{name}: {text}")
+    except Exception:
+        return exc
+    return new
+
+
+_index = __import__("operator").index
+
+
+def _int_or_err(name: str, what: str, v) -> int:
+    """``v`` as an int: ints, NumPy ints, 0-d integer tensors and whole
+    floats (never a fractional float or a string, which ``int()`` would
+    truncate or misreport)."""
+    try:
+        return _index(v)
+    except TypeError:
+        if isinstance(v, (float, np.floating)) and float(v).is_integer():
+            return int(v)
+        raise TypeError(f"{name}: {what} must be an int, got {type(v).__name__} {v!r}") from None
+
+
+def _ints(name: str, what: str, seq) -> tuple:
+    """A sequence of ints (as ``_int_or_err``) as a tuple."""
+    try:
+        return tuple([_index(d) for d in seq])
+    except TypeError:
+        pass
+    try:
+        items = list(seq)
+    except TypeError:
+        raise TypeError(f"{name}: {what} must be a sequence of ints, got {type(seq).__name__} {seq!r}") from None
+    return tuple(_int_or_err(name, f"{what} entries", d) for d in items)
 
 
 # ---- elementwise: one function per table row, generated
@@ -71,8 +138,15 @@ equal, not_equal, less, less_equal, greater, greater_equal = eq, ne, lt, le, gt,
 _where = where  # noqa: F821
 
 
+_BOOL = np.dtype(bool)
+
+
 def where(mask, x, y):
-    """``x`` where ``mask`` is true, else ``y``."""
+    """``x`` where ``mask`` is true, else ``y``; ``mask`` is a bool tensor
+    (as MegEngine: a float or int mask is an error, not a truthiness test)."""
+    if isinstance(mask, (Tensor, np.ndarray)) and mask.dtype is not _BOOL and mask.dtype != _BOOL:
+        raise TypeError(f"where: mask must be a bool tensor, got {mask.dtype} of shape {mask.shape} "
+                        f"(compare first, e.g. F.where(x > 0, x, y))")
     return _apply(Elemwise("where"), mask, x, y)[0]
 
 
@@ -86,10 +160,13 @@ def clip(x, lower=None, upper=None):
         >>> F.clip(x, 0.0, 1.0)
     """
     x = _t(x)
-    if lower is not None:
-        x = where(lt(x, lower), lower, x)  # noqa: F821
-    if upper is not None:
-        x = where(gt(x, upper), upper, x)  # noqa: F821
+    try:
+        if lower is not None:
+            x = where(lt(x, lower), lower, x)  # noqa: F821
+        if upper is not None:
+            x = where(gt(x, upper), upper, x)  # noqa: F821
+    except (OpError, TypeError) as exc:     # a bound of the wrong shape or type
+        raise _named("clip", exc) from exc
     return x
 
 
@@ -106,9 +183,26 @@ def stop_gradient(x):
 
 def astype(x, dtype):
     x = _t(x)
-    if x.dtype == np.dtype(dtype):
+    dt = _numeric_dtype("astype", dtype)
+    if x.dtype == dt:
         return x
-    return _apply(_Cast(np.dtype(dtype)), x)[0]
+    return _apply(_Cast(dt), x)[0]
+
+
+def _numeric_dtype(name: str, dtype) -> np.dtype:
+    """``dtype`` as a NumPy dtype a tensor can hold (bool, integer, float,
+    complex), or an error naming ``name`` (np.dtype(None) would be float64,
+    np.dtype(str) a string tensor)."""
+    if dtype is None:
+        raise TypeError(f"{name}: dtype must be given, got None")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{name}: {exc}") from None
+    if dt.kind not in "biufc":
+        raise TypeError(f"{name}: cannot make a tensor of dtype {dt} (from {dtype!r}); "
+                        f"use a bool, integer or floating-point dtype")
+    return dt
 
 
 # ---- reductions
@@ -119,9 +213,9 @@ class AxisError(OpError, AssertionError):
 
 def _reduce(mode):
     def f(inp, axis=None, keepdims: bool = False):
-        x = _t(inp)
+        x = _t(inp, name=mode)
         if isinstance(axis, (tuple, list)) and x.shape is not None and x.ndim:
-            seen = [int(a) % x.ndim for a in axis]
+            seen = [_int_or_err(mode, "axis", a) % x.ndim for a in axis]
             if len(set(seen)) != len(seen):
                 raise AxisError(f"{mode}: axis {tuple(axis)} names an axis twice (input shape {x.shape})")
         return _apply(_Reduce(mode, _axis_key(axis), bool(keepdims)), x)[0]
@@ -171,7 +265,7 @@ def cumsum(inp, axis: int = 0):
 
         >>> F.cumsum(x, axis=1)
     """
-    return _apply(_CumSum(int(axis), False), _t(inp))[0]
+    return _apply(_CumSum(axis, False), _t(inp))[0]
 
 
 # ---- linear algebra
@@ -213,8 +307,8 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
 def dot(inp1, inp2):
     """Inner product of two vectors."""
     a, b = _t(inp1), _t(inp2)
-    if a.ndim > 1 or b.ndim > 1:
-        raise ValueError(f"dot: expects vectors, got shapes {a.shape} and {b.shape}")
+    if a.ndim > 1 or b.ndim > 1 or (a.ndim == 1 and b.ndim == 1 and a.shape != b.shape):
+        raise ValueError(f"dot: expects vectors of the same length, got shapes {a.shape} and {b.shape}")
     return sum(a * b)
 
 
@@ -222,14 +316,31 @@ def dot(inp1, inp2):
 def reshape(inp, target_shape: Sequence[int]):
     if isinstance(target_shape, int):
         target_shape = (target_shape,)
-    return _apply(_Reshape(tuple(int(d) for d in target_shape)), _t(inp))[0]
+    return _apply(_Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
 
 
 def transpose(inp, pattern: Optional[Sequence[int]] = None):
+    """``inp`` with its axes permuted by ``pattern`` (reversed when None). As
+    in MegEngine, an ``'x'`` in the pattern adds an axis of size 1, and an
+    axis of size 1 may be left out.
+
+    Example::
+
+        >>> F.transpose(gc.tensor(np.zeros((2, 3))), (1, "x", 0)).shape
+        (3, 1, 2)
+    """
     x = _t(inp)
     if pattern is None:
         pattern = tuple(range(x.ndim))[::-1]
-    return _apply(_Transpose(tuple(int(p) for p in pattern)), x)[0]
+    pattern = tuple(pattern)
+    if any(isinstance(p, str) for p in pattern) or 0 < len(pattern) < x.ndim:
+        from .tensor_methods import dimshuffle
+        return dimshuffle(x, pattern)
+    try:
+        pattern = tuple(operator.index(p) for p in pattern)
+    except TypeError:
+        raise TypeError(f"transpose: pattern entries must be ints (or 'x'), got {pattern}") from None
+    return _apply(_Transpose(pattern), x)[0]
 
 
 class ShapeError(OpError, RuntimeError):
@@ -251,7 +362,10 @@ def broadcast_to(inp, shape: Sequence[int]):
         shape = shape.numpy().reshape(-1).tolist()
     elif isinstance(shape, (int, np.integer)):
         shape = (shape,)
-    shape = list(shape)
+    try:
+        shape = list(shape)
+    except TypeError:
+        raise TypeError(f"broadcast_to: shape must be a sequence of ints, got {shape!r}") from None
     for i, d in enumerate(shape):
         if d is None:
             lead = len(shape) - x.ndim
@@ -259,10 +373,10 @@ def broadcast_to(inp, shape: Sequence[int]):
                 raise ValueError(f"broadcast_to: None at position {i} of {tuple(shape)} has no axis of "
                                  f"inp (shape {x.shape}) to take its size from")
             shape[i] = x.shape[i - lead]
-        elif int(d) < 0:
+        elif _int_or_err("broadcast_to", "shape entries", d) < 0:
             raise ValueError(f"broadcast_to: sizes must be >= 0 (or None to keep the input's), got {tuple(shape)}")
     try:
-        return _apply(_Broadcast(tuple(int(d) for d in shape)), x)[0]
+        return _apply(_Broadcast(_ints("broadcast_to", "shape", shape)), x)[0]
     except OpError as exc:
         raise ShapeError(str(exc)) from None
 
@@ -272,10 +386,27 @@ def expand_dims(inp, axis):
         return _apply(_ExpandDims(_axis_key(axis)), _t(inp))[0]
     except OpError as exc:       # an axis out of range: MegEngine's RuntimeError too
         raise ShapeError(str(exc)) from None
+    except (TypeError, ValueError):      # an axis that is no int: 'a', 1.5, None
+        _check_axes("expand_dims", axis)
+        raise
 
 
 def squeeze(inp, axis=None):
-    return _apply(_Squeeze(_axis_key(axis)), _t(inp))[0]
+    try:
+        return _apply(_Squeeze(_axis_key(axis)), _t(inp))[0]
+    except (TypeError, ValueError) as exc:
+        if not isinstance(exc, OpError) and axis is not None:
+            _check_axes("squeeze", axis)
+        raise
+
+
+def _check_axes(name: str, axis) -> None:
+    """A TypeError naming ``name`` when ``axis`` is not an int or a sequence
+    of ints (called after an op rejected it with a less helpful message)."""
+    if isinstance(axis, (tuple, list)):
+        _ints(name, "axis", axis)
+    else:
+        _int_or_err(name, "axis", axis)
 
 
 def flatten(inp, start_axis: int = 0, end_axis: int = -1):
@@ -294,8 +425,20 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1):
 def concat(inps, axis: int = 0, device=None):
     """Join tensors along an existing ``axis``; ``device`` (MegEngine's
     argument) moves the result there."""
-    out = _apply(_Concat(int(axis)), *[_t(x) for x in inps])[0]
+    out = _apply(_Concat(_int_or_err("concat", "axis", axis)), *_tensor_list("concat", inps))[0]
     return out if device is None else out.to(device)
+
+
+def _tensor_list(name: str, inps) -> list:
+    """The tensors of a list argument (concat, stack): a list or tuple of at
+    least one; a Tensor itself is not iterated (that would use its rows)."""
+    if not isinstance(inps, (list, tuple)):
+        if isinstance(inps, Tensor) or not hasattr(inps, "__iter__"):
+            raise TypeError(f"{name}: expects a list of tensors, got {type(inps).__name__}")
+        inps = list(inps)
+    if not inps:
+        raise ValueError(f"{name}: expects at least one tensor, got an empty list")
+    return [_t(x, name=name) for x in inps]
 
 
 # ---- indexing
@@ -309,10 +452,23 @@ def setitem(x, index, value):
     """A copy of ``x`` with ``value`` written at ``index`` (recorded)."""
     spec, arrays = split_index(index)
     arrays = [_on(a if isinstance(a, Tensor) else np.asarray(a), x) for a in arrays]
-    value = value if isinstance(value, Tensor) else Tensor(np.asarray(value, x.dtype), device=x.device)
+    value = value if isinstance(value, Tensor) else _value_like("setitem", value, x)
     if value.dtype != x.dtype:
         value = astype(value, x.dtype)
     return _apply(_SetSubtensor(spec), x, value, *arrays)[0]
+
+
+def _value_like(name: str, value, x):
+    """A non-Tensor ``value`` as a Tensor of ``x``'s dtype and device, or an
+    error naming ``name`` (None would silently become NaN, a string a NumPy
+    conversion error)."""
+    if value is None:
+        raise TypeError(f"{name}: the value is None; give a number or a tensor")
+    try:
+        return Tensor(np.asarray(value, x.dtype), device=x.device)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name}: cannot use {type(value).__name__} {value!r:.60} as a value for a tensor "
+                        f"of dtype {x.dtype} and shape {x.shape}: {exc}") from None
 
 
 def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
@@ -322,8 +478,11 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
 
         >>> F.indexing_one_hot(logits, labels)     # (N, C), (N,) -> (N,)
     """
+    src = _t(src)
     index = _int_labels(_on(index, src), "indexing_one_hot", "index")
-    return _apply(_IndexingOneHot(int(axis), bool(keepdims)), _t(src), index)[0]
+    if src.shape is not None:
+        _axis_in("indexing_one_hot", axis, src.ndim)      # no silent wrap of axis=5 onto axis 1
+    return _apply(_IndexingOneHot(_int_or_err("indexing_one_hot", "axis", axis), bool(keepdims)), src, index)[0]
 
 
 def _int_labels(label, name: str, what: str):
@@ -363,8 +522,8 @@ def split(inp, nsplits_or_sections, axis: int = 0):
     if isinstance(nsplits_or_sections, (int, np.integer)):
         sections = int(nsplits_or_sections)
     else:
-        sections = tuple(int(s) for s in nsplits_or_sections)
-    return list(_apply(_Split(int(axis), sections), _t(inp)))
+        sections = _ints("split", "nsplits_or_sections", nsplits_or_sections)
+    return list(_apply(_Split(_int_or_err("split", "axis", axis), sections), _t(inp)))
 
 
 def stack(inps, axis: int = 0, device=None):
@@ -375,7 +534,7 @@ def stack(inps, axis: int = 0, device=None):
 
         >>> F.stack([x, y], axis=1)         # (3,), (3,) -> (3, 2)
     """
-    out = _apply(_Stack(int(axis)), *[_t(x) for x in inps])[0]
+    out = _apply(_Stack(_int_or_err("stack", "axis", axis)), *_tensor_list("stack", inps))[0]
     return out if device is None else out.to(device)
 
 
@@ -389,7 +548,7 @@ def gather(inp, axis: int, index):
         >>> F.gather(x, 1, gc.tensor([[0, 0], [1, 0]]))
     """
     x = _t(inp)
-    return _apply(_Gather(int(axis)), x, _on(index, x))[0]
+    return _apply(_Gather(_int_or_err("gather", "axis", axis)), x, _on(index, x))[0]
 
 
 def scatter(inp, axis: int, index, source):
@@ -401,11 +560,10 @@ def scatter(inp, axis: int, index, source):
         >>> F.scatter(x, 0, gc.tensor([[1, 0, 2]]), src)
     """
     x = _t(inp)
-    src = source if isinstance(source, Tensor) or hasattr(source, "trace") else \
-        Tensor(np.asarray(source, x.dtype), device=x.device)
+    src = source if isinstance(source, Tensor) or hasattr(source, "trace") else _value_like("scatter", source, x)
     if src.dtype != x.dtype:
         src = astype(src, x.dtype)
-    return _apply(_Scatter(int(axis)), x, _on(index, x), src)[0]
+    return _apply(_Scatter(_int_or_err("scatter", "axis", axis)), x, _on(index, x), src)[0]
 
 
 def sort(inp, descending: bool = False, axis: int = -1):
@@ -437,31 +595,60 @@ def topk(inp, k: int, descending: bool = False, kth_only: bool = False, no_sort:
         >>> values, indices = F.topk(x, 3, descending=True)
     """
     mode = "kth_only" if kth_only else "no_sort" if no_sort else "sorted"
-    return _apply(_TopK(int(k), bool(descending), mode), _t(inp))
+    return _apply(_TopK(_int_or_err("topk", "k", k), bool(descending), mode), _t(inp))
 
 
 # ---- creation
+def _host(name: str, make, **args):
+    """``make()`` (a NumPy constructor call), with its TypeError or
+    ValueError (a negative size, a string, an unknown dtype) naming ``name``
+    and the arguments."""
+    try:
+        return make()
+    except (TypeError, ValueError, MemoryError) as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in args.items())
+        base = TypeError if isinstance(exc, TypeError) else ValueError if isinstance(exc, ValueError) else MemoryError
+        try:
+            new = exc.__class__(f"{exc} (got {given})") if base is not MemoryError else None
+        except Exception:
+            new = None
+        raise _named(name, new if isinstance(new, base) else base(f"{exc} (got {given})")) from None
+
+
 def zeros(shape, dtype="float32", device=None):
-    return Tensor(np.zeros(shape, dtype), device=device)
+    return Tensor(_host("zeros", lambda: np.zeros(shape, dtype), shape=shape, dtype=dtype), device=device)
 
 
 def ones(shape, dtype="float32", device=None):
-    return Tensor(np.ones(shape, dtype), device=device)
+    return Tensor(_host("ones", lambda: np.ones(shape, dtype), shape=shape, dtype=dtype), device=device)
+
+
+def _fill_value(name: str, value, dtype) -> None:
+    """None, or NaN/inf into an integer or bool dtype (NumPy would write
+    garbage such as INT_MIN), is an error naming ``name``."""
+    if value is None:
+        raise TypeError(f"{name}: value is None; give a number")
+    if isinstance(value, (float, np.floating)) and not np.isfinite(value) and np.dtype(dtype).kind in "biu":
+        raise ValueError(f"{name}: cannot fill a {np.dtype(dtype)} tensor with {value}")
 
 
 def full(shape, value, dtype=None, device=None):
     """A tensor of ``shape`` filled with ``value``. Without ``dtype`` it comes
     from the value as in MegEngine: bool, int32 for an int, float32 for a float."""
     if dtype is None:
-        dtype = Tensor(value).dtype
-    return Tensor(np.full(shape, value, dtype), device=device)
+        dtype = _t(value, name="full").dtype
+    _host("full", lambda: _fill_value("full", value, dtype), dtype=dtype)   # (dtype may be unknown)
+    return Tensor(_host("full", lambda: np.full(shape, value, dtype), shape=shape, value=value, dtype=dtype),
+                  device=device)
 
 
 def zeros_like(inp):
+    inp = _t(inp, name="zeros_like")
     return Tensor(np.zeros(inp.shape, inp.dtype), device=inp.device)
 
 
 def ones_like(inp):
+    inp = _t(inp, name="ones_like")
     return Tensor(np.ones(inp.shape, inp.dtype), device=inp.device)
 
 
@@ -470,23 +657,30 @@ def arange(start=0, stop=None, step=1, dtype="float32", device=None):
         raise ValueError("arange: step must not be 0")
     if stop is None:
         start, stop = 0, start
-    return Tensor(np.arange(start, stop, step, dtype=dtype), device=device)
+    return Tensor(_host("arange", lambda: np.arange(start, stop, step, dtype=dtype),
+                        start=start, stop=stop, step=step, dtype=dtype), device=device)
 
 
 def linspace(start, stop, num, dtype="float32", device=None):
-    return Tensor(np.linspace(start, stop, num, dtype=dtype), device=device)
+    num = _int_or_err("linspace", "num", num)
+    if num < 0:
+        raise ValueError(f"linspace: num must be >= 0, got {num}")
+    return Tensor(_host("linspace", lambda: np.linspace(start, stop, num, dtype=dtype),
+                        start=start, stop=stop, num=num, dtype=dtype), device=device)
 
 
 def eye(N, M=None, dtype="float32", device=None):
     """An (N, M) matrix (M defaults to N) with ones on the diagonal. As in
     MegEngine, ``N`` may also be the shape: ``(N,)``, ``(N, M)`` or a 1-d
     integer Tensor holding it (``F.eye(x.shape)``)."""
-    if M is None and not isinstance(N, (int, np.integer)):
-        shape = [int(v) for v in np.asarray(N.numpy() if isinstance(N, Tensor) else N).reshape(-1)]
+    if M is None and not isinstance(N, (int, np.integer, float, np.floating)):
+        if N is None:
+            raise TypeError("eye: N must be an int or a shape, got None")
+        shape = _ints("eye", "shape", np.asarray(N.numpy() if isinstance(N, Tensor) else N).reshape(-1).tolist())
         if len(shape) not in (1, 2):
             raise ValueError(f"eye: a shape must have 1 or 2 elements, got {N!r}")
         N, M = shape[0], shape[-1]
-    N, M = int(N), None if M is None else int(M)
+    N, M = _int_or_err("eye", "N", N), None if M is None else _int_or_err("eye", "M", M)
     if N < 0 or (M is not None and M < 0):
         raise ValueError(f"eye: N and M must be >= 0, got N={N}, M={M}")
     return Tensor(np.eye(N, M, dtype=dtype), device=device)
@@ -497,8 +691,11 @@ def log_softmax(inp, axis: int = -1):
     """log(softmax(x)) along ``axis`` (an int or a sequence of axes)."""
     x = _t(inp)
     if isinstance(axis, (tuple, list)):
-        return x - logsumexp(x, axis, True)
-    return _apply(_LogSoftmax(int(axis)), x)[0]
+        try:
+            return x - logsumexp(x, axis, True)
+        except OpError as exc:
+            raise _named("log_softmax", exc) from exc
+    return _apply(_LogSoftmax(axis), x)[0]
 
 
 logsoftmax = log_softmax     # MegEngine 1.x's name
@@ -510,17 +707,23 @@ def logsumexp(inp, axis: int = -1, keepdims: bool = False):
     x = _t(inp)
     if axis is None or isinstance(axis, (tuple, list)):
         # the LogSumExp op's decomposition, over several axes at once
-        m = stop_gradient(max(x, _axis_key(axis), True))
+        try:
+            m = stop_gradient(max(x, _axis_key(axis), True))
+        except (OpError, TypeError) as exc:      # an axis out of range or not an int
+            raise _named("logsumexp", exc) from exc
         m = where(eq(abs(m), float("inf")), 0, m)  # noqa: F821 - as LogSumExp: no inf - inf
         s = sum(exp(x - m), _axis_key(axis), keepdims)  # noqa: F821
         return log(s) + (m if keepdims else reshape(m, s.shape))  # noqa: F821
-    return _apply(_LogSumExp(int(axis), bool(keepdims)), x)[0]
+    return _apply(_LogSumExp(axis, bool(keepdims)), x)[0]
 
 
 def leaky_relu(inp, negative_slope: float = 0.01):
     """``x`` where positive, ``negative_slope * x`` elsewhere."""
     x = _t(inp)
-    return where(gt(x, 0), x, x * negative_slope)  # noqa: F821
+    try:
+        return where(gt(x, 0), x, x * negative_slope)  # noqa: F821
+    except (OpError, TypeError) as exc:       # a slope that is no number
+        raise _named("leaky_relu", exc) from exc
 
 
 def softmax(inp, axis=None):
@@ -535,9 +738,12 @@ def softmax(inp, axis=None):
     if axis is None:
         axis = 0 if x.ndim in (0, 1, 3) else 1
     if isinstance(axis, (tuple, list)):
-        e = exp(x - stop_gradient(max(x, _axis_key(axis), True)))  # noqa: F821
+        try:
+            e = exp(x - stop_gradient(max(x, _axis_key(axis), True)))  # noqa: F821
+        except (OpError, TypeError) as exc:
+            raise _named("softmax", exc) from exc
         return e / sum(e, _axis_key(axis), True)
-    return _apply(_Softmax(int(axis)), x)[0]
+    return _apply(_Softmax(axis), x)[0]
 
 
 def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
@@ -555,8 +761,15 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
     if label.ndim != pred.ndim - 1:
         raise ValueError(f"cross_entropy: label must have one dimension less than pred, "
                          f"got shapes {pred.shape} and {label.shape}")
+    if pred.shape is not None:
+        _axis_in("cross_entropy", axis, pred.ndim)
+    if isinstance(label_smooth, bool) or not isinstance(label_smooth, (int, float, np.number)):
+        raise TypeError(f"cross_entropy: label_smooth must be a number, got {label_smooth!r}")
     logp = log_softmax(pred, axis) if with_logits else log(pred)  # noqa: F821
-    nll = -indexing_one_hot(logp, label, axis)
+    try:
+        nll = -indexing_one_hot(logp, label, axis)
+    except (OpError, IndexError) as exc:         # a label out of range
+        raise _named("cross_entropy", exc) from exc
     if label_smooth:
         nll = nll * (1 - label_smooth) - mean(logp, axis) * label_smooth
     return _reduce_loss("cross_entropy", nll, reduction)
@@ -577,8 +790,16 @@ def _reduce_loss(name: str, loss: Tensor, reduction: str) -> Tensor:
 def linear(inp, weight, bias=None, compute_mode: str = "default"):
     """``inp @ weight.T + bias`` (weight is (out_features, in_features));
     ``compute_mode`` as in ``matmul``."""
-    out = matmul(inp, weight, transpose_b=True)
-    return out if bias is None else out + bias
+    w = _t(weight, name="linear")
+    if w.shape is not None and w.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-d (out_features, in_features), got shape {w.shape}")
+    out = matmul(inp, w, transpose_b=True)
+    if bias is None:
+        return out
+    try:
+        return out + bias
+    except (OpError, TypeError) as exc:     # a bias that does not fit (out_features,)
+        raise _named("linear", exc) from exc
 
 
 # ---- convolution and pooling (NCHW)
@@ -588,10 +809,15 @@ _Conv2d, _MaxPool2d, _AvgPool2d = map(interned, (_Conv2dOp, _MaxPool2dOp, _AvgPo
 
 
 def _pair(v):
-    # anything but an int or a pair goes to the op as is, which says what is wrong
-    if isinstance(v, (tuple, list)):
-        return (int(v[0]), int(v[1])) if len(v) == 2 else tuple(v)
-    return (int(v), int(v))
+    # anything but an int or a pair of ints goes to the op as is, which says
+    # what is wrong (int() would truncate 1.5 or misreport a string)
+    try:
+        if isinstance(v, (tuple, list)):
+            return (_index(v[0]), _index(v[1])) if len(v) == 2 else tuple(v)
+        v = _index(v)
+        return (v, v)
+    except TypeError:
+        return tuple(v) if isinstance(v, (tuple, list)) else v
 
 
 def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
@@ -614,14 +840,26 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
         if g != groups:
             raise ValueError(f"conv2d: a 5-D weight {w.shape} has {g} groups, but groups={groups}")
         w = reshape(w, (g * og, cg, kh, kw))
-    out = _apply(_Conv2d(_pair(stride), _pair(padding), _pair(dilation), int(groups)), x, w)[0]
+    out = _apply(_Conv2d(_pair(stride), _pair(padding), _pair(dilation), groups), x, w)[0]
     if bias is None:
         return out
-    bias = _t(bias, out)
-    if bias.ndim == 1 and bias.shape[0] == out.shape[1]:
-        # a (O,) bias is one per output channel (PyTorch's form), not one per column
-        bias = reshape(bias, (1, -1, 1, 1))
-    return out + bias
+    return _channel_bias("conv2d", out, _t(bias, out))
+
+
+def _channel_bias(name: str, out: Tensor, bias: Tensor) -> Tensor:
+    """``out + bias`` for a convolution's (N, O, ...) output: a 1-d bias is
+    one per output channel (PyTorch's form) and must have O elements (it
+    would otherwise broadcast along the last spatial axis); any other bias
+    broadcasts, or the error names ``name``."""
+    if bias.ndim == 1 and out.shape is not None and bias.shape[0] != 1:
+        if bias.shape[0] != out.shape[1]:
+            raise ValueError(f"{name}: a 1-d bias must have one element per output channel "
+                             f"({out.shape[1]}), got shape {bias.shape} (output shape {out.shape})")
+        bias = reshape(bias, (1, -1) + (1,) * (out.ndim - 2))
+    try:
+        return out + bias
+    except OpError as exc:
+        raise _named(name, exc) from exc
 
 
 def max_pool2d(inp, kernel_size, stride=None, padding=0):
@@ -659,14 +897,21 @@ def var(inp, axis=None, keepdims: bool = False):
         >>> F.var(x, axis=1)
     """
     x = _t(inp)
-    d = x - mean(x, axis, True)
+    try:
+        m = mean(x, axis, True)
+    except (OpError, TypeError) as exc:       # an axis out of range or not an int
+        raise _named("var", exc) from exc
+    d = x - m
     return mean(d * d, axis, keepdims)
 
 
 def std(inp, axis=None, keepdims: bool = False):
     """Population standard deviation over ``axis``. Where it is 0 (constant
     data) the gradient is 0, as PyTorch's, not 0 * inf."""
-    v = var(inp, axis, keepdims)
+    try:
+        v = var(inp, axis, keepdims)
+    except (OpError, TypeError) as exc:
+        raise _named("std", exc) from exc
     zero = eq(v, 0)  # noqa: F821
     return where(zero, 0, sqrt(where(zero, 1, v)))  # noqa: F821
 
@@ -679,6 +924,27 @@ def norm(inp, ord: Optional[float] = None, axis=None, keepdims: bool = False):
         >>> F.norm(x, ord=2, axis=-1)
     """
     x = _t(inp)
+    ord = _norm_ord("norm", ord)
+    try:
+        return _norm(x, ord, axis, keepdims)
+    except (OpError, TypeError) as exc:       # an axis out of range or not an int
+        raise _named("norm", exc) from exc
+
+
+def _norm_ord(name: str, ord):
+    """``ord`` as a number (None stays None; "inf" and "-inf" are
+    accepted), or a TypeError naming ``name``."""
+    if ord is None or (isinstance(ord, (int, float, np.number)) and not isinstance(ord, bool)):
+        return ord
+    if isinstance(ord, str):
+        try:
+            return float(ord)
+        except ValueError:
+            pass
+    raise TypeError(f"{name}: ord must be a number (or None), got {ord!r}")
+
+
+def _norm(x, ord, axis, keepdims):
     if ord is None or ord == 2:
         # the gradient at a zero vector is 0 (PyTorch's subgradient), not 0/0
         ss = sum(x * x, axis, keepdims)  # noqa: F821
@@ -718,6 +984,9 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     if param_dim != "dim_1c11":
         raise ValueError(f"batch_norm: only param_dim='dim_1c11' (NCHW) is supported, got {param_dim!r}")
     x = _t(inp)
+    if x.shape is not None:
+        _check_channel_params(x, training, running_mean=running_mean, running_var=running_var,
+                              weight=weight, bias=bias)
     axes = tuple(i for i in range(x.ndim) if i != 1)
 
     def per_channel(t):
@@ -758,6 +1027,28 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     return y
 
 
+def _check_channel_params(x, training, **params) -> None:
+    """batch_norm's checks before any op runs: inp is (N, C, ...), each given
+    statistic or affine parameter has C elements (weight and bias may also
+    be a single one), and the running statistics updated in training are
+    Tensors."""
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: inp must be (N, C, ...), got shape {x.shape}")
+    c = x.shape[1]
+    for what, t in params.items():
+        if t is None:
+            continue
+        running = what.startswith("running")
+        if running and training and not isinstance(t, Tensor):
+            raise TypeError(f"batch_norm: {what} must be a Tensor (it is updated in place in training), "
+                            f"got {type(t).__name__}")
+        shape = tuple(t.shape) if hasattr(t, "shape") else np.shape(t)
+        size = int(np.prod(shape))
+        if size != c and (running or size != 1):
+            raise ValueError(f"batch_norm: {what} must have one element per channel ({c} for inp of shape "
+                             f"{x.shape}), got shape {shape}")
+
+
 def dropout(inp, drop_prob: float, training: bool = True):
     """Zero each element with probability ``drop_prob`` and scale the rest by
     ``1 / (1 - drop_prob)``; the identity when not training. The mask comes
@@ -768,10 +1059,17 @@ def dropout(inp, drop_prob: float, training: bool = True):
         >>> F.dropout(x, 0.5)
     """
     x = _t(inp)
-    if not 0 <= drop_prob < 1:
+    try:
+        ok = 0 <= drop_prob < 1
+    except TypeError:
+        raise TypeError(f"dropout: drop_prob must be a number in [0, 1), got {drop_prob!r}") from None
+    if not ok:
         raise ValueError(f"dropout: drop_prob must be in [0, 1), got {drop_prob}")
     if not training or drop_prob == 0:
         return x
+    if x.dtype.kind not in "fc":
+        # the 1 / (1 - p) scale would be truncated to an integer
+        raise TypeError(f"dropout: needs a floating-point input, got {x.dtype} of shape {x.shape}")
     from . import random as _random
     keep = _random.generator().random(x.shape) >= drop_prob
     scale = np.asarray(1.0 / (1.0 - drop_prob), x.dtype)
@@ -842,7 +1140,9 @@ def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
                [7, 7]], dtype=int32)
     """
     x = _t(inp)
-    return Tensor(np.full(x.shape, value, x.dtype), device=x.device)
+    _fill_value("full_like", value, x.dtype)
+    return Tensor(_host("full_like", lambda: np.full(x.shape, value, x.dtype), value=value, dtype=x.dtype),
+                  device=x.device)
 
 
 def one_hot(inp: Tensor, num_classes: int) -> Tensor:
@@ -917,7 +1217,10 @@ def elu(inp: Tensor, alpha: float = 1.0) -> Tensor:
     x = _t(inp)
     positive = gt(x, 0)  # noqa: F821
     # at 0 the gradient is alpha, torch's (minimum's tie would split it)
-    return where(positive, x, expm1(where(positive, 0, x)) * alpha)  # noqa: F821
+    try:
+        return where(positive, x, expm1(where(positive, 0, x)) * alpha)  # noqa: F821
+    except (OpError, TypeError) as exc:       # an alpha that is no number
+        raise _named("elu", exc) from exc
 
 
 def prelu(inp: Tensor, weight: Tensor) -> Tensor:
@@ -932,13 +1235,27 @@ def prelu(inp: Tensor, weight: Tensor) -> Tensor:
     """
     x = _t(inp)
     # at 0 the gradient is weight, torch's (minimum's tie would split it)
-    return where(gt(x, 0), x, x * _t(weight, x))  # noqa: F821
+    try:
+        return where(gt(x, 0), x, x * _t(weight, x))  # noqa: F821
+    except OpError as exc:        # a weight that does not broadcast against inp
+        raise _named("prelu", exc) from exc
 
 
 # ---- losses: ``reduction`` is "mean" (default), "sum" or "none"
-def _label(label, pred: Tensor) -> Tensor:
-    """``label`` as a tensor of ``pred``'s dtype: the loss keeps ``pred``'s."""
-    return astype(_t(label, pred), pred.dtype)
+def _label(label, pred: Tensor, name: Optional[str] = None) -> Tensor:
+    """``label`` as a tensor of ``pred``'s dtype: the loss keeps ``pred``'s.
+    With ``name`` (a loss), ``label`` must broadcast to ``pred``'s shape (a
+    (N,) label against (N, 1) scores would silently make an (N, N) loss)."""
+    label = astype(_t(label, pred), pred.dtype)
+    if name is not None and label.shape != pred.shape and label.shape is not None and pred.shape is not None:
+        try:
+            shape = tuple(np.broadcast_shapes(pred.shape, label.shape))
+        except ValueError:
+            shape = None
+        if shape != pred.shape:
+            raise ValueError(f"{name}: label must have pred's shape (or broadcast to it), got shapes "
+                             f"{pred.shape} and {label.shape}")
+    return label
 
 
 def l1_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
@@ -950,7 +1267,7 @@ def l1_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
         3.0
     """
     pred = _t(pred)
-    return _reduce_loss("l1_loss", abs(pred - _label(label, pred)), reduction)  # noqa: F821
+    return _reduce_loss("l1_loss", abs(pred - _label(label, pred, "l1_loss")), reduction)  # noqa: F821
 
 
 def square_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
@@ -962,7 +1279,7 @@ def square_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
         13.0
     """
     pred = _t(pred)
-    return _reduce_loss("square_loss", square(pred - _label(label, pred)), reduction)  # noqa: F821
+    return _reduce_loss("square_loss", square(pred - _label(label, pred, "square_loss")), reduction)  # noqa: F821
 
 
 mse_loss = square_loss
@@ -981,7 +1298,7 @@ def binary_cross_entropy(pred: Tensor, label: Tensor, with_logits: bool = True,
         0.6931471824645996
     """
     pred = _t(pred)
-    label = _label(label, pred)
+    label = _label(label, pred, "binary_cross_entropy")
     if with_logits:
         loss = softplus(-pred) + (1 - label) * pred  # noqa: F821
     else:
@@ -1006,7 +1323,7 @@ def hinge_loss(pred: Tensor, label: Tensor, norm: str = "L1", reduction: str = "
     pred = _t(pred)
     if pred.ndim < 2:
         raise ValueError(f"hinge_loss: pred must be (N, C, ...), got shape {pred.shape}")
-    margin = relu(1 - pred * _label(label, pred))  # noqa: F821
+    margin = relu(1 - pred * _label(label, pred, "hinge_loss"))  # noqa: F821
     loss = sum(margin if kind == "L1" else square(margin), 1)  # noqa: F821
     return _reduce_loss("hinge_loss", loss, reduction)
 
@@ -1026,8 +1343,16 @@ def normalize(inp: Tensor, ord: Optional[float] = None, axis: Union[int, Sequenc
     if ord is None or ord == 2:
         # max(sqrt(s), eps) as sqrt(max(s, eps**2)): the same value, and no
         # 0 * inf in the gradient where s is 0
-        return x / sqrt(maximum(sum(x * x, axis, True), eps * eps))  # noqa: F821
-    return x / clip(norm(x, ord, axis, True), lower=eps)
+        try:
+            ss = sum(x * x, axis, True)  # noqa: F821
+        except (OpError, TypeError) as exc:
+            raise _named("normalize", exc) from exc
+        return x / sqrt(maximum(ss, eps * eps))  # noqa: F821
+    try:
+        n = norm(x, _norm_ord("normalize", ord), axis, True)
+    except (OpError, TypeError) as exc:
+        raise _named("normalize", exc) from exc
+    return x / clip(n, lower=eps)
 
 
 # ---- repeating and rolling (reshape, broadcast and split/concat)
@@ -1123,7 +1448,11 @@ def embedding(inp: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
         raise TypeError(f"embedding: inp must be an integer tensor, got {idx.dtype}")
     if w.ndim != 2:
         raise ValueError(f"embedding: weight must be 2-d (num_embeddings, dim), got shape {w.shape}")
-    return reshape(getitem(w, reshape(idx, (-1,))), idx.shape + (w.shape[1],))
+    try:
+        rows = getitem(w, reshape(idx, (-1,)))
+    except (OpError, IndexError) as exc:      # an index >= num_embeddings
+        raise _named("embedding", exc) from exc
+    return reshape(rows, idx.shape + (w.shape[1],))
 
 
 # ---- normalisation, padding, adaptive pooling and more of MegEngine's API
@@ -1232,6 +1561,9 @@ def pad(src: Tensor, pad_width: Sequence[Sequence[int]], mode: str = "constant",
     if kind not in ("constant", "reflect", "replicate"):
         raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'edge', got {mode!r}")
     out = x
+    if kind == "constant":
+        _fill_value("pad", constant_value, x.dtype)
+        _host("pad", lambda: np.asarray(constant_value, x.dtype), constant_value=constant_value, dtype=x.dtype)
     for axis, (before, after) in enumerate(_pad_widths("pad", pad_width, x.ndim)):
         if not (before or after):
             continue
@@ -1338,10 +1670,7 @@ def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: i
     out = squeeze(out, -1)
     if bias is None:
         return out
-    b = _t(bias, out)
-    if b.ndim == 1 and b.shape[0] == out.shape[1]:
-        b = reshape(b, (1, -1, 1))         # one per output channel
-    return out + b
+    return _channel_bias("conv1d", out, _t(bias, out))
 
 
 def _one_int(name: str, what: str, v, low: int) -> int:

@@ -43,6 +43,26 @@ def _state_tensor(data, device) -> Tensor:
     return t
 
 
+def _check_hyper(name: str, **values) -> None:
+    """Each hyper-parameter is a real number, not NaN (a string or None
+    would fail later inside the update with a NumPy message; NaN would turn
+    every parameter into NaN)."""
+    for what, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name}: {what} must be a number, got {type(v).__name__} {v!r}")
+        if v != v:
+            raise ValueError(f"{name}: {what} must be a number, got nan")
+
+
+def _check_betas(name: str, betas) -> tuple:
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: betas must be a pair of numbers (beta1, beta2), got {betas!r}") from None
+    _check_hyper(name, beta1=b1, beta2=b2)
+    return b1, b2
+
+
 class _RawState:
     """One parameter's state as the update rules see it: raw arrays in and
     out (updated in place), stored in the underlying dict as Tensors over
@@ -121,6 +141,10 @@ class Optimizer:
         for p in ps:
             if not isinstance(p, Tensor):
                 raise TypeError(f"{name}: parameters must be Tensors, got {type(p).__name__}")
+            if p.dtype.kind not in "fc":
+                # lr * grad would be truncated to an integer: the parameter would never move
+                raise TypeError(f"{name}: parameters must be floating-point, got {p.dtype} "
+                                f"(shape {p.shape})")
             if id(p) in seen:
                 raise ValueError(f"{name}: a parameter of shape {p.shape} appears more than once "
                                  f"in the parameter groups")
@@ -153,11 +177,20 @@ class Optimizer:
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                if not isinstance(p.grad, Tensor):
+                    raise TypeError(f"{type(self).__name__}.step: the gradient of a parameter of shape "
+                                    f"{p.shape} is a {type(p.grad).__name__}, not a Tensor")
                 if p.grad.shape != p.shape:
                     raise ValueError(f"{type(self).__name__}.step: a gradient of shape {p.grad.shape} "
                                      f"for a parameter of shape {p.shape}")
                 # the raw data (an ndarray, or a DeviceArray on cuda): updated where it lives
-                self._update(p, p.grad._data, group, _RawState(self._state.setdefault(p, {}), p.device))
+                try:
+                    self._update(p, p.grad._data, group, _RawState(self._state.setdefault(p, {}), p.device))
+                except (TypeError, ValueError) as exc:     # e.g. a hyper-parameter set to a string
+                    hyper = {k: v for k, v in group.items() if k != "params"}
+                    cls = TypeError if isinstance(exc, TypeError) else ValueError
+                    raise cls(f"{type(self).__name__}.step: {exc} (parameter of shape {p.shape}, "
+                              f"group {hyper})") from exc
         return self
 
     def _update(self, param, grad, group, state):
@@ -203,6 +236,10 @@ class Optimizer:
         """Restore what ``state_dict`` saved, into an optimizer over parameters
         of the same shapes, grouped the same way."""
         name = type(self).__name__
+        if not isinstance(state, dict) or "param_groups" not in state or "state" not in state:
+            raise ValueError(f"{name}.load_state_dict: expects a dict from state_dict() with 'param_groups' "
+                             f"and 'state', got {type(state).__name__}"
+                             f"{' with keys ' + str(sorted(map(str, state))) if isinstance(state, dict) else ''}")
         saved_groups = state["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"{name}.load_state_dict: {len(saved_groups)} parameter groups saved, "
@@ -239,6 +276,7 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr: float, momentum: float = 0.0, nesterov: bool = False,
                  weight_decay: float = 0.0):
+        _check_hyper("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
         if lr < 0 or momentum < 0 or weight_decay < 0:
             raise ValueError("SGD: lr, momentum and weight_decay must be non-negative")
         if nesterov and momentum == 0:
@@ -273,6 +311,8 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
+        _check_hyper("Adam", lr=lr, eps=eps, weight_decay=weight_decay)
+        betas = _check_betas("Adam", betas)
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError("Adam: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
@@ -311,6 +351,8 @@ class AdamW(Optimizer):
 
     def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2):
+        _check_hyper("AdamW", lr=lr, eps=eps, weight_decay=weight_decay)
+        betas = _check_betas("AdamW", betas)
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError("AdamW: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
@@ -348,6 +390,7 @@ class Adagrad(Optimizer):
 
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, eps: float = 1e-10,
                  weight_decay: float = 0.0):
+        _check_hyper("Adagrad", lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay)
         if lr < 0 or lr_decay < 0 or eps < 0 or weight_decay < 0:
             raise ValueError("Adagrad: lr, lr_decay, eps and weight_decay must be non-negative")
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay))
@@ -382,6 +425,7 @@ class Adadelta(Optimizer):
 
     def __init__(self, params, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6,
                  weight_decay: float = 0.0):
+        _check_hyper("Adadelta", lr=lr, rho=rho, eps=eps, weight_decay=weight_decay)
         if lr < 0 or eps < 0 or weight_decay < 0 or not 0 <= rho <= 1:
             raise ValueError("Adadelta: lr, eps and weight_decay must be non-negative and rho in [0, 1]")
         super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay))
@@ -426,7 +470,14 @@ def clip_grad_norm(tensors: Union[Tensor, Iterable[Tensor]], max_norm: float, or
     """
     from . import functional as F
     if isinstance(ord, str):        # "inf" / "-inf", as MegEngine's docs allow
-        ord = float(ord)
+        try:
+            ord = float(ord)
+        except ValueError:
+            raise ValueError(f"clip_grad_norm: ord must be a number or 'inf'/'-inf', got {ord!r}") from None
+    _check_hyper("clip_grad_norm", max_norm=max_norm, ord=ord)
+    if max_norm < 0:
+        # a negative scale would flip every gradient
+        raise ValueError(f"clip_grad_norm: max_norm must be >= 0, got {max_norm}")
     ts = [t for t in _with_grads(tensors) if t.grad is not None]
     if not ts:
         return Tensor(np.float32(0.0))
@@ -449,6 +500,9 @@ def clip_grad_value(tensors: Union[Tensor, Iterable[Tensor]], lower: float, uppe
         >>> optim.clip_grad_value(model.parameters(), lower=-1.0, upper=1.0)
     """
     from . import functional as F
+    _check_hyper("clip_grad_value", lower=lower, upper=upper)
+    if lower > upper:
+        raise ValueError(f"clip_grad_value: lower must be <= upper, got lower={lower}, upper={upper}")
     for t in _with_grads(tensors):
         if t.grad is None:
             continue

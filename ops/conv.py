@@ -54,6 +54,7 @@ from gradcore import _core
 from gradcore.op import Op, TensorDesc
 
 from .linalg import check_cuda_dtype, gemm_rows
+from .reduce import op_int
 
 AVG_MODES = ("average_count_exclude_padding", "average")
 
@@ -66,9 +67,9 @@ def _pair(op_name, what, v, minimum) -> Tuple[int, int]:
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
             raise ValueError(f"{op_name}: {what} must be an int or a pair, got {v!r}")
-        out = (int(v[0]), int(v[1]))
+        out = (op_int(op_name, what, v[0]), op_int(op_name, what, v[1]))
     else:
-        out = (int(v), int(v))
+        out = (op_int(op_name, what, v),) * 2
     if min(out) < minimum:
         raise ValueError(f"{op_name}: {what} must be >= {minimum}, got {v!r}")
     return out
@@ -240,7 +241,7 @@ class _ConvBase(Op):
         self.stride = _pair(n, "stride", stride, 1)
         self.padding = _pair(n, "padding", padding, 0)
         self.dilation = _pair(n, "dilation", dilation, 1)
-        self.groups = int(groups)
+        self.groups = op_int(n, "groups", groups)
         if self.groups < 1:
             raise ValueError(f"{n}: groups must be >= 1, got {groups!r}")
         self._seal()

@@ -11,7 +11,7 @@ from gradcore.op import Composite, Op, TensorDesc
 
 from .elemwise import Elemwise
 from .linalg import check_cuda_dtype
-from .reduce import Reduce
+from .reduce import Reduce, op_int
 from .shape import StopGradient
 
 
@@ -29,7 +29,7 @@ class LogSoftmax(Op):
     attrs = ("axis",)
 
     def __init__(self, axis=-1):
-        self.axis = int(axis)
+        self.axis = op_int("LogSoftmax", "axis", axis)
         self._seal()
 
     def infer(self, x):
@@ -81,7 +81,7 @@ class Softmax(Op):
     attrs = ("axis",)
 
     def __init__(self, axis=-1):
-        self.axis = int(axis)
+        self.axis = op_int("Softmax", "axis", axis)
         self._seal()
 
     @classmethod
@@ -121,7 +121,7 @@ class LogSumExp(Composite):
     attrs = ("axis", "keepdims")
 
     def __init__(self, axis=-1, keepdims=False):
-        self.axis, self.keepdims = int(axis), bool(keepdims)
+        self.axis, self.keepdims = op_int("LogSumExp", "axis", axis), bool(keepdims)
         self._seal()
 
     def infer(self, x):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Optional, Tuple
 
 import numpy as np
@@ -18,12 +19,25 @@ def _apply1(op, *args):
     return _core.apply(op, *args)[0]
 
 
-def norm_axis(axis) -> Optional[Tuple[int, ...]]:
+def op_int(op_name: str, what: str, v) -> int:
+    """``v`` as an int for an op attribute (an axis, a count): ints, NumPy
+    ints, 0-d integer tensors and whole floats; a fractional float, a string
+    or None is a TypeError naming the op (``int()`` would truncate 1.5 to 1
+    or report "invalid literal")."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        if isinstance(v, (float, np.floating)) and float(v).is_integer():
+            return int(v)
+        raise TypeError(f"{op_name}: {what} must be an int, got {type(v).__name__} {v!r}") from None
+
+
+def norm_axis(axis, op_name: str = "Reduce") -> Optional[Tuple[int, ...]]:
     if axis is None:
         return None
     if isinstance(axis, (tuple, list)):
-        return tuple(int(a) for a in axis)
-    return (int(axis),)
+        return tuple(op_int(op_name, "axis", a) for a in axis)
+    return (op_int(op_name, "axis", axis),)
 
 
 def reduced_shape(op, shape, axis, keepdims, desc):
@@ -58,7 +72,7 @@ class Reduce(Op):
     def __init__(self, mode: str, axis=None, keepdims: bool = False):
         if mode not in _KERNELS:
             raise ValueError(f"Reduce: unknown mode {mode!r}; known: {', '.join(_KERNELS)}")
-        self.mode, self.axis, self.keepdims = mode, norm_axis(axis), bool(keepdims)
+        self.mode, self.axis, self.keepdims = mode, norm_axis(axis, f"Reduce({mode})"), bool(keepdims)
         self._kernel = _KERNELS[mode]
         if self.axis is None and mode != "mean":
             # a full reduction is the ufunc's reduce itself: no Python frame
@@ -290,7 +304,7 @@ class ArgReduce(Op):
     def __init__(self, mode: str, axis=None, keepdims: bool = False):
         if mode not in ("argmax", "argmin"):
             raise ValueError(f"ArgReduce: mode must be 'argmax' or 'argmin', got {mode!r}")
-        self.mode, self.axis, self.keepdims = mode, None if axis is None else int(axis), bool(keepdims)
+        self.mode, self.axis, self.keepdims = mode, None if axis is None else op_int(mode, "axis", axis), bool(keepdims)
         self._seal()
 
     def infer(self, x):
@@ -352,7 +366,7 @@ class CumSum(Op):
     attrs = ("axis", "reverse")
 
     def __init__(self, axis: int = 0, reverse: bool = False):
-        self.axis, self.reverse = int(axis), bool(reverse)
+        self.axis, self.reverse = op_int("CumSum", "axis", axis), bool(reverse)
         self._seal()
 
     def infer(self, x):

@@ -1275,3 +1275,13 @@ def test_cross_entropy_reduction(torch):
                        lambda p, lab: torch.nn.functional.cross_entropy(p, lab, reduction=reduction,
                                                                         label_smoothing=0.1),
                        [logits_np, label_np])
+
+
+def test_transpose_pattern_with_new_and_dropped_axes():
+    x = gc.tensor(np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(F.transpose(x, (1, "x", 0)).numpy(), np.arange(6.0).reshape(2, 3).T[:, None, :])
+    assert F.transpose(gc.tensor(np.zeros((2, 1, 3))), (2, 0)).shape == (3, 2)
+    with pytest.raises(TypeError, match=r"transpose: pattern entries must be ints"):
+        F.transpose(x, (1.0, 0))
+    with pytest.raises(ValueError, match="only axes of size 1 can be left out"):
+        F.transpose(x, (1,))

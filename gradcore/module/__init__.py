@@ -47,6 +47,20 @@ def _expand(key: str, obj) -> list:
     return out
 
 
+def _count(name: str, what: str, v, low: int = 0) -> int:
+    """A size argument of a layer (features, channels, groups...) as an int
+    no smaller than ``low``; ``int()`` would truncate 1.5 and misreport a
+    string, and a negative size would reach NumPy ("negative dimensions")."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if isinstance(v, (float, np.floating)) and float(v).is_integer():
+            v = int(v)
+        else:
+            raise TypeError(f"{name}: {what} must be an int, got {type(v).__name__} {v!r}")
+    if v < low:
+        raise ValueError(f"{name}: {what} must be >= {low}, got {v}")
+    return int(v)
+
+
 def _is_parameter(obj) -> bool:
     return isinstance(obj, Parameter)
 
@@ -369,20 +383,21 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs):
         super().__init__(**kwargs)
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = _count("Linear", "in_features", in_features)
+        self.out_features = _count("Linear", "out_features", out_features)
         self.weight = Parameter(np.zeros((self.out_features, self.in_features), "float32"))
         self.bias = Parameter(np.zeros(self.out_features, "float32")) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        std = np.sqrt(1.0 / self.in_features)
+        std = np.sqrt(1.0 / max(self.in_features, 1))     # (in_features=0: an empty weight)
         self.weight._reset(Tensor(_random.generator().normal(0.0, std, self.weight.shape).astype("float32")))
         if self.bias is not None:
             self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
 
     def forward(self, x):
         if not isinstance(x, Tensor):
-            x = Tensor(x)
+            x = F._t(x, name="Linear")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"{self!r}: expected input whose last dimension is {self.in_features}, "
                              f"got shape {x.shape}")
@@ -462,10 +477,15 @@ class Sequential(Module):
         return x
 
 
-def _pair(v, what: str, allow_zero: bool = True):
-    pair = (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
-    if min(pair) < 0 or (not allow_zero and min(pair) == 0):
-        raise ValueError(f"Conv2d: {what} must be {'non-negative' if allow_zero else 'positive'}, got {v}")
+def _pair(v, what: str, allow_zero: bool = True, name: str = "Conv2d"):
+    if isinstance(v, (tuple, list)) and len(v) != 2:
+        raise ValueError(f"{name}: {what} must be an int or a pair of ints, got {v!r}")
+    low = 0 if allow_zero else 1
+    try:
+        pair = tuple(_count(name, what, i, low) for i in v) if isinstance(v, (tuple, list)) else \
+            (_count(name, what, v, low),) * 2
+    except ValueError:
+        raise ValueError(f"{name}: {what} must be {'non-negative' if allow_zero else 'positive'}, got {v}") from None
     return pair
 
 
@@ -488,7 +508,9 @@ class Conv2d(Module):
                  conv_mode: str = "cross_correlation", compute_mode: str = "default",
                  padding_mode: str = "zeros", **kwargs):
         super().__init__(**kwargs)
-        groups = int(groups)
+        groups = _count("Conv2d", "groups", groups, 1)
+        in_channels = _count("Conv2d", "in_channels", in_channels, 1)
+        out_channels = _count("Conv2d", "out_channels", out_channels, 1)
         if groups < 1 or in_channels % groups or out_channels % groups:
             raise ValueError(f"Conv2d: in_channels={in_channels} and out_channels={out_channels} "
                              f"must both be divisible by groups={groups}")
@@ -571,7 +593,9 @@ class Conv1d(Module):
                  conv_mode: str = "cross_correlation", compute_mode: str = "default",
                  padding_mode: str = "zeros", **kwargs):
         super().__init__(**kwargs)
-        groups = int(groups)
+        groups = _count("Conv1d", "groups", groups, 1)
+        in_channels = _count("Conv1d", "in_channels", in_channels, 1)
+        out_channels = _count("Conv1d", "out_channels", out_channels, 1)
         if groups < 1 or in_channels % groups or out_channels % groups:
             raise ValueError(f"Conv1d: in_channels={in_channels} and out_channels={out_channels} "
                              f"must both be divisible by groups={groups}")
@@ -632,6 +656,8 @@ class MaxPool2d(Module):
         super().__init__(**kwargs)
         # MegEngine keeps the stride it will use: kernel_size when none is given
         self.kernel_size, self.stride, self.padding = kernel_size, stride or kernel_size, padding
+        from ..ops.conv import MaxPool2d as _op
+        _op(kernel_size, self.stride, padding)      # bad sizes fail here, named, not at the first call
 
     def forward(self, x):
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)
@@ -647,6 +673,8 @@ class AvgPool2d(Module):
                  **kwargs):
         super().__init__(**kwargs)
         self.kernel_size, self.stride, self.padding, self.mode = kernel_size, stride or kernel_size, padding, mode
+        from ..ops.conv import AvgPool2d as _op
+        _op(kernel_size, self.stride, padding, mode)     # bad sizes or mode fail here, named
 
     def forward(self, x):
         return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.mode)
@@ -716,7 +744,8 @@ class _BatchNorm(Module):
         super().__init__(**kwargs)
         if freeze and not track_running_stats:
             raise ValueError(f"{type(self).__name__}: freeze needs track_running_stats=True")
-        self.num_features, self.eps, self.momentum = int(num_features), eps, momentum
+        self.num_features = _count(type(self).__name__, "num_features", num_features, 1)
+        self.eps, self.momentum = eps, momentum
         self.affine, self.track_running_stats, self.freeze = affine, track_running_stats, freeze
         # statistics exist only when tracked from the start; turning tracking
         # off later is allowed (batch statistics are used), turning it on is not
@@ -746,7 +775,7 @@ class _BatchNorm(Module):
 
     def forward(self, x):
         if not isinstance(x, Tensor):
-            x = Tensor(x)
+            x = F._t(x, name=type(self).__name__)
         self._check_input(x)
         if self.track_running_stats and not getattr(self, "_track_running_stats_saved", True):
             raise ValueError(f"{type(self).__name__}: track_running_stats was False at construction "
@@ -805,6 +834,12 @@ class Dropout(Module):
 
     def __init__(self, drop_prob: float = 0.0, **kwargs):
         super().__init__(**kwargs)
+        try:
+            ok = 0 <= drop_prob < 1
+        except TypeError:
+            raise TypeError(f"Dropout: drop_prob must be a number in [0, 1), got {drop_prob!r}") from None
+        if not ok:
+            raise ValueError(f"Dropout: drop_prob must be in [0, 1), got {drop_prob}")
         self.drop_prob = drop_prob
 
     def forward(self, x):
@@ -902,7 +937,7 @@ class PReLU(Module):
 
     def __init__(self, num_parameters: int = 1, init: float = 0.25, **kwargs):
         super().__init__(**kwargs)
-        self.num_parameters = int(num_parameters)
+        self.num_parameters = _count("PReLU", "num_parameters", num_parameters)
         if self.num_parameters < 1:
             raise ValueError(f"PReLU: num_parameters must be positive, got {num_parameters}")
         shape = (1, self.num_parameters, 1, 1) if self.num_parameters > 1 else (1,)
@@ -910,7 +945,7 @@ class PReLU(Module):
 
     def forward(self, x):
         if self.num_parameters > 1:
-            x = x if isinstance(x, Tensor) else Tensor(x)
+            x = x if isinstance(x, Tensor) else F._t(x, name="PReLU")
             if x.ndim != 4 or x.shape[1] != self.num_parameters:
                 raise ValueError(f"PReLU({self.num_parameters}): expected input (N, {self.num_parameters}, H, W), "
                                  f"got shape {x.shape}")
@@ -932,6 +967,9 @@ class Softmax(Module):
 
     def __init__(self, axis: Optional[int] = None, **kwargs):
         super().__init__(**kwargs)
+        if axis is not None:
+            for a in (axis if isinstance(axis, (tuple, list)) else (axis,)):
+                _count("Softmax", "axis", a, low=-(2 ** 62))
         self.axis = axis
 
     def forward(self, x):
@@ -965,7 +1003,8 @@ class Embedding(Module):
             raise ValueError("Embedding: padding_idx is not supported (give None)")
         if max_norm is not None or norm_type is not None:
             raise ValueError("Embedding: max_norm and norm_type are not supported (give None)")
-        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.num_embeddings = _count("Embedding", "num_embeddings", num_embeddings)
+        self.embedding_dim = _count("Embedding", "embedding_dim", embedding_dim)
         self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
         self.freeze = freeze
         shape = (self.num_embeddings, self.embedding_dim)
@@ -1025,9 +1064,9 @@ class LayerNorm(Module):
     def __init__(self, normalized_shape: Union[int, Tuple[int, ...]], eps: float = 1e-5,
                  affine: bool = True, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(normalized_shape, (int, np.integer)):
+        if isinstance(normalized_shape, (int, np.integer, float, np.floating, str)) or normalized_shape is None:
             normalized_shape = (normalized_shape,)
-        self.normalized_shape = tuple(int(d) for d in normalized_shape)
+        self.normalized_shape = tuple(_count("LayerNorm", "normalized_shape", d, 1) for d in normalized_shape)
         self.eps, self.affine = eps, affine
         self.weight = Parameter(np.ones(self.normalized_shape, "float32")) if affine else None
         self.bias = Parameter(np.zeros(self.normalized_shape, "float32")) if affine else None
@@ -1048,7 +1087,7 @@ def _group_norm(module: Module, x, num_groups: int):
     """``F.nn.group_norm`` of (N, C, ...) input with the module's settings,
     after checking C against the module's channel count."""
     if not isinstance(x, Tensor):
-        x = Tensor(x)
+        x = F._t(x, name=type(module).__name__)
     c = module.num_channels
     if x.ndim < 2 or x.shape[1] != c:
         raise ValueError(f"{type(module).__name__}: expected input (N, {c}, ...), got shape {x.shape}")
@@ -1069,7 +1108,8 @@ class GroupNorm(Module):
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
         super().__init__(**kwargs)
-        self.num_groups, self.num_channels = int(num_groups), int(num_channels)
+        self.num_groups = _count("GroupNorm", "num_groups", num_groups, 1)
+        self.num_channels = _count("GroupNorm", "num_channels", num_channels, 1)
         if self.num_groups < 1 or self.num_channels % self.num_groups:
             raise ValueError(f"GroupNorm: num_channels={num_channels} must be divisible by "
                              f"num_groups={num_groups}")
@@ -1103,7 +1143,8 @@ class InstanceNorm(Module):
 
     def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
         super().__init__(**kwargs)
-        self.num_channels, self.eps, self.affine = int(num_channels), eps, affine
+        self.num_channels = _count("InstanceNorm", "num_channels", num_channels, 1)
+        self.eps, self.affine = eps, affine
         self.weight = Parameter(np.ones(self.num_channels, "float32")) if affine else None
         self.bias = Parameter(np.zeros(self.num_channels, "float32")) if affine else None
 
