@@ -1049,6 +1049,15 @@ def _check_channel_params(x, training, **params) -> None:
                              f"{x.shape}), got shape {shape}")
 
 
+def _check_drop_prob(name: str, drop_prob) -> None:
+    try:
+        ok = 0 <= drop_prob < 1
+    except TypeError:
+        raise TypeError(f"{name}: drop_prob must be a number in [0, 1), got {drop_prob!r}") from None
+    if not ok:
+        raise ValueError(f"{name}: drop_prob must be in [0, 1), got {drop_prob}")
+
+
 def dropout(inp, drop_prob: float, training: bool = True):
     """Zero each element with probability ``drop_prob`` and scale the rest by
     ``1 / (1 - drop_prob)``; the identity when not training. The mask comes
@@ -1059,12 +1068,7 @@ def dropout(inp, drop_prob: float, training: bool = True):
         >>> F.dropout(x, 0.5)
     """
     x = _t(inp)
-    try:
-        ok = 0 <= drop_prob < 1
-    except TypeError:
-        raise TypeError(f"dropout: drop_prob must be a number in [0, 1), got {drop_prob!r}") from None
-    if not ok:
-        raise ValueError(f"dropout: drop_prob must be in [0, 1), got {drop_prob}")
+    _check_drop_prob("dropout", drop_prob)
     if not training or drop_prob == 0:
         return x
     if x.dtype.kind not in "fc":

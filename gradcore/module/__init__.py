@@ -834,12 +834,7 @@ class Dropout(Module):
 
     def __init__(self, drop_prob: float = 0.0, **kwargs):
         super().__init__(**kwargs)
-        try:
-            ok = 0 <= drop_prob < 1
-        except TypeError:
-            raise TypeError(f"Dropout: drop_prob must be a number in [0, 1), got {drop_prob!r}") from None
-        if not ok:
-            raise ValueError(f"Dropout: drop_prob must be in [0, 1), got {drop_prob}")
+        F._check_drop_prob("Dropout", drop_prob)
         self.drop_prob = drop_prob
 
     def forward(self, x):
