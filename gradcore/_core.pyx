@@ -436,6 +436,7 @@ cdef class OpBase:
     reads without touching Python attributes (the CPU kernel, whether the op
     has its own ``_grad_rule``, the last backward graph used)."""
     cdef object _cpu_kernel
+    cdef bint _cpu_takes_op       # _cpu_kernel is the class's function: call it with the op
     cdef Py_ssize_t _nin          # inputs the op takes (its ``nin``), -1 any, -2 unknown
     cdef signed char _own_rule    # -1 unknown, 0 no, 1 yes
     cdef long long _last_key
@@ -449,6 +450,7 @@ cdef class OpBase:
 
     def _clear_caches(self):
         self._cpu_kernel = None
+        self._cpu_takes_op = False
         self._own_rule = -1
         self._last_key = -1
         self._last_cb = None
@@ -774,6 +776,9 @@ def apply(op, *args):
     return _apply(op, args)
 
 
+from types import MethodType as _MethodType
+
+
 cdef object _kernel_call(op, tuple args, object device):
     cdef Py_ssize_t n = len(args)
     cdef Tensor t0
@@ -787,17 +792,30 @@ cdef object _kernel_call(op, tuple args, object device):
             (<OpBase>op)._nin = nin
         if nin >= 0 and nin != n:
             raise _h_kernel_error(op, args, TypeError(f"takes {nin} inputs, got {n}"))
+    cdef bint takes_op = False
     if device is CPU or device == CPU:
         if isinstance(op, OpBase):
             kernel = (<OpBase>op)._cpu_kernel
             if kernel is None:
                 kernel = op.cpu
+                if type(kernel) is _MethodType and kernel.__self__ is op:
+                    # not the bound method: op -> method -> op would be a
+                    # cycle, leaving every op to the cyclic GC
+                    kernel = kernel.__func__
+                    (<OpBase>op)._cpu_takes_op = True
                 (<OpBase>op)._cpu_kernel = kernel
+            takes_op = (<OpBase>op)._cpu_takes_op
         else:
             kernel = op.cpu
     else:
         kernel = _h_kernel_for(op, device)
     try:
+        if takes_op:
+            if n == 1:
+                return kernel(op, (<Tensor>args[0])._data)
+            elif n == 2:
+                return kernel(op, (<Tensor>args[0])._data, (<Tensor>args[1])._data)
+            return kernel(op, *[(<Tensor>a)._data for a in args])
         if n == 1:
             return kernel((<Tensor>args[0])._data)
         elif n == 2:
@@ -985,14 +1003,16 @@ cdef CompiledBackward _graph_for_op(OpBase op, long long low, tuple args, object
         op._cb_cache = {}
     cb = op._cb_cache.get(low)
     if cb is None:
-        cb = _graph_for_slow(op, args, device, rg)
+        # cached on the op itself: not in _bw_front, which would keep the
+        # op (and whatever it holds) alive after the user drops it
+        cb = _graph_for_slow(op, args, device, rg, False)
         op._cb_cache[low] = cb
     op._last_key = low
     op._last_cb = cb
     return <CompiledBackward>cb
 
 
-cdef CompiledBackward _graph_for_slow(op, tuple args, object device, int rg):
+cdef CompiledBackward _graph_for_slow(op, tuple args, object device, int rg, bint front=True):
     cdef Py_ssize_t n = len(args)
     if n == 1:
         dtypes = ((<Tensor>args[0])._data.dtype,)
@@ -1000,6 +1020,8 @@ cdef CompiledBackward _graph_for_slow(op, tuple args, object device, int rg):
         dtypes = ((<Tensor>args[0])._data.dtype, (<Tensor>args[1])._data.dtype)
     else:
         dtypes = tuple([(<Tensor>a)._data.dtype for a in args])
+    if not front:
+        return <CompiledBackward>_h_backward_graph(op, dtypes, device, rg, n)
     fkey = (id(op), device, dtypes, rg)
     hit = _bw_front.get(fkey)
     if hit is not None and (<tuple>hit)[0] is op:

@@ -160,6 +160,19 @@ class GradManager:
         if self._gradients:
             self._gradients = {}
 
+    def __del__(self):
+        # a manager dropped while recording: nothing can run its backward any
+        # more, but its key would stay on the core's list of recording keys
+        # and keep recording every op on the attached tensors (a tape that
+        # grows for ever). End the recording, as MegEngine's GradKey does
+        # when it is destroyed.
+        try:
+            if self._key is not None:
+                self._key.exit()
+                self._key = None
+        except Exception:       # interpreter shutdown
+            pass
+
     def __enter__(self) -> "GradManager":
         return self.record()
 
@@ -183,7 +196,13 @@ class GradManager:
             # the common call, checked already: one output, ones as its gradient
             ys, dys = [y], [None]
         else:
-            ys, dys = self._outputs(y, dy)
+            try:
+                ys, dys = self._outputs(y, dy)
+            except BaseException:
+                # a failed backward ends the recording, whatever failed: the
+                # manager is never left recording after an error
+                self.release()
+                raise
         _backwarding.append(self)
         try:
             self._key.backward(ys, dys)
@@ -290,6 +309,9 @@ def _nested_recording() -> bool:
     return len({k.priority for k in keys if k.recording and k.priority < below}) > 1
 
 
+_MISSING = object()
+
+
 def _snapshot(t: Tensor) -> Tensor:
     """Another Tensor object with ``t``'s value and history."""
     s = Tensor.__new__(Tensor)
@@ -346,8 +368,19 @@ class _Call:
         if self.output_index is not None and self.outputs is not None:
             saved = tuple(self.outputs[self.output_index[k]] if k in self.output_index else t
                           for k, t in enumerate(saved))
+        # the instance sees this call's saved tensors only while its
+        # backward runs: an instance the user keeps does not keep them alive
+        # after the backward
+        d = getattr(fn, "__dict__", None)
+        prev = d.get("saved_tensors", _MISSING) if d is not None else _MISSING
         fn.saved_tensors = saved
-        res = fn.backward(*output_grads)
+        try:
+            res = fn.backward(*output_grads)
+        finally:
+            if prev is not _MISSING:
+                fn.saved_tensors = prev
+            elif d is not None:
+                d.pop("saved_tensors", None)
         if isinstance(res, Tensor) or res is None:
             res = (res,)
         return res
@@ -399,6 +432,10 @@ class Function:
             _core._no_record_exit()
         try:
             ret = self.forward(*args)
+        except BaseException:
+            # what a failed forward saved is not kept by the instance
+            self.__dict__.pop("saved_tensors", None)
+            raise
         finally:
             if lift:
                 _core._no_record_enter()
@@ -406,6 +443,9 @@ class Function:
         self._single_output = single
         raw = (ret,) if single else tuple(ret) if isinstance(ret, (tuple, list)) else ()
         call = _Call(self, args, raw)
+        # the call keeps what the forward saved; the instance does not (an
+        # instance kept by the user would keep it alive after backward)
+        self.__dict__.pop("saved_tensors", None)
         if call.output_index is not None:
             # __call__ hands the returned outputs over; a weak reference, so
             # that an instance and its calls form no cycle

@@ -29,6 +29,12 @@ def _never_entered(key) -> bool:
     return key.phase == 0
 
 
+def _broadcasts_to(src, dst) -> bool:
+    if src is None or dst is None or len(src) > len(dst):
+        return False
+    return all(s == d or s == 1 for s, d in zip(src[::-1], dst[::-1]))
+
+
 class Grad:
     """A recording: ``wrt`` tensors, run ops, then ``g(ys, dys)``.
 
@@ -65,8 +71,18 @@ class Grad:
             ys = [ys]
         if isinstance(dys, Tensor) or not isinstance(dys, (list, tuple)):
             dys = [dys]
+        ys, dys = list(ys), list(dys)
         try:
-            self._key.backward(list(ys), list(dys))
+            for i, (y, dy) in enumerate(zip(ys, dys)):
+                # MegEngine's Grad takes an output gradient that broadcasts to the
+                # output (its own tests pass a (1,) gradient for a (2,) relu):
+                # broadcast it here, so that every backward sees y's shape; one
+                # that does not broadcast is left to the core's error
+                if (isinstance(y, Tensor) and isinstance(dy, Tensor) and dy.shape != y.shape
+                        and _broadcasts_to(dy.shape, y.shape)):
+                    from .functional import broadcast_to
+                    dys[i] = broadcast_to(dy, y.shape)
+            self._key.backward(ys, dys)
         finally:
             if self._auto:
                 self._key.exit()
@@ -74,6 +90,18 @@ class Grad:
     def __enter__(self) -> "Grad":
         self._key.enter()
         return self
+
+    def __del__(self):
+        # dropped while recording (``Grad().wrt(x)`` never called, or a
+        # ``g.__enter__()`` without exit): no backward can run any more, but
+        # the key would stay on the core's list of recording keys and record
+        # every op on ``x`` for ever. End the recording, as MegEngine's
+        # GradKey does when it is destroyed.
+        try:
+            if self._key.phase == 1:
+                self._key.exit()
+        except Exception:       # interpreter shutdown, or __init__ did not finish
+            pass
 
     def __exit__(self, *exc) -> None:
         self._key.exit()

@@ -18,6 +18,7 @@ Results are cached under (op, input dtypes, devices, requires-grad mask).
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import List, Optional, Sequence, Tuple
 
@@ -516,6 +517,12 @@ def _kernel(op, device):
 # ---------------------------------------------------------------- cache
 _cache = {}
 _stats = {"hits": 0, "misses": 0}
+# Bounded: the key holds the op and its attributes, so ops made with a new
+# attribute value per step (a plugin op with a float attribute from a
+# schedule) would otherwise add a graph (a few KiB) per step for ever. The
+# least recently used graphs go first; the core's per-op caches keep the
+# compiled graphs they use.
+_CACHE_LIMIT = 4096
 
 
 def _cache_key(op, dtypes, devices, requires_grad):
@@ -524,13 +531,20 @@ def _cache_key(op, dtypes, devices, requires_grad):
 
 def _get(op, descs, requires_grad):
     key = _cache_key(op, [d.dtype for d in descs], [d.device for d in descs], requires_grad)
-    hit = _cache.get(key)
+    hit = _cache.pop(key, None)
     if hit is not None:
         _stats["hits"] += 1
+        _cache[key] = hit           # most recently used last
         return hit
     _stats["misses"] += 1
     graph = _derive(op, descs, requires_grad)
     graph.compiled = _compile(graph, descs[0].device if descs else "cpu")
+    if len(_cache) >= _CACHE_LIMIT:
+        # down to three quarters of the limit, least recently used first
+        # (dicts keep insertion order)
+        drop = len(_cache) - _CACHE_LIMIT + max(1, _CACHE_LIMIT // 4)
+        for k in list(itertools.islice(_cache, drop)):
+            _cache.pop(k, None)
     _cache[key] = graph
     return graph
 
