@@ -706,3 +706,25 @@ def test_optimizer_loop_keeps_the_host_pool_bounded():
         assert s1["cached_bytes"] <= s0["cached_bytes"] + (1 << 20)
         assert s1["misses"] - s0["misses"] <= 10
         assert s1["hits"] > s0["hits"]
+
+
+def test_an_op_is_freed_by_reference_counting_after_its_kernel_ran():
+    # the core caches the op's CPU kernel: as the class's function, not a
+    # bound method (op -> method -> op would leave ops to the cyclic GC)
+    from gradcore.ops import Reshape
+    w = gc_.Tensor([1.0, 2.0])
+    gm = GradManager().attach(w)
+    gc.disable()
+    try:
+        for shape in ((2, 1), (1, 2)):
+            op = Reshape(shape)
+            apply(op, w)                           # not recorded
+            ref = weakref.ref(op)
+            del op
+            assert ref() is None
+        op = Reshape((2, 1, 1))
+        with gm:
+            gm.backward(apply(op, w)[0].sum())      # recorded: graph cached on the op
+        np.testing.assert_array_equal(w.grad.numpy(), [1.0, 1.0])
+    finally:
+        gc.enable()
