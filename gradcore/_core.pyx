@@ -470,9 +470,9 @@ cdef class OpFunction:
         self.__qualname__ = self.__name__
         self.__doc__ = doc
 
-    def __call__(self, *args, **kwargs):
-        if kwargs:      # MegEngine's names: F.pow(x=a, y=b)
-            args = _h_getattr("bind_op_args")(self, args, kwargs)
+    # positional only: a keyword-only or **kwargs signature costs every
+    # call (argument parsing, a dict) on the hottest path there is
+    def __call__(self, *args):
         return _apply1(self.op, args)
 
     def __repr__(self):
@@ -1150,7 +1150,8 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
         key.tape.append(node)
     if save_later is not None:
         for node in save_later:
-            node.saved = _save(<CompiledBackward>node.backward, args, outs, out0, True)
+            node.saved = _alias_saved(_save(<CompiledBackward>node.backward, args, outs, out0, True),
+                                      (<CompiledBackward>node.backward).one_saved)
     if outs is None:
         return out0 if one else (out0,)
     return outs[0] if one else outs
@@ -1309,7 +1310,14 @@ cdef tuple _aliases(tuple args):
     return tuple([_alias(<Tensor>a) for a in args])
 
 
-cdef object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint as_tensors):
+cdef object _alias_saved(object saved, bint one):
+    # what _save kept as the caller's tensor objects, as aliases (_alias)
+    if one:
+        return _alias(<Tensor>saved)
+    return tuple([_alias(<Tensor>v) for v in <tuple>saved])
+
+
+cdef inline object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint as_tensors):
     cdef Py_ssize_t n = len(args)
     cdef tuple index = cb.save_index
     cdef Py_ssize_t k, idx, ns = len(index)
@@ -1319,13 +1327,14 @@ cdef object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint
     if cb.one_saved and pre is None:
         idx = <Py_ssize_t>index[0]
         v = _io(args, outs, out0, idx)
-        return _alias(<Tensor>v) if as_tensors else (<Tensor>v)._data
+        return v if as_tensors else (<Tensor>v)._data
     if pre is None:
         res = PyTuple_New(ns)
         for k in range(ns):
             idx = <Py_ssize_t>index[k]
             v = _io(args, outs, out0, idx)
-            v = _alias(<Tensor>v) if as_tensors else (<Tensor>v)._data
+            if not as_tensors:
+                v = (<Tensor>v)._data
             Py_INCREF(v)
             PyTuple_SET_ITEM(res, k, v)
         return res
@@ -1333,7 +1342,7 @@ cdef object _save(CompiledBackward cb, tuple args, tuple outs, object out0, bint
     for k in range(ns):
         idx = <Py_ssize_t>index[k]
         v = _io(args, outs, out0, idx)
-        vals.append(_alias(<Tensor>v) if as_tensors else (<Tensor>v)._data)
+        vals.append(v if as_tensors else (<Tensor>v)._data)
     # the precomp part: what is read only for its shape is kept as a carrier
     for k in range(len(pre)):
         idx = <Py_ssize_t>pre[k]
@@ -1475,7 +1484,7 @@ cdef object _check_user_grads(op, res, Py_ssize_t n, tuple in_shapes):
     return res
 
 
-cdef object _node_grads(GradFn node, bint tensor_mode):
+cdef inline object _node_grads(GradFn node, bint tensor_mode):
     """Collect the node's output gradients (the gradient itself for a node
     with one output, else a tuple, zero-filling the missing ones for backward
     graphs) and empty its slots. None: no gradient arrived."""

@@ -366,24 +366,6 @@ def array_ufunc(self, ufunc, method, inputs, kwargs):
     return getattr(ufunc, method)(*host, **kwargs)
 
 
-def bind_op_args(fn, args, kwargs):
-    """Positional arguments for an OpFunction called with keywords: its
-    inputs are named x, y, z (MegEngine's names; ``inp`` for one input)."""
-    names = ("x", "y", "z")[:fn.op.nin]
-    kwargs = dict(kwargs)
-    if len(names) == 1 and "inp" in kwargs and "x" not in kwargs:
-        kwargs["x"] = kwargs.pop("inp")
-    bound = list(args)
-    for name in names[len(args):]:
-        if name not in kwargs:
-            raise TypeError(f"{fn.__name__}() missing argument {name!r}")
-        bound.append(kwargs.pop(name))
-    if kwargs:
-        raise TypeError(f"{fn.__name__}() got unexpected keyword argument(s) {', '.join(map(repr, kwargs))}"
-                        f"; its inputs are {', '.join(names)}")
-    return tuple(bound)
-
-
 def _reduce_op(mode, axis, keepdims):
     from .functional import _Reduce
     return _Reduce(mode, axis, keepdims)
@@ -398,7 +380,6 @@ _HOOK_FNS = {
     "getitem": getitem,
     "setitem": setitem,
     "logical": logical,
-    "bind_op_args": bind_op_args,
     "array_ufunc": array_ufunc,
     "round": round_,
     "matmul": lambda a, b: _F().matmul(a, b),

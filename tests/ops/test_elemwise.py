@@ -340,15 +340,3 @@ def test_symbolic_equality_is_traced():
     with gm:
         gm.backward(apply(TieMax(), x, y)[0], gradcore.Tensor(np.ones(2)))
     np.testing.assert_array_equal(x.grad.numpy(), [0.5, 0.0])
-
-
-def test_elementwise_functions_take_megengine_keyword_names():
-    a, b = gradcore.Tensor([1.0, 2.0]), gradcore.Tensor([3.0, 0.5])
-    np.testing.assert_allclose(F.pow(x=a, y=b).numpy(), [1.0, 2.0 ** 0.5], rtol=1e-6)
-    np.testing.assert_allclose(F.sub(a, y=b).numpy(), [-2.0, 1.5])
-    np.testing.assert_allclose(F.exp(x=a).numpy(), np.exp([1.0, 2.0]), rtol=1e-6)
-    np.testing.assert_allclose(F.softplus(inp=a).numpy(), np.log1p(np.exp([1.0, 2.0])), rtol=1e-6)
-    with pytest.raises(TypeError, match=r"exp\(\) got unexpected keyword argument\(s\) 'x'"):
-        F.exp(a, x=a)
-    with pytest.raises(TypeError, match=r"add\(\) missing argument 'y'"):
-        F.add(x=a)
