@@ -75,10 +75,21 @@ class GradManager:
         elif callable(callbacks):
             callbacks = [callbacks]
         else:
-            callbacks = list(callbacks)
+            try:
+                callbacks = list(callbacks)
+            except TypeError:
+                raise TypeError(f"GradManager.attach: callbacks must be a callable or a list of them, "
+                                f"got {type(callbacks).__name__}") from None
+            for cb in callbacks:
+                if not callable(cb):
+                    raise TypeError(f"GradManager.attach: a callback is not callable: {cb!r}")
         if isinstance(tensors, Tensor):
             tensors = [tensors]
-        tensors = list(tensors)
+        try:
+            tensors = list(tensors)
+        except TypeError:
+            raise TypeError(f"GradManager.attach: expected a Tensor or an iterable of Tensors, "
+                            f"got {type(tensors).__name__}") from None
         for t in tensors:
             if not isinstance(t, Tensor):
                 raise TypeError(f"GradManager.attach: expected Tensors, got {type(t).__name__}")
@@ -135,6 +146,12 @@ class GradManager:
                     grad = grad.astype(t.dtype)
                 for cb in callbacks:
                     grad = cb(t, grad)
+                    # (None: no gradient, as in MegEngine; a future, from
+                    # distributed's allreduce; a Tensor must fit the tensor)
+                    if isinstance(grad, Tensor) and t is not None and grad.shape != t.shape:
+                        raise ValueError(f"GradManager: the callback {getattr(cb, '__name__', cb)!r} "
+                                         f"returned a gradient of shape {grad.shape} for an attached "
+                                         f"tensor of shape {t.shape}")
                 gm = selfref()
                 if gm is not None:
                     gm._gradients[key] = grad
@@ -242,6 +259,20 @@ class GradManager:
                 raise TypeError(f"GradManager.backward: y must be Tensors, got {type(t).__name__}")
         if len(dys) != len(ys):
             raise ValueError(f"GradManager.backward: {len(ys)} outputs but {len(dys)} output gradients")
+        for i, (t, d) in enumerate(zip(ys, dys)):
+            if d is None:
+                continue
+            if not isinstance(d, Tensor):
+                try:
+                    d = dys[i] = Tensor(d, dtype=t.dtype, device=t.device)
+                except (TypeError, ValueError) as exc:
+                    raise TypeError(f"GradManager.backward: dy must be a Tensor or array like y "
+                                    f"(shape {t.shape}), got {type(d).__name__} ({exc})") from None
+            elif d.device != t.device:
+                # the output gradient follows its output, as the op results do
+                d = dys[i] = d.to(t.device)
+            if d.shape != t.shape:
+                raise ValueError(f"GradManager.backward: dy of shape {d.shape} for y of shape {t.shape}")
         return ys, dys
 
     def __or__(self, other: "GradManager") -> "GradManagerGroup":

@@ -557,3 +557,36 @@ def test_gradient_penalty_through_an_op_that_saves_its_output():
     # d/dw sum((w (1 - t^2))^2), t = tanh(x w)
     d = 2 * wv * (1 - t * t) * ((1 - t * t) - 2 * wv * t * (1 - t * t) * xv)
     np.testing.assert_allclose(w.grad.numpy(), d)
+
+
+def test_attach_and_backward_arguments_are_checked():
+    x = gc.tensor([1.0, 2.0])
+    for bad, msg in ((5, "expected a Tensor or an iterable of Tensors, got int"),
+                     (None, "expected a Tensor or an iterable of Tensors, got NoneType")):
+        with pytest.raises(TypeError, match=msg):
+            GradManager().attach(bad)
+    with pytest.raises(TypeError, match="callbacks must be a callable or a list of them, got int"):
+        GradManager().attach(x, callbacks=5)
+    with pytest.raises(TypeError, match="a callback is not callable"):
+        GradManager().attach(x, callbacks=[3])
+    gm = GradManager().attach(x)
+    with gm:
+        y = x * 2
+        with pytest.raises(ValueError, match=r"dy of shape \(3,\) for y of shape \(2,\)"):
+            gm.backward(y, gc.tensor([1.0, 1.0, 1.0]))
+    with gm:
+        with pytest.raises(TypeError, match="dy must be a Tensor or array like y"):
+            gm.backward(x * 2, "abc")
+    with gm:
+        gm.backward(x * 2, np.array([1.0, 3.0]))    # an array is a fine dy
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 6.0])
+
+
+def test_a_callback_returning_a_wrongly_shaped_gradient_is_an_error():
+    x = gc.tensor([[1.0, 2.0, 3.0]])
+    gm = GradManager().attach(x, callbacks=lambda t, g: g.sum())
+    with gm:
+        with pytest.raises(ValueError, match=r"callback .*returned a gradient of shape \(\) for an "
+                                             r"attached tensor of shape \(1, 3\)"):
+            gm.backward((x * 2).sum())
+    assert not gm._recording
