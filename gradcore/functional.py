@@ -758,6 +758,11 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
     pred = _t(pred)
     label = _on(label, pred)
     label = _int_labels(label, "cross_entropy", "label")
+    if isinstance(label, Tensor) and label.device == "cpu" and label.size and label.numpy().min() < 0:
+        # indexing would count a negative class from the end (NumPy's rule) and
+        # score the wrong class silently; on cuda this check would cost a sync
+        raise ValueError(f"cross_entropy: labels must be class indices >= 0, got {label.numpy().min()} "
+                         f"(label shape {label.shape}, pred shape {pred.shape})")
     if label.ndim != pred.ndim - 1:
         raise ValueError(f"cross_entropy: label must have one dimension less than pred, "
                          f"got shapes {pred.shape} and {label.shape}")

@@ -263,3 +263,10 @@ def test_cross_entropy_label_rank_is_checked(h):
     with pytest.raises(ValueError) as ei:
         F.cross_entropy(pred, gradcore.Tensor(np.zeros((4, 1), np.int32)))
     h.check_error(ei, "cross_entropy", "(4, 3)", "(4, 1)")
+
+
+def test_cross_entropy_refuses_negative_labels():
+    pred = gradcore.Tensor(np.zeros((3, 4)))
+    with pytest.raises(ValueError, match=r"cross_entropy: labels must be class indices >= 0, got -1 "
+                                         r"\(label shape \(3,\), pred shape \(3, 4\)\)"):
+        F.cross_entropy(pred, gradcore.Tensor(np.array([0, -1, 2])))
