@@ -95,3 +95,11 @@ def test_an_initialised_parameter_trains():
         gm.backward(fc(x).sum())
     np.testing.assert_allclose(fc.weight.grad.numpy(), np.full((1, 4), 2.0))
     np.testing.assert_allclose(fc.bias.grad.numpy(), [2.0])
+
+
+def test_init_is_an_attribute_of_the_module_package():
+    import subprocess
+    import sys
+    code = "import gradcore.module as M; M.init.zeros_(M.Linear(2, 2).bias); print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

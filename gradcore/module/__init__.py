@@ -23,6 +23,7 @@ from .. import functional as F
 from .. import random as _random
 from .._core import Tensor
 from ..tensor import Parameter
+from . import init  # noqa: F401  (M.init, as in MegEngine)
 
 
 def _expand(key: str, obj) -> list:

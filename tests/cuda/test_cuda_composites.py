@@ -98,3 +98,40 @@ def test_cond_take(cuda, matches_cpu):
 
 def test_swapaxes(cuda, matches_cpu):
     matches_cpu(lambda x: F.swapaxes(x, 0, 2) ** 2, [_x((2, 3, 4))])
+
+
+def test_a_training_step_with_the_newer_modules_matches_the_cpu(cuda):
+    """GroupNorm, SiLU, adaptive pooling, LayerNorm, GELU, M.init, AdamW,
+    MultiStepLR and clip_grad_norm on the device, against the CPU."""
+    import gradcore.module as M
+    import gradcore.optimizer as optim
+    from gradcore.autodiff import GradManager
+
+    def run(device):
+        gc.random.seed(0)
+        net = M.Sequential(M.Conv2d(1, 4, 3, padding=1), M.GroupNorm(2, 4), M.SiLU(), M.AdaptiveAvgPool2d(2),
+                           M.Flatten(), M.Linear(16, 8), M.LayerNorm(8), M.GELU(), M.Linear(8, 3))
+        M.init.xavier_uniform_(net[5].weight)
+        net.to(device)
+        opt = optim.AdamW(net.parameters(), lr=1e-2)
+        sched = optim.MultiStepLR(opt, [2], 0.5)
+        gm = GradManager().attach(net.parameters())
+        data = np.random.default_rng(0).standard_normal((4, 1, 6, 6)).astype("float32")
+        x, y = gc.Tensor(data, device=device), gc.Tensor(np.array([0, 1, 2, 1]), device=device)
+        losses = []
+        for _ in range(3):
+            with gm:
+                loss = F.cross_entropy(net(x), y, label_smooth=0.1)
+                gm.backward(loss)
+            optim.clip_grad_norm(net.parameters(), 1.0)
+            opt.step().clear_grad()
+            sched.step()
+            losses.append(loss.item())
+        assert all(p.device == device for p in net.parameters())
+        return losses, [p.numpy() for p in net.parameters()]
+
+    cpu_losses, cpu_params = run("cpu")
+    dev_losses, dev_params = run("cuda")
+    np.testing.assert_allclose(dev_losses, cpu_losses, rtol=1e-5)
+    for a, b in zip(dev_params, cpu_params):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
