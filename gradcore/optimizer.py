@@ -309,18 +309,23 @@ class Adam(Optimizer):
         >>> opt = Adam(model.parameters(), lr=1e-3)
     """
 
-    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+    # AdamW: the decay is kept out of the moments and added to the step
+    _decoupled_decay = False
+
+    def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
-        _check_hyper("Adam", lr=lr, eps=eps, weight_decay=weight_decay)
-        betas = _check_betas("Adam", betas)
+        name = type(self).__name__
+        _check_hyper(name, lr=lr, eps=eps, weight_decay=weight_decay)
+        betas = _check_betas(name, betas)
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError("Adam: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
+            raise ValueError(f"{name}: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
     def _update(self, param, grad, group, state):
         p = self._writable(param)
-        if group["weight_decay"]:
-            grad = grad + group["weight_decay"] * p
+        wd = group["weight_decay"]
+        if wd and not self._decoupled_decay:
+            grad = grad + wd * p
         b1, b2 = group["betas"]
         if "exp_avg" not in state:
             state["step"] = 0
@@ -334,10 +339,16 @@ class Adam(Optimizer):
         v += (1 - b2) * grad * grad
         m_hat = m / (1 - b1 ** t)
         v_hat = v / (1 - b2 ** t)
-        p -= (group["lr"] * m_hat / (np.sqrt(v_hat) + group["eps"])).astype(p.dtype, copy=False)
+        if not self._decoupled_decay:
+            p -= (group["lr"] * m_hat / (np.sqrt(v_hat) + group["eps"])).astype(p.dtype, copy=False)
+            return
+        delta = m_hat / (np.sqrt(v_hat) + group["eps"])
+        if wd:
+            delta = delta + wd * p
+        p -= (group["lr"] * delta).astype(p.dtype, copy=False)
 
 
-class AdamW(Optimizer):
+class AdamW(Adam):
     """Adam with decoupled weight decay (MegEngine's ``AdamW``): each step
     moves the parameter by ``lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay
     * param)``, the decay taken from the parameter before the step and kept
@@ -349,31 +360,11 @@ class AdamW(Optimizer):
         >>> opt.step().clear_grad()
     """
 
+    _decoupled_decay = True
+
     def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2):
-        _check_hyper("AdamW", lr=lr, eps=eps, weight_decay=weight_decay)
-        betas = _check_betas("AdamW", betas)
-        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError("AdamW: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-
-    def _update(self, param, grad, group, state):
-        p = self._writable(param)
-        b1, b2 = group["betas"]
-        if "exp_avg" not in state:
-            state["step"] = 0
-            state["exp_avg"] = _zeros_like(p)
-            state["exp_avg_sq"] = _zeros_like(p)
-        state["step"] += 1
-        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-        m *= b1
-        m += (1 - b1) * grad
-        v *= b2
-        v += (1 - b2) * grad * grad
-        delta = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + group["eps"])
-        if group["weight_decay"]:
-            delta = delta + group["weight_decay"] * p
-        p -= (group["lr"] * delta).astype(p.dtype, copy=False)
+        super().__init__(params, lr, betas, eps, weight_decay)
 
 
 class Adagrad(Optimizer):

@@ -1079,17 +1079,6 @@ class LayerNorm(Module):
         return f"normalized_shape={self.normalized_shape}, eps={self.eps}, affine={self.affine}"
 
 
-def _group_norm(module: Module, x, num_groups: int):
-    """``F.nn.group_norm`` of (N, C, ...) input with the module's settings,
-    after checking C against the module's channel count."""
-    if not isinstance(x, Tensor):
-        x = F._t(x, name=type(module).__name__)
-    c = module.num_channels
-    if x.ndim < 2 or x.shape[1] != c:
-        raise ValueError(f"{type(module).__name__}: expected input (N, {c}, ...), got shape {x.shape}")
-    return F.nn.group_norm(x, num_groups, module.affine, module.weight, module.bias, module.eps)
-
-
 class GroupNorm(Module):
     """Group normalisation of (N, C, H, W) input (any (N, C, ...) works): the
     channels are split into ``num_groups`` groups, each normalised over its
@@ -1119,13 +1108,19 @@ class GroupNorm(Module):
             self.bias._reset(Tensor(np.zeros(self.num_channels, "float32")))
 
     def forward(self, x):
-        return _group_norm(self, x, self.num_groups)
+        name = type(self).__name__
+        if not isinstance(x, Tensor):
+            x = F._t(x, name=name)
+        c = self.num_channels
+        if x.ndim < 2 or x.shape[1] != c:
+            raise ValueError(f"{name}: expected input (N, {c}, ...), got shape {x.shape}")
+        return F.nn.group_norm(x, self.num_groups, self.affine, self.weight, self.bias, self.eps)
 
     def _module_info_string(self):
         return f"groups={self.num_groups}, channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
-class InstanceNorm(Module):
+class InstanceNorm(GroupNorm):
     """Instance normalisation of (N, C, H, W) input (any (N, C, ...) works):
     each channel of each sample normalised over the spatial axes, the same as
     ``GroupNorm(num_channels, num_channels)``; then ``* weight + bias`` of
@@ -1138,19 +1133,8 @@ class InstanceNorm(Module):
     """
 
     def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
-        super().__init__(**kwargs)
-        self.num_channels = _count("InstanceNorm", "num_channels", num_channels, 1)
-        self.eps, self.affine = eps, affine
-        self.weight = Parameter(np.ones(self.num_channels, "float32")) if affine else None
-        self.bias = Parameter(np.zeros(self.num_channels, "float32")) if affine else None
-
-    def reset_parameters(self) -> None:
-        if self.affine:
-            self.weight._reset(Tensor(np.ones(self.num_channels, "float32")))
-            self.bias._reset(Tensor(np.zeros(self.num_channels, "float32")))
-
-    def forward(self, x):
-        return _group_norm(self, x, self.num_channels)
+        n = _count("InstanceNorm", "num_channels", num_channels, 1)
+        super().__init__(n, n, eps, affine, **kwargs)
 
     def _module_info_string(self):
         return f"channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
