@@ -344,7 +344,10 @@ def test_training_a_model_matches_torch_step_by_step(torch, make, kind, kwargs):
                                        err_msg=f"{name} after step {step}")
 
 
-@pytest.mark.parametrize("kind, kwargs", [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.05))])
+@pytest.mark.parametrize("kind, kwargs", [
+    ("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.05)), ("AdamW", dict(lr=0.05)),
+    ("Adagrad", dict(lr=0.1, lr_decay=0.1)), ("Adadelta", dict(lr=1.0)),
+])
 def test_optimizer_state_dict_resumes_training_exactly(kind, kwargs):
     def make():
         gc.random.seed(0)
@@ -367,6 +370,7 @@ def test_optimizer_state_dict_resumes_training_exactly(kind, kwargs):
     train(first, opt, batches[:2])
     saved_net, saved_opt = first.state_dict(), opt.state_dict()
     assert saved_opt["param_groups"][0]["params"] == [0, 1, 2, 3]
+    assert saved_opt["state"][0].get("step", 2) == 2       # optimizers that count steps
     assert all(type(v) is np.ndarray for st in saved_opt["state"].values() for v in st.values()
                if not np.isscalar(v))
     resumed = make()
