@@ -314,45 +314,21 @@ def test_non_str_dict_key_holding_a_tensor_is_an_error():
 
 
 class SharedConv(M.Module):
-    def __init__(self):
+    def __init__(self, conv=M.Conv2d):
         super().__init__()
-        self.conv0 = M.Conv2d(1, 1, kernel_size=3, bias=False)
-        self.conv1 = M.Conv2d(1, 1, kernel_size=3, bias=False)
+        self.conv0 = conv(1, 1, kernel_size=3, bias=False)
+        self.conv1 = conv(1, 1, kernel_size=3, bias=False)
         self.conv1.weight = self.conv0.weight
 
     def forward(self, x):
         return x
 
 
-def test_shared_parameter_survives_pickling():
-    net = SharedConv()
+@pytest.mark.parametrize("conv, shape", [(M.Conv2d, (1, 1, 8, 8)), (M.Conv1d, (1, 1, 8))])
+def test_shared_parameter_survives_pickling(conv, shape):
+    net = SharedConv(conv)
     assert net.conv0.weight is net.conv1.weight
-    data = gc.tensor(np.random.random((1, 1, 8, 8)).astype(np.float32))
-    np.testing.assert_array_equal(net.conv0(data).numpy(), net.conv1(data).numpy())
-    net1 = pickle.loads(pickle.dumps(net))
-    assert net1.conv0.weight is net1.conv1.weight
-    np.testing.assert_array_equal(net1.conv0(data).numpy(), net1.conv1(data).numpy())
-    conv0 = pickle.loads(pickle.dumps(net.conv0))
-    conv1 = pickle.loads(pickle.dumps(net.conv1))
-    assert conv0.weight is not conv1.weight
-    np.testing.assert_array_equal(conv0(data).numpy(), conv1(data).numpy())
-
-
-class SharedConv1d(M.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = M.Conv1d(1, 1, kernel_size=3, bias=False)
-        self.conv0 = M.Conv1d(1, 1, kernel_size=3, bias=False)
-        self.conv1.weight = self.conv0.weight
-
-    def forward(self, x):
-        return x
-
-
-def test_shared_conv1d_parameter_survives_pickling():
-    net = SharedConv1d()
-    assert net.conv0.weight is net.conv1.weight
-    data = gc.tensor(np.random.random((1, 1, 8)).astype(np.float32))
+    data = gc.tensor(np.random.random(shape).astype(np.float32))
     np.testing.assert_array_equal(net.conv0(data).numpy(), net.conv1(data).numpy())
     net1 = pickle.loads(pickle.dumps(net))
     assert net1.conv0.weight is net1.conv1.weight
