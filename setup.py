@@ -10,10 +10,14 @@ extensions = [
     # NumPy's allocator for CPU tensors: a cache of large blocks (gradcore/memory.py)
     Extension("gradcore._host_pool", ["gradcore/_host_pool.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
+    # the generated elementwise functions (plain Python, also importable uncompiled):
+    # compiled, F.exp costs no Python frame per call
+    Extension("gradcore.functional.elemwise_table", ["gradcore/functional/elemwise_table.py"],
+              extra_compile_args=["-O3"]),
 ]
 
 setup(
-    packages=["gradcore", "gradcore.ops", "gradcore.data", "gradcore.cuda", "gradcore.module"],
+    packages=["gradcore", "gradcore.functional", "gradcore.ops", "gradcore.data", "gradcore.cuda", "gradcore.module"],
     package_dir={"gradcore": "gradcore", "gradcore.ops": "ops"},
     package_data={"gradcore.data": ["*.npz", "*.txt"]},
     ext_modules=cythonize(extensions, language_level=3,

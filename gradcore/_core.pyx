@@ -776,6 +776,19 @@ def apply(op, *args):
     return _apply(op, args)
 
 
+def apply1(op, *args):
+    """``apply(op, *args)[0]`` for an op with one output, without building
+    the output tuple: the entry point of the generated elementwise functions
+    (gradcore/functional/elemwise_table.py), one call into compiled code.
+
+    Example::
+
+        >>> from gradcore.ops import Elemwise
+        >>> y = apply1(Elemwise("mul"), x, x)
+    """
+    return _apply1(op, args)
+
+
 from types import MethodType as _MethodType
 
 

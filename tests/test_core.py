@@ -567,7 +567,9 @@ def test_a_wrong_input_count_never_reaches_a_ufunc_kernel():
     # NumPy would take the extra array as its output buffer and overwrite it
     x, y, z = gc.Tensor([1.0, 2.0]), gc.Tensor([3.0, 4.0]), gc.Tensor([0.0, 0.0])
     with pytest.raises(ValueError, match=r"Elemwise\(add\): takes 2 inputs, got 3 .*\(2,\), \(2,\), \(2,\)"):
-        F.add(x, y, z)
+        apply(Elemwise("add"), x, y, z)
+    with pytest.raises(TypeError, match=r"add\(\) takes .*2 positional arguments"):
+        F.add(x, y, z)           # F.add is a def with two parameters
     with pytest.raises(ValueError, match=r"Elemwise\(neg\): takes 1 inputs, got 2"):
         apply(Elemwise("neg"), x, y)
     assert z.numpy().tolist() == [0.0, 0.0] and y.numpy().tolist() == [3.0, 4.0]

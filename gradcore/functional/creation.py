@@ -1,0 +1,93 @@
+"""Tensors made from nothing or from a shape: zeros, ones, full, the
+``*_like`` forms, arange, linspace, eye (no op: NumPy builds the data).
+
+Example::
+
+    >>> F.full((2,), 7).numpy()
+    array([7, 7], dtype=int32)
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+
+from .._core import Tensor
+from ._args import _fill_value, _host, _int_or_err, _ints, _t
+
+
+def zeros(shape, dtype="float32", device=None):
+    return Tensor(_host("zeros", lambda: np.zeros(shape, dtype), shape=shape, dtype=dtype), device=device)
+
+
+def ones(shape, dtype="float32", device=None):
+    return Tensor(_host("ones", lambda: np.ones(shape, dtype), shape=shape, dtype=dtype), device=device)
+
+
+def full(shape, value, dtype=None, device=None):
+    """A tensor of ``shape`` filled with ``value``. Without ``dtype`` it comes
+    from the value as in MegEngine: bool, int32 for an int, float32 for a float."""
+    if dtype is None:
+        dtype = _t(value, name="full").dtype
+    _host("full", lambda: _fill_value("full", value, dtype), dtype=dtype)   # (dtype may be unknown)
+    return Tensor(_host("full", lambda: np.full(shape, value, dtype), shape=shape, value=value, dtype=dtype),
+                  device=device)
+
+
+def zeros_like(inp):
+    inp = _t(inp, name="zeros_like")
+    return Tensor(np.zeros(inp.shape, inp.dtype), device=inp.device)
+
+
+def ones_like(inp):
+    inp = _t(inp, name="ones_like")
+    return Tensor(np.ones(inp.shape, inp.dtype), device=inp.device)
+
+
+def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
+    """A tensor of ``inp``'s shape, dtype and device filled with ``value``.
+
+    Example::
+
+        >>> F.full_like(gc.tensor([[1, 2], [3, 4]]), 7).numpy()
+        array([[7, 7],
+               [7, 7]], dtype=int32)
+    """
+    x = _t(inp)
+    _fill_value("full_like", value, x.dtype)
+    return Tensor(_host("full_like", lambda: np.full(x.shape, value, x.dtype), value=value, dtype=x.dtype),
+                  device=x.device)
+
+
+def arange(start=0, stop=None, step=1, dtype="float32", device=None):
+    if step == 0:
+        raise ValueError("arange: step must not be 0")
+    if stop is None:
+        start, stop = 0, start
+    return Tensor(_host("arange", lambda: np.arange(start, stop, step, dtype=dtype),
+                        start=start, stop=stop, step=step, dtype=dtype), device=device)
+
+
+def linspace(start, stop, num, dtype="float32", device=None):
+    num = _int_or_err("linspace", "num", num)
+    if num < 0:
+        raise ValueError(f"linspace: num must be >= 0, got {num}")
+    return Tensor(_host("linspace", lambda: np.linspace(start, stop, num, dtype=dtype),
+                        start=start, stop=stop, num=num, dtype=dtype), device=device)
+
+
+def eye(N, M=None, dtype="float32", device=None):
+    """An (N, M) matrix (M defaults to N) with ones on the diagonal. As in
+    MegEngine, ``N`` may also be the shape: ``(N,)``, ``(N, M)`` or a 1-d
+    integer Tensor holding it (``F.eye(x.shape)``)."""
+    if M is None and not isinstance(N, (int, np.integer, float, np.floating)):
+        if N is None:
+            raise TypeError("eye: N must be an int or a shape, got None")
+        shape = _ints("eye", "shape", np.asarray(N.numpy() if isinstance(N, Tensor) else N).reshape(-1).tolist())
+        if len(shape) not in (1, 2):
+            raise ValueError(f"eye: a shape must have 1 or 2 elements, got {N!r}")
+        N, M = shape[0], shape[-1]
+    N, M = _int_or_err("eye", "N", N), None if M is None else _int_or_err("eye", "M", M)
+    if N < 0 or (M is not None and M < 0):
+        raise ValueError(f"eye: N and M must be >= 0, got N={N}, M={M}")
+    return Tensor(np.eye(N, M, dtype=dtype), device=device)

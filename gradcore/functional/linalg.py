@@ -1,0 +1,75 @@
+"""Matrix products: matmul, dot and linear. Their op: ops/linalg.py.
+
+Example::
+
+    >>> F.matmul(gc.tensor([[1.0, 2.0]]), gc.tensor([[3.0], [4.0]])).numpy()
+    array([[11.]], dtype=float32)
+"""
+from __future__ import annotations
+
+from .._core import apply as _apply
+from ..op import OpError, interned
+from ..ops.linalg import MatrixMul
+from ._args import _named, _t
+from .reduce import sum
+from .shape import expand_dims, squeeze
+
+_MatrixMul = interned(MatrixMul)     # one op instance per attributes: its caches stay warm
+
+
+def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
+           compute_mode: str = "default"):
+    """Matrix product with NumPy's rules for 1-D operands and broadcast batch axes.
+    ``compute_mode`` is accepted for MegEngine compatibility (a float16
+    precision hint) and changes nothing here.
+
+    Example::
+
+        >>> F.matmul(a, b, transpose_b=True)
+    """
+    a, b = _t(inp1), _t(inp2)
+    sa, sb = a.ndim == 1, b.ndim == 1
+    if (sa or sb) and a.shape is not None and b.shape is not None and b.ndim and a.ndim:
+        # checked here, so that the error shows the vectors as given (not as matrices)
+        ka = a.shape[-2 if transpose_a and not sa else -1]
+        kb = b.shape[-1 if transpose_b and not sb else (0 if sb else -2)]
+        if isinstance(ka, int) and isinstance(kb, int) and ka != kb:
+            raise ValueError(f"matmul: inner dimensions differ ({ka} and {kb}) for shapes "
+                             f"{a.shape} and {b.shape}")
+    if sa:
+        a = expand_dims(a, 0)
+        transpose_a = False
+    if sb:
+        b = expand_dims(b, 1)
+        transpose_b = False
+    out = _apply(_MatrixMul(bool(transpose_a), bool(transpose_b)), a, b)[0]
+    if sa and sb:
+        return squeeze(out, (-2, -1))
+    if sa:
+        return squeeze(out, -2)
+    if sb:
+        return squeeze(out, -1)
+    return out
+
+
+def dot(inp1, inp2):
+    """Inner product of two vectors."""
+    a, b = _t(inp1), _t(inp2)
+    if a.ndim > 1 or b.ndim > 1 or (a.ndim == 1 and b.ndim == 1 and a.shape != b.shape):
+        raise ValueError(f"dot: expects vectors of the same length, got shapes {a.shape} and {b.shape}")
+    return sum(a * b)
+
+
+def linear(inp, weight, bias=None, compute_mode: str = "default"):
+    """``inp @ weight.T + bias`` (weight is (out_features, in_features));
+    ``compute_mode`` as in ``matmul``."""
+    w = _t(weight, name="linear")
+    if w.shape is not None and w.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-d (out_features, in_features), got shape {w.shape}")
+    out = matmul(inp, w, transpose_b=True)
+    if bias is None:
+        return out
+    try:
+        return out + bias
+    except (OpError, TypeError) as exc:     # a bias that does not fit (out_features,)
+        raise _named("linear", exc) from exc

@@ -1,0 +1,548 @@
+"""``F.nn``, MegEngine's functional.nn: the softmax family (softmax,
+log_softmax, logsumexp, logaddexp; their ops: ops/nn.py), dropout, the
+normalisations, padding and the losses, written here; and the other
+families' network functions, imported (``F.nn.relu`` is ``F.relu``).
+
+Example::
+
+    >>> F.nn.softmax(gc.tensor([[0.0, 0.0]])).numpy()
+    array([[0.5, 0.5]], dtype=float32)
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from .._core import Tensor, apply as _apply
+from ..op import OpError, interned
+from ..ops.nn import LogSoftmax, LogSumExp, Softmax
+from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
+from .elemwise import _float_pair, clip, where
+from .elemwise_table import abs, eq, exp, log, maximum, relu, softplus, sqrt, square
+from .indexing import _int_labels, getitem, indexing_one_hot, topk as _topk
+from .reduce import _norm_ord, max, mean, norm, sum
+from .shape import astype, concat, copy, expand_dims, reshape, stack, stop_gradient
+
+# F.nn also has these functions of the other families, as in MegEngine
+from .conv import adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d  # noqa: F401
+from .elemwise import hsigmoid, hswish, leaky_relu, prelu, relu6  # noqa: F401
+from .elemwise_table import gelu, logsigmoid, sigmoid, silu, tanh  # noqa: F401
+from .indexing import embedding, one_hot  # noqa: F401
+from .linalg import linear  # noqa: F401
+from .shape import pixel_shuffle  # noqa: F401
+
+
+__all__ = [
+    # written here
+    "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy", "dropout", "batch_norm",
+    "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
+    "group_norm", "pad", "topk_accuracy",
+    # re-exported
+    "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
+    "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
+    "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
+    "pixel_shuffle",
+]
+
+# one op instance per distinct attributes: the per-op caches stay warm
+_LogSoftmax, _LogSumExp, _Softmax = map(interned, (LogSoftmax, LogSumExp, Softmax))
+
+
+# ---- the softmax family
+def log_softmax(inp, axis: int = -1):
+    """log(softmax(x)) along ``axis`` (an int or a sequence of axes)."""
+    x = _t(inp)
+    if isinstance(axis, (tuple, list)):
+        try:
+            return x - logsumexp(x, axis, True)
+        except OpError as exc:
+            raise _named("log_softmax", exc) from exc
+    return _apply(_LogSoftmax(axis), x)[0]
+
+
+logsoftmax = log_softmax     # MegEngine 1.x's name
+
+
+def logsumexp(inp, axis: int = -1, keepdims: bool = False):
+    """log(sum(exp(x))) over ``axis``: an int, a sequence of axes (as in
+    MegEngine) or None (every axis)."""
+    x = _t(inp)
+    if axis is None or isinstance(axis, (tuple, list)):
+        # the LogSumExp op's decomposition, over several axes at once
+        try:
+            m = stop_gradient(max(x, _axis_key(axis), True))
+        except (OpError, TypeError) as exc:      # an axis out of range or not an int
+            raise _named("logsumexp", exc) from exc
+        m = where(eq(abs(m), float("inf")), 0, m)  # as LogSumExp: no inf - inf
+        s = sum(exp(x - m), _axis_key(axis), keepdims)
+        return log(s) + (m if keepdims else reshape(m, s.shape))
+    return _apply(_LogSumExp(axis, bool(keepdims)), x)[0]
+
+
+def logaddexp(x: Tensor, y: Tensor) -> Tensor:
+    """Elementwise ``log(exp(x) + exp(y))``, computed without overflow (a
+    logsumexp over the pair; ``x`` and ``y`` broadcast).
+
+    Example::
+
+        >>> F.logaddexp(gc.tensor([1000.0, -1000.0]), 1000.0).numpy()     # no overflow
+        array([1000.6932, 1000.    ], dtype=float32)
+    """
+    x, y = _float_pair("logaddexp", x, y)
+    return logsumexp(stack([x, y], 0), 0)
+
+
+def softmax(inp, axis=None):
+    """exp(x) / sum(exp(x)) along ``axis`` (an int or a sequence of axes).
+    The default axis is MegEngine's: 0 for a 0-, 1- or 3-d input, else 1.
+
+    Example::
+
+        >>> F.softmax(x)               # (N, C) or (N, C, H, W): over C
+    """
+    x = _t(inp)
+    if axis is None:
+        axis = 0 if x.ndim in (0, 1, 3) else 1
+    if isinstance(axis, (tuple, list)):
+        try:
+            e = exp(x - stop_gradient(max(x, _axis_key(axis), True)))
+        except (OpError, TypeError) as exc:
+            raise _named("softmax", exc) from exc
+        return e / sum(e, _axis_key(axis), True)
+    return _apply(_Softmax(axis), x)[0]
+
+
+# ---- dropout and normalisation (composites: gradients of any order and every
+# device come from the recorded ops they are made of)
+def dropout(inp, drop_prob: float, training: bool = True):
+    """Zero each element with probability ``drop_prob`` and scale the rest by
+    ``1 / (1 - drop_prob)``; the identity when not training. The mask comes
+    from ``gradcore.random`` (``gradcore.random.seed`` makes it repeatable).
+
+    Example::
+
+        >>> F.dropout(x, 0.5)
+    """
+    x = _t(inp)
+    _check_drop_prob("dropout", drop_prob)
+    if not training or drop_prob == 0:
+        return x
+    if x.dtype.kind not in "fc":
+        # the 1 / (1 - p) scale would be truncated to an integer
+        raise TypeError(f"dropout: needs a floating-point input, got {x.dtype} of shape {x.shape}")
+    from .. import random as _random
+    keep = _random.generator().random(x.shape) >= drop_prob
+    scale = np.asarray(1.0 / (1.0 - drop_prob), x.dtype)
+    return x * Tensor(keep.astype(x.dtype) * scale, device=x.device)
+
+
+def _check_drop_prob(name: str, drop_prob) -> None:
+    try:
+        ok = 0 <= drop_prob < 1
+    except TypeError:
+        raise TypeError(f"{name}: drop_prob must be a number in [0, 1), got {drop_prob!r}") from None
+    if not ok:
+        raise ValueError(f"{name}: drop_prob must be in [0, 1), got {drop_prob}")
+
+
+def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
+               training: bool = False, momentum: float = 0.9, eps: float = 1e-5, inplace: bool = True,
+               compute_mode: str = "default", param_dim: str = "dim_1c11"):
+    """Batch normalisation over every axis but 1 (MegEngine's ``F.batch_norm``).
+
+    In training the batch statistics normalise ``inp`` and, when given,
+    ``running_mean``/``running_var`` are updated as ``momentum * running +
+    (1 - momentum) * batch`` (the variance unbiased): in place, or, with
+    ``inplace=False``, returned as ``(output, new_mean, new_var)`` (None for
+    a statistic not given) and the buffers left alone. Otherwise (inference)
+    both running statistics are required and used. ``compute_mode`` and
+    ``param_dim`` ("dim_1c11" only) are MegEngine's and change nothing here.
+
+    Example::
+
+        >>> y = F.batch_norm(x, rm, rv, w, b, training=True)
+    """
+    if param_dim != "dim_1c11":
+        raise ValueError(f"batch_norm: only param_dim='dim_1c11' (NCHW) is supported, got {param_dim!r}")
+    x = _t(inp)
+    if x.shape is not None:
+        _check_channel_params(x, training, running_mean=running_mean, running_var=running_var,
+                              weight=weight, bias=bias)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+
+    def per_channel(t):
+        # MegEngine's parameters are (1, C, 1, 1); PyTorch's (C,) work too
+        if t is None or x.ndim <= 2:
+            return t
+        t = _t(t)
+        return t.reshape((1, -1) + (1,) * (x.ndim - 2)) if t.ndim == 1 else t
+    weight, bias = per_channel(weight), per_channel(bias)
+    stats = (running_mean, running_var)
+    new_stats = [None, None]
+    if training:
+        m = mean(x, axes, True)
+        d = x - m
+        v = mean(d * d, axes, True)
+        n = x.size // x.shape[1]
+        for k, buf in enumerate(stats):
+            if buf is not None:
+                # history-free tensors: computed where x is, never recorded
+                stat = m.detach() if k == 0 else v.detach() * (n / builtins_max(n - 1, 1))
+                new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
+                new_stats[k] = new.astype(buf.dtype)
+                if inplace:
+                    buf._reset(new_stats[k])
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: running_mean and running_var must be given in inference "
+                             "(training=False)")
+        d = x - per_channel(running_mean)
+        v = per_channel(running_var)
+    y = d / sqrt(v + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    if training and not inplace and any(t is not None for t in stats):
+        return y, new_stats[0], new_stats[1]
+    return y
+
+
+def _check_channel_params(x, training, **params) -> None:
+    """batch_norm's checks before any op runs: inp is (N, C, ...), each given
+    statistic or affine parameter has C elements (weight and bias may also
+    be a single one), and the running statistics updated in training are
+    Tensors."""
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: inp must be (N, C, ...), got shape {x.shape}")
+    c = x.shape[1]
+    for what, t in params.items():
+        if t is None:
+            continue
+        running = what.startswith("running")
+        if running and training and not isinstance(t, Tensor):
+            raise TypeError(f"batch_norm: {what} must be a Tensor (it is updated in place in training), "
+                            f"got {type(t).__name__}")
+        shape = tuple(t.shape) if hasattr(t, "shape") else np.shape(t)
+        size = int(np.prod(shape))
+        if size != c and (running or size != 1):
+            raise ValueError(f"batch_norm: {what} must have one element per channel ({c} for inp of shape "
+                             f"{x.shape}), got shape {shape}")
+
+
+def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine: bool = True,
+               weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               eps: float = 1e-5) -> Tensor:
+    """Layer normalisation over the last ``len(normalized_shape)`` axes,
+    MegEngine's ``F.nn.layer_norm``: ``(x - mean) / sqrt(var + eps)`` with
+    the biased variance, then ``* weight + bias`` when ``affine`` (both of
+    ``normalized_shape``, or of its size).
+
+    Example::
+
+        >>> x = gc.tensor([[1.0, 2.0, 3.0]])
+        >>> F.nn.layer_norm(x, 3, affine=False).numpy().round(4)
+        array([[-1.2247,  0.    ,  1.2247]], dtype=float32)
+    """
+    x = _t(inp)
+    shape = tuple(_int_arg("layer_norm", "normalized_shape", d, low=1)
+                  for d in _int_tuple("layer_norm", "normalized_shape", normalized_shape))
+    if not shape or len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
+        raise ValueError(f"layer_norm: normalized_shape {shape} must be the trailing dimensions "
+                         f"of inp, got inp shape {x.shape}")
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    d = x - mean(x, axes, True)
+    y = d / sqrt(mean(d * d, axes, True) + eps)
+    if not affine:
+        return y
+    return y * _affine_param("layer_norm", "weight", weight, shape, x) + \
+        _affine_param("layer_norm", "bias", bias, shape, x)
+
+
+def _affine_param(name: str, what: str, t, shape: tuple, x: Tensor) -> Tensor:
+    """An affine ``weight``/``bias`` reshaped to ``shape`` (it may come flat),
+    or a clear error: None with ``affine=True``, or the wrong size."""
+    if t is None:
+        raise ValueError(f"{name}: affine=True needs {what} (give affine=False for none)")
+    t = _t(t, x)
+    if t.size != int(np.prod(shape)):
+        raise ValueError(f"{name}: {what} must have shape {shape}, got {t.shape}")
+    return t if t.shape == shape else reshape(t, shape)
+
+
+def group_norm(inp: Tensor, num_groups: int, affine: bool = True, weight: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """Group normalisation of ``inp`` (N, C, ...), MegEngine's
+    ``F.nn.group_norm``: the C channels split into ``num_groups`` groups,
+    each sample's group normalised as in ``layer_norm``, then ``* weight +
+    bias`` per channel (both (C,)) when ``affine``.
+
+    Example::
+
+        >>> x = gc.tensor([[[0.0, 2.0], [4.0, 6.0]]])       # (N, C, L) = (1, 2, 2)
+        >>> F.nn.group_norm(x, 1, affine=False).numpy().round(4)
+        array([[[-1.3416, -0.4472],
+                [ 0.4472,  1.3416]]], dtype=float32)
+    """
+    x = _t(inp)
+    g = _int_arg("group_norm", "num_groups", num_groups, low=1)
+    if x.ndim < 2 or x.shape[1] % g:
+        raise ValueError(f"group_norm: inp must be (N, C, ...) with C divisible by num_groups={g}, "
+                         f"got shape {x.shape}")
+    n, c = x.shape[:2]
+    grouped = reshape(x, (n, g, (c // g) * int(np.prod(x.shape[2:]))))
+    d = grouped - mean(grouped, 2, True)
+    y = reshape(d / sqrt(mean(d * d, 2, True) + eps), x.shape)
+    if not affine:
+        return y
+    per_channel = (1, c) + (1,) * (x.ndim - 2)
+    w = reshape(_affine_param("group_norm", "weight", weight, (c,), x), per_channel)
+    b = reshape(_affine_param("group_norm", "bias", bias, (c,), x), per_channel)
+    return y * w + b
+
+
+def normalize(inp: Tensor, ord: Optional[float] = None, axis: Union[int, Sequence[int], None] = None,
+              eps: float = 1e-12) -> Tensor:
+    """``inp / max(norm(inp, ord, axis), eps)``: L``ord`` normalisation
+    (default L2) of each vector along ``axis`` (None: the whole tensor as one
+    vector). An all-zero vector stays zero, with a finite gradient.
+
+    Example::
+
+        >>> F.normalize(gc.tensor([[3.0, 4.0]]), axis=1).numpy()
+        array([[0.6, 0.8]], dtype=float32)
+    """
+    x = _t(inp)
+    if ord is None or ord == 2:
+        # max(sqrt(s), eps) as sqrt(max(s, eps**2)): the same value, and no
+        # 0 * inf in the gradient where s is 0
+        try:
+            ss = sum(x * x, axis, True)
+        except (OpError, TypeError) as exc:
+            raise _named("normalize", exc) from exc
+        return x / sqrt(maximum(ss, eps * eps))
+    try:
+        n = norm(x, _norm_ord("normalize", ord), axis, True)
+    except (OpError, TypeError) as exc:
+        raise _named("normalize", exc) from exc
+    return x / clip(n, lower=eps)
+
+
+def pad(src: Tensor, pad_width: Sequence[Sequence[int]], mode: str = "constant",
+        constant_value: float = 0.0) -> Tensor:
+    """Pad ``src``, MegEngine's ``F.nn.pad``: ``pad_width[i] = (before,
+    after)`` for axis ``i`` (later axes unpadded). ``mode`` is "constant"
+    (``constant_value``), "reflect" (mirrored, edge not repeated, as
+    ``np.pad``'s "reflect") or "replicate" (also "edge": the edge repeated).
+
+    Example::
+
+        >>> F.nn.pad(gc.tensor([[1.0, 2.0, 3.0]]), ((0, 0), (1, 2)), mode="reflect").numpy()
+        array([[2., 1., 2., 3., 2., 1.]], dtype=float32)
+    """
+    x = _t(src)
+    kind = mode.lower() if isinstance(mode, str) else mode
+    kind = "replicate" if kind == "edge" else kind
+    if kind not in ("constant", "reflect", "replicate"):
+        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'edge', got {mode!r}")
+    out = x
+    if kind == "constant":
+        _fill_value("pad", constant_value, x.dtype)
+        _host("pad", lambda: np.asarray(constant_value, x.dtype), constant_value=constant_value, dtype=x.dtype)
+    for axis, (before, after) in enumerate(_pad_widths("pad", pad_width, x.ndim)):
+        if not (before or after):
+            continue
+        n = x.shape[axis]
+        if kind == "constant":
+            head, tail = (Tensor(np.full(out.shape[:axis] + (w,) + out.shape[axis + 1:], constant_value, x.dtype),
+                                 device=x.device) for w in (before, after))
+            out = concat([head, out, tail], axis)
+            continue
+        if n == 0:
+            raise ValueError(f"pad: cannot {kind}-pad axis {axis} of size 0 (inp shape {x.shape})")
+        # the source index of each output position along the axis: reflect
+        # is periodic with period 2(n - 1), as np.pad's
+        idx = np.arange(-before, n + after)
+        if kind == "replicate" or n == 1:
+            idx = np.clip(idx, 0, n - 1)
+        else:
+            idx = np.abs(idx) % (2 * (n - 1))
+            idx = np.where(idx >= n, 2 * (n - 1) - idx, idx)
+        out = getitem(out, (slice(None),) * axis + (idx,))
+    return copy(x) if out is x else out
+
+
+def _pad_widths(name: str, pad_width, ndim: int) -> list:
+    """MegEngine's ``pad_width``: one (before, after) pair of ints >= 0 per
+    leading axis (the axes after those given are not padded)."""
+    try:
+        pairs = [tuple(p) for p in pad_width]
+    except TypeError:
+        raise TypeError(f"{name}: pad_width must be a sequence of (before, after) pairs, "
+                        f"got {pad_width!r}") from None
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"{name}: pad_width must be a sequence of (before, after) pairs, got {pad_width!r}")
+    if len(pairs) > ndim:
+        raise ValueError(f"{name}: pad_width has {len(pairs)} pairs, more than the {ndim} axes of inp")
+    return [tuple(_int_arg(name, "pad_width", v) for v in p) for p in pairs]
+
+
+# ---- losses: ``reduction`` is "mean" (default), "sum" or "none"
+def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
+                  label_smooth: float = 0.0, reduction: str = "mean"):
+    """Cross-entropy of class scores ``pred`` (logits by default) against
+    integer ``label``, MegEngine's ``F.nn.cross_entropy``.
+
+    Example::
+
+        >>> loss = F.cross_entropy(logits, labels)
+    """
+    pred = _t(pred)
+    label = _on(label, pred)
+    label = _int_labels(label, "cross_entropy", "label")
+    if isinstance(label, Tensor) and label.device == "cpu" and label.size and label.numpy().min() < 0:
+        # indexing would count a negative class from the end (NumPy's rule) and
+        # score the wrong class silently; on cuda this check would cost a sync
+        raise ValueError(f"cross_entropy: labels must be class indices >= 0, got {label.numpy().min()} "
+                         f"(label shape {label.shape}, pred shape {pred.shape})")
+    if label.ndim != pred.ndim - 1:
+        raise ValueError(f"cross_entropy: label must have one dimension less than pred, "
+                         f"got shapes {pred.shape} and {label.shape}")
+    if pred.shape is not None:
+        _axis_in("cross_entropy", axis, pred.ndim)
+    if isinstance(label_smooth, bool) or not isinstance(label_smooth, (int, float, np.number)):
+        raise TypeError(f"cross_entropy: label_smooth must be a number, got {label_smooth!r}")
+    logp = log_softmax(pred, axis) if with_logits else log(pred)
+    try:
+        nll = -indexing_one_hot(logp, label, axis)
+    except (OpError, IndexError) as exc:         # a label out of range
+        raise _named("cross_entropy", exc) from exc
+    if label_smooth:
+        nll = nll * (1 - label_smooth) - mean(logp, axis) * label_smooth
+    return _reduce_loss("cross_entropy", nll, reduction)
+
+
+def _reduce_loss(name: str, loss: Tensor, reduction: str) -> Tensor:
+    """Every loss's ``reduction``: "mean" or "sum" over all elements, or
+    "none" (the elementwise loss as is)."""
+    if reduction == "mean":
+        return mean(loss)
+    if reduction == "sum":
+        return sum(loss)
+    if reduction == "none":
+        return loss
+    raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _label(label, pred: Tensor, name: Optional[str] = None) -> Tensor:
+    """``label`` as a tensor of ``pred``'s dtype: the loss keeps ``pred``'s.
+    With ``name`` (a loss), ``label`` must broadcast to ``pred``'s shape (a
+    (N,) label against (N, 1) scores would silently make an (N, N) loss)."""
+    label = astype(_t(label, pred), pred.dtype)
+    if name is not None and label.shape != pred.shape and label.shape is not None and pred.shape is not None:
+        try:
+            shape = tuple(np.broadcast_shapes(pred.shape, label.shape))
+        except ValueError:
+            shape = None
+        if shape != pred.shape:
+            raise ValueError(f"{name}: label must have pred's shape (or broadcast to it), got shapes "
+                             f"{pred.shape} and {label.shape}")
+    return label
+
+
+def l1_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean absolute error, ``|pred - label|`` reduced.
+
+    Example::
+
+        >>> F.l1_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
+        3.0
+    """
+    pred = _t(pred)
+    return _reduce_loss("l1_loss", abs(pred - _label(label, pred, "l1_loss")), reduction)
+
+
+def square_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean squared error, ``(pred - label) ** 2`` reduced (also ``F.mse_loss``).
+
+    Example::
+
+        >>> F.square_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
+        13.0
+    """
+    pred = _t(pred)
+    return _reduce_loss("square_loss", square(pred - _label(label, pred, "square_loss")), reduction)
+
+
+mse_loss = square_loss
+
+
+def binary_cross_entropy(pred: Tensor, label: Tensor, with_logits: bool = True,
+                         reduction: str = "mean") -> Tensor:
+    """Binary cross-entropy of ``pred`` against probabilities ``label`` (same
+    shape). ``pred`` holds logits by default (computed stably as
+    ``softplus(-pred) + (1 - label) * pred``); with ``with_logits=False`` it
+    holds probabilities in (0, 1).
+
+    Example::
+
+        >>> F.binary_cross_entropy(gc.tensor([0.0, 0.0]), gc.tensor([1.0, 0.0])).item()
+        0.6931471824645996
+    """
+    pred = _t(pred)
+    label = _label(label, pred, "binary_cross_entropy")
+    if with_logits:
+        loss = softplus(-pred) + (1 - label) * pred
+    else:
+        loss = -(label * log(pred) + (1 - label) * log(1 - pred))
+    return _reduce_loss("binary_cross_entropy", loss, reduction)
+
+
+def hinge_loss(pred: Tensor, label: Tensor, norm: str = "L1", reduction: str = "mean") -> Tensor:
+    """SVM hinge loss of scores ``pred`` (N, C) against labels of -1 or 1
+    (same shape): per sample, the sum over axis 1 of ``max(0, 1 - pred *
+    label)`` ("L1") or of its square ("L2"); then ``reduction`` over samples.
+
+    Example::
+
+        >>> pred = gc.tensor([[0.5, -0.5, 0.1], [-0.6, 0.7, 0.8]])
+        >>> F.hinge_loss(pred, gc.tensor([[1.0, -1, -1], [-1, 1, 1]]), reduction="none").numpy()
+        array([2.1, 0.9], dtype=float32)
+    """
+    kind = norm.upper() if isinstance(norm, str) else norm
+    if kind not in ("L1", "L2"):
+        raise ValueError(f"hinge_loss: norm must be 'L1' or 'L2', got {norm!r}")
+    pred = _t(pred)
+    if pred.ndim < 2:
+        raise ValueError(f"hinge_loss: pred must be (N, C, ...), got shape {pred.shape}")
+    margin = relu(1 - pred * _label(label, pred, "hinge_loss"))
+    loss = sum(margin if kind == "L1" else square(margin), 1)
+    return _reduce_loss("hinge_loss", loss, reduction)
+
+
+def topk_accuracy(logits: Tensor, target: Tensor,
+                  topk: Union[int, Sequence[int]] = 1) -> Union[Tensor, list]:
+    """Fraction of samples whose ``target`` class is among the ``k`` largest
+    ``logits`` (batch, classes), for each ``k`` in ``topk``: one float32
+    scalar tensor, or a list for several ``k`` (MegEngine's
+    ``F.topk_accuracy``).
+
+    Example::
+
+        >>> logits = gc.tensor([[0.1, 0.7, 0.2], [0.5, 0.3, 0.2]])
+        >>> F.topk_accuracy(logits, gc.tensor([1, 1]), topk=(1, 2))[1].item()
+        1.0
+    """
+    x = _t(logits)
+    ks = _int_tuple("topk_accuracy", "topk", topk)
+    if x.ndim != 2 or not all(1 <= k <= x.shape[1] for k in ks):
+        raise ValueError(f"topk_accuracy: logits must be (batch, classes) and each k in [1, classes], "
+                         f"got shape {x.shape} and topk={topk!r}")
+    label = _int_labels(_on(target, x), "topk_accuracy", "target")
+    if label.shape != x.shape[:1]:
+        raise ValueError(f"topk_accuracy: target must be ({x.shape[0]},), got shape {label.shape}")
+    _, pred = _topk(stop_gradient(x), builtins_max(ks), descending=True)
+    hit = astype(eq(pred, astype(expand_dims(label, 1), pred.dtype)), "float32")
+    accs = [sum(hit[:, :k]) / builtins_max(x.shape[0], 1) for k in ks]
+    return accs[0] if len(accs) == 1 else accs

@@ -1,0 +1,214 @@
+"""Reductions (sum, mean, max, min, prod, argmax, argmin, cumsum) and the
+statistics composed of them (var, std, norm). Their ops: ops/reduce.py.
+
+Example::
+
+    >>> F.sum(gc.tensor([[1.0, 2.0], [3.0, 4.0]]), axis=1).numpy()
+    array([3., 7.], dtype=float32)
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .._core import Tensor, apply as _apply
+from ..op import OpError, interned
+from ..ops.reduce import ArgReduce, CumSum, Reduce
+from ._args import _axis_in, _axis_key, _int_or_err, _named, _t
+from .elemwise import where
+from .elemwise_table import abs, eq, ne, sqrt
+from .shape import astype
+
+# one op instance per distinct attributes: the per-op caches stay warm
+_Reduce, _ArgReduce, _CumSum = map(interned, (Reduce, ArgReduce, CumSum))
+
+
+class AxisError(OpError, AssertionError):
+    """An axis given twice: an ``OpError`` (a ValueError) here, and the
+    AssertionError MegEngine raises for it."""
+
+
+def _reduce_input(mode: str, inp, axis) -> Tensor:
+    """``inp`` as a tensor for the reduction ``mode``; an axis named twice
+    is an AxisError. (Each reduction calls the op itself: one Python frame
+    fewer per call than a shared helper doing all of it.)"""
+    x = inp if isinstance(inp, Tensor) else _t(inp, name=mode)
+    if isinstance(axis, (tuple, list)) and x.shape is not None and x.ndim:
+        seen = [_int_or_err(mode, "axis", a) % x.ndim for a in axis]
+        if len(set(seen)) != len(seen):
+            raise AxisError(f"{mode}: axis {tuple(axis)} names an axis twice (input shape {x.shape})")
+    return x
+
+
+def sum(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``axis``: an int, a sequence of axes, or None (every axis).
+
+    Example::
+
+        >>> F.sum(gc.tensor([[1.0, 2.0], [3.0, 4.0]]), axis=1).numpy()
+        array([3., 7.], dtype=float32)
+    """
+    x = _reduce_input("sum", inp, axis)
+    return _apply(_Reduce("sum", _axis_key(axis), bool(keepdims)), x)[0]
+
+
+def mean(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """Mean over ``axis``: an int, a sequence of axes, or None (every axis).
+
+    Example::
+
+        >>> F.mean(gc.tensor([[1.0, 2.0], [3.0, 4.0]]), axis=1).numpy()
+        array([1.5, 3.5], dtype=float32)
+    """
+    x = _reduce_input("mean", inp, axis)
+    return _apply(_Reduce("mean", _axis_key(axis), bool(keepdims)), x)[0]
+
+
+def max(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Largest element over ``axis``: an int, a sequence of axes, or None (every axis).
+
+    Example::
+
+        >>> F.max(gc.tensor([[1.0, 2.0], [3.0, 4.0]]), axis=1).numpy()
+        array([2., 4.], dtype=float32)
+    """
+    x = _reduce_input("max", inp, axis)
+    return _apply(_Reduce("max", _axis_key(axis), bool(keepdims)), x)[0]
+
+
+def min(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Smallest element over ``axis``: an int, a sequence of axes, or None (every axis).
+
+    Example::
+
+        >>> F.min(gc.tensor([[1.0, 2.0], [3.0, 4.0]]), axis=1).numpy()
+        array([1., 3.], dtype=float32)
+    """
+    x = _reduce_input("min", inp, axis)
+    return _apply(_Reduce("min", _axis_key(axis), bool(keepdims)), x)[0]
+
+
+def prod(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """Product over ``axis``: an int, a sequence of axes, or None (every axis).
+
+    Example::
+
+        >>> F.prod(gc.tensor([[1.0, 2.0], [3.0, 4.0]]), axis=1).numpy()
+        array([ 2., 12.], dtype=float32)
+    """
+    x = _reduce_input("prod", inp, axis)
+    return _apply(_Reduce("prod", _axis_key(axis), bool(keepdims)), x)[0]
+
+
+def _arg_reduce(mode, inp, axis, keepdims):
+    x = _t(inp)
+    if not isinstance(axis, (tuple, list)):
+        return _apply(_ArgReduce(mode, axis, bool(keepdims)), x)[0]
+    # MegEngine's rule for several axes: one arg-reduction per axis, the
+    # last axis first, each applied to the previous result
+    axes = sorted({_axis_in(mode, a, x.ndim) for a in axis}, reverse=True)
+    if len(axes) != len(axis):
+        raise AxisError(f"{mode}: axis {tuple(axis)} names an axis twice (input shape {x.shape})")
+    for a in axes:
+        x = _apply(_ArgReduce(mode, a, bool(keepdims)), x)[0]
+    return x
+
+
+def argmax(inp, axis=None, keepdims: bool = False):
+    """Index of the largest element along ``axis`` (None: flattened), int32.
+    For a sequence of axes, as MegEngine: argmax over each in turn, the
+    last axis first (each step on the previous step's indices)."""
+    return _arg_reduce("argmax", inp, axis, keepdims)
+
+
+def argmin(inp, axis=None, keepdims: bool = False):
+    """Index of the smallest element along ``axis`` (None: flattened), int32;
+    a sequence of axes as in ``argmax``."""
+    return _arg_reduce("argmin", inp, axis, keepdims)
+
+
+def cumsum(inp, axis: int = 0):
+    """Cumulative sum along ``axis``.
+
+    Example::
+
+        >>> F.cumsum(x, axis=1)
+    """
+    return _apply(_CumSum(axis, False), _t(inp))[0]
+
+
+# ---- statistics (composites: their gradients come from the recorded ops they are made of)
+def var(inp, axis=None, keepdims: bool = False):
+    """Population variance over ``axis`` (MegEngine's ``F.var``).
+
+    Example::
+
+        >>> F.var(x, axis=1)
+    """
+    x = _t(inp)
+    try:
+        m = mean(x, axis, True)
+    except (OpError, TypeError) as exc:       # an axis out of range or not an int
+        raise _named("var", exc) from exc
+    d = x - m
+    return mean(d * d, axis, keepdims)
+
+
+def std(inp, axis=None, keepdims: bool = False):
+    """Population standard deviation over ``axis``. Where it is 0 (constant
+    data) the gradient is 0, as PyTorch's, not 0 * inf."""
+    try:
+        v = var(inp, axis, keepdims)
+    except (OpError, TypeError) as exc:
+        raise _named("std", exc) from exc
+    zero = eq(v, 0)
+    return where(zero, 0, sqrt(where(zero, 1, v)))
+
+
+def norm(inp, ord: Optional[float] = None, axis=None, keepdims: bool = False):
+    """Vector p-norm over ``axis`` (all elements when None); ``ord`` None is 2.
+
+    Example::
+
+        >>> F.norm(x, ord=2, axis=-1)
+    """
+    x = _t(inp)
+    ord = _norm_ord("norm", ord)
+    try:
+        return _norm(x, ord, axis, keepdims)
+    except (OpError, TypeError) as exc:       # an axis out of range or not an int
+        raise _named("norm", exc) from exc
+
+
+def _norm_ord(name: str, ord):
+    """``ord`` as a number (None stays None; "inf" and "-inf" are
+    accepted), or a TypeError naming ``name``."""
+    if ord is None or (isinstance(ord, (int, float, np.number)) and not isinstance(ord, bool)):
+        return ord
+    if isinstance(ord, str):
+        try:
+            return float(ord)
+        except ValueError:
+            pass
+    raise TypeError(f"{name}: ord must be a number (or None), got {ord!r}")
+
+
+def _norm(x, ord, axis, keepdims):
+    if ord is None or ord == 2:
+        # the gradient at a zero vector is 0 (PyTorch's subgradient), not 0/0
+        ss = sum(x * x, axis, keepdims)
+        zero = eq(ss, 0)
+        return where(zero, 0, sqrt(where(zero, 1, ss)))
+    if ord == 1:
+        return sum(abs(x), axis, keepdims)
+    if ord == float("inf"):
+        return max(abs(x), axis, keepdims)
+    if ord == -float("inf"):
+        return min(abs(x), axis, keepdims)
+    if ord == 0:
+        return sum(astype(ne(x, 0), x.dtype), axis, keepdims)
+    # as for ord 2: a zero vector has norm 0 and gradient 0, not 0 * inf
+    s = sum(abs(x) ** ord, axis, keepdims)
+    zero = eq(s, 0)
+    return where(zero, 0, where(zero, 1, s) ** (1.0 / ord))

@@ -1,0 +1,356 @@
+"""Shape functions: reshape, transpose, broadcast, add or remove axes, join
+and split, cast and copy, and composites of those (repeat, tile, roll,
+meshgrid, pixel_shuffle). Their ops: ops/shape.py.
+
+Example::
+
+    >>> F.reshape(gc.tensor(np.zeros(6)), (2, 3)).shape
+    (2, 3)
+"""
+from __future__ import annotations
+
+import operator
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from .._core import Tensor, apply as _apply
+from ..op import OpError, interned
+from ..ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape, Split, Squeeze, Stack,
+                         StopGradient, Transpose)
+from ._args import _axis_in, _axis_key, _int_arg, _int_or_err, _int_tuple, _ints, _t, builtins_max
+
+# one op instance per distinct attributes: the per-op caches stay warm
+_Reshape, _Transpose, _Broadcast = map(interned, (Reshape, Transpose, Broadcast))
+_ExpandDims, _Squeeze, _Cast, _Concat, _Split, _Stack = map(interned, (ExpandDims, Squeeze, Cast, Concat, Split, Stack))
+
+
+def reshape(inp, target_shape: Sequence[int]):
+    if isinstance(target_shape, int):
+        target_shape = (target_shape,)
+    return _apply(_Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
+
+
+def transpose(inp, pattern: Optional[Sequence[int]] = None):
+    """``inp`` with its axes permuted by ``pattern`` (reversed when None). As
+    in MegEngine, an ``'x'`` in the pattern adds an axis of size 1, and an
+    axis of size 1 may be left out.
+
+    Example::
+
+        >>> F.transpose(gc.tensor(np.zeros((2, 3))), (1, "x", 0)).shape
+        (3, 1, 2)
+    """
+    x = _t(inp)
+    if pattern is None:
+        pattern = tuple(range(x.ndim))[::-1]
+    pattern = tuple(pattern)
+    if any(isinstance(p, str) for p in pattern) or 0 < len(pattern) < x.ndim:
+        from ..tensor_methods import dimshuffle
+        return dimshuffle(x, pattern)
+    try:
+        pattern = tuple(operator.index(p) for p in pattern)
+    except TypeError:
+        raise TypeError(f"transpose: pattern entries must be ints (or 'x'), got {pattern}") from None
+    return _apply(_Transpose(pattern), x)[0]
+
+
+class ShapeError(OpError, RuntimeError):
+    """A shape that does not fit an op: an ``OpError`` (a ValueError) here,
+    and the RuntimeError MegEngine raises for the same input."""
+
+
+def broadcast_to(inp, shape: Sequence[int]):
+    """``inp`` broadcast to ``shape``; as in MegEngine, a ``None`` in
+    ``shape`` keeps the size of the matching (right-aligned) axis of ``inp``.
+
+    Example::
+
+        >>> F.broadcast_to(gc.tensor(np.zeros((1, 2, 3))), (4, None, 3)).shape
+        (4, 2, 3)
+    """
+    x = _t(inp)
+    if isinstance(shape, Tensor):
+        shape = shape.numpy().reshape(-1).tolist()
+    elif isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        shape = list(shape)
+    except TypeError:
+        raise TypeError(f"broadcast_to: shape must be a sequence of ints, got {shape!r}") from None
+    for i, d in enumerate(shape):
+        if d is None:
+            lead = len(shape) - x.ndim
+            if i < lead:
+                raise ValueError(f"broadcast_to: None at position {i} of {tuple(shape)} has no axis of "
+                                 f"inp (shape {x.shape}) to take its size from")
+            shape[i] = x.shape[i - lead]
+        elif _int_or_err("broadcast_to", "shape entries", d) < 0:
+            raise ValueError(f"broadcast_to: sizes must be >= 0 (or None to keep the input's), got {tuple(shape)}")
+    try:
+        return _apply(_Broadcast(_ints("broadcast_to", "shape", shape)), x)[0]
+    except OpError as exc:
+        raise ShapeError(str(exc)) from None
+
+
+def expand_dims(inp, axis):
+    try:
+        return _apply(_ExpandDims(_axis_key(axis)), _t(inp))[0]
+    except OpError as exc:       # an axis out of range: MegEngine's RuntimeError too
+        raise ShapeError(str(exc)) from None
+    except (TypeError, ValueError):      # an axis that is no int: 'a', 1.5, None
+        _check_axes("expand_dims", axis)
+        raise
+
+
+def squeeze(inp, axis=None):
+    try:
+        return _apply(_Squeeze(_axis_key(axis)), _t(inp))[0]
+    except (TypeError, ValueError) as exc:
+        if not isinstance(exc, OpError) and axis is not None:
+            _check_axes("squeeze", axis)
+        raise
+
+
+def _check_axes(name: str, axis) -> None:
+    """A TypeError naming ``name`` when ``axis`` is not an int or a sequence
+    of ints (called after an op rejected it with a less helpful message)."""
+    if isinstance(axis, (tuple, list)):
+        _ints(name, "axis", axis)
+    else:
+        _int_or_err(name, "axis", axis)
+
+
+def flatten(inp, start_axis: int = 0, end_axis: int = -1):
+    x = _t(inp)
+    nd = x.ndim
+    if nd == 0:
+        return reshape(x, (1,))
+    s, e = _axis_in("flatten", start_axis, nd), _axis_in("flatten", end_axis, nd)
+    if s > e:
+        raise ValueError(f"flatten: start_axis {start_axis} comes after end_axis {end_axis} "
+                         f"for a tensor of shape {x.shape}")
+    shape = x.shape[:s] + (-1,) + x.shape[e + 1:]
+    return reshape(x, shape)
+
+
+def concat(inps, axis: int = 0, device=None):
+    """Join tensors along an existing ``axis``; ``device`` (MegEngine's
+    argument) moves the result there."""
+    out = _apply(_Concat(_int_or_err("concat", "axis", axis)), *_tensor_list("concat", inps))[0]
+    return out if device is None else out.to(device)
+
+
+def _tensor_list(name: str, inps) -> list:
+    """The tensors of a list argument (concat, stack): a list or tuple of at
+    least one; a Tensor itself is not iterated (that would use its rows)."""
+    if not isinstance(inps, (list, tuple)):
+        if isinstance(inps, Tensor) or not hasattr(inps, "__iter__"):
+            raise TypeError(f"{name}: expects a list of tensors, got {type(inps).__name__}")
+        inps = list(inps)
+    if not inps:
+        raise ValueError(f"{name}: expects at least one tensor, got an empty list")
+    return [_t(x, name=name) for x in inps]
+
+
+def split(inp, nsplits_or_sections, axis: int = 0):
+    """Split ``inp`` along ``axis`` into a list of tensors, MegEngine's
+    ``F.split``: an int is a number of pieces (sizes as np.array_split: the
+    first ``size % n`` pieces one longer), a list gives the split indices.
+
+    Example::
+
+        >>> [p.shape for p in F.split(gc.tensor(np.zeros((5, 2))), [1, 3])]
+        [(1, 2), (2, 2), (2, 2)]
+    """
+    if isinstance(nsplits_or_sections, (int, np.integer)):
+        sections = int(nsplits_or_sections)
+    else:
+        sections = _ints("split", "nsplits_or_sections", nsplits_or_sections)
+    return list(_apply(_Split(_int_or_err("split", "axis", axis), sections), _t(inp)))
+
+
+def stack(inps, axis: int = 0, device=None):
+    """Stack equally shaped tensors along a new ``axis`` (``device``, as in
+    MegEngine, moves the result there).
+
+    Example::
+
+        >>> F.stack([x, y], axis=1)         # (3,), (3,) -> (3, 2)
+    """
+    out = _apply(_Stack(_int_or_err("stack", "axis", axis)), *_tensor_list("stack", inps))[0]
+    return out if device is None else out.to(device)
+
+
+def copy(inp, device=None):
+    """A recorded copy of ``inp`` (on ``device`` when given)."""
+    out = _apply(Identity(), _t(inp))[0]
+    return out if device is None else out.to(device)
+
+
+def stop_gradient(x):
+    """``x`` with no gradient flowing back through it."""
+    return _apply(StopGradient(), _t(x))[0]
+
+
+def astype(x, dtype):
+    x = _t(x)
+    dt = _numeric_dtype("astype", dtype)
+    if x.dtype == dt:
+        return x
+    return _apply(_Cast(dt), x)[0]
+
+
+def _numeric_dtype(name: str, dtype) -> np.dtype:
+    """``dtype`` as a NumPy dtype a tensor can hold (bool, integer, float,
+    complex), or an error naming ``name`` (np.dtype(None) would be float64,
+    np.dtype(str) a string tensor)."""
+    if dtype is None:
+        raise TypeError(f"{name}: dtype must be given, got None")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{name}: {exc}") from None
+    if dt.kind not in "biufc":
+        raise TypeError(f"{name}: cannot make a tensor of dtype {dt} (from {dtype!r}); "
+                        f"use a bool, integer or floating-point dtype")
+    return dt
+
+
+def swapaxes(inp: Tensor, axis1: int, axis2: int) -> Tensor:
+    """``inp`` with axes ``axis1`` and ``axis2`` interchanged.
+
+    Example::
+
+        >>> F.swapaxes(gc.tensor(np.zeros((2, 3, 4))), 0, 2).shape
+        (4, 3, 2)
+    """
+    x = _t(inp)
+    a, b = _axis_in("swapaxes", axis1, x.ndim), _axis_in("swapaxes", axis2, x.ndim)
+    pattern = list(range(x.ndim))
+    pattern[a], pattern[b] = b, a
+    return transpose(x, pattern)
+
+
+# ---- composites: repeating, rolling, grids, pixel shuffle
+def repeat(inp: Tensor, repeats: int, axis: Optional[int] = None) -> Tensor:
+    """Repeat each element ``repeats`` times along ``axis`` (None: of the
+    flattened input), as ``np.repeat`` with an int ``repeats``.
+
+    Example::
+
+        >>> F.repeat(gc.tensor([[1, 2], [3, 4]]), 2, axis=1).numpy()
+        array([[1, 1, 2, 2],
+               [3, 3, 4, 4]], dtype=int32)
+    """
+    repeats = _int_arg("repeat", "repeats", repeats)
+    x = _t(inp)
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    ax = _axis_in("repeat", axis, x.ndim)
+    shape = x.shape
+    wide = broadcast_to(expand_dims(x, ax + 1), shape[:ax + 1] + (repeats,) + shape[ax + 1:])
+    return reshape(wide, shape[:ax] + (shape[ax] * repeats,) + shape[ax + 1:])
+
+
+def tile(inp: Tensor, reps: Sequence[int]) -> Tensor:
+    """``inp`` repeated ``reps[i]`` times along axis ``i``, as ``np.tile``:
+    the shorter of ``reps`` and the shape is padded with leading 1s.
+
+    Example::
+
+        >>> F.tile(gc.tensor([[1, 2], [3, 4]]), (2, 1)).numpy()
+        array([[1, 2],
+               [3, 4],
+               [1, 2],
+               [3, 4]], dtype=int32)
+    """
+    x = _t(inp)
+    reps = tuple(_int_arg("tile", "reps", r) for r in _int_tuple("tile", "reps", reps))
+    nd = builtins_max(len(reps), x.ndim)
+    reps = (1,) * (nd - len(reps)) + reps
+    shape = (1,) * (nd - x.ndim) + x.shape
+    pairs = list(zip(reps, shape))
+    wide = broadcast_to(reshape(x, [v for _, d in pairs for v in (1, d)]), [v for p in pairs for v in p])
+    return reshape(wide, tuple(r * d for r, d in pairs))
+
+
+def roll(inp: Tensor, shift: Union[int, Sequence[int]],
+         axis: Union[int, Sequence[int], None] = None) -> Tensor:
+    """Shift elements by ``shift`` along ``axis``, wrapping around, as
+    ``np.roll``: ``shift`` and ``axis`` may be matching sequences; with
+    ``axis=None`` the flattened tensor is rolled and the shape restored.
+
+    Example::
+
+        >>> F.roll(gc.tensor([1, 2, 3, 4]), 1).numpy()
+        array([4, 1, 2, 3], dtype=int32)
+    """
+    x = _t(inp)
+    if axis is None:
+        if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
+            raise TypeError(f"roll: with axis=None, shift must be an int, got {shift!r}")
+        return reshape(roll(reshape(x, (-1,)), shift, 0), x.shape)
+    shifts, axes = _int_tuple("roll", "shift", shift), _int_tuple("roll", "axis", axis)
+    if len(shifts) != len(axes):
+        raise ValueError(f"roll: shift {shift!r} and axis {axis!r} must have the same length")
+    out = x
+    for s, a in zip(shifts, axes):
+        a = _axis_in("roll", a, x.ndim)
+        n = x.shape[a]
+        k = s % n if n else 0
+        if k:
+            head, tail = split(out, [n - k], a)
+            out = concat([tail, head], a)
+    return copy(x) if out is x else out
+
+
+def meshgrid(*inputs: Tensor, indexing: str = "xy") -> list:
+    """Coordinate grids from 1-d tensors, as ``np.meshgrid``: each result has
+    shape (N1, N2, ...) with ``indexing="ij"``; with "xy" (the default) the
+    first two are swapped, (N2, N1, ...).
+
+    Example::
+
+        >>> xv, yv = F.meshgrid(gc.tensor([0.0, 1.0, 2.0]), gc.tensor([5.0, 6.0]))
+        >>> xv.numpy()
+        array([[0., 1., 2.],
+               [0., 1., 2.]], dtype=float32)
+    """
+    if indexing not in ("xy", "ij"):
+        raise ValueError(f"meshgrid: indexing must be 'xy' or 'ij', got {indexing!r}")
+    xs = [_t(v) for v in inputs]
+    for i, v in enumerate(xs):
+        if v.ndim != 1:
+            raise ValueError(f"meshgrid: every input must be 1-d, input {i} has shape {v.shape}")
+    axes = list(range(len(xs)))
+    if indexing == "xy" and len(xs) >= 2:
+        axes[0], axes[1] = 1, 0
+    shape = [0] * len(xs)
+    for v, a in zip(xs, axes):
+        shape[a] = v.shape[0]
+    return [broadcast_to(reshape(v, [shape[a] if j == a else 1 for j in range(len(xs))]), shape)
+            for v, a in zip(xs, axes)]
+
+
+def pixel_shuffle(inp: Tensor, upscale_factor: int) -> Tensor:
+    """Rearrange (..., C * r * r, H, W) into (..., C, H * r, W * r) for
+    ``r = upscale_factor``, MegEngine's ``F.nn.pixel_shuffle`` (PyTorch's
+    element order).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(4, dtype="float32").reshape(1, 4, 1, 1))
+        >>> F.nn.pixel_shuffle(x, 2).numpy()
+        array([[[[0., 1.],
+                 [2., 3.]]]], dtype=float32)
+    """
+    r = _int_arg("pixel_shuffle", "upscale_factor", upscale_factor, low=1)
+    x = _t(inp)
+    if x.ndim < 3 or x.shape[-3] % (r * r):
+        raise ValueError(f"pixel_shuffle: inp must be (..., C * {r * r}, H, W) for upscale_factor={r}, "
+                         f"got shape {x.shape}")
+    lead, (c, h, w) = x.shape[:-3], x.shape[-3:]
+    y = reshape(x, (int(np.prod(lead)), c // (r * r), r, r, h, w))
+    y = transpose(y, (0, 1, 4, 2, 5, 3))       # (n, c, h, r, w, r)
+    return reshape(y, lead + (c // (r * r), h * r, w * r))

@@ -1,0 +1,129 @@
+"""gradcore.functional is a package laid out by op family: the generated
+elementwise module is up to date (and so is its compiled build), every
+public function is a real def in exactly one module, and F and F.nn expose
+what they always did."""
+import ast
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+from gradcore.core import apply
+from gradcore.functional import _gen_elemwise_table as gen, elemwise_table
+from gradcore.ops import elemwise
+
+PACKAGE = Path(F.__file__).parent
+FAMILIES = ("elemwise_table", "elemwise", "shape", "reduce", "linalg", "indexing", "creation", "conv", "nn")
+
+# F.nn before the split, MegEngine's names
+NN_NAMES = {
+    "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy", "conv1d",
+    "conv2d", "cross_entropy", "dropout", "embedding", "gelu", "group_norm", "hinge_loss", "hsigmoid", "hswish",
+    "indexing_one_hot", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax", "logsigmoid", "logsoftmax",
+    "logsumexp", "max_pool2d", "normalize", "one_hot", "pad", "pixel_shuffle", "prelu", "relu", "relu6",
+    "sigmoid", "silu", "softmax", "softplus", "square_loss", "tanh", "topk_accuracy"}
+
+
+def test_generated_elemwise_module_is_up_to_date():
+    assert (PACKAGE / "elemwise_table.py").read_text() == gen.render(), \
+        "gradcore/functional/elemwise_table.py is out of date: run python -m gradcore.functional._gen_elemwise_table"
+
+
+def test_the_loaded_elemwise_module_matches_the_table():
+    # a compiled build of an older elemwise_table.py would still be imported first
+    assert elemwise_table.TABLE_DIGEST == gen.digest(), \
+        f"{elemwise_table.__file__} was built from an older table: rebuild (python setup.py build_ext --inplace)"
+
+
+@pytest.mark.parametrize("mode", elemwise.modes())
+def test_each_table_row_is_a_def_with_hints_and_an_example(mode):
+    fn = getattr(F, mode)
+    home = "gradcore.functional.elemwise" if mode in gen.HAND_WRITTEN else "gradcore.functional.elemwise_table"
+    assert fn.__module__ == home and fn.__name__ == mode
+    assert "Example::" in fn.__doc__ and f">>> F.{mode}(" in fn.__doc__
+    nin = elemwise.Elemwise(mode).nin
+    assert list(inspect.signature(fn).parameters)[-nin:] == list("xyz"[:nin]) or mode in gen.HAND_WRITTEN
+    if mode not in gen.HAND_WRITTEN:
+        assert "Tensor" in str(inspect.signature(fn))
+    # the same result as the op itself
+    lo, hi = elemwise.ROWS[mode].domain
+    args = [gc.tensor(np.array([True, False])) if mode.startswith("logical_") or (mode == "where" and k == 0)
+            else gc.tensor(np.array([lo + (hi - lo) * 0.3, lo + (hi - lo) * 0.6], np.float32)) for k in range(nin)]
+    np.testing.assert_array_equal(fn(*args).numpy(), apply(elemwise.Elemwise(mode), *args)[0].numpy())
+
+
+def _top_level_names(module: str) -> set:
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_every_public_function_is_defined_in_exactly_one_family_module():
+    homes = {}
+    for module in FAMILIES:
+        for name in _top_level_names(module):
+            if not name.startswith("_") and name not in ("TABLE_DIGEST",) and not name.isupper():
+                homes.setdefault(name, []).append(module)
+    assert {n: m for n, m in homes.items() if len(m) > 1} == {}
+    for name in dir(F):
+        obj = getattr(F, name)
+        if name.startswith("_") or not callable(obj) or isinstance(obj, type) and not issubclass(obj, Exception):
+            continue
+        if getattr(obj, "__module__", "").startswith("gradcore.functional") and obj.__name__ == name:  # (not an alias)
+            assert name in homes, name
+            assert obj.__module__ == f"gradcore.functional.{homes[name][0]}", name
+
+
+def test_no_names_injected_and_no_star_imports():
+    for path in PACKAGE.glob("*.py"):
+        text = path.read_text()
+        assert "globals()" not in text and "setattr(" not in text, path.name
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom):
+                assert all(a.name != "*" for a in node.names), path.name
+
+
+def test_f_nn_keeps_megengine_names():
+    assert set(F.nn.__all__) == NN_NAMES
+    for name in NN_NAMES:
+        assert getattr(F.nn, name) is getattr(F, name), name
+
+
+def test_megengine_aliases_are_the_table_functions():
+    assert (F.equal, F.not_equal, F.less, F.less_equal, F.greater, F.greater_equal) == \
+        (F.eq, F.ne, F.lt, F.le, F.gt, F.ge)
+
+
+def test_private_helpers_used_elsewhere_stay_importable():
+    # gradcore.module and gradcore.tensor_methods use these
+    from gradcore.functional import _check_drop_prob, _Reduce, _t  # noqa: F401
+    assert F._t(1.0).dtype == np.float32
+
+
+def test_error_messages_still_name_the_public_function():
+    with pytest.raises(TypeError, match="^roll: "):
+        F.roll(gc.tensor([1.0]), 1.5, 0)
+    with pytest.raises(TypeError, match="^zeros_like: expected a tensor, got None"):
+        F.zeros_like(None)
+    with pytest.raises(TypeError, match="^flatten: expected a tensor, got None"):
+        F.flatten(None)
+
+
+def test_the_generated_module_works_uncompiled_too():
+    # without a build (or with the .so removed) the plain .py is imported
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gradcore.functional._table_source", PACKAGE / "elemwise_table.py")
+    source = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source)
+    assert source.TABLE_DIGEST == gen.digest()
+    x, y = gc.tensor([0.5, 2.0]), gc.tensor([1.5, -1.0])
+    np.testing.assert_array_equal(source.add(x, y).numpy(), F.add(x, y).numpy())
+    np.testing.assert_array_equal(source.exp(x=x).numpy(), F.exp(x).numpy())
