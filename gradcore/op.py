@@ -22,7 +22,7 @@ Example, a complete differentiable op::
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -90,6 +90,10 @@ class _OpMeta(type):
         if table is None:
             table = {}
             type.__setattr__(cls, "_interned", table)
+        elif not args and not kwargs:
+            hit = table.get(())
+            if hit is not None:
+                return hit
         try:
             # the argument types are part of the key: Scale(3) and Scale(3.0) may differ
             ckey = (args, tuple(map(type, args)), tuple(kwargs.items()) if kwargs else ())
@@ -209,12 +213,6 @@ class Op(_core.OpBase, metaclass=_OpMeta):
     def __reduce__(self):
         return (_rebuild_op, (type(self), {a: getattr(self, a) for a in self.attrs}))
 
-    def __call__(self, *tensors):
-        """``op(x, ...)``: ``apply(op, x, ...)``, the output itself when the
-        op has one, else the tuple of outputs."""
-        outs = _core.apply(self, *tensors)
-        return outs[0] if len(outs) == 1 else outs
-
     # ---- protocol helpers for subclasses
     def error(self, message: str, *descs) -> OpError:
         shapes = ", ".join(_fmt(d) for d in descs)
@@ -223,6 +221,32 @@ class Op(_core.OpBase, metaclass=_OpMeta):
 
     def infer(self, *descs: TensorDesc) -> Tuple[TensorDesc, ...]:
         raise NotImplementedError(f"{self._name()} has no shape inference")
+
+
+def function(op_class: type, name: Optional[str] = None) -> Callable:
+    """Publish a functional wrapper for an op class, in one line::
+
+        softsign = gradcore.op.function(Softsign)
+        y = softsign(x)                   # apply(Softsign(), x)[0]
+        y = rms_norm(x, eps=1e-6)         # keywords are the op's constructor arguments
+
+    The wrapper returns the output itself for a one-output op, else the tuple
+    of outputs. Equal ops are interned, so every call reuses one op instance
+    and its caches (kernel, backward graph, infer verdict)."""
+    fname = name or getattr(op_class, "name", "") or op_class.__name__
+
+    def op_function(*tensors, **params):
+        # op_class(**params) is interned: the same instance for equal params
+        return op_class(**params)(*tensors)
+
+    op_function.__name__ = op_function.__qualname__ = fname
+    op_function.__doc__ = _wrapper_doc(op_class)
+    op_function.__wrapped__ = op_class
+    return op_function
+
+
+def _wrapper_doc(op_class) -> str:
+    return f"Functional form of the op {op_class.__name__}.\n\n{op_class.__doc__ or ''}"
 
 
 def _hashable(v) -> bool:
@@ -316,3 +340,21 @@ class Composite(Op):
         # the decomposition's ops run where the arrays are (a wrapped
         # DeviceArray is a cuda tensor)
         return self.cpu(*arrays)
+
+
+# ---- the forward path consults infer (see _core._guard_infer: once per op and input descriptors)
+def _has_infer(op) -> bool:
+    """Whether ``apply`` runs ``op.infer`` before the kernel: when the class
+    defines its own (not Op's placeholder nor Composite's, whose decomposition
+    validates itself op by op)."""
+    fn = getattr(type(op), "infer", None)
+    return fn is not None and fn is not Op.infer and fn is not Composite.infer
+
+
+def _infer_check(op, args) -> None:
+    """``op.infer`` on the descriptors of ``args``: raises the op's own error
+    for inputs it rejects."""
+    op.infer(*[TensorDesc(t.shape, t.dtype, str(t.device)) for t in args])
+
+
+_core._install_hooks(infer_check=_infer_check, has_infer=_has_infer)
