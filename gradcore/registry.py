@@ -61,6 +61,8 @@ class PluginFailure:
 class _State:
     ops: Dict[str, OpEntry] = field(default_factory=dict)
     failures: List[PluginFailure] = field(default_factory=list)
+    # grad rules a distribution registered (gradcore.register_grad_rule) for op classes
+    rules: Dict[str, List[tuple]] = field(default_factory=dict)
     loaded: bool = False
     loading: bool = False
     current_dist: Optional[str] = None
@@ -295,13 +297,25 @@ def _loading_as(dist):
         _state.current_dist = prev
 
 
+def _rules_of(classes) -> Dict[type, object]:
+    from . import _core
+    return {c: r for c in classes if (r := _core.registered_grad_rule(c)) is not None}
+
+
 def _load_one(ep, dist):
     before = dict(_state.ops)
+    known = {e.cls for e in before.values()}
+    rules_before = _rules_of(known)
     try:
         with _loading_as(dist):
             obj = ep.load()
             if callable(obj) and not isinstance(obj, (ModuleType, type)):
                 obj()
+        # which grad rules this plugin installed (for `gradcore check`)
+        classes = known | {e.cls for e in _state.ops.values()}
+        added = [(c, r) for c, r in _rules_of(classes).items() if rules_before.get(c) is not r]
+        if added:
+            _state.rules.setdefault(dist, []).extend(added)
     except PluginConflictError as exc:
         _state.ops = before
         _state.failures.append(PluginFailure(dist, ep.value, str(exc)))
@@ -335,6 +349,18 @@ def entries() -> List[OpEntry]:
     """Every registered op, sorted by name."""
     load()
     return sorted(_state.ops.values(), key=lambda e: e.name)
+
+
+def grad_rules(dist: str) -> List[tuple]:
+    """``(op class, rule)`` for each grad rule the distribution ``dist``
+    registered while it was loaded."""
+    load()
+    return [pair for d, pairs in _state.rules.items() if _norm(d) == _norm(dist) for pair in pairs]
+
+
+def entry_point_dists() -> Dict[str, str]:
+    """Entry point name -> distribution name, for every ``gradcore.ops`` entry point."""
+    return {ep.name: _dist_name(ep) for ep in _entry_points()}
 
 
 def failures() -> List[PluginFailure]:
