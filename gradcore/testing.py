@@ -809,6 +809,22 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             c.not_applicable("no floating-point output")
         elif not checks[check].fail and check == "gradgrad" and checks["grad"].fail:
             c.not_applicable("first order gradients already fail")
+        elif getattr(op, "check_gradient", None) == "zero":
+            # declared zero by design (a stop-gradient): finite differences
+            # would disagree, so check that the gradient is exactly that
+            if order == 2:
+                c.not_applicable("the gradient is zero by design (check_gradient = 'zero')")
+                continue
+            try:
+                xs = [Tensor(a) for a in a64]
+                got = analytic_grads(_apply_fn(op), xs, _weights(_apply_fn(op), xs, 0), chosen)
+                nonzero = [i for i, g in enumerate(got) if g is not None and np.any(g != 0)]
+                if nonzero:
+                    c.failed(f"{tag}declared check_gradient = 'zero' but input(s) {nonzero} get a nonzero gradient")
+                else:
+                    c.passed("zero by design, as declared (check_gradient = 'zero')")
+            except Exception as exc:
+                c.failed(f"{tag}{_fmt_exc(exc)}")
         else:
             try:
                 fn(_apply_fn(op), [Tensor(a) for a in a64], eps=eps, atol=atol, rtol=rtol, wrt=chosen)
