@@ -86,14 +86,14 @@ class _OpMeta(type):
     backward graph, infer verdict) are hit when an op is constructed per call."""
 
     def __call__(cls, *args, **kwargs):
+        if not args and not kwargs:
+            hit = _NO_ARG_INSTANCES.get(cls)
+            if hit is not None:
+                return hit
         table = cls.__dict__.get("_interned")
         if table is None:
             table = {}
             type.__setattr__(cls, "_interned", table)
-        elif not args and not kwargs:
-            hit = table.get(())
-            if hit is not None:
-                return hit
         try:
             # the argument types are part of the key: Scale(3) and Scale(3.0) may differ
             ckey = (args, tuple(map(type, args)), tuple(kwargs.items()) if kwargs else ())
@@ -109,11 +109,18 @@ class _OpMeta(type):
                 object.__setattr__(inst, "_sealed", True)
             if type(inst) is cls and not inst.__dict__.get("_no_intern", False):
                 if len(table) > _INTERN_LIMIT:
-                    table.clear()
+                    table.clear()       # bounded: equal ops stay equal, just not identical
                 inst = table.setdefault(inst._key, inst)
                 if ckey is not None:
                     table[ckey] = inst
+                if not args and not kwargs:
+                    _NO_ARG_INSTANCES[cls] = inst
         return inst
+
+
+# the one instance of each op class constructed without arguments: the
+# cheapest lookup, for ops built per call as ``MyOp()(x)``
+_NO_ARG_INSTANCES: dict = {}
 
 
 class Op(_core.OpBase, metaclass=_OpMeta):
