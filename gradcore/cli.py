@@ -14,6 +14,7 @@ failed check_op or had no check run), 2 usage (e.g. an unknown distribution).
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import List, Optional
 
@@ -89,30 +90,38 @@ def _parse_check_args(args: List[str]):
     return None if dist is None else (dist, devices, seed)
 
 
-def _use_cuda_emulator_without_gpu() -> str:
-    """Where cuda checks run: the GPU, else the host emulator (selected
-    here, before any kernel is built), else nowhere (the reason)."""
+@contextlib.contextmanager
+def _cuda_for_checks(wanted: bool):
+    """Yields where cuda checks run: the GPU, else the host emulator
+    (selected for the duration, and forgotten after), else nowhere (why)."""
     import os
     import shutil
     from . import devices as devmod
-    if os.environ.get("GRADCORE_CUDA"):
-        return f"GRADCORE_CUDA={os.environ['GRADCORE_CUDA']}"
-    if devmod.is_cuda_available():
-        return "GPU"
-    if shutil.which("g++") or shutil.which("c++"):
+    if not wanted:
+        yield "not requested"
+    elif os.environ.get("GRADCORE_CUDA"):
+        yield f"GRADCORE_CUDA={os.environ['GRADCORE_CUDA']}"
+    elif devmod.is_cuda_available():
+        yield "GPU"
+    elif not (shutil.which("g++") or shutil.which("c++")):
+        yield f"unavailable: {devmod.cuda_unavailable_reason()}"
+    else:
+        from .cuda import runtime
         os.environ["GRADCORE_CUDA"] = "emulator"
         try:
-            from . import cuda
-            cuda.use("emulator")
+            runtime.use("emulator")
+            where = "host emulator (no GPU)"
         except Exception as exc:
-            return f"unavailable ({type(exc).__name__}: {exc})"
-        return "host emulator (no GPU)"
-    return f"unavailable: {devmod.cuda_unavailable_reason()}"
+            where = f"unavailable ({type(exc).__name__}: {exc})"
+        try:
+            yield where
+        finally:
+            os.environ.pop("GRADCORE_CUDA", None)
+            runtime.use(None)
 
 
 def _check(args: List[str]) -> int:
     from . import registry
-    from .testing import CheckReport, CheckResult, check_grad_rule, check_op
     parsed = _parse_check_args(args)
     if parsed == "help":
         print(CHECK_HELP)
@@ -132,9 +141,20 @@ def _check(args: List[str]) -> int:
         print(f"gradcore check: no ops or grad rules are registered by a distribution or entry point "
               f"named {dist!r}; known: {', '.join(known) or 'none'}", file=sys.stderr)
         return 2
-    where_cuda = _use_cuda_emulator_without_gpu() if devices is None or "cuda" in devices else "not requested"
+    with _cuda_for_checks(devices is None or "cuda" in devices) as where_cuda:
+        report = _check_all(mine, failed, rules, devices, seed)
+    print(report.table())
+    n_skip = len(report.skipped)
+    reasons = sorted({r.message.split(":")[0] for r in report.skipped})
+    print(f"\n{dist}: {len(mine)} op(s), {len(rules)} grad rule(s); {len(report.passed)} check(s) passed, "
+          f"{len(report.failed)} failed, {n_skip} skipped{' (' + '; '.join(reasons) + ')' if reasons else ''}, "
+          f"{len(report.not_applicable)} not applicable; cuda: {where_cuda}; seed {seed}")
+    return 0 if report.ok else 1
+
+
+def _check_all(mine, failed, rules, devices, seed):
+    from .testing import CheckReport, CheckResult, check_grad_rule, check_op
     report = CheckReport()
-    no_check = []
     for f in failed:
         report.results.append(CheckResult(f"<plugin {f.dist}>", "load", "failed", f.error))
     for e in mine:
@@ -146,19 +166,12 @@ def _check(args: List[str]) -> int:
         for r in sub.results:
             r.op = e.name
         if not sub.passed and sub.ok:
-            no_check.append(e.name)
             sub.results.append(CheckResult(e.name, "any", "failed",
                                            "no check ran (every check skipped or not applicable)"))
         report.extend(sub)
     for cls, rule in rules:
         report.extend(check_grad_rule(cls, rule, seed=seed))
-    print(report.table())
-    n_skip = len(report.skipped)
-    reasons = sorted({r.message.split(":")[0] for r in report.skipped})
-    print(f"\n{dist}: {len(mine)} op(s), {len(rules)} grad rule(s); {len(report.passed)} check(s) passed, "
-          f"{len(report.failed)} failed, {n_skip} skipped{' (' + '; '.join(reasons) + ')' if reasons else ''}, "
-          f"{len(report.not_applicable)} not applicable; cuda: {where_cuda}; seed {seed}")
-    return 0 if report.ok else 1
+    return report
 
 
 def _doctor(args: List[str]) -> int:
