@@ -207,6 +207,8 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
                 f"{_fmt_arity((flo, fhi))}; declare `def {attr}(self, "
                 f"{', '.join(f'x{i}' for i in range(fhi)) or '*inputs'})` to receive the forward's inputs")
 
+    _check_instance_state(c, where)
+
     declared = getattr(c, "devices", None)
     if declared is not None and not isinstance(declared, property):
         if isinstance(declared, str):
@@ -225,6 +227,38 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
             elif dev not in ("cpu", "cuda"):
                 raise OpDeclarationError(
                     f"{where} declares an unknown device {dev!r}; gradcore knows 'cpu' and 'cuda'")
+
+
+_PLAIN_VALUES = (int, float, complex, str, bytes, bool, tuple, frozenset, type(None))
+
+
+def _check_instance_state(c, where) -> None:
+    """Refuse an op whose instances keep a plain value under a private name
+    (``self._k = k``): hash and equality cover the public attributes only,
+    so two ops differing in it would share caches (the backward graph of
+    one used for the other). Checked on the instances ``check_params`` (or
+    the argument-free constructor) give; derived values may be declared in
+    ``derived = ("_name", ...)``."""
+    from .op import Op
+    if not (isinstance(c, type) and issubclass(c, Op)):
+        return
+    params = getattr(c, "check_params", None)
+    try:
+        samples = [c(*p) if isinstance(p, tuple) else c(**p) for p in params] if params else [c()]
+    except Exception:
+        return                  # needs arguments we cannot guess: nothing to inspect
+    allowed = set(getattr(c, "derived", ()) or ())
+    for inst in samples:
+        hidden = [k for k, v in vars(inst).items()
+                  if k.startswith("_") and not k.startswith("__") and k not in ("_key", "_hash", "_sealed")
+                  and k not in allowed and isinstance(v, _PLAIN_VALUES)]
+        if hidden:
+            name = hidden[0]
+            raise OpDeclarationError(
+                f"{where} stores {', '.join(hidden)} on its instances outside its attributes: equality, "
+                f"hashing and every cache keyed by the op ignore it. Store parameters under public names "
+                f"(`self.{name.lstrip('_')} = ...` in __init__); if {name} is derived from the public "
+                f"attributes, declare it: `derived = ({name!r},)`")
 
 
 def _is_base_infer(fn) -> bool:

@@ -523,3 +523,25 @@ def test_ops_are_callable_and_function_publishes_a_wrapper():
     # several outputs: the tuple
     parts = Split(0, 2)(gradcore.tensor(np.arange(4.0)))
     assert isinstance(parts, tuple) and len(parts) == 2
+
+
+def test_registration_refuses_parameters_kept_under_private_names(scratch_registry):
+    class Hidden(KitScale):
+        name = "KitHidden"
+
+        def __init__(self, k=1.0):
+            self._k = float(k)             # invisible to hash and equality
+
+    with pytest.raises(OpDeclarationError, match=r"_k.*self\.k = .*derived = \('_k',\)"):
+        register_op(Hidden)
+
+    class Derived(KitScale):
+        name = "KitDerived"
+        derived = ("_half",)
+
+        def __init__(self, k=1.0):
+            self.k = float(k)
+            self._half = self.k / 2        # derived from k: declared, so accepted
+
+    register_op(Derived)
+    assert Derived(2.0) != Derived(4.0)
