@@ -118,6 +118,27 @@ class _OpMeta(type):
         return inst
 
 
+def clear_interned() -> None:
+    """Forget every interned op (and so the caches they hold: kernels,
+    backward graphs, infer verdicts); equal ops built afterwards are new
+    instances. The intern tables are bounded anyway; this is for tests and
+    long-running processes that want the memory back now.
+
+    Example::
+
+        >>> op = Reduce("sum", 1); clear_interned(); Reduce("sum", 1) is op
+        False
+    """
+    _NO_ARG_INSTANCES.clear()
+    todo = [Op]
+    while todo:
+        cls = todo.pop()
+        table = cls.__dict__.get("_interned")
+        if table:
+            table.clear()
+        todo.extend(cls.__subclasses__())
+
+
 # the one instance of each op class constructed without arguments: the
 # cheapest lookup, for ops built per call as ``MyOp()(x)``
 _NO_ARG_INSTANCES: dict = {}
