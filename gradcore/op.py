@@ -262,10 +262,16 @@ def function(op_class: type, name: Optional[str] = None) -> Callable:
     of outputs. Equal ops are interned, so every call reuses one op instance
     and its caches (kernel, backward graph, infer verdict)."""
     fname = name or getattr(op_class, "name", "") or op_class.__name__
+    try:
+        default = op_class()        # the instance for calls without parameters
+    except TypeError:
+        default = None              # the constructor needs arguments
 
     def op_function(*tensors, **params):
-        # op_class(**params) is interned: the same instance for equal params
-        return op_class(**params)(*tensors)
+        if params or default is None:
+            # op_class(**params) is interned: the same instance for equal params
+            return op_class(**params)(*tensors)
+        return default(*tensors)
 
     op_function.__name__ = op_function.__qualname__ = fname
     op_function.__doc__ = _wrapper_doc(op_class)
