@@ -9,6 +9,12 @@ the standard equivalent, and how long listing the registry takes cold.
       recorded (both inputs attached to a recording GradManager, the tape
       released after each batch). The two ops alternate inside every round;
       medians over rounds of the per-call time of a batch.
+  (c) per call, the op constructed per call and called, as a plugin's
+      users write it (``PluginUfuncMul()(a, b)``, ``PluginMul()(a, b)``;
+      equal ops are interned, so construction is a lookup) against the
+      standard ``F.mul(a, b)``, each wrapped in the same lambda; forward
+      alone and forward+backward (``gm.backward`` of the product's sum,
+      both inputs attached). Target: within 1.1x of F.mul.
   (b) registry listing: ``gradcore.registry.entries()`` in a fresh
       subprocess (cold: every entry point read, every plugin imported), the
       call alone and ``import gradcore`` + the call; medians over fresh
@@ -101,6 +107,40 @@ def bench_calls(rounds, n):
     return {f"{k}{'_recorded' if r else ''}_us": statistics.median(v) * 1e6 for (k, r), v in times.items()}
 
 
+def _loop(fn, a, b, n, backward):
+    if not backward:
+        t = perf_counter()
+        for _ in range(n):
+            fn(a, b)
+        return (perf_counter() - t) / n
+    gm = GradManager().attach([a, b])
+    t = perf_counter()
+    for _ in range(n):
+        with gm:
+            gm.backward(fn(a, b).sum())
+    return (perf_counter() - t) / n
+
+
+def bench_constructed_per_call(rounds, n):
+    import gradcore.functional as F
+    a = gradcore.Tensor(np.random.default_rng(0).random(16, dtype=np.float32))
+    b = gradcore.Tensor(np.random.default_rng(1).random(16, dtype=np.float32))
+    fns = {"plugin per call, ufunc kernel": lambda x, y: PluginUfuncMul()(x, y),
+           "plugin per call": lambda x, y: PluginMul()(x, y),
+           "F.mul": lambda x, y: F.mul(x, y)}
+    np.testing.assert_allclose(fns["plugin per call"](a, b).numpy(), fns["F.mul"](a, b).numpy())
+    times = {(k, bw): [] for k in fns for bw in (False, True)}
+    for k in fns:
+        for bw in (False, True):
+            _loop(fns[k], a, b, 200, bw)
+    for i in range(rounds):
+        order = list(fns) if i % 2 == 0 else list(fns)[::-1]
+        for bw in (False, True):
+            for k in order:
+                times[(k, bw)].append(_loop(fns[k], a, b, n if not bw else max(n // 10, 1), bw))
+    return {f"{k}{'_fwd_bwd' if bw else '_fwd'}_us": statistics.median(v) * 1e6 for (k, bw), v in times.items()}
+
+
 COLD = r"""
 import time
 t0 = time.perf_counter()
@@ -135,6 +175,7 @@ def main(argv=None):
     if args.quick:
         args.rounds, args.calls, args.procs = 3, 2000, 3
     calls = bench_calls(args.rounds, args.calls)
+    per_call = bench_constructed_per_call(args.rounds, args.calls)
     reg = bench_registry(args.procs)
     print(f"per call, 16-element float32 a*b, median of {args.rounds} rounds x {args.calls} calls")
     print(f"{'':<14}{'plugin op':>12}{'ratio':>7}{'plugin, ufunc kernel':>22}{'ratio':>7}{'Elemwise mul':>14}")
@@ -142,6 +183,12 @@ def main(argv=None):
         p, u, s = (calls[f"{k}{rec}_us"] for k in ("plugin", "plugin, ufunc kernel", "standard"))
         label = "recorded" if rec else "not recorded"
         print(f"{label:<14}{p:>10.2f}us{p / s:>7.2f}{u:>20.2f}us{u / s:>7.2f}{s:>12.2f}us")
+    print(f"constructed per call and called, median of {args.rounds} rounds")
+    print(f"{'':<14}{'plugin, ufunc':>14}{'ratio':>7}{'plugin':>12}{'ratio':>7}{'F.mul':>10}")
+    for part, label in (("_fwd", "forward"), ("_fwd_bwd", "fwd+backward")):
+        u, p, s_ = (per_call[f"{k}{part}_us"] for k in ("plugin per call, ufunc kernel", "plugin per call", "F.mul"))
+        print(f"{label:<14}{u:>12.2f}us{u / s_:>7.2f}{p:>10.2f}us{p / s_:>7.2f}{s_:>8.2f}us")
+    calls.update(per_call)
     ok = reg["entries_ms"] < REGISTRY_TARGET_MS
     print(f"registry.entries() cold, median of {args.procs} processes: {reg['entries_ms']:.1f} ms "
           f"(target < {REGISTRY_TARGET_MS:.0f} ms: {'met' if ok else 'MISSED'}); import gradcore + entries(): "

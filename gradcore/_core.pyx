@@ -44,6 +44,8 @@ cdef object _h_add = None             # op used to accumulate in tensor mode
 cdef object _h_kernel_error = None    # (op, args, exc) -> exception to raise
 cdef object _h_kernel_for = None      # (op, device) -> kernel callable
 cdef object _h_getattr = None         # (name) -> python-level Tensor method impl
+cdef object _h_infer_check = None     # (op, args) -> None; raises the op's error (op.infer on the inputs)
+cdef object _h_has_infer = None       # (op) -> whether the forward path consults op.infer
 cdef dict _operator_ops = {}
 # the hottest operator ops, read without a dict lookup per call
 cdef object _op_add = None, _op_sub = None, _op_mul = None, _op_div = None
@@ -61,6 +63,7 @@ def _install_hooks(**hooks):
     """Called once by gradcore's Python modules to plug their parts in."""
     global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
     global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array
+    global _h_infer_check, _h_has_infer
     for name, fn in hooks.items():
         if name == "slow_apply": _h_slow_apply = fn
         elif name == "backward_graph": _h_backward_graph = fn
@@ -70,6 +73,8 @@ def _install_hooks(**hooks):
         elif name == "kernel_for": _h_kernel_for = fn
         elif name == "tensor_method": _h_getattr = fn
         elif name == "device_array": _device_array = fn
+        elif name == "infer_check": _h_infer_check = fn
+        elif name == "has_infer": _h_has_infer = fn
         elif name == "operator_ops":
             _operator_ops.update(fn)
             _set_hot_ops()
@@ -442,11 +447,21 @@ cdef class OpBase:
     cdef long long _last_key
     cdef object _last_cb
     cdef dict _cb_cache
+    cdef signed char _infer_state  # -1 unknown, 0 the forward does not consult infer, 1 it does
+    cdef unsigned long long _infer_last   # descriptor key of the last inputs infer accepted (0: none)
+    cdef set _infer_ok            # descriptor keys infer accepted (bounded)
 
     def __cinit__(self):
         self._own_rule = -1
         self._last_key = -1
         self._nin = -2
+        self._infer_state = -1
+
+    def __call__(self, *args):
+        """``op(x, ...)``: ``apply(op, x, ...)``, the output itself when the
+        op has one, else the tuple of outputs."""
+        cdef tuple outs = _apply(self, args)
+        return outs[0] if len(outs) == 1 else outs
 
     def _clear_caches(self):
         self._cpu_kernel = None
@@ -455,6 +470,50 @@ cdef class OpBase:
         self._last_key = -1
         self._last_cb = None
         self._cb_cache = None
+        self._infer_state = -1
+        self._infer_last = 0
+        self._infer_ok = None
+
+
+cdef unsigned long long _desc_key(tuple args, object device):
+    """A 64-bit hash of the inputs' dtypes and shapes (and the device): the
+    key under which an op remembers that its ``infer`` accepted them."""
+    cdef unsigned long long h = 14695981039346656037ULL
+    cdef cnp.ndarray arr
+    cdef int k
+    if device is not CPU:
+        h = (h ^ <unsigned long long>hash(device)) * 1099511628211ULL
+    for a in args:
+        data = (<Tensor>a)._data
+        if type(data) is _ndarray:
+            arr = <cnp.ndarray>data
+            h = (h ^ <unsigned long long>(cnp.PyArray_TYPE(arr) + 1)) * 1099511628211ULL
+            h = (h ^ <unsigned long long>(cnp.PyArray_NDIM(arr) + 1000)) * 1099511628211ULL
+            for k in range(cnp.PyArray_NDIM(arr)):
+                h = (h ^ <unsigned long long>cnp.PyArray_DIMS(arr)[k]) * 1099511628211ULL
+        else:
+            h = (h ^ <unsigned long long>hash((data.shape, str(data.dtype)))) * 1099511628211ULL
+        h = (h ^ 0x9e3779b97f4a7c15ULL) * 1099511628211ULL
+    return h | 1
+
+
+cdef int _guard_infer(OpBase op, tuple args, object device) except -1:
+    """Run the op's ``infer`` on the inputs' descriptors before its kernel,
+    once per distinct (dtypes, shapes, device): the verdict is cached on the op."""
+    if op._infer_state < 0:
+        op._infer_state = 1 if (_h_has_infer is not None and _h_has_infer(op)) else 0
+    if op._infer_state == 0:
+        return 0
+    cdef unsigned long long key = _desc_key(args, device)
+    if key == op._infer_last:
+        return 0
+    if op._infer_ok is None or key not in op._infer_ok:
+        _h_infer_check(op, args)
+        if op._infer_ok is None or len(op._infer_ok) > 256:
+            op._infer_ok = set()
+        op._infer_ok.add(key)
+    op._infer_last = key
+    return 0
 
 
 cdef class OpFunction:
@@ -805,6 +864,8 @@ cdef object _kernel_call(op, tuple args, object device):
             (<OpBase>op)._nin = nin
         if nin >= 0 and nin != n:
             raise _h_kernel_error(op, args, TypeError(f"takes {nin} inputs, got {n}"))
+        if (<OpBase>op)._infer_state != 0:
+            _guard_infer(<OpBase>op, args, device)
     cdef bint takes_op = False
     if device is CPU or device == CPU:
         if isinstance(op, OpBase):

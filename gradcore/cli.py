@@ -1,18 +1,20 @@
 """The ``gradcore`` command.
 
     gradcore ops           list every registered op: package, devices, gradient path
-    gradcore check DIST    run gradcore.testing.check_op on every op of an installed
-                           distribution (each op class's examples()); a table
-                           op | check | status
+    gradcore check DIST    run gradcore.testing.check_op on every op (and check_grad_rule
+                           on every grad rule) of an installed distribution or entry
+                           point; inputs from examples() or generated; a table
+                           op | check | status (gradcore check --help)
     gradcore doctor        the compiled core, NumPy and its BLAS, PyCUDA, GPU, nvcc,
                            mpi4py, and the registry (ops per distribution, failed plugins)
     gradcore demo ...      run the demo (python -m gradcore.demo)
 
 Exit codes: 0 success, 1 a check failed (e.g. a plugin failed to load, an op
-failed check_op), 2 usage (e.g. an unknown distribution).
+failed check_op or had no check run), 2 usage (e.g. an unknown distribution).
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import List, Optional
 
@@ -45,51 +47,131 @@ def _quiet_registry():
         return registry.entries(), registry.failures()
 
 
+CHECK_HELP = """usage: gradcore check DIST [--devices cpu,cuda] [--seed N]
+
+Run gradcore.testing.check_op on every op the installed distribution DIST
+registers, and check_grad_rule on every grad rule it registers for ops it
+does not own. DIST is the distribution's name (gradcore-fused-act, or
+gradcore for the standard library) or the name of its entry point in the
+group gradcore.ops (fused_act, standard).
+
+Inputs come from each op's examples(), else are generated from its
+declaration (arity, infer, check_params/check_shapes/domain hints) with a
+fixed seed (--seed, default 0) that every failure reports. Each op is
+checked on the devices it declares; without a GPU, cuda values and
+gradients run on the host emulator (GRADCORE_CUDA=emulator) when a C++
+compiler is present. --devices limits the devices checked.
+
+Statuses: passed; failed; skipped (could not run for a reason outside the
+op author's control: no GPU and no emulator, no nvcc, not requested);
+not applicable (nothing to test: not differentiable, no cuda kernel...).
+
+Exit status 1 when a plugin of DIST failed to load, a check failed, or an
+op had no check run (everything skipped or not applicable); 2 for a usage
+error (unknown DIST); 0 otherwise."""
+
+
+def _parse_check_args(args: List[str]):
+    dist, devices, seed = None, None, 0
+    it = iter(args)
+    for a in it:
+        if a in ("-h", "--help"):
+            return "help"
+        if a == "--devices":
+            devices = [d.strip() for d in next(it, "").split(",") if d.strip()]
+        elif a.startswith("--devices="):
+            devices = [d.strip() for d in a.split("=", 1)[1].split(",") if d.strip()]
+        elif a == "--seed":
+            seed = int(next(it, "0"))
+        elif a.startswith("-") or dist is not None:
+            return None
+        else:
+            dist = a
+    return None if dist is None else (dist, devices, seed)
+
+
+@contextlib.contextmanager
+def _cuda_for_checks(wanted: bool):
+    """Yields where cuda checks run: the GPU, else the host emulator
+    (selected for the duration, and forgotten after), else nowhere (why)."""
+    import os
+    import shutil
+    from . import devices as devmod
+    if not wanted:
+        yield "not requested"
+    elif os.environ.get("GRADCORE_CUDA"):
+        yield f"GRADCORE_CUDA={os.environ['GRADCORE_CUDA']}"
+    elif devmod.is_cuda_available():
+        yield "GPU"
+    elif not (shutil.which("g++") or shutil.which("c++")):
+        yield f"unavailable: {devmod.cuda_unavailable_reason()}"
+    else:
+        from .cuda import runtime
+        os.environ["GRADCORE_CUDA"] = "emulator"
+        try:
+            runtime.use("emulator")
+            where = "host emulator (no GPU)"
+        except Exception as exc:
+            where = f"unavailable ({type(exc).__name__}: {exc})"
+        try:
+            yield where
+        finally:
+            os.environ.pop("GRADCORE_CUDA", None)
+            runtime.use(None)
+
+
 def _check(args: List[str]) -> int:
     from . import registry
-    from .testing import CheckReport, CheckResult, check_op, op_examples
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: gradcore check DIST   (an installed distribution that registers gradcore ops)",
-              file=sys.stderr)
+    parsed = _parse_check_args(args)
+    if parsed == "help":
+        print(CHECK_HELP)
+        return 0
+    if parsed is None:
+        print(CHECK_HELP.splitlines()[0], file=sys.stderr)
         return 2
-    dist = args[0]
+    dist, devices, seed = parsed
     entries, failures = _quiet_registry()
-    norm = registry._norm if hasattr(registry, "_norm") else (lambda n: n.lower())
+    norm = registry._norm
+    dist = registry.entry_point_dists().get(dist, dist)
     mine = [e for e in entries if norm(e.dist) == norm(dist)]
     failed = [f for f in failures if norm(f.dist) == norm(dist)]
-    if not mine and not failed:
-        known = sorted({e.dist for e in entries})
-        print(f"gradcore check: no ops are registered by a distribution named {dist!r}; "
-              f"distributions with ops: {', '.join(known) or 'none'}", file=sys.stderr)
+    rules = [(c, r) for c, r in registry.grad_rules(dist) if not any(e.cls is c for e in mine)]
+    if not mine and not failed and not rules:
+        known = sorted({e.dist for e in entries} | set(registry.entry_point_dists().values()))
+        print(f"gradcore check: no ops or grad rules are registered by a distribution or entry point "
+              f"named {dist!r}; known: {', '.join(known) or 'none'}", file=sys.stderr)
         return 2
+    with _cuda_for_checks(devices is None or "cuda" in devices) as where_cuda:
+        report = _check_all(mine, failed, rules, devices, seed)
+    print(report.table())
+    n_skip = len(report.skipped)
+    reasons = sorted({r.message.split(":")[0] for r in report.skipped})
+    print(f"\n{dist}: {len(mine)} op(s), {len(rules)} grad rule(s); {len(report.passed)} check(s) passed, "
+          f"{len(report.failed)} failed, {n_skip} skipped{' (' + '; '.join(reasons) + ')' if reasons else ''}, "
+          f"{len(report.not_applicable)} not applicable; cuda: {where_cuda}; seed {seed}")
+    return 0 if report.ok else 1
+
+
+def _check_all(mine, failed, rules, devices, seed):
+    from .testing import CheckReport, CheckResult, check_grad_rule, check_op
     report = CheckReport()
     for f in failed:
         report.results.append(CheckResult(f"<plugin {f.dist}>", "load", "failed", f.error))
     for e in mine:
         try:
-            has_examples = bool(op_examples(e.cls))
-        except Exception as exc:
-            report.results.append(CheckResult(e.name, "examples", "failed", f"{type(exc).__name__}: {exc}"))
-            continue
-        if not has_examples:
-            report.results.append(CheckResult(e.name, "examples", "skipped",
-                                              "no examples(): add a classmethod examples() returning "
-                                              "[(op_instance, [input arrays]), ...]"))
-            continue
-        try:
-            sub = check_op(e.cls)
+            sub = check_op(e.cls, devices=devices, seed=seed)
         except Exception as exc:
             report.results.append(CheckResult(e.name, "check_op", "failed", f"{type(exc).__name__}: {exc}"))
             continue
         for r in sub.results:
             r.op = e.name
+        if not sub.passed and sub.ok:
+            sub.results.append(CheckResult(e.name, "any", "failed",
+                                           "no check ran (every check skipped or not applicable)"))
         report.extend(sub)
-    print(report.table())
-    n_fail = len(report.failed)
-    n_ops = len(mine)
-    print(f"\n{dist}: {n_ops} op(s), {len(report.passed)} check(s) passed, {n_fail} failed, "
-          f"{len(report.skipped)} skipped")
-    return 0 if report.ok else 1
+    for cls, rule in rules:
+        report.extend(check_grad_rule(cls, rule, seed=seed))
+    return report
 
 
 def _doctor(args: List[str]) -> int:

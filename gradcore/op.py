@@ -22,7 +22,7 @@ Example, a complete differentiable op::
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -70,16 +70,101 @@ def _fmt(desc) -> str:
     return "?" if desc.shape is None else str(desc.shape)
 
 
-class Op(_core.OpBase):
-    """Base class of all ops. Subclasses set ``name`` and list their
-    attribute names in ``attrs``; equality and hashing follow them.
+class OpDefinitionError(TypeError):
+    """An op instance that cannot be a value: an attribute that is not
+    hashable, or an attempt to change an op after construction."""
+
+
+_INTERN_LIMIT = 4096         # ops kept per class by the intern table (then it starts over)
+
+
+class _OpMeta(type):
+    """Constructs, seals and interns ops: ``Cls(*args)`` runs the class's own
+    ``__init__`` (whatever it stores becomes the op's attributes), seals the
+    instance (hash and equality over every attribute, no later changes) and
+    returns the one instance equal to it, so that per-op caches (kernel,
+    backward graph, infer verdict) are hit when an op is constructed per call."""
+
+    def __call__(cls, *args, **kwargs):
+        if not args and not kwargs:
+            hit = _NO_ARG_INSTANCES.get(cls)
+            if hit is not None:
+                return hit
+        table = cls.__dict__.get("_interned")
+        if table is None:
+            table = {}
+            type.__setattr__(cls, "_interned", table)
+        try:
+            # the argument types are part of the key: Scale(3) and Scale(3.0) may differ
+            ckey = (args, tuple(map(type, args)), tuple(kwargs.items()) if kwargs else ())
+            hit = table.get(ckey)
+        except TypeError:          # an unhashable argument (a list): build, then intern by value
+            ckey = hit = None
+        if hit is not None:
+            return hit
+        inst = type.__call__(cls, *args, **kwargs)
+        if isinstance(inst, Op):
+            if not inst.__dict__.get("_sealed", False):
+                inst._seal()
+                object.__setattr__(inst, "_sealed", True)
+            if type(inst) is cls and not inst.__dict__.get("_no_intern", False):
+                if len(table) > _INTERN_LIMIT:
+                    table.clear()       # bounded: equal ops stay equal, just not identical
+                inst = table.setdefault(inst._key, inst)
+                if ckey is not None:
+                    table[ckey] = inst
+                if not args and not kwargs:
+                    _NO_ARG_INSTANCES[cls] = inst
+        return inst
+
+
+def clear_interned() -> None:
+    """Forget every interned op (and so the caches they hold: kernels,
+    backward graphs, infer verdicts); equal ops built afterwards are new
+    instances. The intern tables are bounded anyway; this is for tests and
+    long-running processes that want the memory back now.
+
+    Example::
+
+        >>> op = Reduce("sum", 1); clear_interned(); Reduce("sum", 1) is op
+        False
+    """
+    _NO_ARG_INSTANCES.clear()
+    todo = [Op]
+    while todo:
+        cls = todo.pop()
+        table = cls.__dict__.get("_interned")
+        if table:
+            table.clear()
+        todo.extend(cls.__subclasses__())
+
+
+# the one instance of each op class constructed without arguments: the
+# cheapest lookup, for ops built per call as ``MyOp()(x)``
+_NO_ARG_INSTANCES: dict = {}
+
+
+class Op(_core.OpBase, metaclass=_OpMeta):
+    """Base class of all ops. Subclasses set ``name``; whatever the
+    constructor stores on ``self`` is the op's attributes (its parameters):
+    equality and hashing follow them, and the op is immutable afterwards.
+    Names starting with ``_``, and per-instance overrides of protocol members
+    the class defines (``cpu``, ``vjp``, ``nin``...), are derived values,
+    not parameters. A class may also list its attributes in ``attrs``.
 
     Example::
 
         class Scale(Op):
             name = "scale"
-            attrs = ("factor",)
-            def __init__(self, factor): self.factor = float(factor); self._seal()
+            def __init__(self, factor=1.0):
+                self.factor = float(factor)     # an attribute: Scale(2.0) != Scale(3.0)
+            def infer(self, x): return (x,)
+            def cpu(self, x): return x * self.factor
+            def vjp(self, inputs, outputs, grads): return (grads[0] * self.factor,)
+
+        >>> Scale(2.0) is Scale(2.0)            # equal ops are one instance
+        True
+        >>> Scale(2.0)(x)                        # an op is callable: apply(op, x)[0]
     """
 
     name: str = ""
@@ -95,12 +180,48 @@ class Op(_core.OpBase):
     def __init__(self, **attrs):
         for k, v in attrs.items():
             setattr(self, k, v)
-        self._seal()
 
     def _seal(self):
-        key = (type(self),) + tuple(_freeze(getattr(self, a)) for a in self.attrs)
-        self._key = key
-        self._hash = hash(key)
+        """Compute the key (class and attributes) that hash and equality use.
+        Called by the constructor machinery after ``__init__``; calling it at
+        the end of ``__init__`` as older ops do is harmless."""
+        d = self.__dict__
+        cls = type(self)
+        declared = tuple(cls.attrs)
+        found = tuple(k for k in d if k not in declared and not k.startswith("_") and k != "attrs"
+                      and not hasattr(cls, k))
+        names = declared + found
+        if names != declared:
+            object.__setattr__(self, "attrs", names)
+        missing = [a for a in names if a not in d and not hasattr(cls, a)]
+        if missing:
+            raise OpDefinitionError(
+                f"{cls.__name__}: attribute(s) {', '.join(missing)} listed in attrs were never set; "
+                f"store them in __init__ (self.{missing[0]} = ...)")
+        key = (cls,) + tuple(_freeze(getattr(self, a)) for a in names)
+        try:
+            h = hash(key)
+        except TypeError:
+            bad = [a for a in names if not _hashable(_freeze(getattr(self, a)))]
+            raise OpDefinitionError(
+                f"{cls.__name__}: op attribute(s) {', '.join(bad)} are not hashable "
+                f"({', '.join(type(getattr(self, a)).__name__ for a in bad)}); an op's attributes are "
+                f"values (numbers, strings, tuples): store a tuple, and pass arrays as inputs") from None
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", h)
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_sealed", False):
+            raise OpDefinitionError(
+                f"{self._name()}: ops are immutable after construction (setting {name!r}); "
+                f"construct a new op instead, e.g. {type(self).__name__}(...)")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        if self.__dict__.get("_sealed", False):
+            raise OpDefinitionError(f"{self._name()}: ops are immutable after construction "
+                                    f"(deleting {name!r})")
+        object.__delattr__(self, name)
 
     def _name(self) -> str:
         if not self.attrs:
@@ -130,12 +251,63 @@ class Op(_core.OpBase):
         raise NotImplementedError(f"{self._name()} has no shape inference")
 
 
+def function(op_class: type, name: Optional[str] = None) -> Callable:
+    """Publish a functional wrapper for an op class, in one line::
+
+        softsign = gradcore.op.function(Softsign)
+        y = softsign(x)                   # apply(Softsign(), x)[0]
+        y = rms_norm(x, eps=1e-6)         # keywords are the op's constructor arguments
+
+    The wrapper returns the output itself for a one-output op, else the tuple
+    of outputs. Equal ops are interned, so every call reuses one op instance
+    and its caches (kernel, backward graph, infer verdict)."""
+    fname = name or getattr(op_class, "name", "") or op_class.__name__
+    try:
+        default = op_class()        # the instance for calls without parameters
+    except TypeError:
+        default = None              # the constructor needs arguments
+
+    def op_function(*tensors, **params):
+        if params or default is None:
+            # op_class(**params) is interned: the same instance for equal params
+            return op_class(**params)(*tensors)
+        return default(*tensors)
+
+    op_function.__name__ = op_function.__qualname__ = fname
+    op_function.__doc__ = _wrapper_doc(op_class)
+    op_function.__wrapped__ = op_class
+    return op_function
+
+
+def _wrapper_doc(op_class) -> str:
+    return f"Functional form of the op {op_class.__name__}.\n\n{op_class.__doc__ or ''}"
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
 def _rebuild_op(cls, attrs):
+    try:
+        # through the constructor: derived values (kernels, caches) are rebuilt too
+        op = cls(**attrs)
+        if all(getattr(op, k, _MISSING) == v for k, v in attrs.items()):
+            return op
+    except Exception:
+        pass
     op = cls.__new__(cls)
     for k, v in attrs.items():
-        setattr(op, k, v)
+        object.__setattr__(op, k, v)
     op._seal()
+    object.__setattr__(op, "_sealed", True)
     return op
+
+
+_MISSING = object()
 
 
 def _freeze(v):
@@ -202,3 +374,21 @@ class Composite(Op):
         # the decomposition's ops run where the arrays are (a wrapped
         # DeviceArray is a cuda tensor)
         return self.cpu(*arrays)
+
+
+# ---- the forward path consults infer (see _core._guard_infer: once per op and input descriptors)
+def _has_infer(op) -> bool:
+    """Whether ``apply`` runs ``op.infer`` before the kernel: when the class
+    defines its own (not Op's placeholder nor Composite's, whose decomposition
+    validates itself op by op)."""
+    fn = getattr(type(op), "infer", None)
+    return fn is not None and fn is not Op.infer and fn is not Composite.infer
+
+
+def _infer_check(op, args) -> None:
+    """``op.infer`` on the descriptors of ``args``: raises the op's own error
+    for inputs it rejects."""
+    op.infer(*[TensorDesc(t.shape, t.dtype, str(t.device)) for t in args])
+
+
+_core._install_hooks(infer_check=_infer_check, has_infer=_has_infer)

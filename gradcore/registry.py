@@ -61,6 +61,8 @@ class PluginFailure:
 class _State:
     ops: Dict[str, OpEntry] = field(default_factory=dict)
     failures: List[PluginFailure] = field(default_factory=list)
+    # grad rules a distribution registered (gradcore.register_grad_rule) for op classes
+    rules: Dict[str, List[tuple]] = field(default_factory=dict)
     loaded: bool = False
     loading: bool = False
     current_dist: Optional[str] = None
@@ -205,6 +207,8 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
                 f"{_fmt_arity((flo, fhi))}; declare `def {attr}(self, "
                 f"{', '.join(f'x{i}' for i in range(fhi)) or '*inputs'})` to receive the forward's inputs")
 
+    _check_instance_state(c, where)
+
     declared = getattr(c, "devices", None)
     if declared is not None and not isinstance(declared, property):
         if isinstance(declared, str):
@@ -223,6 +227,38 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
             elif dev not in ("cpu", "cuda"):
                 raise OpDeclarationError(
                     f"{where} declares an unknown device {dev!r}; gradcore knows 'cpu' and 'cuda'")
+
+
+_PLAIN_VALUES = (int, float, complex, str, bytes, bool, tuple, frozenset, type(None))
+
+
+def _check_instance_state(c, where) -> None:
+    """Refuse an op whose instances keep a plain value under a private name
+    (``self._k = k``): hash and equality cover the public attributes only,
+    so two ops differing in it would share caches (the backward graph of
+    one used for the other). Checked on the instances ``check_params`` (or
+    the argument-free constructor) give; derived values may be declared in
+    ``derived = ("_name", ...)``."""
+    from .op import Op
+    if not (isinstance(c, type) and issubclass(c, Op)):
+        return
+    params = getattr(c, "check_params", None)
+    try:
+        samples = [c(*p) if isinstance(p, tuple) else c(**p) for p in params] if params else [c()]
+    except Exception:
+        return                  # needs arguments we cannot guess: nothing to inspect
+    allowed = set(getattr(c, "derived", ()) or ())
+    for inst in samples:
+        hidden = [k for k, v in vars(inst).items()
+                  if k.startswith("_") and not k.startswith("__") and k not in ("_key", "_hash", "_sealed")
+                  and k not in allowed and isinstance(v, _PLAIN_VALUES)]
+        if hidden:
+            name = hidden[0]
+            raise OpDeclarationError(
+                f"{where} stores {', '.join(hidden)} on its instances outside its attributes: equality, "
+                f"hashing and every cache keyed by the op ignore it. Store parameters under public names "
+                f"(`self.{name.lstrip('_')} = ...` in __init__); if {name} is derived from the public "
+                f"attributes, declare it: `derived = ({name!r},)`")
 
 
 def _is_base_infer(fn) -> bool:
@@ -295,13 +331,25 @@ def _loading_as(dist):
         _state.current_dist = prev
 
 
+def _rules_of(classes) -> Dict[type, object]:
+    from . import _core
+    return {c: r for c in classes if (r := _core.registered_grad_rule(c)) is not None}
+
+
 def _load_one(ep, dist):
     before = dict(_state.ops)
+    known = {e.cls for e in before.values()}
+    rules_before = _rules_of(known)
     try:
         with _loading_as(dist):
             obj = ep.load()
             if callable(obj) and not isinstance(obj, (ModuleType, type)):
                 obj()
+        # which grad rules this plugin installed (for `gradcore check`)
+        classes = known | {e.cls for e in _state.ops.values()}
+        added = [(c, r) for c, r in _rules_of(classes).items() if rules_before.get(c) is not r]
+        if added:
+            _state.rules.setdefault(dist, []).extend(added)
     except PluginConflictError as exc:
         _state.ops = before
         _state.failures.append(PluginFailure(dist, ep.value, str(exc)))
@@ -335,6 +383,18 @@ def entries() -> List[OpEntry]:
     """Every registered op, sorted by name."""
     load()
     return sorted(_state.ops.values(), key=lambda e: e.name)
+
+
+def grad_rules(dist: str) -> List[tuple]:
+    """``(op class, rule)`` for each grad rule the distribution ``dist``
+    registered while it was loaded."""
+    load()
+    return [pair for d, pairs in _state.rules.items() if _norm(d) == _norm(dist) for pair in pairs]
+
+
+def entry_point_dists() -> Dict[str, str]:
+    """Entry point name -> distribution name, for every ``gradcore.ops`` entry point."""
+    return {ep.name: _dist_name(ep) for ep in _entry_points()}
 
 
 def failures() -> List[PluginFailure]:

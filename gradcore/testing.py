@@ -191,9 +191,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-__all__ += ["check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path"]
+__all__ += ["check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
+            "generated_cases", "op_devices", "NoInputsError"]
 
-PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+PASSED, FAILED, SKIPPED, NOT_APPLICABLE = "passed", "failed", "skipped", "not applicable"
+# "skipped": the check could not run for a reason outside the op author's
+# control (no GPU and no emulator, no nvcc, not requested); "not applicable":
+# the check has nothing to test for this op (not differentiable, no cuda
+# kernel declared, no bad-shape variant rejected...). Neither is "passed".
 CHECKS = ("forward[cpu]", "forward[cuda]", "infer", "dtype", "grad", "gradgrad", "grad[cuda]", "bad_shapes",
           "cuda_compile")
 
@@ -206,7 +211,7 @@ class OpCheckError(AssertionError):
 class CheckResult:
     op: str
     check: str
-    status: str           # "passed" | "failed" | "skipped"
+    status: str           # "passed" | "failed" | "skipped" | "not applicable"
     message: str = ""
 
     @property
@@ -218,7 +223,8 @@ class CheckResult:
 class CheckReport:
     """The outcome of ``check_op``: one ``CheckResult`` per (op, check).
 
-    ``ok`` is False when any check failed (skipped checks do not fail);
+    ``ok`` is False when any check failed (skipped and not-applicable
+    checks do not fail; ``passed`` tells whether anything was tested);
     ``raise_on_failure()`` raises ``OpCheckError`` with the table."""
     results: List[CheckResult] = field(default_factory=list)
 
@@ -237,6 +243,10 @@ class CheckReport:
     @property
     def passed(self) -> List[CheckResult]:
         return [r for r in self.results if r.status == PASSED]
+
+    @property
+    def not_applicable(self) -> List[CheckResult]:
+        return [r for r in self.results if r.status == NOT_APPLICABLE]
 
     def __getitem__(self, check: str) -> CheckResult:
         """The (first) result of the check named ``check``."""
@@ -412,6 +422,7 @@ class _Check:
         self.report, self.label, self.check = report, label, check
         self.fail: List[str] = []
         self.skip: List[str] = []
+        self.na: List[str] = []
         self.notes: List[str] = []
         self.ran = False
         self.rejected = self.accepted = 0     # bad_shapes: variants rejected / accepted
@@ -425,20 +436,45 @@ class _Check:
         self.fail.append(msg)
 
     def skipped(self, reason):
+        """Could not run, for a reason outside the op author's control."""
         if reason not in self.skip:
             self.skip.append(reason)
+
+    def not_applicable(self, reason):
+        """Nothing to test here for this op (reported as such, never as passed)."""
+        if reason not in self.na:
+            self.na.append(reason)
 
     def close(self):
         if self.rejected or self.accepted:
             self.notes.append(f"{self.rejected} bad-shape variant(s) rejected naming the op, "
                               f"{self.accepted} accepted by infer and kernel alike")
+            if not self.rejected:
+                # accepting every variant tests nothing: not a pass
+                self.ran = False
+                self.na.append("; ".join(self.notes))
         if self.fail:
             res = CheckResult(self.label, self.check, FAILED, "; ".join(self.fail))
         elif self.ran:
             res = CheckResult(self.label, self.check, PASSED, "; ".join(self.notes))
+        elif self.skip:
+            res = CheckResult(self.label, self.check, SKIPPED, "; ".join(self.skip))
         else:
-            res = CheckResult(self.label, self.check, SKIPPED, "; ".join(self.skip) or "not applicable")
+            res = CheckResult(self.label, self.check, NOT_APPLICABLE, "; ".join(self.na) or "nothing to test")
         self.report.results.append(res)
+
+
+def op_devices(op) -> List[str]:
+    """The devices an op declares: its ``devices`` attribute, else those it
+    has kernels for (``cpu`` or ``decompose``; ``cuda_source`` or ``decompose``)."""
+    declared = getattr(op, "devices", None)
+    if declared is not None and not isinstance(declared, property):
+        return [declared] if isinstance(declared, str) else list(declared)
+    has = lambda a: getattr(op, a, None) is not None
+    devs = ["cpu"] if has("cpu") or has("decompose") or has("_grad_rule") else []
+    if has("cuda_source") or has("decompose") or has("cuda"):
+        devs.append("cuda")
+    return devs
 
 
 def _fmt_exc(exc) -> str:
@@ -460,7 +496,7 @@ def _bad_shape_variants(arrays):
 
 def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: float = 1e-5,
              rtol: float = 1e-3, eps: float = 1e-6, wrt: Optional[Sequence[int]] = None,
-             second_order: bool = True, compile_cuda: bool = True) -> CheckReport:
+             second_order: bool = True, compile_cuda: bool = True, seed: int = 0) -> CheckReport:
     """Run every check an op should pass and return a ``CheckReport``:
 
     - ``forward[cpu]`` / ``forward[cuda]``: the op runs through ``apply`` on
@@ -483,7 +519,12 @@ def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: 
 
     ``op`` is an op instance or class. Without ``sample_inputs`` the op's
     ``examples()`` are used (every example for a class, the equal ones for
-    an instance). ``wrt``: input indices to differentiate (default: every
+    an instance), and without those, inputs generated from the op's
+    declaration (``generated_cases``, from ``seed``; the seed and shapes are
+    in every failure message). When none can be built, the report has a
+    failed ``inputs`` check saying what to add. Checks run on the devices
+    the op declares (``op_devices``); a check with nothing to test is
+    "not applicable", one that could not run is "skipped" with the reason. ``wrt``: input indices to differentiate (default: every
     floating input not listed in ``op.shape_only_inputs``).
 
     Example::
@@ -492,33 +533,152 @@ def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: 
         >>> report.ok
         True
     """
-    cases = _cases_for(op, sample_inputs, wrt)
+    try:
+        cases = _cases_for(op, sample_inputs, wrt, seed)
+    except NoInputsError as exc:
+        report = CheckReport()
+        report.results.append(CheckResult(_op_short_name(op), "inputs", FAILED, str(exc)))
+        return report
     label = _op_label(cases[0][0]) if len(cases) == 1 else _op_short_name(op)
     report = CheckReport()
     checks = {c: _Check(report, label, c) for c in CHECKS}
     wanted = list(devices) if devices is not None else ["cpu", "cuda"]
     many = len(cases) > 1
-    for k, (inst, arrays, case_wrt) in enumerate(cases):
-        tag = f"[{_op_label(inst)}] " if many else ""
+    for k, (inst, arrays, case_wrt, origin) in enumerate(cases):
+        where = "; ".join(x for x in ((_op_label(inst) if many else ""), origin) if x)
+        tag = f"[{where}] " if where else ""
         _check_case(inst, arrays, case_wrt, tag, checks, wanted, atol, rtol, eps, second_order, compile_cuda)
     for c in CHECKS:
         checks[c].close()
     return report
 
 
-def _cases_for(op, sample_inputs, wrt):
+def _cases_for(op, sample_inputs, wrt, seed=0):
+    """(op instance, [arrays], wrt, where the inputs came from) per case:
+    the given samples, else the op's examples(), else generated ones."""
     if sample_inputs:
         inst = op() if isinstance(op, type) else op
-        return [(inst, [_to_array(x) for x in sample_inputs], wrt)]
+        return [(inst, [_to_array(x) for x in sample_inputs], wrt, "")]
     examples = op_examples(op)
     if not isinstance(op, type):
         same = [e for e in examples if e[0] == op]
         examples = same or [(op,) + tuple(e[1:]) for e in examples[:1]]
-    if not examples:
-        raise ValueError(f"check_op({_op_short_name(op)}): no sample inputs given and the op has no "
-                         f"examples(); pass sample arrays, or add a classmethod examples() returning "
-                         f"[(op_instance, [input arrays]), ...]")
-    return [(e[0], [_to_array(x) for x in e[1]], wrt if wrt is not None else e[2]) for e in examples]
+    if examples:
+        return [(e[0], [_to_array(x) for x in e[1]], wrt if wrt is not None else e[2], "")
+                for e in examples]
+    return [(inst, arrays, wrt, f"generated inputs, seed {seed}, shapes "
+                                f"{', '.join(str(a.shape) for a in arrays)}")
+            for inst, arrays in generated_cases(op, seed)]
+
+
+class NoInputsError(ValueError):
+    """check_op could not build sample inputs for an op; the message says what to add."""
+
+
+# shapes tried for generated inputs, per input count: plain, broadcasting,
+# matrix-like, rank 4 (images), and 0-size; the op's infer picks those it accepts
+_SHAPES = {
+    1: [((2, 3),), ((4,),), ((2, 3, 4),), ((1, 2, 5, 5),), ((0, 3),)],
+    2: [((2, 3), (2, 3)), ((2, 3), (3,)), ((3, 1), (1, 4)), ((3, 4), (4, 2)),
+        ((1, 2, 5, 5), (3, 2, 3, 3)), ((0, 3), (0, 3)), ((0, 3), (3, 2))],
+    3: [((2, 3), (2, 3), (2, 3)), ((2, 3), (3,), (2, 1)), ((0, 3), (0, 3), (0, 3))],
+}
+_DEFAULT_DOMAIN = (-1.5, 1.5)
+
+
+def _forward_arity(cls) -> tuple:
+    from .registry import _positional_arity
+    for attr in ("infer", "cpu", "decompose"):
+        fn = getattr(cls, attr, None)
+        if fn is None or (attr == "infer" and fn in _base_infers()):
+            continue
+        ar = _positional_arity(fn)
+        if ar is not None and ar[1] != -1:
+            lo, hi = ar
+            return (max(lo, 1), hi if hi is not None else max(lo, 2))
+    return (1, 2)
+
+
+def _base_infers():
+    from .op import Op, Composite
+    return (Op.infer, Composite.infer)
+
+
+def _instances_for(op) -> List:
+    if not isinstance(op, type):
+        return [op]
+    params = getattr(op, "check_params", None)
+    if params:
+        return [op(*p) if isinstance(p, tuple) else op(**p) for p in params]
+    try:
+        return [op()]
+    except TypeError as exc:
+        raise NoInputsError(
+            f"check_op({_op_short_name(op)}): cannot construct the op with its defaults ({exc}); "
+            f"add a class attribute check_params = [{{...constructor arguments...}}, ...] or a "
+            f"classmethod examples() returning [(op_instance, [input arrays]), ...]") from None
+
+
+def _sample(rng, shape, domain):
+    """Uniform values in ``domain``, kept 0.05 away from integers and the
+    domain's ends: away from the kinks of relu, abs, floor, max/min ties..."""
+    lo, hi = domain
+    margin = 0.05 * (hi - lo)
+    x = rng.uniform(lo + margin, hi - margin, shape)
+    near = np.abs(x - np.round(x)) < 0.05
+    # moved towards the middle: still inside the domain, and no two equal (a sort's ties)
+    return np.where(near, x + np.where(x > (lo + hi) / 2, -0.1, 0.1), x)
+
+
+def generated_cases(op, seed: int = 0) -> List[tuple]:
+    """Sample inputs built from an op's declaration when it gives no
+    ``examples()``: ``(op_instance, [float64 arrays])`` per case.
+
+    For each instance (``op`` itself, the class's ``check_params``, or the
+    class constructed with its defaults) and input count (from ``infer`` /
+    ``cpu``), shapes are tried from a fixed list (plain, broadcasting,
+    matrix-like, rank 4, 0-size; or the op's ``check_shapes`` hint) and kept
+    when ``infer`` and the kernel accept them: up to three non-empty shape
+    sets and one 0-size set. Values are uniform in the op's ``domain`` hint
+    (default (-1.5, 1.5)), away from integers, from ``seed``.
+
+    Example::
+
+        >>> [(op, [a.shape for a in arrays]) for op, arrays in generated_cases(Softmax)]
+        [(Softmax(axis=-1), [(2, 3)]), (Softmax(axis=-1), [(4,)]), ...]
+    """
+    from .op import TensorDesc
+    cls = op if isinstance(op, type) else type(op)
+    rng = np.random.default_rng(seed)
+    domain = tuple(getattr(cls, "domain", None) or _DEFAULT_DOMAIN)
+    cases, tried = [], []
+    for inst in _instances_for(op):
+        nin = getattr(inst, "nin", None)
+        lo, hi = (nin, nin) if isinstance(nin, int) and nin >= 0 else _forward_arity(cls)
+        hint = getattr(inst, "check_shapes", None)
+        candidates = [tuple(tuple(s) for s in c) for c in hint] if hint else \
+            [c for n in range(lo, hi + 1) for c in _SHAPES.get(n, [])]
+        full, empty = [], []
+        for shapes in candidates:
+            is_empty = any(0 in s for s in shapes)
+            if (is_empty and empty) or (not is_empty and len(full) >= 3):
+                continue
+            try:
+                inst.infer(*[TensorDesc(s, "float64", "cpu") for s in shapes])
+                arrays = [_sample(rng, s, domain) for s in shapes]
+                _run(inst, arrays)
+            except Exception as exc:
+                tried.append(f"{shapes}: {type(exc).__name__}")
+                continue
+            (empty if is_empty else full).append((inst, arrays))
+        cases += full + empty
+    if not cases:
+        raise NoInputsError(
+            f"check_op({_op_short_name(op)}): no examples() and no generated input was accepted "
+            f"(tried shapes {'; '.join(tried[:6])}); add a classmethod examples() returning "
+            f"[(op_instance, [input arrays]), ...], or narrow the generated inputs with the class "
+            f"attributes check_shapes = [(shape, ...), ...] and domain = (low, high)")
+    return cases
 
 
 def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_order, compile_cuda):
@@ -531,7 +691,10 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     # ---- forward, cpu
     outs = {}
     c = checks["forward[cpu]"]
-    if "cpu" not in devices:
+    declared = op_devices(op)
+    if "cpu" not in declared:
+        c.not_applicable("the op declares no cpu kernel")
+    elif "cpu" not in devices:
         c.skipped("not requested")
     else:
         for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
@@ -553,7 +716,11 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     # ---- forward, cuda
     c = checks["forward[cuda]"]
     cuda_skip = None              # why the cuda gradients cannot be checked in this case
-    if "cuda" not in devices:
+    cuda_na = False               # ... and whether that is "not applicable" rather than "skipped"
+    if "cuda" not in declared:
+        c.not_applicable(cuda_skip := "the op declares no cuda kernel")
+        cuda_na = True
+    elif "cuda" not in devices:
         c.skipped(cuda_skip := "not requested")
     elif not devmod.is_cuda_available():
         c.skipped(cuda_skip := f"CUDA unavailable: {devmod.cuda_unavailable_reason()}")
@@ -568,13 +735,13 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
         except Exception as exc:
             c.failed(f"{tag}{_fmt_exc(exc)}")
         if c.fail:
-            cuda_skip = "the forward fails on cuda"
+            cuda_skip, cuda_na = "the forward fails on cuda", True
 
     # ---- infer
     c = checks["infer"]
     infers = {}
     if not hasattr(op, "infer"):
-        c.skipped("the op has no infer()")
+        c.not_applicable("the op has no infer()")
     else:
         for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
             if dt not in outs:
@@ -598,12 +765,12 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             if not c.fail:
                 c.passed()
         if not infers and not c.fail:
-            c.skipped("the forward did not run")
+            c.not_applicable("the forward did not run")
 
     # ---- dtype propagation
     c = checks["dtype"]
     if not has_float:
-        c.skipped("no floating-point input")
+        c.not_applicable("no floating-point input")
     else:
         for dt in ("float32", "float64"):
             if dt not in outs:
@@ -620,7 +787,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                 else:
                     c.passed()
         if not c.ran and not c.fail:
-            c.skipped("no floating-point output")
+            c.not_applicable("no floating-point output")
 
     # ---- gradients
     path = _diff_path(op)
@@ -631,17 +798,33 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     for check, fn, order in (("grad", gradcheck, 1), ("gradgrad", gradgradcheck, 2)):
         c = checks[check]
         if path is None:
-            c.skipped("not differentiable: no _grad_rule, registered rule, vjp or decompose")
+            c.not_applicable("not differentiable: no _grad_rule, registered rule, vjp or decompose")
         elif order == 2 and not second_order:
             c.skipped("second order not requested")
         elif not chosen:
-            c.skipped("no floating-point input to differentiate")
+            c.not_applicable("no floating-point input to differentiate")
         elif "float64" not in outs:
-            c.skipped("the forward did not run")
+            c.not_applicable("the forward did not run")
         elif not out_float:
-            c.skipped("no floating-point output")
+            c.not_applicable("no floating-point output")
         elif not checks[check].fail and check == "gradgrad" and checks["grad"].fail:
-            c.skipped("first order gradients already fail")
+            c.not_applicable("first order gradients already fail")
+        elif getattr(op, "check_gradient", None) == "zero":
+            # declared zero by design (a stop-gradient): finite differences
+            # would disagree, so check that the gradient is exactly that
+            if order == 2:
+                c.not_applicable("the gradient is zero by design (check_gradient = 'zero')")
+                continue
+            try:
+                xs = [Tensor(a) for a in a64]
+                got = analytic_grads(_apply_fn(op), xs, _weights(_apply_fn(op), xs, 0), chosen)
+                nonzero = [i for i, g in enumerate(got) if g is not None and np.any(g != 0)]
+                if nonzero:
+                    c.failed(f"{tag}declared check_gradient = 'zero' but input(s) {nonzero} get a nonzero gradient")
+                else:
+                    c.passed("zero by design, as declared (check_gradient = 'zero')")
+            except Exception as exc:
+                c.failed(f"{tag}{_fmt_exc(exc)}")
         else:
             try:
                 fn(_apply_fn(op), [Tensor(a) for a in a64], eps=eps, atol=atol, rtol=rtol, wrt=chosen)
@@ -652,9 +835,9 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     # ---- gradients on cuda against the cpu's (float32)
     c = checks["grad[cuda]"]
     if cuda_skip:
-        c.skipped(cuda_skip)
+        (c.not_applicable if cuda_na else c.skipped)(cuda_skip)
     elif path is None or not chosen or not out_float:
-        c.skipped("nothing to differentiate")
+        c.not_applicable("nothing to differentiate")
     else:
         try:
             ws = _weights(_apply_fn(op), [Tensor(a) for a in a32], 0)
@@ -695,14 +878,14 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             c.passed()
             c.accepted += 1
     if not c.ran and not c.fail:
-        c.skipped("no floating-point input to reshape")
+        c.not_applicable("no floating-point input to reshape")
 
     # ---- CUDA source compiles
     c = checks["cuda_compile"]
     if not compile_cuda:
         c.skipped("not requested")
     elif getattr(op, "cuda_source", None) is None:
-        c.skipped("the op has no cuda_source")
+        c.not_applicable("the op has no cuda_source")
     elif nvcc_path() is None:
         c.skipped("nvcc is not installed")
     else:
@@ -727,3 +910,84 @@ def _apply_fn(op):
         outs = apply(op, *xs)
         return outs if len(outs) > 1 else outs[0]
     return run
+
+
+def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1e-4,
+                    rtol: float = 1e-3) -> CheckReport:
+    """Check a registered grad rule (gradient path 2) for ``op_cls``, on the
+    op's examples() or generated inputs, each in float32 and float64:
+
+    - ``rule[accepted]``: where the rule runs, its outputs and gradients
+      agree with the op's own (the rule unregistered for the reference);
+    - ``rule[fallback]``: where it raises ``GradRuleFallback``, gradients
+      through ``apply`` (the rule registered, so it declines and the core
+      falls back) agree with the op's own.
+
+    Example::
+
+        >>> check_grad_rule(MatrixMul, matmul_2d_float32_rule).ok
+        True
+    """
+    from . import _core
+    from ._core import GradRuleFallback
+    label = f"{_op_short_name(op_cls)} rule {getattr(rule, '__name__', 'rule')}"
+    report = CheckReport()
+    accepted, fallback = _Check(report, label, "rule[accepted]"), _Check(report, label, "rule[fallback]")
+    try:
+        cases = _cases_for(op_cls, (), None, seed)
+    except NoInputsError as exc:
+        report.results.append(CheckResult(label, "inputs", FAILED, str(exc)))
+        return report
+    installed = _core.registered_grad_rule(op_cls)
+    for inst, arrays, wrt, origin in cases:
+        for dt in (np.float32, np.float64):
+            arrs = _cast(arrays, dt)
+            where = f"[{_op_label(inst)}, {np.dtype(dt).name}{'; ' + origin if origin else ''}] "
+            chosen = list(wrt) if wrt is not None else [i for i, a in enumerate(arrs) if a.dtype.kind == "f"]
+            try:
+                rule(inst, *[Tensor(a) for a in arrs])
+                took = True
+            except GradRuleFallback:
+                took = False
+            except Exception as exc:
+                accepted.failed(f"{where}the rule raised {_fmt_exc(exc)}")
+                continue
+            c = accepted if took else fallback
+            try:
+                ws = _weights(_apply_fn(inst), [Tensor(a) for a in arrs], seed)
+                _core.unregister_grad_rule(op_cls)
+                try:
+                    ref_out = _run(inst, arrs)
+                    ref = _device_grads(inst, arrs, ws, chosen, "cpu")
+                finally:
+                    _core.register_grad_rule(op_cls)(rule)
+                got_out = _run(inst, arrs)
+                got = _device_grads(inst, arrs, ws, chosen, "cpu")
+            except Exception as exc:
+                c.failed(f"{where}{_fmt_exc(exc)}")
+                continue
+            finally:
+                if installed is None:
+                    _core.unregister_grad_rule(op_cls)
+                elif _core.registered_grad_rule(op_cls) is not installed:
+                    _core.register_grad_rule(op_cls)(installed)
+            n_before = len(c.fail)
+            for what, gs, rs in (("output", got_out, ref_out), ("gradient of input", got, ref)):
+                for j, (g, r) in enumerate(zip(gs, rs)):
+                    if r is None:
+                        continue
+                    if g is None or np.shape(g) != np.shape(r) or not np.allclose(
+                            np.asarray(g, np.float64), np.asarray(r, np.float64), rtol=rtol, atol=atol):
+                        c.failed(f"{where}{what} {j}: with the rule {np.asarray(g).ravel()[:4]}..., "
+                                 f"the op's own {np.asarray(r).ravel()[:4]}...")
+            if len(c.fail) == n_before:
+                c.passed()
+    for c, why in ((accepted, "the rule accepted none of the inputs tried; give the op examples() it accepts"),
+                   (fallback, "the rule declined none of the inputs tried")):
+        if not c.ran and not c.fail:
+            (c.failed if c is accepted else c.not_applicable)(why)
+        c.close()
+    return report
+
+
+__all__ += ["check_grad_rule"]

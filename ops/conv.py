@@ -467,6 +467,7 @@ class Conv2dBackwardData(_ConvGrad):
     """Gradient of Conv2d with respect to its input: (g, weight, x_ref) ->
     an array shaped like x_ref (read only for its shape)."""
     name = "Conv2dBackwardData"
+    check_shapes = (((1, 3, 3, 3), (3, 2, 3, 3), (1, 2, 5, 5)),)
 
     def _x_and_w(self, w, ref):
         return ref, w
@@ -586,6 +587,7 @@ class Conv2dBackwardFilter(_ConvGrad):
     """Gradient of Conv2d with respect to its weight: (g, x, w_ref) -> an
     array shaped like w_ref (read only for its shape)."""
     name = "Conv2dBackwardFilter"
+    check_shapes = (((1, 3, 3, 3), (1, 2, 5, 5), (3, 2, 3, 3)),)
 
     def _x_and_w(self, x, ref):
         return x, ref
@@ -816,6 +818,7 @@ class _MaxPoolArgmax(_PoolBase):
 class MaxPool2d(_MaxPoolArgmax):
     """Max over KH x KW windows (padding never wins: it counts as -inf)."""
     name = "MaxPool2d"
+    check_params = ({"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1})
 
     def infer(self, x):
         dtype = self._float(x)
@@ -863,6 +866,8 @@ class MaxPool2dBackward(_MaxPoolArgmax):
     """(g, x) -> zeros shaped like x with each g added at its window's
     argmax (the first maximum): the backward of MaxPool2d."""
     name = "MaxPool2dBackward"
+    check_params = ({"kernel_size": 2},)
+    check_shapes = (((1, 2, 2, 2), (1, 2, 4, 4)),)
 
     def infer(self, g, x):
         self._float(x, g)
@@ -913,6 +918,8 @@ class MaxPool2dGather(_MaxPoolArgmax):
     """(gg, x) -> gg read at each window's argmax of x, in the pooled shape:
     the backward of MaxPool2dBackward (and the forward-mode of MaxPool2d)."""
     name = "MaxPool2dGather"
+    check_params = ({"kernel_size": 2},)
+    check_shapes = (((1, 2, 4, 4), (1, 2, 4, 4)),)
 
     def infer(self, gg, x):
         dtype = self._float(x, gg)
@@ -994,6 +1001,7 @@ class AvgPool2d(_AvgBase):
     (MegEngine's default) divides by the number of non-padding elements,
     "average" by KH * KW."""
     name = "AvgPool2d"
+    check_params = ({"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1})
 
     def infer(self, x):
         dtype = self._float(x)
@@ -1047,6 +1055,8 @@ class AvgPool2dBackward(_AvgBase):
     """(g, x_ref) -> each g divided by its window's count, spread over the
     window, in x_ref's shape (read only for its shape)."""
     name = "AvgPool2dBackward"
+    check_params = ({"kernel_size": 2},)
+    check_shapes = (((1, 2, 2, 2), (1, 2, 4, 4)),)
     shape_only_inputs = (1,)
 
     def infer(self, g, ref):

@@ -224,6 +224,7 @@ def _outer_n_inner(shape, ax):
 class Subtensor(Op):
     """``x[index]``; index arrays are extra inputs."""
     name = "Subtensor"
+    check_params = ({"spec": (("s", 1, 3, None), ("s", None, None, 2))}, {"spec": (("s", None, -1, None),)})
     attrs = ("spec",)
 
     def __init__(self, spec):
@@ -270,6 +271,8 @@ class SubtensorGrad(Op):
     """Zeros shaped like ``ref`` with ``g`` added at ``index`` (repeated
     indices accumulate): the backward of Subtensor."""
     name = "SubtensorGrad"
+    check_params = ({"spec": (("s", 1, 3, None), ("s", None, None, 2))},)
+    check_shapes = (((1, 2), (2, 3)), ((0, 2), (0, 3)))
     attrs = ("spec",)
     shape_only_inputs = (1,)
 
@@ -278,6 +281,7 @@ class SubtensorGrad(Op):
         self._seal()
 
     def infer(self, g, ref, *idx):
+        _check_assignable(self, g, _probe_shape(self, self.spec, ref.shape, idx, (g, ref) + idx), (g, ref))
         return (TensorDesc(ref.shape, g.dtype, g.device),)
 
     def cpu(self, g, ref, *idx):
@@ -322,9 +326,24 @@ class SubtensorGrad(Op):
         return y
 
 
+def _check_assignable(op, value, shape, descs):
+    """``value`` must broadcast to the indexed ``shape`` (as NumPy's assignment demands)."""
+    if shape is None or value.shape is None:
+        return
+    try:
+        ok = np.broadcast_shapes(value.shape, shape) == tuple(shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise op.error(f"cannot assign a value of shape {value.shape} to an index "
+                       f"selecting shape {tuple(shape)}", *descs)
+
+
 class SetSubtensor(Op):
     """A copy of ``x`` with ``value`` (broadcast) written at ``index``."""
     name = "SetSubtensor"
+    check_params = ({"spec": (("s", 1, 3, None), ("s", None, None, 2))},)
+    check_shapes = (((2, 3), (1, 2)), ((3, 4), (2,)))
     attrs = ("spec",)
     reduce_broadcast = True   # value's gradient comes back in the indexed shape
 
@@ -334,12 +353,7 @@ class SetSubtensor(Op):
 
     def infer(self, x, value, *idx):
         shape = _probe_shape(self, self.spec, x.shape, idx, (x, value) + idx)
-        if shape is not None and value.shape is not None:
-            try:
-                np.broadcast_shapes(value.shape, shape)
-            except ValueError:
-                raise self.error(f"cannot assign a value of shape {value.shape} to an index "
-                                 f"selecting shape {shape}", x, value) from None
+        _check_assignable(self, value, shape, (x, value))
         return (TensorDesc(x.shape, x.dtype, x.device),)
 
     def cpu(self, x, value, *idx):
@@ -405,6 +419,13 @@ class IndexingOneHot(Op):
         self.axis, self.keepdims = int(axis), bool(keepdims)
         self._seal()
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (an integer index cannot be generated)."""
+        rng = np.random.default_rng(0)
+        return [(cls(1), [rng.standard_normal((3, 4)), np.array([0, 3, 1])]),
+                (cls(0, True), [rng.standard_normal((3, 2)), np.array([2, 0])])]
+
     def infer(self, x, index):
         if index.dtype.kind not in "iu":
             raise self.error(f"index must be an integer tensor, got {index.dtype}", x, index)
@@ -469,7 +490,18 @@ class IndexingOneHotGrad(Op):
         self.axis, self.keepdims = int(axis), bool(keepdims)
         self._seal()
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: (g, ref, index)."""
+        rng = np.random.default_rng(0)
+        return [(cls(1, False), [rng.standard_normal((3,)), rng.standard_normal((3, 4)), np.array([0, 3, 1])])]
+
     def infer(self, g, ref, index):
+        if g.shape is not None and ref.shape is not None and len(ref.shape):
+            ax = self.axis % len(ref.shape)
+            want = tuple(1 if i == ax else d for i, d in enumerate(ref.shape) if i != ax or self.keepdims)
+            if tuple(g.shape) != want:
+                raise self.error(f"the gradient must have shape {want}", g, ref, index)
         return (TensorDesc(ref.shape, g.dtype, g.device),)
 
     def cpu(self, g, ref, index):
@@ -634,6 +666,13 @@ class Gather(Op):
         self.axis = int(axis)
         self._seal()
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (repeated indices included)."""
+        rng = np.random.default_rng(0)
+        return [(cls(1), [rng.standard_normal((2, 3)), np.array([[0, 2], [1, 1]])]),
+                (cls(0), [rng.standard_normal((3, 2)), np.array([[2, 0], [0, 1], [1, 1]])])]
+
     def infer(self, x, index):
         _check_index_dtype(self, index, (x, index))
         if x.shape is None or index.shape is None:
@@ -683,6 +722,12 @@ class GatherGrad(Op):
     def __init__(self, axis=0):
         self.axis = int(axis)
         self._seal()
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: (g, ref, index)."""
+        rng = np.random.default_rng(0)
+        return [(cls(1), [rng.standard_normal((2, 2)), rng.standard_normal((2, 3)), np.array([[0, 2], [1, 1]])])]
 
     def infer(self, g, ref, index):
         _check_index_dtype(self, index, (g, ref, index))
@@ -743,6 +788,13 @@ class Scatter(Op):
     def __init__(self, axis=0):
         self.axis = int(axis)
         self._seal()
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: distinct indices per row (a
+        repeated index would make the result depend on the write order)."""
+        rng = np.random.default_rng(0)
+        return [(cls(1), [rng.standard_normal((2, 3)), np.array([[0, 2], [1, 0]]), rng.standard_normal((2, 2))])]
 
     def infer(self, x, index, source):
         descs = (x, index, source)
@@ -881,6 +933,7 @@ class TopK(Op):
     "sorted" (in order), "no_sort" (in index order), "kth_only" (only the
     k-th one: the last axis is removed)."""
     name = "TopK"
+    check_params = ({"k": 2}, {"k": 1, "descending": True})
     attrs = ("k", "descending", "mode")
 
     def __init__(self, k, descending=False, mode="sorted"):

@@ -67,6 +67,8 @@ _KERNELS = {"sum": np.add.reduce, "mean": _mean, "max": np.maximum.reduce,
 class Reduce(Op):
     """Reduce over ``axis`` (None: all) with mode sum, mean, max, min or prod."""
     name = "Reduce"
+    check_params = ({"mode": "sum", "axis": 1}, {"mode": "mean"}, {"mode": "max", "axis": 0},
+                    {"mode": "prod", "axis": -1, "keepdims": True})  # for generated checks
     attrs = ("mode", "axis", "keepdims")
 
     def __init__(self, mode: str, axis=None, keepdims: bool = False):
@@ -228,6 +230,8 @@ class BroadcastBack(Op):
     """Broadcast a reduced gradient back to the shape of ``ref`` (and divide
     by the element count for a mean): the backward of a reduction."""
     name = "BroadcastBack"
+    check_params = ({"axis": 1, "keepdims": False}, {"axis": 1, "keepdims": False, "mean": True})
+    check_shapes = (((2,), (2, 3)), ((0,), (0, 3)))
     attrs = ("axis", "keepdims", "mean")
     shape_only_inputs = (1,)
 
@@ -236,6 +240,9 @@ class BroadcastBack(Op):
         self._seal()
 
     def infer(self, g, ref):
+        want = reduced_shape(self, ref.shape, self.axis, self.keepdims, ref)
+        if want is not None and g.shape is not None and int(np.prod(g.shape)) != int(np.prod(want)):
+            raise self.error(f"the gradient must have the reduced shape {want}", g, ref)
         return (TensorDesc(ref.shape, g.dtype, g.device),)
 
     def cpu(self, g, ref):
@@ -299,6 +306,7 @@ class ArgReduce(Op):
     """Index of the max ("argmax") or min ("argmin") along ``axis`` (None:
     of the flattened tensor), int32. Not differentiable: no gradient flows."""
     name = "ArgReduce"
+    check_params = ({"mode": "argmax", "axis": 1}, {"mode": "argmin"})  # for generated checks
     attrs = ("mode", "axis", "keepdims")
 
     def __init__(self, mode: str, axis=None, keepdims: bool = False):

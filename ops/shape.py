@@ -44,6 +44,7 @@ def _resolve_shape(op, shape, in_shape, desc):
 
 class Reshape(Op):
     name = "Reshape"
+    check_params = ({"shape": (3, 2)}, {"shape": (-1,)})
     attrs = ("shape",)
 
     def __init__(self, shape: Sequence[int]):
@@ -72,12 +73,22 @@ class Reshape(Op):
         return _view(self, x)
 
 
+def _check_broadcastable(op, src, dst, descs, what):
+    """Raise the op's error unless shape ``src`` broadcasts to ``dst`` (both known)."""
+    if src is None or dst is None:
+        return
+    if len(src) > len(dst) or any(a != 1 and a != b for a, b in zip(src[::-1], dst[::-1])):
+        raise op.error(what, *descs)
+
+
 class ReshapeLike(Op):
     """reshape(x, shape of ref)."""
     name = "ReshapeLike"
     shape_only_inputs = (1,)
 
     def infer(self, x, ref):
+        if x.shape is not None and ref.shape is not None and int(np.prod(x.shape)) != int(np.prod(ref.shape)):
+            raise self.error("cannot reshape: the sizes differ", x, ref)
         return (TensorDesc(ref.shape, x.dtype, x.device),)
 
     def cpu(self, x, ref):
@@ -95,6 +106,7 @@ class ReshapeLike(Op):
 
 class Transpose(Op):
     name = "Transpose"
+    check_params = ({"perm": (1, 0)}, {"perm": (2, 0, 1)})
     attrs = ("perm",)
 
     def __init__(self, perm: Sequence[int]):
@@ -150,6 +162,7 @@ class Transpose(Op):
 
 class Broadcast(Op):
     name = "Broadcast"
+    check_params = ({"shape": (2, 3)}, {"shape": (2, 4, 3)})
     attrs = ("shape",)
     reduce_broadcast = True   # the gradient is the output grad, summed down centrally
 
@@ -186,6 +199,7 @@ class BroadcastToLike(Op):
     reduce_broadcast = True
 
     def infer(self, x, ref):
+        _check_broadcastable(self, x.shape, ref.shape, (x, ref), "x does not broadcast to ref's shape")
         return (TensorDesc(ref.shape, x.dtype, x.device),)
 
     def cpu(self, x, ref):
@@ -211,6 +225,7 @@ class SumToLike(Op):
     shape_only_inputs = (1,)
 
     def infer(self, x, ref):
+        _check_broadcastable(self, ref.shape, x.shape, (x, ref), "ref's shape does not broadcast to x's")
         return (TensorDesc(ref.shape, x.dtype, x.device),)
 
     def cpu(self, x, ref):
@@ -230,6 +245,7 @@ class SumTo(Op):
     """Sum x down to a fixed shape (the core's central broadcast reduction
     when a backward is itself recorded)."""
     name = "SumTo"
+    check_params = ({"shape": (1, 3)}, {"shape": (3,)})
     attrs = ("shape",)
 
     def __init__(self, shape):
@@ -237,6 +253,7 @@ class SumTo(Op):
         self._seal()
 
     def infer(self, x):
+        _check_broadcastable(self, self.shape, x.shape, (x,), f"the shape {self.shape} does not broadcast to x's")
         return (TensorDesc(self.shape, x.dtype, x.device),)
 
     def cpu(self, x):
@@ -287,6 +304,7 @@ class ZerosLike(Op):
 
 class ExpandDims(Op):
     name = "ExpandDims"
+    check_params = ({"axis": 0}, {"axis": -1})
     attrs = ("axis",)
 
     def __init__(self, axis):
@@ -352,6 +370,8 @@ class Squeeze(Op):
 
 class Cast(Op):
     name = "Cast"
+    # float64 only: a float32 output cannot be checked against float64 finite differences
+    check_params = ({"dtype": "float64"},)
     attrs = ("dtype",)
 
     def __init__(self, dtype):
@@ -450,6 +470,7 @@ class Identity(Op):
 class StopGradient(Op):
     """Identity in the forward, no gradient in the backward."""
     name = "StopGradient"
+    check_gradient = "zero"      # by design: check_op checks that it is exactly zero
 
     def infer(self, x):
         return (x,)
@@ -515,6 +536,8 @@ class Concat(Op):
 class SplitLike(Op):
     """Split x along axis into pieces sized like refs (concat's backward)."""
     name = "SplitLike"
+    check_params = ({"axis": 0},)
+    check_shapes = (((4, 3), (1, 3), (3, 3)), ((0, 3), (0, 3)))
     attrs = ("axis",)
 
     def __init__(self, axis):

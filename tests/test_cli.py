@@ -22,8 +22,18 @@ def test_check_the_standard_library():
     assert lines[0].split("|")[0].strip() == "op" and "check" in lines[0] and "status" in lines[0]
     assert any(l.startswith("Elemwise ") and "| grad " in l and "passed" in l for l in lines)
     assert any(l.startswith("MatrixMul ") and "gradgrad" in l and "passed" in l for l in lines)
-    assert any(l.startswith("Reduce ") and "no examples()" in l for l in lines)
-    assert "0 failed" in out.stdout
+    # every standard op is checked (examples() or generated inputs), nothing skipped for lack of inputs
+    assert any(l.startswith("Reduce ") and "| grad " in l and "passed" in l for l in lines)
+    assert any(l.startswith("Transpose ") and "| gradgrad " in l and "passed" in l for l in lines)
+    assert not any("| inputs " in l or "no examples()" in l for l in lines)
+    assert "0 failed" in out.stdout and "46 op(s)" in out.stdout
+
+
+def test_check_help_explains():
+    out = run("check", "--help")
+    assert out.returncode == 0
+    for key in ("entry point", "generated", "emulator", "not applicable", "Exit status 1"):
+        assert key in out.stdout, key
 
 
 def test_check_usage_and_unknown_distribution():
@@ -83,6 +93,26 @@ def test_check_exit_codes_in_process(fake_dist, capsys):
     bad = [l for l in out.splitlines() if l.startswith("CliBad ") and "| grad " in l]
     assert bad and "failed" in bad[0] and "gradcheck" in bad[0]
     assert any(l.startswith("CliGood2 ") and "| grad " in l and "passed" in l for l in out.splitlines())
+
+
+def test_check_fails_when_no_check_ran(fake_dist, capsys):
+    with registry._loading_as("cli-fake-good"):
+        registry.register_op(_Good)
+    # no device requested: every check skipped, which is not a pass
+    assert cli.main(["check", "cli-fake-good", "--devices", ""]) == 1
+    out = capsys.readouterr().out
+    assert "no check ran" in out and "0 check(s) passed" in out
+
+
+def test_check_generates_inputs_for_an_op_without_examples(fake_dist, capsys):
+    class NoExamples(_Bad):
+        name = "CliNoExamples"
+        examples = None
+    with registry._loading_as("cli-fake-generated"):
+        registry.register_op(NoExamples)
+    assert cli.main(["check", "cli-fake-generated", "--seed", "3"]) == 1     # its wrong gradient is caught
+    out = capsys.readouterr().out
+    assert "generated inputs, seed 3" in out and "gradcheck" in out
 
 
 def test_check_reports_a_plugin_that_failed_to_load(fake_dist, capsys):

@@ -369,3 +369,23 @@ def test_fused_act_cuda_source_compiles(plugin_site, tmp_path):
     assert out.returncode == 0, out.stderr
     ptx = (tmp_path / "fused.ptx").read_text()
     assert "gc_fused_bias_gelu_float" in ptx and "gc_fused_bias_gelu_double" in ptx
+
+
+@pytest.mark.parametrize("name, dist, expect", [
+    ("fused_act", "gradcore-fused-act", ["FusedBiasGelu", "| grad "]),
+    ("gradcore-decomp", "gradcore-decomp", ["Mish", "| gradgrad "]),
+    # a grad-rule-only plugin: its rule against MatrixMul's own gradient, and its fallback
+    ("gradcore-fastrules", "gradcore-fastrules", ["rule[accepted] | passed", "rule[fallback] | passed"]),
+])
+def test_gradcore_check_passes_each_example_plugin(plugin_site, name, dist, expect):
+    """``gradcore check`` by entry-point or distribution name: every check
+    runs (no op skipped for missing examples), none fails."""
+    res = subprocess.run([sys.executable, "-m", "gradcore.cli", "check", name], capture_output=True, text=True,
+                         env=_env(plugin_site, GRADCORE_BLOCK_PLUGINS=f"{BROKEN},{CONFLICTING}"),
+                         cwd=str(plugin_site.parent), timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = res.stdout.strip().splitlines()[-1]
+    assert summary.startswith(f"{dist}:") and " 0 failed" in summary, summary
+    assert " 0 check(s) passed" not in summary and "no examples()" not in res.stdout
+    for text in expect:
+        assert any(text in line and "passed" in line for line in res.stdout.splitlines()), (text, res.stdout)
