@@ -87,6 +87,9 @@ cdef Py_ssize_t _seq = 0           # global sequence number of recorded nodes
 cdef dict _grad_rules = {}         # op type -> registered rule (path 2)
 cdef dict _own_rule_types = {}     # op type -> has _grad_rule (path 1)
 cdef dict _bw_front = {}           # (id(op), device, dtypes, rg) -> (op, CompiledBackward)
+# anomaly mode (gradcore.anomaly): off, recording pays one flag check per node
+cdef bint _anomaly = False
+cdef object _h_anomaly = None      # .capture(op) -> forward stack; .check(op, stack, grads)
 cdef str CPU = "cpu"
 cdef str CUDA = "cuda"
 # gradcore.cuda.DeviceArray (set when the CUDA backend is imported): the
@@ -561,6 +564,7 @@ cdef class GradFn:
     cdef list versions        # (tensor, version) of saved tensors whose buffer may be written
     cdef Py_ssize_t seq
     cdef bint reaches
+    cdef object forward_stack # where the forward was called (anomaly mode only)
 
     cdef inline void clear(self):
         self.op = None
@@ -574,6 +578,7 @@ cdef class GradFn:
         self.in_shapes = None
         self.out_meta = None
         self.versions = None
+        self.forward_stack = None
 
     @property
     def op_(self):
@@ -712,6 +717,17 @@ cdef void _prune_slots(Tensor t):
     live = [s for s in _slots_of(t) if (<GradSlot>s).key.state == 1]
     t._slot = live[0] if live else None
     t._more_slots = live[1:] or None
+
+
+def _set_anomaly(hooks):
+    """Anomaly mode on (``hooks``: gradcore.anomaly's capture/check) or off (None)."""
+    global _anomaly, _h_anomaly
+    _h_anomaly = hooks
+    _anomaly = hooks is not None
+
+
+def _anomaly_enabled():
+    return _anomaly
 
 
 def _recording_keys():
@@ -1147,6 +1163,8 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
         _make_slots(node, outs, out0, key)
         _seq += 1
         node.seq = _seq
+        if _anomaly:
+            node.forward_stack = _h_anomaly.capture(op)
         key.tape.append(node)
     if save_later is not None:
         for node in save_later:
@@ -1379,6 +1397,8 @@ def _record_custom(op, tuple inputs, tuple outputs, backward):
         _make_slots(node, outs, outs[0] if len(outs) else None, key)
         _seq += 1
         node.seq = _seq
+        if _anomaly:
+            node.forward_stack = _h_anomaly.capture(op)
         key.tape.append(node)
     return outs
 
@@ -1678,6 +1698,8 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
             if grads is not None:
                 res = _run_node(node, grads, tensor_mode)
                 nd = node.nin
+                if _anomaly:
+                    _h_anomaly.check(node.op, node.forward_stack, res, nd)
                 if nd != 1 and len(res) != nd:
                     raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
                                      f"gradients for {nd} inputs")

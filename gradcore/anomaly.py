@@ -1,0 +1,122 @@
+"""Anomaly mode: find the op whose backward produced NaN or Inf.
+
+``with gradcore.autodiff.detect_anomaly():`` (as PyTorch's
+``torch.autograd.detect_anomaly``) makes every op recorded inside it keep
+the Python stack of its forward call, and every backward node run inside
+it check the gradients it returns: the first NaN or Inf raises
+``AnomalyError`` naming the op, the input and its shape, and showing where
+that op's forward was called.
+
+Off (the default), the core pays one C flag check per recorded node and
+nothing else; on, recording is much slower (a stack capture per op) and so
+is backward (a finiteness check per gradient): a debugging tool.
+
+Example::
+
+    >>> from gradcore.autodiff import GradManager, detect_anomaly
+    >>> x = gradcore.tensor([0.0, 1.0])
+    >>> gm = GradManager().attach(x)
+    >>> with detect_anomaly(), gm:               # doctest: +SKIP
+    ...     gm.backward(F.sqrt(x).sum())          # AnomalyError: sqrt's backward returned inf ...
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import traceback
+import numpy as np
+
+from . import _core
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class AnomalyError(RuntimeError):
+    """A backward produced NaN or Inf under ``detect_anomaly``."""
+
+
+def _op_name(op) -> str:
+    # as the core's error messages name ops: "Elemwise(log)", "Bad"
+    try:
+        return op._name()
+    except Exception:
+        return type(op).__name__
+
+
+class _Hooks:
+    """What the core calls in anomaly mode."""
+
+    def __init__(self, check_nan: bool):
+        self.check_nan = check_nan
+
+    @staticmethod
+    def capture(op) -> traceback.StackSummary:
+        stack = traceback.extract_stack()[:-1]
+        # the caller's frames: gradcore's own (functional, dispatch, ops) cut off the end
+        while len(stack) > 1 and os.path.abspath(stack[-1].filename).startswith(_PACKAGE_DIR):
+            stack.pop()
+        return stack
+
+    def check(self, op, forward_stack, grads, n_inputs: int) -> None:
+        if not self.check_nan:
+            return
+        grads = (grads,) if n_inputs == 1 else grads
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            arr = g._data if isinstance(g, _core.Tensor) else g
+            # a cuda array is checked on the host (a debugging mode: speed is not the point)
+            arr = arr.get() if hasattr(arr, "get") and not isinstance(arr, np.generic) else np.asarray(arr)
+            if arr.dtype.kind not in "fc" or np.isfinite(arr).all():
+                continue
+            what = "nan" if np.isnan(arr).any() else "inf"
+            where = ("".join(traceback.format_list(forward_stack)) if forward_stack is not None else
+                     "  (not known: the op was recorded while anomaly mode was off)\n")
+            raise AnomalyError(f"{_op_name(op)}: its backward returned {what} values in the gradient of "
+                               f"input {i} (shape {arr.shape}, dtype {arr.dtype}).\n"
+                               f"The forward of {_op_name(op)} was called at (most recent call last):\n{where}")
+
+
+_lock = threading.Lock()
+_active = []        # the hooks of each open detect_anomaly, innermost last
+
+
+class detect_anomaly:
+    """Context manager (and decorator) turning anomaly mode on: record-time
+    stacks and NaN/Inf checks in backward (see the module docstring).
+    ``check_nan=False`` keeps the stacks without the checks. Nests; the
+    mode is process-wide, as PyTorch's.
+
+    Example::
+
+        >>> with detect_anomaly():                # doctest: +SKIP
+        ...     with gm:
+        ...         gm.backward(loss_fn(x))
+    """
+
+    def __init__(self, check_nan: bool = True):
+        self.check_nan = check_nan
+
+    def __enter__(self) -> "detect_anomaly":
+        with _lock:
+            _active.append(_Hooks(self.check_nan))
+            _core._set_anomaly(_active[-1])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with _lock:
+            _active.pop()
+            _core._set_anomaly(_active[-1] if _active else None)
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with detect_anomaly(self.check_nan):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+def is_anomaly_enabled() -> bool:
+    """Whether anomaly mode is on."""
+    return bool(_core._anomaly_enabled())
