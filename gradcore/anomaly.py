@@ -25,6 +25,7 @@ import functools
 import os
 import threading
 import traceback
+from typing import NamedTuple, Tuple
 import numpy as np
 
 from . import _core
@@ -44,6 +45,17 @@ def _op_name(op) -> str:
         return type(op).__name__
 
 
+class RecordInfo(NamedTuple):
+    """What anomaly mode keeps of each recorded op."""
+    stack: traceback.StackSummary          # where its forward was called
+    inputs: Tuple[Tuple, ...]              # (shape, dtype) per input
+    outputs: Tuple[Tuple, ...]             # (shape, dtype) per output
+
+
+def _meta(t) -> Tuple:
+    return (tuple(t.shape), t.dtype) if isinstance(t, _core.Tensor) else (None, None)
+
+
 class _Hooks:
     """What the core calls in anomaly mode."""
 
@@ -51,14 +63,15 @@ class _Hooks:
         self.check_nan = check_nan
 
     @staticmethod
-    def capture(op) -> traceback.StackSummary:
+    def capture(op, inputs, outputs) -> "RecordInfo":
         stack = traceback.extract_stack()[:-1]
         # the caller's frames: gradcore's own (functional, dispatch, ops) cut off the end
         while len(stack) > 1 and os.path.abspath(stack[-1].filename).startswith(_PACKAGE_DIR):
             stack.pop()
-        return stack
+        outputs = (outputs,) if isinstance(outputs, _core.Tensor) else outputs
+        return RecordInfo(stack, tuple(_meta(t) for t in inputs), tuple(_meta(t) for t in outputs))
 
-    def check(self, op, forward_stack, grads, n_inputs: int) -> None:
+    def check(self, op, info, grads, n_inputs: int) -> None:
         if not self.check_nan:
             return
         grads = (grads,) if n_inputs == 1 else grads
@@ -71,7 +84,7 @@ class _Hooks:
             if arr.dtype.kind not in "fc" or np.isfinite(arr).all():
                 continue
             what = "nan" if np.isnan(arr).any() else "inf"
-            where = ("".join(traceback.format_list(forward_stack)) if forward_stack is not None else
+            where = ("".join(traceback.format_list(info.stack)) if info is not None else
                      "  (not known: the op was recorded while anomaly mode was off)\n")
             raise AnomalyError(f"{_op_name(op)}: its backward returned {what} values in the gradient of "
                                f"input {i} (shape {arr.shape}, dtype {arr.dtype}).\n"
