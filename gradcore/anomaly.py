@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import traceback
 from typing import NamedTuple, Tuple
@@ -31,6 +32,15 @@ import numpy as np
 from . import _core
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_internal_dirs = None       # gradcore's and gradcore.ops' folders (ops/ lives apart in a source tree)
+
+
+def _internal_prefixes() -> tuple:
+    global _internal_dirs
+    if _internal_dirs is None:
+        from . import ops
+        _internal_dirs = (_PACKAGE_DIR,) + tuple(os.path.abspath(p) + os.sep for p in ops.__path__)
+    return _internal_dirs
 
 
 class AnomalyError(RuntimeError):
@@ -64,9 +74,12 @@ class _Hooks:
 
     @staticmethod
     def capture(op, inputs, outputs) -> "RecordInfo":
-        stack = traceback.extract_stack()[:-1]
+        # source lines are read only if an error shows them (lookup_lines=False)
+        stack = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(1)), lookup_lines=False)
+        stack.reverse()
         # the caller's frames: gradcore's own (functional, dispatch, ops) cut off the end
-        while len(stack) > 1 and os.path.abspath(stack[-1].filename).startswith(_PACKAGE_DIR):
+        internal = _internal_prefixes()
+        while len(stack) > 1 and stack[-1].filename.startswith(internal):
             stack.pop()
         outputs = (outputs,) if isinstance(outputs, _core.Tensor) else outputs
         return RecordInfo(stack, tuple(_meta(t) for t in inputs), tuple(_meta(t) for t in outputs))
