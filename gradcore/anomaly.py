@@ -57,9 +57,15 @@ def _op_name(op) -> str:
 
 class RecordInfo(NamedTuple):
     """What anomaly mode keeps of each recorded op."""
-    stack: traceback.StackSummary          # where its forward was called
+    frames: Tuple[Tuple, ...]              # (code, line) where its forward was called, innermost first
     inputs: Tuple[Tuple, ...]              # (shape, dtype) per input
     outputs: Tuple[Tuple, ...]             # (shape, dtype) per output
+
+    @property
+    def stack(self) -> traceback.StackSummary:
+        """The forward's call site as a traceback (outermost first)."""
+        return traceback.StackSummary.from_list(
+            [(code.co_filename, line, code.co_name, None) for code, line in reversed(self.frames)])
 
 
 def _meta(t) -> Tuple:
@@ -74,15 +80,17 @@ class _Hooks:
 
     @staticmethod
     def capture(op, inputs, outputs) -> "RecordInfo":
-        # source lines are read only if an error shows them (lookup_lines=False)
-        stack = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(1)), lookup_lines=False)
-        stack.reverse()
-        # the caller's frames: gradcore's own (functional, dispatch, ops) cut off the end
+        # (code, line) pairs, innermost first: made into a StackSummary (and
+        # source lines read) only if an error shows them
+        frames = []
+        frame = sys._getframe(1)
         internal = _internal_prefixes()
-        while len(stack) > 1 and stack[-1].filename.startswith(internal):
-            stack.pop()
+        while frame is not None:
+            if frames or not frame.f_code.co_filename.startswith(internal):   # skip gradcore's own frames
+                frames.append((frame.f_code, frame.f_lineno))
+            frame = frame.f_back
         outputs = (outputs,) if isinstance(outputs, _core.Tensor) else outputs
-        return RecordInfo(stack, tuple(_meta(t) for t in inputs), tuple(_meta(t) for t in outputs))
+        return RecordInfo(tuple(frames), tuple(_meta(t) for t in inputs), tuple(_meta(t) for t in outputs))
 
     def check(self, op, info, grads, n_inputs: int) -> None:
         if not self.check_nan:
