@@ -8,6 +8,11 @@ cotangent ``u``), recording that backward and differentiating it with
 respect to ``u`` along ``v`` gives ``d<J^T u, v>/du = J v``. Cost: one
 forward and two backwards (about three times a forward, as reverse mode).
 
+The trick needs each op's backward to be differentiable itself (as second
+order gradients do): every standard op's is; a ``Function`` whose
+``backward`` computes outside gradcore ops (on NumPy arrays) has a backward
+the dual recording cannot see, and its part of ``J v`` comes out as zero.
+
 Both record with their own low-level ``Grad`` keys and never touch
 ``.grad`` of the caller's tensors. They compose with ``GradManager``: an
 enclosing manager that records the primals or tangents differentiates
