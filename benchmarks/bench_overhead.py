@@ -753,6 +753,8 @@ def main(argv=None):
     p.add_argument("--settle", type=float, default=0.3, metavar="S",
                    help="pause before each measurement so that the other library's spinning "
                         "worker threads go idle (default 0.3 s)")
+    p.add_argument("--anomaly", action="store_true",
+                   help="run everything inside gradcore.autodiff.detect_anomaly() (its cost when on)")
     p.add_argument("--label", default="", help="free text stored with the results (e.g. a commit)")
     p.add_argument("--json", metavar="PATH", help="write all results to PATH")
     args = p.parse_args(argv)
@@ -760,6 +762,15 @@ def main(argv=None):
     if repeat < 1:
         p.error("--repeat must be >= 1")
     target_s = args.target_time if args.target_time is not None else (0.05 if args.quick else 0.25)
+    anomaly = contextlib.nullcontext()
+    if args.anomaly:
+        from gradcore.autodiff import detect_anomaly
+        anomaly = detect_anomaly()
+    with anomaly:
+        return _run(args, p, repeat, target_s)
+
+
+def _run(args, p, repeat, target_s):
 
     load_before = loadavg()
     info = machine_info()
@@ -777,7 +788,8 @@ def main(argv=None):
         print("torch     : not installed, torch columns skipped")
     print(f"thread env: {info['thread_env'] or 'none set'}")
     print(f"settings  : {repeat} rounds, ~{target_s} s per measurement, {args.settle} s settle, "
-          f"GC {'disabled' if args.no_gc else 'enabled'} while timing")
+          f"GC {'disabled' if args.no_gc else 'enabled'} while timing"
+          + (", anomaly mode ON" if args.anomaly else ""))
     print()
 
     cases = build_cases(args)
@@ -823,7 +835,7 @@ def main(argv=None):
                "machine": info,
                "load_before": load_before, "load_after": load_after,
                "settings": {"repeat": repeat, "target_time_s": target_s, "settle_s": args.settle,
-                            "gc_disabled": args.no_gc},
+                            "gc_disabled": args.no_gc, "anomaly": args.anomaly},
                "checks": checks, "results": results, "targets": TARGETS}
         d = os.path.dirname(os.path.abspath(args.json))
         os.makedirs(d, exist_ok=True)

@@ -32,10 +32,14 @@ _tm.install()
 from . import functional, random  # noqa: E402
 from .autodiff import Function, GradManager  # noqa: E402
 from .functional import ones_like, zeros_like  # noqa: E402
+from .serialization import load, save  # noqa: E402
+from .interop import from_dlpack  # noqa: E402
+from .forward_mode import jvp, vjp  # noqa: E402
+from .visualization import record_details, visualize  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register_grad_rule",
-           "GradRuleFallback", "functional", "ones_like", "zeros_like"]
+           "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "jvp", "vjp", "visualize", "record_details"]
 
 
 def __getattr__(name):

@@ -92,6 +92,9 @@ cdef Py_ssize_t _seq = 0           # global sequence number of recorded nodes
 cdef dict _grad_rules = {}         # op type -> registered rule (path 2)
 cdef dict _own_rule_types = {}     # op type -> has _grad_rule (path 1)
 cdef dict _bw_front = {}           # (id(op), device, dtypes, rg) -> (op, CompiledBackward)
+# anomaly mode (gradcore.anomaly): off, recording pays one flag check per node
+cdef bint _anomaly = False
+cdef object _h_anomaly = None      # .capture(op, inputs, outputs) -> info; .check(op, info, grads, n)
 cdef str CPU = "cpu"
 cdef str CUDA = "cuda"
 # gradcore.cuda.DeviceArray (set when the CUDA backend is imported): the
@@ -620,6 +623,7 @@ cdef class GradFn:
     cdef list versions        # (tensor, version) of saved tensors whose buffer may be written
     cdef Py_ssize_t seq
     cdef bint reaches
+    cdef object debug_info    # anomaly mode only: its hook's record (forward stack, shapes)
 
     cdef inline void clear(self):
         self.op = None
@@ -633,6 +637,7 @@ cdef class GradFn:
         self.in_shapes = None
         self.out_meta = None
         self.versions = None
+        self.debug_info = None
 
     @property
     def op_(self):
@@ -771,6 +776,17 @@ cdef void _prune_slots(Tensor t):
     live = [s for s in _slots_of(t) if (<GradSlot>s).key.state == 1]
     t._slot = live[0] if live else None
     t._more_slots = live[1:] or None
+
+
+def _set_anomaly(hooks):
+    """Anomaly mode on (``hooks``: gradcore.anomaly's capture/check) or off (None)."""
+    global _anomaly, _h_anomaly
+    _h_anomaly = hooks
+    _anomaly = hooks is not None
+
+
+def _anomaly_enabled():
+    return _anomaly
 
 
 def _recording_keys():
@@ -1221,6 +1237,8 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
         _make_slots(node, outs, out0, key)
         _seq += 1
         node.seq = _seq
+        if _anomaly:
+            node.debug_info = _h_anomaly.capture(op, args, out0 if outs is None else outs)
         key.tape.append(node)
     if save_later is not None:
         for node in save_later:
@@ -1453,6 +1471,8 @@ def _record_custom(op, tuple inputs, tuple outputs, backward):
         _make_slots(node, outs, outs[0] if len(outs) else None, key)
         _seq += 1
         node.seq = _seq
+        if _anomaly:
+            node.debug_info = _h_anomaly.capture(op, inputs, outs)
         key.tape.append(node)
     return outs
 
@@ -1752,6 +1772,8 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
             if grads is not None:
                 res = _run_node(node, grads, tensor_mode)
                 nd = node.nin
+                if _anomaly:
+                    _h_anomaly.check(node.op, node.debug_info, res, nd)
                 if nd != 1 and len(res) != nd:
                     raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
                                      f"gradients for {nd} inputs")
@@ -1904,3 +1926,42 @@ def _debug_state():
 
 def _clear_front_cache():
     _bw_front.clear()
+
+
+def _recorded_graph(Tensor y, tuple named=()):
+    """What gradcore.visualize draws: for each live recording of ``y``,
+    (key name, y's slot id, nodes, leaf slot ids, slot ids of ``named``);
+    a node is (seq, op, path, input slot ids, output slot ids, in_shapes,
+    out_meta, (save_index, saved, one_saved) or None, debug_info). Slot ids
+    are only compared with each other."""
+    res = []
+    cdef GradFn node
+    cdef GradSlot d
+    cdef GradKey key
+    cdef CompiledBackward cb
+    for s in _slots_of(y):
+        key = (<GradSlot>s).key
+        if key.state != 1:
+            continue
+        nodes = []
+        for n in key.tape:
+            if n is None:
+                continue
+            node = <GradFn>n
+            ins = []
+            for j in range(node.nin):
+                d = _dest(node, j)
+                ins.append(None if d is None else id(d))
+            outs = (id(node.slot0),) if node.slot0 is not None else tuple([id(o) for o in node.slots])
+            saved = None
+            if node.path == 3:
+                cb = <CompiledBackward>node.backward
+                saved = (cb.save_index, node.saved, cb.one_saved)
+            nodes.append((node.seq, node.op, node.path, tuple(ins), outs, node.in_shapes, node.out_meta,
+                          saved, node.debug_info))
+        named_ids = []
+        for t in named:
+            d = _slot_for(<Tensor>t, key)
+            named_ids.append(None if d is None else id(d))
+        res.append((key.name, id(s), nodes, [id(l) for l in key.leaves], named_ids))
+    return res

@@ -16,8 +16,10 @@ from typing import Callable, Iterable, List, Optional, Union
 from . import _core
 from ._core import Tensor
 from ._core import GradKey
+from .anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled
 
-__all__ = ["GradManager", "GradManagerGroup", "Function", "get_backwarding_grad_manager"]
+__all__ = ["GradManager", "GradManagerGroup", "Function", "get_backwarding_grad_manager",
+           "detect_anomaly", "is_anomaly_enabled", "AnomalyError"]
 
 # the managers whose backward is running, innermost last (MegEngine's
 # get_backwarding_grad_manager): lets a callback such as

@@ -8,7 +8,9 @@
 The dataset ships inside the package (gradcore/data/digits.npz; 1797 images,
 CC BY 4.0, see gradcore/data/README.txt): nothing is downloaded. Writes
 ``training_curves.png`` (loss and accuracy per epoch) and ``summary.txt`` to
-the output folder.
+the output folder. Needs the ``demo`` extra (``pip install -e ".[demo]"``):
+matplotlib draws the curves, tqdm shows a progress bar on a terminal (and
+one plain line per epoch when the output is a log).
 
 Under MPI every rank trains on its shard of each batch (the batch of
 ``--batch-size`` images is split across the ranks), the gradients are
@@ -35,7 +37,6 @@ import gradcore.module as M
 import gradcore.optimizer as optim
 from gradcore.autodiff import GradManager
 from gradcore import distributed as dist
-from gradcore.plot import write_curves
 
 
 def load_digits():
@@ -139,11 +140,43 @@ def _without_nproc(argv):
     return out
 
 
-def progress(epoch, epochs, step, steps, loss, width=24):
-    done = int(width * step / steps)
-    bar = "#" * done + "-" * (width - done)
-    sys.stdout.write(f"\repoch {epoch:>2}/{epochs} [{bar}] {step:>3}/{steps} loss {loss:.4f}")
-    sys.stdout.flush()
+def _require_demo_libraries():
+    try:
+        import matplotlib  # noqa: F401
+        import tqdm  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"gradcore demo needs matplotlib and tqdm: pip install -e \".[demo]\" ({exc})")
+
+
+def plot_curves(path, history):
+    """Write the loss (log scale) and accuracy curves per epoch to ``path`` (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")       # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    epochs = np.arange(1, len(history["train loss"]) + 1)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in ("train loss", "test loss"):
+        ax_loss.plot(epochs, history[name], marker="o", label=name)
+    ax_loss.set(yscale="log", xlabel="epoch", ylabel="cross-entropy loss (log scale)", title="loss")
+    for name in ("train accuracy", "test accuracy"):
+        ax_acc.plot(epochs, history[name], marker="o", label=name)
+    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def progress_bar(epoch, epochs, steps):
+    """A tqdm bar over one epoch's steps on a terminal; nothing when stdout
+    is not a terminal (a log gets the one line per epoch that main prints)."""
+    from tqdm import tqdm
+    return tqdm(total=steps, desc=f"epoch {epoch}/{epochs}", unit="step", leave=False,
+                file=sys.stdout, disable=not sys.stdout.isatty(), dynamic_ncols=True)
 
 
 def main(argv=None) -> int:
@@ -157,6 +190,7 @@ def main(argv=None) -> int:
     ap.add_argument("--nproc", type=int, default=1,
                     help="train data-parallel on N processes (relaunches under mpirun -n N)")
     args = ap.parse_args(argv)
+    _require_demo_libraries()
 
     distributed = dist.is_distributed()
     if args.nproc > 1 and not dist.launched_by_mpi():
@@ -196,6 +230,7 @@ def main(argv=None) -> int:
     for epoch in range(1, args.epochs + 1):
         order = rng.permutation(len(x_train))
         total, seen = 0.0, 0
+        bar = progress_bar(epoch, args.epochs, steps)
         for step in range(steps):
             idx = order[step * args.batch_size:(step + 1) * args.batch_size]
             if distributed:
@@ -207,7 +242,9 @@ def main(argv=None) -> int:
             opt.step().clear_grad()
             total += loss.item() * len(idx)
             seen += len(idx)
-            progress(epoch, args.epochs, step + 1, steps, total / seen)
+            bar.update(1)
+            bar.set_postfix(loss=f"{total / seen:.4f}", refresh=False)
+        bar.close()
         if distributed:
             total, seen = dist.allreduce(np.array([total, seen], np.float64), "sum")
         train_acc, _ = evaluate(model, x_train, y_train, distributed=distributed, device=args.device)
@@ -215,15 +252,15 @@ def main(argv=None) -> int:
         for k, v in (("train loss", total / seen), ("test loss", test_loss),
                      ("train accuracy", train_acc), ("test accuracy", test_acc)):
             history[k].append(v)
-        print(f"  test accuracy {test_acc:.3f}  ({time.perf_counter() - start:.1f} s)")
+        print(f"epoch {epoch:>2}/{args.epochs}  train loss {total / seen:.4f}  "
+              f"test accuracy {test_acc:.3f}  ({time.perf_counter() - start:.1f} s)", flush=True)
     seconds = time.perf_counter() - start
     if rank != 0:
         return 0
 
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "training_curves.png")
-    write_curves(png, {k: history[k] for k in ("train loss", "test loss")},
-                 {k: history[k] for k in ("train accuracy", "test accuracy")})
+    plot_curves(png, history)
     summary = (f"gradcore demo: small CNN on the UCI 8x8 digits\n"
                f"epochs {args.epochs}, batch {args.batch_size}, lr {args.lr}, seed {args.seed}, "
                f"device {args.device}"

@@ -8,7 +8,7 @@ import functools
 
 import numpy as np
 
-from . import _core, graph
+from . import _core, graph, interop
 from .op import OpError, TensorDesc
 from ._core import Tensor
 from .cuda.array import DeviceArray
@@ -279,10 +279,13 @@ _METHODS = {
     "exp": lambda self: _F().exp(self),
     "log": lambda self: _F().log(self),
     "copy": lambda self: _F().copy(self),
+    "__dlpack__": interop.tensor_dlpack,
+    "__dlpack_device__": interop.tensor_dlpack_device,
 }
 _PROPS = {
     "T": lambda self: _F().transpose(self, None),
     "requires_grad": lambda self: self._is_recorded() if isinstance(self, Tensor) else False,
+    "__cuda_array_interface__": interop.tensor_cuda_array_interface,
 }
 
 

@@ -1,13 +1,15 @@
 """The main job: the digits CNN reaches 95% held-out accuracy and writes its
-curves and summary."""
+curves (matplotlib) and summary; progress goes through tqdm."""
+import io
 import re
-import struct
-import zlib
 
 import numpy as np
+import pytest
 
 from gradcore import demo
-from gradcore.plot import write_png
+
+pytest.importorskip("matplotlib", reason="the demo extra (matplotlib) is part of .[test]")
+pytest.importorskip("tqdm", reason="the demo extra (tqdm) is part of .[test]")
 
 
 def test_demo_trains_digits_to_95_percent(tmp_path, capsys):
@@ -17,7 +19,10 @@ def test_demo_trains_digits_to_95_percent(tmp_path, capsys):
     assert acc >= 0.95, summary
     png = (tmp_path / "training_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "epoch 15/15" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # not a terminal: one plain line per epoch, no carriage-return bar updates
+    assert "\r" not in out
+    assert len(re.findall(r"^epoch +\d+/15 ", out, re.M)) == 15
 
 
 def test_digits_ship_with_the_package():
@@ -29,13 +34,36 @@ def test_digits_ship_with_the_package():
     assert set(np.unique(yte)) == set(range(10))
 
 
-def test_png_writer_round_trip(tmp_path):
-    img = np.zeros((3, 4, 3), np.uint8)
-    img[1, 2] = (10, 20, 30)
-    write_png(str(tmp_path / "a.png"), img)
-    data = (tmp_path / "a.png").read_bytes()
-    w, h = struct.unpack(">II", data[16:24])
-    assert (w, h) == (4, 3)
-    idat = data[data.index(b"IDAT") + 4:data.index(b"IEND") - 8]
-    rows = zlib.decompress(idat)
-    assert rows[1 * 13 + 1 + 2 * 3:1 * 13 + 1 + 3 * 3] == bytes([10, 20, 30])
+def test_curves_are_drawn_with_log_loss_and_labelled_epochs(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)       # keep the figure to inspect it
+    history = {"train loss": [2.0, 0.5, 0.1], "test loss": [2.1, 0.6, 0.2],
+               "train accuracy": [0.3, 0.8, 0.95], "test accuracy": [0.3, 0.75, 0.9]}
+    demo.plot_curves(str(tmp_path / "c.png"), history)
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    ax_loss, ax_acc = figures[0].axes
+    assert ax_loss.get_yscale() == "log" and ax_acc.get_yscale() == "linear"
+    assert ax_loss.get_xlabel() == ax_acc.get_xlabel() == "epoch"
+    assert ax_acc.get_ylabel() == "accuracy" and "loss" in ax_loss.get_ylabel()
+    np.testing.assert_array_equal(ax_loss.lines[0].get_xdata(), [1, 2, 3])
+    np.testing.assert_allclose(ax_acc.lines[1].get_ydata(), history["test accuracy"])
+    monkeypatch.undo()
+    plt.close(figures[0])
+
+
+def test_progress_bar_draws_on_a_terminal_only(monkeypatch):
+    tty = io.StringIO()
+    tty.isatty = lambda: True
+    monkeypatch.setattr("sys.stdout", tty)
+    bar = demo.progress_bar(1, 3, 4)
+    for _ in range(4):
+        bar.update(1)
+    bar.close()
+    assert "epoch 1/3" in tty.getvalue() and "\r" in tty.getvalue()
+    log = io.StringIO()
+    monkeypatch.setattr("sys.stdout", log)
+    bar = demo.progress_bar(1, 3, 4)
+    bar.update(4)
+    bar.close()
+    assert log.getvalue() == ""

@@ -42,3 +42,16 @@ def test_doc_python_blocks_run(doc, scratch_registry, capsys):
     from gradcore.pytest_plugin import _run_check
     ns["test_my_cube"](_run_check)
     assert ns["check_op"](ns["MyCube"]).ok
+
+
+def test_visualize_doc_runs_and_its_picture_matches():
+    pytest.importorskip("graphviz", reason="gradcore[viz] is part of .[test]")
+    ns = {"__name__": "docs_visualize_md"}
+    for k, block in enumerate(python_blocks(DOCS / "visualize.md")):
+        exec(compile(block, f"visualize.md (python block {k + 1})", "exec"), ns)
+    src = ns["graph"].source
+    svg = (DOCS / "images" / "mlp_graph.svg").read_text()
+    # the committed picture is of this graph: the same ops and parameters
+    for needle in ("MatrixMul", "Elemwise(relu)", "LogSoftmax", "IndexingOneHot", "0.weight", "2.bias"):
+        assert needle in src and needle in svg, needle
+    assert "images/mlp_graph.svg" in (DOCS / "visualize.md").read_text()

@@ -21,6 +21,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from . import dlpack
+
 
 def _normalize_shape(shape, size: int) -> Tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -96,6 +98,25 @@ class DeviceArray:
     @property
     def T(self):
         return self.transpose()
+
+    # ------------------------------------------------------------ interop (see gradcore.cuda.dlpack)
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return dlpack.interface(self)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (dlpack.kDLCUDA, dlpack.device_index_of(self.backend))
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of this array's device memory (no copy unless
+        ``copy=True``, or ``dl_device=(1, 0)`` asks for a host copy)."""
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            if tuple(dl_device) != (dlpack.kDLCPU, 0):
+                raise BufferError(f"__dlpack__: cannot export a cuda array to device {tuple(dl_device)}")
+            if copy is False:
+                raise BufferError("__dlpack__: a cuda array reaches the host only by a copy, and copy=False")
+            return self.get().__dlpack__(max_version=max_version, copy=True)
+        return dlpack.export(self, stream=stream, max_version=max_version, copy=copy)
 
     # ------------------------------------------------------------ views and copies
     def reshape(self, *shape) -> "DeviceArray":

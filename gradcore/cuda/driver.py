@@ -54,6 +54,7 @@ class PyCudaDriver:
         if not 0 <= device_index < count:
             raise CudaUnavailable(f"there is no GPU {device_index} (this machine has {count})")
         self.drv = drv
+        self.device_index = device_index
         self.device = drv.Device(device_index)
         # the primary context: the one the runtime API (PyTorch, CuPy) uses too
         self.context = self.device.retain_primary_context()
