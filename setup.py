@@ -10,6 +10,8 @@ extensions = [
     # NumPy's allocator for CPU tensors: a cache of large blocks (gradcore/memory.py)
     Extension("gradcore._host_pool", ["gradcore/_host_pool.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
+    # the CUDA backend's per-call path: launches, the device allocator, cuBLAS calls (gradcore/cuda/)
+    Extension("gradcore.cuda._launch", ["gradcore/cuda/_launch.pyx"], extra_compile_args=["-O3"]),
 ]
 
 setup(

@@ -63,7 +63,7 @@ class DeviceArray:
         """A host copy (a new, writable ndarray)."""
         out = np.empty(self.shape, self.dtype)
         if self.nbytes:
-            self.backend.driver.dtoh(out, self.ptr)
+            self.backend.copy_to_host(out, self.ptr)
         return out
 
     def item(self):
@@ -117,7 +117,7 @@ class DeviceArray:
     def copy(self) -> "DeviceArray":
         out = self.backend.empty(self.shape, self.dtype)
         if self.nbytes:
-            self.backend.driver.dtod(out.ptr, self.ptr, self.nbytes)
+            self.backend.copy_on_device(out.ptr, self.ptr, self.nbytes)
         return out
 
     def astype(self, dtype, copy: bool = True) -> "DeviceArray":

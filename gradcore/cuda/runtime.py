@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import re
-import struct
 import threading
 from typing import Optional, Sequence
 
 import numpy as np
 
+from . import _launch
+from ._launch import Kernel, Launcher, pack_params
 from .array import DeviceArray
 from .driver import CudaUnavailable, open_driver
 from .memory import MemoryPool
@@ -49,68 +50,7 @@ class Dims(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int), ("d", ctypes.c_longlong * MAX_DIMS)]
 
 
-def _param_layout(i, a):
-    """(struct code, alignment, value getter) of kernel argument ``a``."""
-    if isinstance(a, DeviceArray):
-        return "Q", 8, _pointer
-    if a is None:
-        return "8x", 8, None
-    if isinstance(a, Dims):
-        return f"{ctypes.sizeof(Dims)}s", ctypes.alignment(Dims), bytes
-    if isinstance(a, np.generic):
-        return f"{a.dtype.itemsize}s", a.dtype.alignment, _scalar_bytes
-    if isinstance(a, bool):
-        raise TypeError(f"kernel argument {i}: pass np.bool_({a}) (a bool is ambiguous)")
-    if isinstance(a, int):
-        return "q", 8, None
-    if isinstance(a, float):
-        raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), the kernel's C type")
-    raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
-
-
-def _pointer(a):
-    if a.ptr == 0 and a.size:
-        raise ValueError(f"a shape-only array (no device memory) of shape {a.shape} cannot be read by a kernel")
-    return a.ptr
-
-
-def _scalar_bytes(a):
-    return a.tobytes()
-
-
-_layouts = {}       # argument type signature -> (struct.Struct, per-argument getters)
-
-
-def pack_params(args: Sequence) -> bytes:
-    """Kernel arguments as one buffer in the CUDA ABI's layout: each
-    parameter at an offset aligned to its own alignment, in order. The
-    layout is computed once per signature of argument types."""
-    sig = tuple([type(a) if type(a) is not np.ndarray and not isinstance(a, np.generic) else a.dtype
-                 for a in args])
-    layout = _layouts.get(sig)
-    if layout is None:
-        fmt, getters, offset = "<", [], 0
-        for i, a in enumerate(args):
-            code, align, get = _param_layout(i, a)
-            pad = -offset % align
-            fmt += f"{pad}x" if pad else ""
-            fmt += code
-            offset += pad + struct.calcsize("<" + code)
-            getters.append(get)
-        layout = _layouts[sig] = (struct.Struct(fmt), tuple(getters))
-    packer, getters = layout
-    values = [a if g is None else g(a) for a, g in zip(args, getters) if a is not None]
-    return packer.pack(*values)
-
-
-class Kernel:
-    __slots__ = ("fn", "name")
-
-    def __init__(self, fn, name):
-        self.fn, self.name = fn, name
-
-    def __repr__(self):
-        return f"Kernel({self.name})"
+_launch.set_dims_type(Dims, ctypes.sizeof(Dims), ctypes.alignment(Dims))
 
 
 def _op_label(op) -> str:
@@ -131,7 +71,17 @@ class Backend:
         self._kernels = {}
         self._modules = {}
         self._seeds = {}
+        self._dims = {}
+        self._blas_entry = None
         self._lock = threading.Lock()
+        # copies between host and device, counted: a training step makes none
+        # unless the user reads a value (memory_stats)
+        self.copies = {"htod": 0, "dtoh": 0, "dtod": 0, "memset": 0, "htod_bytes": 0, "dtoh_bytes": 0}
+        # the compiled per-call path: launches go straight to the driver's C
+        # entry point (cuLaunchKernel, or the emulator's compiled launcher)
+        self.launcher = Launcher(driver.launch_entry(), getattr(driver, "launched", None))
+        self.launch = self.launcher.launch
+        self.launch_n = self.launcher.launch_n
 
     def __repr__(self):
         return f"Backend({self.driver!r})"
@@ -142,21 +92,17 @@ class Backend:
 
     # ------------------------------------------------------------ arrays
     def empty(self, shape, dtype) -> DeviceArray:
-        out = DeviceArray(self, shape, dtype)
-        if out.nbytes:
-            out._block = block = self.pool.malloc(out.nbytes)
-            out.ptr = block.ptr
-        return out
+        return _launch.new_array(self.pool, self, shape, dtype)
 
     def zeros(self, shape, dtype) -> DeviceArray:
         out = self.empty(shape, dtype)
-        if out.nbytes:
-            self.driver.memset0(out.ptr, out.nbytes)
+        self.memset0(out)
         return out
 
     def ones_seed(self, shape, dtype) -> DeviceArray:
-        """Ones (the default output gradient of a backward); small ones are
-        uploaded once and shared: a seed is never written (slots do not own it)."""
+        """Ones (the default output gradient of a backward), filled on the
+        device; small ones are made once and shared: a seed is never written
+        (slots do not own it)."""
         key = (shape, dtype)
         out = self._seeds.get(key)
         if out is None:
@@ -168,16 +114,52 @@ class Backend:
         return out
 
     def full(self, shape, value, dtype) -> DeviceArray:
-        return self.to_device(np.full(shape, value, dtype))
+        """An array of ``value``, filled by a kernel (the value travels as a
+        kernel argument: no host-to-device copy)."""
+        out = self.empty(shape, dtype)
+        self.fill(out, value)
+        return out
 
     def to_device(self, host, dtype=None) -> DeviceArray:
         host = np.asarray(host, dtype=dtype, order="C")     # keeps 0-d (ascontiguousarray would not)
         if host.dtype == object:
             raise TypeError("cuda: arrays of Python objects cannot live on the GPU")
         out = self.empty(host.shape, host.dtype)
-        if out.nbytes:
-            self.driver.htod(out.ptr, host)
+        self.copy_to_device(out.ptr, host)
         return out
+
+    # ------------------------------------------------------------ copies (counted)
+    def copy_to_device(self, ptr: int, host: np.ndarray) -> None:
+        """Host-to-device copy of ``host`` (C-contiguous) to address ``ptr``."""
+        if host.nbytes:
+            self.copies["htod"] += 1
+            self.copies["htod_bytes"] += host.nbytes
+            self.driver.htod(ptr, host)
+
+    def copy_to_host(self, host: np.ndarray, ptr: int) -> None:
+        """Device-to-host copy from address ``ptr`` into ``host`` (C-contiguous)."""
+        if host.nbytes:
+            self.copies["dtoh"] += 1
+            self.copies["dtoh_bytes"] += host.nbytes
+            self.driver.dtoh(host, ptr)
+
+    def copy_on_device(self, dst: int, src: int, nbytes: int) -> None:
+        if nbytes:
+            self.copies["dtod"] += 1
+            self.driver.dtod(dst, src, nbytes)
+
+    def memset0(self, x: DeviceArray) -> None:
+        if x.nbytes:
+            self.copies["memset"] += 1
+            self.driver.memset0(x.ptr, x.nbytes)
+
+    def memory_stats(self) -> dict:
+        """The allocator's statistics and the copies made so far (see
+        ``gradcore.cuda.memory_stats``)."""
+        stats = self.pool.stats()
+        stats.update(self.copies)
+        stats["launches"] = self.launcher.launches
+        return stats
 
     def asarray(self, x, dtype=None) -> DeviceArray:
         """``x`` as a DeviceArray: device arrays as they are (cast to
@@ -197,6 +179,15 @@ class Backend:
         if len(shape) > MAX_DIMS:
             raise ValueError(f"cuda kernels take at most {MAX_DIMS} dimensions, got shape {shape}")
         return Dims(len(shape), (ctypes.c_longlong * MAX_DIMS)(*shape))
+
+    def dims_of(self, shape) -> Dims:
+        """``dims(shape)``, made once per shape (a Dims is never written)."""
+        d = self._dims.get(shape)
+        if d is None:
+            if len(self._dims) > 4096:
+                self._dims.clear()
+            d = self._dims[shape] = self.dims(shape)
+        return d
 
     @staticmethod
     def ctype(dtype) -> str:
@@ -233,27 +224,40 @@ class Backend:
             module = self._modules.get(src)
             if module is None:
                 module = self._modules[src] = self.driver.load(name, src)
-            k = self._kernels[key] = Kernel(self.driver.function(module, name), name)
+            fn = self.driver.function(module, name)
+            mode, handle = self.driver.kernel_handle(fn)
+            k = self._kernels[key] = Kernel(name, fn, handle, mode)
         return k
 
-    def launch(self, kernel: Kernel, grid, block, *args, shared: int = 0) -> None:
-        self.driver.launch(kernel.fn, grid, block, pack_params(args), shared)
-
-    def launch_n(self, kernel: Kernel, n: int, *args) -> None:
-        """Launch with one thread per element of ``n`` (1-D grid; the
-        standard kernels are grid-stride loops, so any grid is correct)."""
-        if n <= 0:
-            return
-        t = self.threads
-        grid = min((n + t - 1) // t, 2 ** 31 - 1)
-        self.launch(kernel, (grid, 1, 1), (t, 1, 1), *args)
+    # launch(kernel, grid, block, *args, shared=0) and launch_n(kernel, n, *args)
+    # (one thread per element of n, 1-D grid of 256-thread blocks; the standard
+    # kernels are grid-stride loops) are the compiled Launcher's, bound in __init__
 
     def synchronize(self) -> None:
         self.driver.synchronize()
 
     def gemm(self, transa: bool, transb: bool, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
              beta, c, ldc, stride_c, batch, dtype) -> None:
-        """cuBLAS ``<S|D>gemmStridedBatched`` (column-major), pointers as ints."""
+        """cuBLAS ``<S|D>gemmStridedBatched`` (column-major), pointers as ints:
+        through C function pointers where the driver has them (a GPU), else
+        the driver's ``gemm`` (the emulator's NumPy shim)."""
+        entry = self._blas_entry
+        if entry is None:
+            blas_entry = getattr(self.driver, "blas_entry", None)
+            entry = self._blas_entry = blas_entry() if blas_entry is not None else False
+        if entry:
+            dtype = np.dtype(dtype)
+            if dtype.kind != "f" or dtype.itemsize not in (4, 8):
+                raise TypeError(f"cuBLAS GEMM: no kernel for {dtype}")
+            handle, sgemm, dgemm = entry
+            double = dtype.itemsize == 8
+            status = _launch.gemm(dgemm if double else sgemm, handle, transa, transb, m, n, k, alpha, a, lda,
+                                  stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch, double)
+            if status:
+                from .blas import check_status
+                check_status(status, f"{'D' if double else 'S'}gemmStridedBatched(m={m}, n={n}, k={k}, "
+                                      f"batch={batch})")
+            return
         self.driver.gemm(bool(transa), bool(transb), int(m), int(n), int(k), float(alpha), int(a), int(lda),
                          int(stride_a), int(b), int(ldb), int(stride_b), float(beta), int(c), int(ldc),
                          int(stride_c), int(batch), np.dtype(dtype))
@@ -283,10 +287,11 @@ class Backend:
         return Reduce(mode, axis, keepdims).cuda(self, x)
 
     def fill(self, x: DeviceArray, value) -> None:
-        if x.nbytes:
-            src = self.to_device(np.full((), value, x.dtype))
-            filled = self.broadcast_to(src, x.shape)
-            self.driver.dtod(x.ptr, filled.ptr, x.nbytes)
+        """Set every element of ``x`` to ``value`` (a kernel argument)."""
+        if x.size:
+            ctype = self.ctype(x.dtype)
+            kernel = self.kernel(_FILL, ctype, source=_fill_source(ctype))
+            self.launch_n(kernel, x.size, x, x.dtype.type(value), x.size)
 
     def elementwise(self, mode: str, *operands) -> DeviceArray:
         """An ``Elemwise(mode)`` on device arrays and Python/NumPy scalars
@@ -318,8 +323,26 @@ class Backend:
                              f"shape {target.shape}")
         value = self.cast(value, target.dtype)
         if value.nbytes and value.ptr != target.ptr:
-            self.driver.dtod(target.ptr, value.ptr, value.nbytes)
+            self.copy_on_device(target.ptr, value.ptr, value.nbytes)
         return target
+
+
+class _Fill:
+    """The kernel-cache identity of the fill kernel (not an op)."""
+
+    def _name(self):
+        return "fill"
+
+
+_FILL = _Fill()
+
+
+def _fill_source(ctype: str) -> str:
+    """CUDA C of ``gc_fill_<type>(T* y, T value, long long n)``: y[:n] = value."""
+    tag = ctype.replace(" ", "_")
+    return (f'extern "C" __global__ void gc_fill_{tag}({ctype}* y, {ctype} value, long long n) {{\n'
+            f'    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n'
+            f'         i += (long long)blockDim.x * gridDim.x) y[i] = value;\n}}\n')
 
 
 def _weak_scalar(value, dtype):

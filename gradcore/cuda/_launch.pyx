@@ -1,0 +1,359 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The per-call part of the CUDA backend, compiled: kernel launches (argument
+packing in the CUDA ABI's layout into a C buffer, then one call through a C
+function pointer), the caching device allocator, and cuBLAS GEMMs through
+function pointers. Contract: ``_launch.pxd``.
+
+On a GPU the entry point is libcuda's ``cuLaunchKernel`` (its address found
+once with dlopen/dlsym by the driver) and a kernel's handle is the
+``CUfunction`` of PyCUDA's ``Function``; on the host emulator each kernel's
+handle is the address of its compiled C launcher. Either way nothing of
+PyCUDA's Python objects is touched per call.
+"""
+from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy, memset
+
+import numpy as np
+
+from .array import DeviceArray
+
+cdef extern from *:
+    """
+    typedef int (*gc_cu_launch_t)(void* f, unsigned gx, unsigned gy, unsigned gz,
+                                  unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                  void* stream, void** params, void** extra);
+    typedef void (*gc_host_launch_t)(const unsigned* grid, const unsigned* block, const char* params);
+    typedef int (*gc_gemm_f_t)(void* h, int ta, int tb, int m, int n, int k, const float* alpha,
+                               const float* a, int lda, long long sa, const float* b, int ldb, long long sb,
+                               const float* beta, float* c, int ldc, long long sc, int batch);
+    typedef int (*gc_gemm_d_t)(void* h, int ta, int tb, int m, int n, int k, const double* alpha,
+                               const double* a, int lda, long long sa, const double* b, int ldb, long long sb,
+                               const double* beta, double* c, int ldc, long long sc, int batch);
+    """
+    ctypedef int (*gc_cu_launch_t)(void* f, unsigned gx, unsigned gy, unsigned gz,
+                                   unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                   void* stream, void** params, void** extra)
+    ctypedef void (*gc_host_launch_t)(const unsigned* grid, const unsigned* block, const char* params)
+    ctypedef int (*gc_gemm_f_t)(void* h, int ta, int tb, int m, int n, int k, const float* alpha,
+                                const float* a, int lda, long long sa, const float* b, int ldb, long long sb,
+                                const float* beta, float* c, int ldc, long long sc, int batch)
+    ctypedef int (*gc_gemm_d_t)(void* h, int ta, int tb, int m, int n, int k, const double* alpha,
+                                const double* a, int lda, long long sa, const double* b, int ldb, long long sb,
+                                const double* beta, double* c, int ldc, long long sc, int batch)
+
+DEF PARAM_BYTES = 4096
+DEF THREADS = 256
+
+# numpy scalar type -> (size, alignment, kind): 'f' float, 'd' double, 'i' signed, 'u' unsigned, 'b' bool
+cdef dict _SCALARS = {}
+for _t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+           np.uint64, np.bool_):
+    _d = np.dtype(_t)
+    _SCALARS[_t] = (_d.itemsize, _d.alignment, "f" if _t is np.float32 else "d" if _t is np.float64
+                    else "b" if _t is np.bool_ else _d.kind)
+
+cdef object _Dims = None        # runtime.Dims (a ctypes Structure), set by runtime
+cdef Py_ssize_t _dims_size = 0, _dims_align = 8
+
+
+def set_dims_type(dims_type, Py_ssize_t size, Py_ssize_t align):
+    """Tell the packer the ``gc_dims`` struct type (gradcore.cuda.runtime.Dims)."""
+    global _Dims, _dims_size, _dims_align
+    _Dims, _dims_size, _dims_align = dims_type, size, align
+
+
+cdef inline Py_ssize_t _align(char* buf, Py_ssize_t off, Py_ssize_t a):
+    """``off`` rounded up to ``a``; the padding zeroed (deterministic buffers)."""
+    cdef Py_ssize_t aligned = (off + a - 1) // a * a
+    if aligned != off and aligned <= PARAM_BYTES:
+        memset(buf + off, 0, aligned - off)
+    return aligned
+
+
+cdef Py_ssize_t _pack_into(char* buf, tuple args) except -1:
+    """Write ``args`` into ``buf`` as the CUDA ABI lays out kernel parameters;
+    the bytes written."""
+    cdef Py_ssize_t off = 0, i = 0, size, align
+    cdef unsigned long long p
+    cdef long long q
+    cdef float f
+    cdef double d
+    cdef object t, spec
+    cdef bytes raw
+    for a in args:
+        t = type(a)
+        if t is DeviceArray:
+            p = <unsigned long long>a.ptr
+            if p == 0 and a.size:
+                raise ValueError(f"a shape-only array (no device memory) of shape {a.shape} cannot be read by a kernel")
+            off = _align(buf, off, 8)
+            if off + 8 > PARAM_BYTES:
+                break
+            memcpy(buf + off, &p, 8)
+            off += 8
+        elif t is int:
+            q = a
+            off = _align(buf, off, 8)
+            if off + 8 > PARAM_BYTES:
+                break
+            memcpy(buf + off, &q, 8)
+            off += 8
+        elif a is None:
+            off = _align(buf, off, 8)
+            if off + 8 > PARAM_BYTES:
+                break
+            memset(buf + off, 0, 8)
+            off += 8
+        elif t is _Dims:
+            raw = bytes(a)
+            off = _align(buf, off, _dims_align)
+            if off + _dims_size > PARAM_BYTES:
+                break
+            memcpy(buf + off, <char*>raw, _dims_size)
+            off += _dims_size
+        else:
+            spec = _SCALARS.get(t)
+            if spec is None:
+                if t is bool:
+                    raise TypeError(f"kernel argument {i}: pass np.bool_({a}) (a bool is ambiguous)")
+                if t is float:
+                    raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), the kernel's C type")
+                if isinstance(a, DeviceArray):
+                    t = DeviceArray
+                raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
+            size, align, kind = spec
+            off = _align(buf, off, align)
+            if off + size > PARAM_BYTES:
+                break
+            if kind == "f":
+                f = a
+                memcpy(buf + off, &f, 4)
+            elif kind == "d":
+                d = a
+                memcpy(buf + off, &d, 8)
+            else:
+                q = int(a)
+                memcpy(buf + off, &q, size)     # little-endian: the low bytes
+            off += size
+        i += 1
+    else:
+        return off
+    raise ValueError(f"kernel arguments take more than {PARAM_BYTES} bytes")
+
+
+def pack_params(args) -> bytes:
+    """Kernel arguments as one buffer in the CUDA ABI's layout: each
+    parameter at an offset aligned to its own alignment, in order."""
+    cdef char buf[PARAM_BYTES]
+    cdef Py_ssize_t n = _pack_into(buf, tuple(args))
+    return buf[:n]
+
+
+cdef class Kernel:
+    """A loaded kernel: its C handle and how to launch it (see _launch.pxd)."""
+
+    def __init__(self, name, fn, uintptr_t handle, str mode):
+        if mode not in ("cuda", "host"):
+            raise ValueError(f"kernel {name}: launch mode {mode!r}, expected 'cuda' or 'host'")
+        if handle == 0:
+            raise ValueError(f"kernel {name}: a null handle")
+        self.name, self.fn, self.handle = name, fn, <void*>handle
+        self.mode = MODE_CUDA if mode == "cuda" else MODE_HOST
+
+    def __repr__(self):
+        return f"Kernel({self.name})"
+
+
+cdef class Launcher:
+    """Launches ``Kernel``s (see _launch.pxd). ``cu_launch_address`` is the
+    address of ``cuLaunchKernel`` (0 on the host emulator)."""
+
+    def __init__(self, uintptr_t cu_launch_address=0, trace=None):
+        self.cu_launch = <void*>cu_launch_address
+        self.trace = trace
+        self.dry_run = False
+        self.launches = 0
+
+    cdef Py_ssize_t pack(self, tuple args) except -1:
+        return _pack_into(self.buf, args)
+
+    cdef int submit(self, Kernel k, unsigned* g, unsigned* b, Py_ssize_t size, unsigned shared) except -1:
+        cdef size_t nbytes = size
+        cdef void* extra[5]
+        cdef int status
+        if b[0] * b[1] * b[2] > 1024 or b[2] > 64 or b[0] < 1 or b[1] < 1 or b[2] < 1:
+            raise RuntimeError(f"{k.name}: invalid block ({b[0]}, {b[1]}, {b[2]}) (at most 1024 threads, z at most 64)")
+        if not (1 <= g[0] < 2147483648u and 1 <= g[1] <= 65535 and 1 <= g[2] <= 65535):
+            raise RuntimeError(f"{k.name}: invalid grid ({g[0]}, {g[1]}, {g[2]})")
+        self.launches += 1
+        if self.trace is not None:
+            self.trace.append(k.name)
+        if self.dry_run:
+            return 0
+        if k.mode == MODE_HOST:
+            (<gc_host_launch_t>k.handle)(g, b, self.buf)
+            return 0
+        if self.cu_launch == NULL:
+            raise RuntimeError(f"{k.name}: no cuLaunchKernel entry point for a CUDA kernel")
+        extra[0] = <void*>1              # CU_LAUNCH_PARAM_BUFFER_POINTER
+        extra[1] = <void*>self.buf
+        extra[2] = <void*>2              # CU_LAUNCH_PARAM_BUFFER_SIZE
+        extra[3] = <void*>&nbytes
+        extra[4] = <void*>0              # CU_LAUNCH_PARAM_END
+        status = (<gc_cu_launch_t>self.cu_launch)(k.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared,
+                                                  NULL, NULL, extra)
+        if status != 0:
+            raise RuntimeError(f"{k.name}: cuLaunchKernel failed (CUresult {status}) with grid "
+                               f"({g[0]}, {g[1]}, {g[2]}), block ({b[0]}, {b[1]}, {b[2]})")
+        return 0
+
+    def launch(self, Kernel kernel, grid, block, *args, unsigned shared=0):
+        """Launch ``kernel`` on ``grid`` x ``block`` (tuples of 1 to 3 ints)."""
+        cdef unsigned g[3]
+        cdef unsigned b[3]
+        cdef Py_ssize_t i, n
+        g[0] = g[1] = g[2] = b[0] = b[1] = b[2] = 1
+        n = len(grid)
+        if n > 3 or len(block) > 3:
+            raise ValueError(f"{kernel.name}: grid {grid} and block {block} take at most 3 dimensions")
+        for i in range(n):
+            g[i] = grid[i]
+        for i in range(len(block)):
+            b[i] = block[i]
+        size = _pack_into(self.buf, args)
+        self.submit(kernel, g, b, size, shared)
+
+    def launch_n(self, Kernel kernel, long long n, *args):
+        """Launch with one thread per element of ``n`` (1-D grid of 256-thread
+        blocks; the standard kernels are grid-stride loops)."""
+        cdef unsigned g[3]
+        cdef unsigned b[3]
+        cdef long long blocks
+        if n <= 0:
+            return
+        blocks = (n + THREADS - 1) // THREADS
+        g[0] = <unsigned>(blocks if blocks < 2147483647 else 2147483647)
+        g[1] = g[2] = b[1] = b[2] = 1
+        b[0] = THREADS
+        size = _pack_into(self.buf, args)
+        self.submit(kernel, g, b, size, 0)
+
+
+# ---------------------------------------------------------------- the caching allocator
+DEF SMALL = 1 << 20
+
+
+cpdef Py_ssize_t size_class(Py_ssize_t nbytes):
+    """The allocation size serving a request of ``nbytes``: multiples of 512
+    bytes below 1 MiB, then 8 steps per power of two (at most 12.5% slack)."""
+    cdef Py_ssize_t step
+    if nbytes <= 0:
+        return 512
+    if nbytes < SMALL:
+        return (nbytes + 511) & ~511
+    step = (<Py_ssize_t>1) << ((<object>nbytes).bit_length() - 4)
+    return (nbytes + step - 1) // step * step
+
+
+cdef class Block:
+    """A device allocation lent by the pool; back to the pool's free list
+    when the last reference (an array, its views) goes."""
+
+    def __int__(self):
+        return self.ptr
+
+    def __dealloc__(self):
+        if self.pool is not None:
+            self.pool.give_back(self.alloc, self.size)
+            self.pool = None
+
+
+cdef class MemoryPool:
+    """Device blocks cached per size class. Every kernel and copy of the
+    backend runs on the one (default) stream, so a block given back on the
+    host may be handed out again at once: work queued on it before is
+    ordered before any later use (stream-ordered reuse)."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.free_lists = {}
+        self.in_use_bytes = self.cached_bytes = self.peak_bytes = 0
+        self.driver_allocs = self.driver_frees = self.reuses = 0
+
+    cpdef Block malloc(self, Py_ssize_t nbytes):
+        """A block of at least ``nbytes``: a cached one of its size class,
+        else a new one from the driver (on out-of-memory, the cache is
+        released and the allocation tried once more)."""
+        cdef Py_ssize_t size = size_class(nbytes)
+        cdef list bucket = self.free_lists.get(size)
+        cdef Block block = Block.__new__(Block)
+        if bucket:
+            block.alloc = bucket.pop()
+            self.cached_bytes -= size
+            self.reuses += 1
+        else:
+            try:
+                block.alloc = self.driver.alloc(size)
+            except MemoryError:
+                self.empty_cache()
+                block.alloc = self.driver.alloc(size)      # a second failure propagates
+            self.driver_allocs += 1
+        block.ptr = int(block.alloc)
+        block.size = size
+        block.pool = self
+        self.in_use_bytes += size
+        if self.in_use_bytes > self.peak_bytes:
+            self.peak_bytes = self.in_use_bytes
+        return block
+
+    cdef void give_back(self, object alloc, Py_ssize_t size):
+        bucket = self.free_lists.get(size)
+        if bucket is None:
+            self.free_lists[size] = [alloc]
+        else:
+            (<list>bucket).append(alloc)
+        self.in_use_bytes -= size
+        self.cached_bytes += size
+
+    def empty_cache(self) -> int:
+        """Return every cached block to the driver; the bytes freed."""
+        free, self.free_lists = self.free_lists, {}
+        freed, self.cached_bytes = self.cached_bytes, 0
+        for allocs in free.values():
+            for alloc in allocs:
+                self.driver.free(alloc)
+                self.driver_frees += 1
+        return freed
+
+    def stats(self) -> dict:
+        """Bytes in use / cached / at peak, driver allocations and frees, reuses."""
+        return {"in_use_bytes": self.in_use_bytes, "cached_bytes": self.cached_bytes,
+                "peak_bytes": self.peak_bytes, "driver_allocs": self.driver_allocs,
+                "driver_frees": self.driver_frees, "reuses": self.reuses}
+
+
+def new_array(MemoryPool pool, backend, shape, dtype):
+    """An uninitialised ``DeviceArray`` of ``shape``/``dtype`` from ``pool``."""
+    out = DeviceArray(backend, shape, dtype)
+    cdef Block block
+    if out.nbytes:
+        block = pool.malloc(out.nbytes)
+        out._block = block
+        out.ptr = block.ptr
+    return out
+
+
+# ---------------------------------------------------------------- cuBLAS
+def gemm(uintptr_t fn, uintptr_t handle, bint transa, bint transb, int m, int n, int k, double alpha,
+         uintptr_t a, int lda, long long stride_a, uintptr_t b, int ldb, long long stride_b, double beta,
+         uintptr_t c, int ldc, long long stride_c, int batch, bint double_precision):
+    """``cublas<S|D>gemmStridedBatched`` at address ``fn`` on cuBLAS handle
+    ``handle``; the cublasStatus_t."""
+    cdef float fa = alpha, fb = beta
+    if double_precision:
+        return (<gc_gemm_d_t><void*>fn)(<void*>handle, transa, transb, m, n, k, &alpha, <const double*>a, lda,
+                                        stride_a, <const double*>b, ldb, stride_b, &beta, <double*>c, ldc,
+                                        stride_c, batch)
+    return (<gc_gemm_f_t><void*>fn)(<void*>handle, transa, transb, m, n, k, &fa, <const float*>a, lda,
+                                    stride_a, <const float*>b, ldb, stride_b, &fb, <float*>c, ldc,
+                                    stride_c, batch)
