@@ -37,15 +37,16 @@ cdef class Launcher:
 cdef class Block:
     cdef readonly unsigned long long ptr
     cdef readonly Py_ssize_t size
-    cdef object alloc
     cdef MemoryPool pool
+    cdef public unsigned long long version      # bumped by every in-place write through the backend
     cdef object __weakref__
 
 
 cdef class MemoryPool:
     cdef readonly object driver
-    cdef dict free_lists
+    cdef dict free_lists                # size class -> [device address]
+    cdef dict allocations               # device address -> the driver's allocation object
     cdef public long long in_use_bytes, cached_bytes, peak_bytes
     cdef public long long driver_allocs, driver_frees, reuses
     cpdef Block malloc(self, Py_ssize_t nbytes)
-    cdef void give_back(self, object alloc, Py_ssize_t size)
+    cdef void give_back(self, unsigned long long ptr, Py_ssize_t size)

@@ -10,6 +10,7 @@ once with dlopen/dlsym by the driver) and a kernel's handle is the
 handle is the address of its compiled C launcher. Either way nothing of
 PyCUDA's Python objects is touched per call.
 """
+cimport cython
 from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy, memset
 
@@ -255,6 +256,7 @@ cpdef Py_ssize_t size_class(Py_ssize_t nbytes):
     return (nbytes + step - 1) // step * step
 
 
+@cython.no_gc_clear      # its pool must still be there when it is deallocated
 cdef class Block:
     """A device allocation lent by the pool; back to the pool's free list
     when the last reference (an array, its views) goes."""
@@ -264,19 +266,22 @@ cdef class Block:
 
     def __dealloc__(self):
         if self.pool is not None:
-            self.pool.give_back(self.alloc, self.size)
+            self.pool.give_back(self.ptr, self.size)
             self.pool = None
 
 
+@cython.no_gc_clear
 cdef class MemoryPool:
     """Device blocks cached per size class. Every kernel and copy of the
     backend runs on the one (default) stream, so a block given back on the
     host may be handed out again at once: work queued on it before is
-    ordered before any later use (stream-ordered reuse)."""
+    ordered before any later use (stream-ordered reuse). Free lists hold
+    addresses only; the driver's allocation objects stay in one table."""
 
     def __init__(self, driver):
         self.driver = driver
         self.free_lists = {}
+        self.allocations = {}
         self.in_use_bytes = self.cached_bytes = self.peak_bytes = 0
         self.driver_allocs = self.driver_frees = self.reuses = 0
 
@@ -288,17 +293,18 @@ cdef class MemoryPool:
         cdef list bucket = self.free_lists.get(size)
         cdef Block block = Block.__new__(Block)
         if bucket:
-            block.alloc = bucket.pop()
+            block.ptr = bucket.pop()
             self.cached_bytes -= size
             self.reuses += 1
         else:
             try:
-                block.alloc = self.driver.alloc(size)
+                alloc = self.driver.alloc(size)
             except MemoryError:
                 self.empty_cache()
-                block.alloc = self.driver.alloc(size)      # a second failure propagates
+                alloc = self.driver.alloc(size)      # a second failure propagates
+            block.ptr = int(alloc)
+            self.allocations[block.ptr] = alloc
             self.driver_allocs += 1
-        block.ptr = int(block.alloc)
         block.size = size
         block.pool = self
         self.in_use_bytes += size
@@ -306,12 +312,12 @@ cdef class MemoryPool:
             self.peak_bytes = self.in_use_bytes
         return block
 
-    cdef void give_back(self, object alloc, Py_ssize_t size):
+    cdef void give_back(self, unsigned long long ptr, Py_ssize_t size):
         bucket = self.free_lists.get(size)
         if bucket is None:
-            self.free_lists[size] = [alloc]
+            self.free_lists[size] = [ptr]
         else:
-            (<list>bucket).append(alloc)
+            (<list>bucket).append(ptr)
         self.in_use_bytes -= size
         self.cached_bytes += size
 
@@ -319,9 +325,9 @@ cdef class MemoryPool:
         """Return every cached block to the driver; the bytes freed."""
         free, self.free_lists = self.free_lists, {}
         freed, self.cached_bytes = self.cached_bytes, 0
-        for allocs in free.values():
-            for alloc in allocs:
-                self.driver.free(alloc)
+        for ptrs in free.values():
+            for ptr in ptrs:
+                self.driver.free(self.allocations.pop(ptr))
                 self.driver_frees += 1
         return freed
 

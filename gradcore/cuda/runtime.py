@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+import weakref
 from typing import Optional, Sequence
 
 import numpy as np
@@ -43,6 +44,7 @@ CTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
 
 
 _CTYPE_OF = {}      # dtype (or anything np.dtype accepts) -> C type
+_EXTENT_ON_UPLOAD = 1 << 16     # integer uploads up to this size record their [min, max]
 
 
 class Dims(ctypes.Structure):
@@ -72,6 +74,8 @@ class Backend:
         self._modules = {}
         self._seeds = {}
         self._dims = {}
+        self._scalars = {}
+        self._extents = {}
         self._blas_entry = None
         self._lock = threading.Lock()
         # copies between host and device, counted: a training step makes none
@@ -126,6 +130,10 @@ class Backend:
             raise TypeError("cuda: arrays of Python objects cannot live on the GPU")
         out = self.empty(host.shape, host.dtype)
         self.copy_to_device(out.ptr, host)
+        if host.dtype.kind in "iu" and 0 < host.size <= _EXTENT_ON_UPLOAD:
+            # labels and indices: their range is known now, so a range check
+            # later needs no copy back (index_extent)
+            self._remember_extent(out, np.array([host.min(), host.max()]))
         return out
 
     # ------------------------------------------------------------ copies (counted)
@@ -148,7 +156,36 @@ class Backend:
             self.copies["dtod"] += 1
             self.driver.dtod(dst, src, nbytes)
 
+    def index_extent(self, index: DeviceArray) -> np.ndarray:
+        """``[min, max]`` of an integer device array (empty when it is), on
+        the host: what a range check needs. Read once per content: cached
+        until the array's memory is written again (``Block.version``), so a
+        training step that reuses its labels makes no device-to-host copy."""
+        block = index._block
+        key = (index.ptr, index.shape, index.dtype)
+        hit = self._extents.get(key)
+        if hit is not None and hit[0]() is block and hit[1] == block.version:
+            return hit[2]
+        host = index.get()
+        extent = np.array([host.min(), host.max()]) if host.size else host.reshape(0)
+        self._remember_extent(index, extent)
+        return extent
+
+    def _remember_extent(self, index: DeviceArray, extent: np.ndarray) -> None:
+        block = index._block
+        if block is not None:
+            if len(self._extents) > 1024:
+                self._extents.clear()
+            self._extents[(index.ptr, index.shape, index.dtype)] = (weakref.ref(block), block.version, extent)
+
+    @staticmethod
+    def written(x: DeviceArray) -> None:
+        """Mark ``x``'s memory as written in place (invalidates ``index_extent``)."""
+        if x._block is not None:
+            x._block.version += 1
+
     def memset0(self, x: DeviceArray) -> None:
+        self.written(x)
         if x.nbytes:
             self.copies["memset"] += 1
             self.driver.memset0(x.ptr, x.nbytes)
@@ -288,9 +325,10 @@ class Backend:
 
     def fill(self, x: DeviceArray, value) -> None:
         """Set every element of ``x`` to ``value`` (a kernel argument)."""
+        self.written(x)
         if x.size:
             ctype = self.ctype(x.dtype)
-            kernel = self.kernel(_FILL, ctype, source=_fill_source(ctype))
+            kernel = self.kernel(_FILL, ctype, source=fill_source(ctype))
             self.launch_n(kernel, x.size, x, x.dtype.type(value), x.size)
 
     def elementwise(self, mode: str, *operands) -> DeviceArray:
@@ -298,9 +336,25 @@ class Backend:
         (scalars take the array's dtype, as NumPy's weak scalars do)."""
         from gradcore.ops.elemwise import Elemwise
         like = next(o for o in operands if isinstance(o, DeviceArray))
-        arrays = [o if isinstance(o, DeviceArray) else self.to_device(_weak_scalar(o, like.dtype))
-                  for o in operands]
+        arrays = [o if isinstance(o, DeviceArray) else self._operand(o, like.dtype) for o in operands]
         return Elemwise(mode).cuda(self, *arrays)
+
+    def _operand(self, value, like_dtype) -> DeviceArray:
+        host = _weak_scalar(value, like_dtype)
+        return self.to_device(host) if host.ndim else self.scalar(host.item(), host.dtype)
+
+    def scalar(self, value, dtype) -> DeviceArray:
+        """A 0-d device array of ``value``, filled by a kernel and cached per
+        (dtype, value): scalars in a step (a learning rate, a momentum) cost
+        no host-to-device copy. Never written (results go to new arrays)."""
+        dtype = np.dtype(dtype)
+        key = (dtype, type(value), value)
+        out = self._scalars.get(key)
+        if out is None:
+            if len(self._scalars) > 1024:
+                self._scalars.clear()
+            out = self._scalars[key] = self.full((), value, dtype)
+        return out
 
     def ufunc(self, ufunc, method, inputs, out, kwargs):
         """``__array_ufunc__``: NumPy ufuncs on device arrays, through the
@@ -322,6 +376,7 @@ class Backend:
             raise ValueError(f"cuda: cannot write a result of shape {value.shape} into an array of "
                              f"shape {target.shape}")
         value = self.cast(value, target.dtype)
+        self.written(target)
         if value.nbytes and value.ptr != target.ptr:
             self.copy_on_device(target.ptr, value.ptr, value.nbytes)
         return target
@@ -337,7 +392,7 @@ class _Fill:
 _FILL = _Fill()
 
 
-def _fill_source(ctype: str) -> str:
+def fill_source(ctype: str) -> str:
     """CUDA C of ``gc_fill_<type>(T* y, T value, long long n)``: y[:n] = value."""
     tag = ctype.replace(" ", "_")
     return (f'extern "C" __global__ void gc_fill_{tag}({ctype}* y, {ctype} value, long long n) {{\n'
@@ -417,6 +472,28 @@ def _forget_device_state():
     tensor_methods._scalars.clear()
 
 
+def memory_stats() -> dict:
+    """The CUDA backend's allocator statistics and copy counts, for debugging
+    host round-trips and memory use::
+
+        >>> import gradcore.cuda as gcuda                    # doctest: +SKIP
+        >>> s = gcuda.memory_stats()                         # doctest: +SKIP
+        >>> s["htod"], s["dtoh"], s["in_use_bytes"]          # doctest: +SKIP
+        (3, 1, 4096)
+
+    Keys: ``in_use_bytes``, ``cached_bytes``, ``peak_bytes``, ``driver_allocs``,
+    ``driver_frees``, ``reuses`` (the caching allocator); ``htod``, ``dtoh``
+    (host/device copies) with ``htod_bytes``, ``dtoh_bytes``; ``dtod`` and
+    ``memset`` (on the device); ``launches`` (kernels launched)."""
+    return backend().memory_stats()
+
+
+def empty_cache() -> int:
+    """Give the CUDA allocator's cached blocks back to the driver; the bytes freed.
+    Example: ``gradcore.cuda.empty_cache()``."""
+    return backend().pool.empty_cache()
+
+
 def unavailable_reason() -> Optional[str]:
     """None when ``cuda`` works here, else why not."""
     try:
@@ -426,5 +503,5 @@ def unavailable_reason() -> Optional[str]:
         return str(exc)
 
 
-__all__ = ["Backend", "Dims", "DeviceArray", "Kernel", "pack_params", "backend", "use",
+__all__ = ["Backend", "Dims", "DeviceArray", "Kernel", "pack_params", "backend", "use", "memory_stats", "empty_cache",
            "unavailable_reason", "CudaUnavailable", "CTYPES"]
