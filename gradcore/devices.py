@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from .cuda import runtime as _cuda_runtime
+
 
 def cuda_unavailable_reason() -> str:
     """Why ``cuda`` cannot be used here ("" when it can)."""
@@ -108,22 +110,19 @@ def copy_to(tensor, device):
     return _core.apply(Copy(device), tensor)[0]
 
 
-def nvcc_path():
-    """The path of ``nvcc`` (PATH, then ``$CUDA_HOME/bin``, then
-    ``/usr/local/cuda/bin``), or None. Compiling kernel sources needs it; a
-    GPU does not."""
-    import os
-    import shutil
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root:
-            cand = os.path.join(root, "bin", "nvcc")
-            if os.path.isfile(cand) and os.access(cand, os.X_OK):
-                return cand
-    return None
+# the toolkit lookup lives in the device layer (the kernel cache uses it)
+from .cuda.toolkit import is_nvcc_available, nvcc_path  # noqa: E402,F401
 
 
-def is_nvcc_available() -> bool:
-    return nvcc_path() is not None
+def standard_op(name: str):
+    """The op-library class the CUDA backend's array helpers run (``cast``,
+    ``broadcast_to``, ``transpose``, ``reduce``, elementwise arithmetic) or
+    the elementwise helpers' CUDA source: the device layer does not import
+    the op library, this layer hands it over (``runtime.install_standard_ops``)."""
+    from .ops import elemwise, reduce, shape
+    table = {"Cast": shape.Cast, "Broadcast": shape.Broadcast, "Transpose": shape.Transpose,
+             "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise, "CUDA_HELPERS": elemwise.CUDA_HELPERS}
+    return table[name]
+
+
+_cuda_runtime.install_standard_ops(standard_op)

@@ -12,6 +12,7 @@ from . import _core, graph
 from .op import OpError, TensorDesc
 from ._core import Tensor
 from .cuda.array import DeviceArray
+from .cuda import events as _device_events
 
 DEFAULT_FLOAT = np.dtype("float32")
 DEFAULT_INT = np.dtype("int32")
@@ -87,6 +88,8 @@ def _const_for(x, tensors, device):
 
 
 _scalars = {}
+# the cached device scalars belong to one backend: dropped when it changes
+_device_events.subscribe("backend_changed", _scalars.clear)
 
 
 def _device_scalar(x, dtype, device):

@@ -162,16 +162,3 @@ class PyCudaDriver:
             from .blas import Cublas
             self._blas = Cublas()
         self._blas.gemm_strided_batched(*args)
-
-
-def open_driver(kind: Optional[str] = None):
-    """The driver for ``kind``: "gpu" (PyCUDA), "emulator" (host), or None:
-    ``$GRADCORE_CUDA`` ("gpu"/"emulator"), else a GPU."""
-    import os
-    kind = kind or os.environ.get("GRADCORE_CUDA", "").strip().lower() or "gpu"
-    if kind == "gpu":
-        return PyCudaDriver()
-    if kind == "emulator":
-        from .emulator import HostDriver
-        return HostDriver()
-    raise CudaUnavailable(f"GRADCORE_CUDA={kind!r}: expected 'gpu' or 'emulator'")

@@ -157,7 +157,8 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
     ``ZerosLike`` is 0, so they fuse too. (A decomposition with a reduction
     keeps a non-elementwise node and is not fused.)
     """
-    from gradcore.ops.elemwise import Elemwise
+    from .runtime import standard_op
+    Elemwise = standard_op("Elemwise")
 
     if ctype is None:
         floats = {np.dtype(d.dtype) for d in graph.descs if np.dtype(d.dtype).kind == "f"}
@@ -260,7 +261,8 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
     loads = [f"        const {p.ctype} v{p.vid} = {p.name}[i];" for p in inputs]
     params = ([f"const {p.ctype}* __restrict__ {p.name}" for p in inputs]
               + [f"{o.ctype}* __restrict__ {o.name}" for o in outputs] + ["long long n"])
-    from gradcore.ops.elemwise import CUDA_HELPERS      # the rows' helper functions (gc_pow, ...)
+    from .runtime import standard_op
+    CUDA_HELPERS = standard_op("CUDA_HELPERS")      # the rows' helper functions (gc_pow, ...)
     source = CUDA_HELPERS + (
         f"// fused backward of {graph.op!r} ({len(graph.nodes)} nodes, {ctype})\n"
         f"extern \"C\" __global__ void {name}({', '.join(params)})\n"

@@ -28,10 +28,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import _launch
+from . import _launch, events
 from ._launch import Kernel, Launcher, pack_params
 from .array import DeviceArray
-from .driver import CudaUnavailable, open_driver
+from .driver import CudaUnavailable, PyCudaDriver
 from .memory import MemoryPool
 
 MAX_DIMS = 8
@@ -305,20 +305,20 @@ class Backend:
         return op.cuda(self, *arrays)
 
     def cast(self, x: DeviceArray, dtype) -> DeviceArray:
-        from gradcore.ops.shape import Cast
+        Cast = standard_op("Cast")
         return x if np.dtype(dtype) == x.dtype else Cast(dtype).cuda(self, x)
 
     def broadcast_to(self, x: DeviceArray, shape) -> DeviceArray:
-        from gradcore.ops.shape import Broadcast
+        Broadcast = standard_op("Broadcast")
         shape = tuple(shape)
         return x if x.shape == shape else Broadcast(shape).cuda(self, x)
 
     def transpose(self, x: DeviceArray, perm) -> DeviceArray:
-        from gradcore.ops.shape import Transpose
+        Transpose = standard_op("Transpose")
         return Transpose(tuple(perm)).cuda(self, x)
 
     def reduce(self, mode: str, x: DeviceArray, axis=None, keepdims: bool = False) -> DeviceArray:
-        from gradcore.ops.reduce import Reduce
+        Reduce = standard_op("Reduce")
         if isinstance(axis, list):
             axis = tuple(axis)
         return Reduce(mode, axis, keepdims).cuda(self, x)
@@ -334,7 +334,7 @@ class Backend:
     def elementwise(self, mode: str, *operands) -> DeviceArray:
         """An ``Elemwise(mode)`` on device arrays and Python/NumPy scalars
         (scalars take the array's dtype, as NumPy's weak scalars do)."""
-        from gradcore.ops.elemwise import Elemwise
+        Elemwise = standard_op("Elemwise")
         like = next(o for o in operands if isinstance(o, DeviceArray))
         arrays = [o if isinstance(o, DeviceArray) else self._operand(o, like.dtype) for o in operands]
         return Elemwise(mode).cuda(self, *arrays)
@@ -419,6 +419,19 @@ _UFUNC_MODES = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide
                 "floor": "floor", "ceil": "ceil"}
 
 
+def open_driver(kind: Optional[str] = None):
+    """The driver for ``kind``: "gpu" (PyCUDA), "emulator" (host), or None:
+    ``$GRADCORE_CUDA`` ("gpu"/"emulator"), else a GPU."""
+    import os
+    kind = kind or os.environ.get("GRADCORE_CUDA", "").strip().lower() or "gpu"
+    if kind == "gpu":
+        return PyCudaDriver()
+    if kind == "emulator":
+        from .emulator import HostDriver
+        return HostDriver()
+    raise CudaUnavailable(f"GRADCORE_CUDA={kind!r}: expected 'gpu' or 'emulator'")
+
+
 # ---------------------------------------------------------------- the process's backend
 _backend: Optional[Backend] = None
 _error: Optional[str] = None
@@ -466,10 +479,25 @@ def use(kind) -> Optional[Backend]:
 
 def _forget_device_state():
     """Backward graphs and scalar constants compiled for the previous
-    backend hold its arrays: drop them when the backend changes."""
-    from gradcore import graph, tensor_methods
-    graph.clear_cache()
-    tensor_methods._scalars.clear()
+    backend hold its arrays: their owners drop them (they subscribe)."""
+    events.publish("backend_changed")
+
+
+_standard_ops = None        # name -> op-library object, installed by gradcore.devices
+
+
+def install_standard_ops(lookup) -> None:
+    """Hand the device layer the op library's kernels its array helpers use
+    (``lookup(name)``, e.g. "Cast"); called by ``gradcore.devices``."""
+    global _standard_ops
+    _standard_ops = lookup
+
+
+def standard_op(name: str):
+    """The op-library object ``name`` (see ``install_standard_ops``)."""
+    if _standard_ops is None:
+        raise RuntimeError(f"cuda: the op library is not installed (import gradcore first); needed: {name}")
+    return _standard_ops(name)
 
 
 def memory_stats() -> dict:

@@ -102,7 +102,7 @@ class FakeCuda:
 
     def mem_alloc(self, nbytes):
         self._current()
-        return self.host.alloc(nbytes)
+        return _DeviceAllocation(self, self.host.alloc(nbytes))
 
     def memcpy_htod(self, dest, src):
         self._current()
@@ -127,6 +127,20 @@ class FakeCuda:
         self._current()
         ptx = bytes(buffer).decode()
         return _Module(self, ptx, self.sources[ptx])
+
+
+class _DeviceAllocation:
+    """PyCUDA's DeviceAllocation: ``int()`` is the address, ``free()`` gives it back."""
+
+    def __init__(self, fake, host_allocation):
+        self.fake, self.host_allocation = fake, host_allocation
+
+    def __int__(self):
+        return int(self.host_allocation)
+
+    def free(self):
+        self.fake._current()
+        self.fake.host.free(self.host_allocation)
 
 
 class _Module:

@@ -82,8 +82,8 @@ def test_conv2d_empty(cuda, matches_cpu, conv_path, xs, ws, padding):
 
 def test_conv2d_runs_on_cublas(cuda, monkeypatch):
     calls = []
-    real = cuda.driver.gemm
-    monkeypatch.setattr(cuda.driver, "gemm", lambda *a: (calls.append(a), real(*a))[1], raising=False)
+    real = cuda.gemm        # the backend's cuBLAS calls (on a GPU through C function pointers)
+    monkeypatch.setattr(cuda, "gemm", lambda *a: (calls.append(a), real(*a))[1], raising=False)
     x, w = _rand(2, 4, 5, 5), _rand(6, 2, 3, 3)
     got = F.conv2d(gc.Tensor(x, device="cuda"), gc.Tensor(w, device="cuda"), groups=2).numpy()
     np.testing.assert_allclose(got, F.conv2d(gc.Tensor(x), gc.Tensor(w), groups=2).numpy(), rtol=1e-4, atol=1e-5)
