@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .cuda import events as _cuda_events
 from .cuda import runtime as _cuda_runtime
 
 
@@ -41,31 +42,31 @@ def _no_cuda_kernel(op):
                                "run it on the cpu, or give the op a launcher next to its cuda_source")
 
 
-_launchers = {}
+_launchers = {}     # op -> its launcher bound to the current backend
 
 
 def kernel_for(op, device):
     """The kernel running ``op`` on ``device``: a callable on that device's
-    arrays. On cuda it runs the op's ``cuda(be, *arrays)`` launcher with the
-    backend current at call time (compiled backward graphs keep kernels)."""
+    arrays. On cuda it is the op's ``cuda(be, *arrays)`` launcher bound to
+    the current backend (rebound after ``gradcore.cuda.use``: the cache is
+    dropped on the device layer's ``backend_changed`` event)."""
     if device == "cpu":
         return op.cpu
     fn = _launchers.get(op)
     if fn is None:
-        require_cuda()
+        be = require_cuda()
         launcher = getattr(op, "cuda", None)
         if launcher is None:
             if getattr(op, "cuda_source", None) is None:
                 raise _no_cuda_kernel(op)
             launcher = functools.partial(elementwise_launcher, op)
-        from .cuda import runtime
-
-        def fn(*arrays, _launcher=launcher, _rt=runtime):
-            return _launcher(_rt._backend or _rt.backend(), *arrays)
         if len(_launchers) > 4096:
             _launchers.clear()
-        _launchers[op] = fn
+        fn = _launchers[op] = functools.partial(launcher, be)
     return fn
+
+
+_cuda_events.subscribe("backend_changed", _launchers.clear)
 
 
 def elementwise_launcher(op, be, *arrays):

@@ -407,6 +407,7 @@ def _sum_to(g, shape):
 
 
 def install():
+    from gradcore import devices
     from gradcore.ops.elemwise import Elemwise, modes
     _core._install_hooks(
         slow_apply=slow_apply,
@@ -414,7 +415,7 @@ def install():
         sum_to=_sum_to,
         add_op=Elemwise("add"),
         kernel_error=kernel_error,
-        kernel_for=kernel_for,
+        kernel_for=devices.kernel_for,      # called per op on cuda: no wrapper in between
         tensor_method=_HOOK_FNS.__getitem__,
         operator_ops={m: Elemwise(m) for m in modes()},
         device_array=DeviceArray,

@@ -338,14 +338,30 @@ cdef class MemoryPool:
                 "driver_frees": self.driver_frees, "reuses": self.reuses}
 
 
+cdef object _ndarray_dtype = np.dtype
+
+
 def new_array(MemoryPool pool, backend, shape, dtype):
-    """An uninitialised ``DeviceArray`` of ``shape``/``dtype`` from ``pool``."""
-    out = DeviceArray(backend, shape, dtype)
+    """An uninitialised ``DeviceArray`` of ``shape``/``dtype`` from ``pool``
+    (``DeviceArray.__init__``'s work, done here: it runs for every result)."""
     cdef Block block
-    if out.nbytes:
-        block = pool.malloc(out.nbytes)
+    cdef Py_ssize_t size = 1, nbytes
+    if type(shape) is not tuple:
+        shape = tuple(shape)
+    if not isinstance(dtype, _ndarray_dtype):
+        dtype = _ndarray_dtype(dtype)
+    for s in shape:
+        size *= <Py_ssize_t>s
+    nbytes = size * dtype.itemsize
+    out = DeviceArray.__new__(DeviceArray)
+    out.backend, out.shape, out.dtype, out.ndim, out.size, out.nbytes = backend, shape, dtype, len(shape), size, nbytes
+    if nbytes:
+        block = pool.malloc(nbytes)
         out._block = block
         out.ptr = block.ptr
+    else:
+        out._block = None
+        out.ptr = 0
     return out
 
 
