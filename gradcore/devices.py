@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .cuda import _launch as _cuda_launch
 from .cuda import events as _cuda_events
 from .cuda import runtime as _cuda_runtime
 
@@ -62,7 +63,11 @@ def kernel_for(op, device):
             launcher = functools.partial(elementwise_launcher, op)
         if len(_launchers) > 4096:
             _launchers.clear()
-        fn = _launchers[op] = functools.partial(launcher, be)
+        if type(op) is standard_op("Elemwise"):
+            # the commonest launcher, its usual case compiled (same plan, same arguments)
+            fn = _launchers[op] = _cuda_launch.ElementwiseLauncher(op, be)
+        else:
+            fn = _launchers[op] = functools.partial(launcher, be)
     return fn
 
 

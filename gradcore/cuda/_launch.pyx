@@ -379,3 +379,111 @@ def gemm(uintptr_t fn, uintptr_t handle, bint transa, bint transb, int m, int n,
     return (<gc_gemm_f_t><void*>fn)(<void*>handle, transa, transb, m, n, k, &fa, <const float*>a, lda,
                                     stride_a, <const float*>b, ldb, stride_b, &fb, <float*>c, ldc,
                                     stride_c, batch)
+
+
+# ---------------------------------------------------------------- the elementwise launcher, compiled
+cdef class ElementwiseLauncher:
+    """``Elemwise.cuda`` (ops/elemwise.py) for one op on one backend, with
+    its common case compiled: inputs already of the kernel's type and shape
+    (no cast, no broadcast copy). The op's own ``_cuda_plan`` decides, once
+    per signature of input shapes and dtypes; any other case runs the op's
+    Python launcher. Kernel arguments as the op's launcher passes them:
+    ``(x, x.size)`` per input, then the output and its size."""
+
+    cdef object op, backend, fallback
+    cdef dict plans
+    cdef Launcher launcher
+    cdef MemoryPool pool
+
+    def __init__(self, op, backend):
+        self.op, self.backend, self.fallback = op, backend, op.cuda
+        self.plans = {}
+        self.launcher, self.pool = backend.launcher, backend.pool
+
+    def __call__(self, *xs):
+        cdef Py_ssize_t n = len(xs)
+        cdef object plan, key
+        if n == 1:
+            key = (xs[0].shape, xs[0].dtype)
+        elif n == 2:
+            key = (xs[0].shape, xs[0].dtype, xs[1].shape, xs[1].dtype)
+        else:
+            key = tuple([(x.shape, x.dtype) for x in xs])
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self._plan(xs, key)
+        if plan is False:
+            return self.fallback(self.backend, *xs)
+        out_shape, out_dtype, size, kernel = <tuple>plan
+        y = new_array(self.pool, self.backend, out_shape, out_dtype)
+        if size:
+            if n == 1:
+                self.launcher.launch_n(kernel, size, xs[0], xs[0].size, y, size)
+            elif n == 2:
+                self.launcher.launch_n(kernel, size, xs[0], xs[0].size, xs[1], xs[1].size, y, size)
+            else:
+                args = []
+                for x in xs:
+                    args += [x, x.size]
+                self.launcher.launch_n(kernel, size, *args, y, size)
+        return y
+
+    def _plan(self, xs, key):
+        out_shape, out_dtype, size, casts, kernel, check_pow = self.op._cuda_plan(self.backend, xs)
+        fast = not check_pow and all(dtype is None and not expand for dtype, expand in casts)
+        if len(self.plans) > 256:
+            self.plans.clear()
+        plan = self.plans[key] = (out_shape, out_dtype, size, kernel) if fast else False
+        return plan
+
+
+# ---------------------------------------------------------------- fused backward launches, compiled
+cdef class FusedRunner:
+    """The raw backward of an all-elementwise backward graph on cuda: ONE
+    launch of its fused kernel (``gradcore.cuda.fusion.fused_runner`` builds
+    it and documents the layout). Called as ``runner(saved, grads)``."""
+
+    cdef tuple fetch                    # per parameter: (from the saved values?, index or None)
+    cdef tuple param_dtypes, out_dtypes, grad_order
+    cdef bint single
+    cdef object op, ctype, name, source
+    cdef dict compiled                  # backend -> Kernel
+    cdef public object fused_kernel
+
+    def __init__(self, op, ctype, name, source, fetch, param_dtypes, out_dtypes, grad_order, bint single):
+        self.op, self.ctype, self.name, self.source = op, ctype, name, source
+        self.fetch, self.param_dtypes, self.out_dtypes = tuple(fetch), tuple(param_dtypes), tuple(out_dtypes)
+        self.grad_order, self.single = tuple(grad_order), single
+        self.compiled = {}
+
+    def __call__(self, s, g):
+        cdef list params = []
+        cdef Py_ssize_t j
+        cdef bint same = True
+        for from_saved, i in self.fetch:
+            src = s if from_saved else g
+            params.append(src if i is None else src[i])
+        be = params[0].backend
+        k = self.compiled.get(be)
+        if k is None:
+            k = self.compiled[be] = be.kernel(self.op, self.ctype, name=self.name, source=self.source)
+        shape = params[0].shape
+        for p in params:
+            if p.shape != shape:
+                same = False
+                break
+        if same:
+            for j in range(len(params)):
+                if params[j].dtype != self.param_dtypes[j]:
+                    params[j] = be.cast(params[j], self.param_dtypes[j])
+        else:
+            shape = tuple(np.broadcast_shapes(*[p.shape for p in params]))
+            params = [be.broadcast_to(be.cast(p, dt), shape) for p, dt in zip(params, self.param_dtypes)]
+        pool = be.pool
+        outs = [new_array(pool, be, shape, dt) for dt in self.out_dtypes]
+        size = outs[0].size if outs else 0
+        be.launch_n(k, size, *params, *outs, size)
+        if self.single:
+            j0 = self.grad_order[0]
+            return None if j0 is None else outs[j0]
+        return tuple([None if j_ is None else outs[j_] for j_ in self.grad_order])
