@@ -43,35 +43,33 @@ def _no_cuda_kernel(op):
                                "run it on the cpu, or give the op a launcher next to its cuda_source")
 
 
-_launchers = {}     # op -> its launcher bound to the current backend
+def _make_cuda_launcher(op):
+    """``op``'s cuda launcher bound to the current backend (see ``kernel_for``)."""
+    be = require_cuda()
+    if type(op) is standard_op("Elemwise"):
+        # the commonest launcher, its usual case compiled (same plan, same arguments)
+        return _cuda_launch.ElementwiseLauncher(op, be)
+    launcher = getattr(op, "cuda", None)
+    if launcher is None:
+        if getattr(op, "cuda_source", None) is None:
+            raise _no_cuda_kernel(op)
+        launcher = functools.partial(elementwise_launcher, op)
+    return functools.partial(launcher, be)
+
+
+# op -> its launcher bound to the current backend; dropped when the backend changes
+kernel_table = _cuda_launch.LauncherTable(_make_cuda_launcher)
+_cuda_events.subscribe("backend_changed", kernel_table.clear)
 
 
 def kernel_for(op, device):
     """The kernel running ``op`` on ``device``: a callable on that device's
     arrays. On cuda it is the op's ``cuda(be, *arrays)`` launcher bound to
-    the current backend (rebound after ``gradcore.cuda.use``: the cache is
-    dropped on the device layer's ``backend_changed`` event)."""
-    if device == "cpu":
-        return op.cpu
-    fn = _launchers.get(op)
-    if fn is None:
-        be = require_cuda()
-        launcher = getattr(op, "cuda", None)
-        if launcher is None:
-            if getattr(op, "cuda_source", None) is None:
-                raise _no_cuda_kernel(op)
-            launcher = functools.partial(elementwise_launcher, op)
-        if len(_launchers) > 4096:
-            _launchers.clear()
-        if type(op) is standard_op("Elemwise"):
-            # the commonest launcher, its usual case compiled (same plan, same arguments)
-            fn = _launchers[op] = _cuda_launch.ElementwiseLauncher(op, be)
-        else:
-            fn = _launchers[op] = functools.partial(launcher, be)
-    return fn
+    the current backend (rebound after ``gradcore.cuda.use``). The core
+    calls ``kernel_table`` directly, its compiled form.
 
-
-_cuda_events.subscribe("backend_changed", _launchers.clear)
+    Example: ``kernel_for(Elemwise("mul"), "cpu")(a, b)`` is ``a * b``."""
+    return kernel_table(op, device)
 
 
 def elementwise_launcher(op, be, *arrays):

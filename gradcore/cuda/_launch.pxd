@@ -17,6 +17,14 @@ cdef enum LaunchMode:
     MODE_CUDA = 0
     MODE_HOST = 1
 
+cdef class DeviceArrayBase:
+    # the data of a DeviceArray (gradcore/cuda/array.py subclasses it with the methods)
+    cdef public object backend, shape, dtype, _block
+    cdef public Py_ssize_t size, ndim, nbytes
+    cdef public unsigned long long ptr
+    cdef object __weakref__
+
+
 cdef class Kernel:
     cdef readonly object name
     cdef readonly object fn             # the driver's own function object (kept alive)

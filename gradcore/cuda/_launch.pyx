@@ -16,7 +16,21 @@ from libc.string cimport memcpy, memset
 
 import numpy as np
 
-from .array import DeviceArray
+
+cdef class DeviceArrayBase:
+    """The fields of a ``DeviceArray`` (gradcore/cuda/array.py), as C fields:
+    read and written per call by the launch path."""
+
+
+cdef object _array_type = None      # gradcore.cuda.array.DeviceArray
+
+
+def set_array_type(array_type) -> None:
+    """The DeviceArray class ``new_array`` makes (set by gradcore/cuda/array.py)."""
+    global _array_type
+    if not issubclass(array_type, DeviceArrayBase):
+        raise TypeError(f"{array_type!r} does not derive from DeviceArrayBase")
+    _array_type = array_type
 
 cdef extern from *:
     """
@@ -83,9 +97,9 @@ cdef Py_ssize_t _pack_into(char* buf, tuple args) except -1:
     cdef bytes raw
     for a in args:
         t = type(a)
-        if t is DeviceArray:
-            p = <unsigned long long>a.ptr
-            if p == 0 and a.size:
+        if isinstance(a, DeviceArrayBase):
+            p = (<DeviceArrayBase>a).ptr
+            if p == 0 and (<DeviceArrayBase>a).size:
                 raise ValueError(f"a shape-only array (no device memory) of shape {a.shape} cannot be read by a kernel")
             off = _align(buf, off, 8)
             if off + 8 > PARAM_BYTES:
@@ -119,8 +133,6 @@ cdef Py_ssize_t _pack_into(char* buf, tuple args) except -1:
                     raise TypeError(f"kernel argument {i}: pass np.bool_({a}) (a bool is ambiguous)")
                 if t is float:
                     raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), the kernel's C type")
-                if isinstance(a, DeviceArray):
-                    t = DeviceArray
                 raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
             size, align, kind = spec
             off = _align(buf, off, align)
@@ -353,7 +365,7 @@ def new_array(MemoryPool pool, backend, shape, dtype):
     for s in shape:
         size *= <Py_ssize_t>s
     nbytes = size * dtype.itemsize
-    out = DeviceArray.__new__(DeviceArray)
+    cdef DeviceArrayBase out = _array_type.__new__(_array_type)
     out.backend, out.shape, out.dtype, out.ndim, out.size, out.nbytes = backend, shape, dtype, len(shape), size, nbytes
     if nbytes:
         block = pool.malloc(nbytes)
@@ -403,10 +415,13 @@ cdef class ElementwiseLauncher:
     def __call__(self, *xs):
         cdef Py_ssize_t n = len(xs)
         cdef object plan, key
+        cdef DeviceArrayBase a, b
         if n == 1:
-            key = (xs[0].shape, xs[0].dtype)
+            a = xs[0]
+            key = (a.shape, a.dtype)
         elif n == 2:
-            key = (xs[0].shape, xs[0].dtype, xs[1].shape, xs[1].dtype)
+            a, b = xs[0], xs[1]
+            key = (a.shape, a.dtype, b.shape, b.dtype)
         else:
             key = tuple([(x.shape, x.dtype) for x in xs])
         plan = self.plans.get(key)
@@ -487,3 +502,31 @@ cdef class FusedRunner:
             j0 = self.grad_order[0]
             return None if j0 is None else outs[j0]
         return tuple([None if j_ is None else outs[j_] for j_ in self.grad_order])
+
+
+# ---------------------------------------------------------------- the core's kernel lookup, compiled
+cdef class LauncherTable:
+    """``op -> kernel`` for the core's dispatch (``gradcore.devices.kernel_for``'s
+    compiled front): on cpu the op's ``cpu`` kernel; on cuda the launcher
+    cached per op, made by ``make(op)`` on a miss."""
+
+    cdef dict table
+    cdef object make
+
+    def __init__(self, make):
+        self.table, self.make = {}, make
+
+    def __call__(self, op, device):
+        if device == "cpu":
+            return op.cpu
+        fn = self.table.get(op)
+        if fn is None:
+            fn = self.make(op)
+            if len(self.table) > 4096:
+                self.table.clear()
+            self.table[op] = fn
+        return fn
+
+    def clear(self) -> None:
+        """Forget every launcher (the backend changed)."""
+        self.table.clear()

@@ -21,6 +21,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from ._launch import DeviceArrayBase, set_array_type
+
 
 def _normalize_shape(shape, size: int) -> Tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -38,10 +40,12 @@ def _normalize_shape(shape, size: int) -> Tuple[int, ...]:
     return shape
 
 
-class DeviceArray:
-    """A C-contiguous array on the ``cuda`` device (see the module docstring)."""
+class DeviceArray(DeviceArrayBase):
+    """A C-contiguous array on the ``cuda`` device (see the module docstring).
+    Its fields (backend, shape, dtype, size, ndim, nbytes, ptr, _block) are
+    C fields of ``_launch.DeviceArrayBase``: the launch path reads them per call."""
 
-    __slots__ = ("backend", "shape", "dtype", "size", "ndim", "nbytes", "ptr", "_block", "__weakref__")
+    __slots__ = ()
     __array_priority__ = 2000
 
     def __init__(self, backend, shape, dtype, block=None, offset: int = 0):
@@ -176,3 +180,6 @@ class DeviceArray:
     def __isub__(self, o): return self._inplace("sub", o)
     def __imul__(self, o): return self._inplace("mul", o)
     def __itruediv__(self, o): return self._inplace("div", o)
+
+
+set_array_type(DeviceArray)
