@@ -16,6 +16,7 @@
 cdef enum LaunchMode:
     MODE_CUDA = 0
     MODE_HOST = 1
+    MODE_PYTHON = 2                     # fallback: the driver's Python launch(fn, grid, block, bytes, shared)
 
 cdef class DeviceArrayBase:
     # the data of a DeviceArray (gradcore/cuda/array.py subclasses it with the methods)
@@ -37,6 +38,7 @@ cdef class Launcher:
     cdef public bint dry_run
     cdef public unsigned long long launches
     cdef public object trace            # a deque of kernel names, or None
+    cdef object python_launch           # the driver's launch, for MODE_PYTHON kernels
     cdef char[4096] buf
     cdef Py_ssize_t pack(self, tuple args) except -1
     cdef int submit(self, Kernel k, unsigned* grid, unsigned* block, Py_ssize_t size, unsigned shared) except -1

@@ -166,24 +166,30 @@ cdef class Kernel:
     """A loaded kernel: its C handle and how to launch it (see _launch.pxd)."""
 
     def __init__(self, name, fn, uintptr_t handle, str mode):
-        if mode not in ("cuda", "host"):
-            raise ValueError(f"kernel {name}: launch mode {mode!r}, expected 'cuda' or 'host'")
-        if handle == 0:
+        if mode not in ("cuda", "host", "python"):
+            raise ValueError(f"kernel {name}: launch mode {mode!r}, expected 'cuda', 'host' or 'python'")
+        if handle == 0 and mode != "python":
             raise ValueError(f"kernel {name}: a null handle")
         self.name, self.fn, self.handle = name, fn, <void*>handle
-        self.mode = MODE_CUDA if mode == "cuda" else MODE_HOST
+        self.mode = MODE_CUDA if mode == "cuda" else MODE_HOST if mode == "host" else MODE_PYTHON
+
+    @property
+    def launch_mode(self) -> str:
+        """"cuda" (cuLaunchKernel), "host" (the emulator's C launcher) or "python" (the driver's launch)."""
+        return ("cuda", "host", "python")[<int>self.mode]
 
     def __repr__(self):
-        return f"Kernel({self.name})"
+        return f"Kernel({self.name}, {self.launch_mode})"
 
 
 cdef class Launcher:
     """Launches ``Kernel``s (see _launch.pxd). ``cu_launch_address`` is the
     address of ``cuLaunchKernel`` (0 on the host emulator)."""
 
-    def __init__(self, uintptr_t cu_launch_address=0, trace=None):
+    def __init__(self, uintptr_t cu_launch_address=0, trace=None, python_launch=None):
         self.cu_launch = <void*>cu_launch_address
         self.trace = trace
+        self.python_launch = python_launch
         self.dry_run = False
         self.launches = 0
 
@@ -205,6 +211,9 @@ cdef class Launcher:
             return 0
         if k.mode == MODE_HOST:
             (<gc_host_launch_t>k.handle)(g, b, self.buf)
+            return 0
+        if k.mode == MODE_PYTHON:
+            self.python_launch(k.fn, (g[0], g[1], g[2]), (b[0], b[1], b[2]), self.buf[:size], shared)
             return 0
         if self.cu_launch == NULL:
             raise RuntimeError(f"{k.name}: no cuLaunchKernel entry point for a CUDA kernel")

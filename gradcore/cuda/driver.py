@@ -137,8 +137,11 @@ class PyCudaDriver:
 
     def kernel_handle(self, function):
         """("cuda", the CUfunction of a PyCUDA ``Function``): launched by
-        ``cuLaunchKernel`` with the packed parameter buffer."""
-        return "cuda", int(function.handle)
+        ``cuLaunchKernel`` with the packed parameter buffer. A PyCUDA whose
+        ``Function`` does not expose its handle gets ("python", 0): launched
+        through ``launch`` below (PyCUDA's ``_launch_kernel``), slower."""
+        handle = getattr(function, "handle", None)
+        return ("cuda", int(handle)) if handle else ("python", 0)
 
     def blas_entry(self):
         """(cuBLAS handle, address of SgemmStridedBatched, of DgemmStridedBatched)."""

@@ -83,7 +83,7 @@ class Backend:
         self.copies = {"htod": 0, "dtoh": 0, "dtod": 0, "memset": 0, "htod_bytes": 0, "dtoh_bytes": 0}
         # the compiled per-call path: launches go straight to the driver's C
         # entry point (cuLaunchKernel, or the emulator's compiled launcher)
-        self.launcher = Launcher(driver.launch_entry(), getattr(driver, "launched", None))
+        self.launcher = Launcher(driver.launch_entry(), getattr(driver, "launched", None), driver.launch)
         self.launch = self.launcher.launch
         self.launch_n = self.launcher.launch_n
 
