@@ -278,6 +278,7 @@ cpdef Py_ssize_t size_class(Py_ssize_t nbytes):
 
 
 @cython.no_gc_clear      # its pool must still be there when it is deallocated
+@cython.freelist(256)    # one per array: recycled without the allocator
 cdef class Block:
     """A device allocation lent by the pool; back to the pool's free list
     when the last reference (an array, its views) goes."""
@@ -360,22 +361,29 @@ cdef class MemoryPool:
 
 
 cdef object _ndarray_dtype = np.dtype
+cdef object _dtype_meta = type(type(np.dtype("float32")))     # the class of every dtype class
 
 
 def new_array(MemoryPool pool, backend, shape, dtype):
     """An uninitialised ``DeviceArray`` of ``shape``/``dtype`` from ``pool``
     (``DeviceArray.__init__``'s work, done here: it runs for every result)."""
     cdef Block block
-    cdef Py_ssize_t size = 1, nbytes
+    cdef Py_ssize_t size = 1, nbytes, itemsize
     if type(shape) is not tuple:
         shape = tuple(shape)
-    if not isinstance(dtype, _ndarray_dtype):
+    if type(type(dtype)) is not _dtype_meta:     # not a dtype object (a str, a scalar type)
         dtype = _ndarray_dtype(dtype)
+    itemsize = dtype.itemsize
     for s in shape:
         size *= <Py_ssize_t>s
-    nbytes = size * dtype.itemsize
+    nbytes = size * itemsize
     cdef DeviceArrayBase out = _array_type.__new__(_array_type)
-    out.backend, out.shape, out.dtype, out.ndim, out.size, out.nbytes = backend, shape, dtype, len(shape), size, nbytes
+    out.backend = backend
+    out.shape = shape
+    out.dtype = dtype
+    out.ndim = len(shape)
+    out.size = size
+    out.nbytes = nbytes
     if nbytes:
         block = pool.malloc(nbytes)
         out._block = block
