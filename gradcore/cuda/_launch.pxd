@@ -40,7 +40,6 @@ cdef class Launcher:
     cdef public object trace            # a deque of kernel names, or None
     cdef object python_launch           # the driver's launch, for MODE_PYTHON kernels
     cdef char[4096] buf
-    cdef Py_ssize_t pack(self, tuple args) except -1
     cdef int submit(self, Kernel k, unsigned* grid, unsigned* block, Py_ssize_t size, unsigned shared) except -1
 
 

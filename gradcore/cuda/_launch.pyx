@@ -77,15 +77,22 @@ def set_dims_type(dims_type, Py_ssize_t size, Py_ssize_t align):
     _Dims, _dims_size, _dims_align = dims_type, size, align
 
 
-cdef inline Py_ssize_t _align(char* buf, Py_ssize_t off, Py_ssize_t a):
-    """``off`` rounded up to ``a``; the padding zeroed (deterministic buffers)."""
-    cdef Py_ssize_t aligned = (off + a - 1) // a * a
-    if aligned != off and aligned <= PARAM_BYTES:
-        memset(buf + off, 0, aligned - off)
-    return aligned
+cdef inline Py_ssize_t _put(char* buf, Py_ssize_t off, const void* value, Py_ssize_t size, Py_ssize_t align):
+    """Write ``size`` bytes of ``value`` (NULL: zeros) at ``off`` rounded up to
+    ``align``, the padding zeroed (deterministic buffers); the offset after
+    it, or -1 when the buffer is full."""
+    cdef Py_ssize_t at = (off + align - 1) // align * align
+    if at + size > PARAM_BYTES:
+        return -1
+    memset(buf + off, 0, at - off)
+    if value == NULL:
+        memset(buf + at, 0, size)
+    else:
+        memcpy(buf + at, value, size)
+    return at + size
 
 
-cdef Py_ssize_t _pack_into(char* buf, tuple args) except -1:
+cdef Py_ssize_t _pack_into(char* buf, tuple args) except -2:
     """Write ``args`` into ``buf`` as the CUDA ABI lays out kernel parameters;
     the bytes written."""
     cdef Py_ssize_t off = 0, i = 0, size, align
@@ -101,31 +108,15 @@ cdef Py_ssize_t _pack_into(char* buf, tuple args) except -1:
             p = (<DeviceArrayBase>a).ptr
             if p == 0 and (<DeviceArrayBase>a).size:
                 raise ValueError(f"a shape-only array (no device memory) of shape {a.shape} cannot be read by a kernel")
-            off = _align(buf, off, 8)
-            if off + 8 > PARAM_BYTES:
-                break
-            memcpy(buf + off, &p, 8)
-            off += 8
+            off = _put(buf, off, &p, 8, 8)
         elif t is int:
             q = a
-            off = _align(buf, off, 8)
-            if off + 8 > PARAM_BYTES:
-                break
-            memcpy(buf + off, &q, 8)
-            off += 8
+            off = _put(buf, off, &q, 8, 8)
         elif a is None:
-            off = _align(buf, off, 8)
-            if off + 8 > PARAM_BYTES:
-                break
-            memset(buf + off, 0, 8)
-            off += 8
+            off = _put(buf, off, NULL, 8, 8)
         elif t is _Dims:
             raw = bytes(a)
-            off = _align(buf, off, _dims_align)
-            if off + _dims_size > PARAM_BYTES:
-                break
-            memcpy(buf + off, <char*>raw, _dims_size)
-            off += _dims_size
+            off = _put(buf, off, <char*>raw, _dims_size, _dims_align)
         else:
             spec = _SCALARS.get(t)
             if spec is None:
@@ -135,23 +126,19 @@ cdef Py_ssize_t _pack_into(char* buf, tuple args) except -1:
                     raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), the kernel's C type")
                 raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
             size, align, kind = spec
-            off = _align(buf, off, align)
-            if off + size > PARAM_BYTES:
-                break
             if kind == "f":
                 f = a
-                memcpy(buf + off, &f, 4)
+                off = _put(buf, off, &f, 4, align)
             elif kind == "d":
                 d = a
-                memcpy(buf + off, &d, 8)
+                off = _put(buf, off, &d, 8, align)
             else:
                 q = int(a)
-                memcpy(buf + off, &q, size)     # little-endian: the low bytes
-            off += size
+                off = _put(buf, off, &q, size, align)     # little-endian: the low bytes
+        if off < 0:
+            raise ValueError(f"kernel arguments take more than {PARAM_BYTES} bytes")
         i += 1
-    else:
-        return off
-    raise ValueError(f"kernel arguments take more than {PARAM_BYTES} bytes")
+    return off
 
 
 def pack_params(args) -> bytes:
@@ -192,9 +179,6 @@ cdef class Launcher:
         self.python_launch = python_launch
         self.dry_run = False
         self.launches = 0
-
-    cdef Py_ssize_t pack(self, tuple args) except -1:
-        return _pack_into(self.buf, args)
 
     cdef int submit(self, Kernel k, unsigned* g, unsigned* b, Py_ssize_t size, unsigned shared) except -1:
         cdef size_t nbytes = size
