@@ -33,7 +33,6 @@ by ``gradcore.cuda.runtime.pack_params``.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 
 class CudaUnavailable(RuntimeError):

@@ -24,7 +24,7 @@ import ctypes
 import re
 import threading
 import weakref
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -65,7 +65,7 @@ class Backend:
     pool and loaded kernels. ``gradcore.cuda.backend()`` returns the
     process's backend."""
 
-    threads = 256
+    threads = 256         # per block in launch_n (the Launcher's THREADS)
 
     def __init__(self, driver):
         self.driver = driver
@@ -73,7 +73,6 @@ class Backend:
         self._kernels = {}
         self._modules = {}
         self._seeds = {}
-        self._dims = {}
         self._scalars = {}
         self._extents = {}
         self._blas_entry = None
@@ -216,15 +215,6 @@ class Backend:
         if len(shape) > MAX_DIMS:
             raise ValueError(f"cuda kernels take at most {MAX_DIMS} dimensions, got shape {shape}")
         return Dims(len(shape), (ctypes.c_longlong * MAX_DIMS)(*shape))
-
-    def dims_of(self, shape) -> Dims:
-        """``dims(shape)``, made once per shape (a Dims is never written)."""
-        d = self._dims.get(shape)
-        if d is None:
-            if len(self._dims) > 4096:
-                self._dims.clear()
-            d = self._dims[shape] = self.dims(shape)
-        return d
 
     @staticmethod
     def ctype(dtype) -> str:
