@@ -14,6 +14,8 @@ extensions = [
     # compiled, F.exp costs no Python frame per call
     Extension("gradcore.functional.elemwise_table", ["gradcore/functional/elemwise_table.py"],
               extra_compile_args=["-O3"]),
+    # the CUDA backend's per-call path: launches, the device allocator, cuBLAS calls (gradcore/cuda/)
+    Extension("gradcore.cuda._launch", ["gradcore/cuda/_launch.pyx"], extra_compile_args=["-O3"]),
 ]
 
 setup(

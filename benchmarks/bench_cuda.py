@@ -6,6 +6,11 @@ a fresh process).
 
     python benchmarks/bench_cuda.py [--repeat 7] [--json PATH]
     python benchmarks/bench_cuda.py --emulator --quick   # smoke test without a GPU (timings meaningless)
+    python benchmarks/bench_cuda.py --host-cost          # gradcore's host cost per op, cuda vs cpu (anywhere)
+
+The host-cost case runs on the host emulator with launches made no-ops,
+so it measures gradcore's own per-op host path on any machine (issue 14,
+item 1: at most 1.5x the same op on the cpu).
 
 Targets (issue 6): elementwise forward and backward >= 85% of a
 device-to-device copy's bandwidth; MLP and conv2d steps <= 1.0x PyTorch.
@@ -95,6 +100,62 @@ def elementwise_cases(n):
     }
 
 
+# ---------------------------------------------------------------- host cost (runs anywhere)
+def tiny_op_cases(device):
+    """A tiny op (``x * a`` on 16 floats): forward, and forward + backward."""
+    x = gc.Tensor(np.ones(16, np.float32), device=device)
+    a = gc.Tensor(np.full(16, 0.5, np.float32), device=device)
+    gm = GradManager().attach([x, a])
+
+    def forward():
+        x * a
+
+    def forward_backward():
+        with gm:
+            gm.backward(x * a)
+        x.grad = a.grad = None
+    return {"forward": forward, "forward + backward": forward_backward}
+
+
+def per_call(fn, calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def host_cost(repeat, calls=2000):
+    """gradcore's own host cost of a tiny op on cuda against the same op on
+    the cpu (issue 14, item 1; target <= 1.5x): on the host emulator with
+    launches made no-ops (``Launcher.dry_run``), so only the host path is
+    timed. Rounds alternate cpu and cuda; medians of the per-round ratios."""
+    be = runtime.backend()
+    if be.driver.kind != "emulator":
+        be = runtime.use("emulator")
+    cpu, cuda = tiny_op_cases("cpu"), tiny_op_cases("cuda")
+    be.launcher.dry_run = True
+    try:
+        out = {}
+        for name in cpu:
+            for fn in (cpu[name], cuda[name]):
+                per_call(fn, calls // 10)             # warm-up: kernels, seeds, plans
+            times = [(per_call(cpu[name], calls), per_call(cuda[name], calls)) for _ in range(repeat)]
+            out[name] = {"cpu_s": statistics.median(c for c, _ in times),
+                         "cuda_s": statistics.median(g for _, g in times),
+                         "ratio": statistics.median(g / c for c, g in times)}
+    finally:
+        be.launcher.dry_run = False
+    return out
+
+
+def print_host_cost(results, repeat):
+    print("host cost of a tiny op (x * a, 16 float32), emulator with no-op launches; target <= 1.5x the cpu")
+    cost = host_cost(max(repeat, 5))
+    for name, r in cost.items():
+        print(f"  {name:20s} cpu {r['cpu_s'] * 1e6:7.2f} us  cuda {r['cuda_s'] * 1e6:7.2f} us  {r['ratio']:5.2f}x")
+        results["cases"][f"host cost: {name}"] = r
+
+
 # ---------------------------------------------------------------- models
 def gc_mlp(batch):
     rng = np.random.default_rng(0)
@@ -180,6 +241,8 @@ def main():
     ap.add_argument("--target-time", type=float, default=0.3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--emulator", action="store_true", help="run on the host emulator (smoke test only)")
+    ap.add_argument("--host-cost", action="store_true",
+                    help="only the host cost of a tiny op, cuda (emulator, no-op launches) against cpu")
     ap.add_argument("--json")
     args = ap.parse_args()
     global torch
@@ -192,6 +255,12 @@ def main():
     kind = be.driver.kind
     print(f"device: {be.name} ({kind}); torch: {torch.__version__ if torch else 'not available on cuda'}")
     results = {"device": be.name, "kind": kind, "cases": {}}
+    if args.host_cost:
+        print_host_cost(results, args.repeat)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
 
     # elementwise throughput
     n = (1 << 12) if args.emulator else (1 << 24)
@@ -233,6 +302,8 @@ def main():
     print(f"\nstart-up (import + first MLP step, fresh process): cold {cold:.2f} s (compiles), warm {warm:.2f} s "
           "(disk cache)")
     results["startup"] = {"cold_s": cold, "warm_s": warm}
+    print()
+    print_host_cost(results, args.repeat)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -12,6 +12,10 @@ import math
 
 import numpy as np
 
+from .cuda import _launch as _cuda_launch
+from .cuda import events as _cuda_events
+from .cuda import runtime as _cuda_runtime
+
 
 def cuda_unavailable_reason() -> str:
     """Why ``cuda`` cannot be used here ("" when it can)."""
@@ -39,31 +43,33 @@ def _no_cuda_kernel(op):
                                "run it on the cpu, or give the op a launcher next to its cuda_source")
 
 
-_launchers = {}
+def _make_cuda_launcher(op):
+    """``op``'s cuda launcher bound to the current backend (see ``kernel_for``)."""
+    be = require_cuda()
+    if type(op) is standard_op("Elemwise"):
+        # the commonest launcher, its usual case compiled (same plan, same arguments)
+        return _cuda_launch.ElementwiseLauncher(op, be)
+    launcher = getattr(op, "cuda", None)
+    if launcher is None:
+        if getattr(op, "cuda_source", None) is None:
+            raise _no_cuda_kernel(op)
+        launcher = functools.partial(elementwise_launcher, op)
+    return functools.partial(launcher, be)
+
+
+# op -> its launcher bound to the current backend; dropped when the backend changes
+kernel_table = _cuda_launch.LauncherTable(_make_cuda_launcher)
+_cuda_events.subscribe("backend_changed", kernel_table.clear)
 
 
 def kernel_for(op, device):
     """The kernel running ``op`` on ``device``: a callable on that device's
-    arrays. On cuda it runs the op's ``cuda(be, *arrays)`` launcher with the
-    backend current at call time (compiled backward graphs keep kernels)."""
-    if device == "cpu":
-        return op.cpu
-    fn = _launchers.get(op)
-    if fn is None:
-        require_cuda()
-        launcher = getattr(op, "cuda", None)
-        if launcher is None:
-            if getattr(op, "cuda_source", None) is None:
-                raise _no_cuda_kernel(op)
-            launcher = functools.partial(elementwise_launcher, op)
-        from .cuda import runtime
+    arrays. On cuda it is the op's ``cuda(be, *arrays)`` launcher bound to
+    the current backend (rebound after ``gradcore.cuda.use``). The core
+    calls ``kernel_table`` directly, its compiled form.
 
-        def fn(*arrays, _launcher=launcher, _rt=runtime):
-            return _launcher(_rt._backend or _rt.backend(), *arrays)
-        if len(_launchers) > 4096:
-            _launchers.clear()
-        _launchers[op] = fn
-    return fn
+    Example: ``kernel_for(Elemwise("mul"), "cpu")(a, b)`` is ``a * b``."""
+    return kernel_table(op, device)
 
 
 def elementwise_launcher(op, be, *arrays):
@@ -108,22 +114,19 @@ def copy_to(tensor, device):
     return _core.apply(Copy(device), tensor)[0]
 
 
-def nvcc_path():
-    """The path of ``nvcc`` (PATH, then ``$CUDA_HOME/bin``, then
-    ``/usr/local/cuda/bin``), or None. Compiling kernel sources needs it; a
-    GPU does not."""
-    import os
-    import shutil
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root:
-            cand = os.path.join(root, "bin", "nvcc")
-            if os.path.isfile(cand) and os.access(cand, os.X_OK):
-                return cand
-    return None
+# the toolkit lookup lives in the device layer (the kernel cache uses it)
+from .cuda.toolkit import is_nvcc_available, nvcc_path  # noqa: E402,F401
 
 
-def is_nvcc_available() -> bool:
-    return nvcc_path() is not None
+def standard_op(name: str):
+    """The op-library class the CUDA backend's array helpers run (``cast``,
+    ``broadcast_to``, ``transpose``, ``reduce``, elementwise arithmetic) or
+    the elementwise helpers' CUDA source: the device layer does not import
+    the op library, this layer hands it over (``runtime.install_standard_ops``)."""
+    from .ops import elemwise, reduce, shape
+    table = {"Cast": shape.Cast, "Broadcast": shape.Broadcast, "Transpose": shape.Transpose,
+             "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise, "CUDA_HELPERS": elemwise.CUDA_HELPERS}
+    return table[name]
+
+
+_cuda_runtime.install_standard_ops(standard_op)

@@ -25,6 +25,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _core
+from .cuda import events as _device_events
 from .op import TensorDesc
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
@@ -585,6 +586,10 @@ def cache_info():
 def clear_cache():
     _cache.clear()
     _core._clear_front_cache()
+
+
+# compiled graphs hold a backend's arrays (constants): dropped when the backend changes
+_device_events.subscribe("backend_changed", clear_cache)
 
 
 def _core_backward_graph(op, dtypes, device, rg, n):

@@ -12,6 +12,7 @@ from . import _core, graph, interop
 from .op import OpError, TensorDesc
 from ._core import Tensor
 from .cuda.array import DeviceArray
+from .cuda import events as _device_events
 
 DEFAULT_FLOAT = np.dtype("float32")
 DEFAULT_INT = np.dtype("int32")
@@ -87,6 +88,8 @@ def _const_for(x, tensors, device):
 
 
 _scalars = {}
+# the cached device scalars belong to one backend: dropped when it changes
+_device_events.subscribe("backend_changed", _scalars.clear)
 
 
 def _device_scalar(x, dtype, device):
@@ -407,6 +410,7 @@ def _sum_to(g, shape):
 
 
 def install():
+    from gradcore import devices
     from gradcore.ops.elemwise import Elemwise, modes
     _core._install_hooks(
         slow_apply=slow_apply,
@@ -414,7 +418,7 @@ def install():
         sum_to=_sum_to,
         add_op=Elemwise("add"),
         kernel_error=kernel_error,
-        kernel_for=kernel_for,
+        kernel_for=devices.kernel_table,    # called per op on cuda: compiled, no wrapper in between
         tensor_method=_HOOK_FNS.__getitem__,
         operator_ops={m: Elemwise(m) for m in modes()},
         device_array=DeviceArray,

@@ -467,8 +467,8 @@ class IndexingOneHot(Op):
         (out,) = self.infer(*_descs(x, index))
         ax = self.axis % x.ndim
         # the cpu raises for an index out of range (the kernel would give 0): checked
-        # on a host copy of the index, a synchronization
-        _check_one_hot_range(_host(index), x.shape[ax], ax)
+        # on the index's [min, max], read once per content (labels reused each step)
+        _check_one_hot_range(be.index_extent(index), x.shape[ax], ax)
         outer, n, inner = _outer_n_inner(x.shape, ax)
         y = be.empty(out.shape, x.dtype)
         if y.size:

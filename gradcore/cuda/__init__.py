@@ -4,7 +4,11 @@
   launching, the helpers op launchers use); ``use("gpu" | "emulator")``.
 - ``driver``: PyCUDA on the device's primary context; ``emulator``: the same
   interface on the host, running the CUDA C sources as C++ (tests without a GPU).
-- ``memory``: the caching device-memory pool; ``blas``: cuBLAS via ctypes.
+- ``_launch`` (compiled): kernel handles, argument packing and launches
+  through C entry points, the caching allocator, cuBLAS calls by pointer;
+  ``memory``: the allocator's Python face; ``blas``: finding cuBLAS.
+- ``memory_stats()``: allocator statistics and host/device copy counts;
+  ``empty_cache()``: give cached blocks back.
 - ``cache``: the nvcc/PTX kernel cache (memory and disk); ``fusion``: one
   fused kernel for an all-elementwise backward graph.
 
@@ -12,10 +16,11 @@ An op runs on ``cuda`` through its ``cuda(be, *arrays)`` launcher, next to
 its ``cpu`` kernel and ``cuda_source`` in ``gradcore/ops``.
 """
 from .array import DeviceArray
-from .runtime import Backend, CudaUnavailable, Dims, backend, pack_params, unavailable_reason, use
+from .runtime import (Backend, CudaUnavailable, Dims, backend, empty_cache, memory_stats, pack_params,
+                      unavailable_reason, use)
 from .cache import KernelCache, KernelCompileError, cache_key, default_directory
 from .fusion import FusedKernel, KernelOutput, KernelParam, fuse_elementwise
 
-__all__ = ["backend", "use", "unavailable_reason", "Backend", "DeviceArray", "Dims", "pack_params",
+__all__ = ["backend", "use", "memory_stats", "empty_cache", "unavailable_reason", "Backend", "DeviceArray", "Dims", "pack_params",
            "CudaUnavailable", "fuse_elementwise", "FusedKernel", "KernelParam", "KernelOutput",
            "KernelCache", "KernelCompileError", "cache_key", "default_directory"]

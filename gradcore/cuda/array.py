@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import dlpack
+from ._launch import DeviceArrayBase, set_array_type
 
 
 def _normalize_shape(shape, size: int) -> Tuple[int, ...]:
@@ -40,10 +41,12 @@ def _normalize_shape(shape, size: int) -> Tuple[int, ...]:
     return shape
 
 
-class DeviceArray:
-    """A C-contiguous array on the ``cuda`` device (see the module docstring)."""
+class DeviceArray(DeviceArrayBase):
+    """A C-contiguous array on the ``cuda`` device (see the module docstring).
+    Its fields (backend, shape, dtype, size, ndim, nbytes, ptr, _block) are
+    C fields of ``_launch.DeviceArrayBase``: the launch path reads them per call."""
 
-    __slots__ = ("backend", "shape", "dtype", "size", "ndim", "nbytes", "ptr", "_block", "__weakref__")
+    __slots__ = ()
     __array_priority__ = 2000
 
     def __init__(self, backend, shape, dtype, block=None, offset: int = 0):
@@ -65,7 +68,7 @@ class DeviceArray:
         """A host copy (a new, writable ndarray)."""
         out = np.empty(self.shape, self.dtype)
         if self.nbytes:
-            self.backend.driver.dtoh(out, self.ptr)
+            self.backend.copy_to_host(out, self.ptr)
         return out
 
     def item(self):
@@ -138,7 +141,7 @@ class DeviceArray:
     def copy(self) -> "DeviceArray":
         out = self.backend.empty(self.shape, self.dtype)
         if self.nbytes:
-            self.backend.driver.dtod(out.ptr, self.ptr, self.nbytes)
+            self.backend.copy_on_device(out.ptr, self.ptr, self.nbytes)
         return out
 
     def astype(self, dtype, copy: bool = True) -> "DeviceArray":
@@ -197,3 +200,6 @@ class DeviceArray:
     def __isub__(self, o): return self._inplace("sub", o)
     def __imul__(self, o): return self._inplace("mul", o)
     def __itruediv__(self, o): return self._inplace("div", o)
+
+
+set_array_type(DeviceArray)

@@ -29,6 +29,12 @@ class CublasError(RuntimeError):
     pass
 
 
+def check_status(status: int, what: str) -> None:
+    """Raise a CublasError naming ``what`` unless ``status`` is success."""
+    if status != 0:
+        raise CublasError(f"{what} failed: CUBLAS_STATUS_{_STATUS.get(status, status)}")
+
+
 def candidate_paths() -> List[str]:
     """Where libcublas may be, most specific first."""
     roots = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
@@ -69,10 +75,14 @@ class Cublas:
             fn.argtypes = [P, I, I, I, I, I, P, P, I, L, P, I, L, P, P, I, L, I]
             fn.restype = I
 
-    @staticmethod
-    def _check(status: int, what: str) -> None:
-        if status != 0:
-            raise CublasError(f"{what} failed: CUBLAS_STATUS_{_STATUS.get(status, status)}")
+    def entry_points(self):
+        """(handle, address of cublasSgemmStridedBatched, of cublasDgemmStridedBatched):
+        what the compiled path (``_launch.gemm``) calls, without ctypes per call."""
+        addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+        return (self.handle.value, addr(self.lib.cublasSgemmStridedBatched),
+                addr(self.lib.cublasDgemmStridedBatched))
+
+    _check = staticmethod(check_status)
 
     def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
                              beta, c, ldc, stride_c, batch, dtype) -> None:

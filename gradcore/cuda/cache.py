@@ -217,7 +217,7 @@ class KernelCache:
     # ------------------------------------------------------------ nvcc
     def nvcc(self) -> str:
         if self._nvcc is None:
-            from gradcore.devices import nvcc_path
+            from .toolkit import nvcc_path
             self._nvcc = nvcc_path()
             if self._nvcc is None:
                 raise RuntimeError("nvcc was not found (on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin): "

@@ -20,13 +20,19 @@ device address; ``free`` gives it back)::
     launch(function, grid, block, param_buffer, shared_bytes)
     synchronize()      gemm(...)  (cuBLAS, see ``blas``)
 
+and the C-level entry points the compiled launch path (``_launch.pyx``) calls
+without going through Python per launch::
+
+    launch_entry() -> address of cuLaunchKernel (0: kernels launch themselves)
+    kernel_handle(function) -> ("cuda", CUfunction) | ("host", address of a C launcher)
+    blas_entry() -> (cuBLAS handle, Sgemm address, Dgemm address)   (optional; else gemm())
+
 Launch parameters arrive as one packed buffer laid out as the CUDA ABI lays
 out kernel parameters (each at an offset aligned to its own alignment), built
 by ``gradcore.cuda.runtime.pack_params``.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 
 class CudaUnavailable(RuntimeError):
@@ -70,6 +76,7 @@ class PyCudaDriver:
         from .cache import KernelCache
         self.cache = KernelCache(arch=self.arch)
         self._blas = None
+        self._cu_launch = None
 
     def __repr__(self):
         return f"PyCudaDriver({self.name}, {self.arch})"
@@ -115,6 +122,34 @@ class PyCudaDriver:
     def function(self, module, kernel_name: str):
         return module.get_function(kernel_name)
 
+    # the C-level interface of the compiled launch path (gradcore/cuda/_launch.pyx)
+    def launch_entry(self) -> int:
+        """The address of libcuda's ``cuLaunchKernel`` (found once: PyCUDA
+        has loaded libcuda, so dlopen returns that same library)."""
+        if self._cu_launch is None:
+            import ctypes
+            try:
+                libcuda = ctypes.CDLL("libcuda.so.1")
+            except OSError as exc:
+                raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
+            self._cu_launch = ctypes.cast(libcuda.cuLaunchKernel, ctypes.c_void_p).value
+        return self._cu_launch
+
+    def kernel_handle(self, function):
+        """("cuda", the CUfunction of a PyCUDA ``Function``): launched by
+        ``cuLaunchKernel`` with the packed parameter buffer. A PyCUDA whose
+        ``Function`` does not expose its handle gets ("python", 0): launched
+        through ``launch`` below (PyCUDA's ``_launch_kernel``), slower."""
+        handle = getattr(function, "handle", None)
+        return ("cuda", int(handle)) if handle else ("python", 0)
+
+    def blas_entry(self):
+        """(cuBLAS handle, address of SgemmStridedBatched, of DgemmStridedBatched)."""
+        if self._blas is None:
+            from .blas import Cublas
+            self._blas = Cublas()
+        return self._blas.entry_points()
+
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
         # PyCUDA's own call paths pack arguments with struct-style formats
         # that do not align a by-value struct; the raw launch takes our
@@ -130,16 +165,3 @@ class PyCudaDriver:
             from .blas import Cublas
             self._blas = Cublas()
         self._blas.gemm_strided_batched(*args)
-
-
-def open_driver(kind: Optional[str] = None):
-    """The driver for ``kind``: "gpu" (PyCUDA), "emulator" (host), or None:
-    ``$GRADCORE_CUDA`` ("gpu"/"emulator"), else a GPU."""
-    import os
-    kind = kind or os.environ.get("GRADCORE_CUDA", "").strip().lower() or "gpu"
-    if kind == "gpu":
-        return PyCudaDriver()
-    if kind == "emulator":
-        from .emulator import HostDriver
-        return HostDriver()
-    raise CudaUnavailable(f"GRADCORE_CUDA={kind!r}: expected 'gpu' or 'emulator'")

@@ -203,6 +203,16 @@ class HostDriver:
         fn.kernel_name = kernel_name
         return fn
 
+    # the C-level interface of the compiled launch path (gradcore/cuda/_launch.pyx)
+    def launch_entry(self) -> int:
+        """No ``cuLaunchKernel`` here: each kernel's handle is its own launcher."""
+        return 0
+
+    def kernel_handle(self, function):
+        """("host", address of the kernel's compiled launcher
+        ``void(const unsigned* grid, const unsigned* block, const char* params)``)."""
+        return "host", ctypes.cast(function, ctypes.c_void_p).value
+
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))

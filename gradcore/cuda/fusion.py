@@ -32,6 +32,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ._launch import FusedRunner
+
 __all__ = ["FusedKernel", "KernelParam", "KernelOutput", "fuse_elementwise", "ctype_of"]
 
 _CTYPES = {"float32": "float", "float64": "double", "float16": "__half", "bool": "bool"}
@@ -157,7 +159,8 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
     ``ZerosLike`` is 0, so they fuse too. (A decomposition with a reduction
     keeps a non-elementwise node and is not fused.)
     """
-    from gradcore.ops.elemwise import Elemwise
+    from .runtime import standard_op
+    Elemwise = standard_op("Elemwise")
 
     if ctype is None:
         floats = {np.dtype(d.dtype) for d in graph.descs if np.dtype(d.dtype).kind == "f"}
@@ -260,7 +263,8 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
     loads = [f"        const {p.ctype} v{p.vid} = {p.name}[i];" for p in inputs]
     params = ([f"const {p.ctype}* __restrict__ {p.name}" for p in inputs]
               + [f"{o.ctype}* __restrict__ {o.name}" for o in outputs] + ["long long n"])
-    from gradcore.ops.elemwise import CUDA_HELPERS      # the rows' helper functions (gc_pow, ...)
+    from .runtime import standard_op
+    CUDA_HELPERS = standard_op("CUDA_HELPERS")      # the rows' helper functions (gc_pow, ...)
     source = CUDA_HELPERS + (
         f"// fused backward of {graph.op!r} ({len(graph.nodes)} nodes, {ctype})\n"
         f"extern \"C\" __global__ void {name}({', '.join(params)})\n"
@@ -304,27 +308,8 @@ def fused_runner(graph, kept: List[int], one_saved: bool):
     param_dtypes = [np.dtype(graph.descs[p.vid].dtype) for p in kernel.inputs]
     slot_of = {o.index: k for k, o in enumerate(kernel.outputs)}
     grad_order = [None if v is None else slot_of[i] for i, v in enumerate(graph.grad_vids)]
-    single = n_in == 1
-    compiled = {}                               # backend -> Kernel
-
-    def run_raw(s, g):
-        params = [(s if i is None else s[i]) if src == "s" else (g if i is None else g[i]) for src, i in fetch]
-        be = params[0].backend
-        k = compiled.get(be)
-        if k is None:
-            k = compiled[be] = be.kernel(graph.op, kernel.ctype, name=kernel.name, source=kernel.source)
-        shape, same = params[0].shape, True
-        for p in params[1:]:
-            if p.shape != shape:
-                shape, same = tuple(np.broadcast_shapes(shape, p.shape)), False
-        if same:
-            params = [p if p.dtype == dt else be.cast(p, dt) for p, dt in zip(params, param_dtypes)]
-        else:
-            params = [be.broadcast_to(be.cast(p, dt), shape) for p, dt in zip(params, param_dtypes)]
-        outs = [be.empty(shape, dt) for dt in out_dtypes]
-        size = outs[0].size if outs else 0
-        be.launch_n(k, size, *params, *outs, size)
-        res = tuple(None if k_ is None else outs[k_] for k_ in grad_order)
-        return res[0] if single else res
+    # the per-call part is compiled (gradcore/cuda/_launch.pyx)
+    run_raw = FusedRunner(graph.op, kernel.ctype, kernel.name, kernel.source,
+                          [(src == "s", i) for src, i in fetch], param_dtypes, out_dtypes, grad_order, n_in == 1)
     run_raw.fused_kernel = kernel
     return run_raw

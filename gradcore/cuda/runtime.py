@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import ctypes
 import re
-import struct
 import threading
-from typing import Optional, Sequence
+import weakref
+from typing import Optional
 
 import numpy as np
 
+from . import _launch, events
+from ._launch import Kernel, Launcher, pack_params
 from .array import DeviceArray
-from .driver import CudaUnavailable, open_driver
+from .driver import CudaUnavailable, PyCudaDriver
 from .memory import MemoryPool
 
 MAX_DIMS = 8
@@ -42,6 +44,7 @@ CTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
 
 
 _CTYPE_OF = {}      # dtype (or anything np.dtype accepts) -> C type
+_EXTENT_ON_UPLOAD = 1 << 16     # integer uploads up to this size record their [min, max]
 
 
 class Dims(ctypes.Structure):
@@ -49,68 +52,7 @@ class Dims(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int), ("d", ctypes.c_longlong * MAX_DIMS)]
 
 
-def _param_layout(i, a):
-    """(struct code, alignment, value getter) of kernel argument ``a``."""
-    if isinstance(a, DeviceArray):
-        return "Q", 8, _pointer
-    if a is None:
-        return "8x", 8, None
-    if isinstance(a, Dims):
-        return f"{ctypes.sizeof(Dims)}s", ctypes.alignment(Dims), bytes
-    if isinstance(a, np.generic):
-        return f"{a.dtype.itemsize}s", a.dtype.alignment, _scalar_bytes
-    if isinstance(a, bool):
-        raise TypeError(f"kernel argument {i}: pass np.bool_({a}) (a bool is ambiguous)")
-    if isinstance(a, int):
-        return "q", 8, None
-    if isinstance(a, float):
-        raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), the kernel's C type")
-    raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
-
-
-def _pointer(a):
-    if a.ptr == 0 and a.size:
-        raise ValueError(f"a shape-only array (no device memory) of shape {a.shape} cannot be read by a kernel")
-    return a.ptr
-
-
-def _scalar_bytes(a):
-    return a.tobytes()
-
-
-_layouts = {}       # argument type signature -> (struct.Struct, per-argument getters)
-
-
-def pack_params(args: Sequence) -> bytes:
-    """Kernel arguments as one buffer in the CUDA ABI's layout: each
-    parameter at an offset aligned to its own alignment, in order. The
-    layout is computed once per signature of argument types."""
-    sig = tuple([type(a) if type(a) is not np.ndarray and not isinstance(a, np.generic) else a.dtype
-                 for a in args])
-    layout = _layouts.get(sig)
-    if layout is None:
-        fmt, getters, offset = "<", [], 0
-        for i, a in enumerate(args):
-            code, align, get = _param_layout(i, a)
-            pad = -offset % align
-            fmt += f"{pad}x" if pad else ""
-            fmt += code
-            offset += pad + struct.calcsize("<" + code)
-            getters.append(get)
-        layout = _layouts[sig] = (struct.Struct(fmt), tuple(getters))
-    packer, getters = layout
-    values = [a if g is None else g(a) for a, g in zip(args, getters) if a is not None]
-    return packer.pack(*values)
-
-
-class Kernel:
-    __slots__ = ("fn", "name")
-
-    def __init__(self, fn, name):
-        self.fn, self.name = fn, name
-
-    def __repr__(self):
-        return f"Kernel({self.name})"
+_launch.set_dims_type(Dims, ctypes.sizeof(Dims), ctypes.alignment(Dims))
 
 
 def _op_label(op) -> str:
@@ -123,7 +65,7 @@ class Backend:
     pool and loaded kernels. ``gradcore.cuda.backend()`` returns the
     process's backend."""
 
-    threads = 256
+    threads = 256         # per block in launch_n (the Launcher's THREADS)
 
     def __init__(self, driver):
         self.driver = driver
@@ -131,7 +73,18 @@ class Backend:
         self._kernels = {}
         self._modules = {}
         self._seeds = {}
+        self._scalars = {}
+        self._extents = {}
+        self._blas_entry = None
         self._lock = threading.Lock()
+        # copies between host and device, counted: a training step makes none
+        # unless the user reads a value (memory_stats)
+        self.copies = {"htod": 0, "dtoh": 0, "dtod": 0, "memset": 0, "htod_bytes": 0, "dtoh_bytes": 0}
+        # the compiled per-call path: launches go straight to the driver's C
+        # entry point (cuLaunchKernel, or the emulator's compiled launcher)
+        self.launcher = Launcher(driver.launch_entry(), getattr(driver, "launched", None), driver.launch)
+        self.launch = self.launcher.launch
+        self.launch_n = self.launcher.launch_n
 
     def __repr__(self):
         return f"Backend({self.driver!r})"
@@ -142,21 +95,17 @@ class Backend:
 
     # ------------------------------------------------------------ arrays
     def empty(self, shape, dtype) -> DeviceArray:
-        out = DeviceArray(self, shape, dtype)
-        if out.nbytes:
-            out._block = block = self.pool.malloc(out.nbytes)
-            out.ptr = block.ptr
-        return out
+        return _launch.new_array(self.pool, self, shape, dtype)
 
     def zeros(self, shape, dtype) -> DeviceArray:
         out = self.empty(shape, dtype)
-        if out.nbytes:
-            self.driver.memset0(out.ptr, out.nbytes)
+        self.memset0(out)
         return out
 
     def ones_seed(self, shape, dtype) -> DeviceArray:
-        """Ones (the default output gradient of a backward); small ones are
-        uploaded once and shared: a seed is never written (slots do not own it)."""
+        """Ones (the default output gradient of a backward), filled on the
+        device; small ones are made once and shared: a seed is never written
+        (slots do not own it)."""
         key = (shape, dtype)
         out = self._seeds.get(key)
         if out is None:
@@ -168,16 +117,85 @@ class Backend:
         return out
 
     def full(self, shape, value, dtype) -> DeviceArray:
-        return self.to_device(np.full(shape, value, dtype))
+        """An array of ``value``, filled by a kernel (the value travels as a
+        kernel argument: no host-to-device copy)."""
+        out = self.empty(shape, dtype)
+        self.fill(out, value)
+        return out
 
     def to_device(self, host, dtype=None) -> DeviceArray:
         host = np.asarray(host, dtype=dtype, order="C")     # keeps 0-d (ascontiguousarray would not)
         if host.dtype == object:
             raise TypeError("cuda: arrays of Python objects cannot live on the GPU")
         out = self.empty(host.shape, host.dtype)
-        if out.nbytes:
-            self.driver.htod(out.ptr, host)
+        self.copy_to_device(out.ptr, host)
+        if host.dtype.kind in "iu" and 0 < host.size <= _EXTENT_ON_UPLOAD:
+            # labels and indices: their range is known now, so a range check
+            # later needs no copy back (index_extent)
+            self._remember_extent(out, np.array([host.min(), host.max()]))
         return out
+
+    # ------------------------------------------------------------ copies (counted)
+    def copy_to_device(self, ptr: int, host: np.ndarray) -> None:
+        """Host-to-device copy of ``host`` (C-contiguous) to address ``ptr``."""
+        if host.nbytes:
+            self.copies["htod"] += 1
+            self.copies["htod_bytes"] += host.nbytes
+            self.driver.htod(ptr, host)
+
+    def copy_to_host(self, host: np.ndarray, ptr: int) -> None:
+        """Device-to-host copy from address ``ptr`` into ``host`` (C-contiguous)."""
+        if host.nbytes:
+            self.copies["dtoh"] += 1
+            self.copies["dtoh_bytes"] += host.nbytes
+            self.driver.dtoh(host, ptr)
+
+    def copy_on_device(self, dst: int, src: int, nbytes: int) -> None:
+        if nbytes:
+            self.copies["dtod"] += 1
+            self.driver.dtod(dst, src, nbytes)
+
+    def index_extent(self, index: DeviceArray) -> np.ndarray:
+        """``[min, max]`` of an integer device array (empty when it is), on
+        the host: what a range check needs. Read once per content: cached
+        until the array's memory is written again (``Block.version``), so a
+        training step that reuses its labels makes no device-to-host copy."""
+        block = index._block
+        key = (index.ptr, index.shape, index.dtype)
+        hit = self._extents.get(key)
+        if hit is not None and hit[0]() is block and hit[1] == block.version:
+            return hit[2]
+        host = index.get()
+        extent = np.array([host.min(), host.max()]) if host.size else host.reshape(0)
+        self._remember_extent(index, extent)
+        return extent
+
+    def _remember_extent(self, index: DeviceArray, extent: np.ndarray) -> None:
+        block = index._block
+        if block is not None:
+            if len(self._extents) > 1024:
+                self._extents.clear()
+            self._extents[(index.ptr, index.shape, index.dtype)] = (weakref.ref(block), block.version, extent)
+
+    @staticmethod
+    def written(x: DeviceArray) -> None:
+        """Mark ``x``'s memory as written in place (invalidates ``index_extent``)."""
+        if x._block is not None:
+            x._block.version += 1
+
+    def memset0(self, x: DeviceArray) -> None:
+        self.written(x)
+        if x.nbytes:
+            self.copies["memset"] += 1
+            self.driver.memset0(x.ptr, x.nbytes)
+
+    def memory_stats(self) -> dict:
+        """The allocator's statistics and the copies made so far (see
+        ``gradcore.cuda.memory_stats``)."""
+        stats = self.pool.stats()
+        stats.update(self.copies)
+        stats["launches"] = self.launcher.launches
+        return stats
 
     def asarray(self, x, dtype=None) -> DeviceArray:
         """``x`` as a DeviceArray: device arrays as they are (cast to
@@ -233,27 +251,40 @@ class Backend:
             module = self._modules.get(src)
             if module is None:
                 module = self._modules[src] = self.driver.load(name, src)
-            k = self._kernels[key] = Kernel(self.driver.function(module, name), name)
+            fn = self.driver.function(module, name)
+            mode, handle = self.driver.kernel_handle(fn)
+            k = self._kernels[key] = Kernel(name, fn, handle, mode)
         return k
 
-    def launch(self, kernel: Kernel, grid, block, *args, shared: int = 0) -> None:
-        self.driver.launch(kernel.fn, grid, block, pack_params(args), shared)
-
-    def launch_n(self, kernel: Kernel, n: int, *args) -> None:
-        """Launch with one thread per element of ``n`` (1-D grid; the
-        standard kernels are grid-stride loops, so any grid is correct)."""
-        if n <= 0:
-            return
-        t = self.threads
-        grid = min((n + t - 1) // t, 2 ** 31 - 1)
-        self.launch(kernel, (grid, 1, 1), (t, 1, 1), *args)
+    # launch(kernel, grid, block, *args, shared=0) and launch_n(kernel, n, *args)
+    # (one thread per element of n, 1-D grid of 256-thread blocks; the standard
+    # kernels are grid-stride loops) are the compiled Launcher's, bound in __init__
 
     def synchronize(self) -> None:
         self.driver.synchronize()
 
     def gemm(self, transa: bool, transb: bool, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
              beta, c, ldc, stride_c, batch, dtype) -> None:
-        """cuBLAS ``<S|D>gemmStridedBatched`` (column-major), pointers as ints."""
+        """cuBLAS ``<S|D>gemmStridedBatched`` (column-major), pointers as ints:
+        through C function pointers where the driver has them (a GPU), else
+        the driver's ``gemm`` (the emulator's NumPy shim)."""
+        entry = self._blas_entry
+        if entry is None:
+            blas_entry = getattr(self.driver, "blas_entry", None)
+            entry = self._blas_entry = blas_entry() if blas_entry is not None else False
+        if entry:
+            dtype = np.dtype(dtype)
+            if dtype.kind != "f" or dtype.itemsize not in (4, 8):
+                raise TypeError(f"cuBLAS GEMM: no kernel for {dtype}")
+            handle, sgemm, dgemm = entry
+            double = dtype.itemsize == 8
+            status = _launch.gemm(dgemm if double else sgemm, handle, transa, transb, m, n, k, alpha, a, lda,
+                                  stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch, double)
+            if status:
+                from .blas import check_status
+                check_status(status, f"{'D' if double else 'S'}gemmStridedBatched(m={m}, n={n}, k={k}, "
+                                      f"batch={batch})")
+            return
         self.driver.gemm(bool(transa), bool(transb), int(m), int(n), int(k), float(alpha), int(a), int(lda),
                          int(stride_a), int(b), int(ldb), int(stride_b), float(beta), int(c), int(ldc),
                          int(stride_c), int(batch), np.dtype(dtype))
@@ -264,38 +295,56 @@ class Backend:
         return op.cuda(self, *arrays)
 
     def cast(self, x: DeviceArray, dtype) -> DeviceArray:
-        from gradcore.ops.shape import Cast
+        Cast = standard_op("Cast")
         return x if np.dtype(dtype) == x.dtype else Cast(dtype).cuda(self, x)
 
     def broadcast_to(self, x: DeviceArray, shape) -> DeviceArray:
-        from gradcore.ops.shape import Broadcast
+        Broadcast = standard_op("Broadcast")
         shape = tuple(shape)
         return x if x.shape == shape else Broadcast(shape).cuda(self, x)
 
     def transpose(self, x: DeviceArray, perm) -> DeviceArray:
-        from gradcore.ops.shape import Transpose
+        Transpose = standard_op("Transpose")
         return Transpose(tuple(perm)).cuda(self, x)
 
     def reduce(self, mode: str, x: DeviceArray, axis=None, keepdims: bool = False) -> DeviceArray:
-        from gradcore.ops.reduce import Reduce
+        Reduce = standard_op("Reduce")
         if isinstance(axis, list):
             axis = tuple(axis)
         return Reduce(mode, axis, keepdims).cuda(self, x)
 
     def fill(self, x: DeviceArray, value) -> None:
-        if x.nbytes:
-            src = self.to_device(np.full((), value, x.dtype))
-            filled = self.broadcast_to(src, x.shape)
-            self.driver.dtod(x.ptr, filled.ptr, x.nbytes)
+        """Set every element of ``x`` to ``value`` (a kernel argument)."""
+        self.written(x)
+        if x.size:
+            ctype = self.ctype(x.dtype)
+            kernel = self.kernel(_FILL, ctype, source=fill_source(ctype))
+            self.launch_n(kernel, x.size, x, x.dtype.type(value), x.size)
 
     def elementwise(self, mode: str, *operands) -> DeviceArray:
         """An ``Elemwise(mode)`` on device arrays and Python/NumPy scalars
         (scalars take the array's dtype, as NumPy's weak scalars do)."""
-        from gradcore.ops.elemwise import Elemwise
+        Elemwise = standard_op("Elemwise")
         like = next(o for o in operands if isinstance(o, DeviceArray))
-        arrays = [o if isinstance(o, DeviceArray) else self.to_device(_weak_scalar(o, like.dtype))
-                  for o in operands]
+        arrays = [o if isinstance(o, DeviceArray) else self._operand(o, like.dtype) for o in operands]
         return Elemwise(mode).cuda(self, *arrays)
+
+    def _operand(self, value, like_dtype) -> DeviceArray:
+        host = _weak_scalar(value, like_dtype)
+        return self.to_device(host) if host.ndim else self.scalar(host.item(), host.dtype)
+
+    def scalar(self, value, dtype) -> DeviceArray:
+        """A 0-d device array of ``value``, filled by a kernel and cached per
+        (dtype, value): scalars in a step (a learning rate, a momentum) cost
+        no host-to-device copy. Never written (results go to new arrays)."""
+        dtype = np.dtype(dtype)
+        key = (dtype, type(value), value)
+        out = self._scalars.get(key)
+        if out is None:
+            if len(self._scalars) > 1024:
+                self._scalars.clear()
+            out = self._scalars[key] = self.full((), value, dtype)
+        return out
 
     def ufunc(self, ufunc, method, inputs, out, kwargs):
         """``__array_ufunc__``: NumPy ufuncs on device arrays, through the
@@ -317,9 +366,28 @@ class Backend:
             raise ValueError(f"cuda: cannot write a result of shape {value.shape} into an array of "
                              f"shape {target.shape}")
         value = self.cast(value, target.dtype)
+        self.written(target)
         if value.nbytes and value.ptr != target.ptr:
-            self.driver.dtod(target.ptr, value.ptr, value.nbytes)
+            self.copy_on_device(target.ptr, value.ptr, value.nbytes)
         return target
+
+
+class _Fill:
+    """The kernel-cache identity of the fill kernel (not an op)."""
+
+    def _name(self):
+        return "fill"
+
+
+_FILL = _Fill()
+
+
+def fill_source(ctype: str) -> str:
+    """CUDA C of ``gc_fill_<type>(T* y, T value, long long n)``: y[:n] = value."""
+    tag = ctype.replace(" ", "_")
+    return (f'extern "C" __global__ void gc_fill_{tag}({ctype}* y, {ctype} value, long long n) {{\n'
+            f'    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n'
+            f'         i += (long long)blockDim.x * gridDim.x) y[i] = value;\n}}\n')
 
 
 def _weak_scalar(value, dtype):
@@ -339,6 +407,19 @@ _UFUNC_MODES = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide
                 "tanh": "tanh", "sin": "sin", "cos": "cos", "sign": "sign", "less": "lt", "greater": "gt",
                 "equal": "eq", "not_equal": "ne", "less_equal": "le", "greater_equal": "ge",
                 "floor": "floor", "ceil": "ceil"}
+
+
+def open_driver(kind: Optional[str] = None):
+    """The driver for ``kind``: "gpu" (PyCUDA), "emulator" (host), or None:
+    ``$GRADCORE_CUDA`` ("gpu"/"emulator"), else a GPU."""
+    import os
+    kind = kind or os.environ.get("GRADCORE_CUDA", "").strip().lower() or "gpu"
+    if kind == "gpu":
+        return PyCudaDriver()
+    if kind == "emulator":
+        from .emulator import HostDriver
+        return HostDriver()
+    raise CudaUnavailable(f"GRADCORE_CUDA={kind!r}: expected 'gpu' or 'emulator'")
 
 
 # ---------------------------------------------------------------- the process's backend
@@ -388,10 +469,47 @@ def use(kind) -> Optional[Backend]:
 
 def _forget_device_state():
     """Backward graphs and scalar constants compiled for the previous
-    backend hold its arrays: drop them when the backend changes."""
-    from gradcore import graph, tensor_methods
-    graph.clear_cache()
-    tensor_methods._scalars.clear()
+    backend hold its arrays: their owners drop them (they subscribe)."""
+    events.publish("backend_changed")
+
+
+_standard_ops = None        # name -> op-library object, installed by gradcore.devices
+
+
+def install_standard_ops(lookup) -> None:
+    """Hand the device layer the op library's kernels its array helpers use
+    (``lookup(name)``, e.g. "Cast"); called by ``gradcore.devices``."""
+    global _standard_ops
+    _standard_ops = lookup
+
+
+def standard_op(name: str):
+    """The op-library object ``name`` (see ``install_standard_ops``)."""
+    if _standard_ops is None:
+        raise RuntimeError(f"cuda: the op library is not installed (import gradcore first); needed: {name}")
+    return _standard_ops(name)
+
+
+def memory_stats() -> dict:
+    """The CUDA backend's allocator statistics and copy counts, for debugging
+    host round-trips and memory use::
+
+        >>> import gradcore.cuda as gcuda                    # doctest: +SKIP
+        >>> s = gcuda.memory_stats()                         # doctest: +SKIP
+        >>> s["htod"], s["dtoh"], s["in_use_bytes"]          # doctest: +SKIP
+        (3, 1, 4096)
+
+    Keys: ``in_use_bytes``, ``cached_bytes``, ``peak_bytes``, ``driver_allocs``,
+    ``driver_frees``, ``reuses`` (the caching allocator); ``htod``, ``dtoh``
+    (host/device copies) with ``htod_bytes``, ``dtoh_bytes``; ``dtod`` and
+    ``memset`` (on the device); ``launches`` (kernels launched)."""
+    return backend().memory_stats()
+
+
+def empty_cache() -> int:
+    """Give the CUDA allocator's cached blocks back to the driver; the bytes freed.
+    Example: ``gradcore.cuda.empty_cache()``."""
+    return backend().pool.empty_cache()
 
 
 def unavailable_reason() -> Optional[str]:
@@ -403,5 +521,5 @@ def unavailable_reason() -> Optional[str]:
         return str(exc)
 
 
-__all__ = ["Backend", "Dims", "DeviceArray", "Kernel", "pack_params", "backend", "use",
+__all__ = ["Backend", "Dims", "DeviceArray", "Kernel", "pack_params", "backend", "use", "memory_stats", "empty_cache",
            "unavailable_reason", "CudaUnavailable", "CTYPES"]

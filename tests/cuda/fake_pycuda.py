@@ -11,6 +11,7 @@ stream)`` with 3-tuples, bytes, an int and None).
 """
 from __future__ import annotations
 
+import ctypes
 import re
 import sys
 import types
@@ -46,6 +47,8 @@ class FakeCuda:
         self.host = HostDriver()
         self.sources = sources          # PTX text -> the CUDA source it came from
         self.launches = []              # (kernel, grid, block, parameter bytes)
+        self.functions = {}             # CUfunction handle -> _Function
+        self.entry_points = _c_entry_points(self)
         self.context_stack = []
         outer = self
 
@@ -99,7 +102,7 @@ class FakeCuda:
 
     def mem_alloc(self, nbytes):
         self._current()
-        return self.host.alloc(nbytes)
+        return _DeviceAllocation(self, self.host.alloc(nbytes))
 
     def memcpy_htod(self, dest, src):
         self._current()
@@ -126,6 +129,20 @@ class FakeCuda:
         return _Module(self, ptx, self.sources[ptx])
 
 
+class _DeviceAllocation:
+    """PyCUDA's DeviceAllocation: ``int()`` is the address, ``free()`` gives it back."""
+
+    def __init__(self, fake, host_allocation):
+        self.fake, self.host_allocation = fake, host_allocation
+
+    def __int__(self):
+        return int(self.host_allocation)
+
+    def free(self):
+        self.fake._current()
+        self.fake.host.free(self.host_allocation)
+
+
 class _Module:
     def __init__(self, fake, ptx, source):
         self.fake, self.params = fake, ptx_params(ptx)
@@ -141,6 +158,10 @@ class _Function:
     def __init__(self, module, name):
         self.module, self.name = module, name
         self.host_fn = module.fake.host.function(module.host_module, name)
+        # PyCUDA's Function.handle: the CUfunction, as an int
+        fake = module.fake
+        self.handle = 0x1000 + len(fake.functions)
+        fake.functions[self.handle] = self
 
     def _launch_kernel(self, grid, block, buffer, shared, stream):
         fake = self.module.fake
@@ -153,6 +174,56 @@ class _Function:
                                     f"parameter list {layout} takes {end}")
         fake.launches.append((self.name, grid, block, buffer))
         fake.host.launch(self.host_fn, grid, block, buffer, shared)
+
+
+_CU_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+_GEMM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_int] * 5, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
+                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int)
+
+
+def _c_entry_points(fake):
+    """C function pointers standing in for libcuda's ``cuLaunchKernel`` and
+    cuBLAS's S/DgemmStridedBatched, with their C signatures: the compiled
+    launch path calls them exactly as it calls the real ones."""
+    def cu_launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        try:
+            fn = fake.functions[f]
+            # extra = {BUFFER_POINTER(1), buf, BUFFER_SIZE(2), &size, END(0)}
+            assert params is None and stream is None, "parameters travel in extra, on the default stream"
+            assert (extra[0], extra[2], extra[4]) == (1, 2, None), "a malformed extra array"
+            size = ctypes.c_size_t.from_address(extra[3]).value
+            fn._launch_kernel((gx, gy, gz), (bx, by, bz), ctypes.string_at(extra[1], size), shared, None)
+            return 0
+        except Exception as exc:        # a callback cannot raise: report, and fail the launch
+            fake.errors.append(exc)
+            return 1
+
+    def gemm(double):
+        scalar = ctypes.c_double if double else ctypes.c_float
+
+        def call(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch):
+            try:
+                assert h == _BLAS_HANDLE
+                fake.host.gemm(bool(ta), bool(tb), m, n, k, scalar.from_address(alpha).value, a, lda, sa, b, ldb,
+                               sb, scalar.from_address(beta).value, c, ldc, sc, batch,
+                               np.float64 if double else np.float32)
+                fake.gemms += 1
+                return 0
+            except Exception as exc:
+                fake.errors.append(exc)
+                return 13               # CUBLAS_STATUS_EXECUTION_FAILED
+        return _GEMM(call)
+    fake.errors, fake.gemms = [], 0
+    return {"cuLaunchKernel": _CU_LAUNCH(cu_launch), "sgemm": gemm(False), "dgemm": gemm(True)}
+
+
+_BLAS_HANDLE = 0xB1A5
+
+
+def _address(fn):
+    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def fake_modules(fake):
@@ -201,7 +272,10 @@ def make_backend():
             else:
                 sys.modules[k] = v
     driver.cache = _RecordingCache(sources, arch=driver.arch)
-    driver._blas = type("Blas", (), {"gemm_strided_batched": staticmethod(fake.host.gemm)})()
+    entry = fake.entry_points
+    driver._cu_launch = _address(entry["cuLaunchKernel"])
+    driver._blas = type("Blas", (), {"entry_points": staticmethod(
+        lambda: (_BLAS_HANDLE, _address(entry["sgemm"]), _address(entry["dgemm"])))})()
     driver.fake = fake
     return Backend(driver)
 

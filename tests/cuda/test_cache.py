@@ -100,8 +100,8 @@ def test_a_corrupt_file_is_recompiled(tmp_path, monkeypatch):
 
 
 def test_missing_nvcc_is_a_clear_error_only_when_compiling(tmp_path, monkeypatch):
-    import gradcore.devices as devices
-    monkeypatch.setattr(devices, "nvcc_path", lambda: None)
+    from gradcore.cuda import toolkit
+    monkeypatch.setattr(toolkit, "nvcc_path", lambda: None)
     c = KernelCache(tmp_path)
     with pytest.raises(RuntimeError, match="nvcc was not found"):
         c.get("k", SRC)

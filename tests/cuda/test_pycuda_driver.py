@@ -94,5 +94,54 @@ def test_a_parameter_of_the_wrong_c_type_is_caught(fake_gpu):
     x, y = be.to_device(np.ones(3, np.float32)), be.empty((3,), np.float64)
     be.launch_n(k, 3, x, y, 3)                       # long long: right
     np.testing.assert_array_equal(y.get(), np.ones(3))
-    with pytest.raises(AssertionError, match="parameter buffer of 20 bytes"):
+    # the launch goes through the fake cuLaunchKernel (a C function pointer),
+    # which fails the launch and keeps the reason
+    with pytest.raises(RuntimeError, match="cuLaunchKernel failed"):
         be.launch_n(k, 3, x, y, np.int32(3))
+    assert "parameter buffer of 20 bytes" in str(fake_gpu.errors[-1])
+
+
+def test_launches_and_gemms_go_through_the_c_entry_points(fake_gpu):
+    """Per call, nothing of PyCUDA's Python objects is used: every launch
+    arrives at the fake cuLaunchKernel, every GEMM at the fake cuBLAS entry."""
+    be = runtime.backend()
+    assert be.driver.launch_entry() == fake_pycuda._address(fake_gpu.entry_points["cuLaunchKernel"])
+    launches, gemms = len(fake_gpu.launches), fake_gpu.gemms
+    a = gc.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device="cuda")
+    b = gc.Tensor(np.ones((3, 2), np.float64), device="cuda")
+    np.testing.assert_allclose((F.matmul(a, a.T) * 2.0).numpy(), (a.numpy() @ a.numpy().T) * 2)
+    np.testing.assert_allclose(F.matmul(b.T, b).numpy(), np.full((2, 2), 3.0))
+    assert fake_gpu.gemms == gemms + 2 and len(fake_gpu.launches) > launches and not fake_gpu.errors
+
+
+def test_a_pycuda_without_function_handles_launches_through_python(fake_gpu, monkeypatch):
+    """PyCUDA versions whose Function has no ``handle``: kernels are launched
+    with PyCUDA's ``_launch_kernel`` (the same packed buffer), not lost."""
+    be = runtime.backend()
+    assert be.kernel(_Neg(), "float").launch_mode == "cuda"          # with handles: cuLaunchKernel
+    monkeypatch.delattr(fake_pycuda._Function, "handle", raising=False)
+    real = fake_pycuda._Function.__init__
+
+    def without_handle(self, module, name):
+        real(self, module, name)
+        del self.handle
+    monkeypatch.setattr(fake_pycuda._Function, "__init__", without_handle)
+    fresh = runtime.Backend(be.driver)
+    x = fresh.to_device(np.arange(4, dtype=np.float32))
+    k = fresh.kernel(_Neg(), "float")
+    assert k.name == "gc_neg_test_float" and k.launch_mode == "python"
+    before = len(fake_gpu.launches)
+    y = fresh.empty((4,), np.float32)
+    fresh.launch_n(k, 4, x, y, 4)
+    np.testing.assert_array_equal(y.get(), -np.arange(4, dtype=np.float32))
+    assert len(fake_gpu.launches) == before + 1
+
+
+class _Neg:
+    def _name(self):
+        return "neg_test"
+
+    def cuda_source(self, ctype):
+        return (f'extern "C" __global__ void gc_neg_test_{ctype}(const {ctype}* x, {ctype}* y, long long n) {{\n'
+                "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
+                "         i += (long long)blockDim.x * gridDim.x) y[i] = -x[i];\n}\n")

@@ -1,0 +1,61 @@
+# The compiled launch path of the CUDA backend (gradcore/cuda/_launch.pyx).
+#
+# Contract:
+# - ``Kernel``: a loaded kernel's C handle, cached by the backend per
+#   (op, C type, name, source). ``mode`` says how it is launched: through
+#   libcuda's ``cuLaunchKernel`` (``handle`` is the CUfunction) or, on the host
+#   emulator, by calling ``handle`` itself as
+#   ``void launch(const unsigned grid[3], const unsigned block[3], const char* params)``.
+# - ``Launcher``: packs kernel arguments into a C buffer in the CUDA ABI's
+#   layout and calls the entry point; it never goes through PyCUDA's Python
+#   objects. It counts launches; ``dry_run`` skips the call (host-cost benchmarks).
+# - ``MemoryPool``/``Block``: the caching device allocator (size classes, free
+#   lists, statistics, ``empty_cache``); the driver is called only on a miss.
+# - ``gemm``: cuBLAS's S/DgemmStridedBatched through C function pointers.
+
+cdef enum LaunchMode:
+    MODE_CUDA = 0
+    MODE_HOST = 1
+    MODE_PYTHON = 2                     # fallback: the driver's Python launch(fn, grid, block, bytes, shared)
+
+cdef class DeviceArrayBase:
+    # the data of a DeviceArray (gradcore/cuda/array.py subclasses it with the methods)
+    cdef public object backend, shape, dtype, _block
+    cdef public Py_ssize_t size, ndim, nbytes
+    cdef public unsigned long long ptr
+    cdef object __weakref__
+
+
+cdef class Kernel:
+    cdef readonly object name
+    cdef readonly object fn             # the driver's own function object (kept alive)
+    cdef void* handle
+    cdef LaunchMode mode
+
+
+cdef class Launcher:
+    cdef void* cu_launch                # CUresult cuLaunchKernel(...)
+    cdef public bint dry_run
+    cdef public unsigned long long launches
+    cdef public object trace            # a deque of kernel names, or None
+    cdef object python_launch           # the driver's launch, for MODE_PYTHON kernels
+    cdef char[4096] buf
+    cdef int submit(self, Kernel k, unsigned* grid, unsigned* block, Py_ssize_t size, unsigned shared) except -1
+
+
+cdef class Block:
+    cdef readonly unsigned long long ptr
+    cdef readonly Py_ssize_t size
+    cdef MemoryPool pool
+    cdef public unsigned long long version      # bumped by every in-place write through the backend
+    cdef object __weakref__
+
+
+cdef class MemoryPool:
+    cdef readonly object driver
+    cdef dict free_lists                # size class -> [device address]
+    cdef dict allocations               # device address -> the driver's allocation object
+    cdef public long long in_use_bytes, cached_bytes, peak_bytes
+    cdef public long long driver_allocs, driver_frees, reuses
+    cpdef Block malloc(self, Py_ssize_t nbytes)
+    cdef void give_back(self, unsigned long long ptr, Py_ssize_t size)
