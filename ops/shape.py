@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from gradcore import _core
+from gradcore import _core, dtypes
 from gradcore.op import Op, OpError, TensorDesc
 
 
@@ -355,7 +355,7 @@ class Cast(Op):
     attrs = ("dtype",)
 
     def __init__(self, dtype):
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtypes.check_dtype(dtype, "astype")
         self._seal()
 
     def infer(self, x):
@@ -390,6 +390,19 @@ class Cast(Op):
                 "    // x, y: total contiguous elements\n" + _LOOP +
                 f"        y[idx] = ({U})x[idx];\n"
                 "    }\n}\n")
+
+
+_cast_op = None
+
+
+def cast_to(x, dtype):
+    """``x`` as ``dtype`` through a recorded Cast (its gradient comes back in
+    x's own dtype); the cast gradcore's dtype rules insert before an op."""
+    global _cast_op
+    if _cast_op is None:
+        from gradcore.op import interned
+        _cast_op = interned(Cast)
+    return _core.apply(_cast_op(np.dtype(dtype)), x)[0]
 
 
 class Copy(Op):
@@ -475,10 +488,12 @@ class Concat(Op):
         self.axis = int(axis)
         self._seal()
 
+    input_dtypes = dtypes.promoted_inputs      # MegEngine's: one dtype for all inputs
+
     def infer(self, *xs):
         if not xs:
             raise self.error("needs at least one input")
-        dtype = np.result_type(*[x.dtype for x in xs])
+        dtype = dtypes.promote_types(*[x.dtype for x in xs])
         if any(x.shape is None for x in xs):
             return (TensorDesc(None, dtype, xs[0].device),)
         nd = xs[0].ndim
@@ -653,10 +668,12 @@ class Stack(Op):
         self.axis = int(axis)
         self._seal()
 
+    input_dtypes = dtypes.promoted_inputs      # MegEngine's: one dtype for all inputs
+
     def infer(self, *xs):
         if not xs:
             raise self.error("needs at least one input")
-        dtype = np.result_type(*[x.dtype for x in xs])
+        dtype = dtypes.promote_types(*[x.dtype for x in xs])
         if any(x.shape is None for x in xs):
             return (TensorDesc(None, dtype, xs[0].device),)
         shape = xs[0].shape
