@@ -9,7 +9,7 @@ import functools
 import numpy as np
 
 from . import _core, dtypes, graph
-from .op import OpError, TensorDesc
+from .op import IndexOpError, OpError, TensorDesc
 from ._core import Tensor
 from .cuda.array import DeviceArray
 from .dtypes import DEFAULT_FLOAT, DEFAULT_INT
@@ -168,6 +168,8 @@ def kernel_error(op, args, exc):
         return exc
     shapes = ", ".join(str(d.shape) for d in descs)
     cls = exc.__class__ if isinstance(exc, (ValueError, TypeError, IndexError)) else RuntimeError
+    if issubclass(cls, IndexError):
+        cls = IndexOpError        # one type for every index out of range
     text = str(exc)
     text = text if text.startswith(f"{_name(op)}:") else f"{_name(op)}: {text}"   # named once
     try:
