@@ -314,9 +314,11 @@ def dot(inp1, inp2):
 
 # ---- shapes
 def reshape(inp, target_shape: Sequence[int]):
+    from .tensor_methods import _shape_args
     if isinstance(target_shape, int):
         target_shape = (target_shape,)
-    return _apply(_Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
+    # integers only: a float size, even 2.0, is a TypeError (as NumPy, MegEngine)
+    return _apply(_Reshape(_shape_args((target_shape,), "reshape: target_shape")), _t(inp))[0]
 
 
 def transpose(inp, pattern: Optional[Sequence[int]] = None):

@@ -132,6 +132,9 @@ def slow_apply(op, args):
             conv.append(a)
             continue
         if a is None:
+            if not tensors:
+                # no tensor at all (F.exp(None)): the op is named
+                raise TypeError(f"op {_name(op)}: the operand is None and is not supported.")
             # MegEngine's exact message for `t + None` and the like (its tests
             # compare the whole text, so the op is not named)
             raise TypeError("the operand is None and is not supported.")

@@ -17,6 +17,8 @@ from numpy.lib.stride_tricks import as_strided
 from gradcore import _core
 from gradcore.op import IndexOpError, Op, OpError, TensorDesc  # noqa: F401 (IndexOpError: here too)
 
+from .shape import SumToLike
+
 
 def _apply1(op, *args):
     return _core.apply(op, *args)[0]
@@ -348,7 +350,9 @@ class SetSubtensor(Op):
     def vjp(self, inputs, outputs, grads):
         g, idx = grads[0], inputs[2:]
         dx = _apply1(SetSubtensor(self.spec), g, 0, *idx)
-        dv = _apply1(Subtensor(self.spec), g, *idx)
+        # in the value's own shape, whatever the assignment's broadcasting did
+        # (summed over broadcast axes; leading size-1 dims NumPy dropped, given back)
+        dv = _apply1(SumToLike(), _apply1(Subtensor(self.spec), g, *idx), inputs[1])
         return [dx, dv] + [None] * len(idx)
 
     def cuda_source(self, ctype: str = "float") -> str:

@@ -47,6 +47,8 @@ class LogSoftmax(Op):
         return (x,)
 
     def cpu(self, x):
+        if x.size == 0:       # nothing to normalise (NumPy's max refuses an empty axis)
+            return np.empty_like(x)
         m = np.max(x, axis=self.axis, keepdims=True)
         z = x - m
         return z - np.log(np.sum(np.exp(z), axis=self.axis, keepdims=True))
@@ -102,6 +104,8 @@ class Softmax(Op):
     input_dtypes = _float_inputs
 
     def cpu(self, x):
+        if x.size == 0:       # nothing to normalise (NumPy's max refuses an empty axis)
+            return np.empty_like(x)
         e = np.exp(x - np.max(x, axis=self.axis, keepdims=True))
         e /= np.sum(e, axis=self.axis, keepdims=True)
         return e

@@ -796,6 +796,10 @@ class _BatchNorm(Module):
         if self.track_running_stats and not getattr(self, "_track_running_stats_saved", True):
             raise ValueError(f"{type(self).__name__}: track_running_stats was False at construction "
                              f"(no running statistics exist) and cannot be turned on later")
+        if x.size == 0:
+            # an empty batch: nothing to normalise and no statistics to update
+            # (their mean would be NaN); the empty input comes back, as a copy
+            return F.copy(x)
         shape = x.shape
         if x.ndim != 4:     # (N, C) or (N, C, L): normalised as (N, C, L, 1)
             x = x.reshape((shape[0], shape[1], -1, 1))
