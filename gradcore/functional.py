@@ -314,11 +314,12 @@ def dot(inp1, inp2):
 
 # ---- shapes
 def reshape(inp, target_shape: Sequence[int]):
-    from .tensor_methods import _shape_args
     if isinstance(target_shape, int):
         target_shape = (target_shape,)
-    # integers only: a float size, even 2.0, is a TypeError (as NumPy, MegEngine)
-    return _apply(_Reshape(_shape_args((target_shape,), "reshape: target_shape")), _t(inp))[0]
+    if isinstance(target_shape, (tuple, list)) and any(isinstance(d, (float, np.floating)) for d in target_shape):
+        # integers only: a float size, even 2.0, is a TypeError (as NumPy, MegEngine)
+        raise TypeError(f"reshape: target_shape entries must be integers, got {tuple(target_shape)}")
+    return _apply(_Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
 
 
 def transpose(inp, pattern: Optional[Sequence[int]] = None):
