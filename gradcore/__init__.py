@@ -24,6 +24,7 @@ from . import memory
 memory._install_at_import()
 
 from ._core import GradRuleFallback, Tensor, register_grad_rule
+from .op import IndexOpError, OpError
 from .tensor import Parameter, tensor
 from . import tensor_methods as _tm
 
@@ -39,7 +40,7 @@ from .visualization import record_details, visualize  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register_grad_rule",
-           "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "jvp", "vjp", "visualize", "record_details"]
+           "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError"]
 
 
 def __getattr__(name):

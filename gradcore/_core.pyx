@@ -46,6 +46,7 @@ cdef object _h_kernel_for = None      # (op, device) -> kernel callable
 cdef object _h_getattr = None         # (name) -> python-level Tensor method impl
 cdef object _h_infer_check = None     # (op, args) -> None; raises the op's error (op.infer on the inputs)
 cdef object _h_has_infer = None       # (op) -> whether the forward path consults op.infer
+cdef object _h_promote = None         # (op, args) -> (op, args cast by the dtype rules)
 cdef dict _operator_ops = {}
 # the hottest operator ops, read without a dict lookup per call
 cdef object _op_add = None, _op_sub = None, _op_mul = None, _op_div = None
@@ -62,7 +63,7 @@ cdef void _set_hot_ops():
 def _install_hooks(**hooks):
     """Called once by gradcore's Python modules to plug their parts in."""
     global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
-    global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array
+    global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array, _h_promote
     global _h_infer_check, _h_has_infer
     for name, fn in hooks.items():
         if name == "slow_apply": _h_slow_apply = fn
@@ -75,6 +76,7 @@ def _install_hooks(**hooks):
         elif name == "device_array": _device_array = fn
         elif name == "infer_check": _h_infer_check = fn
         elif name == "has_infer": _h_has_infer = fn
+        elif name == "promote": _h_promote = fn
         elif name == "operator_ops":
             _operator_ops.update(fn)
             _set_hot_ops()
@@ -447,6 +449,7 @@ cdef class OpBase:
     cdef bint _cpu_takes_op       # _cpu_kernel is the class's function: call it with the op
     cdef Py_ssize_t _nin          # inputs the op takes (its ``nin``), -1 any, -2 unknown
     cdef signed char _own_rule    # -1 unknown, 0 no, 1 yes
+    cdef signed char _promotes    # has input_dtypes (gradcore.dtypes): -1 unknown, 0 no, 1 yes
     cdef long long _last_key
     cdef object _last_cb
     cdef dict _cb_cache
@@ -456,6 +459,7 @@ cdef class OpBase:
 
     def __cinit__(self):
         self._own_rule = -1
+        self._promotes = -1
         self._last_key = -1
         self._nin = -2
         self._infer_state = -1
@@ -470,6 +474,7 @@ cdef class OpBase:
         self._cpu_kernel = None
         self._cpu_takes_op = False
         self._own_rule = -1
+        self._promotes = -1
         self._last_key = -1
         self._last_cb = None
         self._cb_cache = None
@@ -956,6 +961,11 @@ cdef object _dispatch(op, tuple args, bint one):
     for i in range(n):
         if type(args[i]) is not Tensor and not isinstance(args[i], Tensor):
             return _first(_h_slow_apply(op, args), one)
+    if _needs_promotion(op, args):
+        # the dtype rules (gradcore.dtypes): the op casts its inputs (recorded
+        # casts, so each input's gradient comes back in its own dtype) or
+        # hands over to another op
+        op, args = _h_promote(op, args)
     device = _common_device(op, args)
     keys = None
     if _recording and _no_record == 0:
@@ -988,13 +998,44 @@ cdef object _apply1(op, tuple args):
     for i in range(n):
         if type(args[i]) is not Tensor:
             return _apply(op, args)[0]
-    if isinstance(op, OpBase) and (<OpBase>op)._own_rule == 1:
+    if isinstance(op, OpBase) and ((<OpBase>op)._own_rule == 1 or _needs_promotion(op, args)):
         return _apply(op, args)[0]
     device = _common_device(op, args)
     res = _kernel_call(op, args, device)
     if type(res) is tuple or type(res) is list:
         return _wrap(res[0], device)
     return _wrap(res, device)
+
+
+cdef bint _needs_promotion(op, tuple args):
+    """Whether ``op`` has ``input_dtypes`` and its inputs are not all of
+    one floating dtype (the case every kernel computes as the rules say)."""
+    cdef OpBase ob
+    cdef int tn
+    cdef Py_ssize_t i
+    if not isinstance(op, OpBase):
+        return False
+    ob = <OpBase>op
+    if ob._promotes < 0:
+        ob._promotes = hasattr(type(op), "input_dtypes")
+    if not ob._promotes:
+        return False
+    data = (<Tensor>args[0])._data
+    tn = _type_num(data)
+    if tn >= 0:
+        if tn != cnp.NPY_FLOAT and tn != cnp.NPY_DOUBLE and tn != cnp.NPY_FLOAT16:
+            return True
+        for i in range(1, len(args)):
+            if _type_num((<Tensor>args[i])._data) != tn:
+                return True
+        return False
+    dt = data.dtype
+    if dt.kind != "f":
+        return True
+    for i in range(1, len(args)):
+        if (<Tensor>args[i])._data.dtype != dt:
+            return True
+    return False
 
 
 cdef bint _has_own_rule(op):

@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _core
+from . import _core, dtypes
 from .cuda import events as _device_events
 from .op import TensorDesc
 
@@ -126,8 +126,9 @@ def _as_desc(x, device) -> Tuple[Optional[TensorDesc], object]:
     """(desc, const) for a non-symbolic argument inside a trace."""
     if isinstance(x, _core.Tensor):
         return TensorDesc(x.shape, x.dtype, x.device), x.numpy()
-    if isinstance(x, (bool, int, float)):
-        return TensorDesc((), np.result_type(x), device), x
+    if dtypes.is_weak_scalar(x):
+        x = x.item() if isinstance(x, np.generic) else x
+        return TensorDesc((), dtypes.result_type(x), device), x
     arr = np.asarray(x)
     return TensorDesc(arr.shape, arr.dtype, device), arr
 
@@ -147,13 +148,33 @@ def trace_apply(op, args):
             if isinstance(c, (bool, int, float)):
                 # weak Python scalars take the dtype of the tensors they meet
                 others = [x.dtype for x in args if isinstance(x, SymbolicTensor)]
-                d = TensorDesc((), np.result_type(*others, c), device)
+                d = TensorDesc((), dtypes.result_type(*others, c), device)
             descs.append(d)
             refs.append(Const(c, d.dtype))
+    if hasattr(type(op), "input_dtypes") and not _one_float_dtype(descs):
+        # the dtype rules, as the core applies them to tensors: casts recorded
+        # into the trace, constants made in the dtype wanted
+        op, want = op.input_dtypes([d.dtype for d in descs])
+        for i, (a, d) in enumerate(zip(args, want)):
+            if descs[i].dtype == d:
+                continue
+            if isinstance(a, SymbolicTensor):
+                from gradcore.ops.shape import cast_to
+                cast = cast_to(a, d)
+                descs[i], refs[i] = cast.desc, cast.vid
+            else:
+                value = refs[i].value
+                descs[i] = TensorDesc(descs[i].shape, d, device)
+                refs[i] = Const(value if isinstance(value, (bool, int, float)) else np.asarray(value, d), d)
     out_descs = op.infer(*descs)
     outs = tuple(trace.new_value(d) for d in out_descs)
     trace.nodes.append(Node(op, tuple(refs), tuple(o.vid for o in outs)))
     return outs
+
+
+def _one_float_dtype(descs) -> bool:
+    d0 = descs[0].dtype
+    return d0.kind == "f" and all(d.dtype == d0 for d in descs[1:])
 
 
 # ---------------------------------------------------------------- graphs

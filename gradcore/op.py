@@ -66,6 +66,13 @@ class OpError(ValueError, RuntimeError):
     ValueError, and a RuntimeError as MegEngine raises for the same."""
 
 
+class IndexOpError(OpError, IndexError):
+    """An index out of range (or not an integer): one exception type for
+    basic indexing, advanced indexing, index assignment, ``gather``,
+    ``scatter`` and ``indexing_one_hot``; an IndexError, as NumPy raises,
+    and an OpError naming the op."""
+
+
 def _fmt(desc) -> str:
     return "?" if desc.shape is None else str(desc.shape)
 

@@ -8,14 +8,12 @@ import functools
 
 import numpy as np
 
-from . import _core, graph, interop
-from .op import OpError, TensorDesc
+from . import _core, dtypes, graph, interop
+from .op import IndexOpError, OpError, TensorDesc
 from ._core import Tensor
 from .cuda.array import DeviceArray
 from .cuda import events as _device_events
-
-DEFAULT_FLOAT = np.dtype("float32")
-DEFAULT_INT = np.dtype("int32")
+from .dtypes import DEFAULT_FLOAT, DEFAULT_INT
 
 
 def norm_device(device) -> str:
@@ -44,13 +42,20 @@ def to_array(data, dtype=None, device=None):
             return (data.copy() if dtype is None else data.astype(dtype)), dev
         arr = data.get() if dtype is None else data.get().astype(dtype)
         return arr, dev
+    if dtype is not None:
+        dtype = dtypes.check_dtype(dtype, "Tensor")
+    if data is None:
+        raise TypeError("Tensor: cannot make a Tensor from None (give a number, a list or an array)")
     if isinstance(data, np.ndarray):
+        _check_data_dtype(data.dtype, data)
         # a copy: the tensor must not share a buffer the caller can still write
         arr = np.array(data, dtype=dtype, copy=True)
-    elif data is None:
-        arr = np.zeros((), dtype or DEFAULT_FLOAT)
     else:
-        arr = np.asarray(data)
+        try:
+            arr = np.asarray(data)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"Tensor: cannot make a Tensor from {type(data).__name__}: {exc}") from None
+        _check_data_dtype(arr.dtype, data)
         if dtype is not None:
             arr = arr.astype(dtype, copy=False)
         elif isinstance(data, np.generic):
@@ -60,19 +65,29 @@ def to_array(data, dtype=None, device=None):
         elif arr.dtype.kind in "iu" and arr.dtype.itemsize > 4 and not isinstance(data, np.generic):
             if arr.size == 0 or (arr.min() >= -2**31 and arr.max() < 2**31):
                 arr = arr.astype(DEFAULT_INT)
-        elif arr.dtype.kind not in "biufc":
-            raise TypeError(f"cannot make a Tensor from {type(data).__name__} (dtype {arr.dtype})")
     if dev != "cpu":
         from . import devices
         return devices.to_device(arr, dev), dev
     return arr, dev
 
 
+def _check_data_dtype(dtype, data):
+    """Refuse data gradcore does not compute in (complex, strings, objects,
+    dates...) with a TypeError naming Tensor, before anything is made."""
+    if dtype.kind not in "biuf" or dtype.itemsize > 8:
+        what = type(data).__name__
+        raise TypeError(f"Tensor: cannot make a Tensor from {what} of dtype {dtype}; gradcore computes "
+                        f"in bool, integers and float16/float32/float64")
+
+
 def _const_for(x, tensors, device):
-    """A history-free Tensor for a non-Tensor argument of an op."""
-    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
-        dtypes = [t.dtype for t in tensors]
-        dtype = np.result_type(*dtypes, x) if dtypes else to_array(x)[0].dtype
+    """A history-free Tensor for a non-Tensor argument of an op. A Python or
+    NumPy scalar is weak: it takes the tensors' dtype unless it is of a
+    higher category (gradcore.dtypes.result_type)."""
+    if dtypes.is_weak_scalar(x):
+        dtype = dtypes.scalar_dtype(tuple([t.dtype for t in tensors]), x)
+        if isinstance(x, np.generic):
+            x = x.item()
         if device != "cpu":
             return _core.wrap_array(_device_scalar(x, dtype, device))
         return _core.wrap_array(np.asarray(x, dtype), device)
@@ -120,10 +135,16 @@ def slow_apply(op, args):
             conv.append(a)
             continue
         if a is None:
+            if not tensors:
+                # no tensor at all (F.exp(None)): the op is named
+                raise TypeError(f"op {_name(op)}: the operand is None and is not supported.")
             # MegEngine's exact message for `t + None` and the like (its tests
             # compare the whole text, so the op is not named)
             raise TypeError("the operand is None and is not supported.")
-        c = _const_for(a, tensors, device)
+        try:
+            c = _const_for(a, tensors, device)
+        except (OverflowError, TypeError, ValueError) as exc:
+            raise type(exc)(f"op {_name(op)}: cannot use {a!r} as an operand: {exc}") from None
         if c is None:
             raise TypeError(f"op {_name(op)}: cannot use an argument of type {type(a).__name__} "
                             f"as a tensor")
@@ -153,6 +174,8 @@ def kernel_error(op, args, exc):
         return exc
     shapes = ", ".join(str(d.shape) for d in descs)
     cls = exc.__class__ if isinstance(exc, (ValueError, TypeError, IndexError)) else RuntimeError
+    if issubclass(cls, IndexError):
+        cls = IndexOpError        # one type for every index out of range
     text = str(exc)
     text = text if text.startswith(f"{_name(op)}:") else f"{_name(op)}: {text}"   # named once
     try:
@@ -409,6 +432,15 @@ def _sum_to(g, shape):
     return _core.apply(_sum_to_op(tuple(shape)), g)[0]
 
 
+def promote(op, args):
+    """The core's dtype hook: ``(op, args)`` with each input cast (a
+    recorded Cast) to the dtype ``op.input_dtypes`` asks for."""
+    from gradcore.ops.shape import cast_to
+    op, want = op.input_dtypes([a.dtype for a in args])
+    cast = dtypes.cast_inputs(args, want, cast_to)
+    return op, (args if cast is None else cast)
+
+
 def install():
     from gradcore import devices
     from gradcore.ops.elemwise import Elemwise, modes
@@ -422,4 +454,5 @@ def install():
         tensor_method=_HOOK_FNS.__getitem__,
         operator_ops={m: Elemwise(m) for m in modes()},
         device_array=DeviceArray,
+        promote=promote,
     )

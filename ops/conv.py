@@ -50,7 +50,7 @@ from typing import Tuple
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from gradcore import _core
+from gradcore import _core, dtypes
 from gradcore.op import Op, TensorDesc
 
 from .linalg import check_cuda_dtype, gemm_rows
@@ -359,6 +359,7 @@ def _kname(op_name, ctype):
 class Conv2d(_ConvBase):
     """Cross-correlation of x (N, C, H, W) with weight (O, C // groups, KH, KW)."""
     name = "Conv2d"
+    input_dtypes = dtypes.promoted_inputs      # a float16 input with a float32 weight: float32
 
     def infer(self, x, w):
         dtype = self._dtype(x, w)

@@ -20,8 +20,9 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from gradcore import _core
+from gradcore import _core, dtypes
 from gradcore.op import Op, TensorDesc
+
 
 
 class Row(NamedTuple):
@@ -31,6 +32,10 @@ class Row(NamedTuple):
     grads: Optional[Tuple[Optional[str], ...]]  # derivative expression per input, or None
     domain: Tuple[float, float] = (-2.0, 2.0)   # where gradcheck samples inputs
     out_dtype: Optional[str] = None             # "bool" for predicates
+    # how the mode treats dtypes, one of gradcore.dtypes.ELEMWISE_RULES:
+    # "same", "float" (integer and bool inputs computed in float32), "compare",
+    # "logical", "select"
+    dtypes: str = "same"
 
 
 # fmt: off
@@ -39,11 +44,11 @@ TABLE = [
     Row("add",      "np.add(x, y)",           "x + y",              ("g", "g")),
     Row("sub",      "np.subtract(x, y)",      "x - y",              ("g", "-g")),
     Row("mul",      "np.multiply(x, y)",      "x * y",              ("g * y", "g * x")),
-    Row("div",      "np.true_divide(x, y)",   "x / y",              ("g / y", "-(g * out) / y"), (0.5, 2.0)),
+    Row("div",      "np.true_divide(x, y)",   "x / y",              ("g / y", "-(g * out) / y"), (0.5, 2.0), dtypes="float"),
     # at x = 0 PyTorch's choices: d/dx is 0 where y = 0 (0 * 0 ** -1 would be NaN),
     # d/dy is 0 (out * log(x) would be 0 * -inf)
     Row("pow",      "np.power(x, y)",         "gc_pow(x, y)",       ("where(eq(y, 0), 0, g * y * x ** (y - 1))",
-                                                                     "g * out * log(where(eq(x, 0), 1, x))"), (0.5, 2.0)),
+                                                                     "g * out * log(where(eq(x, 0), 1, x))"), (0.5, 2.0), dtypes="float"),
     Row("maximum",  "np.maximum(x, y)",       "gc_max(x, y)",       ("where(x > y, g, where(eq(x, y), g * 0.5, 0))",
                                                                       "where(y > x, g, where(eq(x, y), g * 0.5, 0))")),
     Row("minimum",  "np.minimum(x, y)",       "gc_min(x, y)",       ("where(x < y, g, where(eq(x, y), g * 0.5, 0))",
@@ -54,54 +59,54 @@ TABLE = [
     Row("abs",      "np.abs(x)",              "gc_abs(x)",          ("g * sign(x)",)),
     Row("sign",     "np.sign(x)",             "x != x ? x : (T)((x > 0) - (x < 0))", ("g * 0",)),
     Row("square",   "np.square(x)",           "x * x",              ("g * x * 2",)),
-    Row("sqrt",     "np.sqrt(x)",             "sqrt(x)",            ("g / (out * 2)",), (0.5, 2.0)),
+    Row("sqrt",     "np.sqrt(x)",             "sqrt(x)",            ("g / (out * 2)",), (0.5, 2.0), dtypes="float"),
     # exponentials and logarithms
-    Row("exp",      "np.exp(x)",              "exp(x)",             ("g * out",)),
-    Row("expm1",    "np.expm1(x)",            "expm1(x)",           ("g * (out + 1)",)),
-    Row("log",      "np.log(x)",              "log(x)",             ("g / x",), (0.5, 2.0)),
-    Row("log1p",    "np.log1p(x)",            "log1p(x)",           ("g / (x + 1)",), (-0.5, 2.0)),
+    Row("exp",      "np.exp(x)",              "exp(x)",             ("g * out",), dtypes="float"),
+    Row("expm1",    "np.expm1(x)",            "expm1(x)",           ("g * (out + 1)",), dtypes="float"),
+    Row("log",      "np.log(x)",              "log(x)",             ("g / x",), (0.5, 2.0), dtypes="float"),
+    Row("log1p",    "np.log1p(x)",            "log1p(x)",           ("g / (x + 1)",), (-0.5, 2.0), dtypes="float"),
     # trigonometric and hyperbolic
-    Row("sin",      "np.sin(x)",              "sin(x)",             ("g * cos(x)",)),
-    Row("cos",      "np.cos(x)",              "cos(x)",             ("-(g * sin(x))",)),
-    Row("tan",      "np.tan(x)",              "tan(x)",             ("g * (out * out + 1)",), (-1.0, 1.0)),
-    Row("tanh",     "np.tanh(x)",             "tanh(x)",            ("g * (1 - out * out)",)),
-    Row("asin",     "np.arcsin(x)",           "asin(x)",            ("g / sqrt(1 - x * x)",), (-0.9, 0.9)),
-    Row("acos",     "np.arccos(x)",           "acos(x)",            ("-(g / sqrt(1 - x * x))",), (-0.9, 0.9)),
-    Row("atan",     "np.arctan(x)",           "atan(x)",            ("g / (x * x + 1)",)),
-    Row("sinh",     "np.sinh(x)",             "sinh(x)",            ("g * cosh(x)",)),
-    Row("cosh",     "np.cosh(x)",             "cosh(x)",            ("g * sinh(x)",)),
-    Row("asinh",    "np.arcsinh(x)",          "asinh(x)",           ("g / sqrt(x * x + 1)",)),
-    Row("acosh",    "np.arccosh(x)",          "acosh(x)",           ("g / sqrt(x * x - 1)",), (1.2, 3.0)),
-    Row("atanh",    "np.arctanh(x)",          "atanh(x)",           ("g / (1 - x * x)",), (-0.9, 0.9)),
-    Row("erf",      "_erf(x)",                "erf(x)",             ("g * exp(-(x * x)) * 1.1283791670955126",)),
+    Row("sin",      "np.sin(x)",              "sin(x)",             ("g * cos(x)",), dtypes="float"),
+    Row("cos",      "np.cos(x)",              "cos(x)",             ("-(g * sin(x))",), dtypes="float"),
+    Row("tan",      "np.tan(x)",              "tan(x)",             ("g * (out * out + 1)",), (-1.0, 1.0), dtypes="float"),
+    Row("tanh",     "np.tanh(x)",             "tanh(x)",            ("g * (1 - out * out)",), dtypes="float"),
+    Row("asin",     "np.arcsin(x)",           "asin(x)",            ("g / sqrt(1 - x * x)",), (-0.9, 0.9), dtypes="float"),
+    Row("acos",     "np.arccos(x)",           "acos(x)",            ("-(g / sqrt(1 - x * x))",), (-0.9, 0.9), dtypes="float"),
+    Row("atan",     "np.arctan(x)",           "atan(x)",            ("g / (x * x + 1)",), dtypes="float"),
+    Row("sinh",     "np.sinh(x)",             "sinh(x)",            ("g * cosh(x)",), dtypes="float"),
+    Row("cosh",     "np.cosh(x)",             "cosh(x)",            ("g * sinh(x)",), dtypes="float"),
+    Row("asinh",    "np.arcsinh(x)",          "asinh(x)",           ("g / sqrt(x * x + 1)",), dtypes="float"),
+    Row("acosh",    "np.arccosh(x)",          "acosh(x)",           ("g / sqrt(x * x - 1)",), (1.2, 3.0), dtypes="float"),
+    Row("atanh",    "np.arctanh(x)",          "atanh(x)",           ("g / (1 - x * x)",), (-0.9, 0.9), dtypes="float"),
+    Row("erf",      "_erf(x)",                "erf(x)",             ("g * exp(-(x * x)) * 1.1283791670955126",), dtypes="float"),
     # activations
     # exp(-log(1 + e^-x)): no cancellation in the negative tail (1 + tanh(x/2)
     # would lose it), no overflow for large |x|
-    Row("sigmoid",  "np.exp(-np.logaddexp(0, -x))", "1 / (1 + exp(-x))", ("g * out * (1 - out)",)),
+    Row("sigmoid",  "np.exp(-np.logaddexp(0, -x))", "1 / (1 + exp(-x))", ("g * out * (1 - out)",), dtypes="float"),
     Row("relu",     "np.maximum(x, 0)",       "gc_max(x, (T)0)",    ("g * (out > 0)",)),
-    Row("softplus", "np.logaddexp(x, 0)",     "log1p(exp(-gc_abs(x))) + gc_max(x, (T)0)", ("g * sigmoid(x)",)),
-    Row("logsigmoid", "-np.logaddexp(-x, 0)", "-(log1p(exp(-gc_abs(x))) + gc_max(-x, (T)0))", ("g * sigmoid(-x)",)),
+    Row("softplus", "np.logaddexp(x, 0)",     "log1p(exp(-gc_abs(x))) + gc_max(x, (T)0)", ("g * sigmoid(x)",), dtypes="float"),
+    Row("logsigmoid", "-np.logaddexp(-x, 0)", "-(log1p(exp(-gc_abs(x))) + gc_max(-x, (T)0))", ("g * sigmoid(-x)",), dtypes="float"),
     Row("silu",     "x * np.exp(-np.logaddexp(0, -x))", "x / (1 + exp(-x))",
-                                                                    ("g * (sigmoid(x) * (1 + x * (1 - sigmoid(x))))",)),
+                                                                    ("g * (sigmoid(x) * (1 + x * (1 - sigmoid(x))))",), dtypes="float"),
     Row("gelu",     "x * (_erf(x * 0.7071067811865476) + 1) * 0.5", "x * (T)0.5 * (1 + erf(x * (T)0.7071067811865476))",
-                    ("g * ((erf(x * 0.7071067811865476) + 1) * 0.5 + x * exp(x * x * -0.5) * 0.3989422804014327)",)),
+                    ("g * ((erf(x * 0.7071067811865476) + 1) * 0.5 + x * exp(x * x * -0.5) * 0.3989422804014327)",), dtypes="float"),
     # selection
-    Row("where",    "np.where(x, y, z)",      "x ? y : z",          (None, "where(x, g, 0)", "where(x, 0, g)")),
+    Row("where",    "np.where(x, y, z)",      "x ? y : z",          (None, "where(x, g, 0)", "where(x, 0, g)"), dtypes="select"),
     # rounding: zero gradient (almost everywhere), a zero .grad as in PyTorch
     Row("floor",    "np.floor(x)",            "gc_floor(x)",        ("g * 0",)),
     Row("ceil",     "np.ceil(x)",             "gc_ceil(x)",         ("g * 0",)),
     Row("round",    "np.round(x)",            "gc_rint(x)",         ("g * 0",)),
     # predicates
-    Row("lt",       "np.less(x, y)",          "x < y",              (None, None), out_dtype="bool"),
-    Row("le",       "np.less_equal(x, y)",    "x <= y",             (None, None), out_dtype="bool"),
-    Row("gt",       "np.greater(x, y)",       "x > y",              (None, None), out_dtype="bool"),
-    Row("ge",       "np.greater_equal(x, y)", "x >= y",             (None, None), out_dtype="bool"),
-    Row("eq",       "np.equal(x, y)",         "x == y",             (None, None), out_dtype="bool"),
-    Row("ne",       "np.not_equal(x, y)",     "x != y",             (None, None), out_dtype="bool"),
-    Row("logical_not", "np.logical_not(x)",   "!x",                 (None,), out_dtype="bool"),
-    Row("logical_and", "np.logical_and(x, y)", "x && y",            (None, None), out_dtype="bool"),
-    Row("logical_or",  "np.logical_or(x, y)",  "x || y",            (None, None), out_dtype="bool"),
-    Row("logical_xor", "np.logical_xor(x, y)", "!x != !y",          (None, None), out_dtype="bool"),
+    Row("lt",       "np.less(x, y)",          "x < y",              (None, None), out_dtype="bool", dtypes="compare"),
+    Row("le",       "np.less_equal(x, y)",    "x <= y",             (None, None), out_dtype="bool", dtypes="compare"),
+    Row("gt",       "np.greater(x, y)",       "x > y",              (None, None), out_dtype="bool", dtypes="compare"),
+    Row("ge",       "np.greater_equal(x, y)", "x >= y",             (None, None), out_dtype="bool", dtypes="compare"),
+    Row("eq",       "np.equal(x, y)",         "x == y",             (None, None), out_dtype="bool", dtypes="compare"),
+    Row("ne",       "np.not_equal(x, y)",     "x != y",             (None, None), out_dtype="bool", dtypes="compare"),
+    Row("logical_not", "np.logical_not(x)",   "!x",                 (None,), out_dtype="bool", dtypes="logical"),
+    Row("logical_and", "np.logical_and(x, y)", "x && y",            (None, None), out_dtype="bool", dtypes="logical"),
+    Row("logical_or",  "np.logical_or(x, y)",  "x || y",            (None, None), out_dtype="bool", dtypes="logical"),
+    Row("logical_xor", "np.logical_xor(x, y)", "!x != !y",          (None, None), out_dtype="bool", dtypes="logical"),
 ]
 # fmt: on
 
@@ -345,18 +350,48 @@ class Elemwise(Op):
         if len(descs) != self.nin:
             raise self.error(f"takes {self.nin} inputs, got {len(descs)}", *descs)
         shape = _broadcast(self, descs)
-        key = (self.mode,) + tuple(d.dtype for d in descs)
-        dtype = _DTYPE_CACHE.get(key)
-        if dtype is None:
-            if self.row.out_dtype:
-                dtype = np.dtype(self.row.out_dtype)
-            else:
-                with warnings.catch_warnings(), np.errstate(all="ignore"):
-                    warnings.simplefilter("ignore")
-                    probe = [np.ones((), d) for d in descs]
-                    dtype = np.asarray(self.cpu(*probe)).dtype
-            _DTYPE_CACHE[key] = dtype
+        _, dtype = self._dtypes(tuple(d.dtype for d in descs), descs)
         return (TensorDesc(shape, dtype, descs[0].device),)
+
+    def input_dtypes(self, in_dtypes):
+        """gradcore's dtype rules (gradcore.dtypes): ``(op, the dtype each
+        input is cast to)``; asked when the inputs are not all of one
+        floating dtype."""
+        return self, self._dtypes(tuple(in_dtypes), ())[0]
+
+    def _dtypes(self, in_dtypes, descs):
+        """(dtype each input is computed in, result dtype), once per signature.
+        Where NumPy's kernel already gives the rule's result from the inputs
+        as they are (float32 * bool), they are not cast; else they are cast
+        to the rule's dtypes, and a mode NumPy does not define for those
+        (bool - bool) is a TypeError."""
+        key = (self.mode,) + in_dtypes
+        hit = _DTYPE_CACHE.get(key)
+        if hit is not None:
+            return hit
+        try:
+            want, out = dtypes.elemwise_dtypes(self.row.dtypes, in_dtypes)
+        except TypeError as exc:
+            raise TypeError(f"{self._name()}: {exc} (input dtypes: "
+                            f"{', '.join(str(d) for d in in_dtypes)})") from None
+        if self._numpy_dtype(in_dtypes) == out:
+            want = in_dtypes
+        got = self._numpy_dtype(want)
+        if got != out:
+            shapes = f" (input shapes: {', '.join(str(d.shape) for d in descs)})" if descs else ""
+            raise TypeError(f"{self._name()}: not defined for {', '.join(str(d) for d in want)} inputs{shapes}")
+        _DTYPE_CACHE[key] = (want, out)
+        return want, out
+
+    def _numpy_dtype(self, in_dtypes):
+        """The dtype the NumPy kernel gives for inputs of ``in_dtypes`` (None
+        where it refuses them)."""
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            try:
+                return np.asarray(self.cpu(*[np.ones((), d) for d in in_dtypes])).dtype
+            except TypeError:
+                return None
 
     def cuda_source(self, ctype: str = "float") -> str:
         return cuda_source(self.row, ctype)
@@ -389,12 +424,18 @@ class Elemwise(Op):
 
     def _cuda_plan(self, be, xs):
         (out,) = self.infer(*[TensorDesc(x.shape, x.dtype, "cuda") for x in xs])
+        # the result dtype the CPU kernel gives for these very inputs: through
+        # the core they come cast by gradcore's dtype rules, so this is the
+        # rule's; called directly, the kernel computes as NumPy, as ``cpu`` does
+        out_dtype = self._numpy_dtype(tuple(x.dtype for x in xs))
+        if out_dtype is None:
+            raise TypeError(f"{self._name()}: not defined for {', '.join(str(x.dtype) for x in xs)} inputs")
         # the kernel computes in one C type: the output's, or for predicates
         # the inputs' common type; a where's condition stays bool
-        if out.dtype == np.bool_ and self.mode != "where":
+        if out_dtype == np.bool_ and self.mode != "where":
             compute = np.result_type(*[x.dtype for x in xs])
         else:
-            compute = out.dtype
+            compute = out_dtype
         if compute == np.float16:
             # NumPy's result type for e.g. sqrt of int8/uint8/bool inputs
             raise TypeError(f"{self._name()}: cuda has no float16 kernels (NumPy computes this in float16 "
@@ -405,7 +446,7 @@ class Elemwise(Op):
             want = np.dtype(np.bool_) if (i == 0 and self.mode == "where") else compute
             casts.append((None if x.dtype == want else want, not _reads_in_place(x.shape, out.shape)))
         check_pow = bool(self.mode == "pow" and compute.kind in "iu" and xs[1].dtype.kind == "i" and size)
-        return tuple(out.shape), np.dtype(out.dtype), size, casts, be.kernel(self, be.ctype(compute)), check_pow
+        return tuple(out.shape), np.dtype(out_dtype), size, casts, be.kernel(self, be.ctype(compute)), check_pow
 
 
 def _reads_in_place(shape, out_shape) -> bool:

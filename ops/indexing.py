@@ -15,15 +15,15 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gradcore import _core
-from gradcore.op import Op, OpError, TensorDesc
+from gradcore.op import IndexOpError, Op, OpError, TensorDesc  # noqa: F401 (IndexOpError: here too)
+
+from .shape import SumToLike
 
 
 def _apply1(op, *args):
     return _core.apply(op, *args)[0]
 
 
-class IndexOpError(OpError, IndexError):
-    """An index out of range: an IndexError, as in NumPy, and an OpError."""
 
 
 def split_index(index) -> Tuple[tuple, list]:
@@ -364,7 +364,9 @@ class SetSubtensor(Op):
     def vjp(self, inputs, outputs, grads):
         g, idx = grads[0], inputs[2:]
         dx = _apply1(SetSubtensor(self.spec), g, 0, *idx)
-        dv = _apply1(Subtensor(self.spec), g, *idx)
+        # in the value's own shape, whatever the assignment's broadcasting did
+        # (summed over broadcast axes; leading size-1 dims NumPy dropped, given back)
+        dv = _apply1(SumToLike(), _apply1(Subtensor(self.spec), g, *idx), inputs[1])
         return [dx, dv] + [None] * len(idx)
 
     def cuda_source(self, ctype: str = "float") -> str:
@@ -442,7 +444,7 @@ class IndexingOneHot(Op):
         ax = self.axis % x.ndim
         if index.shape != x.shape[:ax] + x.shape[ax + 1:]:   # take_along_axis would broadcast it
             raise ValueError(f"index shape must be {x.shape[:ax] + x.shape[ax + 1:]}")
-        _check_one_hot_range(index, x.shape[ax], ax)
+        _check_one_hot_range(index, x.shape, ax)
         out = np.take_along_axis(x, np.expand_dims(index, ax), ax)
         return out if self.keepdims else np.squeeze(out, ax)
 
@@ -468,7 +470,7 @@ class IndexingOneHot(Op):
         ax = self.axis % x.ndim
         # the cpu raises for an index out of range (the kernel would give 0): checked
         # on the index's [min, max], read once per content (labels reused each step)
-        _check_one_hot_range(be.index_extent(index), x.shape[ax], ax)
+        _check_one_hot_range(be.index_extent(index), x.shape, ax)
         outer, n, inner = _outer_n_inner(x.shape, ax)
         y = be.empty(out.shape, x.dtype)
         if y.size:
@@ -476,9 +478,15 @@ class IndexingOneHot(Op):
         return y
 
 
-def _check_one_hot_range(index, n, ax):
-    if index.size and (index.min() < -n or index.max() >= n):
-        raise IndexError(f"index out of range for axis {ax} of size {n}")
+def _check_one_hot_range(index, x_shape, ax):
+    # MegEngine's IndexingOneHot takes indices in [0, n) only (gather and
+    # scatter, advanced indexing there, also take negative ones from the end)
+    n = x_shape[ax]
+    if index.size and (index.min() < 0 or index.max() >= n):
+        bad = index.min() if index.min() < 0 else index.max()
+        raise IndexOpError(f"IndexingOneHot: index {bad} out of range for axis {ax} of size {n} "
+                           f"(indexing_one_hot takes indices in [0, {n}); negative ones are not "
+                           f"counted from the end) (input shapes: {tuple(x_shape)}, {tuple(index.shape)})")
 
 
 class IndexingOneHotGrad(Op):

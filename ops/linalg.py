@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from gradcore import _core
+from gradcore import _core, dtypes
 from gradcore.op import Op, TensorDesc
 
 
@@ -33,8 +33,10 @@ class MatrixMul(Op):
         return [(cls(), [rng.standard_normal((2, 3)), rng.standard_normal((3, 4))]),
                 (cls(False, True), [rng.standard_normal((2, 2, 3)), rng.standard_normal((4, 3))])]
 
+    input_dtypes = dtypes.promoted_inputs      # float16 @ float32 in float32
+
     def infer(self, a, b):
-        dtype = np.result_type(a.dtype, b.dtype)
+        dtype = dtypes.promote_types(a.dtype, b.dtype)
         if a.shape is None or b.shape is None:
             return (TensorDesc(None, dtype, a.device),)
         if a.ndim < 2 or b.ndim < 2:

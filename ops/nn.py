@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from gradcore import _core
+from gradcore import _core, dtypes
 from gradcore.op import Composite, Op, TensorDesc
 
 from .elemwise import Elemwise
@@ -17,6 +17,12 @@ from .shape import StopGradient
 
 def _apply1(op, *args):
     return _core.apply(op, *args)[0]
+
+
+def _float_inputs(op, in_dtypes):
+    """``input_dtypes`` of ops that must produce floats (gradcore.dtypes):
+    integer and bool inputs are computed in float32."""
+    return op, tuple(dtypes.float_dtype(d) for d in in_dtypes)
 
 
 def _check_axis(op, x):
@@ -32,6 +38,8 @@ class LogSoftmax(Op):
         self.axis = op_int("LogSoftmax", "axis", axis)
         self._seal()
 
+    input_dtypes = _float_inputs
+
     def infer(self, x):
         _check_axis(self, x)
         if x.dtype.kind in "biu":
@@ -42,6 +50,8 @@ class LogSoftmax(Op):
         return (x,)
 
     def cpu(self, x):
+        if x.size == 0:       # nothing to normalise (NumPy's max refuses an empty axis)
+            return np.empty_like(x)
         m = np.max(x, axis=self.axis, keepdims=True)
         z = x - m
         return z - np.log(np.sum(np.exp(z), axis=self.axis, keepdims=True))
@@ -94,8 +104,11 @@ class Softmax(Op):
         return [(cls(-1), [rng.standard_normal((2, 3))]), (cls(0), [rng.standard_normal((3, 2))])]
 
     infer = LogSoftmax.infer      # same checks: an axis, a floating-point input
+    input_dtypes = _float_inputs
 
     def cpu(self, x):
+        if x.size == 0:       # nothing to normalise (NumPy's max refuses an empty axis)
+            return np.empty_like(x)
         e = np.exp(x - np.max(x, axis=self.axis, keepdims=True))
         e /= np.sum(e, axis=self.axis, keepdims=True)
         return e
@@ -126,6 +139,8 @@ class LogSumExp(Composite):
     def __init__(self, axis=-1, keepdims=False):
         self.axis, self.keepdims = op_int("LogSumExp", "axis", axis), bool(keepdims)
         self._seal()
+
+    input_dtypes = _float_inputs
 
     def infer(self, x):
         _check_axis(self, x)      # named after this op, not the Reduce inside

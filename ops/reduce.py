@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from gradcore import _core
+from gradcore import _core, dtypes
 from gradcore.op import Op, TensorDesc, broadcast_view
 
 from .elemwise import Elemwise
@@ -64,6 +64,16 @@ _KERNELS = {"sum": np.add.reduce, "mean": _mean, "max": np.maximum.reduce,
             "min": np.minimum.reduce, "prod": np.multiply.reduce}
 
 
+@functools.lru_cache(maxsize=256)
+def _exact_dtype(op: "Reduce") -> "Reduce":
+    """``op`` computing in its input's dtype on every input: the class's
+    ``cpu``, not the full-reduction fast path (which lets NumPy pick the
+    dtype, right for floats only)."""
+    exact = Reduce(op.mode, op.axis, op.keepdims)
+    exact.__dict__.pop("cpu", None)
+    return exact
+
+
 class Reduce(Op):
     """Reduce over ``axis`` (None: all) with mode sum, mean, max, min or prod."""
     name = "Reduce"
@@ -87,18 +97,22 @@ class Reduce(Op):
         if self.mode in ("max", "min") and x.shape is not None and 0 in x.shape:
             if self.axis is None or any(x.shape[a] == 0 for a in self.axis):
                 raise self.error("cannot take max/min over an empty dimension", x)
-        if self.mode == "mean":
-            dtype = x.dtype if x.dtype.kind in "fc" else np.dtype("float64")
-        elif self.mode in ("sum", "prod") and x.dtype.kind in "biu":
-            dtype = np.sum(np.zeros(1, x.dtype)).dtype
-        else:
-            dtype = x.dtype
+        _, dtype = dtypes.reduce_dtypes(self.mode, x.dtype)
         return (TensorDesc(shape, dtype, x.device),)
+
+    def input_dtypes(self, in_dtypes):
+        """gradcore's dtype rules (gradcore.dtypes.reduce_dtypes): mean of
+        integers in float32, sum of bool in int32, sum and prod of integers in
+        their own dtype (computed so: NumPy's full reduction would widen to
+        int64)."""
+        want, _ = dtypes.reduce_dtypes(self.mode, in_dtypes[0])
+        return (self if want.kind == "f" else _exact_dtype(self)), (want,)
 
     def cpu(self, x):
         # axis 0 / -1 of a 0-d array is the array itself (NumPy rejects a tuple axis there)
         axis = None if x.ndim == 0 else self.axis
-        return self._kernel(x, axis, None, None, self.keepdims)
+        # the input's dtype (NumPy's ufuncs widen integer sums to int64)
+        return self._kernel(x, axis, x.dtype, None, self.keepdims)
 
     def vjp(self, inputs, outputs, grads):
         (x,), (out,), (g,) = inputs, outputs, grads
@@ -380,15 +394,16 @@ class CumSum(Op):
     def infer(self, x):
         if x.shape is not None and not -max(len(x.shape), 1) <= self.axis < max(len(x.shape), 1):
             raise self.error(f"axis {self.axis} is out of range for {len(x.shape)} dimensions", x)
-        dtype = np.cumsum(np.zeros(1, x.dtype)).dtype
+        _, dtype = dtypes.reduce_dtypes("sum", x.dtype)     # a sum's dtype (int32 stays int32)
         return (TensorDesc(x.shape, dtype, x.device),)
 
     def cpu(self, x):
+        _, dtype = dtypes.reduce_dtypes("sum", x.dtype)
         if x.ndim == 0:
-            return np.asarray(x).copy()
+            return np.asarray(x, dtype).copy()
         if self.reverse:
-            return np.flip(np.cumsum(np.flip(x, self.axis), axis=self.axis), self.axis)
-        return np.cumsum(x, axis=self.axis)
+            return np.flip(np.cumsum(np.flip(x, self.axis), axis=self.axis, dtype=dtype), self.axis)
+        return np.cumsum(x, axis=self.axis, dtype=dtype)
 
     def vjp(self, inputs, outputs, grads):
         return [_apply1(CumSum(self.axis, not self.reverse), grads[0])]

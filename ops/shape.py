@@ -4,11 +4,12 @@ for its shape, so backward graphs keep a shape carrier instead of it)."""
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional, Sequence
 
 import numpy as np
 
-from gradcore import _core
+from gradcore import _core, dtypes
 from gradcore.op import Op, OpError, TensorDesc
 
 
@@ -48,7 +49,11 @@ class Reshape(Op):
     attrs = ("shape",)
 
     def __init__(self, shape: Sequence[int]):
-        self.shape = tuple(int(s) for s in shape)
+        try:
+            # ints, NumPy ints, 0-d integer tensors; never a float, even a whole one
+            self.shape = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"Reshape: shape entries must be integers, got {tuple(shape)!r}") from None
         # NumPy's reshape takes any negative dim as -1; MegEngine and torch
         # reject all but -1. Checked here since the cpu kernel is NumPy's
         bad = [s for s in self.shape if s < -1]
@@ -167,7 +172,11 @@ class Broadcast(Op):
     reduce_broadcast = True   # the gradient is the output grad, summed down centrally
 
     def __init__(self, shape: Sequence[int]):
-        self.shape = tuple(int(s) for s in shape)
+        try:
+            # ints, NumPy ints, 0-d integer tensors; never a float, even a whole one
+            self.shape = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"Reshape: shape entries must be integers, got {tuple(shape)!r}") from None
         self._seal()
 
     def infer(self, x):
@@ -269,10 +278,23 @@ class SumTo(Op):
         return _sum_to(be, self, x, self.shape)
 
 
+def _extra_leading_ones(x_shape, shape) -> int:
+    """How many more dims ``shape`` has than ``x_shape``, all of size 1 in
+    front (a value NumPy's index assignment broadcast by dropping them): its
+    gradient is summed to the rest of the shape, then given them back."""
+    extra = len(shape) - len(x_shape)
+    if extra > 0 and any(s != 1 for s in shape[:extra]):
+        raise ValueError(f"cannot sum a gradient of shape {tuple(x_shape)} to shape {tuple(shape)}")
+    return max(extra, 0)
+
+
 def sum_to(x, shape):
     shape = tuple(shape)
     if x.shape == shape:
         return x
+    extra = _extra_leading_ones(x.shape, shape)
+    if extra:
+        return sum_to(x, shape[extra:]).reshape(shape)
     lead = x.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and x.shape[i + lead] != 1)
     return np.asarray(x.sum(axis=axes)).reshape(shape)
@@ -375,7 +397,7 @@ class Cast(Op):
     attrs = ("dtype",)
 
     def __init__(self, dtype):
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtypes.check_dtype(dtype, "astype")
         self._seal()
 
     def infer(self, x):
@@ -410,6 +432,19 @@ class Cast(Op):
                 "    // x, y: total contiguous elements\n" + _LOOP +
                 f"        y[idx] = ({U})x[idx];\n"
                 "    }\n}\n")
+
+
+_cast_op = None
+
+
+def cast_to(x, dtype):
+    """``x`` as ``dtype`` through a recorded Cast (its gradient comes back in
+    x's own dtype); the cast gradcore's dtype rules insert before an op."""
+    global _cast_op
+    if _cast_op is None:
+        from gradcore.op import interned
+        _cast_op = interned(Cast)
+    return _core.apply(_cast_op(np.dtype(dtype)), x)[0]
 
 
 class Copy(Op):
@@ -496,10 +531,12 @@ class Concat(Op):
         self.axis = int(axis)
         self._seal()
 
+    input_dtypes = dtypes.promoted_inputs      # MegEngine's: one dtype for all inputs
+
     def infer(self, *xs):
         if not xs:
             raise self.error("needs at least one input")
-        dtype = np.result_type(*[x.dtype for x in xs])
+        dtype = dtypes.promote_types(*[x.dtype for x in xs])
         if any(x.shape is None for x in xs):
             return (TensorDesc(None, dtype, xs[0].device),)
         nd = xs[0].ndim
@@ -676,10 +713,12 @@ class Stack(Op):
         self.axis = int(axis)
         self._seal()
 
+    input_dtypes = dtypes.promoted_inputs      # MegEngine's: one dtype for all inputs
+
     def infer(self, *xs):
         if not xs:
             raise self.error("needs at least one input")
-        dtype = np.result_type(*[x.dtype for x in xs])
+        dtype = dtypes.promote_types(*[x.dtype for x in xs])
         if any(x.shape is None for x in xs):
             return (TensorDesc(None, dtype, xs[0].device),)
         shape = xs[0].shape
@@ -824,6 +863,9 @@ def _sum_to(be, op, x, shape):
     shape = tuple(shape)
     if x.size == _prod(shape):          # nothing to add up (as the cpu, a reshape)
         return x.reshape(shape)
+    extra = _extra_leading_ones(x.shape, shape)
+    if extra:
+        return _sum_to(be, op, x, shape[extra:]).reshape(shape)
     _check_broadcast(op, shape, x.shape)
     lead = x.ndim - len(shape)
     axes = tuple(a for a in range(x.ndim) if a < lead or (shape[a - lead] == 1 and x.shape[a] != 1))

@@ -1,5 +1,7 @@
 """dtype behaviour: float32 by default, float64 kept, float16 storage,
-integer and bool tensors for indices and masks, NumPy's promotion rules."""
+integer and bool tensors for indices and masks, a deep-learning framework's
+promotion rules (gradcore.dtypes; the full grid against PyTorch is in
+test_dtype_rules.py)."""
 import numpy as np
 import pytest
 
@@ -18,19 +20,27 @@ def test_defaults():
     assert gc.tensor([1.0], dtype="float16").dtype == np.float16
 
 
-@pytest.mark.parametrize("a, b", [("float32", "float64"), ("float16", "float32"), ("int32", "float32"),
-                                  ("int32", "int64"), ("bool", "int32"), ("uint8", "int8"), ("float16", "int64")])
-def test_binary_promotion_follows_numpy(a, b):
+# NumPy's rules were kept here before; these are the cases where gradcore's
+# rules now differ from them (NumPy's result in the comment)
+@pytest.mark.parametrize("a, b, want", [
+    ("float32", "float64", "float64"), ("float16", "float32", "float32"),
+    ("int32", "float32", "float32"),       # NumPy: float64
+    ("int32", "int64", "int64"), ("bool", "int32", "int32"), ("uint8", "int8", "int16"),
+    ("float16", "int64", "float16"),       # NumPy: float64
+])
+def test_binary_promotion(a, b, want):
     x, y = np.ones(3, a), np.ones(3, b)
-    assert (gc.tensor(x) + gc.tensor(y)).dtype == (x + y).dtype
-    assert (gc.tensor(x) * gc.tensor(y)).dtype == (x * y).dtype
+    assert (gc.tensor(x) + gc.tensor(y)).dtype == want
+    assert (gc.tensor(x) * gc.tensor(y)).dtype == want
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
-def test_python_scalars_are_weak(dtype):
+@pytest.mark.parametrize("dtype, with_float", [("float16", "float16"), ("float32", "float32"),
+                                               ("float64", "float64"),
+                                               ("int32", "float32")])      # NumPy: float64
+def test_python_scalars_are_weak(dtype, with_float):
     x = gc.tensor(np.ones(3, dtype))
-    assert (x * 2).dtype == (np.ones(3, dtype) * 2).dtype
-    assert (x + 1.5).dtype == (np.ones(3, dtype) + 1.5).dtype
+    assert (x * 2).dtype == dtype
+    assert (x + 1.5).dtype == with_float
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
@@ -85,6 +95,7 @@ def test_integer_tensors_get_no_gradient():
     assert n.grad is None
 
 
-def test_true_division_of_integers_is_float():
-    assert (gc.tensor([1, 2]) / gc.tensor([2, 2])).dtype == np.float64
+def test_true_division_of_integers_is_float32():
+    assert (gc.tensor([1, 2]) / gc.tensor([2, 2])).dtype == np.float32      # NumPy: float64
+    np.testing.assert_array_equal((gc.tensor([1, 2]) / gc.tensor([2, 2])).numpy(), [0.5, 1.0])
     assert (gc.tensor([1, 2]) // gc.tensor([2, 2])).dtype == np.int32

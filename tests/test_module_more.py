@@ -12,15 +12,16 @@ from gradcore.autodiff import GradManager
 
 
 def _run(module, x_np, dy_np=None):
-    """``module(x)`` and the gradients of ``sum(y * dy)`` for x and each parameter."""
+    """``module(x)`` and the gradients of ``sum(y * dy)`` for x and each
+    parameter, the latter by parameter name."""
     x = gc.tensor(x_np)
-    params = list(module.parameters())
-    gm = GradManager().attach([x] + params)
+    params = dict(module.named_parameters())
+    gm = GradManager().attach([x] + list(params.values()))
     with gm:
         y = module(x)
         dy = np.ones(y.shape, "float32") if dy_np is None else dy_np
         gm.backward((y * gc.tensor(dy)).sum())
-    return y.numpy(), x.grad.numpy(), [p.grad.numpy() for p in params]
+    return y.numpy(), x.grad.numpy(), {n: p.grad.numpy() for n, p in params.items()}
 
 
 def _run_torch(torch, module, x_np, dy_np=None):
@@ -28,24 +29,25 @@ def _run_torch(torch, module, x_np, dy_np=None):
     y = module(x)
     dy = torch.ones_like(y) if dy_np is None else torch.tensor(dy_np)
     (y * dy).sum().backward()
-    return y.detach().numpy(), x.grad.numpy(), [p.grad.numpy() for p in module.parameters()]
+    return y.detach().numpy(), x.grad.numpy(), {n: p.grad.numpy() for n, p in module.named_parameters()}
 
 
 def _copy_params(ours, theirs):
-    """Torch's parameter values into ours, in order, reshaped to our shapes."""
-    ps, tps = list(ours.parameters()), list(theirs.parameters())
-    assert len(ps) == len(tps)
-    for p, tp in zip(ps, tps):
-        p._reset(gc.tensor(tp.detach().numpy().reshape(p.shape)))
+    """Torch's parameter values into ours, by name (gradcore lists them in
+    MegEngine's sorted order, torch in definition order), reshaped to our shapes."""
+    ps, tps = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    assert sorted(ps) == sorted(tps)
+    for name, p in ps.items():
+        p._reset(gc.tensor(tps[name].detach().numpy().reshape(p.shape)))
 
 
 def _assert_same(ours, theirs, rtol=1e-4, atol=1e-5):
     (y, dx, dps), (ty, tdx, tdps) = ours, theirs
     np.testing.assert_allclose(y, ty, rtol=rtol, atol=atol)
     np.testing.assert_allclose(dx, tdx, rtol=rtol, atol=atol)
-    assert len(dps) == len(tdps)
-    for g, tg in zip(dps, tdps):
-        np.testing.assert_allclose(g.reshape(tg.shape), tg, rtol=rtol, atol=atol)
+    assert sorted(dps) == sorted(tdps)
+    for name, g in dps.items():
+        np.testing.assert_allclose(g.reshape(tdps[name].shape), tdps[name], rtol=rtol, atol=atol, err_msg=name)
 
 
 # ---------------------------------------------------------------- activations
@@ -161,7 +163,7 @@ def test_layer_norm_parameters_and_state():
     assert ln.normalized_shape == (3, 4) and ln.eps == 1e-5 and ln.affine
     assert ln.weight.shape == (3, 4) and (ln.weight.numpy() == 1).all() and not ln.bias.numpy().any()
     assert M.LayerNorm(5).normalized_shape == (5,)
-    assert list(ln.state_dict()) == ["weight", "bias"] and ln.state_dict()["weight"].shape == (3, 4)
+    assert list(ln.state_dict()) == ["bias", "weight"] and ln.state_dict()["weight"].shape == (3, 4)
     with pytest.raises(ValueError):
         ln(gc.tensor(np.ones((2, 4, 3), "float32")))
 
@@ -199,7 +201,7 @@ def test_group_and_instance_norm_parameters_state_and_errors():
     gn = M.GroupNorm(2, 4)
     assert (gn.num_groups, gn.num_channels, gn.eps, gn.affine) == (2, 4, 1e-5, True)
     assert gn.weight.shape == (4,) and gn.bias.shape == (4,)
-    assert list(gn.state_dict()) == ["weight", "bias"]
+    assert list(gn.state_dict()) == ["bias", "weight"]
     assert list(M.GroupNorm(2, 4, affine=False).parameters()) == []
     inst = M.InstanceNorm(3)
     assert inst.weight.shape == (3,) and (inst.num_channels, inst.eps, inst.affine) == (3, 1e-5, True)
@@ -275,7 +277,7 @@ def test_conv1d_defaults_init_and_errors():
     conv = M.Conv1d(3, 1, 3)
     assert conv(gc.tensor(np.arange(24, dtype="float32").reshape(2, 3, 4))).shape == (2, 1, 2)
     assert (conv.stride, conv.padding, conv.dilation, conv.groups, conv.padding_mode) == (1, 0, 1, 1, "zeros")
-    assert not conv.bias.numpy().any() and list(conv.state_dict()) == ["weight", "bias"]
+    assert not conv.bias.numpy().any() and list(conv.state_dict()) == ["bias", "weight"]
     w = M.Conv1d(50, 40, 5).weight.numpy()
     assert abs(w.std() - np.sqrt(1 / 250)) < 0.005          # N(0, 1 / (kernel_size * in_channels))
     with pytest.raises(ValueError, match="groups"):
@@ -404,8 +406,8 @@ def _cnn_pair(torch):
 ])
 def test_training_with_new_layers_and_optimizers_matches_torch(torch, make, kind, kwargs):
     tnet, net, xshape = make(torch)
-    assert [n for n, _ in net.named_parameters()] == [n for n, _ in tnet.named_parameters()]
-    _copy_params(net, tnet)
+    _copy_params(net, tnet)                  # same names as torch, in sorted order
+    assert [n for n, _ in net.named_parameters()] == sorted(n for n, _ in tnet.named_parameters())
     topt = getattr(torch.optim, kind)(tnet.parameters(), **kwargs)
     opt = getattr(optim, kind)(net.parameters(), **kwargs)
     tsched = torch.optim.lr_scheduler.MultiStepLR(topt, milestones=[2, 4], gamma=0.5)
@@ -423,7 +425,9 @@ def test_training_with_new_layers_and_optimizers_matches_torch(torch, make, kind
         opt.step().clear_grad()
         sched.step()
         assert opt.param_groups[0]["lr"] == pytest.approx(topt.param_groups[0]["lr"])
-        for (name, p), tp in zip(net.named_parameters(), tnet.parameters()):
+        tparams = dict(tnet.named_parameters())
+        for name, p in net.named_parameters():
+            tp = tparams[name]
             np.testing.assert_allclose(p.numpy().reshape(tp.shape), tp.detach().numpy(), rtol=5e-4, atol=5e-5,
                                        err_msg=f"{name} after step {step}")
 

@@ -11,7 +11,7 @@ from gradcore.autodiff import GradManager
 from gradcore.testing import gradcheck, gradgradcheck
 
 
-def test_module_parameters_in_attribute_order_and_state_dict():
+def test_module_parameters_in_sorted_attribute_order_and_state_dict():
     class Net(M.Module):
         def __init__(self):
             super().__init__()
@@ -21,9 +21,11 @@ def test_module_parameters_in_attribute_order_and_state_dict():
 
     net = Net()
     names = [n for n, _ in net.named_parameters()]
-    assert names == ["conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight", "fc.bias"]
+    # MegEngine's order: attribute names sorted at each level, whatever order they were set in
+    assert names == ["bn.bias", "bn.weight", "conv.bias", "conv.weight", "fc.bias", "fc.weight"]
     state = net.state_dict()
-    assert "bn.running_mean" in state and "bn.running_var" in state
+    assert list(state) == ["bn.bias", "bn.running_mean", "bn.running_var", "bn.weight",
+                           "conv.bias", "conv.weight", "fc.bias", "fc.weight"]
     other = Net()
     other.load_state_dict(state)
     for (_, a), (_, b) in zip(net.named_parameters(), other.named_parameters()):
@@ -154,20 +156,26 @@ def test_optimizer_param_groups_and_skipping():
 def test_sequential_names_layers_like_megengine_and_torch():
     from collections import OrderedDict
     net = M.Sequential(M.Linear(4, 8), M.ReLU(), M.Linear(8, 2))
-    assert [n for n, _ in net.named_parameters()] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [n for n, _ in net.named_parameters()] == ["0.bias", "0.weight", "2.bias", "2.weight"]
     assert [n for n, _ in net.named_modules()] == ["", "0", "1", "2"]
     assert [n for n, _ in net.named_children()] == ["0", "1", "2"]
     assert len(net) == 3 and isinstance(net[-1], M.Linear) and [type(m) for m in net][1] is M.ReLU
     tail = net[1:]
-    assert isinstance(tail, M.Sequential) and [n for n, _ in tail.named_parameters()] == ["2.weight", "2.bias"]
+    assert isinstance(tail, M.Sequential) and [n for n, _ in tail.named_parameters()] == ["2.bias", "2.weight"]
     named = M.Sequential(OrderedDict(fc0=M.Linear(2, 3), act=M.ReLU(), fc1=M.Linear(3, 1)))
-    assert list(named.state_dict()) == ["fc0.weight", "fc0.bias", "fc1.weight", "fc1.bias"]
+    assert list(named.state_dict()) == ["fc0.bias", "fc0.weight", "fc1.bias", "fc1.weight"]
+    # traversal sorts the names, forward keeps the given order
+    backwards = M.Sequential(OrderedDict(b=M.Linear(2, 3), a=M.Linear(3, 1)))
+    assert [n for n, _ in backwards.named_children()] == ["a", "b"]
+    assert backwards(gc.tensor(np.ones((1, 2), "float32"))).shape == (1, 1)
     net[2] = M.Linear(8, 5)
     assert net(gc.tensor(np.ones((1, 4), "float32"))).shape == (1, 5)
     del net[1]
     assert len(net) == 2 and [n for n, _ in net.named_children()] == ["0", "2"]
     big = M.Sequential(*[M.Linear(1, 1) for _ in range(12)])
-    assert [n for n, _ in big.named_parameters()][-2:] == ["11.weight", "11.bias"]
+    # names are sorted as strings, as in MegEngine: "10" and "11" come before "2"
+    assert [n for n, _ in big.named_children()] == ["0", "1", "10", "11"] + [str(i) for i in range(2, 10)]
+    assert [n for n, _ in big.named_parameters()][-2:] == ["9.bias", "9.weight"]
 
 
 def test_module_traversal_containers_prefix_recursion_and_sharing():
@@ -184,13 +192,14 @@ def test_module_traversal_containers_prefix_recursion_and_sharing():
             return x
 
     net = Net()
+    # sorted attribute names ("again" before "fc": the shared module is listed under "again")
     assert [n for n, _ in net.named_parameters()] == [
-        "fc.weight", "fc.bias", "blocks.x.0.weight", "blocks.x.0.bias",
-        "blocks.x.1.1.weight", "blocks.x.1.1.bias", "scale"]
-    assert [n for n, _ in net.named_parameters(prefix="net")][0] == "net.fc.weight"
+        "again.bias", "again.weight", "blocks.x.0.bias", "blocks.x.0.weight",
+        "blocks.x.1.1.bias", "blocks.x.1.1.weight", "scale"]
+    assert [n for n, _ in net.named_parameters(prefix="net")][0] == "net.again.bias"
     assert [n for n, _ in net.named_parameters(recursive=False)] == ["scale"]
     assert len(list(net.parameters(requires_grad=True))) == 7     # accepted and ignored, as MegEngine
-    assert [n for n, _ in net.named_modules()] == ["", "fc", "blocks.x.0", "blocks.x.1.0", "blocks.x.1.1"]
+    assert [n for n, _ in net.named_modules()] == ["", "again", "blocks.x.0", "blocks.x.1.0", "blocks.x.1.1"]
     assert len(list(net.children())) == 4
     assert [n for n, _ in net.named_buffers()] == ["count"] and len(list(net.buffers())) == 1
     net.train(False, recursive=False)
@@ -217,7 +226,7 @@ def test_forward_hooks_run_and_can_be_removed():
 def test_state_dict_flat_batch_norm_strict_loading_and_closures():
     net = M.Sequential(M.Conv2d(1, 2, 3), M.BatchNorm2d(2))
     state = net.state_dict()
-    assert list(state) == ["0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var"]
+    assert list(state) == ["0.bias", "0.weight", "1.bias", "1.running_mean", "1.running_var", "1.weight"]
     assert all(type(v) is np.ndarray for v in state.values())
     assert state["1.weight"].shape == (2,) and state["0.bias"].shape == (1, 2, 1, 1)   # MegEngine: XNorm flat
     state["0.weight"][:] = 5            # a copy: the module is untouched
@@ -320,10 +329,11 @@ def _cnn_pair(torch):
 ])
 def test_training_a_model_matches_torch_step_by_step(torch, make, kind, kwargs):
     tnet, net, xshape = make(torch)
+    tparams = dict(tnet.named_parameters())
     names = [n for n, _ in net.named_parameters()]
-    assert names == [n for n, _ in tnet.named_parameters()]          # same names as torch
-    for p, tp in zip(net.parameters(), tnet.parameters()):
-        p._reset(gc.tensor(tp.detach().numpy().reshape(p.shape)))
+    assert names == sorted(tparams)          # torch's names, in MegEngine's sorted order
+    for name, p in net.named_parameters():
+        p._reset(gc.tensor(tparams[name].detach().numpy().reshape(p.shape)))
     topt = getattr(torch.optim, kind)(tnet.parameters(), **kwargs)
     opt = getattr(optim, kind)(net.parameters(), **kwargs)
     gm = GradManager().attach(net.parameters())
@@ -339,7 +349,8 @@ def test_training_a_model_matches_torch_step_by_step(torch, make, kind, kwargs):
         with gm:
             gm.backward(((net(gc.tensor(x)) - gc.tensor(y)) ** 2).mean())
         opt.step().clear_grad()
-        for (name, p), tp in zip(net.named_parameters(), tnet.parameters()):
+        for name, p in net.named_parameters():
+            tp = tparams[name]
             np.testing.assert_allclose(p.numpy().reshape(tp.shape), tp.detach().numpy(), rtol=2e-4, atol=2e-5,
                                        err_msg=f"{name} after step {step}")
 

@@ -118,10 +118,11 @@ def atan2(y: Tensor, x: Tensor) -> Tensor:
     wide = ge(abs(x), abs(y))
     safe_x = where(wide & ne(x, 0), x, 1)
     safe_y = where(wide, 1, y)
-    half_pi = np.asarray(np.pi / 2, x.dtype)
+    def const(v):       # a 0-d array of x's dtype (a NumPy scalar would be weak: float32)
+        return np.asarray(v, x.dtype)
     # (at the origin the ratio is 0/1, constant: gradient 0 there, as torch)
-    near_x = atan(where(ne(x, 0), y, 0) / safe_x) + where(lt(x, 0), where(lt(y, 0), -2 * half_pi, 2 * half_pi), 0)
-    near_y = where(lt(y, 0), -half_pi, half_pi) - atan(x / safe_y)
+    near_x = atan(where(ne(x, 0), y, 0) / safe_x) + where(lt(x, 0), where(lt(y, 0), const(-np.pi), const(np.pi)), 0)
+    near_y = where(lt(y, 0), const(-np.pi / 2), const(np.pi / 2)) - atan(x / safe_y)
     return where(wide, near_x, near_y)
 
 

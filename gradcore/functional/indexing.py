@@ -125,6 +125,7 @@ def sort(inp, descending: bool = False, axis: int = -1):
         >>> values, indices = F.sort(x, descending=True)
     """
     x = _t(inp)
+    axis = _int_or_err("sort", "axis", axis)     # an int or a 0-d integer tensor
     last = -1 if x.shape is None or x.ndim == 0 else x.ndim - 1
     ax = -1 if last < 0 or axis in (-1, last) else _axis_in("sort", axis, x.ndim)
     if ax in (-1, last):

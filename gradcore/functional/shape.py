@@ -28,6 +28,9 @@ _ExpandDims, _Squeeze, _Cast, _Concat, _Split, _Stack = map(interned, (ExpandDim
 def reshape(inp, target_shape: Sequence[int]):
     if isinstance(target_shape, int):
         target_shape = (target_shape,)
+    if isinstance(target_shape, (tuple, list)) and any(isinstance(d, (float, np.floating)) for d in target_shape):
+        # integers only: a float size, even 2.0, is a TypeError (as NumPy, MegEngine)
+        raise TypeError(f"reshape: target_shape entries must be integers, got {tuple(target_shape)}")
     return _apply(_Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
 
 

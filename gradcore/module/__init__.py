@@ -10,7 +10,7 @@ Example::
     >>> import gradcore.module as M
     >>> net = M.Sequential(M.Linear(4, 8), M.ReLU(), M.Linear(8, 2))
     >>> [name for name, _ in net.named_parameters()]
-    ['0.weight', '0.bias', '2.weight', '2.bias']
+    ['0.bias', '0.weight', '2.bias', '2.weight']
 """
 from __future__ import annotations
 
@@ -26,16 +26,24 @@ from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
 
 
+def _sorted_keys(keys) -> list:
+    """Attribute names or dict keys in MegEngine's traversal order: sorted.
+    Keys that are not strings (they name no Tensor or Module, see _expand)
+    go last, by their text, so a dict mixing key types can still be scanned."""
+    return sorted(keys, key=lambda k: (not isinstance(k, str), str(k)))
+
+
 def _expand(key: str, obj) -> list:
     """``(dotted key, leaf)`` for ``obj`` if it is a Tensor or Module, and for
     every Tensor or Module inside it if it is a list, tuple or dict (nested
-    ones too): ``layers.0.weight``, ``blocks.conv``."""
+    ones too): ``layers.0.weight``, ``blocks.conv``. Lists and tuples go in
+    index order, dicts in sorted key order (MegEngine's)."""
     if isinstance(obj, (Tensor, Module)):
         return [(key, obj)]
     if isinstance(obj, (list, tuple)):
         items = enumerate(obj)
     elif isinstance(obj, dict):
-        items = obj.items()
+        items = [(k, obj[k]) for k in _sorted_keys(obj)]
     else:
         return []
     out = []
@@ -94,11 +102,14 @@ class Module:
     Parameters (``Parameter`` attributes), buffers (other ``Tensor``
     attributes, such as BatchNorm's running statistics) and sub-modules are
     found by scanning the attributes, also inside lists, tuples and dicts, in
-    the order the attributes were first set (PyTorch's order; MegEngine sorts
-    the attribute names instead). Names are dotted paths: ``fc.weight``,
-    ``layers.0.bias``. An object reachable twice is listed once, under its
-    first name (``state_dict`` alone lists a tensor shared by two sub-modules
-    under both names, as MegEngine and PyTorch do).
+    MegEngine's order: attribute names (and dict keys) sorted at each level,
+    each sub-module's entries right after it (depth first), so ``bn.bias``,
+    ``bn.weight``, ``i.bn.bias``, ..., ``param``. Names are dotted paths:
+    ``fc.weight``, ``layers.0.bias``. An object reachable twice is listed
+    once, under its first name in that order. ``state_dict`` has its own
+    order, MegEngine's too: a module's own tensors (sorted), then each
+    sub-module's state (sorted by name), and it lists a tensor shared by two
+    sub-modules under both names, as MegEngine and PyTorch do.
     """
 
     # class-level defaults, so a subclass that forgets super().__init__() still works
@@ -147,8 +158,9 @@ class Module:
         if seen is None:
             seen = {id(self)}
         dotted = "" if prefix is None else prefix + "."
-        for key, value in list(vars(self).items()):
-            for name, leaf in _expand(key, value):
+        attributes = vars(self)
+        for key in _sorted_keys(list(attributes)):
+            for name, leaf in _expand(key, attributes[key]):
                 if id(leaf) in seen:
                     continue
                 seen.add(id(leaf))
@@ -333,12 +345,15 @@ class Module:
     def replace_param(self, params: Dict[int, Parameter], start_pos: int, seen: Optional[set] = None) -> int:
         """MegEngine's (deprecated) ``replace_param``: number the Parameters
         that are direct attributes, depth first through sub-modules that are
-        direct attributes, from ``start_pos`` on, and put ``params[i]`` (same
-        shape) in place of the i-th; returns how many were numbered."""
+        direct attributes, in sorted attribute order (``parameters()``'s
+        order), from ``start_pos`` on, and put ``params[i]`` (same shape) in
+        place of the i-th; returns how many were numbered."""
         offset = 0
         if seen is None:
             seen = {id(self)}
-        for key, value in list(vars(self).items()):
+        attributes = vars(self)
+        for key in _sorted_keys(list(attributes)):
+            value = attributes[key]
             if id(value) in seen:
                 continue
             seen.add(id(value))
@@ -430,7 +445,7 @@ class Sequential(Module):
 
         >>> net = Sequential(Linear(2, 4), ReLU(), Linear(4, 1))
         >>> [n for n, _ in net.named_parameters()]
-        ['0.weight', '0.bias', '2.weight', '2.bias']
+        ['0.bias', '0.weight', '2.bias', '2.weight']
     """
 
     def __init__(self, *layers, **kwargs):
@@ -781,6 +796,10 @@ class _BatchNorm(Module):
         if self.track_running_stats and not getattr(self, "_track_running_stats_saved", True):
             raise ValueError(f"{type(self).__name__}: track_running_stats was False at construction "
                              f"(no running statistics exist) and cannot be turned on later")
+        if x.size == 0:
+            # an empty batch: nothing to normalise and no statistics to update
+            # (their mean would be NaN); the empty input comes back, as a copy
+            return F.copy(x)
         shape = x.shape
         if x.ndim != 4:     # (N, C) or (N, C, L): normalised as (N, C, L, 1)
             x = x.reshape((shape[0], shape[1], -1, 1))

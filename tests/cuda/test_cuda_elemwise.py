@@ -139,14 +139,16 @@ def test_integer_and_bool_inputs(cuda, dtype):
         if mode == "pow":
             args = [a, np.abs(b).astype(dtype)]
         try:
+            # gradcore's dtype rules refuse bool // bool, NumPy bool negative
+            op.infer(*[gc.op.TensorDesc(x.shape, x.dtype) for x in args])
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
-                op.cpu(*args)
-        except TypeError as exc:            # e.g. bool negative: the same error on cuda, before any kernel
+                want = op.cpu(*args)
+        except TypeError as exc:            # the same error on cuda, before any kernel
             with pytest.raises(type(exc)):
                 op.cuda(be, *[be.to_device(x) for x in args])
             continue
-        if np.result_type(op.infer(*[gc.op.TensorDesc(x.shape, x.dtype) for x in args])[0].dtype) == np.float16:
+        if np.asarray(want).dtype == np.float16:
             continue                        # test_float16_results_raise
         _same(*_host_run(be, mode, *args), rtol=1e-12 if mode in ("sqrt", "exp", "sigmoid") else 0.0)
 

@@ -227,9 +227,9 @@ def test_setitem_errors(cuda, fn, arrays):
 # ---------------------------------------------------------------- indexing_one_hot (and cross_entropy)
 @pytest.mark.parametrize("shape,axis,keepdims,index", [
     ((3, 5), 1, False, ints(0, 4, 2)),
-    ((3, 5), -1, True, np.array([-1, -5, 3], np.int32)),
+    ((3, 5), -1, True, np.array([4, 0, 3], np.int32)),
     ((4, 3), 0, True, ints(3, 0, 1)),
-    ((2, 3, 4), 1, False, rng.integers(-3, 3, (2, 4))),
+    ((2, 3, 4), 1, False, rng.integers(0, 3, (2, 4))),
     ((2, 3, 4), 2, True, rng.integers(0, 4, (2, 3)).astype(np.uint8)),
     ((5,), 0, False, np.array(2)),
     ((0, 4), 1, False, np.zeros(0, np.int64)),
@@ -247,6 +247,7 @@ def test_indexing_one_hot_float64_and_ints(cuda, matches_cpu):
 @pytest.mark.parametrize("x,index", [
     pytest.param(rand(3, 4), ints(0, 4, 1), id="too-large"),
     pytest.param(rand(3, 4), ints(-5, 0, 1), id="too-small"),
+    pytest.param(rand(3, 4), ints(-1, 0, 1), id="negative"),     # MegEngine: [0, n) only
     pytest.param(rand(3, 4), ints(0, 1), id="shape"),
     pytest.param(rand(3, 4), np.array([0.5, 1.0, 2.0]), id="dtype"),    # whole floats are accepted
 ])

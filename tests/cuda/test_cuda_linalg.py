@@ -128,11 +128,13 @@ def test_matmul_errors_match_cpu(cuda):
             F.matmul(c, gc.Tensor(np.ones((2, 4, 3), np.float32), device=device))
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.complex64])
-def test_dtypes_without_kernels_are_a_clear_error(cuda, dtype):
-    a = gc.Tensor(np.ones((2, 2), dtype), device="cuda")
-    with pytest.raises(TypeError, match=f"no {np.dtype(dtype)} kernels"):
+def test_dtypes_without_kernels_are_a_clear_error(cuda):
+    a = gc.Tensor(np.ones((2, 2), np.float16), device="cuda")
+    with pytest.raises(TypeError, match="no float16 kernels"):
         F.matmul(a, a)
+    # complex tensors are refused when they are made (gradcore.dtypes)
+    with pytest.raises(TypeError, match="complex64"):
+        gc.Tensor(np.ones((2, 2), np.complex64), device="cuda")
 
 
 @pytest.mark.parametrize("with_bias", [True, False])
