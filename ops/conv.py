@@ -1378,9 +1378,9 @@ class _Conv3dGrad(_Conv3dBase):
     def _grad_rows(self, g):
         """Output gradient (N, O, *out) as (groups, O/groups, N*prod(out)), contiguous."""
         n, o = g.shape[:2]
-        grp = self.groups
-        gm = np.ascontiguousarray(g.reshape(n, grp, o // grp, -1).transpose(1, 2, 0, 3))
-        return gm.reshape(grp, o // grp, -1)
+        grp, p = self.groups, int(np.prod(g.shape[2:]))
+        gm = np.ascontiguousarray(g.reshape(n, grp, o // grp, p).transpose(1, 2, 0, 3))
+        return gm.reshape(grp, o // grp, n * p)
 
 
 class Conv3dBackwardData(_Conv3dGrad):
