@@ -1926,3 +1926,180 @@ for _n in ("layer_norm", "group_norm", "pad", "adaptive_avg_pool2d", "adaptive_m
            "pixel_shuffle", "topk_accuracy"):
     setattr(nn, _n, globals()[_n])
 del _n
+
+
+# ---- the rest of the convolution family: transposed, 3-d; resizing (F.vision)
+from .ops.conv import Conv3d as _Conv3dOp, ConvTranspose2d as _ConvTranspose2dOp  # noqa: E402
+from .ops.vision import INTERPOLATE_MODES as _INTERPOLATE_MODES, Interpolate as _InterpolateOp  # noqa: E402
+
+_ConvTranspose2d, _Conv3d, _Interpolate = map(interned, (_ConvTranspose2dOp, _Conv3dOp, _InterpolateOp))
+
+
+def _grouped_weight(name: str, w: Tensor, groups: int, plain_ndim: int, layout: str) -> Tensor:
+    """A convolution weight in its plain form: MegEngine's grouped form
+    (groups, a // groups, b // groups, *kernel), one more axis than the
+    plain (a, b // groups, *kernel), is folded; ``layout`` names the plain
+    form in messages."""
+    if w.ndim == plain_ndim + 1:
+        if w.shape[0] != groups:
+            raise ValueError(f"{name}: a grouped {w.ndim}-D weight {w.shape} has {w.shape[0]} groups, "
+                             f"but groups={groups}")
+        return reshape(w, (w.shape[0] * w.shape[1],) + tuple(w.shape[2:]))
+    if w.ndim != plain_ndim:
+        raise ValueError(f"{name}: weight must be {layout} or grouped (groups, ...), got shape {w.shape}")
+    return w
+
+
+def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+                     output_padding=0, dilation=1, groups: int = 1, conv_mode: str = "cross_correlation",
+                     compute_mode: str = "default") -> Tensor:
+    """2-D transposed convolution ("deconvolution") of ``inp`` (N, C_in, H, W)
+    with ``weight`` (C_in, C_out // groups, KH, KW), or MegEngine's grouped
+    (groups, C_in // groups, C_out // groups, KH, KW); MegEngine's
+    ``F.conv_transpose2d``. The output is (N, C_out, (H - 1) * stride - 2 *
+    padding + dilation * (KH - 1) + output_padding + 1, ...): the gradient of
+    ``conv2d`` with respect to its input. ``output_padding`` must be smaller
+    than the stride. ``bias`` broadcasts against the output, e.g. (1, C_out,
+    1, 1); a (C_out,) bias is one per channel.
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 1, 2, 2), "float32"))
+        >>> F.conv_transpose2d(x, gc.tensor(np.ones((1, 1, 2, 2), "float32")), stride=2).shape
+        (1, 1, 4, 4)
+    """
+    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
+        raise ValueError(f"conv_transpose2d: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    x = _t(inp)
+    w = _grouped_weight("conv_transpose2d", _t(weight), groups, 4, "(C_in, C_out // groups, KH, KW)")
+    op = _ConvTranspose2d(_pair(stride), _pair(padding), _pair(output_padding), _pair(dilation), groups)
+    out = _apply(op, x, w)[0]
+    return out if bias is None else _channel_bias("conv_transpose2d", out, _t(bias, out))
+
+
+def conv_transpose1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1,
+                     padding: int = 0, output_padding: int = 0, dilation: int = 1, groups: int = 1,
+                     conv_mode: str = "cross_correlation", compute_mode: str = "default") -> Tensor:
+    """1-D transposed convolution of ``inp`` (N, C_in, L) with ``weight``
+    (C_in, C_out // groups, K) (or grouped (groups, C_in // groups, C_out //
+    groups, K)): ``conv_transpose2d`` on a trailing axis of size 1. Output
+    length (L - 1) * stride - 2 * padding + dilation * (K - 1) +
+    output_padding + 1.
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 1, 3), "float32"))
+        >>> F.nn.conv_transpose1d(x, gc.tensor([[[1.0, 2.0]]]), stride=2).numpy()
+        array([[[1., 2., 1., 2., 1., 2.]]], dtype=float32)
+    """
+    x, w = _t(inp), _t(weight)
+    if x.ndim != 3:
+        raise ValueError(f"conv_transpose1d: inp must be (N, C, L), got shape {x.shape}")
+    if w.ndim not in (3, 4):
+        raise ValueError(f"conv_transpose1d: weight must be (C_in, C_out // groups, K) or (groups, "
+                         f"C_in // groups, C_out // groups, K), got shape {w.shape}")
+    s, p, op, d = (_one_int("conv_transpose1d", what, v, low) for what, v, low in
+                   (("stride", stride, 1), ("padding", padding, 0), ("output_padding", output_padding, 0),
+                    ("dilation", dilation, 1)))
+    out = squeeze(conv_transpose2d(expand_dims(x, -1), expand_dims(w, -1), None, (s, 1), (p, 0), (op, 0),
+                                   (d, 1), groups, conv_mode, compute_mode), -1)
+    return out if bias is None else _channel_bias("conv_transpose1d", out, _t(bias, out))
+
+
+def _triple(v):
+    # as _pair: anything else goes to the op as is, which says what is wrong
+    try:
+        if isinstance(v, (tuple, list)):
+            return tuple(_index(a) for a in v)
+        v = _index(v)
+        return (v, v, v)
+    except TypeError:
+        return tuple(v) if isinstance(v, (tuple, list)) else v
+
+
+def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1,
+           groups: int = 1, conv_mode: str = "cross_correlation") -> Tensor:
+    """3-D convolution (cross-correlation) of ``inp`` (N, C, D, H, W) with
+    ``weight`` (O, C // groups, KD, KH, KW), or MegEngine's grouped (groups,
+    O // groups, C // groups, KD, KH, KW); MegEngine's ``F.conv3d``.
+    ``bias`` broadcasts against (N, O, OD, OH, OW), e.g. (1, O, 1, 1, 1).
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 2, 4, 4, 4), "float32"))
+        >>> F.conv3d(x, gc.tensor(np.ones((3, 2, 3, 3, 3), "float32")), padding=1).shape
+        (1, 3, 4, 4, 4)
+    """
+    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
+        raise ValueError(f"conv3d: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    x = _t(inp)
+    w = _grouped_weight("conv3d", _t(weight), groups, 5, "(O, C // groups, KD, KH, KW)")
+    out = _apply(_Conv3d(_triple(stride), _triple(padding), _triple(dilation), groups), x, w)[0]
+    return out if bias is None else _channel_bias("conv3d", out, _t(bias, out))
+
+
+def _resize_sizes(x: Tensor, size, scale_factor, n: int) -> tuple:
+    """The output's ``n`` trailing sizes for ``interpolate``: ``size`` as
+    given, or floor(input size * scale factor)."""
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor, "
+                         f"got size={size!r}, scale_factor={scale_factor!r}")
+    if size is not None:
+        out = _int_tuple("interpolate", "size", size)
+        out = out * n if len(out) == 1 else out
+        if len(out) != n:
+            raise ValueError(f"interpolate: size must have {n} element(s) for a {x.ndim}-D input, got {size!r}")
+        return tuple(_int_arg("interpolate", "size", s, 1) for s in out)
+    factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * n
+    if len(factors) != n or not all(isinstance(f, (int, float, np.integer, np.floating)) and not isinstance(f, bool)
+                                    and f > 0 for f in factors):
+        raise ValueError(f"interpolate: scale_factor must be a positive number or {n} of them, got {scale_factor!r}")
+    out = tuple(int(np.floor(s * float(f))) for s, f in zip(x.shape[-n:], factors))
+    if min(out) < 1:
+        raise ValueError(f"interpolate: scale_factor {scale_factor!r} gives an empty output {out} "
+                         f"for input shape {x.shape}")
+    return out
+
+
+def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear",
+                align_corners: Optional[bool] = None) -> Tensor:
+    """Resize ``inp`` to ``size`` or by ``scale_factor`` (output size
+    floor(input size * factor)), MegEngine's ``F.vision.interpolate``:
+    ``mode`` "bilinear" or "nearest" for (N, C, H, W) input, "linear" for
+    (N, C, W). ``align_corners`` (linear modes only; default False) maps
+    the corner pixels' centres onto each other. Source positions follow the
+    output/input size ratio (PyTorch's ``recompute_scale_factor=True``).
+
+    Example::
+
+        >>> x = gc.tensor(np.array([[[[1.0, 2.0]]]], "float32"))
+        >>> F.vision.interpolate(x, scale_factor=2, mode="nearest").numpy()
+        array([[[[1., 1., 2., 2.],
+                 [1., 1., 2., 2.]]]], dtype=float32)
+    """
+    x = _t(inp)
+    mode = mode.lower() if isinstance(mode, str) else mode
+    if mode == "linear":
+        if x.ndim != 3:
+            raise ValueError(f"interpolate: mode 'linear' needs a 3-D (N, C, W) input, got shape {x.shape}")
+        (ow,) = _resize_sizes(x, size, scale_factor, 1)
+        op = _Interpolate((1, ow), "bilinear", bool(align_corners))
+        return squeeze(_apply(op, expand_dims(x, -2))[0], -2)
+    if mode not in _INTERPOLATE_MODES:
+        raise ValueError(f"interpolate: mode must be one of 'nearest', 'bilinear', 'linear', got {mode!r}")
+    if x.ndim != 4:
+        raise ValueError(f"interpolate: mode {mode!r} needs a 4-D (N, C, H, W) input, got shape {x.shape}")
+    if align_corners and mode == "nearest":
+        raise ValueError("interpolate: align_corners only applies to the linear modes, not 'nearest'")
+    return _apply(_Interpolate(_resize_sizes(x, size, scale_factor, 2), mode, bool(align_corners)), x)[0]
+
+
+class _Vision:
+    """``F.vision.*`` names, as in MegEngine."""
+
+
+vision = _Vision()
+vision.interpolate = interpolate
+for _n in ("conv_transpose1d", "conv_transpose2d", "conv3d", "interpolate"):
+    setattr(nn, _n, globals()[_n])
+del _n
