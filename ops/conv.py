@@ -1388,6 +1388,13 @@ class Conv3dBackwardData(_Conv3dGrad):
     an array shaped like x_ref (read only for its shape)."""
     name = "Conv3dBackwardData"
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: (g, w, x_ref), strided and grouped."""
+        rng = np.random.default_rng(0)
+        return [(cls(2, 1, 1, 2), [rng.standard_normal((1, 2, 2, 2, 3)), rng.standard_normal((2, 2, 2, 3, 2)),
+                                   rng.standard_normal((1, 4, 3, 3, 4))])]
+
     def _x_and_w(self, w, ref):
         return ref, w
 
@@ -1461,6 +1468,13 @@ class Conv3dBackwardFilter(_Conv3dGrad):
     """Gradient of Conv3d with respect to its weight: (g, x, w_ref) -> an
     array shaped like w_ref (read only for its shape)."""
     name = "Conv3dBackwardFilter"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: (g, x, w_ref), strided and grouped."""
+        rng = np.random.default_rng(0)
+        return [(cls(2, 1, 1, 2), [rng.standard_normal((1, 2, 2, 2, 3)), rng.standard_normal((1, 4, 3, 3, 4)),
+                                   rng.standard_normal((2, 2, 2, 3, 2))])]
 
     def _x_and_w(self, x, ref):
         return x, ref

@@ -120,3 +120,64 @@ def test_bad_gradient_shape(h):
 def test_bad_arguments(kw, needle):
     with pytest.raises(ValueError, match=needle):
         Conv3d(**kw)
+
+
+# ---------------------------------------------------------------- F and M
+def test_functional_with_bias_and_grouped_weight_vs_torch(rng, h, torch):
+    import gradcore.functional as F
+    x, w, b = rng.standard_normal((2, 4, 3, 4, 3)), rng.standard_normal((2, 3, 2, 2, 2, 2)), \
+        rng.standard_normal((1, 6, 1, 1, 1))
+    gfn = lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=1, groups=2)
+    tfn = lambda x, w, b: torch.nn.functional.conv3d(x, w.reshape(6, 2, 2, 2, 2), b.reshape(-1), (1, 2, 1), 1, 1, 2)
+    h.compare(torch, gfn, tfn, [x, w, b], need_grads=True, **TOL)
+    assert F.nn.conv3d is F.conv3d
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda F, x: F.conv3d(x, np.ones((3, 1, 2, 2, 2, 2)), groups=2), "groups=2"),
+    (lambda F, x: F.conv3d(x, np.ones((2, 2, 2))), "weight must be"),
+    (lambda F, x: F.conv3d(x, np.ones((2, 2, 1, 1, 1)), conv_mode="convolution"), "conv_mode"),
+])
+def test_functional_errors(call, needle):
+    import gradcore.functional as F
+    with pytest.raises(ValueError) as ei:
+        call(F, gradcore.Tensor(np.ones((1, 2, 3, 3, 3), "float32")))
+    assert needle in str(ei.value) and "conv3d" in str(ei.value)
+
+
+def test_module(rng, h, torch):
+    import gradcore.module as M
+    gradcore.random.seed(1)
+    m = M.Conv3d(4, 6, (3, 2, 2), stride=2, padding=1, groups=2)
+    assert m.weight.shape == (2, 3, 2, 3, 2, 2) and m.bias.shape == (1, 6, 1, 1, 1)
+    assert sorted(m.state_dict()) == ["bias", "weight"]
+    assert M.Conv3d(4, 6, 3, bias=False).bias is None and M.Conv3d(4, 6, 3).weight.shape == (6, 4, 3, 3, 3)
+    x = rng.standard_normal((2, 4, 5, 4, 5)).astype("float32")
+    want = torch.nn.functional.conv3d(torch.tensor(x), torch.tensor(m.weight.numpy().reshape(6, 2, 3, 2, 2)),
+                                      torch.tensor(m.bias.numpy().reshape(-1)), 2, 1, 1, 2)
+    h.assert_close(m(gradcore.Tensor(x)).numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    gradcore.random.seed(0)
+    w = M.Conv3d(32, 8, 3).weight.numpy()
+    assert abs(w.std() / np.sqrt(1 / (27 * 32)) - 1) < 0.05      # MegEngine: fan_in = kd * kh * kw * in_channels
+
+
+def test_a_small_3d_net_trains(rng):
+    import gradcore.functional as F
+    import gradcore.module as M
+    import gradcore.optimizer as optim
+    gradcore.random.seed(0)
+    conv, up = M.Conv3d(1, 4, 3, stride=2, padding=1), M.ConvTranspose2d(4, 1, 2, stride=2)
+    params = list(conv.parameters()) + list(up.parameters())
+    opt, gm = optim.Adam(params, lr=0.05), gradcore.GradManager().attach(params)
+    x = gradcore.Tensor(rng.standard_normal((4, 1, 2, 6, 6)).astype("float32"))
+    target = gradcore.Tensor(rng.standard_normal((4, 1, 6, 6)).astype("float32"))
+    losses = []
+    for _ in range(30):
+        with gm:
+            h = F.relu(conv(x))                                    # (4, 4, 1, 3, 3)
+            y = up(h.reshape((4, 4, 3, 3)))                        # (4, 1, 6, 6)
+            loss = ((y - target) ** 2).mean()
+            gm.backward(loss)
+        opt.step().clear_grad()
+        losses.append(float(loss.item()))
+    assert losses[-1] < 0.7 * losses[0]

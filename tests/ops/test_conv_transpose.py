@@ -132,3 +132,73 @@ def test_integer_input_is_rejected(h):
     with pytest.raises(ValueError) as ei:
         apply(ConvTranspose2d(), gradcore.Tensor(np.ones((1, 1, 2, 2), "int32")), gradcore.Tensor(np.ones((1, 1, 1, 1))))
     h.check_error(ei, "ConvTranspose2d", "floating-point")
+
+
+# ---------------------------------------------------------------- F and M
+def test_functional_with_bias_and_grouped_weight_vs_torch(rng, h, torch):
+    import gradcore.functional as F
+    x, w, b = rng.standard_normal((2, 4, 3, 3)), rng.standard_normal((2, 2, 3, 3, 3)), rng.standard_normal(6)
+    gfn = lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2)
+    tfn = lambda x, w, b: torch.nn.functional.conv_transpose2d(x, w.reshape(4, 3, 3, 3), b, 2, 1, 1, 2)
+    h.compare(torch, gfn, tfn, [x, w, b], need_grads=True, **TOL)
+    assert F.nn.conv_transpose2d is F.conv_transpose2d
+
+
+def test_functional_1d_with_bias_vs_torch(rng, h, torch):
+    import gradcore.functional as F
+    x, w, b = rng.standard_normal((2, 4, 5)), rng.standard_normal((2, 2, 3, 3)), rng.standard_normal((1, 6, 1))
+    gfn = lambda x, w, b: F.nn.conv_transpose1d(x, w, b, 2, 1, 1, 1, 2)
+    tfn = lambda x, w, b: torch.nn.functional.conv_transpose1d(x, w.reshape(4, 3, 3), b.reshape(-1), 2, 1, 1, 2)
+    h.compare(torch, gfn, tfn, [x, w, b], need_grads=True, **TOL)
+    h.check_grads(gfn, [x[:1, :, :3], w, b])
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda F, x: F.conv_transpose2d(x, np.ones((2, 1, 1, 2, 2)), groups=1), "groups=1"),
+    (lambda F, x: F.conv_transpose2d(x, np.ones((2, 2))), "weight must be"),
+    (lambda F, x: F.conv_transpose2d(x, np.ones((2, 1, 2, 2)), conv_mode="convolution"), "conv_mode"),
+    (lambda F, x: F.conv_transpose2d(x, np.ones((2, 1, 2, 2), "float32"), np.ones(3, "float32")), "one element per output channel"),
+    (lambda F, x: F.nn.conv_transpose1d(x, np.ones((2, 1, 2), "float32")), "(N, C, L)"),
+    (lambda F, x: F.nn.conv_transpose1d(x.reshape(1, 2, 9), np.ones((2, 1, 2), "float32"), stride=(1, 2)), "stride"),
+])
+def test_functional_errors(call, needle):
+    import gradcore.functional as F
+    x = gradcore.Tensor(np.ones((1, 2, 3, 3), "float32"))
+    with pytest.raises((ValueError, TypeError)) as ei:
+        call(F, x)
+    assert needle in str(ei.value) and ("conv_transpose" in str(ei.value) or "ConvTranspose" in str(ei.value))
+
+
+def test_module(rng, h, torch):
+    import gradcore.module as M
+    gradcore.random.seed(3)
+    m = M.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+    assert m.weight.shape == (2, 2, 3, 3, 3) and m.bias.shape == (1, 6, 1, 1)
+    assert sorted(m.state_dict()) == ["bias", "weight"]
+    assert not np.any(m.bias.numpy())
+    assert M.ConvTranspose2d(4, 6, 3).weight.shape == (4, 6, 3, 3)
+    x = rng.standard_normal((2, 4, 5, 5)).astype("float32")
+    want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(m.weight.numpy().reshape(4, 3, 3, 3)),
+                                                torch.tensor(m.bias.numpy().reshape(-1)), 2, 1, 1, 2)
+    h.assert_close(m(gradcore.Tensor(x)).numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    assert "output_padding=(1, 1)" in repr(m) and "groups=2" in repr(m)
+
+
+def test_module_init_scale():
+    import gradcore.module as M
+    gradcore.random.seed(0)
+    w = M.ConvTranspose2d(64, 32, 3).weight.numpy()
+    assert abs(w.std() / np.sqrt(1 / (9 * 32)) - 1) < 0.05       # MegEngine: fan_in = kh * kw * out_channels
+    assert abs(w.mean()) < 0.01
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(groups=3), "divisible by groups=3"), (dict(output_padding=1), "output_padding"),
+    (dict(kernel_size=0), "kernel_size"), (dict(stride=(1, 2, 3)), "pair"),
+])
+def test_module_bad_arguments(kw, needle):
+    import gradcore.module as M
+    args = dict(in_channels=4, out_channels=6, kernel_size=3)
+    args.update(kw)
+    with pytest.raises(ValueError, match=needle):
+        M.ConvTranspose2d(**args)

@@ -111,3 +111,56 @@ def test_bad_input(h):
 def test_bad_arguments(args, needle):
     with pytest.raises(ValueError, match=needle):
         Interpolate(*args)
+
+
+# ---------------------------------------------------------------- F
+@pytest.mark.parametrize("kw, tkw", [
+    (dict(size=(7, 3)), dict(size=(7, 3))),
+    (dict(size=6), dict(size=6)),
+    (dict(scale_factor=2), dict(scale_factor=2)),
+    (dict(scale_factor=(1.5, 0.5)), dict(scale_factor=(1.5, 0.5), recompute_scale_factor=True)),
+])
+@pytest.mark.parametrize("mode, align_corners", [("nearest", None), ("bilinear", None), ("bilinear", True),
+                                                 ("BILINEAR", False)])
+def test_functional_vs_torch(kw, tkw, mode, align_corners, rng, h, torch):
+    import gradcore.functional as F
+    x = rng.standard_normal((2, 2, 4, 5))
+    gfn = lambda x: F.vision.interpolate(x, mode=mode, align_corners=align_corners, **kw)
+    extra = {} if mode == "nearest" else {"align_corners": bool(align_corners)}
+    tfn = lambda x: torch.nn.functional.interpolate(x, mode=mode.lower(), **extra, **tkw)
+    h.compare(torch, gfn, tfn, [x], need_grads=True, **TOL)
+
+
+@pytest.mark.parametrize("kw", [dict(size=9), dict(scale_factor=3), dict(size=(2,))])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_functional_linear_vs_torch(kw, align_corners, rng, h, torch):
+    import gradcore.functional as F
+    x = rng.standard_normal((2, 3, 4))
+    gfn = lambda x: F.vision.interpolate(x, mode="linear", align_corners=align_corners, **kw)
+    tfn = lambda x: torch.nn.functional.interpolate(x, mode="linear", align_corners=align_corners, **kw)
+    h.compare(torch, gfn, tfn, [x], need_grads=True, **TOL)
+    h.check_grads(lambda x: gfn(x) ** 2, [x[:1, :1]])
+
+
+def test_functional_names():
+    import gradcore.functional as F
+    assert F.interpolate is F.vision.interpolate is F.nn.interpolate
+
+
+@pytest.mark.parametrize("shape, kw, needle", [
+    ((1, 1, 4, 4), dict(), "exactly one of size and scale_factor"),
+    ((1, 1, 4, 4), dict(size=3, scale_factor=2), "exactly one"),
+    ((1, 1, 4, 4), dict(size=(2, 2, 2)), "2 element"),
+    ((1, 1, 4, 4), dict(size=0), ">= 1"),
+    ((1, 1, 4, 4), dict(scale_factor=-1), "positive"),
+    ((1, 1, 4, 4), dict(scale_factor=0.1), "empty output"),
+    ((1, 1, 4, 4), dict(size=2, mode="bicubic"), "mode"),
+    ((1, 1, 4, 4), dict(size=2, mode="nearest", align_corners=True), "align_corners"),
+    ((1, 1, 4), dict(size=2), "4-D"),
+    ((1, 1, 4, 4), dict(size=2, mode="linear"), "3-D"),
+])
+def test_functional_errors(shape, kw, needle):
+    import gradcore.functional as F
+    with pytest.raises(ValueError) as ei:
+        F.vision.interpolate(gradcore.Tensor(np.ones(shape, "float32")), **kw)
+    assert needle in str(ei.value) and "interpolate" in str(ei.value)
