@@ -64,16 +64,24 @@ def _apply1(op, *args):
     return _core.apply(op, *args)[0]
 
 
-def _pair(op_name, what, v, minimum) -> Tuple[int, int]:
+def _spatial(op_name, what, v, minimum, n) -> Tuple[int, ...]:
+    """An int or ``n`` ints (one per spatial axis) as an n-tuple, each >= ``minimum``."""
     if isinstance(v, (tuple, list)):
-        if len(v) != 2:
-            raise ValueError(f"{op_name}: {what} must be an int or a pair, got {v!r}")
-        out = (op_int(op_name, what, v[0]), op_int(op_name, what, v[1]))
+        if len(v) != n:
+            raise ValueError(f"{op_name}: {what} must be an int or {_N_INTS[n]}, got {v!r}")
+        out = tuple(op_int(op_name, what, a) for a in v)
     else:
-        out = (op_int(op_name, what, v),) * 2
+        out = (op_int(op_name, what, v),) * n
     if min(out) < minimum:
         raise ValueError(f"{op_name}: {what} must be >= {minimum}, got {v!r}")
     return out
+
+
+_N_INTS = {2: "a pair", 3: "a triple"}
+
+
+def _pair(op_name, what, v, minimum) -> Tuple[int, int]:
+    return _spatial(op_name, what, v, minimum, 2)
 
 
 def _out_size(size, k, s, p, d):
@@ -234,27 +242,33 @@ def gemm_source(ctype: str = "float") -> str:
 
 
 # ---------------------------------------------------------------- convolution
-class _ConvBase(Op):
+class _ConvAttrs(Op):
+    """What the 2-d and 3-d convolutions share: the attributes (one value per
+    spatial axis, ``spatial`` axes) and the shape and dtype checks."""
     attrs = ("stride", "padding", "dilation", "groups")
+    spatial = 2
 
     def __init__(self, stride=1, padding=0, dilation=1, groups=1):
         n = self.name
-        self.stride = _pair(n, "stride", stride, 1)
-        self.padding = _pair(n, "padding", padding, 0)
-        self.dilation = _pair(n, "dilation", dilation, 1)
+        self.stride = _spatial(n, "stride", stride, 1, self.spatial)
+        self.padding = _spatial(n, "padding", padding, 0, self.spatial)
+        self.dilation = _spatial(n, "dilation", dilation, 1, self.spatial)
         self.groups = op_int(n, "groups", groups)
         if self.groups < 1:
             raise ValueError(f"{n}: groups must be >= 1, got {groups!r}")
         self._seal()
 
     def _check(self, x, w, descs):
-        """Validate input shape ``x`` (N, C, H, W) against weight shape ``w``
-        (O, C/groups, KH, KW); return the output's (OH, OW). ``descs`` name
-        the shapes in the message."""
-        if len(x) != 4:
-            raise self.error(f"input must be 4-D (N, C, H, W), got {len(x)}-D", *descs)
-        if len(w) != 4:
-            raise self.error(f"weight must be 4-D (out_channels, in_channels // groups, kh, kw), "
+        """Validate input shape ``x`` (N, C, [D,] H, W) against weight shape
+        ``w`` (O, C/groups, [KD,] KH, KW); return the output's spatial
+        sizes. ``descs`` name the shapes in the message."""
+        nd = self.spatial + 2
+        axes = ("D", "H", "W")[-self.spatial:]
+        if len(x) != nd:
+            raise self.error(f"input must be {nd}-D (N, C, {', '.join(axes)}), got {len(x)}-D", *descs)
+        if len(w) != nd:
+            kernel = ", ".join("k" + a.lower() for a in axes)
+            raise self.error(f"weight must be {nd}-D (out_channels, in_channels // groups, {kernel}), "
                              f"got {len(w)}-D", *descs)
         g = self.groups
         if x[1] % g:
@@ -267,10 +281,10 @@ class _ConvBase(Op):
         if min(w[2:]) < 1:
             raise self.error("kernel size must be positive", *descs)
         out = []
-        for ax, (size, k, s, p, d) in enumerate(zip(x[2:], w[2:], self.stride, self.padding, self.dilation)):
+        dims = ("depth", "height", "width")[-self.spatial:]
+        for dim, size, k, s, p, d in zip(dims, x[2:], w[2:], self.stride, self.padding, self.dilation):
             eff = d * (k - 1) + 1
             if size + 2 * p < eff:
-                dim = "height" if ax == 0 else "width"
                 raise self.error(f"kernel {dim} {eff} (kernel {k}, dilation {d}) is larger than the "
                                  f"padded input {dim} {size + 2 * p} ({size} + 2 * padding {p})", *descs)
             out.append(_out_size(size, k, s, p, d))
@@ -284,6 +298,11 @@ class _ConvBase(Op):
             raise self.error(f"input dtypes differ ({a.dtype} and {b.dtype})", a, b)
         return a.dtype
 
+    def _attrs(self):
+        return self.stride, self.padding, self.dilation, self.groups
+
+
+class _ConvBase(_ConvAttrs):
     def _cols(self, x, kshape, out_hw):
         """im2col, transposed: (groups, C/groups*KH*KW, N*OH*OW), contiguous.
         Rows are (c, i, j), columns (n, oh, ow): the copy out of the window
@@ -1125,9 +1144,6 @@ class ConvTranspose2d(_ConvBase):
         return [(cls(), [rng.standard_normal((2, 3, 4, 3)), rng.standard_normal((3, 2, 2, 3))]),
                 (cls(2, 1, 1, 1, 2), [rng.standard_normal((1, 4, 3, 3)), rng.standard_normal((4, 3, 3, 2))])]
 
-    def _conv_attrs(self):
-        return self.stride, self.padding, self.dilation, self.groups
-
     def _out_shape(self, x, w, descs):
         """(N, C_out, OH, OW) for input shape ``x`` and weight shape ``w``."""
         if len(x) != 4:
@@ -1159,35 +1175,23 @@ class ConvTranspose2d(_ConvBase):
     def cpu(self, x, w):
         (out,) = self.infer(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
         ref = shape_carrier(np.broadcast_to(np.zeros((), out.dtype), out.shape))
-        return Conv2dBackwardData(*self._conv_attrs()).cpu(x, w, ref)
+        return Conv2dBackwardData(*self._attrs()).cpu(x, w, ref)
 
     def cuda(self, be, x, w):
         (out,) = self.infer(_desc(x), _desc(w))
-        return Conv2dBackwardData(*self._conv_attrs()).cuda(be, x, w, be.shape_only(out.shape, out.dtype))
+        return Conv2dBackwardData(*self._attrs()).cuda(be, x, w, be.shape_only(out.shape, out.dtype))
 
     def vjp(self, inputs, outputs, grads):
         (x, w), (g,) = inputs, grads
-        attrs = self._conv_attrs()
+        attrs = self._attrs()
         return [_apply1(Conv2d(*attrs), g, w), _apply1(Conv2dBackwardFilter(*attrs), x, g, w)]
 
     def cuda_source(self, ctype: str = "float") -> str:
         """The direct kernel it runs: Conv2dBackwardData's (``launch_n(N*C_out*OH*OW)``)."""
-        return Conv2dBackwardData(*self._conv_attrs()).cuda_source(ctype)
+        return Conv2dBackwardData(*self._attrs()).cuda_source(ctype)
 
 
 # ---------------------------------------------------------------- 3-d convolution
-def _triple(op_name, what, v, minimum) -> Tuple[int, int, int]:
-    if isinstance(v, (tuple, list)):
-        if len(v) != 3:
-            raise ValueError(f"{op_name}: {what} must be an int or a triple, got {v!r}")
-        out = tuple(op_int(op_name, what, a) for a in v)
-    else:
-        out = (op_int(op_name, what, v),) * 3
-    if min(out) < minimum:
-        raise ValueError(f"{op_name}: {what} must be >= {minimum}, got {v!r}")
-    return out
-
-
 def _col2im_nd(cols, xshape, stride, padding, dilation):
     """The adjoint of the N-d window view: scatter-add ``cols`` (N, C,
     *out, *kernel) into an (N, C, *xshape[2:]) array, one add per kernel
@@ -1211,51 +1215,8 @@ _CONV3D_ARGS = ("int N, int C, int D, int H, int W, int O, int KD, int KH, int K
                 "int SD, int SH, int SW, int PD, int PH, int PW, int DD, int DH, int DW, int G")
 
 
-class _Conv3dBase(Op):
-    attrs = ("stride", "padding", "dilation", "groups")
-
-    def __init__(self, stride=1, padding=0, dilation=1, groups=1):
-        n = self.name
-        self.stride = _triple(n, "stride", stride, 1)
-        self.padding = _triple(n, "padding", padding, 0)
-        self.dilation = _triple(n, "dilation", dilation, 1)
-        self.groups = op_int(n, "groups", groups)
-        if self.groups < 1:
-            raise ValueError(f"{n}: groups must be >= 1, got {groups!r}")
-        self._seal()
-
-    _dtype = _ConvBase._dtype
-
-    def _check(self, x, w, descs):
-        """Validate input shape ``x`` (N, C, D, H, W) against weight shape
-        ``w`` (O, C/groups, KD, KH, KW); return the output's (OD, OH, OW)."""
-        if len(x) != 5:
-            raise self.error(f"input must be 5-D (N, C, D, H, W), got {len(x)}-D", *descs)
-        if len(w) != 5:
-            raise self.error(f"weight must be 5-D (out_channels, in_channels // groups, kd, kh, kw), "
-                             f"got {len(w)}-D", *descs)
-        g = self.groups
-        if x[1] % g:
-            raise self.error(f"input channels {x[1]} are not divisible by groups={g}", *descs)
-        if w[0] % g:
-            raise self.error(f"output channels {w[0]} are not divisible by groups={g}", *descs)
-        if w[1] * g != x[1]:
-            raise self.error(f"channel mismatch: input has {x[1]} channels, weight expects "
-                             f"{w[1]} * groups={g} = {w[1] * g}", *descs)
-        if min(w[2:]) < 1:
-            raise self.error("kernel size must be positive", *descs)
-        out = []
-        for dim, size, k, s, p, d in zip(("depth", "height", "width"), x[2:], w[2:], self.stride,
-                                         self.padding, self.dilation):
-            eff = d * (k - 1) + 1
-            if size + 2 * p < eff:
-                raise self.error(f"kernel {dim} {eff} (kernel {k}, dilation {d}) is larger than the "
-                                 f"padded input {dim} {size + 2 * p} ({size} + 2 * padding {p})", *descs)
-            out.append(_out_size(size, k, s, p, d))
-        return tuple(out)
-
-    def _attrs(self):
-        return self.stride, self.padding, self.dilation, self.groups
+class _Conv3dBase(_ConvAttrs):
+    spatial = 3
 
     def _cols(self, x, kshape, out_sp):
         """im2col, transposed: (groups, C/groups*KD*KH*KW, N*OD*OH*OW)."""

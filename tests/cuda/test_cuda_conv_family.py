@@ -9,14 +9,7 @@ import numpy as np
 import pytest
 
 from gradcore.core import apply
-from gradcore.ops import Conv3d, ConvTranspose2d, Interpolate, conv
-
-
-@pytest.fixture(params=["gemm", "direct"])
-def conv_path(request, monkeypatch):
-    """Both cuda paths of the 2-d convolutions: im2col + GEMM, direct kernels."""
-    monkeypatch.setattr(conv, "CUDA_GEMM", request.param == "gemm")
-    return request.param
+from gradcore.ops import Conv3d, ConvTranspose2d, Interpolate
 
 
 def _rand(*shape, dtype=np.float32, seed=0):
