@@ -475,12 +475,13 @@ class _ConvGrad(_ConvBase):
         return (TensorDesc(ref.shape, dtype, g.device),)
 
     def _check_grad(self, g, other, ref):
+        """The output's spatial sizes, once g, other and ref are checked."""
         x, w = self._x_and_w(other, ref)
-        oh, ow = self._check(x.shape, w.shape, (g, other, ref))
-        want = (x.shape[0], w.shape[0], oh, ow)
+        out = self._check(x.shape, w.shape, (g, other, ref))
+        want = (x.shape[0], w.shape[0]) + out
         if tuple(g.shape) != want:
             raise self.error(f"output gradient must have shape {want}", g, other, ref)
-        return oh, ow
+        return out
 
 
 class Conv2dBackwardData(_ConvGrad):
@@ -1316,25 +1317,11 @@ class Conv3d(_Conv3dBase):
 
 class _Conv3dGrad(_Conv3dBase):
     """A gradient of Conv3d: (g, other operand, ref) -> an array shaped like
-    ref (read only for its shape)."""
+    ref (read only for its shape); checked as the 2-d ones are."""
     shape_only_inputs = (2,)
-
-    def _x_and_w(self, other, ref):
-        raise NotImplementedError
-
-    def infer(self, g, other, ref):
-        dtype = self._dtype(g, other)
-        if g.shape is not None and other.shape is not None and ref.shape is not None:
-            self._check_grad(g, other, ref)
-        return (TensorDesc(ref.shape, dtype, g.device),)
-
-    def _check_grad(self, g, other, ref):
-        x, w = self._x_and_w(other, ref)
-        out_sp = self._check(x.shape, w.shape, (g, other, ref))
-        want = (x.shape[0], w.shape[0]) + out_sp
-        if tuple(g.shape) != want:
-            raise self.error(f"output gradient must have shape {want}", g, other, ref)
-        return out_sp
+    _x_and_w = _ConvGrad._x_and_w
+    infer = _ConvGrad.infer
+    _check_grad = _ConvGrad._check_grad
 
     def _grad_rows(self, g):
         """Output gradient (N, O, *out) as (groups, O/groups, N*prod(out)), contiguous."""
