@@ -15,7 +15,9 @@ output/input size ratio (MegEngine's resize, PyTorch's with
 in / out - 0.5`` clamped at 0, or at ``o * (in - 1) / (out - 1)`` with
 ``align_corners``.
 
-CPU kernels: two matmuls with the dense matrices. CUDA: one kernel for both
+CPU kernels: along each axis, one gather-and-scale per nonzero of a row of
+its matrix (two for a bilinear row; the adjoint of an upsampling has a few
+more), vectorised over everything else. CUDA: one kernel for both
 ops, one thread per output element summing over the nonzero weights of its
 row of each axis' matrix (tables built on the host: the matrix for the
 forward, its transpose for the adjoint; no atomics).
@@ -73,6 +75,17 @@ def _csr(a):
     return starts, cols.astype(np.int32), a[rows, cols]
 
 
+def _row_taps(a):
+    """Matrix ``a`` (rows, cols) as (column indices, weights), both (rows,
+    K) with K the most nonzeros in a row; shorter rows are padded with
+    weight 0 at column 0."""
+    nz = a != 0
+    k = max(1, int(nz.sum(1).max())) if a.size else 1
+    order = np.argsort(~nz, axis=1, kind="stable")[:, :k]      # each row's nonzero columns first
+    weights = np.take_along_axis(a, order, 1)
+    return np.where(weights != 0, order, 0), weights
+
+
 class _InterpBase(Op):
     attrs = ("size", "mode", "align_corners")
 
@@ -99,14 +112,28 @@ class _InterpBase(Op):
             raise self.error(f"needs a floating-point {what}, got {x.dtype}", *descs)
         if x.shape is not None and len(x.shape) != 4:
             raise self.error(f"{what} must be 4-D (N, C, H, W), got {len(x.shape)}-D", *descs)
+        if x.shape is not None and 0 in x.shape[2:]:
+            raise self.error(f"{what} has an empty spatial axis: nothing to interpolate from", *descs)
 
     def _matrices(self, in_hw, dtype):
         return [axis_weights(i, o, self.mode, self.align_corners, dtype) for i, o in zip(in_hw, self.size)]
 
     @staticmethod
     def _separable(x, ah, aw):
-        """``ah @ x @ aw^T`` over the last two axes of x (N, C, H, W)."""
-        return np.ascontiguousarray(np.matmul(ah, np.matmul(x, aw.T)))
+        """``ah @ x @ aw^T`` over the last two axes of x (N, C, H, W), one
+        gather-and-scale per nonzero of a row of each matrix (a few: a
+        bilinear row has two), never a dense product."""
+        for axis, a in ((3, aw), (2, ah)):
+            idx, wt = _row_taps(a)
+            scale = wt.reshape(wt.shape + (1,) * (3 - axis))          # broadcasts along the later axes
+            out = np.take(x, idx[:, 0], axis=axis)
+            out *= scale[:, 0]
+            for k in range(1, idx.shape[1]):                          # loops over taps only
+                term = np.take(x, idx[:, k], axis=axis)
+                term *= scale[:, k]
+                out += term
+            x = out
+        return x
 
     def _cuda_run(self, be, x, out, ah, aw):
         """``ah @ x @ aw^T`` on cuda, ``out`` a TensorDesc: the shared kernel."""

@@ -100,6 +100,9 @@ def test_bad_input(h):
         apply(Interpolate((4, 4)), gradcore.Tensor(np.ones((1, 1, 2, 2), "int32")))
     h.check_error(ei, "Interpolate", "floating-point")
     with pytest.raises(ValueError) as ei:
+        apply(Interpolate((4, 4)), gradcore.Tensor(np.ones((1, 1, 0, 2))))
+    h.check_error(ei, "Interpolate", "empty spatial axis", "(1, 1, 0, 2)")
+    with pytest.raises(ValueError) as ei:
         apply(InterpolateBackward((4, 4)), gradcore.Tensor(np.ones((1, 1, 3, 4))), gradcore.Tensor(np.ones((1, 1, 2, 2))))
     h.check_error(ei, "InterpolateBackward", "(1, 1, 4, 4)")
 
