@@ -1,4 +1,4 @@
-"""2-D convolution and pooling over NCHW tensors.
+"""Convolution (2-d, transposed 2-d, 3-d) and 2-d pooling over NCHW (NCDHW) tensors.
 
 ``Conv2d(stride, padding, dilation, groups)`` takes (x, weight) with x of
 shape (N, C, H, W) and weight (O, C // groups, KH, KW) (the bias is added by
@@ -42,6 +42,15 @@ every order of derivative works:
     MaxPool2dGather      -> MaxPool2dBackward (gg, x)
     AvgPool2d            -> AvgPool2dBackward (g, x_ref)
     AvgPool2dBackward    -> AvgPool2d (gg)
+    ConvTranspose2d      -> Conv2d (g, w), Conv2dBackwardFilter (x, g, w_ref)
+    Conv3d, Conv3dBackwardData, Conv3dBackwardFilter: as the 2-d three
+
+``ConvTranspose2d(stride, padding, output_padding, dilation, groups)`` takes
+(x, weight (C_in, C_out // groups, KH, KW)): it is Conv2dBackwardData with x
+as the gradient, and runs that op's kernels on both devices. ``Conv3d``
+and its gradients work as the 2-d ones on the CPU (im2col over a strided
+5-d window view, one GEMM per group, a scatter-add per kernel tap) and run
+direct kernels on cuda (one thread per element written, no atomics).
 """
 from __future__ import annotations
 
