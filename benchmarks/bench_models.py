@@ -1,5 +1,6 @@
-"""The demo's training step and a conv2d forward + backward, gradcore against
-PyTorch eager, side by side in one process (alternating, repeated, medians).
+"""The demo's training step and forward + backward of conv2d, conv_transpose2d,
+conv3d and bilinear interpolate, gradcore against PyTorch eager, side by side
+in one process (alternating, repeated, medians).
 
     python benchmarks/bench_models.py [--repeat 7] [--json PATH]
 """
@@ -96,6 +97,51 @@ def torch_conv(device="cpu"):
     return step
 
 
+# the rest of the convolution family: (gradcore fn, torch fn, input shapes)
+FAMILY = {
+    "conv_transpose2d fwd+bwd x(16,64,16,16) w(64,32,4,4) stride 2 pad 1":
+        (lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1),
+         lambda x, w: torch.nn.functional.conv_transpose2d(x, w, stride=2, padding=1),
+         [(16, 64, 16, 16), (64, 32, 4, 4)]),
+    "conv3d fwd+bwd x(4,16,16,16,16) w(32,16,3,3,3) pad 1":
+        (lambda x, w: F.conv3d(x, w, padding=1), lambda x, w: torch.nn.functional.conv3d(x, w, padding=1),
+         [(4, 16, 16, 16, 16), (32, 16, 3, 3, 3)]),
+    "interpolate bilinear fwd+bwd x(16,32,64,64) -> 128x128":
+        (lambda x: F.vision.interpolate(x, size=(128, 128)),
+         lambda x: torch.nn.functional.interpolate(x, size=(128, 128), mode="bilinear", align_corners=False),
+         [(16, 32, 64, 64)]),
+}
+
+
+def _inputs(shapes):
+    rng = np.random.default_rng(0)
+    return [(rng.normal(size=s) * 0.1).astype("float32") for s in shapes]
+
+
+def gc_family(name):
+    fn, _, shapes = FAMILY[name]
+    xs = [gc.tensor(a) for a in _inputs(shapes)]
+    gm = GradManager().attach(xs)
+
+    def step():
+        with gm:
+            gm.backward(fn(*xs).sum())
+        for x in xs:
+            x.grad = None
+    return step
+
+
+def torch_family(name):
+    _, fn, shapes = FAMILY[name]
+    xs = [torch.tensor(a, requires_grad=True) for a in _inputs(shapes)]
+
+    def step():
+        fn(*xs).sum().backward()
+        for x in xs:
+            x.grad = None
+    return step
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
@@ -104,6 +150,8 @@ def main(argv=None):
     print(f"load average before: {os.getloadavg()}; torch {'absent' if torch is None else torch.__version__}")
     cases = {"demo training step (digits CNN, batch 32)": (gc_demo_step, torch_demo_step),
              f"conv2d fwd+bwd {CONV}": (gc_conv, torch_conv)}
+    for name in FAMILY:
+        cases[name] = (lambda name=name: gc_family(name), lambda name=name: torch_family(name))
     results = {}
     for name, (make_gc, make_torch) in cases.items():
         impls = {"gradcore": make_gc()}

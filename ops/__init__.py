@@ -9,13 +9,15 @@ Example::
     True
 """
 from .conv import (AvgPool2d, AvgPool2dBackward, Conv2d, Conv2dBackwardData, Conv2dBackwardFilter,
-                   MaxPool2d, MaxPool2dBackward, MaxPool2dGather)
+                   Conv3d, Conv3dBackwardData, Conv3dBackwardFilter, ConvTranspose2d, MaxPool2d,
+                   MaxPool2dBackward, MaxPool2dGather)
 from .elemwise import Elemwise
 from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, Scatter, SetSubtensor, Sort,
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
 from .nn import LogSoftmax, LogSumExp, Softmax
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
+from .vision import Interpolate, InterpolateBackward
 from .shape import (Broadcast, BroadcastToLike, Cast, Concat, Copy, ExpandDims, Identity, Reshape,
                     ReshapeLike, Split, SplitLike, Squeeze, Stack, StopGradient, SumTo, SumToLike,
                     Transpose, Unstack, ZerosLike)
@@ -26,7 +28,8 @@ STANDARD_OPS = [
     StopGradient, Concat, SplitLike, Subtensor, SubtensorGrad, SetSubtensor, IndexingOneHot,
     IndexingOneHotGrad, LogSoftmax, LogSumExp, Softmax,
     Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,
-    MaxPool2dGather, AvgPool2d, AvgPool2dBackward,
+    MaxPool2dGather, AvgPool2d, AvgPool2dBackward, ConvTranspose2d, Conv3d, Conv3dBackwardData,
+    Conv3dBackwardFilter, Interpolate, InterpolateBackward,
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
 ]
 

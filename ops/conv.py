@@ -1,4 +1,4 @@
-"""2-D convolution and pooling over NCHW tensors.
+"""Convolution (2-d, transposed 2-d, 3-d) and 2-d pooling over NCHW (NCDHW) tensors.
 
 ``Conv2d(stride, padding, dilation, groups)`` takes (x, weight) with x of
 shape (N, C, H, W) and weight (O, C // groups, KH, KW) (the bias is added by
@@ -42,16 +42,26 @@ every order of derivative works:
     MaxPool2dGather      -> MaxPool2dBackward (gg, x)
     AvgPool2d            -> AvgPool2dBackward (g, x_ref)
     AvgPool2dBackward    -> AvgPool2d (gg)
+    ConvTranspose2d      -> Conv2d (g, w), Conv2dBackwardFilter (x, g, w_ref)
+    Conv3d, Conv3dBackwardData, Conv3dBackwardFilter: as the 2-d three
+
+``ConvTranspose2d(stride, padding, output_padding, dilation, groups)`` takes
+(x, weight (C_in, C_out // groups, KH, KW)): it is Conv2dBackwardData with x
+as the gradient, and runs that op's kernels on both devices. ``Conv3d``
+and its gradients work as the 2-d ones on the CPU (im2col over a strided
+5-d window view, one GEMM per group, a scatter-add per kernel tap) and run
+direct kernels on cuda (one thread per element written, no atomics).
 """
 from __future__ import annotations
 
+import itertools
 from typing import Tuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gradcore import _core, dtypes
-from gradcore.op import Op, TensorDesc
+from gradcore.op import Op, TensorDesc, shape_carrier
 
 from .linalg import check_cuda_dtype, gemm_rows
 from .reduce import op_int
@@ -63,16 +73,24 @@ def _apply1(op, *args):
     return _core.apply(op, *args)[0]
 
 
-def _pair(op_name, what, v, minimum) -> Tuple[int, int]:
+def _spatial(op_name, what, v, minimum, n) -> Tuple[int, ...]:
+    """An int or ``n`` ints (one per spatial axis) as an n-tuple, each >= ``minimum``."""
     if isinstance(v, (tuple, list)):
-        if len(v) != 2:
-            raise ValueError(f"{op_name}: {what} must be an int or a pair, got {v!r}")
-        out = (op_int(op_name, what, v[0]), op_int(op_name, what, v[1]))
+        if len(v) != n:
+            raise ValueError(f"{op_name}: {what} must be an int or {_N_INTS[n]}, got {v!r}")
+        out = tuple(op_int(op_name, what, a) for a in v)
     else:
-        out = (op_int(op_name, what, v),) * 2
+        out = (op_int(op_name, what, v),) * n
     if min(out) < minimum:
         raise ValueError(f"{op_name}: {what} must be >= {minimum}, got {v!r}")
     return out
+
+
+_N_INTS = {2: "a pair", 3: "a triple"}
+
+
+def _pair(op_name, what, v, minimum) -> Tuple[int, int]:
+    return _spatial(op_name, what, v, minimum, 2)
 
 
 def _out_size(size, k, s, p, d):
@@ -233,27 +251,33 @@ def gemm_source(ctype: str = "float") -> str:
 
 
 # ---------------------------------------------------------------- convolution
-class _ConvBase(Op):
+class _ConvAttrs(Op):
+    """What the 2-d and 3-d convolutions share: the attributes (one value per
+    spatial axis, ``spatial`` axes) and the shape and dtype checks."""
     attrs = ("stride", "padding", "dilation", "groups")
+    spatial = 2
 
     def __init__(self, stride=1, padding=0, dilation=1, groups=1):
         n = self.name
-        self.stride = _pair(n, "stride", stride, 1)
-        self.padding = _pair(n, "padding", padding, 0)
-        self.dilation = _pair(n, "dilation", dilation, 1)
+        self.stride = _spatial(n, "stride", stride, 1, self.spatial)
+        self.padding = _spatial(n, "padding", padding, 0, self.spatial)
+        self.dilation = _spatial(n, "dilation", dilation, 1, self.spatial)
         self.groups = op_int(n, "groups", groups)
         if self.groups < 1:
             raise ValueError(f"{n}: groups must be >= 1, got {groups!r}")
         self._seal()
 
     def _check(self, x, w, descs):
-        """Validate input shape ``x`` (N, C, H, W) against weight shape ``w``
-        (O, C/groups, KH, KW); return the output's (OH, OW). ``descs`` name
-        the shapes in the message."""
-        if len(x) != 4:
-            raise self.error(f"input must be 4-D (N, C, H, W), got {len(x)}-D", *descs)
-        if len(w) != 4:
-            raise self.error(f"weight must be 4-D (out_channels, in_channels // groups, kh, kw), "
+        """Validate input shape ``x`` (N, C, [D,] H, W) against weight shape
+        ``w`` (O, C/groups, [KD,] KH, KW); return the output's spatial
+        sizes. ``descs`` name the shapes in the message."""
+        nd = self.spatial + 2
+        axes = ("D", "H", "W")[-self.spatial:]
+        if len(x) != nd:
+            raise self.error(f"input must be {nd}-D (N, C, {', '.join(axes)}), got {len(x)}-D", *descs)
+        if len(w) != nd:
+            kernel = ", ".join("k" + a.lower() for a in axes)
+            raise self.error(f"weight must be {nd}-D (out_channels, in_channels // groups, {kernel}), "
                              f"got {len(w)}-D", *descs)
         g = self.groups
         if x[1] % g:
@@ -266,10 +290,10 @@ class _ConvBase(Op):
         if min(w[2:]) < 1:
             raise self.error("kernel size must be positive", *descs)
         out = []
-        for ax, (size, k, s, p, d) in enumerate(zip(x[2:], w[2:], self.stride, self.padding, self.dilation)):
+        dims = ("depth", "height", "width")[-self.spatial:]
+        for dim, size, k, s, p, d in zip(dims, x[2:], w[2:], self.stride, self.padding, self.dilation):
             eff = d * (k - 1) + 1
             if size + 2 * p < eff:
-                dim = "height" if ax == 0 else "width"
                 raise self.error(f"kernel {dim} {eff} (kernel {k}, dilation {d}) is larger than the "
                                  f"padded input {dim} {size + 2 * p} ({size} + 2 * padding {p})", *descs)
             out.append(_out_size(size, k, s, p, d))
@@ -283,6 +307,11 @@ class _ConvBase(Op):
             raise self.error(f"input dtypes differ ({a.dtype} and {b.dtype})", a, b)
         return a.dtype
 
+    def _attrs(self):
+        return self.stride, self.padding, self.dilation, self.groups
+
+
+class _ConvBase(_ConvAttrs):
     def _cols(self, x, kshape, out_hw):
         """im2col, transposed: (groups, C/groups*KH*KW, N*OH*OW), contiguous.
         Rows are (c, i, j), columns (n, oh, ow): the copy out of the window
@@ -456,12 +485,13 @@ class _ConvGrad(_ConvBase):
         return (TensorDesc(ref.shape, dtype, g.device),)
 
     def _check_grad(self, g, other, ref):
+        """The output's spatial sizes, once g, other and ref are checked."""
         x, w = self._x_and_w(other, ref)
-        oh, ow = self._check(x.shape, w.shape, (g, other, ref))
-        want = (x.shape[0], w.shape[0], oh, ow)
+        out = self._check(x.shape, w.shape, (g, other, ref))
+        want = (x.shape[0], w.shape[0]) + out
         if tuple(g.shape) != want:
             raise self.error(f"output gradient must have shape {want}", g, other, ref)
-        return oh, ow
+        return out
 
 
 class Conv2dBackwardData(_ConvGrad):
@@ -1108,5 +1138,375 @@ class AvgPool2dBackward(_AvgBase):
             "    }\n}\n")
 
 
+# ---------------------------------------------------------------- transposed convolution
+class ConvTranspose2d(_ConvBase):
+    """Transposed convolution of x (N, C_in, H, W) with weight (C_in,
+    C_out // groups, KH, KW): the adjoint of Conv2d in its input, so it runs
+    Conv2dBackwardData's kernels (CPU and cuda) with x as the output
+    gradient. Output (N, C_out, (H-1)*SH - 2*PH + DH*(KH-1) + OPH + 1, ...);
+    ``output_padding`` (< stride) picks among the sizes that convolve back
+    to (H, W). Its gradients are the convolution ops themselves:
+    x -> Conv2d (g, w), w -> Conv2dBackwardFilter (x, g, w_ref)."""
+    input_dtypes = dtypes.promoted_inputs      # mixed float widths: the wider
+    name = "ConvTranspose2d"
+    attrs = ("stride", "padding", "output_padding", "dilation", "groups")
+
+    def __init__(self, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+        self.output_padding = _pair(self.name, "output_padding", output_padding, 0)
+        super().__init__(stride, padding, dilation, groups)
+        for op, s in zip(self.output_padding, self.stride):
+            if op >= s:
+                raise ValueError(f"{self.name}: output_padding {self.output_padding} must be smaller than "
+                                 f"the stride {self.stride}")
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: plain, and strided grouped with output_padding."""
+        rng = np.random.default_rng(0)
+        return [(cls(), [rng.standard_normal((2, 3, 4, 3)), rng.standard_normal((3, 2, 2, 3))]),
+                (cls(2, 1, 1, 1, 2), [rng.standard_normal((1, 4, 3, 3)), rng.standard_normal((4, 3, 3, 2))])]
+
+    def _out_shape(self, x, w, descs):
+        """(N, C_out, OH, OW) for input shape ``x`` and weight shape ``w``."""
+        if len(x) != 4:
+            raise self.error(f"input must be 4-D (N, C, H, W), got {len(x)}-D", *descs)
+        if len(w) != 4:
+            raise self.error(f"weight must be 4-D (in_channels, out_channels // groups, kh, kw), "
+                             f"got {len(w)}-D", *descs)
+        g = self.groups
+        if w[0] != x[1]:
+            raise self.error(f"channel mismatch: input has {x[1]} channels, weight (in_channels, "
+                             f"out_channels // groups, kh, kw) expects {w[0]}", *descs)
+        if x[1] % g:
+            raise self.error(f"input channels {x[1]} are not divisible by groups={g}", *descs)
+        if min(w[2:]) < 1:
+            raise self.error("kernel size must be positive", *descs)
+        out = [(size - 1) * s - 2 * p + d * (k - 1) + op + 1 for size, k, s, p, d, op in
+               zip(x[2:], w[2:], self.stride, self.padding, self.dilation, self.output_padding)]
+        if min(out) < 1:
+            raise self.error(f"output size {tuple(out)} is not positive: the padding {self.padding} "
+                             f"removes more than the kernel and stride add", *descs)
+        return (x[0], w[1] * g) + tuple(out)
+
+    def infer(self, x, w):
+        dtype = self._dtype(x, w)
+        if x.shape is None or w.shape is None:
+            return (TensorDesc(None, dtype, x.device),)
+        return (TensorDesc(self._out_shape(x.shape, w.shape, (x, w)), dtype, x.device),)
+
+    def cpu(self, x, w):
+        (out,) = self.infer(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
+        ref = shape_carrier(np.broadcast_to(np.zeros((), out.dtype), out.shape))
+        return Conv2dBackwardData(*self._attrs()).cpu(x, w, ref)
+
+    def cuda(self, be, x, w):
+        (out,) = self.infer(_desc(x), _desc(w))
+        return Conv2dBackwardData(*self._attrs()).cuda(be, x, w, be.shape_only(out.shape, out.dtype))
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w), (g,) = inputs, grads
+        attrs = self._attrs()
+        return [_apply1(Conv2d(*attrs), g, w), _apply1(Conv2dBackwardFilter(*attrs), x, g, w)]
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """The direct kernel it runs: Conv2dBackwardData's (``launch_n(N*C_out*OH*OW)``)."""
+        return Conv2dBackwardData(*self._attrs()).cuda_source(ctype)
+
+
+# ---------------------------------------------------------------- 3-d convolution
+def _col2im_nd(cols, xshape, stride, padding, dilation):
+    """The adjoint of the N-d window view: scatter-add ``cols`` (N, C,
+    *out, *kernel) into an (N, C, *xshape[2:]) array, one add per kernel
+    tap (taps that land in the padding are skipped)."""
+    nd = len(xshape) - 2
+    out_sp, k_sp = cols.shape[2:2 + nd], cols.shape[2 + nd:]
+    out = np.zeros(xshape, cols.dtype)
+    per_axis = [_offset_slices(*a) for a in zip(xshape[2:], out_sp, k_sp, stride, padding, dilation)]
+    for tap in itertools.product(*[range(k) for k in k_sp]):     # loops over kernel taps only
+        sl = [per_axis[a][t] for a, t in enumerate(tap)]
+        if any(s is None for s in sl):
+            continue
+        out[(slice(None), slice(None)) + tuple(s[1] for s in sl)] += \
+            cols[(slice(None), slice(None)) + tuple(s[0] for s in sl) + tap]
+    return out
+
+
+# the 3-d kernels' ints: x (N, C, D, H, W), weight (O, C/G, KD, KH, KW),
+# output (N, O, OD, OH, OW), then stride, padding, dilation and groups
+_CONV3D_ARGS = ("int N, int C, int D, int H, int W, int O, int KD, int KH, int KW, int OD, int OH, int OW, "
+                "int SD, int SH, int SW, int PD, int PH, int PW, int DD, int DH, int DW, int G")
+
+
+class _Conv3dBase(_ConvAttrs):
+    spatial = 3
+
+    def _cols(self, x, kshape, out_sp):
+        """im2col, transposed: (groups, C/groups*KD*KH*KW, N*OD*OH*OW)."""
+        n, c = x.shape[:2]
+        g = self.groups
+        pads = ((0, 0), (0, 0)) + tuple((p, p) for p in self.padding)
+        xp = np.pad(x, pads) if any(self.padding) else x
+        s0, s1, *ss = xp.strides
+        cg = c // g
+        view = as_strided(xp, (g, cg) + tuple(kshape) + (n,) + tuple(out_sp),
+                          (s1 * cg, s1) + tuple(s * d for s, d in zip(ss, self.dilation)) + (s0,)
+                          + tuple(s * st for s, st in zip(ss, self.stride)), writeable=False)
+        return view.reshape(g, cg * int(np.prod(kshape)), n * int(np.prod(out_sp)))
+
+    def _cuda_direct(self, be, arrays, out, xshape, wshape):
+        ints = (tuple(xshape) + (wshape[0],) + tuple(wshape[2:]) + self._check(xshape, wshape, ())
+                + self.stride + self.padding + self.dilation + (self.groups,))
+        if 0 in out.shape:
+            return be.zeros(out.shape, out.dtype)
+        return _launch_direct(self, be, arrays, out, ints)
+
+
+class Conv3d(_Conv3dBase):
+    """Cross-correlation of x (N, C, D, H, W) with weight (O, C // groups, KD, KH, KW)."""
+    name = "Conv3d"
+    input_dtypes = dtypes.promoted_inputs      # mixed float widths: the wider
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: plain, and strided, padded, grouped."""
+        rng = np.random.default_rng(0)
+        return [(cls(), [rng.standard_normal((2, 2, 3, 4, 3)), rng.standard_normal((3, 2, 2, 2, 2))]),
+                (cls(2, 1, 1, 2), [rng.standard_normal((1, 4, 3, 3, 4)), rng.standard_normal((2, 2, 2, 3, 2))])]
+
+    def infer(self, x, w):
+        dtype = self._dtype(x, w)
+        if x.shape is None or w.shape is None:
+            return (TensorDesc(None, dtype, x.device),)
+        return (TensorDesc((x.shape[0], w.shape[0]) + self._check(x.shape, w.shape, (x, w)), dtype, x.device),)
+
+    def cpu(self, x, w):
+        (out,) = self.infer(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
+        out_sp = out.shape[2:]
+        n, o, g = x.shape[0], w.shape[0], self.groups
+
+        def forward(s, e):
+            cols = self._cols(x[s:e], w.shape[2:], out_sp)                 # g, K, nb*P
+            y = np.matmul(w.reshape(g, o // g, cols.shape[1]), cols)        # g, O/g, nb*P
+            return y.reshape((g, o // g, e - s) + out_sp).swapaxes(0, 2).swapaxes(1, 2).reshape((e - s, o) + out_sp)
+
+        return _by_images(forward, n, x.shape[1] * int(np.prod(w.shape[2:])) * int(np.prod(out_sp)))
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w), (g,) = inputs, grads
+        return [_apply1(Conv3dBackwardData(*self._attrs()), g, w, x),
+                _apply1(Conv3dBackwardFilter(*self._attrs()), g, x, w)]
+
+    def cuda(self, be, x, w):
+        (out,) = self.infer(_desc(x), _desc(w))
+        return self._cuda_direct(be, [x, w], out, x.shape, w.shape)
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_conv3d_<ctype>(x, w, y, <_CONV3D_ARGS>)``: one thread per
+        output element (grid-stride loop, ``launch_n(N*O*OD*OH*OW)``), a
+        sum over the group's channels and the kernel taps."""
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('conv3d', T)}(const {T}* __restrict__ x, "
+            f"const {T}* __restrict__ w, {T}* __restrict__ y, {_CONV3D_ARGS})\n{{\n"
+            "    const int CG = C / G, OG = O / G;\n"
+            "    const long long total = (long long)N * O * OD * OH * OW;\n" + _LOOP +
+            "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
+            "        const int oh = (int)(t % OH); t /= OH;\n"
+            "        const int od = (int)(t % OD); t /= OD;\n"
+            "        const int o = (int)(t % O); const int n = (int)(t / O);\n"
+            "        const int g = o / OG;\n"
+            f"        {T} acc = 0;\n"
+            "        for (int c = 0; c < CG; ++c) {\n"
+            f"            const {T}* xc = x + ((long long)n * C + (long long)g * CG + c) * D * H * W;\n"
+            f"            const {T}* wc = w + ((long long)o * CG + c) * KD * KH * KW;\n"
+            "            for (int a = 0; a < KD; ++a) {\n"
+            "                const int id = od * SD - PD + a * DD;\n"
+            "                if (id < 0 || id >= D) continue;\n"
+            "                for (int i = 0; i < KH; ++i) {\n"
+            "                    const int ih = oh * SH - PH + i * DH;\n"
+            "                    if (ih < 0 || ih >= H) continue;\n"
+            "                    for (int j = 0; j < KW; ++j) {\n"
+            "                        const int iw = ow * SW - PW + j * DW;\n"
+            "                        if (iw < 0 || iw >= W) continue;\n"
+            "                        acc += xc[((long long)id * H + ih) * W + iw] * wc[(a * KH + i) * KW + j];\n"
+            "                    }\n"
+            "                }\n"
+            "            }\n"
+            "        }\n"
+            "        y[idx] = acc;\n"
+            "    }\n}\n")
+
+
+class _Conv3dGrad(_Conv3dBase):
+    """A gradient of Conv3d: (g, other operand, ref) -> an array shaped like
+    ref (read only for its shape); checked as the 2-d ones are."""
+    shape_only_inputs = (2,)
+    _x_and_w = _ConvGrad._x_and_w
+    infer = _ConvGrad.infer
+    _check_grad = _ConvGrad._check_grad
+
+    def _grad_rows(self, g):
+        """Output gradient (N, O, *out) as (groups, O/groups, N*prod(out)), contiguous."""
+        n, o = g.shape[:2]
+        grp, p = self.groups, int(np.prod(g.shape[2:]))
+        gm = np.ascontiguousarray(g.reshape(n, grp, o // grp, p).transpose(1, 2, 0, 3))
+        return gm.reshape(grp, o // grp, n * p)
+
+
+class Conv3dBackwardData(_Conv3dGrad):
+    """Gradient of Conv3d with respect to its input: (g, weight, x_ref) ->
+    an array shaped like x_ref (read only for its shape)."""
+    name = "Conv3dBackwardData"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: (g, w, x_ref), strided and grouped."""
+        rng = np.random.default_rng(0)
+        return [(cls(2, 1, 1, 2), [rng.standard_normal((1, 2, 2, 2, 3)), rng.standard_normal((2, 2, 2, 3, 2)),
+                                   rng.standard_normal((1, 4, 3, 3, 4))])]
+
+    def _x_and_w(self, w, ref):
+        return ref, w
+
+    def cpu(self, g, w, ref):
+        desc = [TensorDesc(a.shape, a.dtype) for a in (g, w, ref)]
+        out_sp = self._check_grad(*desc)
+        n, c = ref.shape[:2]
+        o, cg = w.shape[:2]
+        k_sp = w.shape[2:]
+        grp = self.groups
+        wm = w.reshape(grp, o // grp, -1).transpose(0, 2, 1)                    # grp, K, O/grp
+
+        def data(s, e):
+            dcols = np.matmul(wm, self._grad_rows(g[s:e]))                        # grp, K, nb*P
+            dcols = dcols.reshape((c,) + k_sp + (e - s,) + out_sp)                # c, kd, kh, kw, n, od, oh, ow
+            dcols = dcols.transpose(4, 0, 5, 6, 7, 1, 2, 3)
+            return _col2im_nd(dcols, (e - s,) + tuple(ref.shape[1:]), self.stride, self.padding, self.dilation)
+
+        return _by_images(data, n, c * int(np.prod(k_sp)) * int(np.prod(out_sp)))
+
+    def vjp(self, inputs, outputs, grads):
+        (g, w, ref), (gg,) = inputs, grads
+        return [_apply1(Conv3d(*self._attrs()), gg, w),
+                _apply1(Conv3dBackwardFilter(*self._attrs()), g, gg, w), None]
+
+    def cuda(self, be, g, w, ref):
+        (out,) = self.infer(_desc(g), _desc(w), _desc(ref))
+        return self._cuda_direct(be, [g, w], out, ref.shape, w.shape)
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_conv3d_backward_data_<ctype>(gy, w, gx, <_CONV3D_ARGS>)``: one
+        thread per input element (grid-stride loop, ``launch_n(N*C*D*H*W)``),
+        gathering from every output it fed (no atomics)."""
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('conv3d_backward_data', T)}(const {T}* __restrict__ gy, "
+            f"const {T}* __restrict__ w, {T}* __restrict__ gx, {_CONV3D_ARGS})\n{{\n"
+            "    const int CG = C / G, OG = O / G;\n"
+            "    const long long total = (long long)N * C * D * H * W;\n" + _LOOP +
+            "        const int iw = (int)(idx % W); long long t = idx / W;\n"
+            "        const int ih = (int)(t % H); t /= H;\n"
+            "        const int id = (int)(t % D); t /= D;\n"
+            "        const int c = (int)(t % C); const int n = (int)(t / C);\n"
+            "        const int g = c / CG, cc = c % CG;\n"
+            f"        {T} acc = 0;\n"
+            "        for (int a = 0; a < KD; ++a) {\n"
+            "            const int td = id + PD - a * DD;\n"
+            "            if (td < 0 || td % SD || td / SD >= OD) continue;\n"
+            "            const int od = td / SD;\n"
+            "            for (int i = 0; i < KH; ++i) {\n"
+            "                const int th = ih + PH - i * DH;\n"
+            "                if (th < 0 || th % SH || th / SH >= OH) continue;\n"
+            "                const int oh = th / SH;\n"
+            "                for (int j = 0; j < KW; ++j) {\n"
+            "                    const int tw = iw + PW - j * DW;\n"
+            "                    if (tw < 0 || tw % SW || tw / SW >= OW) continue;\n"
+            "                    const int ow = tw / SW;\n"
+            "                    for (int k = 0; k < OG; ++k) {\n"
+            "                        const int o = g * OG + k;\n"
+            "                        acc += gy[((((long long)n * O + o) * OD + od) * OH + oh) * OW + ow]\n"
+            "                             * w[((((long long)o * CG + cc) * KD + a) * KH + i) * KW + j];\n"
+            "                    }\n"
+            "                }\n"
+            "            }\n"
+            "        }\n"
+            "        gx[idx] = acc;\n"
+            "    }\n}\n")
+
+
+class Conv3dBackwardFilter(_Conv3dGrad):
+    """Gradient of Conv3d with respect to its weight: (g, x, w_ref) -> an
+    array shaped like w_ref (read only for its shape)."""
+    name = "Conv3dBackwardFilter"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: (g, x, w_ref), strided and grouped."""
+        rng = np.random.default_rng(0)
+        return [(cls(2, 1, 1, 2), [rng.standard_normal((1, 2, 2, 2, 3)), rng.standard_normal((1, 4, 3, 3, 4)),
+                                   rng.standard_normal((2, 2, 2, 3, 2))])]
+
+    def _x_and_w(self, x, ref):
+        return x, ref
+
+    def cpu(self, g, x, ref):
+        desc = [TensorDesc(a.shape, a.dtype) for a in (g, x, ref)]
+        out_sp = self._check_grad(*desc)
+        n = x.shape[0]
+        gw = np.zeros((self.groups, ref.shape[0] // self.groups, int(np.prod(ref.shape[1:]))), g.dtype)
+        per_image = int(np.prod(ref.shape[1:])) * int(np.prod(out_sp))
+        for s, e in _image_chunks(n, per_image):           # a sum over chunks of images
+            cols = self._cols(x[s:e], ref.shape[2:], out_sp)                     # grp, K, nb*P
+            gw += np.matmul(self._grad_rows(g[s:e]), cols.transpose(0, 2, 1))     # grp, O/grp, K
+        return gw.reshape(ref.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        (g, x, ref), (gg,) = inputs, grads
+        return [_apply1(Conv3d(*self._attrs()), x, gg),
+                _apply1(Conv3dBackwardData(*self._attrs()), g, gg, x), None]
+
+    def cuda(self, be, g, x, ref):
+        (out,) = self.infer(_desc(g), _desc(x), _desc(ref))
+        return self._cuda_direct(be, [g, x], out, x.shape, ref.shape)
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_conv3d_backward_filter_<ctype>(gy, x, gw, <_CONV3D_ARGS>)``:
+        one thread per weight element (grid-stride loop,
+        ``launch_n(O*C/G*KD*KH*KW)``), a reduction over N, OD, OH, OW."""
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('conv3d_backward_filter', T)}(const {T}* __restrict__ gy, "
+            f"const {T}* __restrict__ x, {T}* __restrict__ gw, {_CONV3D_ARGS})\n{{\n"
+            "    const int CG = C / G, OG = O / G;\n"
+            "    const long long total = (long long)O * CG * KD * KH * KW;\n" + _LOOP +
+            "        const int j = (int)(idx % KW); long long t = idx / KW;\n"
+            "        const int i = (int)(t % KH); t /= KH;\n"
+            "        const int a = (int)(t % KD); t /= KD;\n"
+            "        const int cc = (int)(t % CG); const int o = (int)(t / CG);\n"
+            "        const int c = (o / OG) * CG + cc;\n"
+            f"        {T} acc = 0;\n"
+            "        for (int n = 0; n < N; ++n) {\n"
+            f"            const {T}* xc = x + ((long long)n * C + c) * D * H * W;\n"
+            f"            const {T}* gc = gy + ((long long)n * O + o) * OD * OH * OW;\n"
+            "            for (int od = 0; od < OD; ++od) {\n"
+            "                const int id = od * SD - PD + a * DD;\n"
+            "                if (id < 0 || id >= D) continue;\n"
+            "                for (int oh = 0; oh < OH; ++oh) {\n"
+            "                    const int ih = oh * SH - PH + i * DH;\n"
+            "                    if (ih < 0 || ih >= H) continue;\n"
+            "                    for (int ow = 0; ow < OW; ++ow) {\n"
+            "                        const int iw = ow * SW - PW + j * DW;\n"
+            "                        if (iw < 0 || iw >= W) continue;\n"
+            "                        acc += gc[((long long)od * OH + oh) * OW + ow]\n"
+            "                             * xc[((long long)id * H + ih) * W + iw];\n"
+            "                    }\n"
+            "                }\n"
+            "            }\n"
+            "        }\n"
+            "        gw[idx] = acc;\n"
+            "    }\n}\n")
+
+
 CONV_OPS = [Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,
-            MaxPool2dGather, AvgPool2d, AvgPool2dBackward]
+            MaxPool2dGather, AvgPool2d, AvgPool2dBackward, ConvTranspose2d, Conv3d, Conv3dBackwardData,
+            Conv3dBackwardFilter]

@@ -12,7 +12,9 @@ per op family, as the ops do in ops/:
 - linalg.py          matmul, dot, linear
 - indexing.py        getitem, setitem, gather, scatter, sort, topk, one_hot, embedding, ...
 - creation.py        zeros, ones, full, arange, linspace, eye, the ``*_like`` forms
-- conv.py            conv2d, conv1d, max_pool2d, avg_pool2d, adaptive poolings
+- conv.py            conv2d, conv1d, conv3d, conv_transpose1d/2d, max_pool2d, avg_pool2d,
+                     adaptive poolings
+- vision.py          ``F.vision``: interpolate (nearest, bilinear, linear)
 - nn.py              ``F.nn``: softmax family, dropout, normalisations, pad, losses
 - _args.py           the argument checks they share
 
@@ -33,7 +35,9 @@ from ..ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape,
                          StopGradient, Transpose)
 from . import nn
 from ._args import _t, builtins_max
-from .conv import adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d
+from . import vision
+from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, conv3d,
+                   conv_transpose1d, conv_transpose2d, max_pool2d)
 from .creation import arange, eye, full, full_like, linspace, ones, ones_like, zeros, zeros_like
 from .elemwise import (atan2, clip, elu, equal, greater, greater_equal, hsigmoid, hswish, isinf, isnan,
                        leaky_relu, less, less_equal, not_equal, prelu, relu6, where)
@@ -49,6 +53,7 @@ from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entro
                  hinge_loss, l1_loss, layer_norm, log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss,
                  normalize, pad, softmax, square_loss, topk_accuracy)
 from .reduce import AxisError, _Reduce, argmax, argmin, cumsum, max, mean, min, norm, prod, std, sum, var
+from .vision import interpolate
 from .shape import (ShapeError, astype, broadcast_to, concat, copy, expand_dims, flatten, meshgrid,
                     pixel_shuffle, repeat, reshape, roll, split, squeeze, stack, stop_gradient, swapaxes,
                     tile, transpose)

@@ -13,12 +13,13 @@ from typing import Optional, Sequence, Union
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError, interned
-from ..ops.conv import AvgPool2d, Conv2d, MaxPool2d
+from ..ops.conv import AvgPool2d, Conv2d, Conv3d, ConvTranspose2d, MaxPool2d
 from ._args import _index, _int_arg, _int_tuple, _named, _t
 from .shape import expand_dims, reshape, squeeze
 
 # one op instance per distinct attributes: the per-op caches stay warm
 _Conv2d, _MaxPool2d, _AvgPool2d = map(interned, (Conv2d, MaxPool2d, AvgPool2d))
+_ConvTranspose2d, _Conv3d = map(interned, (ConvTranspose2d, Conv3d))
 
 
 def _pair(v):
@@ -192,3 +193,107 @@ def adaptive_max_pool2d(inp: Tensor, oshp: Union[int, Sequence[int], Tensor]) ->
     x = _t(inp)
     window, stride = _adaptive_window("adaptive_max_pool2d", x, oshp)
     return max_pool2d(x, window, stride, 0)
+
+
+# ---- the rest of the convolution family: transposed, 3-d
+def _grouped_weight(name: str, w: Tensor, groups: int, plain_ndim: int, layout: str) -> Tensor:
+    """A convolution weight in its plain form: MegEngine's grouped form
+    (groups, a // groups, b // groups, *kernel), one more axis than the
+    plain (a, b // groups, *kernel), is folded; ``layout`` names the plain
+    form in messages."""
+    if w.ndim == plain_ndim + 1:
+        if w.shape[0] != groups:
+            raise ValueError(f"{name}: a grouped {w.ndim}-D weight {w.shape} has {w.shape[0]} groups, "
+                             f"but groups={groups}")
+        return reshape(w, (w.shape[0] * w.shape[1],) + tuple(w.shape[2:]))
+    if w.ndim != plain_ndim:
+        raise ValueError(f"{name}: weight must be {layout} or grouped (groups, ...), got shape {w.shape}")
+    return w
+
+
+def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+                     output_padding=0, dilation=1, groups: int = 1, conv_mode: str = "cross_correlation",
+                     compute_mode: str = "default") -> Tensor:
+    """2-D transposed convolution ("deconvolution") of ``inp`` (N, C_in, H, W)
+    with ``weight`` (C_in, C_out // groups, KH, KW), or MegEngine's grouped
+    (groups, C_in // groups, C_out // groups, KH, KW); MegEngine's
+    ``F.conv_transpose2d``. The output is (N, C_out, (H - 1) * stride - 2 *
+    padding + dilation * (KH - 1) + output_padding + 1, ...): the gradient of
+    ``conv2d`` with respect to its input. ``output_padding`` must be smaller
+    than the stride. ``bias`` broadcasts against the output, e.g. (1, C_out,
+    1, 1); a (C_out,) bias is one per channel.
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 1, 2, 2), "float32"))
+        >>> F.conv_transpose2d(x, gc.tensor(np.ones((1, 1, 2, 2), "float32")), stride=2).shape
+        (1, 1, 4, 4)
+    """
+    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
+        raise ValueError(f"conv_transpose2d: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    x = _t(inp)
+    w = _grouped_weight("conv_transpose2d", _t(weight), groups, 4, "(C_in, C_out // groups, KH, KW)")
+    op = _ConvTranspose2d(_pair(stride), _pair(padding), _pair(output_padding), _pair(dilation), groups)
+    out = _apply(op, x, w)[0]
+    return out if bias is None else _channel_bias("conv_transpose2d", out, _t(bias, out))
+
+
+def conv_transpose1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1,
+                     padding: int = 0, output_padding: int = 0, dilation: int = 1, groups: int = 1,
+                     conv_mode: str = "cross_correlation", compute_mode: str = "default") -> Tensor:
+    """1-D transposed convolution of ``inp`` (N, C_in, L) with ``weight``
+    (C_in, C_out // groups, K) (or grouped (groups, C_in // groups, C_out //
+    groups, K)): ``conv_transpose2d`` on a trailing axis of size 1. Output
+    length (L - 1) * stride - 2 * padding + dilation * (K - 1) +
+    output_padding + 1.
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 1, 3), "float32"))
+        >>> F.nn.conv_transpose1d(x, gc.tensor([[[1.0, 2.0]]]), stride=2).numpy()
+        array([[[1., 2., 1., 2., 1., 2.]]], dtype=float32)
+    """
+    x, w = _t(inp), _t(weight)
+    if x.ndim != 3:
+        raise ValueError(f"conv_transpose1d: inp must be (N, C, L), got shape {x.shape}")
+    if w.ndim not in (3, 4):
+        raise ValueError(f"conv_transpose1d: weight must be (C_in, C_out // groups, K) or (groups, "
+                         f"C_in // groups, C_out // groups, K), got shape {w.shape}")
+    s, p, op, d = (_one_int("conv_transpose1d", what, v, low) for what, v, low in
+                   (("stride", stride, 1), ("padding", padding, 0), ("output_padding", output_padding, 0),
+                    ("dilation", dilation, 1)))
+    out = squeeze(conv_transpose2d(expand_dims(x, -1), expand_dims(w, -1), None, (s, 1), (p, 0), (op, 0),
+                                   (d, 1), groups, conv_mode, compute_mode), -1)
+    return out if bias is None else _channel_bias("conv_transpose1d", out, _t(bias, out))
+
+
+def _triple(v):
+    # as _pair: anything else goes to the op as is, which says what is wrong
+    try:
+        if isinstance(v, (tuple, list)):
+            return tuple(_index(a) for a in v)
+        v = _index(v)
+        return (v, v, v)
+    except TypeError:
+        return tuple(v) if isinstance(v, (tuple, list)) else v
+
+
+def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1,
+           groups: int = 1, conv_mode: str = "cross_correlation") -> Tensor:
+    """3-D convolution (cross-correlation) of ``inp`` (N, C, D, H, W) with
+    ``weight`` (O, C // groups, KD, KH, KW), or MegEngine's grouped (groups,
+    O // groups, C // groups, KD, KH, KW); MegEngine's ``F.conv3d``.
+    ``bias`` broadcasts against (N, O, OD, OH, OW), e.g. (1, O, 1, 1, 1).
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 2, 4, 4, 4), "float32"))
+        >>> F.conv3d(x, gc.tensor(np.ones((3, 2, 3, 3, 3), "float32")), padding=1).shape
+        (1, 3, 4, 4, 4)
+    """
+    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
+        raise ValueError(f"conv3d: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    x = _t(inp)
+    w = _grouped_weight("conv3d", _t(weight), groups, 5, "(O, C // groups, KD, KH, KW)")
+    out = _apply(_Conv3d(_triple(stride), _triple(padding), _triple(dilation), groups), x, w)[0]
+    return out if bias is None else _channel_bias("conv3d", out, _t(bias, out))

@@ -1157,3 +1157,6 @@ class InstanceNorm(GroupNorm):
 
     def _module_info_string(self):
         return f"channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+from .conv import Conv3d, ConvTranspose2d  # noqa: E402  (they build on Module above)

@@ -143,6 +143,15 @@ def assert_cuda_matches_cpu(fn: Callable, arrays: Sequence, *, rtol: float = 1e-
     return ref, got
 
 
+@pytest.fixture(params=["gemm", "direct"])
+def conv_path(request, monkeypatch):
+    """Both cuda paths of the 2-d convolutions (and what runs on them:
+    ConvTranspose2d): im2col + GEMM, direct kernels."""
+    from gradcore.ops import conv
+    monkeypatch.setattr(conv, "CUDA_GEMM", request.param == "gemm")
+    return request.param
+
+
 @pytest.fixture
 def matches_cpu():
     return assert_cuda_matches_cpu

@@ -17,13 +17,6 @@ from gradcore.ops import conv
 from gradcore.cuda import runtime
 
 
-@pytest.fixture(params=["gemm", "direct"])
-def conv_path(request, monkeypatch):
-    """Both cuda paths of the convolutions: im2col + GEMM, direct kernels."""
-    monkeypatch.setattr(conv, "CUDA_GEMM", request.param == "gemm")
-    return request.param
-
-
 def _rand(*shape, dtype=np.float32, seed=0):
     return np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(dtype)
 
@@ -183,17 +176,32 @@ CONFIGS = {
 }
 
 
+# the same for the transposed and 3-d convolutions: (ConvTranspose2d
+# attributes, x shape, weight shape), (Conv3d attributes, x shape, weight shape)
+CONFIGS_MORE = {
+    "a": (((1, 0, 0, 1, 1), (2, 3, 4, 4), (3, 2, 3, 3)), ((1, 0, 1, 1), (1, 2, 3, 4, 3), (3, 2, 2, 2, 2))),
+    "b": (((2, 1, 1, (1, 2), 2), (1, 4, 3, 3), (4, 3, 2, 3)),
+          (((2, 1, 1), (1, 0, 1), (1, 2, 1), 2), (1, 4, 4, 3, 5), (2, 2, 3, 2, 2))),
+}
+
+
 def _instances(config, dtype=np.float32):
     """One instance of each op class of this module for ``config``, with inputs: [(op, arrays)]."""
     (attrs, xs, ws), (pool, ps, mode) = CONFIGS[config]
     x, w, p = _rand(*xs, dtype=dtype, seed=1), _rand(*ws, dtype=dtype, seed=2), _rand(*ps, dtype=dtype, seed=3)
     g = _rand(*conv.Conv2d(*attrs).cpu(x, w).shape, dtype=dtype, seed=4)
     gp = _rand(*conv.MaxPool2d(*pool).cpu(p).shape, dtype=dtype, seed=5)
+    (ct, cxs, cws), (a3, xs3, ws3) = CONFIGS_MORE[config]
+    x3, w3 = _rand(*xs3, dtype=dtype, seed=7), _rand(*ws3, dtype=dtype, seed=8)
+    g3 = _rand(*conv.Conv3d(*a3).cpu(x3, w3).shape, dtype=dtype, seed=9)
     return [(conv.Conv2d(*attrs), [x, w]), (conv.Conv2dBackwardData(*attrs), [g, w, x]),
             (conv.Conv2dBackwardFilter(*attrs), [g, x, w]), (conv.MaxPool2d(*pool), [p]),
             (conv.MaxPool2dBackward(*pool), [gp, p]),
             (conv.MaxPool2dGather(*pool), [_rand(*ps, dtype=dtype, seed=6), p]),
-            (conv.AvgPool2d(*pool, mode), [p]), (conv.AvgPool2dBackward(*pool, mode), [gp, p])]
+            (conv.AvgPool2d(*pool, mode), [p]), (conv.AvgPool2dBackward(*pool, mode), [gp, p]),
+            (conv.ConvTranspose2d(*ct), [_rand(*cxs, dtype=dtype, seed=10), _rand(*cws, dtype=dtype, seed=11)]),
+            (conv.Conv3d(*a3), [x3, w3]), (conv.Conv3dBackwardData(*a3), [g3, w3, x3]),
+            (conv.Conv3dBackwardFilter(*a3), [g3, x3, w3])]
 
 
 @pytest.mark.parametrize("ctype", ["float", "double"])
@@ -205,7 +213,9 @@ def test_one_source_per_class_and_ctype(ctype):
     for (a, _), (b, _) in pairs:
         assert type(a) is type(b) and a != b
         assert a.cuda_source(ctype) == b.cuda_source(ctype), type(a).__name__
-    assert len({a.cuda_source(ctype) for (a, _), _ in pairs}) == len(pairs)    # the classes' kernels differ
+    # the classes' kernels differ, but ConvTranspose2d runs Conv2dBackwardData's
+    assert len({a.cuda_source(ctype) for (a, _), _ in pairs}) == len(pairs) - 1
+    assert conv.ConvTranspose2d().cuda_source(ctype) == conv.Conv2dBackwardData().cuda_source(ctype)
 
 
 def test_each_source_compiles_once(fresh_backend, monkeypatch):

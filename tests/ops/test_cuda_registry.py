@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gradcore import registry
-from gradcore.ops import conv, indexing, linalg, nn, reduce, shape
+from gradcore.ops import conv, indexing, linalg, nn, reduce, shape, vision
 from gradcore.ops import elemwise as ew
 from gradcore.ops.indexing import split_index
 
@@ -28,6 +28,7 @@ def _instances():
     sub_adv, _ = split_index(([0, 2, 2],))
     conv_attrs = ((2, 1), (1, 2), (1, 2), 2)
     pool = ((3, 2), (2, 1), (1, 1))
+    conv3d_attrs = ((2, 1, 1), (1, 0, 2), (1, 2, 1), 2)
     return {
         "Elemwise": [ew.Elemwise(r.mode) for r in ew.TABLE],
         "Reduce": [reduce.Reduce(m, (0, 2), k) for m in ("sum", "mean", "max", "min", "prod") for k in (False, True)]
@@ -76,6 +77,12 @@ def _instances():
         "MaxPool2dGather": [conv.MaxPool2dGather(*pool)],
         "AvgPool2d": [conv.AvgPool2d(*pool)],
         "AvgPool2dBackward": [conv.AvgPool2dBackward(*pool)],
+        "ConvTranspose2d": [conv.ConvTranspose2d(2, 1, 1, (1, 2), 2)],
+        "Conv3d": [conv.Conv3d(*conv3d_attrs)],
+        "Conv3dBackwardData": [conv.Conv3dBackwardData(*conv3d_attrs)],
+        "Conv3dBackwardFilter": [conv.Conv3dBackwardFilter(*conv3d_attrs)],
+        "Interpolate": [vision.Interpolate((4, 5), m, a) for m, a in (("nearest", False), ("bilinear", True))],
+        "InterpolateBackward": [vision.InterpolateBackward((4, 5), "bilinear", False)],
     }
 
 

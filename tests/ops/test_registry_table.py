@@ -10,7 +10,7 @@ import gradcore
 from gradcore import registry
 from gradcore.core import apply
 from gradcore.ops import elemwise as ew
-from gradcore.ops import conv, indexing, linalg, nn, reduce, shape
+from gradcore.ops import conv, indexing, linalg, nn, reduce, shape, vision
 from gradcore.ops.indexing import split_index
 from gradcore.testing import gradcheck, gradgradcheck
 
@@ -50,6 +50,14 @@ def _cases():
         "AvgPool2d": [(conv.AvgPool2d(3, 1, 1), [f(1, 1, 4, 4)], None),
                       (conv.AvgPool2d(2, 2, 0, "average"), [f(2, 1, 4, 4)], None)],
         "AvgPool2dBackward": [(conv.AvgPool2dBackward(3, 1, 1), [f(1, 1, 4, 4), f(1, 1, 4, 4)], [0])],
+        "ConvTranspose2d": [(conv.ConvTranspose2d(2, 1, 1, 1, 2), [f(1, 2, 2, 3), f(2, 2, 3, 2)], None)],
+        "Conv3d": [(conv.Conv3d(1, 1, 1, 1), [f(1, 2, 3, 2, 3), f(2, 2, 2, 2, 2)], None),
+                   (conv.Conv3d(2, 0, 1, 2), [f(1, 2, 3, 3, 3), f(2, 1, 2, 1, 2)], None)],
+        "Conv3dBackwardData": [(conv.Conv3dBackwardData(1, 0, 1, 1), [f(1, 3, 2, 2, 1), f(3, 2, 2, 2, 2), f(1, 2, 3, 3, 2)], [0, 1])],
+        "Conv3dBackwardFilter": [(conv.Conv3dBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2, 1), f(1, 2, 3, 3, 2), f(3, 2, 2, 2, 2)], [0, 1])],
+        "Interpolate": [(vision.Interpolate((3, 5), "bilinear", False), [f(1, 2, 2, 3)], None),
+                        (vision.Interpolate((3, 2), "nearest", False), [f(1, 1, 2, 3)], None)],
+        "InterpolateBackward": [(vision.InterpolateBackward((3, 5), "bilinear", True), [f(1, 2, 3, 5), f(1, 2, 2, 3)], [0])],
         "ExpandDims": [(shape.ExpandDims(0), [f()], None), (shape.ExpandDims((0, 2)), [f(2)], None)],
         "Identity": [(shape.Identity(), [f(2)], None), (shape.Identity(), [f(0, 2)], None)],
         "Copy": [(shape.Copy("cpu"), [f(2, 3)], None), (shape.Copy("cpu"), [f()], None)],

@@ -1,0 +1,75 @@
+"""``F.vision``: resizing images, MegEngine's ``functional.vision``.
+
+Example::
+
+    >>> F.vision.interpolate(x, scale_factor=2, mode="nearest")
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .._core import Tensor, apply as _apply
+from ..op import interned
+from ..ops.vision import INTERPOLATE_MODES as _INTERPOLATE_MODES, Interpolate
+from ._args import _int_arg, _int_tuple, _t
+from .shape import expand_dims, squeeze
+
+_Interpolate = interned(Interpolate)
+
+
+def _resize_sizes(x: Tensor, size, scale_factor, n: int) -> tuple:
+    """The output's ``n`` trailing sizes for ``interpolate``: ``size`` as
+    given, or floor(input size * scale factor)."""
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor, "
+                         f"got size={size!r}, scale_factor={scale_factor!r}")
+    if size is not None:
+        out = _int_tuple("interpolate", "size", size)
+        out = out * n if len(out) == 1 else out
+        if len(out) != n:
+            raise ValueError(f"interpolate: size must have {n} element(s) for a {x.ndim}-D input, got {size!r}")
+        return tuple(_int_arg("interpolate", "size", s, 1) for s in out)
+    factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * n
+    if len(factors) != n or not all(isinstance(f, (int, float, np.integer, np.floating)) and not isinstance(f, bool)
+                                    and f > 0 for f in factors):
+        raise ValueError(f"interpolate: scale_factor must be a positive number or {n} of them, got {scale_factor!r}")
+    out = tuple(int(np.floor(s * float(f))) for s, f in zip(x.shape[-n:], factors))
+    if min(out) < 1:
+        raise ValueError(f"interpolate: scale_factor {scale_factor!r} gives an empty output {out} "
+                         f"for input shape {x.shape}")
+    return out
+
+
+def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear",
+                align_corners: Optional[bool] = None) -> Tensor:
+    """Resize ``inp`` to ``size`` or by ``scale_factor`` (output size
+    floor(input size * factor)), MegEngine's ``F.vision.interpolate``:
+    ``mode`` "bilinear" or "nearest" for (N, C, H, W) input, "linear" for
+    (N, C, W). ``align_corners`` (linear modes only; default False) maps
+    the corner pixels' centres onto each other. Source positions follow the
+    output/input size ratio (PyTorch's ``recompute_scale_factor=True``).
+
+    Example::
+
+        >>> x = gc.tensor(np.array([[[[1.0, 2.0]]]], "float32"))
+        >>> F.vision.interpolate(x, scale_factor=2, mode="nearest").numpy()
+        array([[[[1., 1., 2., 2.],
+                 [1., 1., 2., 2.]]]], dtype=float32)
+    """
+    x = _t(inp)
+    mode = mode.lower() if isinstance(mode, str) else mode
+    if mode == "linear":
+        if x.ndim != 3:
+            raise ValueError(f"interpolate: mode 'linear' needs a 3-D (N, C, W) input, got shape {x.shape}")
+        (ow,) = _resize_sizes(x, size, scale_factor, 1)
+        op = _Interpolate((1, ow), "bilinear", bool(align_corners))
+        return squeeze(_apply(op, expand_dims(x, -2))[0], -2)
+    if mode not in _INTERPOLATE_MODES:
+        raise ValueError(f"interpolate: mode must be one of 'nearest', 'bilinear', 'linear', got {mode!r}")
+    if x.ndim != 4:
+        raise ValueError(f"interpolate: mode {mode!r} needs a 4-D (N, C, H, W) input, got shape {x.shape}")
+    if align_corners and mode == "nearest":
+        raise ValueError("interpolate: align_corners only applies to the linear modes, not 'nearest'")
+    return _apply(_Interpolate(_resize_sizes(x, size, scale_factor, 2), mode, bool(align_corners)), x)[0]

@@ -1,0 +1,244 @@
+"""Resizing of NCHW images: ``Interpolate(size, mode, align_corners)`` and
+its adjoint ``InterpolateBackward``, MegEngine's ``F.vision.interpolate``.
+
+Both modes are separable linear maps: along each spatial axis the output is
+``A @ x`` with A an (out, in) matrix of interpolation weights (one 1 per row
+for "nearest", two weights per row for "bilinear"), so
+
+    Interpolate          y  = A_h @ x  @ A_w^T   -> InterpolateBackward (g, x_ref)
+    InterpolateBackward  gx = A_h^T @ g @ A_w     -> Interpolate (gg)
+
+and every order of derivative follows. Source coordinates follow the
+output/input size ratio (MegEngine's resize, PyTorch's with
+``recompute_scale_factor=True``): "nearest" reads ``floor(o * in / out)``
+(computed in float32, as PyTorch does), "bilinear" samples at ``(o + 0.5) *
+in / out - 0.5`` clamped at 0, or at ``o * (in - 1) / (out - 1)`` with
+``align_corners``.
+
+CPU kernels: along each axis, one gather-and-scale per nonzero of a row of
+its matrix (two for a bilinear row; the adjoint of an upsampling has a few
+more), vectorised over everything else. CUDA: one kernel for both
+ops, one thread per output element summing over the nonzero weights of its
+row of each axis' matrix (tables built on the host: the matrix for the
+forward, its transpose for the adjoint; no atomics).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+from gradcore import _core
+from gradcore.op import Op, TensorDesc
+
+from .conv import _LOOP, _kname
+from .linalg import check_cuda_dtype
+from .reduce import op_int
+
+INTERPOLATE_MODES = ("nearest", "bilinear")
+
+
+def axis_weights(n_in: int, n_out: int, mode: str, align_corners: bool, dtype="float64") -> np.ndarray:
+    """The (n_out, n_in) interpolation matrix along one axis.
+
+    Example::
+
+        >>> axis_weights(2, 4, "nearest", False).tolist()
+        [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
+    """
+    a = np.zeros((n_out, n_in), dtype)
+    if n_in == 0 or n_out == 0:
+        return a
+    rows = np.arange(n_out)
+    if mode == "nearest":
+        scale = np.float32(n_in) / np.float32(n_out)
+        src = np.minimum(np.floor(rows.astype(np.float32) * scale).astype(np.int64), n_in - 1)
+        a[rows, src] = 1
+        return a
+    if align_corners:
+        src = rows * ((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros(n_out)
+    else:
+        src = np.maximum((rows + 0.5) * (n_in / n_out) - 0.5, 0.0)
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    lam = src - i0
+    np.add.at(a, (rows, i0), 1 - lam)
+    np.add.at(a, (rows, i1), lam)
+    return a
+
+
+def _csr(a):
+    """Row tables of matrix ``a``: (row starts (rows + 1,), column of each
+    nonzero, its weight), the kernel's view of one axis."""
+    rows, cols = np.nonzero(a)
+    starts = np.searchsorted(rows, np.arange(a.shape[0] + 1)).astype(np.int32)
+    return starts, cols.astype(np.int32), a[rows, cols]
+
+
+def _row_taps(a):
+    """Matrix ``a`` (rows, cols) as (column indices, weights), both (rows,
+    K) with K the most nonzeros in a row; shorter rows are padded with
+    weight 0 at column 0."""
+    nz = a != 0
+    k = max(1, int(nz.sum(1).max())) if a.size else 1
+    order = np.argsort(~nz, axis=1, kind="stable")[:, :k]      # each row's nonzero columns first
+    weights = np.take_along_axis(a, order, 1)
+    return np.where(weights != 0, order, 0), weights
+
+
+class _InterpBase(Op):
+    attrs = ("size", "mode", "align_corners")
+
+    def __init__(self, size, mode="bilinear", align_corners=False):
+        n = self.name
+        if not isinstance(size, (tuple, list)) or len(size) != 2:
+            raise ValueError(f"{n}: size must be a pair (out_height, out_width), got {size!r}")
+        self.size = tuple(op_int(n, "size", s) for s in size)
+        if min(self.size) < 1:
+            raise ValueError(f"{n}: size must be positive, got {size!r}")
+        if mode not in INTERPOLATE_MODES:
+            raise ValueError(f"{n}: mode must be one of {', '.join(INTERPOLATE_MODES)}, got {mode!r}")
+        if align_corners and mode == "nearest":
+            raise ValueError(f"{n}: align_corners only applies to mode 'bilinear'")
+        self.mode, self.align_corners = mode, bool(align_corners)
+        self._seal()
+
+    @classmethod
+    def _example_ops(cls):
+        return [cls((5, 3), "bilinear", False), cls((2, 7), "bilinear", True), cls((5, 2), "nearest", False)]
+
+    def _check_input(self, x, descs, what="input"):
+        if x.dtype.kind != "f":
+            raise self.error(f"needs a floating-point {what}, got {x.dtype}", *descs)
+        if x.shape is not None and len(x.shape) != 4:
+            raise self.error(f"{what} must be 4-D (N, C, H, W), got {len(x.shape)}-D", *descs)
+        if x.shape is not None and 0 in x.shape[2:]:
+            raise self.error(f"{what} has an empty spatial axis: nothing to interpolate from", *descs)
+
+    def _matrices(self, in_hw, dtype):
+        return [axis_weights(i, o, self.mode, self.align_corners, dtype) for i, o in zip(in_hw, self.size)]
+
+    @staticmethod
+    def _separable(x, ah, aw):
+        """``ah @ x @ aw^T`` over the last two axes of x (N, C, H, W), one
+        gather-and-scale per nonzero of a row of each matrix (a few: a
+        bilinear row has two), never a dense product."""
+        for axis, a in ((3, aw), (2, ah)):
+            idx, wt = _row_taps(a)
+            scale = wt.reshape(wt.shape + (1,) * (3 - axis))          # broadcasts along the later axes
+            out = np.take(x, idx[:, 0], axis=axis)
+            out *= scale[:, 0]
+            for k in range(1, idx.shape[1]):                          # loops over taps only
+                term = np.take(x, idx[:, k], axis=axis)
+                term *= scale[:, k]
+                out += term
+            x = out
+        return x
+
+    def _cuda_run(self, be, x, out, ah, aw):
+        """``ah @ x @ aw^T`` on cuda, ``out`` a TensorDesc: the shared kernel."""
+        check_cuda_dtype(self, out.dtype)
+        y = be.empty(out.shape, out.dtype)
+        if y.size == 0:
+            return y
+        tables = [be.to_device(t) for a in (ah, aw) for t in _csr(a)]
+        n, c, h, w = x.shape
+        be.launch_n(be.kernel(self, be.ctype(out.dtype)), y.size, x, y, *tables,
+                    np.int64(n * c), np.int32(h), np.int32(w), np.int32(out.shape[2]), np.int32(out.shape[3]))
+        return y
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_resize2d_<ctype>(x, y, hstart, hcol, hval, wstart, wcol, wval,
+        long long NC, int H, int W, int OH, int OW)``: one thread per element
+        of y (NC, OH, OW) (grid-stride loop), summing x (NC, H, W) over the
+        nonzeros of its row p of the height matrix (``hstart[p]`` ..
+        ``hstart[p+1]``, columns ``hcol``, weights ``hval``) and its row q
+        of the width matrix."""
+        T = ctype
+        return (
+            f"extern \"C\" __global__ void {_kname('resize2d', T)}(const {T}* __restrict__ x, {T}* __restrict__ y, "
+            f"const int* __restrict__ hstart, const int* __restrict__ hcol, const {T}* __restrict__ hval, "
+            f"const int* __restrict__ wstart, const int* __restrict__ wcol, const {T}* __restrict__ wval, "
+            "long long NC, int H, int W, int OH, int OW)\n{\n"
+            "    const long long total = NC * OH * OW;\n" + _LOOP +
+            "        const int q = (int)(idx % OW); long long t = idx / OW;\n"
+            "        const int p = (int)(t % OH); const long long nc = t / OH;\n"
+            f"        const {T}* xc = x + nc * H * W;\n"
+            f"        {T} acc = 0;\n"
+            "        for (int a = hstart[p]; a < hstart[p + 1]; ++a) {\n"
+            f"            {T} row = 0;\n"
+            "            for (int b = wstart[q]; b < wstart[q + 1]; ++b)\n"
+            "                row += wval[b] * xc[(long long)hcol[a] * W + wcol[b]];\n"
+            "            acc += hval[a] * row;\n"
+            "        }\n"
+            "        y[idx] = acc;\n"
+            "    }\n}\n")
+
+
+class Interpolate(_InterpBase):
+    """x (N, C, H, W) resized to (N, C, *size) by ``mode`` ("nearest" or
+    "bilinear", with or without ``align_corners``)."""
+    name = "Interpolate"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: up and down, both modes."""
+        rng = np.random.default_rng(0)
+        return [(op, [rng.standard_normal((2, 2, 3, 4))]) for op in cls._example_ops()]
+
+    def infer(self, x):
+        self._check_input(x, (x,))
+        shape = None if x.shape is None else x.shape[:2] + self.size
+        return (TensorDesc(shape, x.dtype, x.device),)
+
+    def cpu(self, x):
+        self.infer(TensorDesc(x.shape, x.dtype))
+        ah, aw = self._matrices(x.shape[2:], x.dtype)
+        return self._separable(x, ah, aw)
+
+    def cuda(self, be, x):
+        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        ah, aw = self._matrices(x.shape[2:], x.dtype)
+        return self._cuda_run(be, x, out, ah, aw)
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return [_core.apply(InterpolateBackward(self.size, self.mode, self.align_corners), g, x)[0]]
+
+
+class InterpolateBackward(_InterpBase):
+    """(g, x_ref) -> the adjoint of Interpolate applied to g (N, C, *size):
+    an array shaped like x_ref (read only for its shape)."""
+    name = "InterpolateBackward"
+    shape_only_inputs = (1,)
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: the adjoints of Interpolate's examples."""
+        rng = np.random.default_rng(0)
+        return [(op, [rng.standard_normal((2, 2) + op.size), rng.standard_normal((2, 2, 3, 4))])
+                for op in cls._example_ops()]
+
+    def infer(self, g, ref):
+        self._check_input(g, (g, ref), "gradient")
+        self._check_input(ref, (g, ref), "reference input")
+        if g.shape is not None and ref.shape is not None and tuple(g.shape) != ref.shape[:2] + self.size:
+            raise self.error(f"gradient must have shape {ref.shape[:2] + self.size}", g, ref)
+        return (TensorDesc(ref.shape, g.dtype, g.device),)
+
+    def cpu(self, g, ref):
+        self.infer(TensorDesc(g.shape, g.dtype), TensorDesc(ref.shape, ref.dtype))
+        ah, aw = self._matrices(ref.shape[2:], g.dtype)
+        return self._separable(g, ah.T, aw.T)
+
+    def cuda(self, be, g, ref):
+        (out,) = self.infer(TensorDesc(g.shape, g.dtype, "cuda"), TensorDesc(ref.shape, ref.dtype, "cuda"))
+        ah, aw = self._matrices(ref.shape[2:], g.dtype)
+        return self._cuda_run(be, g, out, np.ascontiguousarray(ah.T), np.ascontiguousarray(aw.T))
+
+    def vjp(self, inputs, outputs, grads):
+        (g, ref), (gg,) = inputs, grads
+        return [_core.apply(Interpolate(self.size, self.mode, self.align_corners), gg)[0], None]
+
+
+VISION_OPS = [Interpolate, InterpolateBackward]
