@@ -19,6 +19,7 @@ cimport numpy as cnp
 from cpython.ref cimport Py_INCREF, PyObject
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 import numpy as np
+from weakref import ref as _weakref
 
 cnp.import_array()
 
@@ -179,6 +180,9 @@ cdef class Tensor:
     # the first is a field and only further ones go to a list
     cdef GradSlot _slot
     cdef list _more_slots
+    # set by _reset: this object shares another tensor's history but is a
+    # different node; attaching it gives it a leaf slot of its own
+    cdef bint _alias
     cdef object __weakref__
     __array_priority__ = 1000
 
@@ -250,8 +254,16 @@ cdef class Tensor:
         return False
 
     def _reset(self, Tensor other):
-        """Rebind this tensor to ``other``'s value and history (in-place ops).
-        The old buffer is never written, so values saved for backward stay valid."""
+        """Rebind this tensor to ``other``'s value and history (MegEngine's
+        idiom). The old buffer is never written, so values saved for backward
+        stay valid. This object stays a different node: attached afterwards it
+        is a leaf of its own and receives a gradient only through ops that
+        consumed it, never through ops that consumed ``other``."""
+        self._rebind(other)
+        self._alias = other._slot is not None
+
+    cdef void _rebind(self, Tensor other):
+        # in-place ops: ``other`` is a temporary whose history becomes ours
         self._data = other._data
         self._device = other._device
         self._slot = other._slot
@@ -356,14 +368,16 @@ cdef class Tensor:
         if result._data.shape != self._data.shape:
             raise ValueError(f"in-place op: result shape {result._data.shape} does not match "
                              f"the tensor's shape {self._data.shape}")
-        self._reset(result)
+        self._rebind(result)
+        self._alias = False
         return self
 
     def __getitem__(self, index):
         return _h_getattr("getitem")(self, index)
 
     def __setitem__(self, index, value):
-        self._reset(_h_getattr("setitem")(self, index, value))
+        self._rebind(_h_getattr("setitem")(self, index, value))
+        self._alias = False
 
     # common methods, implemented in gradcore.tensor_methods
     def reshape(self, *shape): return _h_getattr("reshape")(self, *shape)
@@ -744,9 +758,18 @@ cdef class GradKey:
         if self.state == 2 or self.ran_backward:
             raise RuntimeError(f"{self.name}: cannot attach to a Grad whose recording has finished")
         cdef GradSlot s = _slot_for(t, self)
+        if s is not None and t._alias and not (s.made_by_attach and s.tensor_ref is not None
+                                              and s.tensor_ref() is t):
+            # an alias made by _reset shares the slot of the tensor it was
+            # reset from; it gets its own, so gradients reach it only
+            # through ops that consumed this very object
+            _drop_slot(t, s)
+            s = None
         if s is None:
             s = _new_slot(self)
             s.made_by_attach = True
+            if t._alias:
+                s.tensor_ref = _weakref(t)
             _prune_slots(t)
             _add_slot(t, s)
             self.leaves.append(s)
@@ -772,6 +795,12 @@ def _chain(first, second):
         first(grad)
         second(grad)
     return both
+
+
+cdef void _drop_slot(Tensor t, GradSlot s):
+    others = [o for o in _slots_of(t) if o is not s]
+    t._slot = others[0] if others else None
+    t._more_slots = others[1:] or None
 
 
 cdef void _prune_slots(Tensor t):
