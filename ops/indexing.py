@@ -470,7 +470,7 @@ class IndexingOneHot(Op):
         ax = self.axis % x.ndim
         # the cpu raises for an index out of range (the kernel would give 0): checked
         # on the index's [min, max], read once per content (labels reused each step)
-        _check_one_hot_range(be.index_extent(index), x.shape, ax)
+        _check_one_hot_range(be.index_extent(index), x.shape, ax, index.shape)
         outer, n, inner = _outer_n_inner(x.shape, ax)
         y = be.empty(out.shape, x.dtype)
         if y.size:
@@ -478,7 +478,8 @@ class IndexingOneHot(Op):
         return y
 
 
-def _check_one_hot_range(index, x_shape, ax):
+def _check_one_hot_range(index, x_shape, ax, index_shape=None):
+    # ``index`` may be the device index's [min, max] (index_shape then gives its shape)
     # MegEngine's IndexingOneHot takes indices in [0, n) only (gather and
     # scatter, advanced indexing there, also take negative ones from the end)
     n = x_shape[ax]
@@ -486,7 +487,7 @@ def _check_one_hot_range(index, x_shape, ax):
         bad = index.min() if index.min() < 0 else index.max()
         raise IndexOpError(f"IndexingOneHot: index {bad} out of range for axis {ax} of size {n} "
                            f"(indexing_one_hot takes indices in [0, {n}); negative ones are not "
-                           f"counted from the end) (input shapes: {tuple(x_shape)}, {tuple(index.shape)})")
+                           f"counted from the end) (input shapes: {tuple(x_shape)}, {tuple(index.shape if index_shape is None else index_shape)})")
 
 
 class IndexingOneHotGrad(Op):
