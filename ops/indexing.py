@@ -330,8 +330,11 @@ def _check_assignable(op, value, shape, descs):
     """``value`` must broadcast to the indexed ``shape`` (as NumPy's assignment demands)."""
     if shape is None or value.shape is None:
         return
+    vshape = tuple(value.shape)
+    while len(vshape) > len(shape) and vshape[0] == 1:
+        vshape = vshape[1:]      # NumPy drops a value's extra leading size-1 axes
     try:
-        ok = np.broadcast_shapes(value.shape, shape) == tuple(shape)
+        ok = np.broadcast_shapes(vshape, shape) == tuple(shape)
     except ValueError:
         ok = False
     if not ok:
