@@ -91,15 +91,17 @@ def from_dlpack(obj: Any) -> Tensor:
             return wrap_array(np.from_dlpack(obj), "cpu")
         if device_type in _CUDA_DEVICE_TYPES:
             from .cuda import backend, dlpack
+            from .cuda.array import DeviceArray
             try:
                 capsule = obj.__dlpack__(stream=1, max_version=(dlpack.DLPACK_MAJOR, dlpack.DLPACK_MINOR))
             except TypeError:          # a producer older than DLPack 1.0's max_version
                 capsule = obj.__dlpack__(stream=1)
-            return wrap_array(dlpack.import_capsule(capsule, backend()), "cuda")
+            return wrap_array(dlpack.import_capsule(capsule, backend(), DeviceArray), "cuda")
         raise BufferError(f"gradcore.from_dlpack: {type(obj).__name__} lives on DLPack device type "
                           f"{device_type}; gradcore has cpu (1) and cuda (2)")
     if hasattr(obj, "__cuda_array_interface__"):
         from .cuda import backend, dlpack
-        return wrap_array(dlpack.from_interface(obj, backend()), "cuda")
+        from .cuda.array import DeviceArray
+        return wrap_array(dlpack.from_interface(obj, backend(), DeviceArray), "cuda")
     raise TypeError(f"gradcore.from_dlpack: {type(obj).__name__} has neither __dlpack__ nor "
                     f"__cuda_array_interface__")

@@ -223,11 +223,11 @@ def capsule_device(capsule) -> Tuple[int, int]:
     return (device.device_type, device.device_id)
 
 
-def import_capsule(capsule, backend):
+def import_capsule(capsule, backend, array_type):
     """A DeviceArray viewing the device memory a kDLCUDA capsule describes;
     the capsule is marked used and its deleter runs when that array (and
-    every view of it) is gone."""
-    from .array import DeviceArray
+    every view of it) is gone. ``array_type`` is gradcore.cuda.array.DeviceArray
+    (passed in: array.py imports this module)."""
     ptr, managed, used = _managed(capsule)
     t = managed.dl_tensor
     if t.device.device_type not in (kDLCUDA, kDLCUDAManaged):
@@ -245,7 +245,7 @@ def import_capsule(capsule, backend):
     _api.PyCapsule_SetName(ctypes.c_void_p(id(capsule)), used)
     release = (lambda: deleter(ptr)) if ctypes.cast(deleter, ctypes.c_void_p).value else None
     memory = ForeignMemory((t.data or 0) + t.byte_offset, owner=capsule, release=release)
-    return DeviceArray(backend, shape, dtype, block=memory)
+    return array_type(backend, shape, dtype, block=memory)
 
 
 def interface(array) -> dict:
@@ -255,10 +255,10 @@ def interface(array) -> dict:
             "stream": 1}   # gradcore works on the legacy default stream
 
 
-def from_interface(obj, backend):
+def from_interface(obj, backend, array_type):
     """A DeviceArray viewing the memory of an object with
-    ``__cuda_array_interface__`` (CuPy, Numba, PyTorch), which it keeps alive."""
-    from .array import DeviceArray
+    ``__cuda_array_interface__`` (CuPy, Numba, PyTorch), which it keeps alive;
+    ``array_type`` as for import_capsule."""
     cai = obj.__cuda_array_interface__
     shape = tuple(int(n) for n in cai["shape"])
     dtype = np.dtype(cai["typestr"])
@@ -273,4 +273,4 @@ def from_interface(obj, backend):
     if stream is not None and stream not in (1, 2):
         backend.driver.synchronize()   # the producer's work on its stream must be done
     ptr, _readonly = cai["data"]
-    return DeviceArray(backend, shape, dtype, block=ForeignMemory(ptr or 0, owner=obj))
+    return array_type(backend, shape, dtype, block=ForeignMemory(ptr or 0, owner=obj))

@@ -129,9 +129,22 @@ def test_bad_arguments(kw, needle):
 
 
 def test_integer_input_is_rejected(h):
+    # integer input and weight: no float to promote to (as Conv2d)
     with pytest.raises(ValueError) as ei:
-        apply(ConvTranspose2d(), gradcore.Tensor(np.ones((1, 1, 2, 2), "int32")), gradcore.Tensor(np.ones((1, 1, 1, 1))))
+        apply(ConvTranspose2d(), gradcore.Tensor(np.ones((1, 1, 2, 2), "int32")),
+              gradcore.Tensor(np.ones((1, 1, 1, 1), "int32")))
     h.check_error(ei, "ConvTranspose2d", "floating-point")
+
+
+def test_mixed_dtypes_promote_as_conv2d():
+    # the dtype rules (gradcore/dtypes.py): an integer input with a float weight,
+    # or two float widths, compute in the wider float
+    x16 = gradcore.Tensor(np.ones((1, 1, 2, 2), "float16"))
+    (y,) = apply(ConvTranspose2d(), x16, gradcore.Tensor(np.ones((1, 1, 1, 1), "float32")))
+    assert y.dtype == np.float32
+    (y,) = apply(ConvTranspose2d(), gradcore.Tensor(np.ones((1, 1, 2, 2), "int32")),
+                 gradcore.Tensor(np.ones((1, 1, 1, 1))))
+    assert y.dtype == np.float64
 
 
 # ---------------------------------------------------------------- F and M
