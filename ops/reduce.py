@@ -64,29 +64,22 @@ _KERNELS = {"sum": np.add.reduce, "mean": _mean, "max": np.maximum.reduce,
             "min": np.minimum.reduce, "prod": np.multiply.reduce}
 
 
-@functools.lru_cache(maxsize=256)
-def _exact_dtype(op: "Reduce") -> "Reduce":
-    """``op`` computing in its input's dtype on every input: the class's
-    ``cpu``, not the full-reduction fast path (which lets NumPy pick the
-    dtype, right for floats only)."""
-    exact = Reduce(op.mode, op.axis, op.keepdims)
-    exact.__dict__.pop("cpu", None)
-    return exact
-
-
 class Reduce(Op):
     """Reduce over ``axis`` (None: all) with mode sum, mean, max, min or prod."""
     name = "Reduce"
     check_params = ({"mode": "sum", "axis": 1}, {"mode": "mean"}, {"mode": "max", "axis": 0},
                     {"mode": "prod", "axis": -1, "keepdims": True})  # for generated checks
     attrs = ("mode", "axis", "keepdims")
+    # a full reduction may run as the bare ufunc reduce (NumPy picks the
+    # dtype: right for floats only)
+    fast_full_reduction = True
 
     def __init__(self, mode: str, axis=None, keepdims: bool = False):
         if mode not in _KERNELS:
             raise ValueError(f"Reduce: unknown mode {mode!r}; known: {', '.join(_KERNELS)}")
         self.mode, self.axis, self.keepdims = mode, norm_axis(axis, f"Reduce({mode})"), bool(keepdims)
         self._kernel = _KERNELS[mode]
-        if self.axis is None and mode != "mean":
+        if self.axis is None and mode != "mean" and self.fast_full_reduction:
             # a full reduction is the ufunc's reduce itself: no Python frame
             # per call (``cpu`` below, with axis None for every input)
             self.cpu = functools.partial(self._kernel, axis=None, keepdims=self.keepdims)
@@ -106,7 +99,7 @@ class Reduce(Op):
         their own dtype (computed so: NumPy's full reduction would widen to
         int64)."""
         want, _ = dtypes.reduce_dtypes(self.mode, in_dtypes[0])
-        return (self if want.kind == "f" else _exact_dtype(self)), (want,)
+        return (self if want.kind == "f" else ExactDtypeReduce(self.mode, self.axis, self.keepdims)), (want,)
 
     def cpu(self, x):
         # axis 0 / -1 of a 0-d array is the array itself (NumPy rejects a tuple axis there)
@@ -239,6 +232,14 @@ def _reduce_run(be, mode, x, outer, n, inner, count):
     be.launch_n(be.kernel(_reducer(stage), be.ctype(x.dtype)), y.size, x, y, outer, n, inner, parts, count)
     return y if parts == 1 else _reduce_run(be, mode, y, outer, parts, inner, count)
 
+
+
+class ExactDtypeReduce(Reduce):
+    """Reduce computing in its input's dtype on every input (integer and bool
+    sums and products): never the full-reduction fast path, which would let
+    NumPy widen to int64. A class of its own, so that it is never the same
+    (interned) op as the float Reduce with the same attributes."""
+    fast_full_reduction = False
 
 class BroadcastBack(Op):
     """Broadcast a reduced gradient back to the shape of ``ref`` (and divide
