@@ -10,11 +10,7 @@ they are ordered without extra synchronisation.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import glob
 import os
-import site
-import sys
 from typing import List, Optional
 
 import numpy as np
@@ -36,20 +32,9 @@ def check_status(status: int, what: str) -> None:
 
 
 def candidate_paths() -> List[str]:
-    """Where libcublas may be, most specific first."""
-    roots = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
-    found = []
-    for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
-        found += sorted(glob.glob(os.path.join(root, "nvidia", "cublas", "lib", "libcublas.so*")), reverse=True)
-        found += sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "lib", "libcublas.so*")), reverse=True)
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            found += sorted(glob.glob(os.path.join(home, "lib64", "libcublas.so*")), reverse=True)
-            found += sorted(glob.glob(os.path.join(home, "targets", "*", "lib", "libcublas.so*")), reverse=True)
-    name = ctypes.util.find_library("cublas")
-    if name:
-        found.append(name)
-    return [p for p in dict.fromkeys(found) if "Lt" not in os.path.basename(p)]
+    """Where libcublas may be, most specific first (``toolkit.library_candidates``)."""
+    from .toolkit import library_candidates
+    return [p for p in library_candidates("cublas", "cublas") if "Lt" not in os.path.basename(p)]
 
 
 def load_library() -> ctypes.CDLL:

@@ -1,10 +1,16 @@
-"""Where the CUDA toolkit's compiler is (device layer: used by the kernel
-cache, re-exported by ``gradcore.devices``)."""
+"""Where the CUDA toolkit's pieces are: ``nvcc``, and NVIDIA's shared
+libraries (cuBLAS, NVRTC) shipped in pip wheels or a system toolkit
+(device layer: used by the kernel cache and ``blas``; ``nvcc_path`` is
+re-exported by ``gradcore.devices``)."""
 from __future__ import annotations
 
+import ctypes.util
+import glob
 import os
 import shutil
-from typing import Optional
+import site
+import sys
+from typing import List, Optional
 
 
 def nvcc_path() -> Optional[str]:
@@ -14,14 +20,44 @@ def nvcc_path() -> Optional[str]:
     found = shutil.which("nvcc")
     if found:
         return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root:
-            cand = os.path.join(root, "bin", "nvcc")
-            if os.path.isfile(cand) and os.access(cand, os.X_OK):
-                return cand
+    for root in _cuda_homes():
+        cand = os.path.join(root, "bin", "nvcc")
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
     return None
 
 
 def is_nvcc_available() -> bool:
     """Whether ``nvcc`` is found (``nvcc_path()``)."""
     return nvcc_path() is not None
+
+
+def _cuda_homes() -> List[str]:
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        # /usr/local/cuda-13.0/bin/nvcc, or a wrapper script that execs it
+        homes.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    return [h for h in dict.fromkeys(homes) if h and os.path.isdir(h)]
+
+
+def library_candidates(stem: str, wheel: str) -> List[str]:
+    """Where ``lib<stem>.so`` may be, most specific first: NVIDIA's pip
+    wheels (``nvidia/<wheel>/lib``, and ``nvidia/cu*/lib`` as the CUDA 13
+    wheels lay it out) on ``sys.path``, ``$CUDA_HOME``/``$CUDA_PATH``/
+    ``/usr/local/cuda`` (``lib64``, ``targets/*/lib``), then the system
+    loader's name. Example: ``library_candidates("nvrtc", "cuda_nvrtc")``
+    -> ``[".../site-packages/nvidia/cu13/lib/libnvrtc.so.13"]``."""
+    roots = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
+    pattern = f"lib{stem}.so*"
+    found = []
+    for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
+        for sub in (wheel, "cu*"):
+            found += sorted(glob.glob(os.path.join(root, "nvidia", sub, "lib", pattern)), reverse=True)
+    for home in _cuda_homes():
+        found += sorted(glob.glob(os.path.join(home, "lib64", pattern)), reverse=True)
+        found += sorted(glob.glob(os.path.join(home, "targets", "*", "lib", pattern)), reverse=True)
+    name = ctypes.util.find_library(stem)
+    if name:
+        found.append(name)
+    return list(dict.fromkeys(found))
