@@ -130,3 +130,14 @@ def standard_op(name: str):
 
 
 _cuda_runtime.install_standard_ops(standard_op)
+
+
+def _install_kernel_families():
+    # the op library's catalog of standard kernels, compiled per family by
+    # the kernel cache (gradcore/cuda/families.py)
+    from .cuda import families
+    from .ops import kernel_families
+    families.install(kernel_families)
+
+
+_install_kernel_families()

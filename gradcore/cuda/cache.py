@@ -1,19 +1,40 @@
-"""The CUDA kernel cache: PTX compiled by ``nvcc``, kept in memory and on disk.
+"""The CUDA kernel cache: kernels compiled by NVRTC (or ``nvcc``), kept in
+memory and on disk, standard kernels compiled per family.
 
-Keyed by gradcore's own key, not by PyCUDA's: the op or kernel name, the
-dtypes, a shapes class (e.g. ``"nd2:contig"``), the sha256 of the source, the
-target architecture (``sm_80``) and the compiler options. A second process
-with the same key reads the PTX from disk and does not run ``nvcc``.
+The compiler: NVRTC in-process (``gradcore.cuda.nvrtc``: the
+``nvidia-cuda-nvrtc`` wheel or the system toolkit's libnvrtc) when it loads,
+else one ``nvcc`` process per program; ``compiler="nvcc"`` or
+``$GRADCORE_CUDA_COMPILER=nvcc`` forces nvcc. The output: PTX for
+``compute_<arch>`` (``output="ptx"``, what the driver JIT-compiles; the
+default without a device), or a CUBIN for the device's own ``sm_<arch>``
+(``output="cubin"``: no JIT at load, and no dependence on the driver
+knowing a newer PTX version).
+
+Families: a standard kernel (one the op library's catalog lists, see
+``gradcore.cuda.families``) is not compiled alone. The first time any
+kernel of a family is needed for an element type, the whole family is
+compiled, in parts of at most ``PART_UNITS`` sources, the parts in parallel
+on a thread pool (ctypes releases the GIL while NVRTC works): one compile
+per family, few modules. Kernels outside the catalog (plugins, fused
+backwards) compile alone.
+
+Keys: gradcore's own, a sha256 over the source (for a family part: the
+combined source), the target architecture, the compiler options, the
+output kind and the compiler's identity (NVRTC's version; for nvcc the PTX
+header is checked against ``nvcc --version`` on a disk hit). The op/kernel
+name, dtypes and shapes class of ``get`` are part of a single kernel's key.
 
 Directory: ``directory=`` if given, else ``$GRADCORE_KERNEL_CACHE``, else
-``~/.cache/gradcore/kernels``. Files are ``<key>.ptx``; writes go to a
-temporary file in the same directory and are renamed over the final name
-(``os.replace`` is atomic on POSIX), so concurrent processes never read a
-half-written PTX: at worst two processes compile the same kernel and the
-last rename wins with identical content.
+``~/.cache/gradcore/kernels``. A program is ``<name>-<key>.ptx`` (or
+``.cubin``); each member of a family part has a small ``<kernel>-<key>.ref``
+naming its part's file, so a warm process goes from a kernel's source to
+its module with two file reads and no catalog. Writes go to a temporary
+file in the same directory renamed over the final name (``os.replace`` is
+atomic on POSIX): concurrent processes never read a half-written file; at
+worst two compile the same program and the last rename wins.
 
-A compile error raises ``KernelCompileError`` naming the kernel and quoting
-the offending source line from nvcc's ``file(line): error: ...`` output.
+A compile error raises ``KernelCompileError`` naming the kernel, quoting
+the offending source line and the compiler's log.
 """
 from __future__ import annotations
 
@@ -24,21 +45,29 @@ import re
 import subprocess
 import tempfile
 import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["KernelCache", "KernelCompileError", "default_directory", "cache_key", "DEFAULT_ARCH"]
+__all__ = ["KernelCache", "KernelCompileError", "Program", "default_directory", "cache_key", "DEFAULT_ARCH"]
 
 DEFAULT_ARCH = "sm_80"
-KEY_VERSION = 1     # bump when the key or the file format changes
+KEY_VERSION = 2     # bump when the key or the file format changes
+PART_UNITS = 16     # sources per NVRTC program of a family: the parts compile in parallel
 _ERROR_LINE = re.compile(r"^(?P<file>.*?)\((?P<line>\d+)\): (?P<kind>(?:catastrophic )?error)[^:]*: (?P<msg>.*)$")
 # g++ (the host emulator): file:line:column: error: message
 _GCC_ERROR_LINE = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):\d+: (?P<kind>(?:fatal )?error): (?P<msg>.*)$")
 
+Image = Union[str, bytes]       # PTX text, or a CUBIN
+
 
 class KernelCompileError(RuntimeError):
-    """nvcc rejected a kernel. ``name``: the op/kernel; ``errors``: a list of
-    ``(line number, source line, message)``; ``log``: nvcc's full output."""
+    """The compiler rejected a kernel. ``name``: the op/kernel; ``errors``: a
+    list of ``(line number, source line, message)``; ``log``: the compiler's
+    full output (NVRTC's program log, or nvcc's)."""
 
     def __init__(self, name: str, errors: List[Tuple[Optional[int], str, str]], log: str, arch: str):
         self.name, self.errors, self.log, self.arch = name, errors, log, arch
@@ -50,10 +79,25 @@ class KernelCompileError(RuntimeError):
             detail = "\n".join(lines)
             if len(errors) > 5:
                 detail += f"\n  ... and {len(errors) - 5} more errors"
+            tail = log.strip().splitlines()[:30]
+            detail += "\n  compiler log:\n" + "\n".join("    " + t for t in tail)
         else:
             tail = log.strip().splitlines()[-10:]
-            detail = "\n".join("  " + t for t in tail) or "  (nvcc gave no output)"
+            detail = "\n".join("  " + t for t in tail) or "  (the compiler gave no output)"
         super().__init__(f"CUDA kernel {name!r} failed to compile for {arch}:\n{detail}")
+
+
+@dataclass(frozen=True)
+class Program:
+    """A compiled program: ``key``, ``image`` (PTX text or CUBIN bytes),
+    ``kind`` ("ptx"/"cubin"), ``label`` (a kernel's name, or a family
+    part's "elemwise-float.0"), ``units`` (the sources it was made of: one,
+    or a family part's members)."""
+    key: str
+    image: Image
+    kind: str
+    label: str
+    units: Tuple[str, ...]
 
 
 def default_directory() -> Path:
@@ -82,9 +126,10 @@ def _dtype_str(d):
 
 
 def cache_key(name: str, source: str, dtypes: Iterable = (), shapes_class="", arch: str = DEFAULT_ARCH,
-              options: Sequence[str] = ()) -> str:
+              options: Sequence[str] = (), compiler: str = "") -> str:
     """gradcore's kernel key: a sha256 over (op/kernel name, dtypes, shapes
-    class, sha256 of the source, architecture, compiler options)."""
+    class, sha256 of the source, architecture, compiler options, compiler
+    identity such as "nvrtc 13.5 ptx")."""
     record = {
         "v": KEY_VERSION,
         "name": str(name),
@@ -93,6 +138,7 @@ def cache_key(name: str, source: str, dtypes: Iterable = (), shapes_class="", ar
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "arch": str(arch),
         "options": list(options),
+        "compiler": compiler,
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
@@ -101,55 +147,135 @@ def _safe(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_.-]", "_", name)[:60]
 
 
+def _kernel_names(source: str) -> List[str]:
+    from .families import kernel_names
+    return kernel_names(source)
+
+
+def _arch_number(arch: str) -> int:
+    digits = re.sub(r"\D", "", arch)
+    return int(digits) if digits else 80
+
+
 class KernelCache:
-    """PTX for CUDA C sources, compiled once per key.
+    """Compiled CUDA C sources, once per key, standard kernels per family.
 
     Example::
 
         cache = KernelCache()
         ptx = cache.get("gc_mul_float", source, dtypes=["float32"], shapes_class="contig")
         # PyCUDA (GPU side): pycuda.driver.module_from_buffer(ptx.encode())
+        cache.stats["compiles"]     # programs compiled by this instance (a family counts once)
     """
 
     def __init__(self, directory=None, arch: str = DEFAULT_ARCH, nvcc: Optional[str] = None,
-                 options: Sequence[str] = (), timeout: float = 300.0):
+                 options: Sequence[str] = (), timeout: float = 300.0, output: str = "ptx",
+                 compiler: Optional[str] = None, families: bool = True, workers: Optional[int] = None):
+        if output not in ("ptx", "cubin"):
+            raise ValueError(f"KernelCache: output must be 'ptx' or 'cubin', got {output!r}")
         self.directory = Path(directory).expanduser() if directory is not None else default_directory()
         self.arch = arch
+        self.output = output
         self._nvcc = nvcc
+        self._compiler = compiler or os.environ.get("GRADCORE_CUDA_COMPILER", "").strip().lower() or None
+        if self._compiler not in (None, "nvrtc", "nvcc"):
+            raise ValueError(f"KernelCache: compiler must be 'nvrtc' or 'nvcc', got {self._compiler!r}")
+        self._identity = None
         self.options = tuple(options)
         self.timeout = timeout
-        self._memory = {}
+        self.families = families
+        self.workers = workers or os.cpu_count() or 1
+        self._memory = {}               # key -> Program (a kernel's key and its part's key)
+        self._broken = set()            # family labels that failed to compile: members compile alone
         self._lock = threading.Lock()
+        self._family_lock = threading.Lock()
+        # compiles: a kernel compiled alone, or a whole family (all its parts)
         self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0}
+        self.compiled = []              # (label, kernels, seconds) per compile: tests and benchmarks read it
+
+    # ------------------------------------------------------------ the compiler
+    def compiler(self) -> str:
+        """"nvrtc" or "nvcc": the one this cache compiles with."""
+        if self._compiler is None:
+            from . import nvrtc
+            self._compiler = "nvrtc" if nvrtc.available() else "nvcc"
+        return self._compiler
+
+    def identity(self) -> str:
+        """The compiler's part of the key: "nvrtc 13.5 ptx", "nvcc ptx"."""
+        if self._identity is None:
+            if self.compiler() == "nvrtc":
+                from . import nvrtc
+                self._identity = "nvrtc %d.%d %s" % (*nvrtc.version(), self.output)
+            else:
+                self._identity = f"nvcc {self.output}"
+        return self._identity
+
+    def _target(self, arch: str) -> Tuple[str, str]:
+        """(NVRTC's --gpu-architecture, output kind) for ``arch``: a CUBIN
+        for a GPU this NVRTC knows, else PTX for the newest architecture it
+        knows that is not newer (the driver JIT-compiles it forward)."""
+        from . import nvrtc
+        number = _arch_number(arch)
+        supported = nvrtc.supported_archs()
+        if self.output == "cubin" and number in supported:
+            return f"sm_{number}", "cubin"
+        older = [a for a in supported if a <= number]
+        return f"compute_{max(older) if older else min(supported)}", "ptx"
 
     # ------------------------------------------------------------ lookup
     def key(self, name, source, dtypes=(), shapes_class="", arch=None) -> str:
-        return cache_key(name, source, dtypes, shapes_class, arch or self.arch, self.options)
+        return cache_key(name, source, dtypes, shapes_class, arch or self.arch, self.options, self.identity())
 
-    def path_for(self, key: str, name: str = "") -> Path:
-        return self.directory / (f"{_safe(name)}-{key}.ptx" if name else f"{key}.ptx")
+    def path_for(self, key: str, name: str = "", kind: Optional[str] = None) -> Path:
+        ext = kind or self.output
+        return self.directory / (f"{_safe(name)}-{key}.{ext}" if name else f"{key}.{ext}")
 
-    def get(self, name: str, source: str, dtypes=(), shapes_class="", arch: Optional[str] = None) -> str:
-        """The PTX of ``source`` (the kernel/op ``name``), from memory, from
-        disk, or compiled now and stored in both."""
+    def get(self, name: str, source: str, dtypes=(), shapes_class="", arch: Optional[str] = None) -> Image:
+        """The compiled ``source`` (the kernel/op ``name``): PTX text, or
+        CUBIN bytes with ``output="cubin"``; from memory, from disk, or
+        compiled now (with its family, if it has one) and stored in both."""
+        return self.program(name, source, dtypes, shapes_class, arch).image
+
+    def program(self, name: str, source: str, dtypes=(), shapes_class="", arch: Optional[str] = None) -> Program:
+        """The ``Program`` holding ``source``'s kernels (see ``get``): a
+        family part holds many, so modules can be loaded once per part."""
         arch = arch or self.arch
         key = self.key(name, source, dtypes, shapes_class, arch)
-        ptx = self._memory.get(key)
-        if ptx is not None:
+        prog = self._memory.get(key)
+        if prog is not None:
             self.stats["memory_hits"] += 1
-            return ptx
-        path = self.path_for(key, name)
-        ptx = self._read(path)
-        if ptx is not None and self._stale(ptx):
-            ptx = None          # made by another nvcc than the one installed now
-        if ptx is not None:
+            return prog
+        prog = self._from_disk(key, name, source)
+        if prog is not None:
             self.stats["disk_hits"] += 1
-            self._memory[key] = ptx
-            return ptx
-        ptx = self.compile(name, source, arch)
-        self._write(path, ptx)
-        self._memory[key] = ptx
-        return ptx
+            self._memory[key] = prog
+            return prog
+        prog = self._family_program(key, name, source, arch)
+        if prog is None:
+            image = self.compile(name, source, arch)
+            prog = Program(key, image, self.output, name, (source,))
+            self._write(self.path_for(key, name), image)
+        self._memory[key] = prog
+        return prog
+
+    def _from_disk(self, key: str, name: str, source: str) -> Optional[Program]:
+        image = self._read(self.path_for(key, name))
+        if image is not None and not self._stale(image):
+            return Program(key, image, self.output, name, (source,))
+        # a family member: its .ref names the part's file
+        ref = self._read_ref(self.path_for(key, name, "ref"))
+        if ref is None:
+            return None
+        part_key, part_file = ref
+        prog = self._memory.get(part_key)
+        if prog is None:
+            image = self._read(self.directory / part_file)
+            if image is None:
+                return None
+            prog = Program(part_key, image, self.output, part_file, (source,))
+            self._memory[part_key] = prog
+        return prog
 
     def nvcc_version(self) -> Optional[str]:
         """The installed nvcc's version line ("Cuda compilation tools,
@@ -164,10 +290,13 @@ class KernelCache:
                 pass
         return self._nvcc_version
 
-    def _stale(self, ptx: str) -> bool:
-        """Whether cached PTX came from another nvcc than the installed one
-        (its header names the compiler); without nvcc any cached PTX serves."""
-        made_by = next((line[2:].strip() for line in ptx.splitlines()[:8]
+    def _stale(self, image: Image) -> bool:
+        """Whether PTX cached by nvcc came from another nvcc than the
+        installed one (its header names it; NVRTC's version is in the key);
+        without nvcc any cached PTX serves."""
+        if not isinstance(image, str) or self.compiler() != "nvcc":
+            return False
+        made_by = next((line[2:].strip() for line in image.splitlines()[:8]
                         if line.startswith("// Cuda compilation tools")), None)
         if made_by is None:
             return False
@@ -176,34 +305,135 @@ class KernelCache:
 
     def contains(self, name, source, dtypes=(), shapes_class="", arch=None) -> bool:
         key = self.key(name, source, dtypes, shapes_class, arch)
-        return key in self._memory or self._read(self.path_for(key, name)) is not None
+        return (key in self._memory or self._read(self.path_for(key, name)) is not None
+                or self._read_ref(self.path_for(key, name, "ref")) is not None)
 
     def clear_memory(self):
         self._memory.clear()
 
+    # ------------------------------------------------------------ families
+    def _family_program(self, key: str, name: str, source: str, arch: str) -> Optional[Program]:
+        """Compile the family holding ``source`` (all its parts) and give
+        the part that holds it; None when it has no family (or its family
+        failed to compile: it then compiles alone)."""
+        if not self.families:
+            return None
+        from . import families
+        fam = families.family_of(source)
+        if fam is None or fam.label in self._broken:
+            return None
+        with self._family_lock:
+            # another thread may have compiled it meanwhile
+            hit = self._memory.get(key)
+            if hit is not None:
+                return hit
+            parts = self.compile_family(fam, arch)
+        if parts is None:
+            return None
+        return next(p for p in parts if source in p.units)
+
+    def compile_family(self, fam, arch: Optional[str] = None) -> Optional[List[Program]]:
+        """Compile every part of family program ``fam``
+        (``families.program(family, ctype)``) in parallel, store the parts
+        and their members' refs, and give the parts; None (and a warning) if
+        a part fails to compile, after which its members compile alone."""
+        from . import families
+        arch = arch or self.arch
+        chunks = [fam.units[i:i + PART_UNITS] for i in range(0, len(fam.units), PART_UNITS)]
+        sources = [families.combine(chunk, f"{fam.label}.{i}")[0] for i, chunk in enumerate(chunks)]
+        labels = [f"{fam.label}.{i}" for i in range(len(chunks))]
+        keys = [self.key(label, text, (), "", arch) for label, text in zip(labels, sources)]
+        images = [self._read(self.path_for(k, label)) for k, label in zip(keys, labels)]
+        todo = [i for i, image in enumerate(images) if image is None]
+        errors = []
+
+        def build(i):
+            try:
+                images[i] = self._compile_unit(labels[i], sources[i], arch)
+            except KernelCompileError as exc:
+                errors.append(exc)
+
+        if todo:
+            start = time.perf_counter()
+            if len(todo) > 1 and self.workers > 1:
+                with ThreadPoolExecutor(max_workers=min(self.workers, len(todo))) as pool:
+                    list(pool.map(build, todo))
+            else:
+                for i in todo:
+                    build(i)
+            self.stats["compiles"] += 1
+            self.compiled.append((fam.label, len(fam.kernels), time.perf_counter() - start))
+        if errors:
+            self._broken.add(fam.label)
+            warnings.warn(f"the CUDA kernel family {fam.label} failed to compile as one program; its kernels "
+                          f"compile one by one. {errors[0]}", RuntimeWarning, stacklevel=4)
+            return None
+        parts = []
+        for i in range(len(chunks)):
+            prog = Program(keys[i], images[i], self.output, labels[i], tuple(chunks[i]))
+            path = self.path_for(keys[i], labels[i])
+            if i in todo:
+                self._write(path, images[i])
+            self._memory[keys[i]] = prog
+            # every kernel of every member finds the part: in memory, and
+            # through a ref on disk (the backend asks by kernel name)
+            for unit in chunks[i]:
+                for kernel in families.kernel_names(unit):
+                    member = self.key(kernel, unit, (), "", arch)
+                    self._memory[member] = prog
+                    ref = self.path_for(member, kernel, "ref")
+                    if i in todo or self._read_ref(ref) is None:
+                        self._write(ref, f"{keys[i]} {path.name}\n")
+            parts.append(prog)
+        return parts
+
+    def precompile(self, family_names: Optional[Sequence[str]] = None, ctypes: Sequence[str] = ("float",),
+                   arch: Optional[str] = None) -> int:
+        """Compile the standard kernel families (all, or ``family_names``)
+        for the C element types ``ctypes`` now, in parallel; the number of
+        families compiled (0 when the disk cache had them all). Example:
+        ``gradcore.cuda.backend().driver.cache.precompile()`` on a new machine."""
+        from . import families
+        fams = [families.program(f, c) for f in (family_names or families.family_names()) for c in ctypes]
+        before = self.stats["compiles"]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(fams), self.workers))) as pool:
+            list(pool.map(lambda fam: self.compile_family(fam, arch), fams))
+        return self.stats["compiles"] - before
+
     # ------------------------------------------------------------ disk
     @staticmethod
-    def _read(path: Path) -> Optional[str]:
+    def _read(path: Path) -> Optional[Image]:
         try:
-            text = path.read_text()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+            data = path.read_bytes()
         except OSError:
             return None
-        # a PTX file nvcc wrote names its version; anything else is not ours
+        if data[:4] == b"\x7fELF":
+            return data                 # a CUBIN
+        # PTX names its version and target; anything else is not ours
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            return None
         if ".version" not in text or ".target" not in text:
             return None
         return text
 
-    def _write(self, path: Path, ptx: str):
+    def _read_ref(self, path: Path) -> Optional[Tuple[str, str]]:
+        try:
+            part_key, part_file = path.read_text().split()
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return part_key, part_file
+
+    def _write(self, path: Path, image: Image):
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=path.name + ".", suffix=".tmp")
         except OSError:
             return      # a read-only cache directory only costs recompiles
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(ptx)
+            with os.fdopen(fd, "wb") as f:
+                f.write(image.encode() if isinstance(image, str) else image)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -214,26 +444,50 @@ class KernelCache:
                 pass
             raise
 
-    # ------------------------------------------------------------ nvcc
+    # ------------------------------------------------------------ compilers
     def nvcc(self) -> str:
         if self._nvcc is None:
             from .toolkit import nvcc_path
             self._nvcc = nvcc_path()
             if self._nvcc is None:
-                raise RuntimeError("nvcc was not found (on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin): "
-                                   "it is needed to compile CUDA kernels")
+                raise RuntimeError("nvcc was not found (on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin) and "
+                                   "NVRTC did not load: one of them is needed to compile CUDA kernels "
+                                   "(pip install nvidia-cuda-nvrtc)")
         return self._nvcc
 
-    def compile(self, name: str, source: str, arch: Optional[str] = None) -> str:
-        """Run ``nvcc --ptx -arch=<arch>`` on ``source``; the PTX text."""
+    def compile(self, name: str, source: str, arch: Optional[str] = None) -> Image:
+        """Compile ``source`` (one translation unit) for ``arch`` with NVRTC
+        or nvcc: PTX text, or CUBIN bytes (``output="cubin"``). Counted in
+        ``stats["compiles"]`` and ``compiled``."""
         arch = arch or self.arch
-        nvcc = self.nvcc()
         self.stats["compiles"] += 1
+        start = time.perf_counter()
+        image = self._compile_unit(name, source, arch)
+        self.compiled.append((name, len(_kernel_names(source)), time.perf_counter() - start))
+        return image
+
+    def _compile_unit(self, name: str, source: str, arch: str) -> Image:
+        if self.compiler() == "nvrtc":
+            return self._compile_nvrtc(name, source, arch)
+        return self._compile_nvcc(name, source, arch)
+
+    def _compile_nvrtc(self, name: str, source: str, arch: str) -> Image:
+        from . import nvrtc
+        target, kind = self._target(arch)
+        filename = f"{_safe(name) or 'kernel'}"
+        result = nvrtc.compile_program(source, filename, target, self.options)
+        if not result.ok:
+            raise KernelCompileError(name, parse_errors(result.log, source, filename + ".cu"), result.log, target)
+        return result.image.decode() if kind == "ptx" else result.image
+
+    def _compile_nvcc(self, name: str, source: str, arch: str) -> Image:
+        nvcc = self.nvcc()
+        kind = self.output
         with tempfile.TemporaryDirectory(prefix="gradcore-nvcc-") as tmp:
             src = Path(tmp) / f"{_safe(name) or 'kernel'}.cu"
-            out = Path(tmp) / "kernel.ptx"
+            out = Path(tmp) / f"kernel.{kind}"
             src.write_text(source)
-            cmd = [nvcc, "--ptx", f"-arch={arch}", *self.options, "-o", str(out), str(src)]
+            cmd = [nvcc, f"--{kind}", f"-arch={arch}", *self.options, "-o", str(out), str(src)]
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
             except subprocess.TimeoutExpired as exc:
@@ -241,7 +495,7 @@ class KernelCache:
             log = (res.stdout or "") + (res.stderr or "")
             if res.returncode != 0 or not out.exists():
                 raise KernelCompileError(name, parse_errors(log, source, src.name), log, arch)
-            return out.read_text()
+            return out.read_text() if kind == "ptx" else out.read_bytes()
 
 
 def parse_errors(log: str, source: str, filename: Optional[str] = None) -> List[Tuple[Optional[int], str, str]]:

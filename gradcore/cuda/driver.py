@@ -4,8 +4,10 @@ one small interface with two implementations.
 - ``PyCudaDriver``: a real GPU through PyCUDA. It uses the device's *primary
   context* (``retain_primary_context``; never ``pycuda.autoinit``, which
   creates a private context), so gradcore shares the GPU with PyTorch or
-  CuPy in one process; kernels are PTX from gradcore's own kernel cache
-  (``cache.KernelCache``), loaded with ``module_from_buffer``.
+  CuPy in one process; kernels are CUBINs for the device (PTX where NVRTC
+  does not know it) from gradcore's own kernel cache (``cache.KernelCache``,
+  the standard kernels compiled per family), loaded with
+  ``module_from_buffer`` once per program.
 - ``gradcore.cuda.emulator.HostDriver``: the same interface on the host. It
   compiles the very same CUDA C sources as C++ and runs them one simulated
   thread at a time, so the whole backend (device arrays, memory pool, launch
@@ -74,7 +76,9 @@ class PyCudaDriver:
         self.name = self.device.name()
         self.total_memory = self.device.total_memory()
         from .cache import KernelCache
-        self.cache = KernelCache(arch=self.arch)
+        # CUBINs for this very GPU: no JIT when a module loads
+        self.cache = KernelCache(arch=self.arch, output="cubin")
+        self._modules = {}          # program key -> module: a family part is loaded once
         self._blas = None
         self._cu_launch = None
 
@@ -116,8 +120,12 @@ class PyCudaDriver:
 
     # ---------------------------------------------------------------- kernels
     def load(self, name: str, source: str):
-        ptx = self.cache.get(name, source)
-        return self.drv.module_from_buffer(ptx.encode())
+        prog = self.cache.program(name, source)
+        module = self._modules.get(prog.key)
+        if module is None:
+            image = prog.image.encode() if isinstance(prog.image, str) else prog.image
+            module = self._modules[prog.key] = self.drv.module_from_buffer(image)
+        return module
 
     def function(self, module, kernel_name: str):
         return module.get_function(kernel_name)

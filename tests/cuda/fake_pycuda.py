@@ -19,6 +19,7 @@ import types
 import numpy as np
 
 from gradcore.cuda.cache import KernelCache
+from gradcore.cuda.families import kernel_names
 from gradcore.cuda.emulator import HostDriver
 
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
@@ -45,7 +46,7 @@ class FakeCuda:
 
     def __init__(self, sources):
         self.host = HostDriver()
-        self.sources = sources          # PTX text -> the CUDA source it came from
+        self.sources = sources          # kernel name -> the CUDA source that defines it
         self.launches = []              # (kernel, grid, block, parameter bytes)
         self.functions = {}             # CUfunction handle -> _Function
         self.entry_points = _c_entry_points(self)
@@ -126,7 +127,7 @@ class FakeCuda:
     def module_from_buffer(self, buffer):
         self._current()
         ptx = bytes(buffer).decode()
-        return _Module(self, ptx, self.sources[ptx])
+        return _Module(self, ptx)
 
 
 class _DeviceAllocation:
@@ -144,9 +145,14 @@ class _DeviceAllocation:
 
 
 class _Module:
-    def __init__(self, fake, ptx, source):
+    """A module of PTX (one kernel's, or a family part's: many kernels); each
+    kernel runs on the emulator from the source that defines it."""
+
+    def __init__(self, fake, ptx):
         self.fake, self.params = fake, ptx_params(ptx)
-        self.host_module = fake.host.load("fake", source)
+
+    def host_module(self, name):
+        return self.fake.host.load("fake", self.fake.sources[name])
 
     def get_function(self, name):
         if name not in self.params:
@@ -157,7 +163,7 @@ class _Module:
 class _Function:
     def __init__(self, module, name):
         self.module, self.name = module, name
-        self.host_fn = module.fake.host.function(module.host_module, name)
+        self.host_fn = module.fake.host.function(module.host_module(name), name)
         # PyCUDA's Function.handle: the CUfunction, as an int
         fake = module.fake
         self.handle = 0x1000 + len(fake.functions)
@@ -241,17 +247,18 @@ def fake_modules(fake):
 
 
 class _RecordingCache(KernelCache):
-    """The kernel cache, remembering which source each PTX came from (the
-    fake module runs the source on the emulator)."""
+    """The kernel cache, remembering which source defines each kernel (the
+    fake module runs that source on the emulator)."""
 
     def __init__(self, sources, **kwargs):
         super().__init__(**kwargs)
         self.sources = sources
 
-    def get(self, name, source, *args, **kwargs):
-        ptx = super().get(name, source, *args, **kwargs)
-        self.sources[ptx] = source
-        return ptx
+    def program(self, name, source, *args, **kwargs):
+        prog = super().program(name, source, *args, **kwargs)
+        for kernel in kernel_names(source):
+            self.sources[kernel] = source
+        return prog
 
 
 def make_backend():

@@ -100,8 +100,10 @@ def test_a_corrupt_file_is_recompiled(tmp_path, monkeypatch):
 
 
 def test_missing_nvcc_is_a_clear_error_only_when_compiling(tmp_path, monkeypatch):
-    from gradcore.cuda import toolkit
+    # neither NVRTC nor nvcc
+    from gradcore.cuda import nvrtc, toolkit
     monkeypatch.setattr(toolkit, "nvcc_path", lambda: None)
+    monkeypatch.setattr(nvrtc, "available", lambda: False)
     c = KernelCache(tmp_path)
     with pytest.raises(RuntimeError, match="nvcc was not found"):
         c.get("k", SRC)
@@ -246,19 +248,19 @@ def test_ptx_from_another_nvcc_is_recompiled(tmp_path, monkeypatch):
     another version is compiled again, and without nvcc any entry serves."""
     old = "//\n// Cuda compilation tools, release 12.0, V12.0.76\n//\n" + FAKE_PTX
     new = "//\n// Cuda compilation tools, release 13.0, V13.0.88\n//\n" + FAKE_PTX
-    c = KernelCache(tmp_path)
+    c = KernelCache(tmp_path, compiler="nvcc")
     path = c.path_for(c.key("k", SRC), "k")
     tmp_path.mkdir(exist_ok=True)
     path.write_text(old)
     monkeypatch.setattr(c, "nvcc_version", lambda: "Cuda compilation tools, release 13.0, V13.0.88")
     monkeypatch.setattr(c, "compile", lambda name, source, arch=None: new)
     assert c.get("k", SRC) == new and c.stats["compiles"] == 0 and path.read_text() == new
-    c2 = KernelCache(tmp_path)
+    c2 = KernelCache(tmp_path, compiler="nvcc")
     monkeypatch.setattr(c2, "nvcc_version", lambda: "Cuda compilation tools, release 13.0, V13.0.88")
     monkeypatch.setattr(c2, "compile", _no_compiler)
     assert c2.get("k", SRC) == new and c2.stats["disk_hits"] == 1
     path.write_text(old)
-    c3 = KernelCache(tmp_path)
+    c3 = KernelCache(tmp_path, compiler="nvcc")
     monkeypatch.setattr(c3, "nvcc_version", lambda: None)
     monkeypatch.setattr(c3, "compile", _no_compiler)
     assert c3.get("k", SRC) == old

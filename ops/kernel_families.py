@@ -1,0 +1,100 @@
+"""The standard library's CUDA kernels, by family: every source an op of
+a family may ask the backend to compile, for one element type.
+
+The kernel cache compiles a family's sources together, as one program
+(``gradcore.cuda.families``), the first time any of them is needed: a
+cold start then costs one compile per family and element type instead of
+one per kernel. An op whose source depends on an attribute lists one
+instance per value that changes the source (a reduction's mode, a pool's
+averaging mode...); attributes that only reach the kernel as arguments
+(shapes, axes, strides) need one instance. A source missing here still
+works: it is compiled on its own when first needed.
+
+Example::
+
+    >>> from gradcore.ops.kernel_families import FAMILIES, family_sources
+    >>> "gc_add_float" in "".join(family_sources("elemwise", "float"))
+    True
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+from . import conv, elemwise, indexing, linalg, nn, reduce, shape, vision
+
+__all__ = ["FAMILIES", "family_sources"]
+
+# the C types the cuda backend has kernels for (gradcore.cuda.runtime.CTYPES)
+_FLOAT = ("float", "double")
+
+
+def _elemwise(ctype: str) -> List[str]:
+    from gradcore.cuda.runtime import fill_source
+    return [elemwise.cuda_source(row, ctype) for row in elemwise.TABLE] + [fill_source(ctype)]
+
+
+def _reduce(ctype: str) -> List[str]:
+    ops = [reduce.Reduce(mode) for mode in ("sum", "mean", "prod", "max", "min")]
+    ops += [reduce.BroadcastBack(1, keepdims, mean) for keepdims in (False, True) for mean in (False, True)]
+    ops += [reduce.ArgReduce(mode) for mode in ("argmax", "argmin")]
+    ops += [reduce.CumSum(0, reverse) for reverse in (False, True)]
+    return [op.cuda_source(ctype) for op in ops]
+
+
+def _linalg(ctype: str) -> List[str]:
+    return [linalg.MatrixMul().cuda_source(ctype), linalg.direct_matmul_source(ctype)]
+
+
+def _shape(ctype: str) -> List[str]:
+    from gradcore.cuda.runtime import CTYPES
+    ops = [shape.Reshape((-1,)), shape.ReshapeLike(), shape.Transpose((1, 0)), shape.Broadcast((1,)),
+           shape.BroadcastToLike(), shape.SumTo((1,)), shape.SumToLike(), shape.ZerosLike(), shape.ExpandDims(0),
+           shape.Squeeze(), shape.Copy(), shape.Identity(), shape.StopGradient(), shape.Concat(0),
+           shape.SplitLike(0), shape.Split(0, 2), shape.Stack(0), shape.Unstack(0, 2)]
+    cast = shape.Cast("float32")
+    return ([op.cuda_source(ctype) for op in ops]
+            + [cast.cuda_source(ctype, to) for to in dict.fromkeys(CTYPES.values())])
+
+
+def _indexing(ctype: str) -> List[str]:
+    spec = (("s", 1, 3, None),)
+    ops = [indexing.Subtensor(spec), indexing.SubtensorGrad(spec), indexing.SetSubtensor(spec),
+           indexing.IndexingOneHot(1), indexing.IndexingOneHotGrad(1, False), indexing.Gather(0),
+           indexing.GatherGrad(0), indexing.Scatter(0), indexing.Sort(False), indexing.Sort(True)]
+    ops += [indexing.TopK(1, descending, mode) for descending in (False, True) for mode in indexing.TOPK_MODES]
+    return [op.cuda_source(ctype) for op in ops]
+
+
+def _nn(ctype: str) -> List[str]:
+    return [op.cuda_source(ctype) for op in (nn.LogSoftmax(), nn.Softmax(), nn.LogSumExp())]
+
+
+def _conv(ctype: str) -> List[str]:
+    ops = [conv.Conv2d(), conv.Conv2dBackwardData(), conv.Conv2dBackwardFilter(), conv.ConvTranspose2d(),
+           conv.Conv3d(), conv.Conv3dBackwardData(), conv.Conv3dBackwardFilter(),
+           conv.MaxPool2d(2), conv.MaxPool2dBackward(2), conv.MaxPool2dGather(2)]
+    ops += [cls(2, mode=mode) for cls in (conv.AvgPool2d, conv.AvgPool2dBackward) for mode in conv.AVG_MODES]
+    return [op.cuda_source(ctype) for op in ops] + [conv.gemm_source(ctype)]
+
+
+def _vision(ctype: str) -> List[str]:
+    # align_corners applies to bilinear only
+    return [cls((2, 2), mode=mode, align_corners=corners).cuda_source(ctype)
+            for cls in (vision.Interpolate, vision.InterpolateBackward)
+            for mode in vision.INTERPOLATE_MODES for corners in ((False, True) if mode == "bilinear" else (False,))]
+
+
+FAMILIES: Dict[str, Callable[[str], List[str]]] = {
+    "elemwise": _elemwise, "reduce": _reduce, "nn": _nn, "shape": _shape, "indexing": _indexing,
+    "linalg": _linalg, "conv": _conv, "vision": _vision,
+}
+
+
+def family_sources(family: str, ctype: str) -> List[str]:
+    """The CUDA C sources of ``family``'s kernels for element type ``ctype``
+    (duplicates removed, in a stable order)."""
+    try:
+        make = FAMILIES[family]
+    except KeyError:
+        raise KeyError(f"no CUDA kernel family {family!r} (families: {', '.join(FAMILIES)})") from None
+    return list(dict.fromkeys(make(ctype)))
