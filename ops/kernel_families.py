@@ -20,17 +20,61 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List
 
+import numpy as np
+
 from . import conv, elemwise, indexing, linalg, nn, reduce, shape, vision
 
 __all__ = ["FAMILIES", "family_sources"]
 
-# the C types the cuda backend has kernels for (gradcore.cuda.runtime.CTYPES)
 _FLOAT = ("float", "double")
+
+
+def _dtype_of(ctype: str) -> np.dtype:
+    return np.dtype(next(name for name, c in shape.CUDA_CTYPES.items() if c == ctype))
+
+
+def _computes_in(row, dtype: np.dtype) -> bool:
+    """Whether the launcher runs ``row`` in ``dtype`` for inputs of ``dtype``
+    (as ``Elemwise._cuda_plan`` chooses: sqrt of int32 runs in double, so
+    gc_sqrt_int is never asked for, and would not compile)."""
+    op = elemwise.Elemwise(row.mode)
+    n = elemwise._arity(row)
+    ins = ((np.dtype(bool),) if row.mode == "where" else ()) + (dtype,) * (n - (row.mode == "where"))
+    out = op._numpy_dtype(ins)
+    if out is None:
+        return False
+    compute = np.result_type(*ins) if out == np.bool_ and row.mode != "where" else out
+    return compute == dtype
+
+
+def _fused_backwards(ctype: str) -> List[str]:
+    """The one-kernel backward of every row on inputs of one float type
+    (``gradcore.cuda.fusion``): what a training step's elementwise ops ask for."""
+    from gradcore.cuda.fusion import fuse_elementwise
+    from gradcore.graph import make_backward_graph
+    from gradcore.op import TensorDesc
+    desc = TensorDesc(None, _dtype_of(ctype).name, "cpu")
+    sources = []
+    for row in elemwise.TABLE:
+        if row.out_dtype == "bool" or row.mode == "where":
+            continue
+        n = elemwise._arity(row)
+        try:
+            graph = make_backward_graph(elemwise.Elemwise(row.mode), [desc] * n, [True] * n)[0]
+        except Exception:       # a row without a derivative
+            continue
+        kernel = fuse_elementwise(graph, None)
+        if kernel is not None:
+            sources.append(kernel.source)
+    return sources
 
 
 def _elemwise(ctype: str) -> List[str]:
     from gradcore.cuda.runtime import fill_source
-    return [elemwise.cuda_source(row, ctype) for row in elemwise.TABLE] + [fill_source(ctype)]
+    dtype = _dtype_of(ctype)
+    rows = [elemwise.cuda_source(row, ctype) for row in elemwise.TABLE if _computes_in(row, dtype)]
+    fused = _fused_backwards(ctype) if ctype in _FLOAT else []
+    return rows + [fill_source(ctype)] + fused
 
 
 def _reduce(ctype: str) -> List[str]:
@@ -66,6 +110,8 @@ def _indexing(ctype: str) -> List[str]:
 
 
 def _nn(ctype: str) -> List[str]:
+    if ctype not in _FLOAT:         # softmax and logsumexp are float ops
+        return []
     return [op.cuda_source(ctype) for op in (nn.LogSoftmax(), nn.Softmax(), nn.LogSumExp())]
 
 

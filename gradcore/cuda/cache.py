@@ -13,9 +13,9 @@ knowing a newer PTX version).
 Families: a standard kernel (one the op library's catalog lists, see
 ``gradcore.cuda.families``) is not compiled alone. The first time any
 kernel of a family is needed for an element type, the whole family is
-compiled, in parts of at most ``PART_UNITS`` sources, the parts in parallel
-on a thread pool (ctypes releases the GIL while NVRTC works): one compile
-per family, few modules. Kernels outside the catalog (plugins, fused
+compiled, in one part per core (parts of at least ``PART_MIN_UNITS``
+sources), the parts in parallel on a thread pool (ctypes releases the GIL
+while NVRTC works): one compile per family, few modules. Kernels outside the catalog (plugins, fused
 backwards) compile alone.
 
 Keys: gradcore's own, a sha256 over the source (for a family part: the
@@ -56,7 +56,7 @@ __all__ = ["KernelCache", "KernelCompileError", "Program", "default_directory", 
 
 DEFAULT_ARCH = "sm_80"
 KEY_VERSION = 2     # bump when the key or the file format changes
-PART_UNITS = 16     # sources per NVRTC program of a family: the parts compile in parallel
+PART_MIN_UNITS = 4  # a family is split in at most one part per core, of at least this many sources
 _ERROR_LINE = re.compile(r"^(?P<file>.*?)\((?P<line>\d+)\): (?P<kind>(?:catastrophic )?error)[^:]*: (?P<msg>.*)$")
 # g++ (the host emulator): file:line:column: error: message
 _GCC_ERROR_LINE = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):\d+: (?P<kind>(?:fatal )?error): (?P<msg>.*)$")
@@ -147,6 +147,13 @@ def _safe(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_.-]", "_", name)[:60]
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # not on Linux
+        return os.cpu_count() or 1
+
+
 def _kernel_names(source: str) -> List[str]:
     from .families import kernel_names
     return kernel_names(source)
@@ -184,7 +191,7 @@ class KernelCache:
         self.options = tuple(options)
         self.timeout = timeout
         self.families = families
-        self.workers = workers or os.cpu_count() or 1
+        self.workers = workers or _cores()
         self._memory = {}               # key -> Program (a kernel's key and its part's key)
         self._broken = set()            # family labels that failed to compile: members compile alone
         self._lock = threading.Lock()
@@ -339,7 +346,8 @@ class KernelCache:
         a part fails to compile, after which its members compile alone."""
         from . import families
         arch = arch or self.arch
-        chunks = [fam.units[i:i + PART_UNITS] for i in range(0, len(fam.units), PART_UNITS)]
+        n_parts = max(1, min(self.workers, len(fam.units) // PART_MIN_UNITS))
+        chunks = [fam.units[i::n_parts] for i in range(n_parts)]      # dealt round, so parts weigh alike
         sources = [families.combine(chunk, f"{fam.label}.{i}")[0] for i, chunk in enumerate(chunks)]
         labels = [f"{fam.label}.{i}" for i in range(len(chunks))]
         keys = [self.key(label, text, (), "", arch) for label, text in zip(labels, sources)]
@@ -395,6 +403,7 @@ class KernelCache:
         ``gradcore.cuda.backend().driver.cache.precompile()`` on a new machine."""
         from . import families
         fams = [families.program(f, c) for f in (family_names or families.family_names()) for c in ctypes]
+        fams = [fam for fam in fams if fam.units]       # softmax has no integer kernels
         before = self.stats["compiles"]
         with ThreadPoolExecutor(max_workers=max(1, min(len(fams), self.workers))) as pool:
             list(pool.map(lambda fam: self.compile_family(fam, arch), fams))

@@ -70,7 +70,7 @@ def combine(sources: Sequence[str], title: str = "") -> Tuple[str, Tuple[str, ..
         >>> names
         ('a', 'b')
     """
-    parts = [f"// gradcore kernel family {title}: {len(sources)} sources in one program\n"] if title else []
+    parts = []
     units, names = [], []
     taken = set()
     for source in dict.fromkeys(sources):
@@ -83,6 +83,8 @@ def combine(sources: Sequence[str], title: str = "") -> Tuple[str, Tuple[str, ..
         units.append(source)
         names += own
         taken.update(own)
+    if title:
+        parts.insert(0, f"// gradcore kernel family {title}: {len(units)} sources in one program\n")
     return "".join(parts), tuple(units), tuple(names)
 
 

@@ -48,6 +48,7 @@ class FakeCuda:
         self.host = HostDriver()
         self.sources = sources          # kernel name -> the CUDA source that defines it
         self.launches = []              # (kernel, grid, block, parameter bytes)
+        self.modules = 0                # module_from_buffer calls
         self.functions = {}             # CUfunction handle -> _Function
         self.entry_points = _c_entry_points(self)
         self.context_stack = []
@@ -127,6 +128,7 @@ class FakeCuda:
     def module_from_buffer(self, buffer):
         self._current()
         ptx = bytes(buffer).decode()
+        self.modules += 1
         return _Module(self, ptx)
 
 
