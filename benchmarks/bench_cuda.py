@@ -7,6 +7,7 @@ a fresh process).
     python benchmarks/bench_cuda.py [--repeat 7] [--json PATH]
     python benchmarks/bench_cuda.py --emulator --quick   # smoke test without a GPU (timings meaningless)
     python benchmarks/bench_cuda.py --host-cost          # gradcore's host cost per op, cuda vs cpu (anywhere)
+    python benchmarks/bench_cuda.py --cold-start [--quick]  # compiling the standard kernels, cold/warm start (anywhere)
 
 The host-cost case runs on the host emulator with launches made no-ops,
 so it measures gradcore's own per-op host path on any machine (issue 14,
@@ -235,6 +236,97 @@ def startup(cache_dir, env_kind):
     return float(out.stdout.strip().splitlines()[-1])
 
 
+# ---------------------------------------------------------------- cold / warm start: compiling the standard kernels
+def compile_standard_kernels(compiler: str, per_family: bool, ctype: str = "float", sample: int = 1):
+    """(seconds, compiler runs, kernels) to compile every standard kernel
+    for ``ctype`` into an empty cache: per family (one program per family,
+    its parts in parallel, as the backend does) or one kernel per program
+    (every ``sample``-th kernel only, when > 1: a partial measurement)."""
+    from gradcore.cuda import KernelCache, families
+    fams = [families.program(f, ctype) for f in families.family_names()]
+    fams = [fam for fam in fams if fam.units]
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = KernelCache(tmp, compiler=compiler)
+        t0 = time.perf_counter()
+        if per_family:
+            cache.precompile(ctypes=(ctype,))
+            runs, kernels = cache.compiler_runs, sum(len(fam.kernels) for fam in fams)
+        else:
+            units = [u for fam in fams for u in fam.units][::sample]
+            for unit in units:
+                cache.compile(families.kernel_names(unit)[0], unit)
+            runs, kernels = len(units), sum(len(families.kernel_names(u)) for u in units)
+        return time.perf_counter() - t0, runs, kernels
+
+
+CNN_STEP = r"""
+import sys, time
+t0 = time.perf_counter()
+import numpy as np
+import gradcore as gc, gradcore.functional as F, gradcore.optimizer as optim
+from gradcore.autodiff import GradManager
+from gradcore.cuda import runtime
+from gradcore.demo import DigitsCNN, load_digits
+if sys.argv[1] == "fake-gpu":
+    sys.path.insert(0, sys.argv[2])
+    import fake_pycuda
+    runtime.use(fake_pycuda.make_backend())
+x, y = load_digits()
+model = DigitsCNN().to("cuda")
+gm = GradManager().attach(model.parameters())
+opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+with gm:
+    gm.backward(F.cross_entropy(model(gc.tensor(x[:32], device="cuda")), gc.tensor(y[:32], device="cuda")))
+opt.step().clear_grad()
+runtime.backend().synchronize()
+print(time.perf_counter() - t0)
+import os
+os._exit(0)     # the fake GPU's context needs no clean-up
+"""
+
+
+def cnn_start(cache_dir, kind):
+    """Seconds from ``import gradcore`` to the end of the demo CNN's first
+    training step, in a fresh process with kernel cache ``cache_dir``."""
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "cuda")
+    env = dict(os.environ, GRADCORE_KERNEL_CACHE=cache_dir, GRADCORE_CUDA="emulator" if kind == "emulator" else "gpu")
+    out = subprocess.run([sys.executable, "-c", CNN_STEP, kind, tests], capture_output=True, text=True, env=env,
+                         timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def cold_start(results, quick: bool):
+    """Compiling the standard kernels (NVRTC per family vs nvcc per kernel)
+    and the demo CNN's import-to-first-step, cold and warm. Runs without a
+    GPU: NVRTC and nvcc need none; steps run on the emulator, and on the
+    fake GPU (gradcore's PyCUDA driver and kernel cache, kernels executed
+    by the emulator)."""
+    from gradcore.cuda import nvrtc
+    from gradcore.devices import nvcc_path
+    sample = 8 if quick else 1
+    print("\ncompiling every standard kernel for float, empty cache (seconds; compiler runs; kernels)")
+    rows = []
+    if nvrtc.available():
+        rows += [("NVRTC, per family (the backend)", "nvrtc", True, 1), ("NVRTC, one kernel per program", "nvrtc", False, sample)]
+    if nvcc_path():
+        rows += [("nvcc, per family (the fallback)", "nvcc", True, 1), ("nvcc, one process per kernel (before)", "nvcc", False, sample)]
+    for label, compiler, per_family, every in rows:
+        seconds, runs, kernels = compile_standard_kernels(compiler, per_family, sample=every)
+        note = f"  (every {every}th kernel only)" if every > 1 else ""
+        print(f"  {label:40s} {seconds:8.2f} s  {runs:4d} runs  {kernels:4d} kernels{note}")
+        results.setdefault("compile", {})[label] = {"seconds": seconds, "runs": runs, "kernels": kernels,
+                                                      "sample": every}
+    print("\ndemo CNN, import to the end of the first training step (fresh processes)")
+    for kind in ("emulator", "fake-gpu"):
+        with tempfile.TemporaryDirectory() as cache:
+            cold = cnn_start(cache, kind)
+            warm = [cnn_start(cache, kind) for _ in range(1 if quick else 5)]
+        print(f"  {kind:10s} cold {cold:7.2f} s   warm {statistics.median(warm):6.2f} s (median of {len(warm)})")
+        results.setdefault("cnn_start", {})[kind] = {"cold_s": cold, "warm_s": statistics.median(warm)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=7)
@@ -243,8 +335,17 @@ def main():
     ap.add_argument("--emulator", action="store_true", help="run on the host emulator (smoke test only)")
     ap.add_argument("--host-cost", action="store_true",
                     help="only the host cost of a tiny op, cuda (emulator, no-op launches) against cpu")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="only compiling the standard kernels and the CNN's cold / warm start (anywhere)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.cold_start:
+        results = {"cases": {}}
+        cold_start(results, args.quick)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     global torch
     if args.emulator:
         runtime.use("emulator")
@@ -302,6 +403,11 @@ def main():
     print(f"\nstart-up (import + first MLP step, fresh process): cold {cold:.2f} s (compiles), warm {warm:.2f} s "
           "(disk cache)")
     results["startup"] = {"cold_s": cold, "warm_s": warm}
+    if not args.emulator:
+        with tempfile.TemporaryDirectory() as cache:
+            cold, warm = cnn_start(cache, "gpu"), cnn_start(cache, "gpu")
+        print(f"demo CNN, import to first step: cold {cold:.2f} s, warm {warm:.2f} s (target: warm <= 0.3 s)")
+        results["cnn_start"] = {"gpu": {"cold_s": cold, "warm_s": warm}}
     print()
     print_host_cost(results, args.repeat)
     if args.json:

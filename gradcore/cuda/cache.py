@@ -199,6 +199,7 @@ class KernelCache:
         # compiles: a kernel compiled alone, or a whole family (all its parts)
         self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0}
         self.compiled = []              # (label, kernels, seconds) per compile: tests and benchmarks read it
+        self.compiler_runs = 0          # NVRTC programs or nvcc processes (a family's parts each count)
 
     # ------------------------------------------------------------ the compiler
     def compiler(self) -> str:
@@ -476,6 +477,8 @@ class KernelCache:
         return image
 
     def _compile_unit(self, name: str, source: str, arch: str) -> Image:
+        with self._lock:
+            self.compiler_runs += 1
         if self.compiler() == "nvrtc":
             return self._compile_nvrtc(name, source, arch)
         return self._compile_nvcc(name, source, arch)
