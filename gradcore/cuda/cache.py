@@ -205,19 +205,48 @@ class KernelCache:
     def compiler(self) -> str:
         """"nvrtc" or "nvcc": the one this cache compiles with."""
         if self._compiler is None:
-            from . import nvrtc
-            self._compiler = "nvrtc" if nvrtc.available() else "nvcc"
+            self._nvrtc_version = self._find_nvrtc_version()
+            self._compiler = "nvrtc" if self._nvrtc_version else "nvcc"
         return self._compiler
 
     def identity(self) -> str:
         """The compiler's part of the key: "nvrtc 13.5 ptx", "nvcc ptx"."""
         if self._identity is None:
             if self.compiler() == "nvrtc":
-                from . import nvrtc
-                self._identity = "nvrtc %d.%d %s" % (*nvrtc.version(), self.output)
+                version = getattr(self, "_nvrtc_version", None) or self._find_nvrtc_version()
+                self._identity = f"nvrtc {version} {self.output}"
             else:
                 self._identity = f"nvcc {self.output}"
         return self._identity
+
+    def _find_nvrtc_version(self) -> Optional[str]:
+        """NVRTC's "major.minor", or None without a loadable NVRTC. A warm
+        start must not pay for loading the library (tens of ms) just to key
+        its lookups: the version is remembered in the cache directory
+        against the library file's path, size and modification time."""
+        from . import nvrtc
+        path = nvrtc.locate()
+        if path is None:
+            return None
+        record = self.directory / "nvrtc-version.txt"
+        try:
+            st = os.stat(path)
+            stamp = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
+        except OSError:
+            stamp = None
+        if stamp is not None:
+            try:
+                seen, version = record.read_text().rsplit(" ", 1)
+                if seen == stamp:
+                    return version.strip()
+            except (OSError, ValueError):
+                pass
+        if not nvrtc.available():
+            return None
+        version = "%d.%d" % nvrtc.version()
+        if stamp is not None:
+            self._write(record, f"{stamp} {version}\n")
+        return version
 
     def _target(self, arch: str) -> Tuple[str, str]:
         """(NVRTC's --gpu-architecture, output kind) for ``arch``: a CUBIN

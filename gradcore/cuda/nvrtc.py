@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-__all__ = ["NvrtcError", "NvrtcUnavailable", "Compiled", "available", "version", "supported_archs",
+__all__ = ["NvrtcError", "NvrtcUnavailable", "Compiled", "available", "locate", "version", "supported_archs",
            "compile_program", "library_path"]
 
 _lock = threading.Lock()
@@ -109,6 +109,15 @@ def _declare(lib: ctypes.CDLL) -> None:
 def _check(lib, result: int, what: str) -> None:
     if result != 0:
         raise NvrtcError(what, result, (lib.nvrtcGetErrorString(result) or b"?").decode())
+
+
+def locate() -> Optional[str]:
+    """The path of the libnvrtc that would load (the loaded one once
+    loaded), without loading it; None when there is no candidate."""
+    if _lib_path is not None:
+        return _lib_path
+    from .toolkit import iter_library_candidates
+    return next(iter_library_candidates("nvrtc", "cuda_nvrtc"), None)
 
 
 def available() -> bool:

@@ -10,7 +10,7 @@ import os
 import shutil
 import site
 import sys
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 
 def nvcc_path() -> Optional[str]:
@@ -45,19 +45,30 @@ def library_candidates(stem: str, wheel: str) -> List[str]:
     """Where ``lib<stem>.so`` may be, most specific first: NVIDIA's pip
     wheels (``nvidia/<wheel>/lib``, and ``nvidia/cu*/lib`` as the CUDA 13
     wheels lay it out) on ``sys.path``, ``$CUDA_HOME``/``$CUDA_PATH``/
-    ``/usr/local/cuda`` (``lib64``, ``targets/*/lib``), then the system
-    loader's name. Example: ``library_candidates("nvrtc", "cuda_nvrtc")``
-    -> ``[".../site-packages/nvidia/cu13/lib/libnvrtc.so.13"]``."""
+    ``/usr/local/cuda`` (``lib64``, ``targets/*/lib``); the system loader's
+    name when none of those has it. Example: ``library_candidates("nvrtc",
+    "cuda_nvrtc")`` -> ``[".../site-packages/nvidia/cu13/lib/libnvrtc.so.13"]``."""
+    return list(dict.fromkeys(iter_library_candidates(stem, wheel)))
+
+
+def iter_library_candidates(stem: str, wheel: str) -> Iterator[str]:
+    """``library_candidates`` one by one, searched as they are asked for
+    (``next()`` of it finds the first without globbing every directory)."""
     roots = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
     pattern = f"lib{stem}.so*"
-    found = []
+    any_found = False
     for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
         for sub in (wheel, "cu*"):
-            found += sorted(glob.glob(os.path.join(root, "nvidia", sub, "lib", pattern)), reverse=True)
+            for path in sorted(glob.glob(os.path.join(root, "nvidia", sub, "lib", pattern)), reverse=True):
+                any_found = True
+                yield path
     for home in _cuda_homes():
-        found += sorted(glob.glob(os.path.join(home, "lib64", pattern)), reverse=True)
-        found += sorted(glob.glob(os.path.join(home, "targets", "*", "lib", pattern)), reverse=True)
-    name = ctypes.util.find_library(stem)
-    if name:
-        found.append(name)
-    return list(dict.fromkeys(found))
+        for where in (("lib64",), ("targets", "*", "lib")):
+            for path in sorted(glob.glob(os.path.join(home, *where, pattern)), reverse=True):
+                any_found = True
+                yield path
+    if not any_found:
+        # the system loader's name: last, and only then (it runs ldconfig)
+        name = ctypes.util.find_library(stem)
+        if name:
+            yield name

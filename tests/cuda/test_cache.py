@@ -226,7 +226,7 @@ def test_two_processes_compiling_the_same_kernel(tmp_path):
         """)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)]) for _ in range(2)]
     assert all(p.wait(timeout=300) == 0 for p in procs)
-    files = [p.name for p in tmp_path.iterdir()]
+    files = [p.name for p in tmp_path.iterdir() if p.name != "nvrtc-version.txt"]
     assert len(files) == 1 and files[0].endswith(".ptx")
     assert ".entry gc_test_scale(" in (tmp_path / files[0]).read_text()
 

@@ -114,7 +114,7 @@ def test_a_compile_error_names_the_kernel_and_quotes_the_nvrtc_log(tmp_path):
     assert "gc_test_broken" in msg and "line 5" in msg and "y[i] = x[i] * undefined_scale;" in msg
     assert "compiler log" in msg and "1 error detected in the compilation of" in msg
     assert "1 error detected" in exc.log
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["nvrtc-version.txt"]
 
 
 # ---------------------------------------------------------------- the cache on NVRTC
@@ -124,10 +124,16 @@ def test_nvrtc_is_the_default_compiler_and_its_version_is_in_the_key(tmp_path, m
     assert cache.compiler() == "nvrtc"
     assert cache.identity() == "nvrtc %d.%d ptx" % nvrtc.version()
     key = cache.key("gc_test_scale", SCALE)
-    monkeypatch.setattr(nvrtc, "version", lambda: (99, 1))
-    other = KernelCache(tmp_path)
-    assert other.key("gc_test_scale", SCALE) != key
     assert KernelCache(tmp_path, compiler="nvcc").key("gc_test_scale", SCALE) != key
+    # the version is remembered next to the cache: a warm start does not load the library for it
+    monkeypatch.setattr(nvrtc, "available", lambda: pytest.fail("NVRTC was loaded to read its version"))
+    again = KernelCache(tmp_path)
+    assert again.compiler() == "nvrtc" and again.key("gc_test_scale", SCALE) == key
+    # another NVRTC (another file here: no record of it) is another key
+    monkeypatch.undo()
+    monkeypatch.setattr(nvrtc, "version", lambda: (99, 1))
+    monkeypatch.setattr(nvrtc, "locate", lambda: str(Path(nvrtc.library_path()).parent))
+    assert KernelCache(tmp_path).key("gc_test_scale", SCALE) != key
 
 
 @needs_nvrtc
@@ -135,7 +141,7 @@ def test_cubin_output_and_targets(tmp_path):
     cache = KernelCache(tmp_path, arch="sm_90", output="cubin")
     image = cache.get("gc_test_scale", SCALE)
     assert isinstance(image, bytes) and image[:4] == b"\x7fELF"
-    assert [p.suffix for p in tmp_path.iterdir()] == [".cubin"]
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".cubin", ".txt"]     # and nvrtc-version.txt
     # a second instance reads the CUBIN back without compiling
     again = KernelCache(tmp_path, arch="sm_90", output="cubin")
     assert again.get("gc_test_scale", SCALE) == image and again.stats["compiles"] == 0
