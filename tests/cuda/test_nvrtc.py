@@ -21,23 +21,8 @@ needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not ins
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 HERE = Path(__file__).parent
 
-SCALE = textwrap.dedent("""\
-    extern "C" __global__ void gc_test_scale(const float* __restrict__ x, float* __restrict__ y, long long n)
-    {
-        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-             i += (long long)blockDim.x * gridDim.x)
-            y[i] = x[i] * 2.0f;
-    }
-    """)
-
-BROKEN = textwrap.dedent("""\
-    extern "C" __global__ void gc_test_broken(const float* x, float* y, long long n)
-    {
-        long long i = threadIdx.x;
-        if (i < n)
-            y[i] = x[i] * undefined_scale;
-    }
-    """)
+# the kernel cache's test sources: a kernel, and one that does not compile (at line 5)
+from test_cache import BROKEN, SRC as SCALE  # noqa: E402  (tests/cuda is on sys.path, as for fake_pycuda)
 
 
 def _unit(name, ctype, body="y[0] = (T)x[0];"):
