@@ -11,7 +11,7 @@ from gradcore.op import Composite, Op, TensorDesc
 
 from .elemwise import Elemwise
 from .linalg import check_cuda_dtype
-from .reduce import Reduce, op_int
+from .reduce import _MAX_BLOCKS, BLOCK_REDUCE, Reduce, op_int, row_threads
 from .shape import StopGradient
 
 
@@ -70,20 +70,12 @@ class LogSoftmax(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_log_softmax_<ctype>(x, y, outer, n, inner)``: x and y
         contiguous, viewed as (outer, n, inner) around the axis; one thread
-        per row (outer * inner of them): a max pass, a sum-exp pass, a write."""
-        T = ctype
-        return (f'extern "C" __global__ void gc_log_softmax_{_cname(T)}(const {T}* __restrict__ x, '
-                f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
-                "    const long long total = outer * inner;\n"
-                "    if (n <= 0) return;\n" + _ROWS +
-                "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
-                f"        const {T}* p = x + base;\n"
-                f"        {T} m = p[0], s = 0;\n"
-                "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
-                "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
-                f"        const {T} ls = log(s);\n"
-                "        for (long long k = 0; k < n; ++k) y[base + k * inner] = (p[k * inner] - m) - ls;\n"
-                "    }\n}\n")
+        per row (outer * inner of them, adjacent threads on adjacent
+        columns): a max pass, a sum-exp pass, a write. And
+        ``gc_log_softmax_rows_<ctype>(x, y, rows, n)`` for inner 1: a block
+        per row, its threads striding over the row, the max and the sum
+        block reductions."""
+        return _row_source("log_softmax", ctype)
 
 
 class Softmax(Op):
@@ -125,9 +117,9 @@ class Softmax(Op):
         return _launch_rows(self, be, x)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        """``gc_softmax_<ctype>(x, y, outer, n, inner)``: as log_softmax."""
-        return LogSoftmax(self.axis).cuda_source(ctype).replace("gc_log_softmax_", "gc_softmax_").replace(
-            "y[base + k * inner] = (p[k * inner] - m) - ls;", "y[base + k * inner] = exp((p[k * inner] - m) - ls);")
+        """``gc_softmax_<ctype>(x, y, outer, n, inner)`` and
+        ``gc_softmax_rows_<ctype>(x, y, rows, n)``: as log_softmax."""
+        return _row_source("softmax", ctype)
 
 
 class LogSumExp(Composite):
@@ -166,24 +158,68 @@ class LogSumExp(Composite):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_logsumexp_<ctype>(x, y, outer, n, inner)``: a fused kernel for
         the decomposition; x contiguous, viewed as (outer, n, inner) around
-        the axis; y: outer * inner (keepdims or not); one thread per row."""
-        T = ctype
-        return (f'extern "C" __global__ void gc_logsumexp_{_cname(T)}(const {T}* __restrict__ x, '
-                f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
-                "    const long long total = outer * inner;\n"
-                "    if (n <= 0) return;\n" + _ROWS +
-                f"        const {T}* p = x + (idx / inner) * n * inner + idx % inner;\n"
-                f"        {T} m = p[0], s = 0;\n"
-                "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
-                "        if (isinf(m)) m = 0;  // as the decomposition: no inf - inf\n"
-                "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
-                "        y[idx] = log(s) + m;\n"
-                "    }\n}\n")
+        the axis; y: outer * inner (keepdims or not); one thread per row. And
+        ``gc_logsumexp_rows_<ctype>(x, y, rows, n)`` for inner 1: a block
+        per row."""
+        return _row_source("logsumexp", ctype)
+
+
+# per kernel: (what a row's max becomes, the write of a thread per row, the
+# write of a block per row)
+_ROW_KINDS = {
+    "log_softmax": ("m", "for (long long k = 0; k < n; ++k) y[base + k * inner] = (p[k * inner] - m) - ls;",
+                    "for (long long k = threadIdx.x; k < n; k += blockDim.x) y[base + k] = (p[k] - m) - ls;"),
+    "softmax": ("m", "for (long long k = 0; k < n; ++k) y[base + k * inner] = exp((p[k * inner] - m) - ls);",
+                "for (long long k = threadIdx.x; k < n; k += blockDim.x) y[base + k] = exp((p[k] - m) - ls);"),
+    # as the decomposition: no inf - inf
+    "logsumexp": ("isinf(m) ? 0 : m", "y[idx] = ls + m;", "if (threadIdx.x == 0) y[idx] = ls + m;"),
+}
+_ROW_NAMES = {"LogSoftmax": "log_softmax", "Softmax": "softmax", "LogSumExp": "logsumexp"}
+
+
+def _row_source(kind: str, T: str) -> str:
+    """The two kernels of a row op (softmax, log_softmax, logsumexp): a
+    thread per row (``gc_<kind>_<T>``, any inner) and a block per row
+    (``gc_<kind>_rows_<T>``, inner 1). Each: m = the row's max, s =
+    sum(exp(x - m)), ls = log(s), then the write."""
+    shift, thread_write, block_write = _ROW_KINDS[kind]
+    name = f"gc_{kind}_{_cname(T)}"
+    return (BLOCK_REDUCE +
+            f'extern "C" __global__ void {name}(const {T}* __restrict__ x, '
+            f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
+            "    const long long total = outer * inner;\n"
+            "    if (n <= 0) return;\n" + _ROWS +
+            "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
+            f"        const {T}* p = x + base;\n"
+            f"        {T} m = p[0], s = 0;\n"
+            "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
+            f"        m = {shift};\n"
+            "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
+            f"        const {T} ls = log(s);\n"
+            f"        {thread_write}\n"
+            "    }\n}\n"
+            f'extern "C" __global__ void gc_{kind}_rows_{_cname(T)}(const {T}* __restrict__ x, '
+            f"{T}* __restrict__ y, long long rows, long long n)\n{{\n"
+            f"    __shared__ {T} scratch[32];\n"
+            "    if (n <= 0) return;\n"
+            "    for (long long idx = blockIdx.x; idx < rows; idx += gridDim.x) {   // uniform per block\n"
+            "        const long long base = idx * n;\n"
+            f"        const {T}* p = x + base;\n"
+            f"        {T} m = p[0], s = 0;\n"
+            "        for (long long k = threadIdx.x; k < n; k += blockDim.x) m = p[k] > m ? p[k] : m;\n"
+            "        m = gc_block_reduce(m, scratch, gc_op_max());\n"
+            f"        m = {shift};\n"
+            "        for (long long k = threadIdx.x; k < n; k += blockDim.x) s += exp(p[k] - m);\n"
+            "        s = gc_block_reduce(s, scratch, gc_op_sum());\n"
+            f"        const {T} ls = log(s);\n"
+            f"        {block_write}\n"
+            "    }\n}\n")
 
 
 def _launch_rows(op, be, x):
     """Run ``op``'s row kernel (x viewed as (outer, n, inner) around
-    ``op.axis``; one thread per row) into a new array of the inferred shape."""
+    ``op.axis``: a block per row when inner is 1, else a thread per row)
+    into a new array of the inferred shape."""
     # the CPU kernels take integers too (exp promotes them as NumPy does); so
     # does this, past infer's check (which also rejects a bad axis, and
     # LogSumExp over an empty axis, as the CPU does)
@@ -196,7 +232,15 @@ def _launch_rows(op, be, x):
     outer = int(math.prod(x.shape[:axis]))
     n = x.shape[axis] if x.ndim else 1
     inner = int(math.prod(x.shape[axis + 1:]))
-    be.launch_n(be.kernel(op, be.ctype(x.dtype)), outer * inner, x, y, outer, n, inner)
+    ctype = be.ctype(x.dtype)
+    kind, c = _ROW_NAMES[op.name], _cname(ctype)
+    if outer * inner == 0:
+        return y
+    if inner == 1 and n > 1:        # a block per row
+        be.launch(be.kernel(op, ctype, name=f"gc_{kind}_rows_{c}"), (min(outer, _MAX_BLOCKS),), (row_threads(n),),
+                  x, y, outer, n)
+    else:                           # a thread per row (adjacent threads on adjacent columns)
+        be.launch_n(be.kernel(op, ctype, name=f"gc_{kind}_{c}"), outer * inner, x, y, outer, n, inner)
     return y
 
 
