@@ -261,7 +261,8 @@ class HostDriver:
         if not (1 <= g[0] < 2 ** 31 and 1 <= g[1] <= 65535 and 1 <= g[2] <= 65535):
             raise RuntimeError(f"cuda emulator: invalid grid {g}")
         self.stats["launches"] += 1
-        self.launched.append(function.kernel_name)
+        # (``launched`` is the backend's Launcher's trace: it records every
+        # launch, this one included, before calling here)
         if not function.cooperative:
             function((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), params)
             return

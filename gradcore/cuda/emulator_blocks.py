@@ -324,11 +324,14 @@ extern char __stop_gc_emu_shared[] __attribute__((weak, visibility("hidden")));
 #define __shared__ static __attribute__((section("gc_emu_shared"), used))
 #define __align__(n) __attribute__((aligned(n)))
 #define __syncthreads() gc_emu_syncthreads(__LINE__)
-#define __syncwarp(...) gc_emu_syncwarp(__LINE__, ##__VA_ARGS__)
+#define __syncwarp(...) gc_emu_syncwarp_at{__LINE__}(__VA_ARGS__)
 #define __threadfence() ((void)0)
 #define __threadfence_block() ((void)0)
 static inline unsigned gc_emu_lane() { return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 31u; }
-static inline void gc_emu_syncwarp(int line, unsigned mask = 0xffffffffu) { gc_emu_warp_exchange(mask, 0, line); }
+struct gc_emu_syncwarp_at {         // __syncwarp(), __syncwarp(mask)
+    int line;
+    void operator()(unsigned mask = 0xffffffffu) const { gc_emu_warp_exchange(mask, 0, line); }
+};
 template <class T> static inline unsigned long long gc_emu_bits(T v) {
     static_assert(sizeof(T) <= 8, "warp shuffles move at most 8 bytes");
     unsigned long long b = 0; std::memcpy(&b, &v, sizeof(T)); return b;
