@@ -177,27 +177,31 @@ _ROW_KINDS = {
 _ROW_NAMES = {"LogSoftmax": "log_softmax", "Softmax": "softmax", "LogSumExp": "logsumexp"}
 
 
-def _row_source(kind: str, T: str) -> str:
-    """The two kernels of a row op (softmax, log_softmax, logsumexp): a
-    thread per row (``gc_<kind>_<T>``, any inner) and a block per row
+def _row_source(kind: str, T: str, per: str = "both") -> str:
+    """The two kernels of a row op (softmax, log_softmax, logsumexp), or
+    (``per`` "thread" / "block") one of them, as the source of a module of
+    its own (the host emulator runs the first in one pass, without fibers):
+    a thread per row (``gc_<kind>_<T>``, any inner) and a block per row
     (``gc_<kind>_rows_<T>``, inner 1). Each: m = the row's max, s =
     sum(exp(x - m)), ls = log(s), then the write."""
+    if per == "both":
+        return _row_source(kind, T, "thread") + _row_source(kind, T, "block")
     shift, thread_write, block_write = _ROW_KINDS[kind]
-    name = f"gc_{kind}_{_cname(T)}"
+    if per == "thread":
+        return (f'extern "C" __global__ void gc_{kind}_{_cname(T)}(const {T}* __restrict__ x, '
+                f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
+                "    const long long total = outer * inner;\n"
+                "    if (n <= 0) return;\n" + _ROWS +
+                "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
+                f"        const {T}* p = x + base;\n"
+                f"        {T} m = p[0], s = 0;\n"
+                "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
+                f"        m = {shift};\n"
+                "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
+                f"        const {T} ls = log(s);\n"
+                f"        {thread_write}\n"
+                "    }\n}\n")
     return (BLOCK_REDUCE +
-            f'extern "C" __global__ void {name}(const {T}* __restrict__ x, '
-            f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
-            "    const long long total = outer * inner;\n"
-            "    if (n <= 0) return;\n" + _ROWS +
-            "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
-            f"        const {T}* p = x + base;\n"
-            f"        {T} m = p[0], s = 0;\n"
-            "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
-            f"        m = {shift};\n"
-            "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
-            f"        const {T} ls = log(s);\n"
-            f"        {thread_write}\n"
-            "    }\n}\n"
             f'extern "C" __global__ void gc_{kind}_rows_{_cname(T)}(const {T}* __restrict__ x, '
             f"{T}* __restrict__ y, long long rows, long long n)\n{{\n"
             f"    __shared__ {T} scratch[32];\n"
@@ -237,10 +241,11 @@ def _launch_rows(op, be, x):
     if outer * inner == 0:
         return y
     if inner == 1 and n > 1:        # a block per row
-        be.launch(be.kernel(op, ctype, name=f"gc_{kind}_rows_{c}"), (min(outer, _MAX_BLOCKS),), (row_threads(n),),
-                  x, y, outer, n)
+        be.launch(be.kernel(op, ctype, source=_row_source(kind, ctype, "block")), (min(outer, _MAX_BLOCKS),),
+                  (row_threads(n),), x, y, outer, n)
     else:                           # a thread per row (adjacent threads on adjacent columns)
-        be.launch_n(be.kernel(op, ctype, name=f"gc_{kind}_{c}"), outer * inner, x, y, outer, n, inner)
+        be.launch_n(be.kernel(op, ctype, source=_row_source(kind, ctype, "thread")), outer * inner, x, y, outer, n,
+                    inner)
     return y
 
 

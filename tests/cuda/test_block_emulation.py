@@ -322,3 +322,24 @@ def test_block_kernels_compile_with_nvcc_for_every_type(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     ptx = (tmp_path / "out.ptx").read_text()
     assert "shfl.sync.bfly" in ptx and "bar.sync" in ptx
+
+
+@pytest.mark.parametrize("shape, perm", [((1, 1), (1, 0)), ((31, 33), (1, 0)), ((64, 32), (1, 0)),
+                                         ((3, 33, 65), (0, 2, 1)), ((2, 1, 40, 3), (0, 3, 2, 1)),
+                                         ((2, 3, 4), (1, 0, 2))])
+def test_transposes(cuda, matches_cpu, shape, perm):
+    x = _x(shape)
+    matches_cpu(lambda t: F.transpose(t, perm), [x], second_order=False)
+    for dtype in (np.bool_, np.int8, np.float64):
+        y = (x > 0).astype(dtype) if dtype is np.bool_ else (x * 50).astype(dtype)
+        np.testing.assert_array_equal(F.transpose(gc.Tensor(y, device="cuda"), perm).numpy(), y.transpose(perm))
+
+
+def test_matrix_transposes_use_tiles(cuda):
+    if not hasattr(cuda.driver, "launched"):
+        pytest.skip("the kernel trace is the emulator's")
+    cuda.driver.launched.clear()
+    x = gc.Tensor(_x((70, 45)), device="cuda")
+    F.transpose(x, (1, 0)).numpy()
+    F.transpose(gc.Tensor(_x((2, 3, 4)), device="cuda"), (1, 0, 2)).numpy()
+    assert [k for k in cuda.driver.launched if "transpose" in k] == ["gc_transpose_tiled_float", "gc_transpose_float"]
