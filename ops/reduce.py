@@ -257,6 +257,7 @@ template <class T, class Op> __device__ __forceinline__ T gc_block_reduce(T v, T
     const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     const unsigned warps = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
     v = gc_warp_reduce(v, op);
+    if (warps == 1) return v;   // one warp: every lane has it already (uniform: no barrier skipped by some)
     if ((tid & 31) == 0) scratch[tid / 32] = v;
     __syncthreads();
     v = scratch[0];

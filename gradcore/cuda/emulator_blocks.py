@@ -81,10 +81,11 @@ unsigned long long gc_emu_exchange[2][1024];     // per-lane warp exchange slots
 }
 
 enum { READY, AT_BLOCK, AT_WARP, DONE, FAULT };
-static const size_t STACK = 256 * 1024;
+static const size_t STACK = 128 * 1024;
 
 struct Fiber {
-    jmp_buf ctx;
+    jmp_buf ctx;          // (setjmp/longjmp switching, where there is no gc_emu_swap)
+    void* sp;             // (gc_emu_swap: the saved stack pointer)
     char* stack;          // mmap'd, a guard page below
     bool started;
     int state, line;
@@ -95,24 +96,66 @@ struct Fiber {
 static Fiber* fibers;
 static unsigned nfibers, capacity;
 static Fiber* cur;
-static jmp_buf scheduler;
-static ucontext_t start_uc;
 static void (*body)(void*);
 static void* body_arg;
 static char message[1024];
 static std::mutex one_launch;
 
+#if defined(__x86_64__)
+// a context switch of its own (callee-saved registers and the stack pointer):
+// glibc's swapcontext makes a system call, setjmp/longjmp mangle pointers
+extern "C" void gc_emu_swap(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .p2align 4
+    .type gc_emu_swap, @function
+gc_emu_swap:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size gc_emu_swap, .-gc_emu_swap
+)");
+static void* scheduler_sp;
+
 static void park() {                    // back to the scheduler; resumes here
+    gc_emu_swap(&cur->sp, scheduler_sp);
+}
+
+static void fiber_main();
+
+static void resume(Fiber* f) {
+    cur = f;
+    gc_emu_thread_idx = f->tid;
+    if (!f->started) {                   // a stack whose first switch "returns" into fiber_main
+        f->started = true;
+        void** top = (void**)(f->stack + STACK);
+        top[-2] = (void*)&fiber_main;    // after the ret, rsp is 8 mod 16, as at a call
+        for (int r = 3; r <= 8; ++r) top[-r] = nullptr;
+        f->sp = &top[-8];
+    }
+    gc_emu_swap(&scheduler_sp, f->sp);
+}
+#else
+static jmp_buf scheduler;
+static ucontext_t start_uc;
+
+static void park() {
     if (!_setjmp(cur->ctx)) _longjmp(scheduler, 1);
 }
 
-static void fiber_main() {
-    for (;;) {
-        body(body_arg);
-        cur->state = DONE;
-        park();                          // resumed for the next block
-    }
-}
+static void fiber_main();
 
 static void resume(Fiber* f) {
     cur = f;
@@ -126,6 +169,15 @@ static void resume(Fiber* f) {
     start_uc.uc_link = nullptr;
     makecontext(&start_uc, fiber_main, 0);
     setcontext(&start_uc);
+}
+#endif
+
+static void fiber_main() {
+    for (;;) {
+        body(body_arg);
+        cur->state = DONE;
+        park();                          // resumed for the next block
+    }
 }
 
 static bool reserve(unsigned n) {
