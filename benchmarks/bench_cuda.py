@@ -1,5 +1,5 @@
-"""The CUDA backend on a GPU: elementwise throughput against a device copy,
-the MLP training step and a conv2d step against PyTorch CUDA eager (side by
+"""The CUDA backend on a GPU: elementwise and reduction throughput against a
+device copy (with PyTorch's reductions side by side), the MLP training step and a conv2d step against PyTorch CUDA eager (side by
 side in one process, alternating, repeated, medians), and cold / warm
 start-up of the standard kernels (empty kernel cache vs disk cache, each in
 a fresh process).
@@ -12,8 +12,10 @@ The host-cost case runs on the host emulator with launches made no-ops,
 so it measures gradcore's own per-op host path on any machine (issue 14,
 item 1: at most 1.5x the same op on the cpu).
 
-Targets (issue 6): elementwise forward and backward >= 85% of a
-device-to-device copy's bandwidth; MLP and conv2d steps <= 1.0x PyTorch.
+Targets (issues 6 and 14): elementwise forward and backward >= 85% of a
+device-to-device copy's bandwidth; a large reduction >= 80% (the bytes it
+reads against the copy's bytes read + written per second); MLP and conv2d
+steps <= 1.0x PyTorch.
 """
 from __future__ import annotations
 
@@ -98,6 +100,52 @@ def elementwise_cases(n):
         # forward 3n + seed n (read) + fused backward: reads g, x, a, writes dx, da
         "forward + backward x * a": (fwd_bwd_mul, (3 + 5) * n * item),
     }
+
+
+# ---------------------------------------------------------------- reduction throughput
+def reduction_cases(n):
+    """name -> (gradcore callable, PyTorch callable or None, bytes moved per
+    call): the block reductions of ops/reduce.py and ops/nn.py on n float32
+    elements (a full sum in two passes, rows, columns, softmax rows)."""
+    rng = np.random.default_rng(1)
+    host = rng.standard_normal(n).astype(np.float32)
+    rows = 4096 if n >= 1 << 20 else 64
+    x = gc.Tensor(host, device="cuda")
+    m = gc.Tensor(host.reshape(rows, n // rows), device="cuda")
+    tx = torch.from_numpy(host).cuda() if torch is not None else None
+    tm = tx.reshape(rows, n // rows) if tx is not None else None
+    item = 4
+    return {
+        # bytes: what the kernel must read (and write, for softmax)
+        "sum (all elements)": (lambda: F.sum(x), (lambda: tx.sum()) if tx is not None else None, n * item),
+        f"sum over rows ({rows} x {n // rows}, axis 1)": (lambda: F.sum(m, axis=1),
+                                                           (lambda: tm.sum(1)) if tm is not None else None, n * item),
+        f"max over columns ({rows} x {n // rows}, axis 0)": (
+            lambda: F.max(m, axis=0), (lambda: tm.amax(0)) if tm is not None else None, n * item),
+        f"softmax rows ({rows} x {n // rows})": (lambda: F.softmax(m, axis=1),
+                                                 (lambda: torch.softmax(tm, 1)) if tm is not None else None,
+                                                 2 * n * item),
+    }
+
+
+def print_reductions(results, n, copy_bw, repeat, target_time):
+    cases = reduction_cases(n)
+    print(f"\nreductions, {n} float32 elements (fraction of the copy's bandwidth; target >= 0.80 for a "
+          "large reduction)")
+    for name, (g, t, nbytes) in cases.items():
+        gt, tt = [], []
+        for _ in range(repeat):
+            gt.append(timed(g, target_time))
+            if t is not None:
+                tt.append(timed(t, target_time))
+        gmed = statistics.median(gt)
+        tmed = statistics.median(tt) if tt else None
+        torch_part = f"  torch {nbytes / tmed / copy_bw:5.2f}" if tmed else ""
+        print(f"  {name:44s} {gmed * 1e6:10.1f} us  {nbytes / gmed / 1e9:8.1f} GB/s  {nbytes / gmed / copy_bw:5.2f}"
+              f"{torch_part}")
+        results["cases"][f"reduction: {name}"] = {
+            "seconds": gmed, "bandwidth_fraction": nbytes / gmed / copy_bw,
+            "torch_seconds": tmed, "torch_bandwidth_fraction": nbytes / tmed / copy_bw if tmed else None}
 
 
 # ---------------------------------------------------------------- host cost (runs anywhere)
@@ -276,6 +324,7 @@ def main():
         frac = nbytes / t / copy_bw
         print(f"  {name:28s} {t * 1e6:10.1f} us  {nbytes / t / 1e9:8.1f} GB/s  {frac:6.2f}")
         results["cases"][f"elementwise: {name}"] = {"seconds": t, "bandwidth_fraction": frac}
+    print_reductions(results, n if not args.emulator else 1 << 13, copy_bw, args.repeat, args.target_time)
 
     # models, side by side
     batches = (8,) if args.emulator else (128, 32)

@@ -133,11 +133,15 @@ class Reduce(Op):
         return [_apply1(back, g, x) * hit / count]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        """Two block reductions, x contiguous viewed as (outer, n, inner), n
-        split into ``parts`` chunks of ceil(n / parts) elements (a long axis
-        with few outputs: partial results, reduced again by a second launch),
-        y contiguous (outer, parts, inner):
+        """Three reduction kernels (``kernel_source`` gives each alone: a
+        module of its own), x contiguous viewed as (outer, n, inner), n split
+        into ``parts`` chunks of ceil(n / parts) elements (a long axis with
+        few outputs: partial results, reduced again by a second launch), y
+        contiguous (outer, parts, inner):
 
+        - ``gc_reduce_<mode>_<ctype>(x, y, outer, n, inner, parts, count)``
+          (a short axis): a thread per output, adjacent threads on adjacent
+          outputs;
         - ``gc_reduce_rows_<mode>_<ctype>(x, y, rows, n, parts, count)``
           (inner 1): a block per (row, part), its threads striding over the
           chunk (coalesced), combined by warp shuffles and shared memory;
@@ -150,11 +154,31 @@ class Reduce(Op):
         reduction (its partial passes are sums); the other modes ignore it.
         The launcher reduces one run of adjacent axes per pass, casting
         integer inputs to the output dtype first."""
-        T = ctype
+        return "".join(self.kernel_source(ctype, kind) for kind in ("thread", "rows", "cols"))
+
+    def kernel_source(self, T: str, kind: str) -> str:
+        """The source of one of ``cuda_source``'s kernels: kind "thread",
+        "rows" or "cols"."""
         init, combine, final = _MODES[self.mode]
         final = final.replace("T", T)
         tag = f"{self.mode}_{T.replace(' ', '_')}"
-        return (BLOCK_REDUCE +
+        if kind == "thread":
+            return (COMBINE +
+                    f'extern "C" __global__ void gc_reduce_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
+                    "long long outer, long long n, long long inner, long long parts, long long count)\n{\n"
+                    "    const long long chunk = (n + parts - 1) / parts, total = outer * parts * inner;\n"
+                    "    (void)count;\n"
+                    "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+                    "         idx += (long long)blockDim.x * gridDim.x) {\n"
+                    "        const long long i = idx % inner, r = idx / inner;\n"
+                    "        const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
+                    f"        const {T}* q = x + (r / parts) * n * inner + i;\n"
+                    f"        {T} acc = ({T})({init.format(first='q[lo * inner]')});\n"
+                    f"        for (long long k = lo; k < hi; ++k) acc = {combine}()(acc, q[k * inner]);\n"
+                    f"        y[idx] = {final};\n"
+                    "    }\n}\n")
+        if kind == "rows":
+            return (BLOCK_REDUCE +
                 f'extern "C" __global__ void gc_reduce_rows_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
                 "long long rows, long long n, long long parts, long long count)\n{\n"
                 f"    __shared__ {T} scratch[32];\n"
@@ -168,7 +192,8 @@ class Reduce(Op):
                 f"{combine}()(acc, q[k]);\n"
                 f"        acc = gc_block_reduce(acc, scratch, {combine}());\n"
                 f"        if (threadIdx.x == 0) y[r] = {final};\n"
-                "    }\n}\n"
+                "    }\n}\n")
+        return (BLOCK_REDUCE +
                 f'extern "C" __global__ void gc_reduce_cols_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
                 "long long outer, long long n, long long inner, long long parts, long long count)\n{\n"
                 f"    __shared__ {T} scratch[GC_COLS_Y][33];\n"
@@ -232,12 +257,10 @@ _MODES = {
     "min": ("lo < hi ? {first} : 0", "gc_op_min", "acc"),
 }
 
-# CUDA C of block reductions (shared by the reductions and the row kernels
-# of ops/nn.py): blocks of a multiple of 32 threads (at most 1024)
-BLOCK_REDUCE = r"""
-#ifndef GC_BLOCK_REDUCE
-#define GC_BLOCK_REDUCE
-#define GC_COLS_Y 8
+# the combining functors (plain device code: any kernel may use them)
+COMBINE = r"""
+#ifndef GC_COMBINE
+#define GC_COMBINE
 // NaN propagates as in NumPy: once a NaN is in, no comparison replaces it
 struct gc_op_sum { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (T)(a + b); } };
 struct gc_op_prod { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (T)(a * b); } };
@@ -245,6 +268,14 @@ struct gc_op_max { template <class T> __device__ __forceinline__ T operator()(T 
     return (b > a || b != b) ? b : a; } };
 struct gc_op_min { template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
     return (b < a || b != b) ? b : a; } };
+#endif
+"""
+# CUDA C of block reductions (shared by the reductions and the row kernels
+# of ops/nn.py): blocks of a multiple of 32 threads (at most 1024)
+BLOCK_REDUCE = COMBINE + r"""
+#ifndef GC_BLOCK_REDUCE
+#define GC_BLOCK_REDUCE
+#define GC_COLS_Y 8
 // every lane gets the combination of its warp's 32 values (a butterfly;
 // small types travel as the int they promote to)
 template <class T, class Op> __device__ __forceinline__ T gc_warp_reduce(T v, Op op) {
@@ -273,6 +304,7 @@ template <class T, class Op> __device__ __forceinline__ T gc_block_reduce(T v, T
 # in two launches (partials, then those), so that a full reduction fills the GPU
 _SERIAL = 2048
 _PARALLEL = 2048
+_SHORT = 32             # an axis this short is reduced by a thread per output
 _THREADS = 256          # threads per block of the reductions (a multiple of 32)
 _MAX_BLOCKS = 1 << 16   # grid cap: the kernels loop over the rest
 _REDUCERS = {}
@@ -304,7 +336,7 @@ def row_threads(n: int) -> int:
 def _reduce_run(be, mode, x, outer, n, inner, count):
     """x (contiguous, outer * n * inner elements) reduced over n: a flat
     array of outer * inner elements."""
-    units = outer * (inner + 31) // 32 if inner > 1 else outer      # blocks' worth of outputs
+    units = outer * -(-inner // 32) if inner > 1 else outer      # blocks' worth of outputs
     parts = 1
     if n > _SERIAL and units < _PARALLEL:
         parts = min(-(-n // _SERIAL), -(-_PARALLEL // max(units, 1)))
@@ -313,14 +345,17 @@ def _reduce_run(be, mode, x, outer, n, inner, count):
     y = be.empty((outer * parts * inner,), x.dtype)
     if y.size:
         op, ctype = _reducer(stage), be.ctype(x.dtype)
-        if inner == 1:
-            kernel = be.kernel(op, ctype, name=f"gc_reduce_rows_{stage}_{ctype.replace(' ', '_')}")
-            be.launch(kernel, (min(outer * parts, _MAX_BLOCKS),), (row_threads(-(-n // parts)),),
-                      x, y, outer, n, parts, count)
-        else:
-            kernel = be.kernel(op, ctype, name=f"gc_reduce_cols_{stage}_{ctype.replace(' ', '_')}")
-            blocks = outer * parts * ((inner + 31) // 32)
-            be.launch(kernel, (min(blocks, _MAX_BLOCKS),), (32, 8), x, y, outer, n, inner, parts, count)
+        chunk = -(-n // parts)
+        if chunk <= _SHORT:         # a thread per output (adjacent outputs on adjacent threads)
+            be.launch_n(be.kernel(op, ctype, source=op.kernel_source(ctype, "thread")), y.size,
+                        x, y, outer, n, inner, parts, count)
+        elif inner == 1:            # a block per row
+            be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "rows")),
+                      (min(outer * parts, _MAX_BLOCKS),), (row_threads(chunk),), x, y, outer, n, parts, count)
+        else:                       # 32 x 8 column tiles
+            blocks = outer * parts * -(-inner // 32)
+            be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "cols")), (min(blocks, _MAX_BLOCKS),),
+                      (32, 8), x, y, outer, n, inner, parts, count)
     return y if parts == 1 else _reduce_run(be, mode, y, outer, parts, inner, count)
 
 
