@@ -188,6 +188,7 @@ class Reduce(Op):
                 "        const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
                 f"        const {T}* q = x + (r / parts) * n;\n"
                 f"        {T} acc = ({T})({init.format(first='q[lo]')});\n"
+                "#pragma unroll 4\n"     # several loads in flight per thread (a GPU's bandwidth needs them)
                 "        for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) acc = "
                 f"{combine}()(acc, q[k]);\n"
                 f"        acc = gc_block_reduce(acc, scratch, {combine}());\n"
@@ -206,6 +207,7 @@ class Reduce(Op):
                 f"        {T} acc = ({T})0;\n"
                 "        if (i < inner) {\n"
                 f"            acc = ({T})({init.format(first='q[lo * inner]')});\n"
+                "#pragma unroll 4\n"
                 "            for (long long k = lo + threadIdx.y; k < hi; k += blockDim.y) acc = "
                 f"{combine}()(acc, q[k * inner]);\n"
                 "        }\n"
