@@ -267,8 +267,9 @@ def test_reductions_of_nothing(cuda, matches_cpu):
 
 def test_integer_and_bool_reductions(cuda):
     rng = np.random.default_rng(3)
-    for dtype in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.bool_):
-        x = rng.integers(0, 3, (5, 70)).astype(dtype)
+    # (all C types compile with nvcc: test_block_kernels_compile_with_nvcc_for_every_type)
+    for dtype in (np.int8, np.int32, np.uint8, np.bool_):
+        x = rng.integers(0, 3, (40, 70)).astype(dtype)     # axis 0: column tiles; 1 and None: rows
         t = gc.Tensor(x, device="cuda")
         for fn in (F.sum, F.max, F.min):
             for axis in (None, 0, 1):
