@@ -14,8 +14,10 @@ reused:
   threads and line, instead of hanging;
 - warp intrinsics (``__shfl_sync``, ``__shfl_up/down/xor_sync``,
   ``__ballot_sync``, ``__any_sync``, ``__all_sync``, ``__syncwarp``) are a
-  barrier of the lanes in the mask around a per-warp exchange buffer
-  (double-buffered: one barrier per shuffle);
+  barrier of the lanes in the mask: each offers its value, and when all
+  have arrived the values are published to a per-warp exchange row that
+  each lane reads on resuming (one barrier per shuffle, masks of any
+  subset of lanes);
 - ``__shared__`` variables are static variables in an ELF section of their
   own (``gc_emu_shared``): one copy, which is the block's, filled with 0xff
   bytes (a float or double NaN, an integer -1) before each block, so a
@@ -77,7 +79,7 @@ struct gc_emu_dim3 { unsigned int x, y, z; };
 extern "C" {
 gc_emu_dim3 gc_emu_thread_idx, gc_emu_block_idx, gc_emu_block_dim, gc_emu_grid_dim;
 alignas(16) char gc_emu_dynamic_shared[SHARED_LIMIT];
-unsigned long long gc_emu_exchange[2][1024];     // per-lane warp exchange slots, double-buffered
+unsigned long long gc_emu_exchange[1024];        // per lane: the value its last warp operation published
 }
 
 enum { READY, AT_BLOCK, AT_WARP, DONE, FAULT };
@@ -89,7 +91,8 @@ struct Fiber {
     char* stack;          // mmap'd, a guard page below
     bool started;
     int state, line;
-    unsigned mask, gen;   // a warp wait's lanes; the fiber's warp-operation count
+    unsigned mask;        // the lanes a warp operation waits for
+    unsigned long long offered;   // the value it contributes, published when the warp goes on
     gc_emu_dim3 tid;
 };
 
@@ -249,26 +252,35 @@ extern "C" const unsigned long long* gc_emu_warp_exchange(unsigned mask, unsigne
                  line, lane, mask);
         gc_emu_fault(what);
     }
-    const unsigned slot = cur->gen++ & 1u;
-    gc_emu_exchange[slot][me] = bits;
+    cur->offered = bits;
     cur->state = AT_WARP; cur->mask = mask; cur->line = line;
     park();
-    return &gc_emu_exchange[slot][me & ~31u];
+    return &gc_emu_exchange[me & ~31u];
 }
 
 extern "C" unsigned gc_emu_lane_mask() { return warp_lanes((unsigned)(cur - fibers)); }
 
 // ---- the scheduler
-// release the warps whose mask lanes all wait; false when none could go on
+// release each group of lanes waiting in a warp operation with one mask when
+// every lane of that mask has arrived; false when none could go on
 static bool release_warps() {
     bool any = false;
     for (unsigned w = 0; w < nfibers; w += 32) {
-        unsigned waiting = 0, mask = 0;
         const unsigned end = w + 32 < nfibers ? w + 32 : nfibers;
-        for (unsigned i = w; i < end; ++i)
-            if (fibers[i].state == AT_WARP) { waiting |= 1u << (i - w); mask |= fibers[i].mask; }
-        if (waiting && (waiting & mask) == mask) {
-            for (unsigned i = w; i < end; ++i) if (fibers[i].state == AT_WARP) fibers[i].state = READY;
+        for (unsigned i = w; i < end; ++i) {
+            if (fibers[i].state != AT_WARP) continue;
+            const unsigned mask = fibers[i].mask;
+            bool complete = true;
+            for (unsigned j = w; j < end && complete; ++j)
+                if ((mask >> (j - w) & 1u) && (fibers[j].state != AT_WARP || fibers[j].mask != mask)) complete = false;
+            if (!complete) continue;
+            // published only now: every lane released reads it in the next
+            // pass, before any later warp operation can be released
+            for (unsigned j = w; j < end; ++j) {
+                if (!(mask >> (j - w) & 1u)) continue;
+                gc_emu_exchange[j] = fibers[j].offered;
+                fibers[j].state = READY;
+            }
             any = true;
         }
     }
@@ -341,7 +353,7 @@ extern "C" int gc_emu_run_blocks(void (*fn)(void*), void* arg, const unsigned* g
         gc_emu_block_idx = {bx, by, bz};
         memset(static_begin, 0xff, static_bytes);        // shared memory starts as garbage in every block
         memset(gc_emu_dynamic_shared, 0xff, shared);
-        for (unsigned i = 0; i < nfibers; ++i) { fibers[i].state = READY; fibers[i].gen = 0; }
+        for (unsigned i = 0; i < nfibers; ++i) fibers[i].state = READY;
         if (run_block() != 0) {
             snprintf(err, errlen, "block (%u, %u, %u): %s", bx, by, bz, message);
             // fibers stopped half-way start afresh at the next launch

@@ -54,6 +54,13 @@ extern "C" __global__ void shuffles(const int* x, int* out) {
     __syncwarp();
     o[7] = __shfl_down_sync(0xffffffffu, (double)v * 0.5, 1) * 2;     // 8-byte values
 }
+extern "C" __global__ void partial_masks(const int* x, int* out) {
+    const int lane = threadIdx.x & 31;
+    int v = x[threadIdx.x];
+    if (lane < 16) v += __shfl_xor_sync(0x0000ffffu, v, 1);      // half the warp, then all of it
+    out[2 * threadIdx.x] = v;
+    out[2 * threadIdx.x + 1] = __shfl_down_sync(0xffffffffu, v, 16);
+}
 extern "C" __global__ void dynamic_rotate(const float* x, float* y, int n) {
     extern __shared__ float buf[];
     buf[threadIdx.x] = x[threadIdx.x] * 2;
@@ -174,6 +181,18 @@ def test_warp_intrinsics(run, block):
     # down by one: the last lane of each warp keeps its own value
     expect = np.concatenate([np.append(row[1:], row[-1]) for row in w])
     np.testing.assert_array_equal(got[:, 7], expect)
+
+
+def test_warp_operations_of_part_of_a_warp(run):
+    x = np.arange(64, dtype=np.int32) * 3
+    out = np.zeros(128, np.int32)
+    dx, dout = run.device(x), run.device(out)
+    run.launch("partial_masks", (1,), (64,), dx, dout)
+    got = run.get(dout, out).reshape(64, 2)
+    lane = np.arange(64) % 32
+    v = np.where(lane < 16, x + x[np.arange(64) ^ 1], x)
+    np.testing.assert_array_equal(got[:, 0], v)
+    np.testing.assert_array_equal(got[:, 1], np.where(lane < 16, v[np.minimum(np.arange(64) + 16, 63)], v))
 
 
 def test_dynamic_shared_memory(run):
