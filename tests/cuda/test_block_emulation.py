@@ -365,3 +365,15 @@ def test_matrix_transposes_use_tiles(cuda):
     F.transpose(x, (1, 0)).numpy()
     F.transpose(gc.Tensor(_x((2, 3, 4)), device="cuda"), (1, 0, 2)).numpy()
     assert [k for k in cuda.driver.launched if "transpose" in k] == ["gc_transpose_tiled_float", "gc_transpose_float"]
+
+
+def test_block_kernels_to_second_order(cuda, matches_cpu):
+    # axes longer than 32: the forward and the reductions of the backward run
+    # as block kernels (rows and column tiles)
+    x = _x((3, 40))
+    for mode, fn in FN.items():
+        for axis in (1, 0, None):
+            matches_cpu(lambda t: fn(t, axis=axis), [x if axis != 0 else x.T.copy()], rtol=1e-4, atol=1e-4)
+    for fn in (lambda t: F.softmax(t, axis=1), lambda t: F.log_softmax(t, axis=1), lambda t: F.logsumexp(t, axis=1),
+               lambda t: F.var(t, axis=1)):
+        matches_cpu(fn, [x], rtol=1e-4, atol=1e-4)
