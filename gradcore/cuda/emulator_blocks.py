@@ -6,8 +6,9 @@ other. The emulator runs such a kernel's block as cooperatively scheduled
 fibers, one per thread, on small stacks allocated once per process and
 reused:
 
-- ``__syncthreads()`` parks the calling fiber; when every thread of the
-  block waits at the same barrier, all go on. A thread that exits while
+- ``__syncthreads()`` (and ``__syncthreads_count/and/or``) parks the
+  calling fiber; when every thread of the block waits at the same barrier,
+  all go on. A thread that exits while
   others wait, threads waiting at different ``__syncthreads`` (source
   lines), and a deadlock (a warp operation waiting for a lane that waits
   at the block barrier) are reported as an error naming the kernel, block,
@@ -223,6 +224,18 @@ extern "C" void gc_emu_syncthreads(int line) {
     park();
 }
 
+// __syncthreads_count: the count of a barrier generation, in one of two
+// slots (the next generation's is zeroed when a barrier releases)
+static int barrier_count[2];
+static unsigned barrier_gen;
+
+extern "C" int gc_emu_syncthreads_count(int pred, int line) {
+    const unsigned slot = barrier_gen & 1u;
+    barrier_count[slot] += pred != 0;
+    gc_emu_syncthreads(line);
+    return barrier_count[slot];
+}
+
 extern "C" void gc_emu_fault(const char* what) {
     fail("thread %s: %s", describe((unsigned)(cur - fibers)), what);
     cur->state = FAULT;
@@ -321,6 +334,8 @@ static int run_block() {
                     return -1;
                 }
             }
+            ++barrier_gen;
+            barrier_count[barrier_gen & 1u] = 0;
             for (unsigned i = 0; i < nfibers; ++i) fibers[i].state = READY;
             continue;
         }
@@ -354,6 +369,7 @@ extern "C" int gc_emu_run_blocks(void (*fn)(void*), void* arg, const unsigned* g
         memset(static_begin, 0xff, static_bytes);        // shared memory starts as garbage in every block
         memset(gc_emu_dynamic_shared, 0xff, shared);
         for (unsigned i = 0; i < nfibers; ++i) fibers[i].state = READY;
+        barrier_gen = 0; barrier_count[0] = barrier_count[1] = 0;
         if (run_block() != 0) {
             snprintf(err, errlen, "block (%u, %u, %u): %s", bx, by, bz, message);
             // fibers stopped half-way start afresh at the next launch
@@ -372,6 +388,7 @@ extern "C" {
 extern gc_emu_dim3 gc_emu_thread_idx, gc_emu_block_idx, gc_emu_block_dim, gc_emu_grid_dim;
 extern char gc_emu_dynamic_shared[];
 void gc_emu_syncthreads(int line);
+int gc_emu_syncthreads_count(int pred, int line);
 void gc_emu_fault(const char* what);
 const unsigned long long* gc_emu_warp_exchange(unsigned mask, unsigned long long bits, int line);
 unsigned gc_emu_lane_mask();
@@ -388,6 +405,10 @@ extern char __stop_gc_emu_shared[] __attribute__((weak, visibility("hidden")));
 #define __shared__ static __attribute__((section("gc_emu_shared"), used))
 #define __align__(n) __attribute__((aligned(n)))
 #define __syncthreads() gc_emu_syncthreads(__LINE__)
+#define __syncthreads_count(pred) gc_emu_syncthreads_count((pred), __LINE__)
+#define __syncthreads_and(pred) \
+    (gc_emu_syncthreads_count((pred), __LINE__) == (int)(blockDim.x * blockDim.y * blockDim.z))
+#define __syncthreads_or(pred) (gc_emu_syncthreads_count((pred), __LINE__) != 0)
 #define __syncwarp(...) gc_emu_syncwarp_at{__LINE__}(__VA_ARGS__)
 #define __threadfence() ((void)0)
 #define __threadfence_block() ((void)0)

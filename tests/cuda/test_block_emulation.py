@@ -54,6 +54,13 @@ extern "C" __global__ void shuffles(const int* x, int* out) {
     __syncwarp();
     o[7] = __shfl_down_sync(0xffffffffu, (double)v * 0.5, 1) * 2;     // 8-byte values
 }
+extern "C" __global__ void barrier_votes(const int* x, int* out) {
+    const int v = x[threadIdx.x];
+    int* o = out + 3 * threadIdx.x;
+    o[0] = __syncthreads_count(v > 10);
+    o[1] = __syncthreads_and(v >= 0);
+    o[2] = __syncthreads_or(v == 99);
+}
 extern "C" __global__ void partial_masks(const int* x, int* out) {
     const int lane = threadIdx.x & 31;
     int v = x[threadIdx.x];
@@ -181,6 +188,15 @@ def test_warp_intrinsics(run, block):
     # down by one: the last lane of each warp keeps its own value
     expect = np.concatenate([np.append(row[1:], row[-1]) for row in w])
     np.testing.assert_array_equal(got[:, 7], expect)
+
+
+def test_barrier_votes(run):
+    x = np.arange(96, dtype=np.int32) % 50
+    out = np.zeros((96, 3), np.int32)
+    dx, dout = run.device(x), run.device(out)
+    run.launch("barrier_votes", (2,), (96,), dx, dout)       # two blocks: the counts start afresh
+    got = run.get(dout, out)
+    np.testing.assert_array_equal(got, np.tile([[(x > 10).sum(), 1, 0]], (96, 1)))
 
 
 def test_warp_operations_of_part_of_a_warp(run):
@@ -377,3 +393,13 @@ def test_block_kernels_to_second_order(cuda, matches_cpu):
     for fn in (lambda t: F.softmax(t, axis=1), lambda t: F.log_softmax(t, axis=1), lambda t: F.logsumexp(t, axis=1),
                lambda t: F.var(t, axis=1)):
         matches_cpu(fn, [x], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_test_kernels_are_cuda(tmp_path):
+    """The kernels above are what nvcc compiles, not an emulator dialect."""
+    path = tmp_path / "tests.cu"
+    path.write_text(SOURCE)
+    out = subprocess.run([shutil.which("nvcc"), "--ptx", "-o", str(tmp_path / "out.ptx"), str(path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
