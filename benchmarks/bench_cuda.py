@@ -1,5 +1,6 @@
 """The CUDA backend on a GPU: elementwise and reduction throughput against a
-device copy (with PyTorch's reductions side by side), the MLP training step and a conv2d step against PyTorch CUDA eager (side by
+device copy (with PyTorch's reductions side by side), the MLP training step
+and a conv2d step against PyTorch CUDA eager (side by
 side in one process, alternating, repeated, medians), and cold / warm
 start-up of the standard kernels (empty kernel cache vs disk cache, each in
 a fresh process).

@@ -11,7 +11,7 @@ from gradcore.op import Composite, Op, TensorDesc
 
 from .elemwise import Elemwise
 from .linalg import check_cuda_dtype
-from .reduce import _MAX_BLOCKS, _SHORT, BLOCK_REDUCE, Reduce, op_int, row_threads
+from .reduce import BLOCK_REDUCE, MAX_BLOCKS, SHORT_AXIS, Reduce, op_int, row_threads
 from .shape import StopGradient
 
 
@@ -240,8 +240,8 @@ def _launch_rows(op, be, x):
     kind, c = _ROW_NAMES[op.name], _cname(ctype)
     if outer * inner == 0:
         return y
-    if inner == 1 and n > _SHORT:   # a block per row
-        be.launch(be.kernel(op, ctype, source=_row_source(kind, ctype, "block")), (min(outer, _MAX_BLOCKS),),
+    if inner == 1 and n > SHORT_AXIS:    # a block per row
+        be.launch(be.kernel(op, ctype, source=_row_source(kind, ctype, "block")), (min(outer, MAX_BLOCKS),),
                   (row_threads(n),), x, y, outer, n)
     else:                           # a thread per row (adjacent threads on adjacent columns)
         be.launch_n(be.kernel(op, ctype, source=_row_source(kind, ctype, "thread")), outer * inner, x, y, outer, n,

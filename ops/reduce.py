@@ -306,9 +306,9 @@ template <class T, class Op> __device__ __forceinline__ T gc_block_reduce(T v, T
 # in two launches (partials, then those), so that a full reduction fills the GPU
 _SERIAL = 2048
 _PARALLEL = 2048
-_SHORT = 32             # an axis this short is reduced by a thread per output
+SHORT_AXIS = 32         # an axis this short is reduced by a thread per output
 _THREADS = 256          # threads per block of the reductions (a multiple of 32)
-_MAX_BLOCKS = 1 << 16   # grid cap: the kernels loop over the rest
+MAX_BLOCKS = 1 << 16     # grid cap: the kernels loop over the rest
 _REDUCERS = {}
 
 
@@ -348,15 +348,15 @@ def _reduce_run(be, mode, x, outer, n, inner, count):
     if y.size:
         op, ctype = _reducer(stage), be.ctype(x.dtype)
         chunk = -(-n // parts)
-        if chunk <= _SHORT:         # a thread per output (adjacent outputs on adjacent threads)
+        if chunk <= SHORT_AXIS:         # a thread per output (adjacent outputs on adjacent threads)
             be.launch_n(be.kernel(op, ctype, source=op.kernel_source(ctype, "thread")), y.size,
                         x, y, outer, n, inner, parts, count)
         elif inner == 1:            # a block per row
             be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "rows")),
-                      (min(outer * parts, _MAX_BLOCKS),), (row_threads(chunk),), x, y, outer, n, parts, count)
+                      (min(outer * parts, MAX_BLOCKS),), (row_threads(chunk),), x, y, outer, n, parts, count)
         else:                       # 32 x 8 column tiles
             blocks = outer * parts * -(-inner // 32)
-            be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "cols")), (min(blocks, _MAX_BLOCKS),),
+            be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "cols")), (min(blocks, MAX_BLOCKS),),
                       (32, 8), x, y, outer, n, inner, parts, count)
     return y if parts == 1 else _reduce_run(be, mode, y, outer, parts, inner, count)
 

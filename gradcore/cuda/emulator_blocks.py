@@ -364,7 +364,9 @@ extern "C" int gc_emu_run_blocks(void (*fn)(void*), void* arg, const unsigned* g
     gc_emu_grid_dim = {g[0], g[1], g[2]}; gc_emu_block_dim = {b[0], b[1], b[2]};
     for (unsigned i = 0; i < nfibers; ++i)
         fibers[i].tid = {i % b[0], (i / b[0]) % b[1], i / (b[0] * b[1])};
-    for (unsigned bz = 0; bz < g[2]; ++bz) for (unsigned by = 0; by < g[1]; ++by) for (unsigned bx = 0; bx < g[0]; ++bx) {
+    for (unsigned bz = 0; bz < g[2]; ++bz)
+    for (unsigned by = 0; by < g[1]; ++by)
+    for (unsigned bx = 0; bx < g[0]; ++bx) {
         gc_emu_block_idx = {bx, by, bz};
         memset(static_begin, 0xff, static_bytes);        // shared memory starts as garbage in every block
         memset(gc_emu_dynamic_shared, 0xff, shared);
@@ -412,7 +414,9 @@ extern char __stop_gc_emu_shared[] __attribute__((weak, visibility("hidden")));
 #define __syncwarp(...) gc_emu_syncwarp_at{__LINE__}(__VA_ARGS__)
 #define __threadfence() ((void)0)
 #define __threadfence_block() ((void)0)
-static inline unsigned gc_emu_lane() { return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 31u; }
+static inline unsigned gc_emu_lane() {
+    return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 31u;
+}
 struct gc_emu_syncwarp_at {         // __syncwarp(), __syncwarp(mask)
     int line;
     void operator()(unsigned mask = 0xffffffffu) const { gc_emu_warp_exchange(mask, 0, line); }
@@ -421,7 +425,9 @@ template <class T> static inline unsigned long long gc_emu_bits(T v) {
     static_assert(sizeof(T) <= 8, "warp shuffles move at most 8 bytes");
     unsigned long long b = 0; std::memcpy(&b, &v, sizeof(T)); return b;
 }
-template <class T> static inline T gc_emu_from_bits(unsigned long long b) { T v; std::memcpy(&v, &b, sizeof(T)); return v; }
+template <class T> static inline T gc_emu_from_bits(unsigned long long b) {
+    T v; std::memcpy(&v, &b, sizeof(T)); return v;
+}
 // src: the lane read (as CUDA computes it), or -1 for the caller's own value
 template <class T> static inline T gc_emu_shfl(unsigned mask, T v, int src, int line) {
     const unsigned long long* row = gc_emu_warp_exchange(mask, gc_emu_bits(v), line);

@@ -224,9 +224,12 @@ def test_dynamic_shared_memory(run):
 
 @pytest.mark.parametrize("kernel, block, message", [
     ("exit_before_barrier", 32, r"thread \(0, 0, 0\) exited while 16 threads .* wait at __syncthreads \(line \d+\)"),
-    ("divergent_barriers", 32, r"threads wait at different __syncthreads: thread \(0, 0, 0\) at line \d+, thread \(16, 0, 0\)"),
+    ("divergent_barriers", 32,
+     r"threads wait at different __syncthreads: thread \(0, 0, 0\) at line \d+, thread \(16, 0, 0\)"),
     ("warp_deadlock", 32, r"deadlock: thread \(\d+, 0, 0\) waits in a warp operation"),
-    ("mask_of_missing_lanes", 16, r"thread \(0, 0, 0\): line \d+: a warp operation's mask 0xffffffff names lanes that do not exist in a block of 16 threads"),
+    ("mask_of_missing_lanes", 16,
+     r"thread \(0, 0, 0\): line \d+: a warp operation's mask 0xffffffff names lanes that do not exist "
+     r"in a block of 16 threads"),
 ])
 def test_missed_barriers_are_errors_not_hangs(run, kernel, block, message):
     y = np.zeros(32, np.float32)
