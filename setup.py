@@ -7,6 +7,8 @@ from setuptools import Extension, setup
 extensions = [
     Extension("gradcore._core", ["gradcore/_core.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
+    # op construction's fast path: an op built per call (``Scale(3.0)(x)``) is a C table lookup
+    Extension("gradcore._op_intern", ["gradcore/_op_intern.pyx"], extra_compile_args=["-O3"]),
     # NumPy's allocator for CPU tensors: a cache of large blocks (gradcore/memory.py)
     Extension("gradcore._host_pool", ["gradcore/_host_pool.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),

@@ -1,0 +1,124 @@
+# cython: language_level=3
+"""Op construction's fast path: ``Cls(*args)`` for an op class is a table
+lookup in C when an equal op was built before (see _op_intern.pxd for the
+contract). Building, sealing and interning a new op is plain Python, in
+``gradcore.op._construct``; this module only remembers its answers.
+
+Example::
+
+    >>> Scale(3.0) is Scale(3.0)      # the second call runs no Python code
+    True
+"""
+
+# cls -> the instance built without arguments
+cdef dict _no_arg = {}
+# cls -> {args: (instance, type of each argument)}, for positional calls
+cdef dict _by_args = {}
+# cls -> {(args, types, keyword items): instance}, for calls with keywords and
+# positional calls whose arguments equal an entry of _by_args of other types
+cdef dict _by_call = {}
+cdef object _construct = None
+
+
+cdef tuple _typed_key(tuple args, dict kwargs):
+    """The arguments, their types and the keyword items: Scale(k=3) and
+    Scale(k=3.0) are equal arguments but may build different ops."""
+    cdef list types = [type(a) for a in args]
+    if kwargs:
+        for v in kwargs.values():
+            types.append(type(v))
+        return (args, tuple(types), tuple(kwargs.items()))
+    return (args, tuple(types), ())
+
+
+cdef object _typed_lookup(cls, tuple args, dict kwargs):
+    """The instance remembered in _by_call for this call, or None."""
+    cdef dict table = _by_call.get(cls)
+    if table is None:
+        return None
+    try:
+        return table.get(_typed_key(args, kwargs))
+    except TypeError:                  # an unhashable argument (a list)
+        return None
+
+
+cdef inline bint _same_types(tuple entry, tuple args):
+    """Whether ``args`` have the types remembered in ``entry`` (after the
+    instance): Scale(3) and Scale(3.0) are equal arguments of other types."""
+    cdef Py_ssize_t i
+    for i in range(len(args)):
+        if type(args[i]) is not entry[i + 1]:
+            return False
+    return True
+
+
+cdef class OpMeta(type):
+    """The metaclass of ``gradcore.op.Op``: constructing an op returns the one
+    instance equal to it (interned), so per-op caches are hit when an op is
+    constructed per call, as in ``MyOp()(x)`` or ``Scale(3.0)(x)``."""
+
+    def __call__(cls, *args, **kwargs):
+        cdef dict table
+        cdef tuple entry = None
+        if kwargs:
+            hit = _typed_lookup(cls, args, kwargs)
+        elif not args:
+            hit = _no_arg.get(cls)
+        else:
+            hit = None
+            table = _by_args.get(cls)
+            if table is not None:
+                try:
+                    entry = table.get(args)
+                except TypeError:              # an unhashable argument (a list)
+                    pass
+                if entry is not None:
+                    if _same_types(entry, args):
+                        return entry[0]
+                    hit = _typed_lookup(cls, args, kwargs)     # Scale(3) after Scale(3.0)
+        if hit is not None:
+            return hit
+        return _construct(cls, args, kwargs)
+
+
+def install(construct) -> None:
+    """Set the function that builds an op on a table miss:
+    ``construct(cls, args, kwargs)``."""
+    global _construct
+    _construct = construct
+
+
+def remember(cls, tuple args, dict kwargs, inst, Py_ssize_t limit) -> None:
+    """Answer ``cls(*args, **kwargs)`` with ``inst`` from now on. A class's
+    table is emptied when it holds more than ``limit`` entries; a call with
+    an unhashable argument is not remembered."""
+    if not args and not kwargs:
+        _no_arg[cls] = inst
+        return
+    try:
+        if not kwargs:
+            table = _table(_by_args, cls, limit)
+            entry = table.get(args)
+            if entry is None or _same_types(entry, args):
+                table[args] = (inst,) + tuple([type(a) for a in args])
+                return
+            # equal arguments of other types than the entry's: kept by type
+        _table(_by_call, cls, limit)[_typed_key(args, kwargs)] = inst
+    except TypeError:                  # an unhashable argument
+        pass
+
+
+cdef dict _table(dict tables, cls, Py_ssize_t limit):
+    cdef dict table = tables.get(cls)
+    if table is None:
+        table = tables[cls] = {}
+    elif len(table) > limit:
+        table.clear()
+    return table
+
+
+def forget_all() -> None:
+    """Forget every remembered instance (``gradcore.op.clear_interned``)."""
+    _no_arg.clear()
+    _by_args.clear()
+    _by_call.clear()
