@@ -16,8 +16,8 @@ the standard equivalent, and how long listing the registry takes cold.
       alone and forward+backward (``gm.backward`` of the product's sum,
       both inputs attached). Target: within 1.1x of F.mul.
   (d) the same for an op with a parameter, constructed per call
-      (``PluginScale(3.0)(x)``: ``x * 3.0``, the factor kept as a 0-d
-      float32 array) against the standard op doing the same arithmetic,
+      (``PluginScale(3.0)(x)``: ``x * 3.0``, its kernel bound per instance
+      to ``np.multiply`` with the factor as a 0-d float32 array) against the standard op doing the same arithmetic,
       ``F.mul(x, c)`` with ``c`` the 0-d float32 tensor 3.0, and against
       the same ``PluginScale`` instance reused (what construction adds).
       Target: within 1.1x of F.mul(x, c).
@@ -38,6 +38,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -85,21 +86,22 @@ class PluginUfuncMul(PluginMul):
 @register_op
 class PluginScale(Op):
     """x * factor: an op with a parameter, constructed per call as
-    ``PluginScale(3.0)(x)``."""
+    ``PluginScale(3.0)(x)``. Its kernel is bound per instance to a C
+    callable (``np.multiply`` with the factor as a 0-d float32 array), as
+    the standard elementwise ops bind theirs: no Python frame per call, and
+    NumPy's path for a Python-float operand costs more than the dispatch."""
     name = "BenchPluginScale"
-    derived = ("_factor_array",)
 
     def __init__(self, factor=1.0):
         self.factor = float(factor)
-        # derived (not a parameter): a 0-d array multiplies as fast as an
-        # array; NumPy's path for a Python float costs more than the dispatch
-        self._factor_array = np.asarray(self.factor, dtype=np.float32)
+        # a per-instance kernel is a derived value, not a parameter
+        self.cpu = functools.partial(np.multiply, np.asarray(self.factor, dtype=np.float32))
 
     def infer(self, x):
         return (x,)
 
     def cpu(self, x):
-        return np.multiply(x, self._factor_array)
+        return x * np.float32(self.factor)
 
     def vjp(self, inputs, outputs, grads):
         return (grads[0] * self.factor,)
@@ -211,6 +213,16 @@ def bench_registry(procs):
             "ops": counts[0], "failed_plugins": counts[1]}
 
 
+def _print_per_call(per_call, rounds):
+    print(f"constructed per call and called, median of {rounds} rounds (ratio: median of per-round ratios)")
+    for cols, base in ((("plugin per call, ufunc kernel", "plugin per call"), "F.mul"),
+                       (("PluginScale(3.0) per call", "PluginScale reused"), "F.mul(x, c)")):
+        print(f"{'':<14}" + "".join(f"{k:>30}{'ratio':>7}" for k in cols) + f"{base:>14}")
+        for part, label in (("_fwd", "forward"), ("_fwd_bwd", "fwd+backward")):
+            row = "".join(f"{per_call[f'{k}{part}_us']:>28.2f}us{per_call[f'{k}{part}_ratio']:>7.2f}" for k in cols)
+            print(f"{label:<14}{row}{per_call[f'{base}{part}_us']:>12.2f}us")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=9)
@@ -218,9 +230,18 @@ def main(argv=None):
     ap.add_argument("--procs", type=int, default=9)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--only-calls", action="store_true",
+                    help="cases (c) and (d) only: ops constructed per call (for before/after runs)")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.calls, args.procs = 3, 2000, 3
+    if args.only_calls:
+        per_call = bench_constructed_per_call(args.rounds, args.calls)
+        _print_per_call(per_call, args.rounds)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"calls": per_call, "date": time.strftime("%Y-%m-%d %H:%M")}, fh, indent=2)
+        return 0
     calls = bench_calls(args.rounds, args.calls)
     per_call = bench_constructed_per_call(args.rounds, args.calls)
     reg = bench_registry(args.procs)
@@ -230,13 +251,7 @@ def main(argv=None):
         p, u, s = (calls[f"{k}{rec}_us"] for k in ("plugin", "plugin, ufunc kernel", "standard"))
         label = "recorded" if rec else "not recorded"
         print(f"{label:<14}{p:>10.2f}us{p / s:>7.2f}{u:>20.2f}us{u / s:>7.2f}{s:>12.2f}us")
-    print(f"constructed per call and called, median of {args.rounds} rounds (ratio: median of per-round ratios)")
-    for cols, base in ((("plugin per call, ufunc kernel", "plugin per call"), "F.mul"),
-                       (("PluginScale(3.0) per call", "PluginScale reused"), "F.mul(x, c)")):
-        print(f"{'':<14}" + "".join(f"{k:>30}{'ratio':>7}" for k in cols) + f"{base:>14}")
-        for part, label in (("_fwd", "forward"), ("_fwd_bwd", "fwd+backward")):
-            row = "".join(f"{per_call[f'{k}{part}_us']:>28.2f}us{per_call[f'{k}{part}_ratio']:>7.2f}" for k in cols)
-            print(f"{label:<14}{row}{per_call[f'{base}{part}_us']:>12.2f}us")
+    _print_per_call(per_call, args.rounds)
     calls.update(per_call)
     ok = reg["entries_ms"] < REGISTRY_TARGET_MS
     print(f"registry.entries() cold, median of {args.procs} processes: {reg['entries_ms']:.1f} ms "
