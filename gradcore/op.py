@@ -339,15 +339,12 @@ class Composite(Op):
     """
 
     def infer(self, *descs):
-        from .graph import Trace, SymbolicTensor
-        trace = Trace()
-        ins = [trace.new_value(d) for d in descs]
-        res = self.decompose(*ins)
-        res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)
-        return tuple(r.desc for r in res)
+        if _composite_tracer is None:
+            raise RuntimeError(f"{self._name()}: shape inference traces decompose(), and the tracer "
+                               f"(gradcore.graph) is not loaded: import gradcore")
+        return _composite_tracer(self, descs)
 
     def cpu(self, *arrays):
-        from . import _core
         _core._no_record_enter()
         try:
             res = self.decompose(*[_core.wrap_array(a) for a in arrays])
@@ -361,6 +358,23 @@ class Composite(Op):
         # the decomposition's ops run where the arrays are (a wrapped
         # DeviceArray is a cuda tensor)
         return self.cpu(*arrays)
+
+
+# Composite.infer traces decompose() with gradcore.graph, which sits above
+# this module: it hands its tracer over when it loads
+_composite_tracer = None
+
+
+def install_composite_tracer(tracer) -> None:
+    """Called by ``gradcore.graph`` at import: ``tracer(op, descs)`` gives a
+    ``Composite`` op's output descriptors by tracing its ``decompose``.
+
+    Example::
+
+        >>> install_composite_tracer(gradcore.graph.infer_by_tracing)
+    """
+    global _composite_tracer
+    _composite_tracer = tracer
 
 
 # ---- the forward path consults infer (see _core._guard_infer: once per op and input descriptors)

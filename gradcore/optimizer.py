@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _core
 from ._core import Tensor
+from . import lr_scheduler as _lr_scheduler
 from .lr_scheduler import LRScheduler, MultiStepLR  # noqa: F401 - MegEngine's optim.MultiStepLR
 
 
@@ -268,6 +269,10 @@ class Optimizer:
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self._state = new_state
+
+
+# schedulers (gradcore.lr_scheduler, below this module) drive Optimizers
+_lr_scheduler.accept_optimizer_class(Optimizer)
 
 
 class SGD(Optimizer):

@@ -13,24 +13,8 @@ from .op import IndexOpError, OpError, TensorDesc
 from ._core import Tensor
 from .cuda.array import DeviceArray
 from .cuda import events as _device_events
+from .devices import norm_device
 from .dtypes import DEFAULT_FLOAT, DEFAULT_INT
-
-
-def norm_device(device) -> str:
-    if device is None:
-        return "cpu"
-    d = str(device).lower()
-    if d in ("cpu", "cpu0", "cpux") or d.startswith("cpu"):
-        return "cpu"
-    if d in ("xpux", "xpu", "xpu0"):
-        # MegEngine's "any device": the GPU where there is one, else the CPU
-        from . import devices
-        return "cuda" if devices.is_cuda_available() else "cpu"
-    if d in ("cuda", "gpu", "gpu0", "cuda0", "cuda:0"):
-        from . import devices
-        devices.require_cuda()
-        return "cuda"
-    raise ValueError(f"unknown device {device!r}; gradcore knows 'cpu' and 'cuda'")
 
 
 def to_array(data, dtype=None, device=None):
@@ -279,8 +263,9 @@ def to(self, device):
     dev = norm_device(device)
     if dev == self.device:
         return self
-    from . import devices
-    return devices.copy_to(self, dev)
+    # recorded: the gradient is copied back to the source device
+    from gradcore.ops.shape import Copy
+    return _core.apply(Copy(dev), self)[0]
 
 
 def astype(self, dtype):
@@ -456,3 +441,4 @@ def install():
         device_array=DeviceArray,
         promote=promote,
     )
+    graph.install_method_lookup(method)      # SymbolicTensor has Tensor's methods
