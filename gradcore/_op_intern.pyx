@@ -52,33 +52,123 @@ cdef inline bint _same_types(tuple entry, tuple args):
     return True
 
 
+cdef object _call(cls, tuple args, dict kwargs, bint* by_args=NULL):
+    """``cls(*args, **kwargs)``: the remembered instance, else the construct
+    hook's; ``by_args[0]`` says whether _by_args answered (then the arguments
+    are hashable and of the remembered types)."""
+    cdef dict table
+    cdef tuple entry = None
+    if kwargs:
+        hit = _typed_lookup(cls, args, kwargs)
+    elif not args:
+        hit = _no_arg.get(cls)
+    else:
+        hit = None
+        table = _by_args.get(cls)
+        if table is not None:
+            try:
+                entry = table.get(args)
+            except TypeError:              # an unhashable argument (a list)
+                pass
+            if entry is not None:
+                if _same_types(entry, args):
+                    if by_args is not NULL:
+                        by_args[0] = True
+                    return entry[0]
+                hit = _typed_lookup(cls, args, kwargs)     # Scale(3) after Scale(3.0)
+    if hit is not None:
+        return hit
+    return _construct(cls, args, kwargs)
+
+
+# ---- vectorcall: ``Scale(3.0)`` from Python code reaches _vectorcall with the
+# arguments in an array (no tuple, no dict, no argument parsing); the common
+# case, the same argument objects as the class's last positional call (a
+# constant such as 3.0 is one object), needs no allocation nor hashing at all.
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+
+
+cdef extern from *:
+    """
+    static void gc_opmeta_enable_vectorcall(PyObject* meta) {
+        PyTypeObject* t = (PyTypeObject*)meta;
+        t->tp_vectorcall_offset = offsetof(PyTypeObject, tp_vectorcall);
+        t->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
+    }
+    static void gc_opmeta_set_vectorcall(PyObject* cls, void* f) {
+        ((PyTypeObject*)cls)->tp_vectorcall = (vectorcallfunc)f;
+    }
+    """
+    void gc_opmeta_enable_vectorcall(object meta)
+    void gc_opmeta_set_vectorcall(object cls, void* f)
+    Py_ssize_t PyVectorcall_NARGS(size_t nargsf)
+    object PyTuple_New(Py_ssize_t n)
+    void PyTuple_SET_ITEM(object t, Py_ssize_t i, object v)   # steals: the caller increfs
+    Py_ssize_t PyTuple_GET_SIZE(object t)
+    PyObject* PyTuple_GET_ITEM(object t, Py_ssize_t i)
+
+# cls -> (instance, the argument objects of its last positional call that
+# _by_args answered): the next call with the very same objects is that instance
+cdef dict _last_args = {}
+
+
+cdef PyObject* _vectorcall(PyObject* cls_ptr, PyObject** argv, size_t nargsf, PyObject* kwnames) except NULL:
+    cdef object cls = <object>cls_ptr
+    cdef Py_ssize_t n = PyVectorcall_NARGS(nargsf), i, nkw
+    cdef object result
+    cdef tuple last
+    cdef bint by_args = False
+    if kwnames is NULL:
+        if n == 0:
+            result = _no_arg.get(cls)
+            if result is None:
+                result = _construct(cls, (), {})
+        else:
+            result = None
+            last = _last_args.get(cls)
+            if last is not None and PyTuple_GET_SIZE(last) == n + 1:
+                for i in range(n):
+                    if PyTuple_GET_ITEM(last, i + 1) != argv[i]:
+                        break
+                else:
+                    result = last[0]
+            if result is None:
+                args = PyTuple_New(n)
+                for i in range(n):
+                    Py_INCREF(<object>argv[i])
+                    PyTuple_SET_ITEM(args, i, <object>argv[i])
+                result = _call(cls, args, {}, &by_args)
+                if by_args:
+                    _last_args[cls] = (result,) + args
+    else:
+        nkw = PyTuple_GET_SIZE(<object>kwnames)
+        args = PyTuple_New(n)
+        for i in range(n):
+            Py_INCREF(<object>argv[i])
+            PyTuple_SET_ITEM(args, i, <object>argv[i])
+        kwargs = {}
+        for i in range(nkw):
+            kwargs[<object>PyTuple_GET_ITEM(<object>kwnames, i)] = <object>argv[n + i]
+        result = _call(cls, args, kwargs)
+    Py_INCREF(result)
+    return <PyObject*>result
+
+
 cdef class OpMeta(type):
     """The metaclass of ``gradcore.op.Op``: constructing an op returns the one
     instance equal to it (interned), so per-op caches are hit when an op is
     constructed per call, as in ``MyOp()(x)`` or ``Scale(3.0)(x)``."""
 
+    def __init__(cls, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        gc_opmeta_set_vectorcall(cls, <void*>_vectorcall)
+
     def __call__(cls, *args, **kwargs):
-        cdef dict table
-        cdef tuple entry = None
-        if kwargs:
-            hit = _typed_lookup(cls, args, kwargs)
-        elif not args:
-            hit = _no_arg.get(cls)
-        else:
-            hit = None
-            table = _by_args.get(cls)
-            if table is not None:
-                try:
-                    entry = table.get(args)
-                except TypeError:              # an unhashable argument (a list)
-                    pass
-                if entry is not None:
-                    if _same_types(entry, args):
-                        return entry[0]
-                    hit = _typed_lookup(cls, args, kwargs)     # Scale(3) after Scale(3.0)
-        if hit is not None:
-            return hit
-        return _construct(cls, args, kwargs)
+        return _call(cls, args, kwargs)
+
+
+gc_opmeta_enable_vectorcall(OpMeta)
 
 
 def install(construct) -> None:
@@ -119,6 +209,7 @@ cdef dict _table(dict tables, cls, Py_ssize_t limit):
 
 def forget_all() -> None:
     """Forget every remembered instance (``gradcore.op.clear_interned``)."""
+    _last_args.clear()
     _no_arg.clear()
     _by_args.clear()
     _by_call.clear()

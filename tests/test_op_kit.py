@@ -1,6 +1,8 @@
 """The op author's kit: gradcore.testing.check_op, the registration checks
 in gradcore.registry.register_op, and the pytest plugin (fixture
 ``check_op``, ``parametrize_ops``), the latter run with pytester."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -554,6 +556,11 @@ def test_constructing_an_equal_op_again_runs_no_python(monkeypatch):
             assert all(make() is op for make, op in zip(calls, first))
         assert len(built) == 4, built               # one per distinct call, none on a hit
         assert first[0] is first[1]                 # positional or keyword: one op (interned by value)
+        # through tp_call (star-arguments, functools.partial) as through vectorcall
+        assert KitScale(*(3.0,)) is first[0] and KitScale(**{"k": 3.0}) is first[0]
+        assert functools.partial(KitScale, 3)() is first[3] and KitNoArgs(*()) is first[2]
+        k = float("3")                              # an equal argument, another object
+        assert KitScale(k) is first[0] and len(built) == 4
         # an unhashable argument is never remembered: built every time, still interned by value
         assert KitScale([1, 2]) is KitScale([1, 2]) and len(built) == 6
         # forgetting: new instances, built again
