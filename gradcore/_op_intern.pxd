@@ -10,6 +10,12 @@
 #     op, limit)`` it.
 #   - A call with an unhashable argument is never remembered; it always
 #     reaches the hook (which may still intern the op by value).
+#   - Every class OpMeta creates is called through vectorcall (the same
+#     answers as ``OpMeta.__call__``, which star-argument calls reach): a
+#     positional call with the very argument objects of the class's last
+#     remembered positional call returns that instance after an identity
+#     check, with no allocation.
+#   - ``forget_all()`` forgets everything (``gradcore.op.clear_interned``).
 #   - Nothing here knows what an op is; the hook decides what is remembered.
 
 cdef class OpMeta(type):

@@ -113,6 +113,14 @@ cdef extern from *:
 cdef dict _last_args = {}
 
 
+cdef tuple _args_tuple(PyObject** argv, Py_ssize_t n):
+    args = PyTuple_New(n)
+    for i in range(n):
+        Py_INCREF(<object>argv[i])
+        PyTuple_SET_ITEM(args, i, <object>argv[i])
+    return args
+
+
 cdef PyObject* _vectorcall(PyObject* cls_ptr, PyObject** argv, size_t nargsf, PyObject* kwnames) except NULL:
     cdef object cls = <object>cls_ptr
     cdef Py_ssize_t n = PyVectorcall_NARGS(nargsf), i, nkw
@@ -134,19 +142,13 @@ cdef PyObject* _vectorcall(PyObject* cls_ptr, PyObject** argv, size_t nargsf, Py
                 else:
                     result = last[0]
             if result is None:
-                args = PyTuple_New(n)
-                for i in range(n):
-                    Py_INCREF(<object>argv[i])
-                    PyTuple_SET_ITEM(args, i, <object>argv[i])
+                args = _args_tuple(argv, n)
                 result = _call(cls, args, {}, &by_args)
                 if by_args:
                     _last_args[cls] = (result,) + args
     else:
         nkw = PyTuple_GET_SIZE(<object>kwnames)
-        args = PyTuple_New(n)
-        for i in range(n):
-            Py_INCREF(<object>argv[i])
-            PyTuple_SET_ITEM(args, i, <object>argv[i])
+        args = _args_tuple(argv, n)
         kwargs = {}
         for i in range(nkw):
             kwargs[<object>PyTuple_GET_ITEM(<object>kwnames, i)] = <object>argv[n + i]
