@@ -473,12 +473,12 @@ def _forget_device_state():
     events.publish("backend_changed")
 
 
-_standard_ops = None        # name -> op-library object, installed by gradcore.devices
+_standard_ops = None        # name -> op-library object, installed by gradcore.ops
 
 
 def install_standard_ops(lookup) -> None:
     """Hand the device layer the op library's kernels its array helpers use
-    (``lookup(name)``, e.g. "Cast"); called by ``gradcore.devices``."""
+    (``lookup(name)``, e.g. "Cast"); called by ``gradcore.ops`` at import."""
     global _standard_ops
     _standard_ops = lookup
 
