@@ -108,8 +108,9 @@ cdef extern from *:
     Py_ssize_t PyTuple_GET_SIZE(object t)
     PyObject* PyTuple_GET_ITEM(object t, Py_ssize_t i)
 
-# cls -> (instance, the argument objects of its last positional call that
-# _by_args answered): the next call with the very same objects is that instance
+# cls -> [instance, the argument tuple of its last positional call that
+# _by_args answered]: the next call with the very same objects is that
+# instance. A list, updated in place: no allocation when the objects change
 cdef dict _last_args = {}
 
 
@@ -125,7 +126,8 @@ cdef PyObject* _vectorcall(PyObject* cls_ptr, PyObject** argv, size_t nargsf, Py
     cdef object cls = <object>cls_ptr
     cdef Py_ssize_t n = PyVectorcall_NARGS(nargsf), i, nkw
     cdef object result
-    cdef tuple last
+    cdef list last
+    cdef tuple last_args
     cdef bint by_args = False
     if kwnames is NULL:
         if n == 0:
@@ -135,17 +137,23 @@ cdef PyObject* _vectorcall(PyObject* cls_ptr, PyObject** argv, size_t nargsf, Py
         else:
             result = None
             last = _last_args.get(cls)
-            if last is not None and PyTuple_GET_SIZE(last) == n + 1:
-                for i in range(n):
-                    if PyTuple_GET_ITEM(last, i + 1) != argv[i]:
-                        break
-                else:
-                    result = last[0]
+            if last is not None:
+                last_args = <tuple>last[1]
+                if PyTuple_GET_SIZE(last_args) == n:
+                    for i in range(n):
+                        if PyTuple_GET_ITEM(last_args, i) != argv[i]:
+                            break
+                    else:
+                        result = last[0]
             if result is None:
                 args = _args_tuple(argv, n)
                 result = _call(cls, args, {}, &by_args)
                 if by_args:
-                    _last_args[cls] = (result,) + args
+                    if last is None:
+                        _last_args[cls] = [result, args]
+                    else:
+                        last[0] = result
+                        last[1] = args
     else:
         nkw = PyTuple_GET_SIZE(<object>kwnames)
         args = _args_tuple(argv, n)
