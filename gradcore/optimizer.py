@@ -9,12 +9,14 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Iterable, List, Tuple, Union
 
 import numpy as np
 
 from . import _core
 from ._core import Tensor
+from .cuda import graphs as _graphs
 from .lr_scheduler import LRScheduler, MultiStepLR  # noqa: F401 - MegEngine's optim.MultiStepLR
 
 
@@ -171,8 +173,16 @@ class Optimizer:
                     p.grad = Tensor(_zeros_like(p.grad._data), device=p.grad.device)
         return self
 
+    # whether step() can be captured in a CUDA graph: its update reads every
+    # Python value through _scalar/_branch and registers its counters
+    _capturable = False
+
     def step(self) -> "Optimizer":
         """Update every parameter that has a gradient; the others are skipped."""
+        if not self._capturable and _graphs.capturing() is not None:
+            raise _graphs.GraphCaptureError(
+                f"{type(self).__name__}.step cannot be captured in a CUDA graph: its update reads Python "
+                f"values a replay would not see change (SGD, Adam and AdamW can be captured)")
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -195,6 +205,25 @@ class Optimizer:
 
     def _update(self, param, grad, group, state):
         raise NotImplementedError
+
+    @staticmethod
+    def _scalar(name: str, compute, group: Dict, like):
+        """``compute()``, a number from the host (a hyper-parameter, a bias
+        correction), as an operand of the update of ``like``: the number
+        itself; inside a CUDA-graph capture, a device scalar that every replay
+        refreshes from ``compute()`` (a new learning rate needs no new
+        capture), shared by the group's parameters of one dtype."""
+        cap = _graphs.capturing()
+        if cap is None or type(like) is np.ndarray:
+            return compute()
+        return cap.scalar(compute, like.dtype, key=(name, id(group), compute()))
+
+    @staticmethod
+    def _branch(compute, what: str):
+        """``compute()``, a value the update branches on; inside a CUDA-graph
+        capture a replay whose value differs captures again."""
+        cap = _graphs.capturing()
+        return compute() if cap is None else cap.guard(compute, what)
 
     @staticmethod
     def _writable(param: Tensor) -> np.ndarray:
@@ -284,20 +313,25 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       weight_decay=weight_decay))
 
+    _capturable = True
+
     def _update(self, param, grad, group, state):
         p = self._writable(param)
-        if group["weight_decay"]:
-            grad = grad + group["weight_decay"] * p
-        mom = group["momentum"]
-        if mom:
-            buf = state.get("momentum_buffer")
-            if buf is None:
+
+        def hyper(name):        # the value, or its device scalar in a CUDA-graph capture
+            return self._scalar(name, lambda: group[name], group, p)
+        if self._branch(lambda: bool(group["weight_decay"]), "SGD's weight_decay set to or from 0"):
+            grad = grad + hyper("weight_decay") * p
+        if self._branch(lambda: bool(group["momentum"]), "SGD's momentum set to or from 0"):
+            if not self._branch(lambda: "momentum_buffer" in state, "SGD's first step with momentum"):
                 buf = state["momentum_buffer"] = grad.astype(p.dtype, copy=True)
             else:
-                buf *= mom
+                buf = state["momentum_buffer"]
+                buf *= hyper("momentum")
                 buf += grad
-            grad = grad + mom * buf if group["nesterov"] else buf
-        p -= (group["lr"] * grad).astype(p.dtype, copy=False)
+            nesterov = self._branch(lambda: bool(group["nesterov"]), "SGD's nesterov")
+            grad = grad + hyper("momentum") * buf if nesterov else buf
+        p -= (hyper("lr") * grad).astype(p.dtype, copy=False)
 
 
 class Adam(Optimizer):
@@ -321,31 +355,49 @@ class Adam(Optimizer):
             raise ValueError(f"{name}: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
+    _capturable = True
+
     def _update(self, param, grad, group, state):
         p = self._writable(param)
-        wd = group["weight_decay"]
-        if wd and not self._decoupled_decay:
+        # every number read from the host goes through _scalar (a device
+        # scalar in a CUDA-graph capture, refreshed at each replay)
+        raw = state._d
+
+        def scalar(name, compute):
+            return self._scalar(name, compute, group, p)
+        decay = self._branch(lambda: bool(group["weight_decay"]), f"{type(self).__name__}'s weight_decay "
+                                                                    f"set to or from 0")
+        wd = scalar("weight_decay", lambda: group["weight_decay"])
+        if decay and not self._decoupled_decay:
             grad = grad + wd * p
-        b1, b2 = group["betas"]
-        if "exp_avg" not in state:
+        if not self._branch(lambda: "exp_avg" in state, f"{type(self).__name__}'s first step"):
             state["step"] = 0
             state["exp_avg"] = _zeros_like(p)
             state["exp_avg_sq"] = _zeros_like(p)
         state["step"] += 1
-        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-        m *= b1
-        m += (1 - b1) * grad
-        v *= b2
-        v += (1 - b2) * grad * grad
-        m_hat = m / (1 - b1 ** t)
-        v_hat = v / (1 - b2 ** t)
+        cap = _graphs.capturing()
+        if cap is not None:
+            cap.on_replay(functools.partial(_count_step, raw))
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= scalar("beta1", lambda: group["betas"][0])
+        m += scalar("1-beta1", lambda: 1 - group["betas"][0]) * grad
+        v *= scalar("beta2", lambda: group["betas"][1])
+        v += scalar("1-beta2", lambda: 1 - group["betas"][1]) * grad * grad
+        m_hat = m / scalar("bias1", lambda: 1 - group["betas"][0] ** raw["step"])
+        v_hat = v / scalar("bias2", lambda: 1 - group["betas"][1] ** raw["step"])
+        eps, lr = scalar("eps", lambda: group["eps"]), scalar("lr", lambda: group["lr"])
         if not self._decoupled_decay:
-            p -= (group["lr"] * m_hat / (np.sqrt(v_hat) + group["eps"])).astype(p.dtype, copy=False)
+            p -= (lr * m_hat / (np.sqrt(v_hat) + eps)).astype(p.dtype, copy=False)
             return
-        delta = m_hat / (np.sqrt(v_hat) + group["eps"])
-        if wd:
+        delta = m_hat / (np.sqrt(v_hat) + eps)
+        if decay:
             delta = delta + wd * p
-        p -= (group["lr"] * delta).astype(p.dtype, copy=False)
+        p -= (lr * delta).astype(p.dtype, copy=False)
+
+
+def _count_step(raw_state: Dict) -> None:
+    """A replayed CUDA graph's optimizer step: the Python step counter moves on."""
+    raw_state["step"] += 1
 
 
 class AdamW(Adam):

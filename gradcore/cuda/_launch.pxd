@@ -39,6 +39,10 @@ cdef class Launcher:
     cdef public unsigned long long launches
     cdef public object trace            # a deque of kernel names, or None
     cdef object python_launch           # the driver's launch, for MODE_PYTHON kernels
+    # CUDA-graph capture (gradcore/cuda/graphs.py); all None/0 outside a capture
+    cdef public object capture          # emulator: takes each launch (kernel, grid, block, params, shared) instead of running it
+    cdef public list keep               # the Blocks of the arrays the captured launches read (the graph keeps them alive)
+    cdef public unsigned long long stream   # the CUstream cuLaunchKernel launches on (0: the legacy default stream)
     cdef char[4096] buf
     cdef int submit(self, Kernel k, unsigned* grid, unsigned* block, Py_ssize_t size, unsigned shared) except -1
 
@@ -57,5 +61,9 @@ cdef class MemoryPool:
     cdef dict allocations               # device address -> the driver's allocation object
     cdef public long long in_use_bytes, cached_bytes, peak_bytes
     cdef public long long driver_allocs, driver_frees, reuses
+    # CUDA-graph capture: allocations go to the graph's private pool, and blocks
+    # given back are held (a captured kernel may read them at every replay)
+    cdef public MemoryPool redirect
+    cdef public list held
     cpdef Block malloc(self, Py_ssize_t nbytes)
     cdef void give_back(self, unsigned long long ptr, Py_ssize_t size)
