@@ -92,11 +92,12 @@ def elementwise_launcher(op, be, *arrays):
     return ys[0] if len(ys) == 1 else tuple(ys)
 
 
-def to_device(arr, device):
-    """``arr`` (host data) on ``device``."""
+def to_device(arr, device, constant: bool = False):
+    """``arr`` (host data) on ``device``. ``constant``: a value kept for the
+    process (uploaded even inside a CUDA-graph capture, see Backend.to_device)."""
     if device == "cpu":
         return arr
-    return require_cuda().to_device(arr)
+    return require_cuda().to_device(arr, constant=constant)
 
 
 def to_host(data) -> np.ndarray:

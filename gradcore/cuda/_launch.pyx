@@ -170,9 +170,15 @@ cdef class Kernel:
 
 
 cdef void _keep_blocks(list keep, tuple args):
+    # blocks of the main pool (redirected while capturing); the graph's own
+    # pool never lends its blocks to anyone else, so those may be freed and
+    # reused within the capture
+    cdef object block
     for a in args:
-        if isinstance(a, DeviceArrayBase) and (<DeviceArrayBase>a)._block is not None:
-            keep.append((<DeviceArrayBase>a)._block)
+        if isinstance(a, DeviceArrayBase):
+            block = (<DeviceArrayBase>a)._block
+            if type(block) is Block and (<Block>block).pool is not None and (<Block>block).pool.redirect is not None:
+                keep.append(block)
 
 
 cdef class Launcher:

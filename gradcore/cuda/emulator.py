@@ -146,7 +146,6 @@ class HostDriver:
             raise RuntimeError(f"cuda emulator: {what} while a CUDA graph is being captured")
 
     def htod(self, ptr: int, host) -> None:
-        self._refuse_while_recording("a host-to-device copy")
         host = np.ascontiguousarray(host)
         self._check(ptr, host.nbytes, "copy to device")
         ctypes.memmove(ptr, host.ctypes.data, host.nbytes)

@@ -90,9 +90,9 @@ class Capture:
     def refuse(self, what: str) -> None:
         """Raise the error for ``what`` (a host copy, a synchronisation) inside the capture."""
         op = self.current_op
-        where = (f"in op {runtime._op_label(op)}" if op is not None
-                 else "outside any op (Python code reading or writing device memory)")
-        raise GraphCaptureError(f"{what} {where} during CUDA-graph capture: it would wait for the host, and a "
+        what = (f"{runtime._op_label(op)}: {what}" if op is not None
+                else f"{what} outside any op (Python code reading or writing device memory)")
+        raise GraphCaptureError(f"{what} during CUDA-graph capture: it would wait for the host, and a "
                                 f"replayed graph does no host work. Move it out of the graphed step, or keep "
                                 f"the value on the device")
 
@@ -108,11 +108,23 @@ class Capture:
             found = self._keyed.get(key)
             if found is not None:
                 return found
-        array = self.backend.empty((), dtype)       # from the graph's pool: it lives as long as the graph
+        array = self.empty_outside((), dtype)
         self.scalars.append([array, compute, None])
         if key is not None:
             self._keyed[key] = array
         return array
+
+    def empty_outside(self, shape, dtype):
+        """An array NOT from the graph's pool, for memory written outside the
+        graph (a scalar filled before each replay, a constant uploaded now):
+        the graph's pool lends a block again once freed inside the capture, so
+        a replay's earlier kernels would overwrite it."""
+        pool = self.backend.pool
+        redirect, pool.redirect = pool.redirect, None
+        try:
+            return self.backend.empty(shape, dtype)
+        finally:
+            pool.redirect = redirect
 
     def on_replay(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the host before every replay: a Python side effect

@@ -127,12 +127,18 @@ class Backend:
         self.fill(out, value)
         return out
 
-    def to_device(self, host, dtype=None) -> DeviceArray:
+    def to_device(self, host, dtype=None, constant: bool = False) -> DeviceArray:
+        """A device copy of ``host``. ``constant``: a value the caller keeps for
+        the process (a compiled graph's constant): allowed, and copied at once,
+        inside a CUDA-graph capture, where any other upload is refused."""
         host = np.asarray(host, dtype=dtype, order="C")     # keeps 0-d (ascontiguousarray would not)
         if host.dtype == object:
             raise TypeError("cuda: arrays of Python objects cannot live on the GPU")
-        out = self.empty(host.shape, host.dtype)
-        self.copy_to_device(out.ptr, host)
+        if constant and self.capture is not None:
+            out = self.capture.empty_outside(host.shape, host.dtype)
+        else:
+            out = self.empty(host.shape, host.dtype)
+        self.copy_to_device(out.ptr, host, constant)
         if host.dtype.kind in "iu" and 0 < host.size <= _EXTENT_ON_UPLOAD:
             # labels and indices: their range is known now, so a range check
             # later needs no copy back (index_extent)
@@ -140,9 +146,9 @@ class Backend:
         return out
 
     # ------------------------------------------------------------ copies (counted)
-    def copy_to_device(self, ptr: int, host: np.ndarray) -> None:
+    def copy_to_device(self, ptr: int, host: np.ndarray, constant: bool = False) -> None:
         """Host-to-device copy of ``host`` (C-contiguous) to address ``ptr``."""
-        if self.capture is not None:
+        if self.capture is not None and not constant:
             self.capture.refuse(f"a host-to-device copy of {host.nbytes} bytes (shape {host.shape})")
         if host.nbytes:
             self.copies["htod"] += 1

@@ -1,0 +1,330 @@
+"""A whole training step as one CUDA graph (issue 16): ``gradcore.cuda.graphed``.
+
+On the host emulator a capture records the launch sequence (kernels with
+their packed parameter buffers, device copies, memsets, GEMMs) and a replay
+runs it, so the whole mechanism is tested here: warm-up, capture, input
+copy-in, buffer reuse, recapture on new shapes, errors on host syncs, and
+N replayed steps equal to N eager steps bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.cuda as gcuda
+import gradcore.functional as F
+from gradcore.autodiff import GradManager
+from gradcore.cuda import graphs
+from gradcore.demo import DigitsCNN
+
+
+@pytest.fixture
+def gpu(cuda):
+    """Each test runs on the emulator (its own graph recorder), the fake GPU
+    (PyCudaDriver's stream capture on fake_pycuda's FakeGraphApi) and a real GPU."""
+    return cuda
+
+
+SIZES = [20, 16, 16, 5]
+OPTIMIZERS = {"sgd-momentum": lambda ps: gc.optimizer.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-4),
+              "sgd-nesterov": lambda ps: gc.optimizer.SGD(ps, lr=0.05, momentum=0.8, nesterov=True),
+              "adam": lambda ps: gc.optimizer.Adam(ps, lr=1e-2, weight_decay=1e-3),
+              "adamw": lambda ps: gc.optimizer.AdamW(ps, lr=1e-2)}
+
+
+class MLP:
+    """An MLP, its GradManager and optimizer, and its training step."""
+
+    def __init__(self, optimizer, seed=0):
+        rng = np.random.default_rng(seed)
+        self.ws = [gc.Parameter(rng.normal(0, 0.3, (i, o)).astype(np.float32), device="cuda")
+                   for i, o in zip(SIZES, SIZES[1:])]
+        self.bs = [gc.Parameter(np.zeros(o, np.float32), device="cuda") for o in SIZES[1:]]
+        self.params = self.ws + self.bs
+        self.gm = GradManager().attach(self.params)
+        self.opt = optimizer(self.params)
+
+    def step(self, x, y):
+        with self.gm:
+            h = x
+            for i, (w, b) in enumerate(zip(self.ws, self.bs)):
+                h = F.matmul(h, w) + b
+                if i < len(self.ws) - 1:
+                    h = F.relu(h)
+            loss = F.cross_entropy(h, y)
+            self.gm.backward(loss)
+        self.opt.step().clear_grad()
+        return loss
+
+
+def batches(n, batch=8, seed=1, features=SIZES[0], classes=SIZES[-1]):
+    rng = np.random.default_rng(seed)
+    return [(gc.Tensor(rng.standard_normal((batch, features)).astype(np.float32), device="cuda"),
+             gc.Tensor(rng.integers(0, classes, batch).astype(np.int32), device="cuda")) for _ in range(n)]
+
+
+def assert_same_state(a: MLP, b: MLP):
+    for p, q in zip(a.params, b.params):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+    for p, q in zip(a.params, b.params):
+        sa, sb = a.opt._state[p], b.opt._state[q]
+        assert sorted(sa) == sorted(sb)
+        for k in sa:
+            if np.isscalar(sa[k]):
+                assert sa[k] == sb[k], k
+            else:
+                np.testing.assert_array_equal(sa[k].numpy(), sb[k].numpy(), err_msg=k)
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_replayed_steps_equal_eager_steps_exactly(gpu, optimizer):
+    eager, graphed = MLP(OPTIMIZERS[optimizer]), MLP(OPTIMIZERS[optimizer])
+    step = gcuda.graphed(graphed.step)
+    for x, y in batches(7):
+        expected = eager.step(x, y).numpy()
+        np.testing.assert_array_equal(step(x, y).numpy(), expected)
+    assert (step.eager_calls, step.captures, step.replays) == (2, 1, 4)
+    assert_same_state(eager, graphed)
+
+
+def test_the_demo_cnn_replayed_equals_eager(gpu):
+    def make():
+        gc.random.seed(0)
+        model = DigitsCNN().to("cuda")
+        gm = GradManager().attach(model.parameters())
+        opt = gc.optimizer.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x, y):
+            with gm:
+                loss = F.cross_entropy(model(x), y)
+                gm.backward(loss)
+            opt.step().clear_grad()
+            return loss
+        return model, step
+    (m1, eager), (m2, step) = make(), make()
+    step = gcuda.graphed(step, warmup=1)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        x = gc.Tensor(rng.uniform(0, 1, (4, 1, 8, 8)).astype(np.float32), device="cuda")
+        y = gc.Tensor(rng.integers(0, 10, 4).astype(np.int32), device="cuda")
+        np.testing.assert_array_equal(step(x, y).numpy(), eager(x, y).numpy())
+    assert (step.captures, step.replays) == (1, 2)
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+def test_a_replay_is_one_graph_launch_and_no_host_copy(gpu):
+    net = MLP(OPTIMIZERS["sgd-momentum"])
+    step = gcuda.graphed(net.step, warmup=1)
+    data = batches(5)
+    step(*data[0])
+    s0 = gcuda.memory_stats()
+    step(*data[1])                                  # the capture
+    s1 = gcuda.memory_stats()
+    graph = next(iter(step.graphs.values()))
+    captured = s1["launches"] - s0["launches"]      # launches made while capturing (recorded, not run) + scalar fills
+    if graph.kernels is not None:
+        assert graph.kernels + len(graph.scalars) == captured
+    assert graph.kernels is None or graph.kernels > 20
+    for x, y in data[2:]:
+        before = gcuda.memory_stats()
+        step(x, y)
+        after = gcuda.memory_stats()
+        assert after["graph_launches"] == before["graph_launches"] + 1
+        assert after["launches"] == before["launches"], "SGD with a fixed lr: no kernel launched outside the graph"
+        assert (after["htod"], after["dtoh"]) == (before["htod"], before["dtoh"])
+        # copy-in of x and y, copy-out of the loss
+        assert after["dtod"] == before["dtod"] + 3
+        assert after["driver_allocs"] == before["driver_allocs"]
+
+
+def test_adam_refreshes_its_bias_corrections_with_two_fills_per_replay(gpu):
+    net = MLP(OPTIMIZERS["adam"])
+    step = gcuda.graphed(net.step, warmup=1)
+    data = batches(5)
+    step(*data[0])
+    step(*data[1])
+    graph = next(iter(step.graphs.values()))
+    before = gcuda.memory_stats()
+    step(*data[2])
+    after = gcuda.memory_stats()
+    assert after["launches"] - before["launches"] == 2            # 1 - beta1**t, 1 - beta2**t: one per group
+    assert after["graph_launches"] - before["graph_launches"] == 1
+    assert all(net.opt._state[p]["step"] == 3 for p in net.params)
+    # shared per group: lr, eps, betas, ... one device scalar each, not one per parameter
+    assert len(graph.scalars) < 2 * len(net.params)
+
+
+def test_input_buffers_are_reused_and_the_new_inputs_copied_in(gpu):
+    net = MLP(OPTIMIZERS["sgd-momentum"])
+    step = gcuda.graphed(net.step, warmup=1)
+    data = batches(5)
+    step(*data[0])
+    step(*data[1])
+    graph = next(iter(step.graphs.values()))
+    ptrs = [b.ptr for b in graph.inputs]
+    assert graph.pool.reuses > 0, "the graph's private pool reuses blocks freed during the capture"
+    for x, y in data[2:]:
+        step(x, y)
+        assert [b.ptr for b in graph.inputs] == ptrs
+        np.testing.assert_array_equal(graph.inputs[0].get(), x.numpy())
+        np.testing.assert_array_equal(graph.inputs[1].get(), y.numpy())
+
+
+def test_the_parameters_updated_are_the_users_tensors(gpu):
+    net = MLP(OPTIMIZERS["adam"])
+    ids = [id(p) for p in net.params]
+    ptrs = [p._data.ptr for p in net.params]
+    first = [p.numpy() for p in net.params]
+    step = gcuda.graphed(net.step, warmup=1)
+    for x, y in batches(5):
+        step(x, y)
+    assert [id(p) for p in net.params] == ids
+    assert [p._data.ptr for p in net.params] == ptrs
+    assert all(not np.array_equal(p.numpy(), f) for p, f in zip(net.params, first))
+
+
+def test_a_learning_rate_change_needs_no_recapture(gpu):
+    eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
+    step = gcuda.graphed(graphed.step, warmup=1)
+    for i, (x, y) in enumerate(batches(6)):
+        for net in (eager, graphed):
+            net.opt.param_groups[0]["lr"] = 0.1 / (1 + i)       # a schedule
+        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    assert step.captures == 1
+    assert_same_state(eager, graphed)
+
+
+def test_new_input_shapes_capture_a_new_graph(gpu):
+    eager, graphed = MLP(OPTIMIZERS["adam"]), MLP(OPTIMIZERS["adam"])
+    step = gcuda.graphed(graphed.step, warmup=1)
+    data = batches(3, batch=8) + batches(3, batch=5, seed=2) + batches(2, batch=8, seed=3)
+    for x, y in data:
+        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    assert step.captures == 2 and len(step.graphs) == 2
+    assert_same_state(eager, graphed)
+
+
+def test_new_input_shapes_raise_when_recapture_is_off(gpu):
+    net = MLP(OPTIMIZERS["sgd-momentum"])
+    step = gcuda.graphed(net.step, warmup=1, recapture=False)
+    for x, y in batches(2):
+        step(x, y)
+    x, y = batches(1, batch=5)[0]
+    with pytest.raises(gcuda.GraphCaptureError, match=r"\(5, 20\) float32.*\(8, 20\) float32.*recapture=False"):
+        step(x, y)
+    x64 = gc.Tensor(np.zeros((8, 20)), device="cuda")
+    with pytest.raises(gcuda.GraphCaptureError, match="float64"):
+        step(x64, batches(1)[0][1])
+
+
+def test_reading_a_value_inside_the_capture_raises_and_names_it(gpu):
+    net = MLP(OPTIMIZERS["sgd-momentum"])
+
+    def step(x, y):
+        loss = net.step(x, y)
+        return loss * float(loss.item())
+    g = gcuda.graphed(step, warmup=0)
+    x, y = batches(1)[0]
+    with pytest.raises(gcuda.GraphCaptureError, match="device-to-host copy.*during CUDA-graph capture"):
+        g(x, y)
+    be = gcuda.backend()
+    assert be.capture is None and graphs.capturing() is None and be.pool.redirect is None
+    net.step(x, y).numpy()          # eager work goes on after a failed capture
+
+
+def test_a_host_upload_inside_the_capture_raises(gpu):
+    net = MLP(OPTIMIZERS["sgd-momentum"])
+
+    def step(x):
+        y = gc.Tensor(np.zeros(8, np.int32), device="cuda")     # made on the host each call
+        return net.step(x, y)
+    g = gcuda.graphed(step, warmup=0)
+    with pytest.raises(gcuda.GraphCaptureError, match="host-to-device copy"):
+        g(batches(1)[0][0])
+
+
+def test_a_range_check_inside_the_capture_names_its_op(gpu):
+    logits = gc.Tensor(np.zeros((4, 3), np.float32), device="cuda")
+
+    def step(y):
+        return F.cross_entropy(logits, y + 0)     # labels computed on the device: their range is unknown
+    g = gcuda.graphed(step, warmup=0)
+    with pytest.raises(gcuda.GraphCaptureError, match=r"^IndexingOneHot\(.*device-to-host copy.*CUDA-graph capture"):
+        g(gc.Tensor(np.array([0, 1, 2, 1], np.int32), device="cuda"))
+
+
+def test_an_optimizer_that_cannot_be_captured_says_so(gpu):
+    net = MLP(lambda ps: gc.optimizer.Adagrad(ps, lr=0.1))
+    g = gcuda.graphed(net.step, warmup=1)
+    x, y = batches(1)[0]
+    g(x, y)
+    with pytest.raises(gcuda.GraphCaptureError, match="Adagrad.step cannot be captured"):
+        g(x, y)
+
+
+def test_a_state_created_in_the_capture_recaptures_the_next_step(gpu):
+    """No warm-up: SGD's momentum buffer is created by the captured step (a
+    copy of the gradient); replaying that would reset it every step, so the
+    next call captures again, now with the buffer updated in place."""
+    eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
+    step = gcuda.graphed(graphed.step, warmup=0)
+    for x, y in batches(5):
+        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    assert (step.captures, step.replays) == (2, 3)
+    assert_same_state(eager, graphed)
+
+
+def test_outputs_are_copies_unless_static(gpu):
+    net = MLP(OPTIMIZERS["sgd-momentum"])
+    data = batches(4)
+    step = gcuda.graphed(net.step, warmup=0)
+    losses = [step(x, y) for x, y in data[:3]]
+    assert len({loss._data.ptr for loss in losses}) == 3
+    static_net = MLP(OPTIMIZERS["sgd-momentum"])
+    static = gcuda.graphed(static_net.step, warmup=1, static_outputs=True)
+    static(*data[0])
+    a = static(*data[1])
+    value = a.numpy()
+    b = static(*data[2])
+    assert a._data.ptr == b._data.ptr and not np.array_equal(a.numpy(), value)
+
+
+def test_the_capture_primitive_records_and_replays(gpu):
+    be = gcuda.backend()
+    x = be.to_device(np.arange(6, dtype=np.float32))
+    with graphs.capture(be) as cap:
+        y = x * 2 + 1
+    graph = cap.graph
+    graph.launch(first=True)
+    np.testing.assert_array_equal(y.get(), np.arange(6) * 2 + 1)
+    be.copy_into(x, be.to_device(np.full(6, 10, np.float32)))
+    graph.launch()
+    np.testing.assert_array_equal(y.get(), np.full(6, 21))
+    graph.close()
+
+
+def test_blocks_freed_during_the_capture_stay_the_graphs(gpu):
+    """An array alive before the capture and dropped inside it: a replay
+    still reads its memory, so the pool must not lend it out until the
+    graph is gone."""
+    be = gcuda.backend()
+    a = be.to_device(np.ones(1000, np.float32))
+    ptr = a.ptr
+    holder = [a]
+    del a
+    with graphs.capture(be) as cap:
+        y = holder.pop() * 3                    # its last reference goes inside the capture
+    lent = [be.empty((1000,), np.float32) for _ in range(8)]
+    assert ptr not in {b.ptr for b in lent}
+    cap.graph.launch(first=True)
+    np.testing.assert_array_equal(y.get(), np.full(1000, 3))
+    cap.graph.close()
+    assert ptr in {be.empty((1000,), np.float32).ptr for _ in range(8)} | {b.ptr for b in lent}
+
+
+def test_graphed_takes_cuda_tensors_only(gpu):
+    net = MLP(OPTIMIZERS["sgd-momentum"])
+    step = gcuda.graphed(net.step, warmup=0)
+    with pytest.raises(gcuda.GraphCaptureError, match="takes cuda tensors"):
+        step(gc.Tensor(np.zeros((8, 20), np.float32)), batches(1)[0][1])
