@@ -38,7 +38,7 @@ the capture raises ``GraphCaptureError`` naming the op; a value the step
 branched on (``Capture.guard``) that changes makes the next call recapture.
 
 The device layer knows nothing of tensors: the engine installs an adapter
-(``install_adapter``; gradcore/cuda_graphs.py) that finds the device array
+(``install_adapter``; gradcore/step_graphs.py) that finds the device array
 of a tensor, wraps an array as a tensor, and names the running op.
 """
 from __future__ import annotations
@@ -256,7 +256,7 @@ _adapter = _NoEngine
 
 
 def install_adapter(adapter) -> None:
-    """The engine's view of tensors for ``graphed`` (gradcore/cuda_graphs.py):
+    """The engine's view of tensors for ``graphed`` (gradcore/step_graphs.py):
     ``array_of(obj)`` (an input's device array, None for anything passed as
     it is), ``wrap(array)`` (a tensor over ``array``), ``naming_ops(cap)``
     (a context setting ``cap.current_op`` while each op runs)."""
