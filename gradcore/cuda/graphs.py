@@ -150,7 +150,7 @@ class CudaGraph:
         self.driver_graph = driver_graph
         self.scalars, self.hooks, self.guards = cap.scalars, cap.hooks, cap.guards
         self._held = held                   # (address, size) freed in the main pool during capture
-        self._keep = keep                   # Blocks of arrays the captured kernels read
+        self._keep = list({id(b): b for b in keep}.values())    # Blocks of arrays the captured kernels read
         self.kernels = getattr(driver_graph, "kernels", None)
         self.inputs: List = []              # the graph's input buffers (DeviceArrays)
         self.outputs: List = []             # its output buffers
@@ -233,6 +233,9 @@ def capture(backend=None) -> Iterator[Capture]:
         else:
             driver_graph.destroy()
             pool.release_held(held)
+            # constants made inside the capture were filled by recorded
+            # kernels that will never run
+            be.forget_filled_constants()
 
 
 # ---------------------------------------------------------------- the engine's adapter

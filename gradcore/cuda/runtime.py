@@ -127,6 +127,12 @@ class Backend:
         self.fill(out, value)
         return out
 
+    def forget_filled_constants(self) -> None:
+        """Drop the cached scalars and backward seeds (a failed CUDA-graph
+        capture recorded their fill kernels and never ran them)."""
+        self._scalars.clear()
+        self._seeds.clear()
+
     def to_device(self, host, dtype=None, constant: bool = False) -> DeviceArray:
         """A device copy of ``host``. ``constant``: a value the caller keeps for
         the process (a compiled graph's constant): allowed, and copied at once,

@@ -304,6 +304,17 @@ def test_the_capture_primitive_records_and_replays(gpu):
     graph.close()
 
 
+def test_a_failed_capture_leaves_no_unfilled_constant(gpu):
+    be = gcuda.backend()
+    x = be.to_device(np.ones(4, np.float32))
+    with pytest.raises(ZeroDivisionError):
+        with graphs.capture(be):
+            x * 1.2345678          # a new scalar constant: its fill kernel is recorded, not run
+            1 / 0
+    np.testing.assert_array_equal((x * 1.2345678).get(), np.full(4, 1.2345678, np.float32))
+    assert be.capture is None and be.pool.redirect is None and be.pool.held is None and be.launcher.keep is None
+
+
 def test_blocks_freed_during_the_capture_stay_the_graphs(gpu):
     """An array alive before the capture and dropped inside it: a replay
     still reads its memory, so the pool must not lend it out until the
