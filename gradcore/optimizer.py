@@ -176,13 +176,22 @@ class Optimizer:
     # whether step() can be captured in a CUDA graph: its update reads every
     # Python value through _scalar/_branch and registers its counters
     _capturable = False
+    _capture = None         # the CUDA-graph capture under way during step()
 
     def step(self) -> "Optimizer":
         """Update every parameter that has a gradient; the others are skipped."""
-        if not self._capturable and _graphs.capturing() is not None:
+        self._capture = _graphs.capturing()
+        if self._capture is not None and not self._capturable:
             raise _graphs.GraphCaptureError(
                 f"{type(self).__name__}.step cannot be captured in a CUDA graph: its update reads Python "
                 f"values a replay would not see change (SGD, Adam and AdamW can be captured)")
+        try:
+            self._step_groups()
+        finally:
+            self._capture = None
+        return self
+
+    def _step_groups(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -201,29 +210,31 @@ class Optimizer:
                     cls = TypeError if isinstance(exc, TypeError) else ValueError
                     raise cls(f"{type(self).__name__}.step: {exc} (parameter of shape {p.shape}, "
                               f"group {hyper})") from exc
-        return self
 
     def _update(self, param, grad, group, state):
         raise NotImplementedError
 
-    @staticmethod
-    def _scalar(name: str, compute, group: Dict, like):
-        """``compute()``, a number from the host (a hyper-parameter, a bias
-        correction), as an operand of the update of ``like``: the number
-        itself; inside a CUDA-graph capture, a device scalar that every replay
-        refreshes from ``compute()`` (a new learning rate needs no new
-        capture), shared by the group's parameters of one dtype."""
-        cap = _graphs.capturing()
-        if cap is None or type(like) is np.ndarray:
-            return compute()
-        return cap.scalar(compute, like.dtype, key=(name, id(group), compute()))
+    def _scalar(self, name: str, group: Dict, raw: Dict, like):
+        """The number ``name`` of the update (``_SCALARS[name](group, raw)``:
+        a hyper-parameter, a bias correction) as an operand of an update of
+        ``like``: the number itself; inside a CUDA-graph capture a device
+        scalar that every replay refreshes (a new learning rate needs no new
+        capture), one per group, dtype and value."""
+        cap = self._capture
+        if cap is None:
+            return _SCALARS[name](group, raw)
+        rule = _SCALARS[name]
+        if type(like) is np.ndarray:
+            return rule(group, raw)
+        return cap.scalar(functools.partial(rule, group, raw), like.dtype, key=(name, id(group), rule(group, raw)))
 
-    @staticmethod
-    def _branch(compute, what: str):
-        """``compute()``, a value the update branches on; inside a CUDA-graph
-        capture a replay whose value differs captures again."""
-        cap = _graphs.capturing()
-        return compute() if cap is None else cap.guard(compute, what)
+    def _branch(self, name: str, group: Dict, raw: Dict):
+        """``_BRANCHES[name](group, raw)``, a value the update branches on;
+        inside a CUDA-graph capture a call where it differs captures again."""
+        cap = self._capture
+        if cap is None:
+            return _BRANCHES[name](group, raw)
+        return cap.guard(functools.partial(_BRANCHES[name], group, raw), f"{type(self).__name__}: {name}")
 
     @staticmethod
     def _writable(param: Tensor) -> np.ndarray:
@@ -317,21 +328,21 @@ class SGD(Optimizer):
 
     def _update(self, param, grad, group, state):
         p = self._writable(param)
-
-        def hyper(name):        # the value, or its device scalar in a CUDA-graph capture
-            return self._scalar(name, lambda: group[name], group, p)
-        if self._branch(lambda: bool(group["weight_decay"]), "SGD's weight_decay set to or from 0"):
-            grad = grad + hyper("weight_decay") * p
-        if self._branch(lambda: bool(group["momentum"]), "SGD's momentum set to or from 0"):
-            if not self._branch(lambda: "momentum_buffer" in state, "SGD's first step with momentum"):
+        raw = state._d
+        if self._branch("weight decay", group, raw):
+            grad = grad + self._scalar("weight_decay", group, raw, p) * p
+        if self._branch("momentum", group, raw):
+            if not self._branch("has momentum buffer", group, raw):
                 buf = state["momentum_buffer"] = grad.astype(p.dtype, copy=True)
             else:
                 buf = state["momentum_buffer"]
-                buf *= hyper("momentum")
+                buf *= self._scalar("momentum", group, raw, p)
                 buf += grad
-            nesterov = self._branch(lambda: bool(group["nesterov"]), "SGD's nesterov")
-            grad = grad + hyper("momentum") * buf if nesterov else buf
-        p -= (hyper("lr") * grad).astype(p.dtype, copy=False)
+            if self._branch("nesterov", group, raw):
+                grad = grad + self._scalar("momentum", group, raw, p) * buf
+            else:
+                grad = buf
+        p -= (self._scalar("lr", group, raw, p) * grad).astype(p.dtype, copy=False)
 
 
 class Adam(Optimizer):
@@ -362,42 +373,60 @@ class Adam(Optimizer):
         # every number read from the host goes through _scalar (a device
         # scalar in a CUDA-graph capture, refreshed at each replay)
         raw = state._d
-
-        def scalar(name, compute):
-            return self._scalar(name, compute, group, p)
-        decay = self._branch(lambda: bool(group["weight_decay"]), f"{type(self).__name__}'s weight_decay "
-                                                                    f"set to or from 0")
-        wd = scalar("weight_decay", lambda: group["weight_decay"])
+        decay = self._branch("weight decay", group, raw)
         if decay and not self._decoupled_decay:
-            grad = grad + wd * p
-        if not self._branch(lambda: "exp_avg" in state, f"{type(self).__name__}'s first step"):
+            grad = grad + self._scalar("weight_decay", group, raw, p) * p
+        if not self._branch("has moments", group, raw):
             state["step"] = 0
             state["exp_avg"] = _zeros_like(p)
             state["exp_avg_sq"] = _zeros_like(p)
         state["step"] += 1
-        cap = _graphs.capturing()
-        if cap is not None:
-            cap.on_replay(functools.partial(_count_step, raw))
+        if self._capture is not None:
+            self._capture.on_replay(functools.partial(_count_step, raw))
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= scalar("beta1", lambda: group["betas"][0])
-        m += scalar("1-beta1", lambda: 1 - group["betas"][0]) * grad
-        v *= scalar("beta2", lambda: group["betas"][1])
-        v += scalar("1-beta2", lambda: 1 - group["betas"][1]) * grad * grad
-        m_hat = m / scalar("bias1", lambda: 1 - group["betas"][0] ** raw["step"])
-        v_hat = v / scalar("bias2", lambda: 1 - group["betas"][1] ** raw["step"])
-        eps, lr = scalar("eps", lambda: group["eps"]), scalar("lr", lambda: group["lr"])
+        m *= self._scalar("beta1", group, raw, p)
+        m += self._scalar("1 - beta1", group, raw, p) * grad
+        v *= self._scalar("beta2", group, raw, p)
+        v += self._scalar("1 - beta2", group, raw, p) * grad * grad
+        m_hat = m / self._scalar("1 - beta1 ** step", group, raw, p)
+        v_hat = v / self._scalar("1 - beta2 ** step", group, raw, p)
+        eps, lr = self._scalar("eps", group, raw, p), self._scalar("lr", group, raw, p)
         if not self._decoupled_decay:
             p -= (lr * m_hat / (np.sqrt(v_hat) + eps)).astype(p.dtype, copy=False)
             return
         delta = m_hat / (np.sqrt(v_hat) + eps)
         if decay:
-            delta = delta + wd * p
+            delta = delta + self._scalar("weight_decay", group, raw, p) * p
         p -= (lr * delta).astype(p.dtype, copy=False)
 
 
 def _count_step(raw_state: Dict) -> None:
     """A replayed CUDA graph's optimizer step: the Python step counter moves on."""
     raw_state["step"] += 1
+
+
+# the numbers an update reads from the host, as functions of (group, raw
+# state): plain values in an eager step, device scalars in a CUDA graph
+_SCALARS = {
+    "lr": lambda g, s: g["lr"],
+    "momentum": lambda g, s: g["momentum"],
+    "weight_decay": lambda g, s: g["weight_decay"],
+    "eps": lambda g, s: g["eps"],
+    "beta1": lambda g, s: g["betas"][0],
+    "beta2": lambda g, s: g["betas"][1],
+    "1 - beta1": lambda g, s: 1 - g["betas"][0],
+    "1 - beta2": lambda g, s: 1 - g["betas"][1],
+    "1 - beta1 ** step": lambda g, s: 1 - g["betas"][0] ** s["step"],
+    "1 - beta2 ** step": lambda g, s: 1 - g["betas"][1] ** s["step"],
+}
+# the values an update branches on (a CUDA graph holds one branch: a change recaptures)
+_BRANCHES = {
+    "weight decay": lambda g, s: bool(g["weight_decay"]),
+    "momentum": lambda g, s: bool(g["momentum"]),
+    "nesterov": lambda g, s: bool(g["nesterov"]),
+    "has momentum buffer": lambda g, s: "momentum_buffer" in s,
+    "has moments": lambda g, s: "exp_avg" in s,
+}
 
 
 class AdamW(Adam):
