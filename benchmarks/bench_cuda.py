@@ -219,19 +219,20 @@ def torch_conv():
 MLP_SIZES = [784, 512, 512, 10]
 
 
+def training_batch(model: str, batch: int):
+    """(inputs, int32 labels) on the host for ``model`` ("mlp": 784 features,
+    10 classes; "cnn": 1x8x8 digits images, 10 classes)."""
+    rng = np.random.default_rng(0)
+    shape = (batch, MLP_SIZES[0]) if model == "mlp" else (batch, 1, 8, 8)
+    return rng.uniform(-1, 1, shape).astype(np.float32), rng.integers(0, 10, batch).astype(np.int32)
+
+
 def gc_training_steps(model: str, batch: int):
     """gradcore's full training step (forward, backward, SGD with momentum)
     of ``model`` ("mlp" or "cnn", the demo's): (eager step, graphed step),
     each a zero-argument callable; two independent copies of the model."""
-    rng = np.random.default_rng(0)
-    if model == "mlp":
-        x = rng.standard_normal((batch, MLP_SIZES[0])).astype(np.float32)
-        classes = MLP_SIZES[-1]
-    else:
-        x = rng.uniform(0, 1, (batch, 1, 8, 8)).astype(np.float32)
-        classes = 10
-    xb = gc.Tensor(x, device="cuda")
-    yb = gc.Tensor(rng.integers(0, classes, batch).astype(np.int32), device="cuda")
+    x, y = training_batch(model, batch)
+    xb, yb = gc.Tensor(x, device="cuda"), gc.Tensor(y, device="cuda")
 
     def make():
         gc.random.seed(0)
@@ -271,15 +272,8 @@ def torch_training_steps(model: str, batch: int):
     captured whole with torch.cuda.graph and replayed, inputs copied into its
     static tensors as PyTorch's documentation shows)."""
     nn = torch.nn
-    rng = np.random.default_rng(0)
-    if model == "mlp":
-        x = rng.standard_normal((batch, MLP_SIZES[0])).astype(np.float32)
-        classes = MLP_SIZES[-1]
-    else:
-        x = rng.uniform(0, 1, (batch, 1, 8, 8)).astype(np.float32)
-        classes = 10
-    xb = torch.tensor(x, device="cuda")
-    yb = torch.tensor(rng.integers(0, classes, batch), device="cuda")
+    x, y = training_batch(model, batch)
+    xb, yb = torch.tensor(x, device="cuda"), torch.tensor(y.astype(np.int64), device="cuda")
 
     def make():
         torch.manual_seed(0)

@@ -91,7 +91,7 @@ class Capture:
         """Raise the error for ``what`` (a host copy, a synchronisation) inside the capture."""
         op = self.current_op
         what = (f"{runtime._op_label(op)}: {what}" if op is not None
-                else f"{what} outside any op (Python code reading or writing device memory)")
+                else f"{what} outside any forward op (in a backward, or in Python code on device arrays)")
         raise GraphCaptureError(f"{what} during CUDA-graph capture: it would wait for the host, and a "
                                 f"replayed graph does no host work. Move it out of the graphed step, or keep "
                                 f"the value on the device")

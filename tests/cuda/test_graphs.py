@@ -138,15 +138,20 @@ def test_a_replay_is_one_graph_launch_and_no_host_copy(gpu):
         assert after["driver_allocs"] == before["driver_allocs"]
 
 
-def test_adam_refreshes_its_bias_corrections_with_two_fills_per_replay(gpu):
-    net = MLP(OPTIMIZERS["adam"])
+def captured(optimizer):
+    """An MLP, its graphed step (already warmed up and captured), the graph, more batches."""
+    net = MLP(OPTIMIZERS[optimizer])
     step = gcuda.graphed(net.step, warmup=1)
     data = batches(5)
     step(*data[0])
     step(*data[1])
-    graph = next(iter(step.graphs.values()))
+    return net, step, next(iter(step.graphs.values())), data[2:]
+
+
+def test_adam_refreshes_its_bias_corrections_with_two_fills_per_replay(gpu):
+    net, step, graph, data = captured("adam")
     before = gcuda.memory_stats()
-    step(*data[2])
+    step(*data[0])
     after = gcuda.memory_stats()
     assert after["launches"] - before["launches"] == 2            # 1 - beta1**t, 1 - beta2**t: one per group
     assert after["graph_launches"] - before["graph_launches"] == 1
@@ -156,15 +161,10 @@ def test_adam_refreshes_its_bias_corrections_with_two_fills_per_replay(gpu):
 
 
 def test_input_buffers_are_reused_and_the_new_inputs_copied_in(gpu):
-    net = MLP(OPTIMIZERS["sgd-momentum"])
-    step = gcuda.graphed(net.step, warmup=1)
-    data = batches(5)
-    step(*data[0])
-    step(*data[1])
-    graph = next(iter(step.graphs.values()))
+    net, step, graph, data = captured("sgd-momentum")
     ptrs = [b.ptr for b in graph.inputs]
     assert graph.pool.reuses > 0, "the graph's private pool reuses blocks freed during the capture"
-    for x, y in data[2:]:
+    for x, y in data:
         step(x, y)
         assert [b.ptr for b in graph.inputs] == ptrs
         np.testing.assert_array_equal(graph.inputs[0].get(), x.numpy())
@@ -332,6 +332,21 @@ def test_blocks_freed_during_the_capture_stay_the_graphs(gpu):
     np.testing.assert_array_equal(y.get(), np.full(1000, 3))
     cap.graph.close()
     assert ptr in {be.empty((1000,), np.float32).ptr for _ in range(8)} | {b.ptr for b in lent}
+
+
+def test_a_dropped_graphed_step_gives_its_memory_back(gpu):
+    import gc as pygc
+    import weakref
+    net, step, graph, data = captured("sgd-momentum")
+    pool = graph.pool
+    in_use = pool.in_use_bytes
+    alive = weakref.ref(graph)
+    del step, graph
+    pygc.collect()
+    assert alive() is None
+    assert pool.cached_bytes == 0 and pool.driver_frees > 0     # its free blocks went back to the driver
+    assert pool.in_use_bytes <= in_use
+    net.step(*data[0]).numpy()          # eager steps go on
 
 
 def test_graphed_takes_cuda_tensors_only(gpu):
