@@ -94,8 +94,13 @@ class PyCudaDriver:
             from pycuda.tools import clear_context_caches
             clear_context_caches()
 
+    capture_allocating = False     # set by a CUDA graph's pool: the one allocator a capture permits
+
     # ---------------------------------------------------------------- memory
     def alloc(self, nbytes: int):
+        if self._capture_stream and not self.capture_allocating:
+            raise RuntimeError(f"cuda: a device allocation of {nbytes} bytes outside the CUDA graph's memory "
+                               f"pool during capture (the graph would not own it)")
         try:
             return self.drv.mem_alloc(nbytes)
         except self.drv.MemoryError as exc:

@@ -120,8 +120,13 @@ class HostDriver:
     def __repr__(self):
         return "HostDriver(CUDA emulated on the host)"
 
+    capture_allocating = False     # set by a CUDA graph's pool: the one allocator a capture permits
+
     # ---------------------------------------------------------------- memory
     def alloc(self, nbytes: int):
+        if self._recording is not None and not self.capture_allocating:
+            raise RuntimeError(f"cuda emulator: a device allocation of {nbytes} bytes outside the CUDA graph's "
+                               f"memory pool during capture (the graph would not own it)")
         buf = np.empty(max(int(nbytes), 1) + 256, np.uint8)
         addr = (buf.ctypes.data + 255) & ~255          # cudaMalloc aligns to 256
         self._buffers[addr] = (buf, int(nbytes))

@@ -79,7 +79,7 @@ class Capture:
 
     def __init__(self, backend):
         self.backend = backend
-        self.pool = MemoryPool(backend.driver)      # the graph's own memory
+        self.pool = MemoryPool(_PoolAllocator(backend.driver))      # the graph's own memory
         self.current_op = None                      # set by the engine's adapter
         self.scalars: List[list] = []               # [0-d device array, compute(), value last written]
         self.hooks: List[Callable[[], None]] = []
@@ -119,12 +119,14 @@ class Capture:
         graph (a scalar filled before each replay, a constant uploaded now):
         the graph's pool lends a block again once freed inside the capture, so
         a replay's earlier kernels would overwrite it."""
-        pool = self.backend.pool
+        pool, driver = self.backend.pool, self.backend.driver
         redirect, pool.redirect = pool.redirect, None
+        driver.capture_allocating = True
         try:
             return self.backend.empty(shape, dtype)
         finally:
             pool.redirect = redirect
+            driver.capture_allocating = False
 
     def on_replay(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the host before every replay: a Python side effect
@@ -137,6 +139,25 @@ class Capture:
         value = compute()
         self.guards.append((compute, value, what))
         return value
+
+
+class _PoolAllocator:
+    """The driver as a graph's private pool sees it: the allocations a
+    capture permits (the drivers refuse any other while capturing, e.g. an
+    op calling ``driver.alloc`` itself: the graph would not own that memory)."""
+
+    def __init__(self, driver):
+        self.driver = driver
+
+    def alloc(self, nbytes: int):
+        self.driver.capture_allocating = True
+        try:
+            return self.driver.alloc(nbytes)
+        finally:
+            self.driver.capture_allocating = False
+
+    def free(self, allocation) -> None:
+        self.driver.free(allocation)
 
 
 class CudaGraph:

@@ -304,6 +304,14 @@ def test_the_capture_primitive_records_and_replays(gpu):
     graph.close()
 
 
+def test_an_allocation_outside_the_graphs_pool_raises(gpu):
+    be = gcuda.backend()
+    with pytest.raises(RuntimeError, match="allocation of 64 bytes outside the CUDA graph's memory pool"):
+        with graphs.capture(be):
+            be.driver.alloc(64)
+    be.driver.free(be.driver.alloc(64))     # fine again after the capture
+
+
 def test_a_failed_capture_leaves_no_unfilled_constant(gpu):
     be = gcuda.backend()
     x = be.to_device(np.ones(4, np.float32))
