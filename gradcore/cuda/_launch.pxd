@@ -33,6 +33,9 @@ cdef class Kernel:
     cdef LaunchMode mode
 
 
+cdef class MemoryPool
+
+
 cdef class Launcher:
     cdef void* cu_launch                # CUresult cuLaunchKernel(...)
     cdef public bint dry_run
@@ -42,6 +45,7 @@ cdef class Launcher:
     # CUDA-graph capture (gradcore/cuda/graphs.py); all None/0 outside a capture
     cdef public object capture          # emulator: takes each launch (kernel, grid, block, params, shared) instead of running it
     cdef public list keep               # the Blocks of the arrays the captured launches read (the graph keeps them alive)
+    cdef public MemoryPool own_pool     # the capturing graph's pool: its blocks are not kept (reused inside the capture)
     cdef public unsigned long long stream   # the CUstream cuLaunchKernel launches on (0: the legacy default stream)
     cdef char[4096] buf
     cdef int submit(self, Kernel k, unsigned* grid, unsigned* block, Py_ssize_t size, unsigned shared) except -1

@@ -169,15 +169,15 @@ cdef class Kernel:
         return f"Kernel({self.name}, {self.launch_mode})"
 
 
-cdef void _keep_blocks(list keep, tuple args):
-    # blocks of the main pool (redirected while capturing); the graph's own
-    # pool never lends its blocks to anyone else, so those may be freed and
-    # reused within the capture
+cdef void _keep_blocks(list keep, MemoryPool own_pool, tuple args):
+    # every block but the capturing graph's own: that pool lends its blocks to
+    # nobody else, so they may be freed and reused within the capture; any
+    # other (the main pool's, another graph's) must outlive this graph
     cdef object block
     for a in args:
         if isinstance(a, DeviceArrayBase):
             block = (<DeviceArrayBase>a)._block
-            if type(block) is Block and (<Block>block).pool is not None and (<Block>block).pool.redirect is not None:
+            if type(block) is Block and (<Block>block).pool is not own_pool:
                 keep.append(block)
 
 
@@ -244,7 +244,7 @@ cdef class Launcher:
             b[i] = block[i]
         size = _pack_into(self.buf, args)
         if self.keep is not None:
-            _keep_blocks(self.keep, args)
+            _keep_blocks(self.keep, self.own_pool, args)
         self.submit(kernel, g, b, size, shared)
 
     def launch_n(self, Kernel kernel, long long n, *args):
@@ -261,7 +261,7 @@ cdef class Launcher:
         b[0] = THREADS
         size = _pack_into(self.buf, args)
         if self.keep is not None:
-            _keep_blocks(self.keep, args)
+            _keep_blocks(self.keep, self.own_pool, args)
         self.submit(kernel, g, b, size, 0)
 
 

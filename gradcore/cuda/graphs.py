@@ -239,14 +239,14 @@ def capture(backend=None) -> Iterator[Capture]:
     cap = Capture(be)
     pool, keep = be.pool, []
     begin(be.launcher)
-    _active, be.capture, be.launcher.keep = cap, cap, keep
+    _active, be.capture, be.launcher.keep, be.launcher.own_pool = cap, cap, keep, cap.pool
     pool.redirect, pool.held = cap.pool, []
     ok = False
     try:
         yield cap
         ok = True
     finally:
-        _active, be.capture, be.launcher.keep = None, None, None
+        _active, be.capture, be.launcher.keep, be.launcher.own_pool = None, None, None, None
         held, pool.redirect, pool.held = pool.held, None, None
         driver_graph = be.driver.end_capture(be.launcher)
         if ok:

@@ -357,6 +357,28 @@ def test_a_dropped_graphed_step_gives_its_memory_back(gpu):
     net.step(*data[0]).numpy()          # eager steps go on
 
 
+def test_a_graph_keeps_what_it_reads_from_another_graphs_pool(gpu):
+    """A constant made while graph A was captured lives in A's pool; graph B
+    reads it too. Dropped from the cache and A closed, it must stay B's."""
+    be = gcuda.backend()
+    x = be.to_device(np.ones(4, np.float32))
+    with graphs.capture(be) as a:
+        x * 7.654321                            # the scalar constant: made (filled) in A
+    a.graph.launch(first=True)
+    constant = be.scalar(np.float32(7.654321).item(), np.float32)     # as x * 7.654321 made it
+    with graphs.capture(be) as b:
+        y = x * 7.654321                        # the cached constant, from A's pool
+    b.graph.launch(first=True)
+    assert any(block is constant._block for block in b.graph._keep)
+    block, constant = constant._block, None
+    be.forget_filled_constants()
+    a.graph.close()
+    assert a.graph.pool.in_use_bytes >= block.size, "the block B reads is still in use"
+    b.graph.launch()
+    np.testing.assert_array_equal(y.get(), np.full(4, 7.654321, np.float32))
+    b.graph.close()
+
+
 def test_graphed_takes_cuda_tensors_only(gpu):
     net = MLP(OPTIMIZERS["sgd-momentum"])
     step = gcuda.graphed(net.step, warmup=0)
