@@ -161,6 +161,8 @@ class PyCudaDriver:
         if self._blas is None:
             from .blas import Cublas
             self._blas = Cublas()
+            if self._capture_stream:        # first used inside a capture: its GEMMs go to the capture stream
+                self._blas.set_stream(self._capture_stream)
         return self._blas.entry_points()
 
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
