@@ -12,6 +12,13 @@
 # - ``MemoryPool``/``Block``: the caching device allocator (size classes, free
 #   lists, statistics, ``empty_cache``); the driver is called only on a miss.
 # - ``gemm``: cuBLAS's S/DgemmStridedBatched through C function pointers.
+# - CUDA-graph capture (gradcore/cuda/graphs.py sets and clears these; outside
+#   a capture they cost one pointer test per launch / allocation): the
+#   Launcher's ``capture`` takes launches instead of running them (emulator),
+#   ``stream`` is the CUstream of cuLaunchKernel (a GPU's capture stream),
+#   ``keep`` collects the Blocks the captured kernels read (all but those of
+#   ``own_pool``); the MemoryPool's ``redirect`` sends allocations to the
+#   graph's private pool and ``held`` keeps the blocks given back meanwhile.
 
 cdef enum LaunchMode:
     MODE_CUDA = 0
