@@ -7,6 +7,8 @@ an adapter (``graphs.install_adapter``) when gradcore is imported:
   the graph's input buffer at each call); None for a Parameter (passed as it
   is: the optimizer updates it in place, the user holds the same object) and
   for any other value (part of the graph's signature);
+- ``data_of(obj)``: the device array of a result (any cuda Tensor, a
+  Parameter included), None for anything else;
 - ``wrap(array)``: a Tensor over a device array (inputs during the capture,
   results after a replay);
 - ``naming_ops(cap)``: while the step is captured, each op run through the
@@ -42,6 +44,14 @@ class TensorAdapter:
             raise graphs.GraphCaptureError(f"a graphed step takes cuda tensors; got a tensor of shape {obj.shape} "
                                            f"on {obj.device} (move the batch with .to('cuda') before the call)")
         return data
+
+    @staticmethod
+    def data_of(obj):
+        if isinstance(obj, DeviceArray):
+            return obj
+        if isinstance(obj, Tensor) and isinstance(obj._data, DeviceArray):
+            return obj._data
+        return None
 
     @staticmethod
     def wrap(array) -> Tensor:

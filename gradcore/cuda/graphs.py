@@ -267,6 +267,8 @@ class _NoEngine:
     def array_of(obj):
         return obj if isinstance(obj, runtime.DeviceArray) else None
 
+    data_of = array_of
+
     @staticmethod
     def wrap(array):
         return array
@@ -282,7 +284,8 @@ _adapter = _NoEngine
 def install_adapter(adapter) -> None:
     """The engine's view of tensors for ``graphed`` (gradcore/step_graphs.py):
     ``array_of(obj)`` (an input's device array, None for anything passed as
-    it is), ``wrap(array)`` (a tensor over ``array``), ``naming_ops(cap)``
+    it is), ``data_of(obj)`` (a result's device array: any cuda tensor's,
+    None for anything else), ``wrap(array)`` (a tensor over ``array``), ``naming_ops(cap)``
     (a context setting ``cap.current_op`` while each op runs)."""
     global _adapter
     _adapter = adapter
@@ -394,7 +397,7 @@ class GraphedStep:
             out_spec = _flatten(result, out_leaves)
             outputs = []
             for i, leaf in enumerate(out_leaves):
-                array = _adapter.array_of(leaf)
+                array = _adapter.data_of(leaf)
                 if array is None and leaf is not None:
                     raise GraphCaptureError(f"graphed {self.__name__}: the step returns a {type(leaf).__name__} "
                                             f"(result leaf {i}); a replayed graph returns only cuda tensors "

@@ -379,6 +379,24 @@ def test_a_graph_keeps_what_it_reads_from_another_graphs_pool(gpu):
     b.graph.close()
 
 
+def test_results_may_be_parameters_and_must_be_cuda_tensors(gpu):
+    net = MLP(OPTIMIZERS["sgd-momentum"])
+
+    def step(x, y):
+        return net.step(x, y), net.ws[0]
+    g = gcuda.graphed(step, warmup=1)
+    for x, y in batches(3):
+        loss, w = g(x, y)
+        np.testing.assert_array_equal(w.numpy(), net.ws[0].numpy())      # a copy of the updated weight
+    assert g.replays == 1 and w is not net.ws[0]
+    bad = gcuda.graphed(lambda x: (x * 2).numpy().shape, warmup=0)
+    with pytest.raises(gcuda.GraphCaptureError, match="device-to-host"):
+        bad(batches(1)[0][0])
+    cpu = gcuda.graphed(lambda x: gc.Tensor(np.zeros(2, np.float32)), warmup=0)
+    with pytest.raises(gcuda.GraphCaptureError, match="returns a Tensor"):
+        cpu(batches(1)[0][0])
+
+
 def test_graphed_takes_cuda_tensors_only(gpu):
     net = MLP(OPTIMIZERS["sgd-momentum"])
     step = gcuda.graphed(net.step, warmup=0)
