@@ -205,6 +205,16 @@ def test_new_input_shapes_capture_a_new_graph(gpu):
     assert_same_state(eager, graphed)
 
 
+def test_at_most_max_graphs_are_kept(gpu):
+    eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
+    step = gcuda.graphed(graphed.step, warmup=1, max_graphs=2)
+    for seed, batch in enumerate((8, 5, 3, 8)):          # the 4th signature is the 1st again, evicted by the 3rd
+        for x, y in batches(3, batch=batch, seed=seed):
+            np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    assert len(step.graphs) == 2 and step.captures == 4
+    assert_same_state(eager, graphed)
+
+
 def test_new_input_shapes_raise_when_recapture_is_off(gpu):
     net = MLP(OPTIMIZERS["sgd-momentum"])
     step = gcuda.graphed(net.step, warmup=1, recapture=False)
