@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
@@ -274,6 +275,14 @@ class _NoEngine:
         return array
 
     @staticmethod
+    def bound_tensors(roots):
+        return []
+
+    @staticmethod
+    def rebind(obj, array):
+        raise TypeError("no tensors without the engine")
+
+    @staticmethod
     def naming_ops(cap):
         return contextlib.nullcontext()
 
@@ -285,7 +294,8 @@ def install_adapter(adapter) -> None:
     """The engine's view of tensors for ``graphed`` (gradcore/step_graphs.py):
     ``array_of(obj)`` (an input's device array, None for anything passed as
     it is), ``data_of(obj)`` (a result's device array: any cuda tensor's,
-    None for anything else), ``wrap(array)`` (a tensor over ``array``), ``naming_ops(cap)``
+    None for anything else), ``bound_tensors(roots)`` ((tensor, device array)
+    for every cuda tensor reachable from ``roots``: the step, its arguments), ``rebind(tensor, array)``, ``wrap(array)`` (a tensor over ``array``), ``naming_ops(cap)``
     (a context setting ``cap.current_op`` while each op runs)."""
     global _adapter
     _adapter = adapter
@@ -309,6 +319,48 @@ def _unflatten(spec, leaves: Iterator):
     if kind is dict:
         return {k: _unflatten(s, leaves) for k, s in parts}
     return kind(_unflatten(s, leaves) for s in parts)
+
+
+class _Bindings:
+    """The cuda tensors alive before a capture and the arrays they held.
+
+    A step that gives a tensor new memory (batch norm's running statistics,
+    ``t._reset(new)``) would leave a replay reading the old array and writing
+    the new one: never accumulating. So after the step (still capturing) the
+    new value is copied into the old array (a device copy, captured) and the
+    tensor is bound to its old array again: the replay updates it in place.
+    Called after each later call's replay check, it says whether every
+    tensor the graph reads still holds its array (else: capture again)."""
+
+    def __init__(self, pairs):
+        self.pairs = [(weakref.ref(t), array) for t, array in pairs]
+
+    def write_back(self, be, name: str) -> None:
+        for ref, old in self.pairs:
+            t = ref()
+            if t is None:
+                continue
+            new = _adapter.data_of(t)
+            if new is old:
+                continue
+            if new is None or new.shape != old.shape or new.dtype != old.dtype:
+                what = "cpu data" if new is None else f"an array of shape {new.shape} {new.dtype.name}"
+                raise GraphCaptureError(f"graphed {name}: the step replaced the data of a tensor of shape "
+                                        f"{old.shape} {old.dtype.name} with {what}; a replay cannot")
+            be.copy_into(old, new)
+            _adapter.rebind(t, old)
+
+    def keep_only(self, graph: "CudaGraph") -> None:
+        """Keep the tensors whose arrays the graph reads (the others cannot matter to it)."""
+        read = {id(b) for b in graph._keep}
+        self.pairs = [(ref, array) for ref, array in self.pairs if id(array._block) in read]
+
+    def __call__(self) -> bool:
+        for ref, array in self.pairs:
+            t = ref()
+            if t is not None and _adapter.data_of(t) is not array:
+                return False
+        return True
 
 
 class GraphedStep:
@@ -389,10 +441,12 @@ class GraphedStep:
         for a, buf in zip(arrays, inputs):
             if a is not None:
                 be.share_extent(buf, a)     # labels' known range: no read back in a range check
+        bindings = _Bindings(_adapter.bound_tensors([self.step, leaves]))
         call_leaves = [leaf if a is None else _adapter.wrap(buf) for leaf, a, buf in zip(leaves, arrays, inputs)]
         args, kwargs = _unflatten(spec, iter(call_leaves))
         with capture(be) as cap, _adapter.naming_ops(cap):
             result = self.step(*args, **kwargs)
+            bindings.write_back(be, self.__name__)
             out_leaves: list = []
             out_spec = _flatten(result, out_leaves)
             outputs = []
@@ -404,6 +458,9 @@ class GraphedStep:
                                             f"(and None)")
                 outputs.append(array)
         graph = cap.graph
+        bindings.keep_only(graph)
+        graph.guards.append((bindings, True, "a tensor the graph reads was given new memory (load_state_dict, "
+                                             "_reset): captured again"))
         graph.inputs, graph.outputs = inputs, outputs
         graph.out_spec = out_spec
         self.graphs[sig] = graph

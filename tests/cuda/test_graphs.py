@@ -13,6 +13,7 @@ import pytest
 import gradcore as gc
 import gradcore.cuda as gcuda
 import gradcore.functional as F
+import gradcore.module as M
 from gradcore.autodiff import GradManager
 from gradcore.cuda import graphs
 from gradcore.demo import DigitsCNN
@@ -182,6 +183,59 @@ def test_the_parameters_updated_are_the_users_tensors(gpu):
     assert [id(p) for p in net.params] == ids
     assert [p._data.ptr for p in net.params] == ptrs
     assert all(not np.array_equal(p.numpy(), f) for p, f in zip(net.params, first))
+
+
+class BNNet(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = M.Linear(20, 16), M.BatchNorm1d(16), M.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.bn(self.fc1(x))))
+
+
+def test_batch_norms_running_statistics_accumulate_over_replays(gpu):
+    """Batch norm gives its running statistics new memory every step: the
+    capture writes the new values back into the old arrays, so replays
+    update the module's own tensors, as eager steps do."""
+    def make():
+        gc.random.seed(0)
+        net = BNNet().to("cuda")
+        gm = GradManager().attach(net.parameters())
+        opt = gc.optimizer.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, y):
+            with gm:
+                loss = F.cross_entropy(net(x), y)
+                gm.backward(loss)
+            opt.step().clear_grad()
+            return loss
+        return net, step
+    (eager_net, eager), (net, step) = make(), make()
+    step = gcuda.graphed(step, warmup=1)
+    stats = None
+    for i, (x, y) in enumerate(batches(6)):
+        np.testing.assert_array_equal(step(x, y).numpy(), eager(x, y).numpy())
+        if i == 1:                      # captured: the tensor keeps its object and memory from now on
+            stats = [id(net.bn.running_mean), net.bn.running_mean._data.ptr]
+        elif i > 1:
+            assert [id(net.bn.running_mean), net.bn.running_mean._data.ptr] == stats
+    assert (step.captures, step.replays) == (1, 4)
+    for a, b in zip(eager_net.tensors(), net.tensors()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_parameters_given_new_memory_between_calls_recapture(gpu):
+    eager, graphed = MLP(OPTIMIZERS["adam"]), MLP(OPTIMIZERS["adam"])
+    step = gcuda.graphed(graphed.step, warmup=1)
+    data = batches(6)
+    for i, (x, y) in enumerate(data):
+        if i == 4:                      # what Module.load_state_dict does: new memory for the same Parameter
+            for net in (eager, graphed):
+                net.ws[0]._reset(gc.Tensor(np.full(net.ws[0].shape, 0.01, np.float32), device="cuda"))
+        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    assert step.captures == 2
+    assert_same_state(eager, graphed)
 
 
 def test_a_learning_rate_change_needs_no_recapture(gpu):
