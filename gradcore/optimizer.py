@@ -187,6 +187,9 @@ class Optimizer:
                 f"values a replay would not see change (SGD, Adam and AdamW can be captured)")
         try:
             self._step_groups()
+            if self._capture is not None:   # load_state_dict gives new state tensors: the graph holds the old
+                self._capture.guard(functools.partial(_holds_state, self, self._state),
+                                    f"{type(self).__name__}'s state was loaded")
         finally:
             self._capture = None
         return self
@@ -398,6 +401,10 @@ class Adam(Optimizer):
         if decay:
             delta = delta + self._scalar("weight_decay", group, raw, p) * p
         p -= (lr * delta).astype(p.dtype, copy=False)
+
+
+def _holds_state(opt: Optimizer, state: Dict) -> bool:
+    return opt._state is state
 
 
 def _count_step(raw_state: Dict) -> None:

@@ -238,6 +238,19 @@ def test_parameters_given_new_memory_between_calls_recapture(gpu):
     assert_same_state(eager, graphed)
 
 
+def test_loading_the_optimizers_state_recaptures(gpu):
+    eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
+    step = gcuda.graphed(graphed.step, warmup=1)
+    for i, (x, y) in enumerate(batches(6)):
+        if i == 3:
+            saved = eager.opt.state_dict()
+            for net in (eager, graphed):
+                net.opt.load_state_dict(saved)      # new momentum buffers
+        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    assert step.captures == 2
+    assert_same_state(eager, graphed)
+
+
 def test_a_learning_rate_change_needs_no_recapture(gpu):
     eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
     step = gcuda.graphed(graphed.step, warmup=1)
