@@ -70,7 +70,13 @@ _active: Optional["Capture"] = None      # the capture under way (one at a time 
 
 def capturing() -> Optional["Capture"]:
     """The CUDA-graph capture under way, or None (code that reads Python
-    values into a step asks, to register them: ``Capture.scalar``)."""
+    values into a step asks, to register them: ``Capture.scalar``).
+
+    Example::
+
+        cap = capturing()
+        lr = group["lr"] if cap is None else cap.scalar(lambda: group["lr"], np.float32)
+    """
     return _active
 
 
@@ -131,12 +137,14 @@ class Capture:
 
     def on_replay(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the host before every replay: a Python side effect
-        of the step that the graph cannot redo (a step counter)."""
+        of the step that the graph cannot redo (a step counter). Example:
+        ``cap.on_replay(functools.partial(count_step, state))``."""
         self.hooks.append(fn)
 
     def guard(self, compute: Callable[[], Any], what: str) -> Any:
         """``compute()`` now; a later call where it differs captures anew (a
-        value the step branched on: ``what`` names it)."""
+        value the step branched on: ``what`` names it). Example:
+        ``if cap.guard(lambda: bool(group["momentum"]), "momentum on"): ...``."""
         value = compute()
         self.guards.append((compute, value, what))
         return value
@@ -296,7 +304,8 @@ def install_adapter(adapter) -> None:
     it is), ``data_of(obj)`` (a result's device array: any cuda tensor's,
     None for anything else), ``bound_tensors(roots)`` ((tensor, device array)
     for every cuda tensor reachable from ``roots``: the step, its arguments), ``rebind(tensor, array)``, ``wrap(array)`` (a tensor over ``array``), ``naming_ops(cap)``
-    (a context setting ``cap.current_op`` while each op runs)."""
+    (a context setting ``cap.current_op`` while each op runs).
+    Example: ``install_adapter(TensorAdapter)`` (gradcore/step_graphs.py does it)."""
     global _adapter
     _adapter = adapter
 
