@@ -88,21 +88,24 @@ def test_replayed_steps_equal_eager_steps_exactly(gpu, optimizer):
     assert_same_state(eager, graphed)
 
 
-def test_the_demo_cnn_replayed_equals_eager(gpu):
-    def make():
-        gc.random.seed(0)
-        model = DigitsCNN().to("cuda")
-        gm = GradManager().attach(model.parameters())
-        opt = gc.optimizer.SGD(model.parameters(), lr=0.05, momentum=0.9)
+def module_training(make_module, lr):
+    """A module (seeded) on cuda and its training step with SGD momentum."""
+    gc.random.seed(0)
+    net = make_module().to("cuda")
+    gm = GradManager().attach(net.parameters())
+    opt = gc.optimizer.SGD(net.parameters(), lr=lr, momentum=0.9)
 
-        def step(x, y):
-            with gm:
-                loss = F.cross_entropy(model(x), y)
-                gm.backward(loss)
-            opt.step().clear_grad()
-            return loss
-        return model, step
-    (m1, eager), (m2, step) = make(), make()
+    def step(x, y):
+        with gm:
+            loss = F.cross_entropy(net(x), y)
+            gm.backward(loss)
+        opt.step().clear_grad()
+        return loss
+    return net, step
+
+
+def test_the_demo_cnn_replayed_equals_eager(gpu):
+    (m1, eager), (m2, step) = module_training(DigitsCNN, 0.05), module_training(DigitsCNN, 0.05)
     step = gcuda.graphed(step, warmup=1)
     rng = np.random.default_rng(0)
     for _ in range(4):
@@ -198,20 +201,7 @@ def test_batch_norms_running_statistics_accumulate_over_replays(gpu):
     """Batch norm gives its running statistics new memory every step: the
     capture writes the new values back into the old arrays, so replays
     update the module's own tensors, as eager steps do."""
-    def make():
-        gc.random.seed(0)
-        net = BNNet().to("cuda")
-        gm = GradManager().attach(net.parameters())
-        opt = gc.optimizer.SGD(net.parameters(), lr=0.1, momentum=0.9)
-
-        def step(x, y):
-            with gm:
-                loss = F.cross_entropy(net(x), y)
-                gm.backward(loss)
-            opt.step().clear_grad()
-            return loss
-        return net, step
-    (eager_net, eager), (net, step) = make(), make()
+    (eager_net, eager), (net, step) = module_training(BNNet, 0.1), module_training(BNNet, 0.1)
     step = gcuda.graphed(step, warmup=1)
     stats = None
     for i, (x, y) in enumerate(batches(6)):
