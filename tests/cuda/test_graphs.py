@@ -77,15 +77,24 @@ def assert_same_state(a: MLP, b: MLP):
                 np.testing.assert_array_equal(sa[k].numpy(), sb[k].numpy(), err_msg=k)
 
 
+def side_by_side(optimizer, data, change=lambda i, net: None, warmup=1, **options):
+    """An eager and a graphed MLP through the same batches, ``change(i, net)``
+    applied to both before step i: the same losses, parameters and optimizer
+    state. The graphed step, for its counts."""
+    eager, graphed = MLP(OPTIMIZERS[optimizer]), MLP(OPTIMIZERS[optimizer])
+    step = gcuda.graphed(graphed.step, warmup=warmup, **options)
+    for i, (x, y) in enumerate(data):
+        for net in (eager, graphed):
+            change(i, net)
+        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    assert_same_state(eager, graphed)
+    return step
+
+
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_replayed_steps_equal_eager_steps_exactly(gpu, optimizer):
-    eager, graphed = MLP(OPTIMIZERS[optimizer]), MLP(OPTIMIZERS[optimizer])
-    step = gcuda.graphed(graphed.step)
-    for x, y in batches(7):
-        expected = eager.step(x, y).numpy()
-        np.testing.assert_array_equal(step(x, y).numpy(), expected)
+    step = side_by_side(optimizer, batches(7), warmup=2)
     assert (step.eager_calls, step.captures, step.replays) == (2, 1, 4)
-    assert_same_state(eager, graphed)
 
 
 def module_training(make_module, lr):
@@ -216,60 +225,39 @@ def test_batch_norms_running_statistics_accumulate_over_replays(gpu):
 
 
 def test_parameters_given_new_memory_between_calls_recapture(gpu):
-    eager, graphed = MLP(OPTIMIZERS["adam"]), MLP(OPTIMIZERS["adam"])
-    step = gcuda.graphed(graphed.step, warmup=1)
-    data = batches(6)
-    for i, (x, y) in enumerate(data):
-        if i == 4:                      # what Module.load_state_dict does: new memory for the same Parameter
-            for net in (eager, graphed):
-                net.ws[0]._reset(gc.Tensor(np.full(net.ws[0].shape, 0.01, np.float32), device="cuda"))
-        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
-    assert step.captures == 2
-    assert_same_state(eager, graphed)
+    def reload(i, net):                 # what Module.load_state_dict does: new memory for the same Parameter
+        if i == 4:
+            net.ws[0]._reset(gc.Tensor(np.full(net.ws[0].shape, 0.01, np.float32), device="cuda"))
+    assert side_by_side("adam", batches(6), reload).captures == 2
 
 
 def test_loading_the_optimizers_state_recaptures(gpu):
-    eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
-    step = gcuda.graphed(graphed.step, warmup=1)
-    for i, (x, y) in enumerate(batches(6)):
+    saved = {}
+
+    def reload(i, net):                 # new momentum buffers
         if i == 3:
-            saved = eager.opt.state_dict()
-            for net in (eager, graphed):
-                net.opt.load_state_dict(saved)      # new momentum buffers
-        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
-    assert step.captures == 2
-    assert_same_state(eager, graphed)
+            saved.setdefault("state", net.opt.state_dict())
+            net.opt.load_state_dict(saved["state"])
+    assert side_by_side("sgd-momentum", batches(6), reload).captures == 2
 
 
 def test_a_learning_rate_change_needs_no_recapture(gpu):
-    eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
-    step = gcuda.graphed(graphed.step, warmup=1)
-    for i, (x, y) in enumerate(batches(6)):
-        for net in (eager, graphed):
-            net.opt.param_groups[0]["lr"] = 0.1 / (1 + i)       # a schedule
-        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
-    assert step.captures == 1
-    assert_same_state(eager, graphed)
+    def schedule(i, net):
+        net.opt.param_groups[0]["lr"] = 0.1 / (1 + i)
+    assert side_by_side("sgd-momentum", batches(6), schedule).captures == 1
 
 
 def test_new_input_shapes_capture_a_new_graph(gpu):
-    eager, graphed = MLP(OPTIMIZERS["adam"]), MLP(OPTIMIZERS["adam"])
-    step = gcuda.graphed(graphed.step, warmup=1)
     data = batches(3, batch=8) + batches(3, batch=5, seed=2) + batches(2, batch=8, seed=3)
-    for x, y in data:
-        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    step = side_by_side("adam", data)
     assert step.captures == 2 and len(step.graphs) == 2
-    assert_same_state(eager, graphed)
 
 
 def test_at_most_max_graphs_are_kept(gpu):
-    eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
-    step = gcuda.graphed(graphed.step, warmup=1, max_graphs=2)
-    for seed, batch in enumerate((8, 5, 3, 8)):          # the 4th signature is the 1st again, evicted by the 3rd
-        for x, y in batches(3, batch=batch, seed=seed):
-            np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    # the 4th signature is the 1st again, evicted by the 3rd
+    data = [b for seed, n in enumerate((8, 5, 3, 8)) for b in batches(3, batch=n, seed=seed)]
+    step = side_by_side("sgd-momentum", data, max_graphs=2)
     assert len(step.graphs) == 2 and step.captures == 4
-    assert_same_state(eager, graphed)
 
 
 def test_new_input_shapes_raise_when_recapture_is_off(gpu):
@@ -334,12 +322,8 @@ def test_a_state_created_in_the_capture_recaptures_the_next_step(gpu):
     """No warm-up: SGD's momentum buffer is created by the captured step (a
     copy of the gradient); replaying that would reset it every step, so the
     next call captures again, now with the buffer updated in place."""
-    eager, graphed = MLP(OPTIMIZERS["sgd-momentum"]), MLP(OPTIMIZERS["sgd-momentum"])
-    step = gcuda.graphed(graphed.step, warmup=0)
-    for x, y in batches(5):
-        np.testing.assert_array_equal(step(x, y).numpy(), eager.step(x, y).numpy())
+    step = side_by_side("sgd-momentum", batches(5), warmup=0)
     assert (step.captures, step.replays) == (2, 3)
-    assert_same_state(eager, graphed)
 
 
 def test_outputs_are_copies_unless_static(gpu):
