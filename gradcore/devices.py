@@ -115,11 +115,12 @@ def norm_device(device) -> str:
     raise ValueError(f"unknown device {device!r}; gradcore knows 'cpu' and 'cuda'")
 
 
-def to_device(arr, device):
-    """``arr`` (host data) on ``device``."""
+def to_device(arr, device, constant: bool = False):
+    """``arr`` (host data) on ``device``. ``constant``: a value kept for the
+    process (uploaded even inside a CUDA-graph capture, see Backend.to_device)."""
     if device == "cpu":
         return arr
-    return require_cuda().to_device(arr)
+    return require_cuda().to_device(arr, constant=constant)
 
 
 def to_host(data) -> np.ndarray:

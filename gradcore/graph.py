@@ -425,7 +425,7 @@ def _compile(graph: BackwardGraph, device: str):
         for name in raw_consts:
             value = consts[name]
             if isinstance(value, (np.ndarray, np.generic)):
-                consts[name] = devices.to_device(np.asarray(value), device)
+                consts[name] = devices.to_device(np.asarray(value), device, constant=True)
     ns.update(consts)
     code = compile(src, f"<backward of {graph.op!r}>", "exec")
     exec(code, ns)

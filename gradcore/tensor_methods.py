@@ -12,6 +12,7 @@ from . import _core, dtypes, graph, interop
 from .op import IndexOpError, OpError, TensorDesc
 from ._core import Tensor
 from .cuda.array import DeviceArray
+from .cuda.graphs import GraphCaptureError
 from .cuda import events as _device_events
 from .devices import norm_device
 from .dtypes import DEFAULT_FLOAT, DEFAULT_INT
@@ -100,7 +101,7 @@ def _device_scalar(x, dtype, device):
         from . import devices
         if len(_scalars) > 1024:
             _scalars.clear()
-        arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device)
+        arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device, constant=True)
     return arr
 
 
@@ -157,7 +158,7 @@ def kernel_error(op, args, exc):
     if isinstance(exc, OpError):
         return exc
     shapes = ", ".join(str(d.shape) for d in descs)
-    cls = exc.__class__ if isinstance(exc, (ValueError, TypeError, IndexError)) else RuntimeError
+    cls = exc.__class__ if isinstance(exc, (ValueError, TypeError, IndexError, GraphCaptureError)) else RuntimeError
     if issubclass(cls, IndexError):
         cls = IndexOpError        # one type for every index out of range
     text = str(exc)

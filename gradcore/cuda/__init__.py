@@ -9,6 +9,7 @@
   ``memory``: the allocator's Python face; ``blas``: finding cuBLAS.
 - ``memory_stats()``: allocator statistics and host/device copy counts;
   ``empty_cache()``: give cached blocks back.
+- ``graphed(step)``: a whole training step as one CUDA graph (``graphs``).
 - ``cache``: the nvcc/PTX kernel cache (memory and disk); ``fusion``: one
   fused kernel for an all-elementwise backward graph.
 
@@ -20,7 +21,8 @@ from .runtime import (Backend, CudaUnavailable, Dims, backend, empty_cache, memo
                       unavailable_reason, use)
 from .cache import KernelCache, KernelCompileError, cache_key, default_directory
 from .fusion import FusedKernel, KernelOutput, KernelParam, fuse_elementwise
+from .graphs import GraphCaptureError, graphed
 
 __all__ = ["backend", "use", "memory_stats", "empty_cache", "unavailable_reason", "Backend", "DeviceArray", "Dims", "pack_params",
            "CudaUnavailable", "fuse_elementwise", "FusedKernel", "KernelParam", "KernelOutput",
-           "KernelCache", "KernelCompileError", "cache_key", "default_directory"]
+           "KernelCache", "KernelCompileError", "cache_key", "default_directory", "graphed", "GraphCaptureError"]

@@ -84,6 +84,13 @@ class Cublas:
 
     _check = staticmethod(check_status)
 
+    def set_stream(self, stream: int) -> None:
+        """The CUstream the handle's GEMMs run on (0: the legacy default
+        stream; a capture stream while a CUDA graph is captured)."""
+        fn = self.lib.cublasSetStream_v2
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+        self._check(fn(self.handle, stream or None), "cublasSetStream")
+
     def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
                              beta, c, ldc, stride_c, batch, dtype) -> None:
         """C = alpha op(A) op(B) + beta C for ``batch`` column-major matrices."""

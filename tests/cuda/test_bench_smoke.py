@@ -15,5 +15,6 @@ def test_bench_cuda_runs_on_the_emulator(cuda):
     out = subprocess.run([sys.executable, str(SCRIPT), "--emulator", "--quick"], capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    for line in ("forward + backward x * a", "MLP 784-512-512-10", "start-up", "host cost of a tiny op"):
+    for line in ("forward + backward x * a", "MLP 784-512-512-10", "start-up", "host cost of a tiny op",
+                 "training steps as CUDA graphs", "graphed / gradcore eager"):
         assert line in out.stdout, out.stdout
