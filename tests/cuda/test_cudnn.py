@@ -341,3 +341,61 @@ def test_doctor_reports_the_convolution_path(capsys):
         assert lines["cuDNN"].split(None, 1)[1].startswith(f"{cudnn.version()} (") and "libcudnn.so" in lines["cuDNN"]
     conv = lines["convolutions"]
     assert "im2col + cuBLAS" in conv or "no cuda device" in conv      # no GPU here: never "in use"
+
+
+# ---------------------------------------------------------------- the other half of the policy: matmul
+@needs_cxx
+def test_matmul_stays_float32_unless_allowed(monkeypatch):
+    """``allow_tf32_matmul`` (default False) sets cuBLAS's math mode on the
+    GPU driver when it changes, before the next GEMM, and only then."""
+    from gradcore.devices import nvcc_path
+    if nvcc_path() is None:
+        pytest.skip("the fake GPU needs nvcc")
+    import fake_pycuda
+    be = fake_pycuda.make_backend()
+    modes = []
+    monkeypatch.setattr(be.driver, "blas_tf32", modes.append, raising=False)
+    runtime.use(be)
+    try:
+        a, b = gc.Tensor(_rand(3, 4), device="cuda"), gc.Tensor(_rand(4, 2), device="cuda")
+        F.matmul(a, b)
+        assert modes == []                                  # the default: cuBLAS's own (no TF32)
+        monkeypatch.setattr(gradcore.cuda, "allow_tf32_matmul", True)
+        F.matmul(a, b), F.matmul(a, b)
+        monkeypatch.setattr(gradcore.cuda, "allow_tf32_matmul", False)
+        F.matmul(a, b)
+        assert modes == [True, False]
+    finally:
+        fake_pycuda.close(be)
+        runtime.use(None)
+
+
+def test_cublas_math_mode_values():
+    from gradcore.cuda import blas
+    calls = []
+
+    class Lib:
+        @staticmethod
+        def cublasSetMathMode(handle, mode):
+            calls.append((handle, mode))
+            return 0
+    cub = blas.Cublas.__new__(blas.Cublas)
+    cub.lib, cub.handle = Lib(), 0x42
+    cub.set_tf32(True)
+    cub.set_tf32(False)
+    assert calls == [(0x42, 3), (0x42, 0)]      # CUBLAS_TF32_TENSOR_OP_MATH, CUBLAS_DEFAULT_MATH
+
+
+# ---------------------------------------------------------------- every case of the im2col tests, on cuDNN
+def _im2col_cases():
+    import test_cuda_conv
+    return test_cuda_conv.CONV_CASES
+
+
+@pytest.mark.parametrize("case", list(_im2col_cases()))
+def test_the_im2col_cases_on_cudnn(fake, monkeypatch, matches_cpu, case):
+    monkeypatch.setattr(gradcore.cuda, "allow_tf32_conv", False)
+    xs, ws, stride, padding, dilation, groups = _im2col_cases()[case]
+    matches_cpu(lambda x, w: F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups),
+                [_rand(*xs), _rand(*ws)], rtol=1e-4, atol=1e-4)
+    assert cudnn.context(fake.backend).calls["conv_forward"] == 1
