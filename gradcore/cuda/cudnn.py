@@ -364,7 +364,7 @@ def _make_context(be):
     lib = _attached.get(be)
     if lib is None:
         if getattr(be.driver, "kind", None) != "gpu":
-            return f"the {getattr(be.driver, 'kind', '?')} driver runs the im2col + cuBLAS path (cuDNN needs a GPU)"
+            return f"the {getattr(be.driver, 'kind', '?')} driver: cuDNN needs a GPU"
         try:
             lib = load_library()
         except CudnnUnavailable as exc:
