@@ -72,6 +72,7 @@ DEFAULT_MATH, TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION, FMA_MATH = 0, 1, 
 POOLING_MAX, POOLING_AVERAGE_INCLUDE_PADDING, POOLING_AVERAGE_EXCLUDE_PADDING, POOLING_MAX_DETERMINISTIC = 0, 1, 2, 3
 NOT_PROPAGATE_NAN, PROPAGATE_NAN = 0, 1
 NON_DETERMINISTIC, DETERMINISTIC = 0, 1
+BATCHNORM_SPATIAL = 1
 ALGO_COUNT = {"forward": 8, "backward_data": 6, "backward_filter": 7}
 _DATA_TYPES = {np.dtype(np.float32): DATA_FLOAT, np.dtype(np.float64): DATA_DOUBLE}
 _INT32_MAX = (1 << 31) - 1
@@ -135,6 +136,16 @@ PROTOTYPES = {
     "cudnnPoolingForward": (_I, (_P, _P, _P, _P, _P, _P, _P, _P)),
     # (handle, pooling, alpha, y desc, y, dy desc, dy, x desc, x, beta, dx desc, dx)
     "cudnnPoolingBackward": (_I, (_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P)),
+    # (handle, mode, alpha, beta, x desc, x, y desc, y, param desc, scale, bias, average factor,
+    #  running mean, running var, eps, saved mean, saved inverse std)
+    "cudnnBatchNormalizationForwardTraining": (_I, (_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _D, _P, _P, _D,
+                                                    _P, _P)),
+    # (handle, mode, alpha, beta, x desc, x, y desc, y, param desc, scale, bias, mean, var, eps)
+    "cudnnBatchNormalizationForwardInference": (_I, (_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _D)),
+    # (handle, mode, alpha/beta data, alpha/beta params, x desc, x, dy desc, dy, dx desc, dx, param desc,
+    #  scale, dscale, dbias, eps, saved mean, saved inverse std)
+    "cudnnBatchNormalizationBackward": (_I, (_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _D,
+                                             _P, _P)),
 }
 
 _STATUS_NAMES = {0: "SUCCESS", 1001: "NOT_INITIALIZED", 2000: "BAD_PARAM", 3000: "NOT_SUPPORTED",
@@ -619,6 +630,85 @@ def pool_backward(be, g, x, kind, kernel, stride, padding, xshape):
     return dx
 
 
+# ---------------------------------------------------------------- batch normalisation
+def _bn_context(be, x, params, eps):
+    """(Context, x's shape as cuDNN takes it, the parameters' shape) when
+    cuDNN may run batch normalisation of ``x`` (N, C, ...) with per-channel
+    ``params`` (each (1, C, 1, ...)), else None."""
+    if x.ndim < 2 or x.ndim > 5 or eps < 0 or 0 in x.shape or any(p.dtype != x.dtype for p in params):
+        return None
+    ctx = _usable(be, x.dtype, x)
+    if ctx is None:
+        return None
+    shape = tuple(x.shape) + (1,) * (4 - x.ndim)        # (N, C) and (N, C, L): trailing axes of 1
+    return ctx, shape, (1, shape[1]) + (1,) * (len(shape) - 2)
+
+
+def batch_norm_training(be, x, weight, bias, eps):
+    """(y, batch mean, batch inverse std) of batch normalisation over every
+    axis of ``x`` but 1, the statistics shaped like ``weight`` (1, C, 1, ...);
+    or None where cuDNN is not used."""
+    found = _bn_context(be, x, (weight, bias), eps)
+    if found is None:
+        return None
+    ctx, shape, pshape = found
+    dtype = x.dtype
+    y, mean, invstd = be.empty(x.shape, dtype), be.empty(weight.shape, dtype), be.empty(weight.shape, dtype)
+    xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
+    alpha, beta = ctx.scalars(dtype)
+    ctx.lib.check(ctx.lib.cudnnBatchNormalizationForwardTraining(
+        ctx.handle, BATCHNORM_SPATIAL, ctypes.byref(alpha), ctypes.byref(beta), xd, x.ptr, xd, y.ptr, pd,
+        weight.ptr, bias.ptr, 0.0, None, None, float(eps), mean.ptr, invstd.ptr),
+        f"cudnnBatchNormalizationForwardTraining (x {x.shape}, eps {eps})")
+    for a in (y, mean, invstd):
+        be.written(a)
+    ctx.count("batch_norm_training")
+    return y, mean, invstd
+
+
+def batch_norm_inference(be, x, mean, var, weight, bias, eps):
+    """Batch normalisation of ``x`` with given statistics (running mean and
+    variance, each (1, C, 1, ...)), or None where cuDNN is not used."""
+    found = _bn_context(be, x, (mean, var, weight, bias), eps)
+    if found is None:
+        return None
+    ctx, shape, pshape = found
+    dtype = x.dtype
+    y = be.empty(x.shape, dtype)
+    xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
+    alpha, beta = ctx.scalars(dtype)
+    ctx.lib.check(ctx.lib.cudnnBatchNormalizationForwardInference(
+        ctx.handle, BATCHNORM_SPATIAL, ctypes.byref(alpha), ctypes.byref(beta), xd, x.ptr, xd, y.ptr, pd,
+        weight.ptr, bias.ptr, mean.ptr, var.ptr, float(eps)),
+        f"cudnnBatchNormalizationForwardInference (x {x.shape}, eps {eps})")
+    be.written(y)
+    ctx.count("batch_norm_inference")
+    return y
+
+
+def batch_norm_backward(be, g, x, weight, mean, invstd, eps):
+    """(dx, dweight, dbias) of batch normalisation in training from the
+    output gradient ``g`` and the forward's saved batch mean and inverse
+    std; or None where cuDNN is not used."""
+    found = _bn_context(be, x, (g, weight, mean, invstd), eps)
+    if found is None:
+        return None
+    ctx, shape, pshape = found
+    dtype = x.dtype
+    dx, dw, db = be.empty(x.shape, dtype), be.empty(weight.shape, dtype), be.empty(weight.shape, dtype)
+    xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
+    alpha, beta = ctx.scalars(dtype)
+    one, zero = ctypes.byref(alpha), ctypes.byref(beta)
+    ctx.lib.check(ctx.lib.cudnnBatchNormalizationBackward(
+        ctx.handle, BATCHNORM_SPATIAL, one, zero, one, zero, xd, x.ptr, xd, g.ptr, xd, dx.ptr, pd, weight.ptr,
+        dw.ptr, db.ptr, float(eps), mean.ptr, invstd.ptr),
+        f"cudnnBatchNormalizationBackward (x {x.shape}, eps {eps})")
+    for a in (dx, dw, db):
+        be.written(a)
+    ctx.count("batch_norm_backward")
+    return dx, dw, db
+
+
 def clear_cache(be=None) -> None:
     """Forget the algorithm choices (all backends, or ``be``'s): the next
     call of each configuration chooses again (after switching ``benchmark``
@@ -632,4 +722,5 @@ def clear_cache(be=None) -> None:
 __all__ = ["enabled", "benchmark", "deterministic", "workspace_limit", "max_pool_backward", "Library",
            "Context", "CudnnError", "CudnnUnavailable", "load_library", "version", "candidate_paths", "context",
            "why_not", "status", "attach", "conv_forward", "conv_backward_data", "conv_backward_filter",
-           "pool_forward", "pool_backward", "clear_cache", "PROTOTYPES", "AlgoPerf"]
+           "pool_forward", "pool_backward", "batch_norm_training", "batch_norm_inference", "batch_norm_backward",
+           "clear_cache", "PROTOTYPES", "AlgoPerf"]
