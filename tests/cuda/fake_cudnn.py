@@ -374,6 +374,64 @@ class FakeCudnn:
         return 0
 
 
+    # ------------------------------------------------------------ batch normalisation
+    def _bn(self, mode, xd, others, pd, eps):
+        """Check a batch-norm call's descriptors; (x shape, param shape, dtype, axes)."""
+        assert mode == cudnn.BATCHNORM_SPATIAL, f"mode {mode}"
+        tx, tp = self._desc(xd, "tensor"), self._desc(pd, "tensor")
+        for h in others:
+            assert self._desc(h, "tensor")["shape"] == tx["shape"], "x, y (dy, dx) of one shape"
+        xs = tx["shape"]
+        assert tp["shape"] == (1, xs[1]) + (1,) * (len(xs) - 2), f"parameters {tp['shape']} for x {xs}"
+        assert tp["dtype"] == tx["dtype"], "float parameters for float data, double for double"
+        assert eps >= 0
+        dtype = np.float32 if tx["dtype"] == cudnn.DATA_FLOAT else np.float64
+        return xs, tp["shape"], dtype, tuple(i for i in range(len(xs)) if i != 1)
+
+    def _cudnnBatchNormalizationForwardTraining(self, handle, mode, alpha, beta, xd, x, yd, y, pd, scale, bias,
+                                                factor, rmean, rvar, eps, smean, sinv):
+        self._check_handle(handle)
+        xs, ps, dtype, axes = self._bn(mode, xd, (yd,), pd, eps)
+        assert rmean is None and rvar is None, "gradcore updates the running statistics itself"
+        assert smean and sinv and x and y and scale and bias
+        self.calls.append(("bn_training", {"x": xs, "eps": eps, "alpha": _scalar(alpha, dtype),
+                                           "beta": _scalar(beta, dtype)}))
+        xv = _array(x, xs, dtype).astype(np.float64)
+        m, v = xv.mean(axes, keepdims=True), xv.var(axes, keepdims=True)
+        inv = 1 / np.sqrt(v + eps)
+        _array(y, xs, dtype)[...] = (xv - m) * inv * _array(scale, ps, dtype) + _array(bias, ps, dtype)
+        _array(smean, ps, dtype)[...] = m
+        _array(sinv, ps, dtype)[...] = inv
+        return 0
+
+    def _cudnnBatchNormalizationForwardInference(self, handle, mode, alpha, beta, xd, x, yd, y, pd, scale, bias,
+                                                 mean, var, eps):
+        self._check_handle(handle)
+        xs, ps, dtype, _ = self._bn(mode, xd, (yd,), pd, eps)
+        self.calls.append(("bn_inference", {"x": xs, "eps": eps}))
+        m, v = _array(mean, ps, dtype), _array(var, ps, dtype)
+        _array(y, xs, dtype)[...] = ((_array(x, xs, dtype) - m) / np.sqrt(v.astype(np.float64) + eps)
+                                     * _array(scale, ps, dtype) + _array(bias, ps, dtype))
+        return 0
+
+    def _cudnnBatchNormalizationBackward(self, handle, mode, a_data, b_data, a_param, b_param, xd, x, dyd, dy,
+                                         dxd, dx, pd, scale, dscale, dbias, eps, smean, sinv):
+        self._check_handle(handle)
+        xs, ps, dtype, axes = self._bn(mode, xd, (dyd, dxd), pd, eps)
+        assert smean and sinv, "the forward's saved statistics are passed back"
+        assert [_scalar(a, dtype) for a in (a_data, b_data, a_param, b_param)] == [1, 0, 1, 0]
+        self.calls.append(("bn_backward", {"x": xs, "eps": eps}))
+        xv, g = _array(x, xs, dtype).astype(np.float64), _array(dy, xs, dtype).astype(np.float64)
+        m, inv, w = (_array(p, ps, dtype).astype(np.float64) for p in (smean, sinv, scale))
+        xhat = (xv - m) * inv
+        db, dw = g.sum(axes, keepdims=True), (g * xhat).sum(axes, keepdims=True)
+        count = xv.size // xs[1]
+        _array(dx, xs, dtype)[...] = w * inv * (g - (db + xhat * dw) / count)
+        _array(dscale, ps, dtype)[...] = dw
+        _array(dbias, ps, dtype)[...] = db
+        return 0
+
+
 class _Refused(Exception):
     pass
 

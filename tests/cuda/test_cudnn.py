@@ -399,3 +399,58 @@ def test_the_im2col_cases_on_cudnn(fake, monkeypatch, matches_cpu, case):
     matches_cpu(lambda x, w: F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups),
                 [_rand(*xs), _rand(*ws)], rtol=1e-4, atol=1e-4)
     assert cudnn.context(fake.backend).calls["conv_forward"] == 1
+
+
+# ---------------------------------------------------------------- batch normalisation
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 4), (3, 2, 7), (2, 3, 2, 3, 2)])
+def test_batch_norm_training_on_cudnn_to_second_order(fake, matches_cpu, shape):
+    c = shape[1]
+    w, b = _rand(c) + 2, _rand(c)
+    matches_cpu(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True, eps=1e-3), [_rand(*shape), w, b],
+                rtol=1e-4, atol=1e-4)
+    calls = cudnn.context(fake.backend).calls
+    assert calls["batch_norm_training"] == 1 and calls["batch_norm_backward"] >= 1
+    pad = shape + (1,) * (4 - len(shape))
+    assert fake.last("bn_training")["x"] == pad and fake.last("bn_backward")["eps"] == pytest.approx(1e-3)
+
+
+def test_batch_norm_running_statistics_and_inference_on_cudnn(fake):
+    x, w, b = _rand(8, 3, 4, 4), _rand(3) + 1, _rand(3)
+
+    def run(device):
+        rm = gc.Tensor(np.zeros(3, np.float32), device=device)
+        rv = gc.Tensor(np.ones(3, np.float32), device=device)
+        args = [gc.Tensor(a, device=device) for a in (x, w, b)]
+        y = F.batch_norm(args[0], rm, rv, args[1], args[2], training=True, momentum=0.8)
+        yi = F.batch_norm(args[0], rm, rv, args[1], args[2], training=False)
+        return [t.numpy() for t in (y, rm, rv, yi)]
+
+    for got, want in zip(run("cuda"), run("cpu")):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    calls = cudnn.context(fake.backend).calls
+    assert calls["batch_norm_training"] == 1 and calls["batch_norm_inference"] == 1
+
+
+def test_a_batch_norm_module_trains_on_cudnn(fake):
+    import gradcore.module as M
+    bn = M.BatchNorm2d(3)
+    bn.to("cuda")
+    x = gc.Tensor(_rand(4, 3, 3, 3), device="cuda")
+    gm = gc.GradManager().attach(bn.parameters())
+    with gm:
+        gm.backward(F.sum(bn(x) * x))
+    assert all(p.grad is not None for p in bn.parameters())
+    assert cudnn.context(fake.backend).calls["batch_norm_backward"] == 1
+
+
+@needs_cxx
+def test_batch_norm_without_cudnn_runs_gradcores_kernels(matches_cpu):
+    """The emulator (no cuDNN): reductions and the fused per-element kernels."""
+    be = runtime.use("emulator")
+    try:
+        matches_cpu(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+                    [_rand(3, 2, 4, 3), _rand(2), _rand(2)], rtol=1e-4, atol=1e-4)
+        names = {k.name for k in be._kernels.values()}
+        assert {"gc_batch_norm_apply_float", "gc_batch_norm_grad_input_float"} <= names
+    finally:
+        runtime.use(None)
