@@ -1,11 +1,13 @@
-"""cuDNN for the convolutions and pooling on a GPU (issue 17).
+"""cuDNN for the convolutions, pooling and batch norm on a GPU (issue 17).
 
 The library is NVIDIA's ``nvidia-cudnn-cu13`` wheel (a dependency of
 ``gradcore[cuda]``: ``nvidia/cudnn/lib/libcudnn.so.9``), else the system's
 (``$CUDA_HOME/lib64``, ``/usr/local/cuda/lib64``, the loader path). Its
-legacy descriptor API is bound through ctypes, every function resolved once
-by address with its C prototype (``PROTOTYPES``); descriptors are made once
-per shape and cached, so a call costs one ctypes call into cuDNN.
+legacy descriptor API is bound once, by address: the setup functions
+(handles, descriptors, algorithm choice) through ctypes with their C
+prototypes (``PROTOTYPES``), the per-call ones (convolutions, pooling,
+batch normalisation) from Cython through C function pointers
+(``_cudnn.pyx``). Descriptors are made once per shape and cached.
 
 What runs on cuDNN (``gradcore/ops/conv.py`` asks here first and runs its
 im2col + cuBLAS path, or its direct kernels, when the answer is None):
@@ -18,7 +20,9 @@ im2col + cuBLAS path, or its direct kernels, when the answer is None):
   as on the cpu), average pooling forward and backward (both counting
   modes); max pooling backward only with ``max_pool_backward = True`` (how
   cuDNN routes the gradient among tied maxima is not checked against
-  gradcore's "first maximum" on a GPU yet).
+  gradcore's "first maximum" on a GPU yet);
+- ``batch_norm_training``/``batch_norm_backward``/``batch_norm_inference``:
+  the BatchNorm ops of ``gradcore/ops/nn.py`` (spatial mode, per channel).
 
 Per backend (one device) there is one ``Context``: its cuDNN handle on the
 default stream (every gradcore kernel runs there, so cuDNN is ordered with
@@ -55,6 +59,8 @@ import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+
+from . import _cudnn
 
 # ---------------------------------------------------------------- switches
 enabled = True              # False: the im2col + cuBLAS path everywhere
@@ -177,6 +183,7 @@ class Library:
 
     def __init__(self, lib, path: str = ""):
         self.lib, self.path = lib, path
+        self.address: Dict[str, int] = {}       # name -> the C function's address (the compiled calls')
         missing = []
         for name, (restype, argtypes) in PROTOTYPES.items():
             try:
@@ -184,6 +191,7 @@ class Library:
             except AttributeError:
                 missing.append(name)
                 continue
+            self.address[name] = address
             setattr(self, name, ctypes.CFUNCTYPE(restype, *argtypes)(address))
         if missing:
             raise CudnnUnavailable(f"cuDNN at {path or lib} lacks {', '.join(missing)}")
@@ -262,8 +270,6 @@ class Context:
         self.refused: Dict[tuple, str] = {}                                  # key -> why, for doctor
         self.calls: Dict[str, int] = {}
         self.fallbacks = 0
-        self._scalars = {np.dtype(np.float32): (ctypes.c_float(1), ctypes.c_float(0)),
-                         np.dtype(np.float64): (ctypes.c_double(1), ctypes.c_double(0))}
 
     # ------------------------------------------------------------ descriptors
     def _new(self, what: str) -> int:
@@ -325,10 +331,6 @@ class Context:
                       f"pooling descriptor (mode {mode}, kernel {kernel}, stride {stride}, padding {padding})")
             self._pools[key] = desc
         return desc
-
-    def scalars(self, dtype):
-        """(alpha = 1, beta = 0) in the type cuDNN reads for ``dtype``."""
-        return self._scalars[dtype]
 
     def count(self, what: str) -> None:
         self.calls[what] = self.calls.get(what, 0) + 1
@@ -488,10 +490,9 @@ def _convolution(be, direction, a, b, out_shape, attrs, xshape, wshape):
     algo, size, algo_math = plan
     conv = descs[2] if algo_math == math else ctx.convolution(attrs, dtype, algo_math)
     workspace = be.pool.malloc(size) if size else None      # alive until the call is queued (stream order)
-    alpha, beta = ctx.scalars(dtype)
-    fn = getattr(lib, _CONV_FUNCTIONS[direction][3])
-    status = fn(ctx.handle, ctypes.byref(alpha), descs[0], a.ptr, descs[1], b.ptr, conv, algo,
-                int(workspace) if workspace is not None else None, size, ctypes.byref(beta), descs[3], out.ptr)
+    status = _cudnn.convolution(lib.address[_CONV_FUNCTIONS[direction][3]], ctx.handle, dtype == np.float64,
+                                descs[0], a.ptr, descs[1], b.ptr, conv, algo,
+                                int(workspace) if workspace is not None else 0, size, descs[3], out.ptr)
     del workspace
     if status != SUCCESS:
         if 3000 <= status < 4000:       # NOT_SUPPORTED_*: this configuration runs the other path from now on
@@ -590,10 +591,10 @@ def pool_forward(be, x, kind, kernel, stride, padding, out_shape):
     if ctx is None or 0 in x.shape or 0 in out_shape:
         return None
     y = be.empty(out_shape, x.dtype)
-    alpha, beta = ctx.scalars(x.dtype)
     pool = ctx.pooling(_pool_mode(kind, False), kernel, stride, padding)
-    ctx.lib.check(ctx.lib.cudnnPoolingForward(ctx.handle, pool, ctypes.byref(alpha), ctx.tensor(x.shape, x.dtype),
-                                              x.ptr, ctypes.byref(beta), ctx.tensor(out_shape, x.dtype), y.ptr),
+    ctx.lib.check(_cudnn.pooling_forward(ctx.lib.address["cudnnPoolingForward"], ctx.handle, x.dtype == np.float64,
+                                         pool, ctx.tensor(x.shape, x.dtype), x.ptr, ctx.tensor(out_shape, x.dtype),
+                                         y.ptr),
                   f"cudnnPoolingForward ({kind}, x {x.shape}, kernel {kernel}, stride {stride}, padding {padding})")
     be.written(y)
     ctx.count("pool_forward")
@@ -618,11 +619,10 @@ def pool_backward(be, g, x, kind, kernel, stride, padding, xshape):
     if kind != "max":
         # average pooling reads neither: valid arrays of the right shapes stand in
         x, y = dx, g
-    alpha, beta = ctx.scalars(dtype)
     pool = ctx.pooling(_pool_mode(kind, True), kernel, stride, padding)
     gdesc, xdesc = ctx.tensor(g.shape, dtype), ctx.tensor(tuple(xshape), dtype)
-    ctx.lib.check(ctx.lib.cudnnPoolingBackward(ctx.handle, pool, ctypes.byref(alpha), gdesc, y.ptr, gdesc, g.ptr,
-                                               xdesc, x.ptr, ctypes.byref(beta), xdesc, dx.ptr),
+    ctx.lib.check(_cudnn.pooling_backward(ctx.lib.address["cudnnPoolingBackward"], ctx.handle, dtype == np.float64,
+                                          pool, gdesc, y.ptr, g.ptr, xdesc, x.ptr, dx.ptr),
                   f"cudnnPoolingBackward ({kind}, dy {g.shape}, x {tuple(xshape)}, kernel {kernel}, "
                   f"stride {stride}, padding {padding})")
     be.written(dx)
@@ -655,10 +655,9 @@ def batch_norm_training(be, x, weight, bias, eps):
     dtype = x.dtype
     y, mean, invstd = be.empty(x.shape, dtype), be.empty(weight.shape, dtype), be.empty(weight.shape, dtype)
     xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
-    alpha, beta = ctx.scalars(dtype)
-    ctx.lib.check(ctx.lib.cudnnBatchNormalizationForwardTraining(
-        ctx.handle, BATCHNORM_SPATIAL, ctypes.byref(alpha), ctypes.byref(beta), xd, x.ptr, xd, y.ptr, pd,
-        weight.ptr, bias.ptr, 0.0, None, None, float(eps), mean.ptr, invstd.ptr),
+    ctx.lib.check(_cudnn.batch_norm_training(
+        ctx.lib.address["cudnnBatchNormalizationForwardTraining"], ctx.handle, dtype == np.float64,
+        BATCHNORM_SPATIAL, xd, x.ptr, y.ptr, pd, weight.ptr, bias.ptr, float(eps), mean.ptr, invstd.ptr),
         f"cudnnBatchNormalizationForwardTraining (x {x.shape}, eps {eps})")
     for a in (y, mean, invstd):
         be.written(a)
@@ -676,10 +675,9 @@ def batch_norm_inference(be, x, mean, var, weight, bias, eps):
     dtype = x.dtype
     y = be.empty(x.shape, dtype)
     xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
-    alpha, beta = ctx.scalars(dtype)
-    ctx.lib.check(ctx.lib.cudnnBatchNormalizationForwardInference(
-        ctx.handle, BATCHNORM_SPATIAL, ctypes.byref(alpha), ctypes.byref(beta), xd, x.ptr, xd, y.ptr, pd,
-        weight.ptr, bias.ptr, mean.ptr, var.ptr, float(eps)),
+    ctx.lib.check(_cudnn.batch_norm_inference(
+        ctx.lib.address["cudnnBatchNormalizationForwardInference"], ctx.handle, dtype == np.float64,
+        BATCHNORM_SPATIAL, xd, x.ptr, y.ptr, pd, weight.ptr, bias.ptr, mean.ptr, var.ptr, float(eps)),
         f"cudnnBatchNormalizationForwardInference (x {x.shape}, eps {eps})")
     be.written(y)
     ctx.count("batch_norm_inference")
@@ -697,11 +695,9 @@ def batch_norm_backward(be, g, x, weight, mean, invstd, eps):
     dtype = x.dtype
     dx, dw, db = be.empty(x.shape, dtype), be.empty(weight.shape, dtype), be.empty(weight.shape, dtype)
     xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
-    alpha, beta = ctx.scalars(dtype)
-    one, zero = ctypes.byref(alpha), ctypes.byref(beta)
-    ctx.lib.check(ctx.lib.cudnnBatchNormalizationBackward(
-        ctx.handle, BATCHNORM_SPATIAL, one, zero, one, zero, xd, x.ptr, xd, g.ptr, xd, dx.ptr, pd, weight.ptr,
-        dw.ptr, db.ptr, float(eps), mean.ptr, invstd.ptr),
+    ctx.lib.check(_cudnn.batch_norm_backward(
+        ctx.lib.address["cudnnBatchNormalizationBackward"], ctx.handle, dtype == np.float64, BATCHNORM_SPATIAL,
+        xd, x.ptr, g.ptr, dx.ptr, pd, weight.ptr, dw.ptr, db.ptr, float(eps), mean.ptr, invstd.ptr),
         f"cudnnBatchNormalizationBackward (x {x.shape}, eps {eps})")
     for a in (dx, dw, db):
         be.written(a)
