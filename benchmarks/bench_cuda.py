@@ -226,29 +226,17 @@ def torch_conv():
 CONV_SHAPES = [((16, 32, 32, 32), 64), ((32, 128, 28, 28), 128), ((64, 64, 56, 56), 64)]
 
 
-def gc_conv_shape(xshape, filters):
-    rng = np.random.default_rng(0)
-    x = gc.Parameter(rng.standard_normal(xshape).astype(np.float32), device="cuda")
-    w = gc.Parameter((rng.standard_normal((filters, xshape[1], 3, 3)) * 0.05).astype(np.float32), device="cuda")
-    gm = GradManager().attach([x, w])
+def _spec(xshape, filters):
+    n, c, h, w = xshape
+    return dict(n=n, c=c, h=h, w=w, o=filters, k=3)
 
-    def step():
-        with gm:
-            gm.backward(F.conv2d(x, w, padding=1).sum())
-        x.grad = w.grad = None
-    return step
+
+def gc_conv_shape(xshape, filters):
+    return bench_models.gc_conv("cuda", _spec(xshape, filters))
 
 
 def torch_conv_shape(xshape, filters):
-    rng = np.random.default_rng(0)
-    x = torch.tensor(rng.standard_normal(xshape).astype(np.float32), device="cuda", requires_grad=True)
-    w = torch.tensor((rng.standard_normal((filters, xshape[1], 3, 3)) * 0.05).astype(np.float32), device="cuda",
-                     requires_grad=True)
-
-    def step():
-        torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
-        x.grad = w.grad = None
-    return step
+    return bench_models.torch_conv("cuda", _spec(xshape, filters))
 
 
 def _demo_data(batch, steps=None):

@@ -279,58 +279,51 @@ class Context:
         self.lib.check(getattr(self.lib, name)(ctypes.byref(desc)), name)
         return desc.value
 
-    def tensor(self, shape, dtype) -> int:
-        """A packed (C-contiguous) tensor descriptor of ``shape`` (4-D or 5-D)."""
-        key = (tuple(shape), dtype)
-        desc = self._tensors.get(key)
+    def _descriptor(self, cache, key, kind, setup) -> int:
+        """The descriptor of ``key`` in ``cache``: made the first time by
+        ``cudnnCreate<kind>Descriptor`` and ``setup(desc)`` (which sets it)."""
+        desc = cache.get(key)
         if desc is None:
-            lib = self.lib
-            desc = self._new("Tensor")
-            strides = _strides(shape)
-            lib.check(lib.cudnnSetTensorNdDescriptor(desc, _DATA_TYPES[dtype], len(shape), _ints(shape),
-                                                     _ints(strides)), f"cudnnSetTensorNdDescriptor{tuple(shape)}")
-            self._tensors[key] = desc
+            desc = self._new(kind)
+            setup(desc)
+            cache[key] = desc
         return desc
 
+    def tensor(self, shape, dtype) -> int:
+        """A packed (C-contiguous) tensor descriptor of ``shape`` (4-D or 5-D)."""
+        shape, lib = tuple(shape), self.lib
+        return self._descriptor(self._tensors, (shape, dtype), "Tensor", lambda desc: lib.check(
+            lib.cudnnSetTensorNdDescriptor(desc, _DATA_TYPES[dtype], len(shape), _ints(shape), _ints(_strides(shape))),
+            f"cudnnSetTensorNdDescriptor{shape}"))
+
     def filter(self, shape, dtype) -> int:
-        key = (tuple(shape), dtype)
-        desc = self._filters.get(key)
-        if desc is None:
-            lib = self.lib
-            desc = self._new("Filter")
-            lib.check(lib.cudnnSetFilterNdDescriptor(desc, _DATA_TYPES[dtype], TENSOR_NCHW, len(shape), _ints(shape)),
-                      f"cudnnSetFilterNdDescriptor{tuple(shape)}")
-            self._filters[key] = desc
-        return desc
+        """A filter descriptor (O, C / groups, K...) in NCHW order."""
+        shape, lib = tuple(shape), self.lib
+        return self._descriptor(self._filters, (shape, dtype), "Filter", lambda desc: lib.check(
+            lib.cudnnSetFilterNdDescriptor(desc, _DATA_TYPES[dtype], TENSOR_NCHW, len(shape), _ints(shape)),
+            f"cudnnSetFilterNdDescriptor{shape}"))
 
     def convolution(self, attrs, dtype, math) -> int:
         """A cross-correlation descriptor: ``attrs`` (stride, padding,
         dilation, groups), the compute type of ``dtype``, math mode ``math``."""
-        key = (attrs, dtype, math)
-        desc = self._convs.get(key)
-        if desc is None:
-            lib = self.lib
-            stride, padding, dilation, groups = attrs
-            desc = self._new("Convolution")
-            what = f"convolution descriptor (stride {stride}, padding {padding}, dilation {dilation}, groups {groups})"
+        lib = self.lib
+        stride, padding, dilation, groups = attrs
+        what = f"convolution descriptor (stride {stride}, padding {padding}, dilation {dilation}, groups {groups})"
+
+        def setup(desc):
             lib.check(lib.cudnnSetConvolutionNdDescriptor(desc, len(stride), _ints(padding), _ints(stride),
                                                           _ints(dilation), CROSS_CORRELATION, _DATA_TYPES[dtype]), what)
             lib.check(lib.cudnnSetConvolutionGroupCount(desc, groups), what)
             lib.check(lib.cudnnSetConvolutionMathType(desc, math), what)
-            self._convs[key] = desc
-        return desc
+        return self._descriptor(self._convs, (attrs, dtype, math), "Convolution", setup)
 
     def pooling(self, mode, kernel, stride, padding) -> int:
-        key = (mode, kernel, stride, padding)
-        desc = self._pools.get(key)
-        if desc is None:
-            lib = self.lib
-            desc = self._new("Pooling")
-            lib.check(lib.cudnnSetPoolingNdDescriptor(desc, mode, PROPAGATE_NAN, len(kernel), _ints(kernel),
-                                                      _ints(padding), _ints(stride)),
-                      f"pooling descriptor (mode {mode}, kernel {kernel}, stride {stride}, padding {padding})")
-            self._pools[key] = desc
-        return desc
+        """A pooling descriptor (NaN propagates, as gradcore's max pooling)."""
+        lib = self.lib
+        return self._descriptor(self._pools, (mode, kernel, stride, padding), "Pooling", lambda desc: lib.check(
+            lib.cudnnSetPoolingNdDescriptor(desc, mode, PROPAGATE_NAN, len(kernel), _ints(kernel), _ints(padding),
+                                            _ints(stride)),
+            f"pooling descriptor (mode {mode}, kernel {kernel}, stride {stride}, padding {padding})"))
 
     def count(self, what: str) -> None:
         self.calls[what] = self.calls.get(what, 0) + 1
@@ -644,65 +637,56 @@ def _bn_context(be, x, params, eps):
     return ctx, shape, (1, shape[1]) + (1,) * (len(shape) - 2)
 
 
-def batch_norm_training(be, x, weight, bias, eps):
-    """(y, batch mean, batch inverse std) of batch normalisation over every
-    axis of ``x`` but 1, the statistics shaped like ``weight`` (1, C, 1, ...);
-    or None where cuDNN is not used."""
-    found = _bn_context(be, x, (weight, bias), eps)
+def _bn_run(be, x, params, eps, function, out_shapes, call):
+    """Run cuDNN's batch-norm ``function`` on ``x`` and its per-channel
+    ``params``: ``call(address, handle, double, x desc, param desc,
+    *outputs)`` makes the call (its status); the outputs are new arrays of
+    ``out_shapes``. None where cuDNN is not used."""
+    found = _bn_context(be, x, params, eps)
     if found is None:
         return None
     ctx, shape, pshape = found
     dtype = x.dtype
-    y, mean, invstd = be.empty(x.shape, dtype), be.empty(weight.shape, dtype), be.empty(weight.shape, dtype)
-    xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
-    ctx.lib.check(_cudnn.batch_norm_training(
-        ctx.lib.address["cudnnBatchNormalizationForwardTraining"], ctx.handle, dtype == np.float64,
-        BATCHNORM_SPATIAL, xd, x.ptr, y.ptr, pd, weight.ptr, bias.ptr, float(eps), mean.ptr, invstd.ptr),
-        f"cudnnBatchNormalizationForwardTraining (x {x.shape}, eps {eps})")
-    for a in (y, mean, invstd):
+    outs = [be.empty(s, dtype) for s in out_shapes]
+    status = call(ctx.lib.address[function], ctx.handle, dtype == np.float64, ctx.tensor(shape, dtype),
+                  ctx.tensor(pshape, dtype), *outs)
+    ctx.lib.check(status, f"{function} (x {x.shape}, eps {eps})")
+    for a in outs:
         be.written(a)
-    ctx.count("batch_norm_training")
-    return y, mean, invstd
+    ctx.count(function)
+    return outs
+
+
+def batch_norm_training(be, x, weight, bias, eps):
+    """(y, batch mean, batch inverse std) of batch normalisation over every
+    axis of ``x`` but 1, the statistics shaped like ``weight`` (1, C, 1, ...);
+    or None where cuDNN is not used."""
+    def call(fn, handle, double, xd, pd, y, mean, invstd):
+        return _cudnn.batch_norm_training(fn, handle, double, BATCHNORM_SPATIAL, xd, x.ptr, y.ptr, pd, weight.ptr,
+                                          bias.ptr, float(eps), mean.ptr, invstd.ptr)
+    return _bn_run(be, x, (weight, bias), eps, "cudnnBatchNormalizationForwardTraining",
+                   (x.shape, weight.shape, weight.shape), call)
 
 
 def batch_norm_inference(be, x, mean, var, weight, bias, eps):
     """Batch normalisation of ``x`` with given statistics (running mean and
     variance, each (1, C, 1, ...)), or None where cuDNN is not used."""
-    found = _bn_context(be, x, (mean, var, weight, bias), eps)
-    if found is None:
-        return None
-    ctx, shape, pshape = found
-    dtype = x.dtype
-    y = be.empty(x.shape, dtype)
-    xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
-    ctx.lib.check(_cudnn.batch_norm_inference(
-        ctx.lib.address["cudnnBatchNormalizationForwardInference"], ctx.handle, dtype == np.float64,
-        BATCHNORM_SPATIAL, xd, x.ptr, y.ptr, pd, weight.ptr, bias.ptr, mean.ptr, var.ptr, float(eps)),
-        f"cudnnBatchNormalizationForwardInference (x {x.shape}, eps {eps})")
-    be.written(y)
-    ctx.count("batch_norm_inference")
-    return y
+    def call(fn, handle, double, xd, pd, y):
+        return _cudnn.batch_norm_inference(fn, handle, double, BATCHNORM_SPATIAL, xd, x.ptr, y.ptr, pd, weight.ptr,
+                                           bias.ptr, mean.ptr, var.ptr, float(eps))
+    done = _bn_run(be, x, (mean, var, weight, bias), eps, "cudnnBatchNormalizationForwardInference", (x.shape,), call)
+    return None if done is None else done[0]
 
 
 def batch_norm_backward(be, g, x, weight, mean, invstd, eps):
     """(dx, dweight, dbias) of batch normalisation in training from the
     output gradient ``g`` and the forward's saved batch mean and inverse
     std; or None where cuDNN is not used."""
-    found = _bn_context(be, x, (g, weight, mean, invstd), eps)
-    if found is None:
-        return None
-    ctx, shape, pshape = found
-    dtype = x.dtype
-    dx, dw, db = be.empty(x.shape, dtype), be.empty(weight.shape, dtype), be.empty(weight.shape, dtype)
-    xd, pd = ctx.tensor(shape, dtype), ctx.tensor(pshape, dtype)
-    ctx.lib.check(_cudnn.batch_norm_backward(
-        ctx.lib.address["cudnnBatchNormalizationBackward"], ctx.handle, dtype == np.float64, BATCHNORM_SPATIAL,
-        xd, x.ptr, g.ptr, dx.ptr, pd, weight.ptr, dw.ptr, db.ptr, float(eps), mean.ptr, invstd.ptr),
-        f"cudnnBatchNormalizationBackward (x {x.shape}, eps {eps})")
-    for a in (dx, dw, db):
-        be.written(a)
-    ctx.count("batch_norm_backward")
-    return dx, dw, db
+    def call(fn, handle, double, xd, pd, dx, dw, db):
+        return _cudnn.batch_norm_backward(fn, handle, double, BATCHNORM_SPATIAL, xd, x.ptr, g.ptr, dx.ptr, pd,
+                                          weight.ptr, dw.ptr, db.ptr, float(eps), mean.ptr, invstd.ptr)
+    return _bn_run(be, x, (g, weight, mean, invstd), eps, "cudnnBatchNormalizationBackward",
+                   (x.shape, weight.shape, weight.shape), call)
 
 
 def clear_cache(be=None) -> None:

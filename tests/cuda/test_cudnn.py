@@ -409,7 +409,7 @@ def test_batch_norm_training_on_cudnn_to_second_order(fake, matches_cpu, shape):
     matches_cpu(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True, eps=1e-3), [_rand(*shape), w, b],
                 rtol=1e-4, atol=1e-4)
     calls = cudnn.context(fake.backend).calls
-    assert calls["batch_norm_training"] == 1 and calls["batch_norm_backward"] >= 1
+    assert calls["cudnnBatchNormalizationForwardTraining"] == 1 and calls["cudnnBatchNormalizationBackward"] >= 1
     pad = shape + (1,) * (4 - len(shape))
     assert fake.last("bn_training")["x"] == pad and fake.last("bn_backward")["eps"] == pytest.approx(1e-3)
 
@@ -428,7 +428,8 @@ def test_batch_norm_running_statistics_and_inference_on_cudnn(fake):
     for got, want in zip(run("cuda"), run("cpu")):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     calls = cudnn.context(fake.backend).calls
-    assert calls["batch_norm_training"] == 1 and calls["batch_norm_inference"] == 1
+    assert calls["cudnnBatchNormalizationForwardTraining"] == 1
+    assert calls["cudnnBatchNormalizationForwardInference"] == 1
 
 
 def test_a_batch_norm_module_trains_on_cudnn(fake):
@@ -440,7 +441,7 @@ def test_a_batch_norm_module_trains_on_cudnn(fake):
     with gm:
         gm.backward(F.sum(bn(x) * x))
     assert all(p.grad is not None for p in bn.parameters())
-    assert cudnn.context(fake.backend).calls["batch_norm_backward"] == 1
+    assert cudnn.context(fake.backend).calls["cudnnBatchNormalizationBackward"] == 1
 
 
 @needs_cxx
