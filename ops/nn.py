@@ -277,6 +277,13 @@ class BatchNormTraining(_BatchNorm):
     statistics are (1, C, 1, ...); invstd = 1 / sqrt(biased variance + eps)."""
     name = "BatchNormTraining"
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: 4-D and 2-D."""
+        rng = np.random.default_rng(0)
+        return [(cls(1e-3), [rng.standard_normal(s) for s in ((3, 2, 2, 2), (1, 2, 1, 1), (1, 2, 1, 1))]),
+                (cls(0.1, 2), [rng.standard_normal(s) for s in ((4, 3), (1, 3), (1, 3))])]
+
     def infer(self, x, w, b):
         self._check(x, (w, b), ("weight", "bias"))
         return super().infer(x, w, b)
@@ -320,6 +327,13 @@ class BatchNormBackward(_BatchNorm):
     BatchNormTraining through its output y (mean and invstd as saved by it)."""
     name = "BatchNormBackward"
 
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (a positive inverse std)."""
+        rng = np.random.default_rng(0)
+        g, x, w, m = (rng.standard_normal(s) for s in ((3, 2, 2), (3, 2, 2), (1, 2, 1), (1, 2, 1)))
+        return [(cls(1e-3, 3), [g, x, w, m, rng.uniform(0.5, 1.5, (1, 2, 1))])]
+
     def infer(self, g, x, w, m, invstd):
         self._check(x, (w, m, invstd), ("weight", "mean", "invstd"))
         if g.shape is not None and x.shape is not None and tuple(g.shape) != tuple(x.shape):
@@ -354,6 +368,13 @@ class BatchNormInference(_BatchNorm):
     """(x, mean, var, weight, bias) -> (x - mean) / sqrt(var + eps) * weight
     + bias, with given statistics (the running ones), each (1, C, 1, ...)."""
     name = "BatchNormInference"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (a positive variance)."""
+        rng = np.random.default_rng(0)
+        x, m, w, b = (rng.standard_normal(s) for s in ((2, 2, 3), (1, 2, 1), (1, 2, 1), (1, 2, 1)))
+        return [(cls(1e-3, 3), [x, m, rng.uniform(0.5, 1.5, (1, 2, 1)), w, b])]
 
     def infer(self, x, m, v, w, b):
         self._check(x, (m, v, w, b), ("mean", "var", "weight", "bias"))
