@@ -18,6 +18,8 @@ extensions = [
               extra_compile_args=["-O3"]),
     # the CUDA backend's per-call path: launches, the device allocator, cuBLAS calls (gradcore/cuda/)
     Extension("gradcore.cuda._launch", ["gradcore/cuda/_launch.pyx"], extra_compile_args=["-O3"]),
+    # cuDNN's per-call functions through C function pointers (gradcore/cuda/cudnn.py)
+    Extension("gradcore.cuda._cudnn", ["gradcore/cuda/_cudnn.pyx"], extra_compile_args=["-O3"]),
 ]
 
 setup(

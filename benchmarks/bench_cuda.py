@@ -18,6 +18,13 @@ Targets (issue 6): elementwise forward and backward >= 85% of a
 device-to-device copy's bandwidth; MLP and conv2d steps <= 1.0x PyTorch.
 Issue 16: the graphed MLP 784-512-512-10 step at batch 32 <= 0.3x PyTorch
 CUDA eager and <= 1.0x PyTorch's own CUDA-graph step.
+
+Issue 17 (cuDNN): conv2d forward+backward at the three shapes of the issue
+((16,32,32,32)*64, (32,128,28,28)*128, (64,64,56,56)*64, 3x3, padding 1)
+and one epoch of the demo's digits CNN (batch 32, each batch uploaded as
+the demo does, the loss read every step), each side by side with PyTorch
+CUDA eager, target <= 1.0x; which convolution path ran (cuDNN or im2col +
+cuBLAS) is printed with them. ``--conv-only`` runs just these.
 """
 from __future__ import annotations
 
@@ -45,6 +52,11 @@ try:
         torch = None
 except ImportError:
     torch = None
+
+
+def gradcore_cuda():
+    import gradcore.cuda
+    return gradcore.cuda
 
 
 def sync():
@@ -215,6 +227,93 @@ def torch_conv():
     return bench_models.torch_conv("cuda")
 
 
+# the shapes of issue 17: (N, C, H, W), filters; 3x3, padding 1
+CONV_SHAPES = [((16, 32, 32, 32), 64), ((32, 128, 28, 28), 128), ((64, 64, 56, 56), 64)]
+
+
+def _spec(xshape, filters):
+    n, c, h, w = xshape
+    return dict(n=n, c=c, h=h, w=w, o=filters, k=3)
+
+
+def gc_conv_shape(xshape, filters):
+    return bench_models.gc_conv("cuda", _spec(xshape, filters))
+
+
+def torch_conv_shape(xshape, filters):
+    return bench_models.torch_conv("cuda", _spec(xshape, filters))
+
+
+def _demo_data(batch, steps=None):
+    from gradcore.demo import load_digits
+    x, y = load_digits()
+    order = np.random.default_rng(0).permutation(len(x))
+    return x, y, [order[i:i + batch] for i in range(0, len(x), batch)][:steps]
+
+
+def gc_demo_epoch(batch=32, steps=None):
+    """One epoch of the demo's training loop on cuda (gradcore/demo.py)."""
+    import gradcore.optimizer as optim
+    from gradcore.demo import DigitsCNN
+    x, y, batches = _demo_data(batch, steps)
+    model = DigitsCNN().to("cuda")
+    gm = GradManager().attach(model.parameters())
+    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def epoch():
+        for idx in batches:
+            with gm:
+                loss = F.cross_entropy(model(gc.tensor(x[idx], device="cuda")), gc.tensor(y[idx], device="cuda"))
+                gm.backward(loss)
+            opt.step().clear_grad()
+            loss.item()
+    return epoch
+
+
+def torch_demo_epoch(batch=32):
+    nn = torch.nn
+    x, y, batches = _demo_data(batch)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def epoch():
+        for idx in batches:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(torch.tensor(x[idx], device="cuda")),
+                                                     torch.tensor(y[idx], device="cuda").long())
+            loss.backward()
+            opt.step()
+            loss.item()
+    return epoch
+
+
+def conv_cases(emulator=False):
+    """(name, gradcore step, PyTorch step or None): issue 17's cases (on the
+    emulator, a smoke test: one small shape, 2 steps of the epoch)."""
+    shapes = [((2, 4, 6, 6), 4)] if emulator else CONV_SHAPES
+    cases = [(f"conv2d {'x'.join(map(str, xs))} * {o}x3x3 fwd+bwd", gc_conv_shape(xs, o),
+              torch_conv_shape(xs, o) if torch else None) for xs, o in shapes]
+    cases.append(("demo digits CNN, one epoch (batch 32)" if not emulator else "demo digits CNN, 2 steps",
+                  gc_demo_epoch(steps=2 if emulator else None), torch_demo_epoch() if torch else None))
+    return cases
+
+
+def run_side_by_side(cases, results, repeat, target_time):
+    """Median seconds of each case, gradcore and PyTorch alternating; printed and recorded."""
+    for name, g, t in cases:
+        gt, tt = [], []
+        for _ in range(repeat):
+            gt.append(timed(g, target_time))
+            if t is not None:
+                tt.append(timed(t, target_time))
+        gm_, tm_ = statistics.median(gt), (statistics.median(tt) if tt else None)
+        ratio = f"{gm_ / tm_:.2f}x" if tm_ else "-"
+        print(f"  {name:44s} gradcore {gm_ * 1e3:8.3f} ms  torch {tm_ * 1e3 if tm_ else float('nan'):8.3f} ms  {ratio}")
+        results["cases"][name] = {"gradcore_s": gm_, "torch_s": tm_}
+
+
 # ---------------------------------------------------------------- whole training steps as CUDA graphs (issue 16)
 MLP_SIZES = [784, 512, 512, 10]
 
@@ -379,6 +478,7 @@ def main():
     ap.add_argument("--host-cost", action="store_true",
                     help="only the host cost of a tiny op, cuda (emulator, no-op launches) against cpu")
     ap.add_argument("--graphs", action="store_true", help="only the training steps as CUDA graphs")
+    ap.add_argument("--conv-only", action="store_true", help="only issue 17's convolution and demo cases")
     ap.add_argument("--json")
     args = ap.parse_args()
     global torch
@@ -391,6 +491,22 @@ def main():
     kind = be.driver.kind
     print(f"device: {be.name} ({kind}); torch: {torch.__version__ if torch else 'not available on cuda'}")
     results = {"device": be.name, "kind": kind, "cases": {}}
+    from gradcore.cuda import cudnn
+    results["convolutions"] = cudnn.status(be)
+    if torch is not None:
+        results["torch_cudnn"] = torch.backends.cudnn.version()
+    print(f"convolutions: {results['convolutions']}; TF32: conv {gradcore_cuda().allow_tf32_conv}, "
+          f"matmul {gradcore_cuda().allow_tf32_matmul}"
+          + (f"; torch cuDNN {results['torch_cudnn']}, TF32 conv {torch.backends.cudnn.allow_tf32}, "
+             f"matmul {torch.backends.cuda.matmul.allow_tf32}" if torch is not None else ""))
+    if args.conv_only:
+        print("\nissue 17 (medians; ratio = gradcore / PyTorch CUDA eager; target <= 1.0)")
+        run_side_by_side(conv_cases(args.emulator), results, args.repeat,
+                         args.target_time if args.quick else max(args.target_time, 1.0))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     if args.host_cost:
         print_host_cost(results, args.repeat)
         if args.json:
@@ -424,17 +540,10 @@ def main():
     model_cases = [(f"MLP 784-512-512-10 batch {b}", gc_mlp(b), torch_mlp(b) if torch else None) for b in batches]
     if not args.emulator:
         model_cases.append(("conv2d 16x32x32x32 * 64x3x3 fwd+bwd", gc_conv(), torch_conv() if torch else None))
+    if not args.emulator:
+        model_cases += conv_cases()
     print("\nsteps (medians; ratio = gradcore / PyTorch CUDA eager; target <= 1.0)")
-    for name, g, t in model_cases:
-        gt, tt = [], []
-        for _ in range(args.repeat):
-            gt.append(timed(g, args.target_time))
-            if t is not None:
-                tt.append(timed(t, args.target_time))
-        gm_, tm_ = statistics.median(gt), (statistics.median(tt) if tt else None)
-        ratio = f"{gm_ / tm_:.2f}x" if tm_ else "-"
-        print(f"  {name:40s} gradcore {gm_ * 1e3:8.3f} ms  torch {tm_ * 1e3 if tm_ else float('nan'):8.3f} ms  {ratio}")
-        results["cases"][name] = {"gradcore_s": gm_, "torch_s": tm_}
+    run_side_by_side(model_cases, results, args.repeat, args.target_time)
     graph_steps(results, args.repeat, args.target_time, args.emulator)
 
     # start-up, each in a fresh process: empty cache, then the disk cache

@@ -14,7 +14,7 @@ from ._core import Tensor
 from .cuda.array import DeviceArray
 from .cuda.graphs import GraphCaptureError
 from .cuda import events as _device_events
-from .devices import norm_device
+from .devices import filled, norm_device
 from .dtypes import DEFAULT_FLOAT, DEFAULT_INT
 
 
@@ -401,7 +401,8 @@ _HOOK_FNS = {
     "astype": astype,
     "_to_array": to_array,
     "_norm_device": norm_device,
-    "_zeros_on": lambda shape, dtype, device: _F().zeros(shape, dtype, device)._data,
+    # zeros for an output no gradient reached: made on its device (no upload)
+    "_zeros_on": lambda shape, dtype, device: filled(shape, 0, dtype, device),
     "_ones_on": lambda arr: arr.backend.ones_seed(arr.shape, arr.dtype),
 }
 

@@ -165,6 +165,13 @@ class PyCudaDriver:
                 self._blas.set_stream(self._capture_stream)
         return self._blas.entry_points()
 
+    def blas_tf32(self, allowed: bool) -> None:
+        """Float32 GEMMs on TF32 tensor cores, or not (``gradcore.cuda.allow_tf32_matmul``)."""
+        if self._blas is None:
+            from .blas import Cublas
+            self._blas = Cublas()
+        self._blas.set_tf32(allowed)
+
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
         if self._capture_stream:
             raise RuntimeError("a kernel launched through PyCUDA's Python path (this PyCUDA's Function has no "

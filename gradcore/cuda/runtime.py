@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 import threading
 import weakref
 from typing import Optional
@@ -76,6 +77,7 @@ class Backend:
         self._scalars = {}
         self._extents = {}
         self._blas_entry = None
+        self._blas_tf32 = False             # cuBLAS's default math: no TF32
         self._lock = threading.Lock()
         # copies between host and device, counted: a training step makes none
         # unless the user reads a value (memory_stats)
@@ -308,6 +310,10 @@ class Backend:
             dtype = np.dtype(dtype)
             if dtype.kind != "f" or dtype.itemsize not in (4, 8):
                 raise TypeError(f"cuBLAS GEMM: no kernel for {dtype}")
+            tf32 = getattr(sys.modules.get("gradcore.cuda"), "allow_tf32_matmul", False) is True
+            if tf32 != self._blas_tf32:     # the precision policy changed (docs/cuda.md, "Precision")
+                self.driver.blas_tf32(tf32)
+                self._blas_tf32 = tf32
             handle, sgemm, dgemm = entry
             double = dtype.itemsize == 8
             status = _launch.gemm(dgemm if double else sgemm, handle, transa, transb, m, n, k, alpha, a, lda,
