@@ -1,5 +1,6 @@
 """Neural-network ops: log_softmax (hand VJP: it needs only its output),
-logsumexp (declared by decomposition only: its backward graph is derived)."""
+logsumexp (declared by decomposition only: its backward graph is derived),
+batch normalisation (training, its backward, inference: cuDNN on a GPU)."""
 from __future__ import annotations
 
 import math
@@ -7,11 +8,12 @@ import math
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cuda import cudnn
 from gradcore.op import Composite, Op, TensorDesc
 
 from .elemwise import Elemwise
 from .linalg import check_cuda_dtype
-from .reduce import BLOCK_REDUCE, MAX_BLOCKS, SHORT_AXIS, Reduce, op_int, row_threads
+from .reduce import BLOCK_REDUCE, MAX_BLOCKS, SHORT_AXIS, BroadcastBack, Reduce, op_int, row_threads
 from .shape import StopGradient
 
 
@@ -256,3 +258,228 @@ _ROWS = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadId
 
 def _cname(ctype):
     return ctype.replace(" ", "_")
+
+
+# ---------------------------------------------------------------- batch normalisation
+# F.batch_norm with an affine weight and bias runs as these ops: on a GPU
+# through cuDNN (gradcore/cuda/cudnn.py), elsewhere their decompositions (the
+# same math in generic ops) and, on cuda without cuDNN, reductions plus the
+# fused per-element kernels of ``batch_norm_source``. Every order of
+# derivative works: BatchNormTraining's vjp is BatchNormBackward (plus the
+# terms of its statistics' gradients), whose own backward is derived from
+# its decomposition; BatchNormInference's backward is derived too.
+def _bn_axes(ndim):
+    return tuple(i for i in range(ndim) if i != 1)
+
+
+def _bn_count(x):
+    """Elements per channel: the M of the mean over every axis but 1."""
+    return math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
+
+
+class _BatchNorm(Composite):
+    """``eps``; ``ndim``: the input's number of dimensions (backward graphs
+    are made for every shape: the axes reduced over must be known)."""
+    attrs = ("eps", "ndim")
+
+    def __init__(self, eps=1e-5, ndim=4):
+        try:
+            eps = float(eps)
+        except (TypeError, ValueError):
+            raise TypeError(f"{self.name}: eps must be a number, got {eps!r}") from None
+        if not eps >= 0:
+            raise ValueError(f"{self.name}: eps must be >= 0, got {eps}")
+        self.eps = eps
+        self.ndim = op_int(self.name, "ndim", ndim)
+        if self.ndim < 2:
+            raise ValueError(f"{self.name}: ndim must be >= 2 (N, C, ...), got {ndim}")
+        self._seal()
+
+    def _mean_back(self, g, x):
+        """A per-channel g (1, C, 1, ...) spread over x's shape, divided by
+        the elements per channel: the backward of the mean over every axis but 1."""
+        return _apply1(BroadcastBack(_bn_axes(self.ndim), True, True), g, x)
+
+    def _check(self, x, params, what):
+        """x is (N, C, ...) and each of ``params`` (named by ``what``) is
+        (1, C, 1, ...), all of one floating-point dtype."""
+        if x.shape is None:
+            return
+        if len(x.shape) != self.ndim:
+            raise self.error(f"input must be {self.ndim}-D (N, C, ...), got shape {x.shape}", x, *params)
+        want = (1, x.shape[1]) + (1,) * (len(x.shape) - 2)
+        for name, p in zip(what, params):
+            if p.shape is not None and tuple(p.shape) != want:
+                raise self.error(f"{name} must have shape {want} (one per channel), got {p.shape}", x, *params)
+        for d in (x,) + tuple(params):
+            if d.dtype.kind != "f" or d.dtype != x.dtype:
+                raise self.error(f"needs inputs of one floating-point dtype, got "
+                                 f"{', '.join(str(p.dtype) for p in (x,) + tuple(params))}", x, *params)
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        return batch_norm_source(ctype)
+
+
+class BatchNormTraining(_BatchNorm):
+    """(x, weight, bias) -> (y, mean, invstd): batch normalisation with the
+    batch's statistics over every axis but 1; weight, bias and both
+    statistics are (1, C, 1, ...); invstd = 1 / sqrt(biased variance + eps)."""
+    name = "BatchNormTraining"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: 4-D and 2-D."""
+        rng = np.random.default_rng(0)
+        return [(cls(1e-3), [rng.standard_normal(s) for s in ((3, 2, 2, 2), (1, 2, 1, 1), (1, 2, 1, 1))]),
+                (cls(0.1, 2), [rng.standard_normal(s) for s in ((4, 3), (1, 3), (1, 3))])]
+
+    def infer(self, x, w, b):
+        self._check(x, (w, b), ("weight", "bias"))
+        return super().infer(x, w, b)
+
+    def decompose(self, x, w, b):
+        axes = _bn_axes(self.ndim)
+        m = _apply1(Reduce("mean", axes, True), x)
+        d = x - m
+        v = _apply1(Reduce("mean", axes, True), d * d)
+        invstd = _apply1(Elemwise("div"), 1.0, _apply1(Elemwise("sqrt"), v + self.eps))
+        return d * invstd * w + b, m, invstd
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w, b), (_, m, invstd), (gy, gm, gi) = inputs, outputs, grads
+        dx = dw = db = None
+        if gy is not None:
+            dx, dw, db = _core.apply(BatchNormBackward(self.eps, self.ndim), gy, x, w, m, invstd)
+        extra = []
+        if gm is not None:           # d mean / dx = 1 / M
+            extra.append(self._mean_back(gm, x))
+        if gi is not None:           # d invstd / dx = -invstd^3 (x - mean) / M
+            extra.append((x - m) * self._mean_back(gi * invstd * invstd * invstd * -1.0, x))
+        for term in extra:
+            dx = term if dx is None else dx + term
+        return [dx, dw, db]
+
+    def cuda(self, be, x, w, b):
+        done = cudnn.batch_norm_training(be, x, w, b, self.eps)
+        if done is not None:
+            return done
+        axes = _bn_axes(self.ndim)
+        m = be.reduce("mean", x, axes, True)
+        d = be.elementwise("sub", x, m)
+        v = be.reduce("mean", be.elementwise("mul", d, d), axes, True)
+        invstd = be.elementwise("div", 1.0, be.elementwise("sqrt", be.elementwise("add", v, self.eps)))
+        return _bn_apply(self, be, x, m, invstd, w, b), m, invstd
+
+
+class BatchNormBackward(_BatchNorm):
+    """(g, x, weight, mean, invstd) -> (dx, dweight, dbias): the backward of
+    BatchNormTraining through its output y (mean and invstd as saved by it)."""
+    name = "BatchNormBackward"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (a positive inverse std)."""
+        rng = np.random.default_rng(0)
+        g, x, w, m = (rng.standard_normal(s) for s in ((3, 2, 2), (3, 2, 2), (1, 2, 1), (1, 2, 1)))
+        return [(cls(1e-3, 3), [g, x, w, m, rng.uniform(0.5, 1.5, (1, 2, 1))])]
+
+    def infer(self, g, x, w, m, invstd):
+        self._check(x, (w, m, invstd), ("weight", "mean", "invstd"))
+        if g.shape is not None and x.shape is not None and tuple(g.shape) != tuple(x.shape):
+            raise self.error("the output gradient must have the input's shape", g, x, w, m, invstd)
+        return super().infer(g, x, w, m, invstd)
+
+    def decompose(self, g, x, w, m, invstd):
+        axes = _bn_axes(self.ndim)
+        xhat = (x - m) * invstd
+        db = _apply1(Reduce("sum", axes, True), g)
+        dw = _apply1(Reduce("sum", axes, True), g * xhat)
+        dx = (w * invstd) * (g - self._mean_back(db, x) - xhat * self._mean_back(dw, x))
+        return dx, dw, db
+
+    def cuda(self, be, g, x, w, m, invstd):
+        done = cudnn.batch_norm_backward(be, g, x, w, m, invstd, self.eps)
+        if done is not None:
+            return done
+        axes = _bn_axes(self.ndim)
+        xhat = be.elementwise("mul", be.elementwise("sub", x, m), invstd)
+        db = be.reduce("sum", g, axes, True)
+        dw = be.reduce("sum", be.elementwise("mul", g, xhat), axes, True)
+        c, s = _bn_channels(x)
+        dx = be.empty(x.shape, x.dtype)
+        T = be.ctype(x.dtype)
+        kernel = be.kernel(self, T, name=f"gc_batch_norm_grad_input_{_cname(T)}", source=batch_norm_source(T))
+        be.launch_n(kernel, dx.size, g, x, w, m, invstd, dw, db, dx, dx.size, c, s, max(_bn_count(x), 1))
+        return dx, dw, db
+
+
+class BatchNormInference(_BatchNorm):
+    """(x, mean, var, weight, bias) -> (x - mean) / sqrt(var + eps) * weight
+    + bias, with given statistics (the running ones), each (1, C, 1, ...)."""
+    name = "BatchNormInference"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (a positive variance)."""
+        rng = np.random.default_rng(0)
+        x, m, w, b = (rng.standard_normal(s) for s in ((2, 2, 3), (1, 2, 1), (1, 2, 1), (1, 2, 1)))
+        return [(cls(1e-3, 3), [x, m, rng.uniform(0.5, 1.5, (1, 2, 1)), w, b])]
+
+    def infer(self, x, m, v, w, b):
+        self._check(x, (m, v, w, b), ("mean", "var", "weight", "bias"))
+        return super().infer(x, m, v, w, b)
+
+    def decompose(self, x, m, v, w, b):
+        return (x - m) / _apply1(Elemwise("sqrt"), v + self.eps) * w + b
+
+    def cuda(self, be, x, m, v, w, b):
+        done = cudnn.batch_norm_inference(be, x, m, v, w, b, self.eps)
+        if done is not None:
+            return done
+        invstd = be.elementwise("div", 1.0, be.elementwise("sqrt", be.elementwise("add", v, self.eps)))
+        return _bn_apply(self, be, x, m, invstd, w, b)
+
+
+def _bn_channels(x):
+    """(C, S): channels, and elements per channel per image."""
+    c = x.shape[1]
+    return c, (math.prod(x.shape[2:]) if x.ndim > 2 else 1)
+
+
+def _bn_apply(op, be, x, m, invstd, w, b):
+    """y = (x - mean) * invstd * weight + bias, one thread per element."""
+    c, s = _bn_channels(x)
+    y = be.empty(x.shape, x.dtype)
+    T = be.ctype(x.dtype)
+    kernel = be.kernel(op, T, name=f"gc_batch_norm_apply_{_cname(T)}", source=batch_norm_source(T))
+    be.launch_n(kernel, y.size, x, m, invstd, w, b, y, y.size, c, s)
+    return y
+
+
+def batch_norm_source(ctype: str = "float") -> str:
+    """The batch-norm ops' per-element kernels (one thread per element,
+    grid-stride; x viewed as (N, C, S), per-channel arrays of C):
+
+    ``gc_batch_norm_apply_<ctype>(x, mean, invstd, w, b, y, n, C, S)``:
+    y = (x - mean[c]) * invstd[c] * w[c] + b[c];
+
+    ``gc_batch_norm_grad_input_<ctype>(g, x, w, mean, invstd, dw, db, dx, n, C, S, M)``:
+    dx = w[c] * invstd[c] * (g - (db[c] + xhat * dw[c]) / M), xhat = (x - mean[c]) * invstd[c].
+    """
+    T, tag = ctype, _cname(ctype)
+    return (f'extern "C" __global__ void gc_batch_norm_apply_{tag}(const {T}* __restrict__ x, '
+            f"const {T}* __restrict__ mean, const {T}* __restrict__ invstd, const {T}* __restrict__ w, "
+            f"const {T}* __restrict__ b, {T}* __restrict__ y, long long total, long long C, long long S)\n{{\n"
+            + _ROWS +
+            "        const long long c = idx / S % C;\n"
+            "        y[idx] = (x[idx] - mean[c]) * invstd[c] * w[c] + b[c];\n"
+            "    }\n}\n"
+            f'extern "C" __global__ void gc_batch_norm_grad_input_{tag}(const {T}* __restrict__ g, '
+            f"const {T}* __restrict__ x, const {T}* __restrict__ w, const {T}* __restrict__ mean, "
+            f"const {T}* __restrict__ invstd, const {T}* __restrict__ dw, const {T}* __restrict__ db, "
+            f"{T}* __restrict__ dx, long long total, long long C, long long S, long long M)\n{{\n"
+            + _ROWS +
+            "        const long long c = idx / S % C;\n"
+            f"        const {T} xhat = (x[idx] - mean[c]) * invstd[c];\n"
+            f"        dx[idx] = w[c] * invstd[c] * (g[idx] - (db[c] + xhat * dw[c]) / ({T})M);\n"
+            "    }\n}\n")

@@ -413,7 +413,7 @@ class BroadcastBack(Op):
         mean divides by the number of elements reduced (size(y) / size(g))."""
         T = ctype
         name = f"gc_broadcast_back{'_mean' if self.mean else ''}_{T.replace(' ', '_')}"
-        from .indexing import _DIMS
+        from .shape import _DIMS
         return (_DIMS +
                 f'extern "C" __global__ void {name}(const {T}* __restrict__ g, {T}* __restrict__ y, '
                 "gc_dims gs, gc_dims ys)\n{\n"

@@ -149,7 +149,7 @@ class Transpose(Op):
     def plain_source(T: str) -> str:
         """The source of ``gc_transpose_<T>`` alone (its own module: the host
         emulator runs it in one pass, without fibers)."""
-        return (_dims_src() +
+        return (_DIMS +
                 f"extern \"C\" __global__ void {_kname('transpose', T)}(const {T}* __restrict__ x, "
                 f"{T}* __restrict__ y, gc_dims xs, gc_dims perm)\n{{\n"
                 "    const int ND = xs.n;\n"
@@ -491,7 +491,7 @@ class Copy(Op):
     attrs = ("device",)
 
     def __init__(self, device: str = "cpu"):
-        from gradcore.tensor_methods import norm_device
+        from gradcore.devices import norm_device
         self.device = norm_device(device)
         self._seal()
 
@@ -841,9 +841,10 @@ CUDA_CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "
                "uint32": "unsigned int", "uint64": "unsigned long long", "bool": "bool"}
 
 
-def _dims_src():
-    from .indexing import _DIMS  # one guarded gc_dims definition for every op
-    return _DIMS
+# one guarded gc_dims definition for every op's CUDA source (indexing, linalg
+# and reduce import it from here)
+_DIMS = ("#ifndef GC_DIMS_DEFINED\n#define GC_DIMS_DEFINED\n#define GC_MAX_DIMS 8\n"
+         "struct gc_dims { int n; long long d[GC_MAX_DIMS]; };\n#endif\n")
 
 
 def _prod(shape) -> int:
@@ -972,7 +973,7 @@ _RUNTIME_OUT = ("    const int ND = ys.n; const long long* OUT = ys.d;\n"
 def _broadcast_source(op_name, T, extra_params, shape_decl):
     """y (shape OUT of rank ND, contiguous) = x broadcast: x contiguous of
     shape xs, right-aligned to OUT (size-1 and missing axes repeat)."""
-    return (_dims_src() +
+    return (_DIMS +
             f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
             f"{T}* __restrict__ y, gc_dims xs{extra_params})\n{{\n"
             "    // x: contiguous, shape xs right-aligned to OUT; y: contiguous, shape OUT\n" + shape_decl + _LOOP +
@@ -991,7 +992,7 @@ def _sum_to_source(op_name, T, what):
     xs) summed over its broadcast axes: x's leading axes, and those where ys
     (right-aligned) has 1 and x more. One thread per output element loops
     over every x element that maps to it (grid-stride loop)."""
-    return (_dims_src() +
+    return (_DIMS +
             f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
             f"{T}* __restrict__ y, gc_dims xs, gc_dims ys)\n{{\n"
             f"    // x: contiguous of shape xs; y: contiguous, shape ys ({what}) right-aligned to xs\n"

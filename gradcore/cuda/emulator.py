@@ -123,14 +123,20 @@ class HostDriver:
         self._buffers = {}          # address -> host buffer backing it
         self._modules = {}
         self._lock = threading.Lock()
-        self.stats = {"compiles": 0, "launches": 0}
+        self.stats = {"compiles": 0, "launches": 0, "graph_launches": 0}
+        self._recording = None      # the HostGraph a capture is recording (gradcore/cuda/graphs.py)
         self.launched = collections.deque(maxlen=10000)     # kernel names, for tests
 
     def __repr__(self):
         return "HostDriver(CUDA emulated on the host)"
 
+    capture_allocating = False     # set by a CUDA graph's pool: the one allocator a capture permits
+
     # ---------------------------------------------------------------- memory
     def alloc(self, nbytes: int):
+        if self._recording is not None and not self.capture_allocating:
+            raise RuntimeError(f"cuda emulator: a device allocation of {nbytes} bytes outside the CUDA graph's "
+                               f"memory pool during capture (the graph would not own it)")
         buf = np.empty(max(int(nbytes), 1) + 256, np.uint8)
         addr = (buf.ctypes.data + 255) & ~255          # cudaMalloc aligns to 256
         self._buffers[addr] = (buf, int(nbytes))
@@ -150,22 +156,33 @@ class HostDriver:
                 return
         raise RuntimeError(f"cuda emulator: {what} of {nbytes} bytes at {ptr:#x} is outside every allocation")
 
+    def _refuse_while_recording(self, what: str) -> None:
+        if self._recording is not None:
+            raise RuntimeError(f"cuda emulator: {what} while a CUDA graph is being captured")
+
     def htod(self, ptr: int, host) -> None:
         host = np.ascontiguousarray(host)
         self._check(ptr, host.nbytes, "copy to device")
         ctypes.memmove(ptr, host.ctypes.data, host.nbytes)
 
     def dtoh(self, host, ptr: int) -> None:
+        self._refuse_while_recording("a device-to-host copy")
         self._check(ptr, host.nbytes, "copy to host")
         ctypes.memmove(host.ctypes.data, ptr, host.nbytes)
 
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
         self._check(src, nbytes, "device copy from")
         self._check(dst, nbytes, "device copy to")
+        if self._recording is not None:
+            self._recording.nodes.append((ctypes.memmove, (dst, src, nbytes)))
+            return
         ctypes.memmove(dst, src, nbytes)
 
     def memset0(self, ptr: int, nbytes: int) -> None:
         self._check(ptr, nbytes, "memset")
+        if self._recording is not None:
+            self._recording.nodes.append((ctypes.memset, (ptr, 0, nbytes)))
+            return
         ctypes.memset(ptr, 0, nbytes)
 
     def check_pointer(self, ptr: int, nbytes: int, what: str) -> None:
@@ -266,19 +283,43 @@ class HostDriver:
         if not function.cooperative:
             function((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), params)
             return
-        err = ctypes.create_string_buffer(1024)
-        if function((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), params, int(shared), err, len(err)):
-            raise RuntimeError(f"cuda emulator: kernel {function.kernel_name} (grid {g}, block {b}): "
-                               f"{err.value.decode(errors='replace')}")
+        run_cooperative(function, g, b, params, shared)
 
     def synchronize(self) -> None:
-        pass
+        self._refuse_while_recording("a device synchronisation")
+
+    # ---------------------------------------------------------------- CUDA graphs (gradcore/cuda/graphs.py)
+    def begin_capture(self, launcher) -> None:
+        """Stream capture: from now on the backend's device work (kernels
+        from ``launcher``, device copies, memsets, GEMMs) is recorded into a
+        ``HostGraph``, not run; host copies are refused."""
+        if self._recording is not None:
+            raise RuntimeError("cuda emulator: a CUDA graph is already being captured")
+        self._recording = HostGraph(self)
+        launcher.capture = self._recording.add_launch
+
+    def end_capture(self, launcher) -> "HostGraph":
+        """End the capture; the recorded graph (``launch()`` replays it)."""
+        launcher.capture = None
+        graph, self._recording = self._recording, None
+        if graph is None:
+            raise RuntimeError("cuda emulator: end_capture without begin_capture")
+        return graph
 
     # ---------------------------------------------------------------- BLAS
     def gemm(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
              beta, c, ldc, stride_c, batch, dtype) -> None:
         """cuBLAS's column-major strided batched GEMM, C = alpha op(A) op(B) + beta C,
         on host memory (NumPy)."""
+        if self._recording is not None:
+            self._recording.nodes.append((self._gemm_now, (transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                                           stride_b, beta, c, ldc, stride_c, batch, dtype)))
+            return
+        self._gemm_now(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                       beta, c, ldc, stride_c, batch, dtype)
+
+    def _gemm_now(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                  beta, c, ldc, stride_c, batch, dtype) -> None:
         dt = np.dtype(dtype)
         ra, ca = (k, m) if transa else (m, k)      # op(A) is m x k; A is stored ra x ca column-major
         rb, cb = (n, k) if transb else (k, n)
@@ -301,6 +342,45 @@ class HostDriver:
             res = res + beta * C
         if m and n and batch:
             C[...] = res.astype(dt)
+
+
+def run_cooperative(function, grid, block, params: bytes, shared: int) -> None:
+    """Run a cooperative kernel's launcher (blocks of fibers,
+    gradcore/cuda/emulator_blocks.py); its errors (a missed barrier, a
+    deadlock, too much shared memory) as a RuntimeError."""
+    err = ctypes.create_string_buffer(1024)
+    if function((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), params, int(shared), err, len(err)):
+        raise RuntimeError(f"cuda emulator: kernel {function.kernel_name} (grid {tuple(grid)}, block "
+                           f"{tuple(block)}): {err.value.decode(errors='replace')}")
+
+
+class HostGraph:
+    """A captured launch sequence (the emulator's CUDA graph): each node a
+    kernel's compiled launcher with its packed parameter buffer, a device
+    copy, a memset or a GEMM, in capture order; ``launch()`` replays them."""
+
+    def __init__(self, driver: HostDriver):
+        self.driver = driver
+        self.nodes = []
+        self.kernels = 0
+
+    def add_launch(self, kernel, grid, block, params: bytes, shared: int) -> None:
+        """The Launcher's capture hook: one kernel launch, recorded."""
+        fn = kernel.fn
+        if getattr(fn, "cooperative", False):     # its own entry: the shared size, errors raised
+            self.nodes.append((run_cooperative, (fn, tuple(grid), tuple(block), params, shared)))
+        else:
+            self.nodes.append((fn, ((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), params)))
+        self.kernels += 1
+
+    def launch(self) -> None:
+        """Replay every recorded node, in order (one graph launch)."""
+        self.driver.stats["graph_launches"] += 1
+        for run, args in self.nodes:
+            run(*args)
+
+    def destroy(self) -> None:
+        self.nodes = []
 
 
 class _Allocation:
