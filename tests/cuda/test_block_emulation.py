@@ -406,3 +406,38 @@ def test_the_test_kernels_are_cuda(tmp_path):
     out = subprocess.run([shutil.which("nvcc"), "--ptx", "-o", str(tmp_path / "out.ptx"), str(path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
+
+
+def test_block_kernels_in_a_captured_cuda_graph(cuda):
+    """A graphed training step whose loss runs block kernels (40 classes:
+    softmax rows by blocks; a batch of 48: the mean's block) replays them
+    exactly as eager steps run them."""
+    import gradcore.cuda as gcuda
+    from gradcore.autodiff import GradManager
+
+    def net():
+        rng = np.random.default_rng(0)
+        w = gc.Parameter(rng.normal(0, 0.3, (24, 40)).astype(np.float32), device="cuda")
+        gm, opt = GradManager().attach([w]), gc.optimizer.SGD([w], lr=0.1)
+
+        def step(x, y):
+            with gm:
+                loss = F.cross_entropy(F.matmul(x, w), y)
+                gm.backward(loss)
+            opt.step().clear_grad()
+            return loss
+        return w, step
+
+    (w_eager, eager), (w_graphed, step) = net(), net()
+    step = gcuda.graphed(step, warmup=1)
+    rng = np.random.default_rng(1)
+    if hasattr(cuda.driver, "launched"):
+        cuda.driver.launched.clear()
+    for _ in range(4):
+        x = gc.Tensor(rng.standard_normal((48, 24)).astype(np.float32), device="cuda")
+        y = gc.Tensor(rng.integers(0, 40, 48).astype(np.int32), device="cuda")
+        np.testing.assert_array_equal(step(x, y).numpy(), eager(x, y).numpy())
+    np.testing.assert_array_equal(w_graphed.numpy(), w_eager.numpy())
+    assert step.replays >= 2
+    if hasattr(cuda.driver, "launched"):
+        assert "gc_log_softmax_rows_float" in cuda.driver.launched
