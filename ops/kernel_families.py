@@ -78,11 +78,14 @@ def _elemwise(ctype: str) -> List[str]:
 
 
 def _reduce(ctype: str) -> List[str]:
-    ops = [reduce.Reduce(mode) for mode in ("sum", "mean", "prod", "max", "min")]
-    ops += [reduce.BroadcastBack(1, keepdims, mean) for keepdims in (False, True) for mean in (False, True)]
+    # a reduction's three kernels (a thread per output, a block per row, per
+    # columns) are each the source of a module of their own
+    sources = [reduce.Reduce(mode).kernel_source(ctype, kind) for mode in ("sum", "mean", "prod", "max", "min")
+               for kind in ("thread", "rows", "cols")]
+    ops = [reduce.BroadcastBack(1, keepdims, mean) for keepdims in (False, True) for mean in (False, True)]
     ops += [reduce.ArgReduce(mode) for mode in ("argmax", "argmin")]
     ops += [reduce.CumSum(0, reverse) for reverse in (False, True)]
-    return [op.cuda_source(ctype) for op in ops]
+    return sources + [op.cuda_source(ctype) for op in ops]
 
 
 def _linalg(ctype: str) -> List[str]:
@@ -112,7 +115,10 @@ def _indexing(ctype: str) -> List[str]:
 def _nn(ctype: str) -> List[str]:
     if ctype not in _FLOAT:         # softmax and logsumexp are float ops
         return []
-    return [op.cuda_source(ctype) for op in (nn.LogSoftmax(), nn.Softmax(), nn.LogSumExp())]
+    # softmax, log_softmax, logsumexp: a thread per row or a block per row,
+    # each the source of a module of its own; batch norm's kernels
+    rows = [nn._row_source(kind, ctype, per) for kind in nn._ROW_NAMES.values() for per in ("thread", "block")]
+    return rows + [nn.batch_norm_source(ctype)]
 
 
 def _conv(ctype: str) -> List[str]:
