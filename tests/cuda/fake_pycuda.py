@@ -46,7 +46,7 @@ class FakeCuda:
 
     def __init__(self, sources):
         self.host = HostDriver()
-        self.sources = sources          # kernel name -> the CUDA source that defines it
+        self.sources = sources          # PTX text -> {kernel name -> the CUDA source that defines it}
         self.launches = []              # (kernel, grid, block, parameter bytes)
         self.modules = 0                # module_from_buffer calls
         self.functions = {}             # CUfunction handle -> _Function
@@ -151,10 +151,10 @@ class _Module:
     kernel runs on the emulator from the source that defines it."""
 
     def __init__(self, fake, ptx):
-        self.fake, self.params = fake, ptx_params(ptx)
+        self.fake, self.ptx, self.params = fake, ptx, ptx_params(ptx)
 
     def host_module(self, name):
-        return self.fake.host.load("fake", self.fake.sources[name])
+        return self.fake.host.load("fake", self.fake.sources[self.ptx][name])
 
     def get_function(self, name):
         if name not in self.params:
@@ -309,8 +309,9 @@ def fake_modules(fake):
 
 
 class _RecordingCache(KernelCache):
-    """The kernel cache, remembering which source defines each kernel (the
-    fake module runs that source on the emulator)."""
+    """The kernel cache, remembering per program which source defines each
+    kernel (the fake module runs that source on the emulator; two sources
+    may name a kernel alike, in different programs)."""
 
     def __init__(self, sources, **kwargs):
         super().__init__(**kwargs)
@@ -319,7 +320,7 @@ class _RecordingCache(KernelCache):
     def program(self, name, source, *args, **kwargs):
         prog = super().program(name, source, *args, **kwargs)
         for kernel in kernel_names(source):
-            self.sources[kernel] = source
+            self.sources.setdefault(prog.image, {})[kernel] = source
         return prog
 
 

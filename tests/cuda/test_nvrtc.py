@@ -310,7 +310,8 @@ _STEP = textwrap.dedent("""\
     loss.item()
     cache = be.driver.cache
     print(json.dumps({"stats": cache.stats, "compiled": [c[0] for c in cache.compiled],
-                      "kernels": sorted(fake.sources), "modules": fake.modules}))
+                      "kernels": sorted({k for names in fake.sources.values() for k in names}),
+                      "modules": fake.modules}))
     fake_pycuda.close(be)
     """)
 
