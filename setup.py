@@ -7,6 +7,8 @@ from setuptools import Extension, setup
 extensions = [
     Extension("gradcore._core", ["gradcore/_core.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
+    # op construction's fast path: an op built per call (``Scale(3.0)(x)``) is a C table lookup
+    Extension("gradcore._op_intern", ["gradcore/_op_intern.pyx"], extra_compile_args=["-O3"]),
     # NumPy's allocator for CPU tensors: a cache of large blocks (gradcore/memory.py)
     Extension("gradcore._host_pool", ["gradcore/_host_pool.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
@@ -16,6 +18,8 @@ extensions = [
               extra_compile_args=["-O3"]),
     # the CUDA backend's per-call path: launches, the device allocator, cuBLAS calls (gradcore/cuda/)
     Extension("gradcore.cuda._launch", ["gradcore/cuda/_launch.pyx"], extra_compile_args=["-O3"]),
+    # cuDNN's per-call functions through C function pointers (gradcore/cuda/cudnn.py)
+    Extension("gradcore.cuda._cudnn", ["gradcore/cuda/_cudnn.pyx"], extra_compile_args=["-O3"]),
 ]
 
 setup(

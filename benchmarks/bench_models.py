@@ -69,8 +69,10 @@ def torch_demo_step(batch=32):
 CONV = dict(n=16, c=32, h=32, w=32, o=64, k=3)
 
 
-def gc_conv(device="cpu"):
-    s = CONV
+def gc_conv(device="cpu", spec=None):
+    """A conv2d forward + backward step (x and w both get gradients) on
+    ``spec`` (n, c, h, w, o, k; default ``CONV``), padding 1."""
+    s = spec or CONV
     rng = np.random.default_rng(0)
     x = gc.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), device=device)
     w = gc.Parameter(rng.normal(size=(s["o"], s["c"], s["k"], s["k"])).astype("float32") * 0.05, device=device)
@@ -83,8 +85,8 @@ def gc_conv(device="cpu"):
     return step
 
 
-def torch_conv(device="cpu"):
-    s = CONV
+def torch_conv(device="cpu", spec=None):
+    s = spec or CONV
     rng = np.random.default_rng(0)
     x = torch.tensor(rng.normal(size=(s["n"], s["c"], s["h"], s["w"])).astype("float32"), device=device,
                      requires_grad=True)

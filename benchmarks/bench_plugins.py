@@ -15,6 +15,15 @@ the standard equivalent, and how long listing the registry takes cold.
       standard ``F.mul(a, b)``, each wrapped in the same lambda; forward
       alone and forward+backward (``gm.backward`` of the product's sum,
       both inputs attached). Target: within 1.1x of F.mul.
+  (d) the same for an op with a parameter, constructed per call
+      (``PluginScale(3.0)(x)``: ``x * 3.0``, its kernel bound per instance
+      to ``np.multiply`` with the factor as a 0-d float32 array) against the standard op doing the same arithmetic,
+      ``F.mul(x, c)`` with ``c`` the 0-d float32 tensor 3.0, and against
+      the same ``PluginScale`` instance reused (what construction adds).
+      Target: within 1.1x of F.mul(x, c).
+  For (c) and (d) the ratios printed are medians of the per-round ratios
+  (each round times the calls side by side, in alternating order), which
+  stay put on a shared machine where the medians of the times drift.
   (b) registry listing: ``gradcore.registry.entries()`` in a fresh
       subprocess (cold: every entry point read, every plugin imported), the
       call alone and ``import gradcore`` + the call; medians over fresh
@@ -29,6 +38,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -71,6 +81,30 @@ class PluginUfuncMul(PluginMul):
     per call), the way the standard elementwise ops bind theirs."""
     name = "BenchPluginUfuncMul"
     cpu = staticmethod(np.multiply)
+
+
+@register_op
+class PluginScale(Op):
+    """x * factor: an op with a parameter, constructed per call as
+    ``PluginScale(3.0)(x)``. Its kernel is bound per instance to a C
+    callable (``np.multiply`` with the factor as a 0-d float32 array), as
+    the standard elementwise ops bind theirs: no Python frame per call, and
+    NumPy's path for a Python-float operand costs more than the dispatch."""
+    name = "BenchPluginScale"
+
+    def __init__(self, factor=1.0):
+        self.factor = float(factor)
+        # a per-instance kernel is a derived value, not a parameter
+        self.cpu = functools.partial(np.multiply, np.asarray(self.factor, dtype=np.float32))
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * np.float32(self.factor)
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * self.factor,)
 
 
 def _per_call(op, a, b, n, record):
@@ -122,13 +156,22 @@ def _loop(fn, a, b, n, backward):
 
 
 def bench_constructed_per_call(rounds, n):
+    """Cases (c) and (d): medians of the time per call and of the per-round
+    ratio to the standard function doing the same work."""
     import gradcore.functional as F
     a = gradcore.Tensor(np.random.default_rng(0).random(16, dtype=np.float32))
     b = gradcore.Tensor(np.random.default_rng(1).random(16, dtype=np.float32))
+    c = gradcore.tensor(3.0, dtype="float32")
+    reused = PluginScale(3.0)
     fns = {"plugin per call, ufunc kernel": lambda x, y: PluginUfuncMul()(x, y),
            "plugin per call": lambda x, y: PluginMul()(x, y),
-           "F.mul": lambda x, y: F.mul(x, y)}
+           "F.mul": lambda x, y: F.mul(x, y),
+           "PluginScale(3.0) per call": lambda x, y: PluginScale(3.0)(x),
+           "PluginScale reused": lambda x, y: reused(x),
+           "F.mul(x, c)": lambda x, y: F.mul(x, c)}
+    baseline = {k: "F.mul(x, c)" if "Scale" in k else "F.mul" for k in fns}
     np.testing.assert_allclose(fns["plugin per call"](a, b).numpy(), fns["F.mul"](a, b).numpy())
+    np.testing.assert_allclose(fns["PluginScale(3.0) per call"](a, b).numpy(), fns["F.mul(x, c)"](a, b).numpy())
     times = {(k, bw): [] for k in fns for bw in (False, True)}
     for k in fns:
         for bw in (False, True):
@@ -138,7 +181,13 @@ def bench_constructed_per_call(rounds, n):
         for bw in (False, True):
             for k in order:
                 times[(k, bw)].append(_loop(fns[k], a, b, n if not bw else max(n // 10, 1), bw))
-    return {f"{k}{'_fwd_bwd' if bw else '_fwd'}_us": statistics.median(v) * 1e6 for (k, bw), v in times.items()}
+    out = {}
+    for (k, bw), v in times.items():
+        part = "_fwd_bwd" if bw else "_fwd"
+        out[f"{k}{part}_us"] = statistics.median(v) * 1e6
+        base = times[(baseline[k], bw)]
+        out[f"{k}{part}_ratio"] = statistics.median(t / t0 for t, t0 in zip(v, base))
+    return out
 
 
 COLD = r"""
@@ -164,6 +213,16 @@ def bench_registry(procs):
             "ops": counts[0], "failed_plugins": counts[1]}
 
 
+def _print_per_call(per_call, rounds):
+    print(f"constructed per call and called, median of {rounds} rounds (ratio: median of per-round ratios)")
+    for cols, base in ((("plugin per call, ufunc kernel", "plugin per call"), "F.mul"),
+                       (("PluginScale(3.0) per call", "PluginScale reused"), "F.mul(x, c)")):
+        print(f"{'':<14}" + "".join(f"{k:>30}{'ratio':>7}" for k in cols) + f"{base:>14}")
+        for part, label in (("_fwd", "forward"), ("_fwd_bwd", "fwd+backward")):
+            row = "".join(f"{per_call[f'{k}{part}_us']:>28.2f}us{per_call[f'{k}{part}_ratio']:>7.2f}" for k in cols)
+            print(f"{label:<14}{row}{per_call[f'{base}{part}_us']:>12.2f}us")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=9)
@@ -171,9 +230,18 @@ def main(argv=None):
     ap.add_argument("--procs", type=int, default=9)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--only-calls", action="store_true",
+                    help="cases (c) and (d) only: ops constructed per call (for before/after runs)")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.calls, args.procs = 3, 2000, 3
+    if args.only_calls:
+        per_call = bench_constructed_per_call(args.rounds, args.calls)
+        _print_per_call(per_call, args.rounds)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"calls": per_call, "date": time.strftime("%Y-%m-%d %H:%M")}, fh, indent=2)
+        return 0
     calls = bench_calls(args.rounds, args.calls)
     per_call = bench_constructed_per_call(args.rounds, args.calls)
     reg = bench_registry(args.procs)
@@ -183,11 +251,7 @@ def main(argv=None):
         p, u, s = (calls[f"{k}{rec}_us"] for k in ("plugin", "plugin, ufunc kernel", "standard"))
         label = "recorded" if rec else "not recorded"
         print(f"{label:<14}{p:>10.2f}us{p / s:>7.2f}{u:>20.2f}us{u / s:>7.2f}{s:>12.2f}us")
-    print(f"constructed per call and called, median of {args.rounds} rounds")
-    print(f"{'':<14}{'plugin, ufunc':>14}{'ratio':>7}{'plugin':>12}{'ratio':>7}{'F.mul':>10}")
-    for part, label in (("_fwd", "forward"), ("_fwd_bwd", "fwd+backward")):
-        u, p, s_ = (per_call[f"{k}{part}_us"] for k in ("plugin per call, ufunc kernel", "plugin per call", "F.mul"))
-        print(f"{label:<14}{u:>12.2f}us{u / s_:>7.2f}{p:>10.2f}us{p / s_:>7.2f}{s_:>8.2f}us")
+    _print_per_call(per_call, args.rounds)
     calls.update(per_call)
     ok = reg["entries_ms"] < REGISTRY_TARGET_MS
     print(f"registry.entries() cold, median of {args.procs} processes: {reg['entries_ms']:.1f} ms "

@@ -36,6 +36,7 @@ from .functional import ones_like, zeros_like  # noqa: E402
 from .serialization import load, save  # noqa: E402
 from .interop import from_dlpack  # noqa: E402
 from .forward_mode import jvp, vjp  # noqa: E402
+from . import step_graphs as _step_graphs  # noqa: E402,F401 - gradcore.cuda.graphed's view of tensors
 from .visualization import record_details, visualize  # noqa: E402
 
 __version__ = "0.1.0"

@@ -553,8 +553,7 @@ cdef class OpBase:
     def __call__(self, *args):
         """``op(x, ...)``: ``apply(op, x, ...)``, the output itself when the
         op has one, else the tuple of outputs."""
-        cdef tuple outs = _apply(self, args)
-        return outs[0] if len(outs) == 1 else outs
+        return _apply_unwrapped(self, args, False)
 
     def _clear_caches(self):
         self._cpu_kernel = None
@@ -1124,19 +1123,34 @@ cdef inline object _outputs(object res, object device, bint one):
 
 cdef object _apply1(op, tuple args):
     """``_apply(op, args)[0]`` without the output tuple."""
+    return _apply_unwrapped(op, args, True)
+
+
+cdef inline object _single_or_all(tuple outs, bint first_only):
+    return outs[0] if first_only or len(outs) == 1 else outs
+
+
+cdef object _apply_unwrapped(op, tuple args, bint first_only):
+    """The output itself when ``op`` has one (or when ``first_only``), else
+    the tuple of outputs: ``apply1`` and ``op(*args)``, without the output
+    tuple on the common path."""
     cdef Py_ssize_t n = len(args)
     cdef Py_ssize_t i
     if n == 0 or (_recording and _ts().no_record == 0):
-        return _dispatch(op, args, True)
+        return _dispatch(op, args, True) if first_only else _single_or_all(_apply(op, args), False)
     for i in range(n):
         if type(args[i]) is not Tensor:
-            return _apply(op, args)[0]
-    if isinstance(op, OpBase) and ((<OpBase>op)._own_rule == 1 or _needs_promotion(op, args)):
-        return _apply(op, args)[0]
+            return _single_or_all(_apply(op, args), first_only)
+    # an op with its own _grad_rule (its forward, maybe without a cpu kernel) or
+    # inputs the dtype rules cast: the general path
+    if _has_own_rule(op) or _needs_promotion(op, args):
+        return _single_or_all(_apply(op, args), first_only)
     device = _common_device(op, args)
     res = _kernel_call(op, args, device)
     if type(res) is tuple or type(res) is list:
-        return _wrap(res[0], device)
+        if first_only or len(res) == 1:
+            return _wrap(res[0], device)
+        return _wrap_outputs(res, device)
     return _wrap(res, device)
 
 

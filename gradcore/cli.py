@@ -252,6 +252,19 @@ def _doctor(args: List[str]) -> int:
         except Exception:
             pass
     line("GPU (cuda device)", gpu)
+    # cuDNN: found (no GPU needed), and which path the convolutions take
+    try:
+        from .cuda import cudnn
+        found = cudnn.version()
+        line("cuDNN", f"{found} ({cudnn.load_library().path})" if found else
+             "not found; optional: pip install nvidia-cudnn-cu13 (gradcore[cuda] brings it)")
+        if devices.is_cuda_available():
+            from .cuda import runtime
+            line("convolutions", cudnn.status(runtime.backend()))
+        else:
+            line("convolutions", "on cuda: no cuda device here")
+    except Exception as exc:
+        line("cuDNN", f"unknown ({type(exc).__name__}: {exc})")
     from .testing import nvcc_path
     nvcc = nvcc_path()
     if nvcc:

@@ -1,6 +1,7 @@
 """The main job: train a small CNN on the UCI 8x8 handwritten digits.
 
     python -m gradcore.demo [--epochs 15] [--seed 0] [--out demo_out] [--device cpu]
+    python -m gradcore.demo --device cuda --cuda-graph   # each training step one CUDA graph launch
     gradcore demo ...
     mpirun -n 2 python -m gradcore.demo     # data-parallel over MPI (gradcore[distributed])
     python -m gradcore.demo --nproc 2       # the same: relaunches itself under mpirun
@@ -187,6 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--out", default="demo_out", help="folder for training_curves.png and summary.txt")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="on cuda, run each training step as one CUDA graph (gradcore.cuda.graphed)")
     ap.add_argument("--nproc", type=int, default=1,
                     help="train data-parallel on N processes (relaunches under mpirun -n N)")
     args = ap.parse_args(argv)
@@ -201,6 +204,9 @@ def main(argv=None) -> int:
     if rank != 0:
         sys.stdout = open(os.devnull, "w")        # only rank 0 prints
 
+    if args.cuda_graph and (args.device != "cuda" or distributed):
+        print("gradcore demo: --cuda-graph needs --device cuda and one process", file=sys.stderr)
+        return 2
     if args.device != "cpu":
         try:
             gc.tensor([0.0], device=args.device)
@@ -220,6 +226,16 @@ def main(argv=None) -> int:
     else:
         gm = GradManager().attach(model.parameters())
     opt = optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    def train_step(xb, yb):
+        with gm:
+            loss = F.cross_entropy(model(xb), yb)
+            gm.backward(loss)
+        opt.step().clear_grad()
+        return loss
+    if args.cuda_graph:
+        import gradcore.cuda
+        train_step = gradcore.cuda.graphed(train_step)
     rng = np.random.default_rng(args.seed)
     history = {"train loss": [], "test loss": [], "train accuracy": [], "test accuracy": []}
     steps = (len(x_train) + args.batch_size - 1) // args.batch_size
@@ -235,11 +251,7 @@ def main(argv=None) -> int:
             idx = order[step * args.batch_size:(step + 1) * args.batch_size]
             if distributed:
                 idx = idx[dist.shard(len(idx), rank, world)]     # this rank's part of the batch
-            with gm:
-                loss = F.cross_entropy(model(gc.tensor(x_train[idx], device=args.device)),
-                                       gc.tensor(y_train[idx], device=args.device))
-                gm.backward(loss)
-            opt.step().clear_grad()
+            loss = train_step(gc.tensor(x_train[idx], device=args.device), gc.tensor(y_train[idx], device=args.device))
             total += loss.item() * len(idx)
             seen += len(idx)
             bar.update(1)
@@ -263,7 +275,7 @@ def main(argv=None) -> int:
     plot_curves(png, history)
     summary = (f"gradcore demo: small CNN on the UCI 8x8 digits\n"
                f"epochs {args.epochs}, batch {args.batch_size}, lr {args.lr}, seed {args.seed}, "
-               f"device {args.device}"
+               f"device {args.device}" + (", CUDA graphs" if args.cuda_graph else "")
                + (f", {world} MPI processes" if distributed else "") + "\n"
                f"training time {seconds:.1f} s\n"
                f"final train loss {history['train loss'][-1]:.4f}\n"

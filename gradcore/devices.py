@@ -46,7 +46,7 @@ def _no_cuda_kernel(op):
 def _make_cuda_launcher(op):
     """``op``'s cuda launcher bound to the current backend (see ``kernel_for``)."""
     be = require_cuda()
-    if type(op) is standard_op("Elemwise"):
+    if type(op) is _cuda_runtime.standard_op("Elemwise"):
         # the commonest launcher, its usual case compiled (same plan, same arguments)
         return _cuda_launch.ElementwiseLauncher(op, be)
     launcher = getattr(op, "cuda", None)
@@ -92,11 +92,55 @@ def elementwise_launcher(op, be, *arrays):
     return ys[0] if len(ys) == 1 else tuple(ys)
 
 
-def to_device(arr, device):
-    """``arr`` (host data) on ``device``."""
+def norm_device(device) -> str:
+    """The device name gradcore uses ("cpu" or "cuda") for any spelling
+    MegEngine accepts ("cpu0", "gpu0", "xpux", ...).
+
+    Example::
+
+        >>> norm_device("cpu0")
+        'cpu'
+    """
+    if device is None:
+        return "cpu"
+    d = str(device).lower()
+    if d in ("cpu", "cpu0", "cpux") or d.startswith("cpu"):
+        return "cpu"
+    if d in ("xpux", "xpu", "xpu0"):
+        # MegEngine's "any device": the GPU where there is one, else the CPU
+        return "cuda" if is_cuda_available() else "cpu"
+    if d in ("cuda", "gpu", "gpu0", "cuda0", "cuda:0"):
+        require_cuda()
+        return "cuda"
+    raise ValueError(f"unknown device {device!r}; gradcore knows 'cpu' and 'cuda'")
+
+
+def to_device(arr, device, constant: bool = False):
+    """``arr`` (host data) on ``device``. ``constant``: a value kept for the
+    process (uploaded even inside a CUDA-graph capture, see Backend.to_device)."""
     if device == "cpu":
         return arr
-    return require_cuda().to_device(arr)
+    return require_cuda().to_device(arr, constant=constant)
+
+
+def filled(shape: tuple, value, dtype, device: str):
+    """Data of ``shape`` and ``dtype`` with every element ``value``, made
+    where it lives: NumPy on the cpu, a memset or a fill kernel on cuda (no
+    host array, no copy: zeros in a training step cost no host round-trip).
+
+    Example::
+
+        >>> filled((2,), 0, np.float32, "cpu")
+        array([0., 0.], dtype=float32)
+    """
+    if device == "cpu":
+        return np.full(shape, value, dtype)
+    be = require_cuda()
+    if value == 0:
+        return be.zeros(tuple(shape), np.dtype(dtype))
+    out = be.empty(tuple(shape), np.dtype(dtype))
+    be.fill(out, value)
+    return out
 
 
 def to_host(data) -> np.ndarray:
@@ -106,27 +150,5 @@ def to_host(data) -> np.ndarray:
     return data.get()
 
 
-def copy_to(tensor, device):
-    """A new Tensor: ``tensor``'s value on ``device``, recorded (gradients
-    flow back to the source device)."""
-    from . import _core
-    from .ops.shape import Copy
-    return _core.apply(Copy(device), tensor)[0]
-
-
 # the toolkit lookup lives in the device layer (the kernel cache uses it)
 from .cuda.toolkit import is_nvcc_available, nvcc_path  # noqa: E402,F401
-
-
-def standard_op(name: str):
-    """The op-library class the CUDA backend's array helpers run (``cast``,
-    ``broadcast_to``, ``transpose``, ``reduce``, elementwise arithmetic) or
-    the elementwise helpers' CUDA source: the device layer does not import
-    the op library, this layer hands it over (``runtime.install_standard_ops``)."""
-    from .ops import elemwise, reduce, shape
-    table = {"Cast": shape.Cast, "Broadcast": shape.Broadcast, "Transpose": shape.Transpose,
-             "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise, "CUDA_HELPERS": elemwise.CUDA_HELPERS}
-    return table[name]
-
-
-_cuda_runtime.install_standard_ops(standard_op)

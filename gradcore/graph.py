@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _core, dtypes
 from .cuda import events as _device_events
+from . import op as _op_module
 from .op import TensorDesc
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
@@ -117,9 +118,29 @@ def _operator_op(name):
     return operator_op(name)
 
 
+# Tensor's methods (``x.sum()``, ``x.reshape(...)``) for symbolic tensors too:
+# installed by gradcore.tensor_methods when it loads (it sits above this module)
+_method_lookup = None
+
+
+def install_method_lookup(lookup) -> None:
+    """Called by ``gradcore.tensor_methods`` at import: ``lookup(tensor,
+    name)`` gives a tensor's method or property, for SymbolicTensor's
+    attributes the class itself lacks.
+
+    Example::
+
+        >>> install_method_lookup(gradcore.tensor_methods.method)
+    """
+    global _method_lookup
+    _method_lookup = lookup
+
+
 def _tensor_method(self, name):
-    from gradcore import tensor_methods
-    return tensor_methods.method(self, name)
+    if _method_lookup is None:
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r} "
+                             f"(Tensor's methods are not installed: import gradcore)")
+    return _method_lookup(self, name)
 
 
 def _as_desc(x, device) -> Tuple[Optional[TensorDesc], object]:
@@ -404,7 +425,7 @@ def _compile(graph: BackwardGraph, device: str):
         for name in raw_consts:
             value = consts[name]
             if isinstance(value, (np.ndarray, np.generic)):
-                consts[name] = devices.to_device(np.asarray(value), device)
+                consts[name] = devices.to_device(np.asarray(value), device, constant=True)
     ns.update(consts)
     code = compile(src, f"<backward of {graph.op!r}>", "exec")
     exec(code, ns)
@@ -618,3 +639,17 @@ def _core_backward_graph(op, dtypes, device, rg, n):
     descs = [TensorDesc(None, d, device) for d in dtypes]
     requires = [bool(rg >> i & 1) for i in range(n)]
     return _get(op, descs, requires).compiled
+
+
+def infer_by_tracing(op, descs):
+    """Output descriptors of a ``Composite`` op: its ``decompose`` traced on
+    symbolic inputs (each op inside checks its own inputs). Installed into
+    ``gradcore.op`` at import, which sits below this module."""
+    trace = Trace()
+    ins = [trace.new_value(d) for d in descs]
+    res = op.decompose(*ins)
+    res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)
+    return tuple(r.desc for r in res)
+
+
+_op_module.install_composite_tracer(infer_by_tracing)

@@ -12,10 +12,24 @@ Example::
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-if TYPE_CHECKING:     # gradcore.optimizer imports this module to re-export the schedulers
-    from .optimizer import Optimizer
+# gradcore.optimizer's Optimizer, the type a scheduler drives: handed over by
+# gradcore.optimizer when it loads (it imports this module to re-export the
+# schedulers, so this one imports nothing of it). Until then no optimizer exists.
+_optimizer_class: Optional[type] = None
+
+
+def accept_optimizer_class(cls: type) -> None:
+    """Called by ``gradcore.optimizer`` at import: schedulers take instances
+    of ``cls`` (its ``Optimizer``) and refuse anything else.
+
+    Example::
+
+        >>> accept_optimizer_class(gradcore.optimizer.Optimizer)
+    """
+    global _optimizer_class
+    _optimizer_class = cls
 
 
 class LRScheduler:
@@ -32,9 +46,8 @@ class LRScheduler:
 
     _state_keys: Tuple[str, ...] = ("current_epoch",)
 
-    def __init__(self, optimizer: "Optimizer", current_epoch: int = -1):
-        from .optimizer import Optimizer
-        if not isinstance(optimizer, Optimizer):
+    def __init__(self, optimizer: "gradcore.optimizer.Optimizer", current_epoch: int = -1):
+        if _optimizer_class is None or not isinstance(optimizer, _optimizer_class):
             raise TypeError(f"{type(self).__name__}: optimizer must be an Optimizer, "
                             f"got {type(optimizer).__name__}")
         self.optimizer = optimizer
@@ -94,7 +107,7 @@ class MultiStepLR(LRScheduler):
 
     _state_keys = ("milestones", "gamma", "current_epoch")
 
-    def __init__(self, optimizer: "Optimizer", milestones: Iterable[int], gamma: float = 0.1,
+    def __init__(self, optimizer: "gradcore.optimizer.Optimizer", milestones: Iterable[int], gamma: float = 0.1,
                  current_epoch: int = -1):
         milestones = list(milestones)
         if milestones != sorted(milestones):

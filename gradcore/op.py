@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _core
+from . import _core, _op_intern
 
 
 class TensorDesc:
@@ -85,44 +85,29 @@ class OpDefinitionError(TypeError):
 _INTERN_LIMIT = 4096         # ops kept per class by the intern table (then it starts over)
 
 
-class _OpMeta(type):
-    """Constructs, seals and interns ops: ``Cls(*args)`` runs the class's own
-    ``__init__`` (whatever it stores becomes the op's attributes), seals the
-    instance (hash and equality over every attribute, no later changes) and
-    returns the one instance equal to it, so that per-op caches (kernel,
-    backward graph, infer verdict) are hit when an op is constructed per call."""
+def _construct(cls, args, kwargs):
+    """Build an op on an intern-table miss (``Cls(*args)`` whose arguments
+    were not seen before; the hit is a C lookup in ``_op_intern.OpMeta``):
+    run the class's own ``__init__`` (whatever it stores becomes the op's
+    attributes), seal the instance (hash and equality over every attribute,
+    no later changes) and return the one instance equal to it, remembered
+    so that the next call with the same arguments finds it at once."""
+    inst = type.__call__(cls, *args, **kwargs)
+    if isinstance(inst, Op):
+        if not inst.__dict__.get("_sealed", False):
+            inst._seal()
+            object.__setattr__(inst, "_sealed", True)
+        if type(inst) is cls and not inst.__dict__.get("_no_intern", False):
+            table = cls.__dict__.get("_interned")
+            if table is None or len(table) > _INTERN_LIMIT:
+                table = {}         # bounded: equal ops stay equal, just not identical
+                type.__setattr__(cls, "_interned", table)
+            inst = table.setdefault(inst._key, inst)
+            _op_intern.remember(cls, args, kwargs, inst, _INTERN_LIMIT)
+    return inst
 
-    def __call__(cls, *args, **kwargs):
-        if not args and not kwargs:
-            hit = _NO_ARG_INSTANCES.get(cls)
-            if hit is not None:
-                return hit
-        table = cls.__dict__.get("_interned")
-        if table is None:
-            table = {}
-            type.__setattr__(cls, "_interned", table)
-        try:
-            # the argument types are part of the key: Scale(3) and Scale(3.0) may differ
-            ckey = (args, tuple(map(type, args)), tuple(kwargs.items()) if kwargs else ())
-            hit = table.get(ckey)
-        except TypeError:          # an unhashable argument (a list): build, then intern by value
-            ckey = hit = None
-        if hit is not None:
-            return hit
-        inst = type.__call__(cls, *args, **kwargs)
-        if isinstance(inst, Op):
-            if not inst.__dict__.get("_sealed", False):
-                inst._seal()
-                object.__setattr__(inst, "_sealed", True)
-            if type(inst) is cls and not inst.__dict__.get("_no_intern", False):
-                if len(table) > _INTERN_LIMIT:
-                    table.clear()       # bounded: equal ops stay equal, just not identical
-                inst = table.setdefault(inst._key, inst)
-                if ckey is not None:
-                    table[ckey] = inst
-                if not args and not kwargs:
-                    _NO_ARG_INSTANCES[cls] = inst
-        return inst
+
+_op_intern.install(_construct)
 
 
 def clear_interned() -> None:
@@ -136,7 +121,7 @@ def clear_interned() -> None:
         >>> op = Reduce("sum", 1); clear_interned(); Reduce("sum", 1) is op
         False
     """
-    _NO_ARG_INSTANCES.clear()
+    _op_intern.forget_all()
     todo = [Op]
     while todo:
         cls = todo.pop()
@@ -146,12 +131,7 @@ def clear_interned() -> None:
         todo.extend(cls.__subclasses__())
 
 
-# the one instance of each op class constructed without arguments: the
-# cheapest lookup, for ops built per call as ``MyOp()(x)``
-_NO_ARG_INSTANCES: dict = {}
-
-
-class Op(_core.OpBase, metaclass=_OpMeta):
+class Op(_core.OpBase, metaclass=_op_intern.OpMeta):
     """Base class of all ops. Subclasses set ``name``; whatever the
     constructor stores on ``self`` is the op's attributes (its parameters):
     equality and hashing follow them, and the op is immutable afterwards.
@@ -359,15 +339,12 @@ class Composite(Op):
     """
 
     def infer(self, *descs):
-        from .graph import Trace, SymbolicTensor
-        trace = Trace()
-        ins = [trace.new_value(d) for d in descs]
-        res = self.decompose(*ins)
-        res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)
-        return tuple(r.desc for r in res)
+        if _composite_tracer is None:
+            raise RuntimeError(f"{self._name()}: shape inference traces decompose(), and the tracer "
+                               f"(gradcore.graph) is not loaded: import gradcore")
+        return _composite_tracer(self, descs)
 
     def cpu(self, *arrays):
-        from . import _core
         _core._no_record_enter()
         try:
             res = self.decompose(*[_core.wrap_array(a) for a in arrays])
@@ -381,6 +358,23 @@ class Composite(Op):
         # the decomposition's ops run where the arrays are (a wrapped
         # DeviceArray is a cuda tensor)
         return self.cpu(*arrays)
+
+
+# Composite.infer traces decompose() with gradcore.graph, which sits above
+# this module: it hands its tracer over when it loads
+_composite_tracer = None
+
+
+def install_composite_tracer(tracer) -> None:
+    """Called by ``gradcore.graph`` at import: ``tracer(op, descs)`` gives a
+    ``Composite`` op's output descriptors by tracing its ``decompose``.
+
+    Example::
+
+        >>> install_composite_tracer(gradcore.graph.infer_by_tracing)
+    """
+    global _composite_tracer
+    _composite_tracer = tracer
 
 
 # ---- the forward path consults infer (see _core._guard_infer: once per op and input descriptors)

@@ -9,12 +9,15 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Iterable, List, Tuple, Union
 
 import numpy as np
 
 from . import _core
 from ._core import Tensor
+from . import lr_scheduler as _lr_scheduler
+from .cuda import graphs as _graphs
 from .lr_scheduler import LRScheduler, MultiStepLR  # noqa: F401 - MegEngine's optim.MultiStepLR
 
 
@@ -171,8 +174,28 @@ class Optimizer:
                     p.grad = Tensor(_zeros_like(p.grad._data), device=p.grad.device)
         return self
 
+    # whether step() can be captured in a CUDA graph: its update reads every
+    # Python value through _scalar/_branch and registers its counters
+    _capturable = False
+    _capture = None         # the CUDA-graph capture under way during step()
+
     def step(self) -> "Optimizer":
         """Update every parameter that has a gradient; the others are skipped."""
+        self._capture = _graphs.capturing()
+        if self._capture is not None and not self._capturable:
+            raise _graphs.GraphCaptureError(
+                f"{type(self).__name__}.step cannot be captured in a CUDA graph: its update reads Python "
+                f"values a replay would not see change (SGD, Adam and AdamW can be captured)")
+        try:
+            self._step_groups()
+            if self._capture is not None:   # load_state_dict gives new state tensors: the graph holds the old
+                self._capture.guard(functools.partial(_holds_state, self, self._state),
+                                    f"{type(self).__name__}'s state was loaded")
+        finally:
+            self._capture = None
+        return self
+
+    def _step_groups(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -191,10 +214,31 @@ class Optimizer:
                     cls = TypeError if isinstance(exc, TypeError) else ValueError
                     raise cls(f"{type(self).__name__}.step: {exc} (parameter of shape {p.shape}, "
                               f"group {hyper})") from exc
-        return self
 
     def _update(self, param, grad, group, state):
         raise NotImplementedError
+
+    def _scalar(self, name: str, group: Dict, raw: Dict, like):
+        """The number ``name`` of the update (``_SCALARS[name](group, raw)``:
+        a hyper-parameter, a bias correction) as an operand of an update of
+        ``like``: the number itself; inside a CUDA-graph capture a device
+        scalar that every replay refreshes (a new learning rate needs no new
+        capture), one per group, dtype and value."""
+        cap = self._capture
+        if cap is None:
+            return _SCALARS[name](group, raw)
+        rule = _SCALARS[name]
+        if type(like) is np.ndarray:
+            return rule(group, raw)
+        return cap.scalar(functools.partial(rule, group, raw), like.dtype, key=(name, id(group), rule(group, raw)))
+
+    def _branch(self, name: str, group: Dict, raw: Dict):
+        """``_BRANCHES[name](group, raw)``, a value the update branches on;
+        inside a CUDA-graph capture a call where it differs captures again."""
+        cap = self._capture
+        if cap is None:
+            return _BRANCHES[name](group, raw)
+        return cap.guard(functools.partial(_BRANCHES[name], group, raw), f"{type(self).__name__}: {name}")
 
     @staticmethod
     def _writable(param: Tensor) -> np.ndarray:
@@ -270,6 +314,10 @@ class Optimizer:
         self._state = new_state
 
 
+# schedulers (gradcore.lr_scheduler, below this module) drive Optimizers
+_lr_scheduler.accept_optimizer_class(Optimizer)
+
+
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum, Nesterov and weight decay
     (MegEngine's update rule)."""
@@ -284,20 +332,25 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       weight_decay=weight_decay))
 
+    _capturable = True
+
     def _update(self, param, grad, group, state):
         p = self._writable(param)
-        if group["weight_decay"]:
-            grad = grad + group["weight_decay"] * p
-        mom = group["momentum"]
-        if mom:
-            buf = state.get("momentum_buffer")
-            if buf is None:
+        raw = state._d
+        if self._branch("weight decay", group, raw):
+            grad = grad + self._scalar("weight_decay", group, raw, p) * p
+        if self._branch("momentum", group, raw):
+            if not self._branch("has momentum buffer", group, raw):
                 buf = state["momentum_buffer"] = grad.astype(p.dtype, copy=True)
             else:
-                buf *= mom
+                buf = state["momentum_buffer"]
+                buf *= self._scalar("momentum", group, raw, p)
                 buf += grad
-            grad = grad + mom * buf if group["nesterov"] else buf
-        p -= (group["lr"] * grad).astype(p.dtype, copy=False)
+            if self._branch("nesterov", group, raw):
+                grad = grad + self._scalar("momentum", group, raw, p) * buf
+            else:
+                grad = buf
+        p -= (self._scalar("lr", group, raw, p) * grad).astype(p.dtype, copy=False)
 
 
 class Adam(Optimizer):
@@ -321,31 +374,71 @@ class Adam(Optimizer):
             raise ValueError(f"{name}: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
+    _capturable = True
+
     def _update(self, param, grad, group, state):
         p = self._writable(param)
-        wd = group["weight_decay"]
-        if wd and not self._decoupled_decay:
-            grad = grad + wd * p
-        b1, b2 = group["betas"]
-        if "exp_avg" not in state:
+        # every number read from the host goes through _scalar (a device
+        # scalar in a CUDA-graph capture, refreshed at each replay)
+        raw = state._d
+        decay = self._branch("weight decay", group, raw)
+        if decay and not self._decoupled_decay:
+            grad = grad + self._scalar("weight_decay", group, raw, p) * p
+        if not self._branch("has moments", group, raw):
             state["step"] = 0
             state["exp_avg"] = _zeros_like(p)
             state["exp_avg_sq"] = _zeros_like(p)
         state["step"] += 1
-        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-        m *= b1
-        m += (1 - b1) * grad
-        v *= b2
-        v += (1 - b2) * grad * grad
-        m_hat = m / (1 - b1 ** t)
-        v_hat = v / (1 - b2 ** t)
+        if self._capture is not None:
+            self._capture.on_replay(functools.partial(_count_step, raw))
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= self._scalar("beta1", group, raw, p)
+        m += self._scalar("1 - beta1", group, raw, p) * grad
+        v *= self._scalar("beta2", group, raw, p)
+        v += self._scalar("1 - beta2", group, raw, p) * grad * grad
+        m_hat = m / self._scalar("1 - beta1 ** step", group, raw, p)
+        v_hat = v / self._scalar("1 - beta2 ** step", group, raw, p)
+        eps, lr = self._scalar("eps", group, raw, p), self._scalar("lr", group, raw, p)
         if not self._decoupled_decay:
-            p -= (group["lr"] * m_hat / (np.sqrt(v_hat) + group["eps"])).astype(p.dtype, copy=False)
+            p -= (lr * m_hat / (np.sqrt(v_hat) + eps)).astype(p.dtype, copy=False)
             return
-        delta = m_hat / (np.sqrt(v_hat) + group["eps"])
-        if wd:
-            delta = delta + wd * p
-        p -= (group["lr"] * delta).astype(p.dtype, copy=False)
+        delta = m_hat / (np.sqrt(v_hat) + eps)
+        if decay:
+            delta = delta + self._scalar("weight_decay", group, raw, p) * p
+        p -= (lr * delta).astype(p.dtype, copy=False)
+
+
+def _holds_state(opt: Optimizer, state: Dict) -> bool:
+    return opt._state is state
+
+
+def _count_step(raw_state: Dict) -> None:
+    """A replayed CUDA graph's optimizer step: the Python step counter moves on."""
+    raw_state["step"] += 1
+
+
+# the numbers an update reads from the host, as functions of (group, raw
+# state): plain values in an eager step, device scalars in a CUDA graph
+_SCALARS = {
+    "lr": lambda g, s: g["lr"],
+    "momentum": lambda g, s: g["momentum"],
+    "weight_decay": lambda g, s: g["weight_decay"],
+    "eps": lambda g, s: g["eps"],
+    "beta1": lambda g, s: g["betas"][0],
+    "beta2": lambda g, s: g["betas"][1],
+    "1 - beta1": lambda g, s: 1 - g["betas"][0],
+    "1 - beta2": lambda g, s: 1 - g["betas"][1],
+    "1 - beta1 ** step": lambda g, s: 1 - g["betas"][0] ** s["step"],
+    "1 - beta2 ** step": lambda g, s: 1 - g["betas"][1] ** s["step"],
+}
+# the values an update branches on (a CUDA graph holds one branch: a change recaptures)
+_BRANCHES = {
+    "weight decay": lambda g, s: bool(g["weight_decay"]),
+    "momentum": lambda g, s: bool(g["momentum"]),
+    "nesterov": lambda g, s: bool(g["nesterov"]),
+    "has momentum buffer": lambda g, s: "momentum_buffer" in s,
+    "has moments": lambda g, s: "exp_avg" in s,
+}
 
 
 class AdamW(Adam):

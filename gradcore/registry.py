@@ -70,6 +70,24 @@ class _State:
 
 _state = _State()
 
+# the standard library's register(), handed over by gradcore.ops when it loads
+# (the registry sits below the op library and imports none of it); run when
+# no installed entry point names it (a source tree)
+_standard_library = None
+
+
+def provide_standard_library(register) -> None:
+    """Called by ``gradcore.ops`` at import: ``register()`` registers the
+    standard ops; the registry runs it when no installed entry point names
+    the standard library (running from a source tree).
+
+    Example::
+
+        >>> provide_standard_library(gradcore.ops.register)
+    """
+    global _standard_library
+    _standard_library = register
+
 
 def register_op(cls=None, *, name: Optional[str] = None):
     """Register an op class under ``name`` (default ``cls.name``); usable as
@@ -311,11 +329,10 @@ def load(force: bool = False) -> None:
             elif no_plugins or _norm(dist) in blocked:
                 continue
             _load_one(ep, dist)
-        if not has_standard:
+        if not has_standard and _standard_library is not None:
             # running from a source tree without installed metadata
-            from gradcore import ops
             with _loading_as(STANDARD_DIST):
-                ops.register()
+                _standard_library()
     finally:
         _state.loading = False
         _state.loaded = True

@@ -12,25 +12,10 @@ from . import _core, dtypes, graph, interop
 from .op import IndexOpError, OpError, TensorDesc
 from ._core import Tensor
 from .cuda.array import DeviceArray
+from .cuda.graphs import GraphCaptureError
 from .cuda import events as _device_events
+from .devices import filled, norm_device
 from .dtypes import DEFAULT_FLOAT, DEFAULT_INT
-
-
-def norm_device(device) -> str:
-    if device is None:
-        return "cpu"
-    d = str(device).lower()
-    if d in ("cpu", "cpu0", "cpux") or d.startswith("cpu"):
-        return "cpu"
-    if d in ("xpux", "xpu", "xpu0"):
-        # MegEngine's "any device": the GPU where there is one, else the CPU
-        from . import devices
-        return "cuda" if devices.is_cuda_available() else "cpu"
-    if d in ("cuda", "gpu", "gpu0", "cuda0", "cuda:0"):
-        from . import devices
-        devices.require_cuda()
-        return "cuda"
-    raise ValueError(f"unknown device {device!r}; gradcore knows 'cpu' and 'cuda'")
 
 
 def to_array(data, dtype=None, device=None):
@@ -116,7 +101,7 @@ def _device_scalar(x, dtype, device):
         from . import devices
         if len(_scalars) > 1024:
             _scalars.clear()
-        arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device)
+        arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device, constant=True)
     return arr
 
 
@@ -173,7 +158,7 @@ def kernel_error(op, args, exc):
     if isinstance(exc, OpError):
         return exc
     shapes = ", ".join(str(d.shape) for d in descs)
-    cls = exc.__class__ if isinstance(exc, (ValueError, TypeError, IndexError)) else RuntimeError
+    cls = exc.__class__ if isinstance(exc, (ValueError, TypeError, IndexError, GraphCaptureError)) else RuntimeError
     if issubclass(cls, IndexError):
         cls = IndexOpError        # one type for every index out of range
     text = str(exc)
@@ -279,8 +264,9 @@ def to(self, device):
     dev = norm_device(device)
     if dev == self.device:
         return self
-    from . import devices
-    return devices.copy_to(self, dev)
+    # recorded: the gradient is copied back to the source device
+    from gradcore.ops.shape import Copy
+    return _core.apply(Copy(dev), self)[0]
 
 
 def astype(self, dtype):
@@ -415,7 +401,8 @@ _HOOK_FNS = {
     "astype": astype,
     "_to_array": to_array,
     "_norm_device": norm_device,
-    "_zeros_on": lambda shape, dtype, device: _F().zeros(shape, dtype, device)._data,
+    # zeros for an output no gradient reached: made on its device (no upload)
+    "_zeros_on": lambda shape, dtype, device: filled(shape, 0, dtype, device),
     "_ones_on": lambda arr: arr.backend.ones_seed(arr.shape, arr.dtype),
 }
 
@@ -456,3 +443,4 @@ def install():
         device_array=DeviceArray,
         promote=promote,
     )
+    graph.install_method_lookup(method)      # SymbolicTensor has Tensor's methods

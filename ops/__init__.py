@@ -8,6 +8,9 @@ Example::
     >>> get("Elemwise") is Elemwise
     True
 """
+from gradcore import registry as _registry
+from gradcore.cuda import runtime as _cuda_runtime
+
 from .conv import (AvgPool2d, AvgPool2dBackward, Conv2d, Conv2dBackwardData, Conv2dBackwardFilter,
                    Conv3d, Conv3dBackwardData, Conv3dBackwardFilter, ConvTranspose2d, MaxPool2d,
                    MaxPool2dBackward, MaxPool2dGather)
@@ -15,7 +18,7 @@ from .elemwise import Elemwise
 from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, Scatter, SetSubtensor, Sort,
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
-from .nn import LogSoftmax, LogSumExp, Softmax
+from .nn import BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
 from .vision import Interpolate, InterpolateBackward
 from .shape import (Broadcast, BroadcastToLike, Cast, Concat, Copy, ExpandDims, Identity, Reshape,
@@ -31,6 +34,7 @@ STANDARD_OPS = [
     MaxPool2dGather, AvgPool2d, AvgPool2dBackward, ConvTranspose2d, Conv3d, Conv3dBackwardData,
     Conv3dBackwardFilter, Interpolate, InterpolateBackward,
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
+    BatchNormTraining, BatchNormBackward, BatchNormInference,
 ]
 
 
@@ -50,3 +54,28 @@ def get(name: str):
 def operator_op(name: str):
     """The op behind a Python operator (``+`` is ``Elemwise("add")``)."""
     return Elemwise(name)
+
+
+def standard_op(name: str):
+    """The op-library class the CUDA backend's array helpers run (``cast``,
+    ``broadcast_to``, ``transpose``, ``reduce``, elementwise arithmetic) or
+    the elementwise helpers' CUDA source: the device layer does not import
+    the op library, the library hands itself over at import
+    (``gradcore.cuda.runtime.install_standard_ops``).
+
+    Example::
+
+        >>> standard_op("Cast") is Cast
+        True
+    """
+    from . import elemwise, reduce, shape
+    table = {"Cast": shape.Cast, "Broadcast": shape.Broadcast, "Transpose": shape.Transpose,
+             "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise, "CUDA_HELPERS": elemwise.CUDA_HELPERS}
+    return table[name]
+
+
+# the layers below learn of the op library through hooks (they import nothing
+# above them): the CUDA backend's helpers, and the registry's fallback for a
+# source tree without installed entry points
+_cuda_runtime.install_standard_ops(standard_op)
+_registry.provide_standard_library(register)

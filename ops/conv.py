@@ -61,6 +61,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gradcore import _core, dtypes
+from gradcore.cuda import cudnn
 from gradcore.op import Op, TensorDesc, shape_carrier
 
 from .linalg import check_cuda_dtype, gemm_rows
@@ -310,6 +311,23 @@ class _ConvAttrs(Op):
     def _attrs(self):
         return self.stride, self.padding, self.dilation, self.groups
 
+    # which cuDNN call runs the op on a GPU (gradcore/cuda/cudnn.py)
+    cudnn_direction = "forward"
+
+    def _on_cudnn(self, be, a, b, ref_shape):
+        """The op on cuDNN: (x, w) forward, (g, w) backward_data, (g, x)
+        backward_filter, ``ref_shape`` the gradient's; None where cuDNN does
+        not run it (no GPU, no cuDNN, a configuration it refuses, switched
+        off) and the op's own kernels do."""
+        if a.dtype != b.dtype:
+            return None
+        attrs, d = self._attrs(), self.cudnn_direction
+        if d == "forward":
+            return cudnn.conv_forward(be, a, b, attrs)
+        if d == "backward_data":
+            return cudnn.conv_backward_data(be, a, b, ref_shape, attrs)
+        return cudnn.conv_backward_filter(be, a, b, ref_shape, attrs)
+
 
 class _ConvBase(_ConvAttrs):
     def _cols(self, x, kshape, out_hw):
@@ -417,6 +435,9 @@ class Conv2d(_ConvBase):
         (out,) = self.infer(_desc(x), _desc(w))
         if 0 in out.shape or x.shape[1] == 0:      # no outputs, or sums over no channels
             return be.zeros(out.shape, out.dtype)
+        y = self._on_cudnn(be, x, w, out.shape)
+        if y is not None:
+            return y
         if not _use_gemm(out.dtype):
             return self._cuda_direct(be, [x, w], out, x.shape, w.shape)
         y = be.empty(out.shape, out.dtype)
@@ -498,6 +519,7 @@ class Conv2dBackwardData(_ConvGrad):
     """Gradient of Conv2d with respect to its input: (g, weight, x_ref) ->
     an array shaped like x_ref (read only for its shape)."""
     name = "Conv2dBackwardData"
+    cudnn_direction = "backward_data"
     check_shapes = (((1, 3, 3, 3), (3, 2, 3, 3), (1, 2, 5, 5)),)
 
     def _x_and_w(self, w, ref):
@@ -553,6 +575,9 @@ class Conv2dBackwardData(_ConvGrad):
         (out,) = self.infer(_desc(g), _desc(w), _desc(ref))
         if 0 in out.shape or w.shape[0] == 0:      # nothing to fill, or no outputs fed by it
             return be.zeros(out.shape, out.dtype)
+        gx = self._on_cudnn(be, g, w, ref.shape)
+        if gx is not None:
+            return gx
         if not _use_gemm(out.dtype):
             return self._cuda_direct(be, [g, w], out, ref.shape, w.shape)
         gx = be.empty(out.shape, out.dtype)
@@ -618,6 +643,7 @@ class Conv2dBackwardFilter(_ConvGrad):
     """Gradient of Conv2d with respect to its weight: (g, x, w_ref) -> an
     array shaped like w_ref (read only for its shape)."""
     name = "Conv2dBackwardFilter"
+    cudnn_direction = "backward_filter"
     check_shapes = (((1, 3, 3, 3), (1, 2, 5, 5), (3, 2, 3, 3)),)
 
     def _x_and_w(self, x, ref):
@@ -648,6 +674,9 @@ class Conv2dBackwardFilter(_ConvGrad):
         (out,) = self.infer(_desc(g), _desc(x), _desc(ref))
         if 0 in out.shape or x.shape[0] == 0:      # no weights, or a sum over no images
             return be.zeros(out.shape, out.dtype)
+        gw = self._on_cudnn(be, g, x, ref.shape)
+        if gw is not None:
+            return gw
         if not _use_gemm(out.dtype):
             return self._cuda_direct(be, [g, x], out, x.shape, ref.shape)
         gw = be.empty(out.shape, out.dtype)
@@ -745,6 +774,16 @@ class _PoolBase(Op):
         oh, ow = out_hw
         return [xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
                 for i in range(kh) for j in range(kw)]
+
+    def _cudnn_forward(self, be, x, out, kind):
+        """The pooling on cuDNN (gradcore/cuda/cudnn.py), or None."""
+        return cudnn.pool_forward(be, x, kind, self.kernel_size, self.stride, self.padding, out.shape)
+
+    def _cudnn_backward(self, be, g, x, out, kind):
+        """The input gradient on cuDNN from g (and x for max pooling), or None."""
+        if x is not None and x.dtype != g.dtype:
+            return None
+        return cudnn.pool_backward(be, g, x, kind, self.kernel_size, self.stride, self.padding, out.shape)
 
     def _cuda_attrs(self):
         """The attributes as the kernels' trailing ints (after the shapes)."""
@@ -874,7 +913,8 @@ class MaxPool2d(_MaxPoolArgmax):
 
     def cuda(self, be, x):
         (out,) = self.infer(_desc(x))
-        return self._cuda_run(be, [x], out, x.shape, out.shape)
+        y = self._cudnn_forward(be, x, out, "max")
+        return y if y is not None else self._cuda_run(be, [x], out, x.shape, out.shape)
 
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_max_pool2d_<ctype>(x, y, <_POOL_ARGS>)``: one thread per
@@ -913,7 +953,8 @@ class MaxPool2dBackward(_MaxPoolArgmax):
 
     def cuda(self, be, g, x):
         (out,) = self.infer(_desc(g), _desc(x))
-        return self._cuda_argmax_run(be, g, x, out, g.shape)
+        gx = self._cudnn_backward(be, g, x, out, "max")
+        return gx if gx is not None else self._cuda_argmax_run(be, g, x, out, g.shape)
 
     def vjp(self, inputs, outputs, grads):
         (g, x), (gg,) = inputs, grads
@@ -1058,7 +1099,8 @@ class AvgPool2d(_AvgBase):
 
     def cuda(self, be, x):
         (out,) = self.infer(_desc(x))
-        return self._cuda_run(be, [x], out, x.shape, out.shape)
+        y = self._cudnn_forward(be, x, out, self.mode)
+        return y if y is not None else self._cuda_run(be, [x], out, x.shape, out.shape)
 
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_avg_pool2d_<ctype>(x, y, <_POOL_ARGS>, int exclude_padding)``:
@@ -1112,7 +1154,8 @@ class AvgPool2dBackward(_AvgBase):
 
     def cuda(self, be, g, ref):
         (out,) = self.infer(_desc(g), _desc(ref))
-        return self._cuda_run(be, [g], out, ref.shape, g.shape)
+        gx = self._cudnn_backward(be, g, None, out, self.mode)
+        return gx if gx is not None else self._cuda_run(be, [g], out, ref.shape, g.shape)
 
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_avg_pool2d_backward_<ctype>(gy, gx, <_POOL_ARGS>, int
@@ -1258,6 +1301,9 @@ class _Conv3dBase(_ConvAttrs):
                 + self.stride + self.padding + self.dilation + (self.groups,))
         if 0 in out.shape:
             return be.zeros(out.shape, out.dtype)
+        done = self._on_cudnn(be, arrays[0], arrays[1], out.shape)
+        if done is not None:
+            return done
         return _launch_direct(self, be, arrays, out, ints)
 
 
@@ -1357,6 +1403,7 @@ class Conv3dBackwardData(_Conv3dGrad):
     """Gradient of Conv3d with respect to its input: (g, weight, x_ref) ->
     an array shaped like x_ref (read only for its shape)."""
     name = "Conv3dBackwardData"
+    cudnn_direction = "backward_data"
 
     @classmethod
     def examples(cls):
@@ -1438,6 +1485,7 @@ class Conv3dBackwardFilter(_Conv3dGrad):
     """Gradient of Conv3d with respect to its weight: (g, x, w_ref) -> an
     array shaped like w_ref (read only for its shape)."""
     name = "Conv3dBackwardFilter"
+    cudnn_direction = "backward_filter"
 
     @classmethod
     def examples(cls):

@@ -17,7 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 from gradcore import _core
 from gradcore.op import IndexOpError, Op, OpError, TensorDesc  # noqa: F401 (IndexOpError: here too)
 
-from .shape import SumToLike
+from .shape import _DIMS, SumToLike
 
 
 def _apply1(op, *args):
@@ -560,8 +560,6 @@ class IndexingOneHotGrad(Op):
 # attributes that do not depend on the rank are compiled in as constants.
 _LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
          "         idx += (long long)blockDim.x * gridDim.x) {\n")
-_DIMS = ("#ifndef GC_DIMS_DEFINED\n#define GC_DIMS_DEFINED\n#define GC_MAX_DIMS 8\n"
-         "struct gc_dims { int n; long long d[GC_MAX_DIMS]; };\n#endif\n")
 
 
 def _strided_source(op_name, T, what):

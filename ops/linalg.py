@@ -111,7 +111,7 @@ class MatrixMul(Op):
         min(batch, 65535)); the kernel loops over the batch with gridDim.z.
         """
         T = ctype
-        from .indexing import _DIMS
+        from .shape import _DIMS
         return (_DIMS + "#ifndef GC_TILE\n#define GC_TILE 16\n#endif\n"
                 f'extern "C" __global__ void gc_matmul_{T.replace(" ", "_")}(const {T}* __restrict__ a, '
                 f"const {T}* __restrict__ b, {T}* __restrict__ c, long long M, long long N, long long K, "

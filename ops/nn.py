@@ -1,5 +1,6 @@
 """Neural-network ops: log_softmax (hand VJP: it needs only its output),
-logsumexp (declared by decomposition only: its backward graph is derived)."""
+logsumexp (declared by decomposition only: its backward graph is derived),
+batch normalisation (training, its backward, inference: cuDNN on a GPU)."""
 from __future__ import annotations
 
 import math
@@ -7,11 +8,12 @@ import math
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cuda import cudnn
 from gradcore.op import Composite, Op, TensorDesc
 
 from .elemwise import Elemwise
 from .linalg import check_cuda_dtype
-from .reduce import Reduce, op_int
+from .reduce import BLOCK_REDUCE, MAX_BLOCKS, SHORT_AXIS, BroadcastBack, Reduce, op_int, row_threads
 from .shape import StopGradient
 
 
@@ -70,20 +72,12 @@ class LogSoftmax(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_log_softmax_<ctype>(x, y, outer, n, inner)``: x and y
         contiguous, viewed as (outer, n, inner) around the axis; one thread
-        per row (outer * inner of them): a max pass, a sum-exp pass, a write."""
-        T = ctype
-        return (f'extern "C" __global__ void gc_log_softmax_{_cname(T)}(const {T}* __restrict__ x, '
-                f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
-                "    const long long total = outer * inner;\n"
-                "    if (n <= 0) return;\n" + _ROWS +
-                "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
-                f"        const {T}* p = x + base;\n"
-                f"        {T} m = p[0], s = 0;\n"
-                "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
-                "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
-                f"        const {T} ls = log(s);\n"
-                "        for (long long k = 0; k < n; ++k) y[base + k * inner] = (p[k * inner] - m) - ls;\n"
-                "    }\n}\n")
+        per row (outer * inner of them, adjacent threads on adjacent
+        columns): a max pass, a sum-exp pass, a write. And
+        ``gc_log_softmax_rows_<ctype>(x, y, rows, n)`` for inner 1: a block
+        per row, its threads striding over the row, the max and the sum
+        block reductions."""
+        return _row_source("log_softmax", ctype)
 
 
 class Softmax(Op):
@@ -125,9 +119,9 @@ class Softmax(Op):
         return _launch_rows(self, be, x)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        """``gc_softmax_<ctype>(x, y, outer, n, inner)``: as log_softmax."""
-        return LogSoftmax(self.axis).cuda_source(ctype).replace("gc_log_softmax_", "gc_softmax_").replace(
-            "y[base + k * inner] = (p[k * inner] - m) - ls;", "y[base + k * inner] = exp((p[k * inner] - m) - ls);")
+        """``gc_softmax_<ctype>(x, y, outer, n, inner)`` and
+        ``gc_softmax_rows_<ctype>(x, y, rows, n)``: as log_softmax."""
+        return _row_source("softmax", ctype)
 
 
 class LogSumExp(Composite):
@@ -166,24 +160,72 @@ class LogSumExp(Composite):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_logsumexp_<ctype>(x, y, outer, n, inner)``: a fused kernel for
         the decomposition; x contiguous, viewed as (outer, n, inner) around
-        the axis; y: outer * inner (keepdims or not); one thread per row."""
-        T = ctype
-        return (f'extern "C" __global__ void gc_logsumexp_{_cname(T)}(const {T}* __restrict__ x, '
+        the axis; y: outer * inner (keepdims or not); one thread per row. And
+        ``gc_logsumexp_rows_<ctype>(x, y, rows, n)`` for inner 1: a block
+        per row."""
+        return _row_source("logsumexp", ctype)
+
+
+# per kernel: (what a row's max becomes, the write of a thread per row, the
+# write of a block per row)
+_ROW_KINDS = {
+    "log_softmax": ("m", "for (long long k = 0; k < n; ++k) y[base + k * inner] = (p[k * inner] - m) - ls;",
+                    "for (long long k = threadIdx.x; k < n; k += blockDim.x) y[base + k] = (p[k] - m) - ls;"),
+    "softmax": ("m", "for (long long k = 0; k < n; ++k) y[base + k * inner] = exp((p[k * inner] - m) - ls);",
+                "for (long long k = threadIdx.x; k < n; k += blockDim.x) y[base + k] = exp((p[k] - m) - ls);"),
+    # as the decomposition: no inf - inf
+    "logsumexp": ("isinf(m) ? 0 : m", "y[idx] = ls + m;", "if (threadIdx.x == 0) y[idx] = ls + m;"),
+}
+_ROW_NAMES = {"LogSoftmax": "log_softmax", "Softmax": "softmax", "LogSumExp": "logsumexp"}
+
+
+def _row_source(kind: str, T: str, per: str = "both") -> str:
+    """The two kernels of a row op (softmax, log_softmax, logsumexp), or
+    (``per`` "thread" / "block") one of them, as the source of a module of
+    its own (the host emulator runs the first in one pass, without fibers):
+    a thread per row (``gc_<kind>_<T>``, any inner) and a block per row
+    (``gc_<kind>_rows_<T>``, inner 1). Each: m = the row's max, s =
+    sum(exp(x - m)), ls = log(s), then the write."""
+    if per == "both":
+        return _row_source(kind, T, "thread") + _row_source(kind, T, "block")
+    shift, thread_write, block_write = _ROW_KINDS[kind]
+    if per == "thread":
+        return (f'extern "C" __global__ void gc_{kind}_{_cname(T)}(const {T}* __restrict__ x, '
                 f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
                 "    const long long total = outer * inner;\n"
                 "    if (n <= 0) return;\n" + _ROWS +
-                f"        const {T}* p = x + (idx / inner) * n * inner + idx % inner;\n"
+                "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
+                f"        const {T}* p = x + base;\n"
                 f"        {T} m = p[0], s = 0;\n"
                 "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
-                "        if (isinf(m)) m = 0;  // as the decomposition: no inf - inf\n"
+                f"        m = {shift};\n"
                 "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
-                "        y[idx] = log(s) + m;\n"
+                f"        const {T} ls = log(s);\n"
+                f"        {thread_write}\n"
                 "    }\n}\n")
+    return (BLOCK_REDUCE +
+            f'extern "C" __global__ void gc_{kind}_rows_{_cname(T)}(const {T}* __restrict__ x, '
+            f"{T}* __restrict__ y, long long rows, long long n)\n{{\n"
+            f"    __shared__ {T} scratch[32];\n"
+            "    if (n <= 0) return;\n"
+            "    for (long long idx = blockIdx.x; idx < rows; idx += gridDim.x) {   // uniform per block\n"
+            "        const long long base = idx * n;\n"
+            f"        const {T}* p = x + base;\n"
+            f"        {T} m = p[0], s = 0;\n"
+            "        for (long long k = threadIdx.x; k < n; k += blockDim.x) m = p[k] > m ? p[k] : m;\n"
+            "        m = gc_block_reduce(m, scratch, gc_op_max());\n"
+            f"        m = {shift};\n"
+            "        for (long long k = threadIdx.x; k < n; k += blockDim.x) s += exp(p[k] - m);\n"
+            "        s = gc_block_reduce(s, scratch, gc_op_sum());\n"
+            f"        const {T} ls = log(s);\n"
+            f"        {block_write}\n"
+            "    }\n}\n")
 
 
 def _launch_rows(op, be, x):
     """Run ``op``'s row kernel (x viewed as (outer, n, inner) around
-    ``op.axis``; one thread per row) into a new array of the inferred shape."""
+    ``op.axis``: a block per row when inner is 1, else a thread per row)
+    into a new array of the inferred shape."""
     # the CPU kernels take integers too (exp promotes them as NumPy does); so
     # does this, past infer's check (which also rejects a bad axis, and
     # LogSumExp over an empty axis, as the CPU does)
@@ -196,7 +238,16 @@ def _launch_rows(op, be, x):
     outer = int(math.prod(x.shape[:axis]))
     n = x.shape[axis] if x.ndim else 1
     inner = int(math.prod(x.shape[axis + 1:]))
-    be.launch_n(be.kernel(op, be.ctype(x.dtype)), outer * inner, x, y, outer, n, inner)
+    ctype = be.ctype(x.dtype)
+    kind, c = _ROW_NAMES[op.name], _cname(ctype)
+    if outer * inner == 0:
+        return y
+    if inner == 1 and n > SHORT_AXIS:    # a block per row
+        be.launch(be.kernel(op, ctype, source=_row_source(kind, ctype, "block")), (min(outer, MAX_BLOCKS),),
+                  (row_threads(n),), x, y, outer, n)
+    else:                           # a thread per row (adjacent threads on adjacent columns)
+        be.launch_n(be.kernel(op, ctype, source=_row_source(kind, ctype, "thread")), outer * inner, x, y, outer, n,
+                    inner)
     return y
 
 
@@ -207,3 +258,228 @@ _ROWS = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadId
 
 def _cname(ctype):
     return ctype.replace(" ", "_")
+
+
+# ---------------------------------------------------------------- batch normalisation
+# F.batch_norm with an affine weight and bias runs as these ops: on a GPU
+# through cuDNN (gradcore/cuda/cudnn.py), elsewhere their decompositions (the
+# same math in generic ops) and, on cuda without cuDNN, reductions plus the
+# fused per-element kernels of ``batch_norm_source``. Every order of
+# derivative works: BatchNormTraining's vjp is BatchNormBackward (plus the
+# terms of its statistics' gradients), whose own backward is derived from
+# its decomposition; BatchNormInference's backward is derived too.
+def _bn_axes(ndim):
+    return tuple(i for i in range(ndim) if i != 1)
+
+
+def _bn_count(x):
+    """Elements per channel: the M of the mean over every axis but 1."""
+    return math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
+
+
+class _BatchNorm(Composite):
+    """``eps``; ``ndim``: the input's number of dimensions (backward graphs
+    are made for every shape: the axes reduced over must be known)."""
+    attrs = ("eps", "ndim")
+
+    def __init__(self, eps=1e-5, ndim=4):
+        try:
+            eps = float(eps)
+        except (TypeError, ValueError):
+            raise TypeError(f"{self.name}: eps must be a number, got {eps!r}") from None
+        if not eps >= 0:
+            raise ValueError(f"{self.name}: eps must be >= 0, got {eps}")
+        self.eps = eps
+        self.ndim = op_int(self.name, "ndim", ndim)
+        if self.ndim < 2:
+            raise ValueError(f"{self.name}: ndim must be >= 2 (N, C, ...), got {ndim}")
+        self._seal()
+
+    def _mean_back(self, g, x):
+        """A per-channel g (1, C, 1, ...) spread over x's shape, divided by
+        the elements per channel: the backward of the mean over every axis but 1."""
+        return _apply1(BroadcastBack(_bn_axes(self.ndim), True, True), g, x)
+
+    def _check(self, x, params, what):
+        """x is (N, C, ...) and each of ``params`` (named by ``what``) is
+        (1, C, 1, ...), all of one floating-point dtype."""
+        if x.shape is None:
+            return
+        if len(x.shape) != self.ndim:
+            raise self.error(f"input must be {self.ndim}-D (N, C, ...), got shape {x.shape}", x, *params)
+        want = (1, x.shape[1]) + (1,) * (len(x.shape) - 2)
+        for name, p in zip(what, params):
+            if p.shape is not None and tuple(p.shape) != want:
+                raise self.error(f"{name} must have shape {want} (one per channel), got {p.shape}", x, *params)
+        for d in (x,) + tuple(params):
+            if d.dtype.kind != "f" or d.dtype != x.dtype:
+                raise self.error(f"needs inputs of one floating-point dtype, got "
+                                 f"{', '.join(str(p.dtype) for p in (x,) + tuple(params))}", x, *params)
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        return batch_norm_source(ctype)
+
+
+class BatchNormTraining(_BatchNorm):
+    """(x, weight, bias) -> (y, mean, invstd): batch normalisation with the
+    batch's statistics over every axis but 1; weight, bias and both
+    statistics are (1, C, 1, ...); invstd = 1 / sqrt(biased variance + eps)."""
+    name = "BatchNormTraining"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: 4-D and 2-D."""
+        rng = np.random.default_rng(0)
+        return [(cls(1e-3), [rng.standard_normal(s) for s in ((3, 2, 2, 2), (1, 2, 1, 1), (1, 2, 1, 1))]),
+                (cls(0.1, 2), [rng.standard_normal(s) for s in ((4, 3), (1, 3), (1, 3))])]
+
+    def infer(self, x, w, b):
+        self._check(x, (w, b), ("weight", "bias"))
+        return super().infer(x, w, b)
+
+    def decompose(self, x, w, b):
+        axes = _bn_axes(self.ndim)
+        m = _apply1(Reduce("mean", axes, True), x)
+        d = x - m
+        v = _apply1(Reduce("mean", axes, True), d * d)
+        invstd = _apply1(Elemwise("div"), 1.0, _apply1(Elemwise("sqrt"), v + self.eps))
+        return d * invstd * w + b, m, invstd
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w, b), (_, m, invstd), (gy, gm, gi) = inputs, outputs, grads
+        dx = dw = db = None
+        if gy is not None:
+            dx, dw, db = _core.apply(BatchNormBackward(self.eps, self.ndim), gy, x, w, m, invstd)
+        extra = []
+        if gm is not None:           # d mean / dx = 1 / M
+            extra.append(self._mean_back(gm, x))
+        if gi is not None:           # d invstd / dx = -invstd^3 (x - mean) / M
+            extra.append((x - m) * self._mean_back(gi * invstd * invstd * invstd * -1.0, x))
+        for term in extra:
+            dx = term if dx is None else dx + term
+        return [dx, dw, db]
+
+    def cuda(self, be, x, w, b):
+        done = cudnn.batch_norm_training(be, x, w, b, self.eps)
+        if done is not None:
+            return done
+        axes = _bn_axes(self.ndim)
+        m = be.reduce("mean", x, axes, True)
+        d = be.elementwise("sub", x, m)
+        v = be.reduce("mean", be.elementwise("mul", d, d), axes, True)
+        invstd = be.elementwise("div", 1.0, be.elementwise("sqrt", be.elementwise("add", v, self.eps)))
+        return _bn_apply(self, be, x, m, invstd, w, b), m, invstd
+
+
+class BatchNormBackward(_BatchNorm):
+    """(g, x, weight, mean, invstd) -> (dx, dweight, dbias): the backward of
+    BatchNormTraining through its output y (mean and invstd as saved by it)."""
+    name = "BatchNormBackward"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (a positive inverse std)."""
+        rng = np.random.default_rng(0)
+        g, x, w, m = (rng.standard_normal(s) for s in ((3, 2, 2), (3, 2, 2), (1, 2, 1), (1, 2, 1)))
+        return [(cls(1e-3, 3), [g, x, w, m, rng.uniform(0.5, 1.5, (1, 2, 1))])]
+
+    def infer(self, g, x, w, m, invstd):
+        self._check(x, (w, m, invstd), ("weight", "mean", "invstd"))
+        if g.shape is not None and x.shape is not None and tuple(g.shape) != tuple(x.shape):
+            raise self.error("the output gradient must have the input's shape", g, x, w, m, invstd)
+        return super().infer(g, x, w, m, invstd)
+
+    def decompose(self, g, x, w, m, invstd):
+        axes = _bn_axes(self.ndim)
+        xhat = (x - m) * invstd
+        db = _apply1(Reduce("sum", axes, True), g)
+        dw = _apply1(Reduce("sum", axes, True), g * xhat)
+        dx = (w * invstd) * (g - self._mean_back(db, x) - xhat * self._mean_back(dw, x))
+        return dx, dw, db
+
+    def cuda(self, be, g, x, w, m, invstd):
+        done = cudnn.batch_norm_backward(be, g, x, w, m, invstd, self.eps)
+        if done is not None:
+            return done
+        axes = _bn_axes(self.ndim)
+        xhat = be.elementwise("mul", be.elementwise("sub", x, m), invstd)
+        db = be.reduce("sum", g, axes, True)
+        dw = be.reduce("sum", be.elementwise("mul", g, xhat), axes, True)
+        c, s = _bn_channels(x)
+        dx = be.empty(x.shape, x.dtype)
+        T = be.ctype(x.dtype)
+        kernel = be.kernel(self, T, name=f"gc_batch_norm_grad_input_{_cname(T)}", source=batch_norm_source(T))
+        be.launch_n(kernel, dx.size, g, x, w, m, invstd, dw, db, dx, dx.size, c, s, max(_bn_count(x), 1))
+        return dx, dw, db
+
+
+class BatchNormInference(_BatchNorm):
+    """(x, mean, var, weight, bias) -> (x - mean) / sqrt(var + eps) * weight
+    + bias, with given statistics (the running ones), each (1, C, 1, ...)."""
+    name = "BatchNormInference"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (a positive variance)."""
+        rng = np.random.default_rng(0)
+        x, m, w, b = (rng.standard_normal(s) for s in ((2, 2, 3), (1, 2, 1), (1, 2, 1), (1, 2, 1)))
+        return [(cls(1e-3, 3), [x, m, rng.uniform(0.5, 1.5, (1, 2, 1)), w, b])]
+
+    def infer(self, x, m, v, w, b):
+        self._check(x, (m, v, w, b), ("mean", "var", "weight", "bias"))
+        return super().infer(x, m, v, w, b)
+
+    def decompose(self, x, m, v, w, b):
+        return (x - m) / _apply1(Elemwise("sqrt"), v + self.eps) * w + b
+
+    def cuda(self, be, x, m, v, w, b):
+        done = cudnn.batch_norm_inference(be, x, m, v, w, b, self.eps)
+        if done is not None:
+            return done
+        invstd = be.elementwise("div", 1.0, be.elementwise("sqrt", be.elementwise("add", v, self.eps)))
+        return _bn_apply(self, be, x, m, invstd, w, b)
+
+
+def _bn_channels(x):
+    """(C, S): channels, and elements per channel per image."""
+    c = x.shape[1]
+    return c, (math.prod(x.shape[2:]) if x.ndim > 2 else 1)
+
+
+def _bn_apply(op, be, x, m, invstd, w, b):
+    """y = (x - mean) * invstd * weight + bias, one thread per element."""
+    c, s = _bn_channels(x)
+    y = be.empty(x.shape, x.dtype)
+    T = be.ctype(x.dtype)
+    kernel = be.kernel(op, T, name=f"gc_batch_norm_apply_{_cname(T)}", source=batch_norm_source(T))
+    be.launch_n(kernel, y.size, x, m, invstd, w, b, y, y.size, c, s)
+    return y
+
+
+def batch_norm_source(ctype: str = "float") -> str:
+    """The batch-norm ops' per-element kernels (one thread per element,
+    grid-stride; x viewed as (N, C, S), per-channel arrays of C):
+
+    ``gc_batch_norm_apply_<ctype>(x, mean, invstd, w, b, y, n, C, S)``:
+    y = (x - mean[c]) * invstd[c] * w[c] + b[c];
+
+    ``gc_batch_norm_grad_input_<ctype>(g, x, w, mean, invstd, dw, db, dx, n, C, S, M)``:
+    dx = w[c] * invstd[c] * (g - (db[c] + xhat * dw[c]) / M), xhat = (x - mean[c]) * invstd[c].
+    """
+    T, tag = ctype, _cname(ctype)
+    return (f'extern "C" __global__ void gc_batch_norm_apply_{tag}(const {T}* __restrict__ x, '
+            f"const {T}* __restrict__ mean, const {T}* __restrict__ invstd, const {T}* __restrict__ w, "
+            f"const {T}* __restrict__ b, {T}* __restrict__ y, long long total, long long C, long long S)\n{{\n"
+            + _ROWS +
+            "        const long long c = idx / S % C;\n"
+            "        y[idx] = (x[idx] - mean[c]) * invstd[c] * w[c] + b[c];\n"
+            "    }\n}\n"
+            f'extern "C" __global__ void gc_batch_norm_grad_input_{tag}(const {T}* __restrict__ g, '
+            f"const {T}* __restrict__ x, const {T}* __restrict__ w, const {T}* __restrict__ mean, "
+            f"const {T}* __restrict__ invstd, const {T}* __restrict__ dw, const {T}* __restrict__ db, "
+            f"{T}* __restrict__ dx, long long total, long long C, long long S, long long M)\n{{\n"
+            + _ROWS +
+            "        const long long c = idx / S % C;\n"
+            f"        const {T} xhat = (x[idx] - mean[c]) * invstd[c];\n"
+            f"        dx[idx] = w[c] * invstd[c] * (g[idx] - (db[c] + xhat * dw[c]) / ({T})M);\n"
+            "    }\n}\n")

@@ -133,44 +133,92 @@ class Reduce(Op):
         return [_apply1(back, g, x) * hit / count]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        """``gc_reduce_<mode>_<ctype>(x, y, outer, n, inner, parts, count)``:
-        x contiguous, viewed as (outer, n, inner); n is split into ``parts``
-        chunks of ceil(n / parts) elements and y, contiguous, is (outer,
-        parts, inner): one thread per output element reduces its chunk
-        (parts = 1: the whole axis). A long axis with few outputs is reduced
-        in two launches (partial results, then those), so that a full
-        reduction does not run on one thread. A mean divides by ``count``,
-        the number of elements of the whole reduction (its partial passes
-        are sums); the other modes ignore it. The launcher reduces one run
-        of adjacent axes per launch, casting integer inputs to the output
-        dtype first."""
-        T = ctype
-        init, step, final = {
-            "sum": ("0", "acc += v;", "acc"),
-            "mean": ("0", "acc += v;", f"acc / ({T})count"),
-            "prod": ("1", "acc *= v;", "acc"),
-            # NaN propagates as in NumPy: once acc is NaN no comparison replaces it
-            "max": ("lo < hi ? q[lo * inner] : 0", "if (v > acc || v != v) acc = v;", "acc"),
-            "min": ("lo < hi ? q[lo * inner] : 0", "if (v < acc || v != v) acc = v;", "acc"),
-        }[self.mode]
-        name = f"gc_reduce_{self.mode}_{T.replace(' ', '_')}"
-        return (f'extern "C" __global__ void {name}(const {T}* __restrict__ x, {T}* __restrict__ y, '
-                "long long outer, long long n, long long inner, long long parts, long long count)\n{\n"
-                "    // x as (outer, n, inner), y as (outer, parts, inner); one thread per output\n"
+        """Three reduction kernels (``kernel_source`` gives each alone: a
+        module of its own), x contiguous viewed as (outer, n, inner), n split
+        into ``parts`` chunks of ceil(n / parts) elements (a long axis with
+        few outputs: partial results, reduced again by a second launch), y
+        contiguous (outer, parts, inner):
+
+        - ``gc_reduce_<mode>_<ctype>(x, y, outer, n, inner, parts, count)``
+          (a short axis): a thread per output, adjacent threads on adjacent
+          outputs;
+        - ``gc_reduce_rows_<mode>_<ctype>(x, y, rows, n, parts, count)``
+          (inner 1): a block per (row, part), its threads striding over the
+          chunk (coalesced), combined by warp shuffles and shared memory;
+        - ``gc_reduce_cols_<mode>_<ctype>(x, y, outer, n, inner, parts,
+          count)`` (inner > 1): a block of 32 x 8 threads per (outer, part,
+          32 columns), x along the columns (coalesced), y along the chunk,
+          combined in shared memory.
+
+        A mean divides by ``count``, the number of elements of the whole
+        reduction (its partial passes are sums); the other modes ignore it.
+        The launcher reduces one run of adjacent axes per pass, casting
+        integer inputs to the output dtype first."""
+        return "".join(self.kernel_source(ctype, kind) for kind in ("thread", "rows", "cols"))
+
+    def kernel_source(self, T: str, kind: str) -> str:
+        """The source of one of ``cuda_source``'s kernels: kind "thread",
+        "rows" or "cols"."""
+        init, combine, final = _MODES[self.mode]
+        final = final.replace("T", T)
+        tag = f"{self.mode}_{T.replace(' ', '_')}"
+        if kind == "thread":
+            return (COMBINE +
+                    f'extern "C" __global__ void gc_reduce_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
+                    "long long outer, long long n, long long inner, long long parts, long long count)\n{\n"
+                    "    const long long chunk = (n + parts - 1) / parts, total = outer * parts * inner;\n"
+                    "    (void)count;\n"
+                    "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
+                    "         idx += (long long)blockDim.x * gridDim.x) {\n"
+                    "        const long long i = idx % inner, r = idx / inner;\n"
+                    "        const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
+                    f"        const {T}* q = x + (r / parts) * n * inner + i;\n"
+                    f"        {T} acc = ({T})({init.format(first='q[lo * inner]')});\n"
+                    f"        for (long long k = lo; k < hi; ++k) acc = {combine}()(acc, q[k * inner]);\n"
+                    f"        y[idx] = {final};\n"
+                    "    }\n}\n")
+        if kind == "rows":
+            return (BLOCK_REDUCE +
+                f'extern "C" __global__ void gc_reduce_rows_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
+                "long long rows, long long n, long long parts, long long count)\n{\n"
+                f"    __shared__ {T} scratch[32];\n"
                 "    const long long chunk = (n + parts - 1) / parts;\n"
-                "    const long long total = outer * parts * inner;\n"
                 "    (void)count;\n"
-                "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
-                "         idx += (long long)blockDim.x * gridDim.x) {\n"
-                "        const long long i = idx % inner, p = (idx / inner) % parts, o = idx / (inner * parts);\n"
-                "        const long long lo = p * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
-                f"        const {T}* q = x + o * n * inner + i;\n"
-                f"        {T} acc = ({T})({init});\n"
-                "        for (long long k = lo; k < hi; ++k) {\n"
-                f"            const {T} v = q[k * inner];\n"
-                f"            {step}\n"
+                "    for (long long r = blockIdx.x; r < rows * parts; r += gridDim.x) {   // uniform per block\n"
+                "        const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
+                f"        const {T}* q = x + (r / parts) * n;\n"
+                f"        {T} acc = ({T})({init.format(first='q[lo]')});\n"
+                "#pragma unroll 4\n"     # several loads in flight per thread (a GPU's bandwidth needs them)
+                "        for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) acc = "
+                f"{combine}()(acc, q[k]);\n"
+                f"        acc = gc_block_reduce(acc, scratch, {combine}());\n"
+                f"        if (threadIdx.x == 0) y[r] = {final};\n"
+                "    }\n}\n")
+        return (BLOCK_REDUCE +
+                f'extern "C" __global__ void gc_reduce_cols_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
+                "long long outer, long long n, long long inner, long long parts, long long count)\n{\n"
+                f"    __shared__ {T} scratch[GC_COLS_Y][33];\n"
+                "    const long long chunk = (n + parts - 1) / parts, strips = (inner + 31) / 32;\n"
+                "    (void)count;\n"
+                "    for (long long t = blockIdx.x; t < outer * parts * strips; t += gridDim.x) {\n"
+                "        const long long i = (t % strips) * 32 + threadIdx.x, r = t / strips;\n"
+                "        const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
+                f"        const {T}* q = x + (r / parts) * n * inner + i;\n"
+                f"        {T} acc = ({T})0;\n"
+                "        if (i < inner) {\n"
+                f"            acc = ({T})({init.format(first='q[lo * inner]')});\n"
+                "#pragma unroll 4\n"
+                "            for (long long k = lo + threadIdx.y; k < hi; k += blockDim.y) acc = "
+                f"{combine}()(acc, q[k * inner]);\n"
                 "        }\n"
-                f"        y[idx] = {final};\n"
+                "        scratch[threadIdx.y][threadIdx.x] = acc;\n"
+                "        __syncthreads();\n"
+                "        if (threadIdx.y == 0 && i < inner) {\n"
+                "            for (unsigned j = 1; j < blockDim.y; ++j) acc = "
+                f"{combine}()(acc, scratch[j][threadIdx.x]);\n"
+                f"            y[r * inner + i] = {final};\n"
+                "        }\n"
+                "        __syncthreads();     // scratch is read before the next strip writes it\n"
                 "    }\n}\n")
 
     def cuda(self, be, x):
@@ -199,10 +247,68 @@ class Reduce(Op):
         return y.reshape(out.shape)
 
 
-# a thread reduces at most _SERIAL elements when there are fewer than
-# _PARALLEL outputs: a long axis is then split into chunks (several launches)
-_SERIAL = 256
-_PARALLEL = 1 << 16
+# (initial value of a thread's accumulator, combining functor, final value).
+# max/min start from the chunk's first element: they are idempotent, so a
+# thread that reads nothing more holds a value of the chunk, never an identity
+# (there is none for integers) ({first} is 0 for an empty chunk: sum only)
+_MODES = {
+    "sum": ("0", "gc_op_sum", "acc"),
+    "mean": ("0", "gc_op_sum", "acc / (T)count"),
+    "prod": ("1", "gc_op_prod", "acc"),
+    "max": ("lo < hi ? {first} : 0", "gc_op_max", "acc"),
+    "min": ("lo < hi ? {first} : 0", "gc_op_min", "acc"),
+}
+
+# the combining functors (plain device code: any kernel may use them)
+COMBINE = r"""
+#ifndef GC_COMBINE
+#define GC_COMBINE
+// NaN propagates as in NumPy: once a NaN is in, no comparison replaces it
+struct gc_op_sum { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (T)(a + b); } };
+struct gc_op_prod { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (T)(a * b); } };
+struct gc_op_max { template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
+    return (b > a || b != b) ? b : a; } };
+struct gc_op_min { template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
+    return (b < a || b != b) ? b : a; } };
+#endif
+"""
+# CUDA C of block reductions (shared by the reductions and the row kernels
+# of ops/nn.py): blocks of a multiple of 32 threads (at most 1024)
+BLOCK_REDUCE = COMBINE + r"""
+#ifndef GC_BLOCK_REDUCE
+#define GC_BLOCK_REDUCE
+#define GC_COLS_Y 8
+// every lane gets the combination of its warp's 32 values (a butterfly;
+// small types travel as the int they promote to)
+template <class T, class Op> __device__ __forceinline__ T gc_warp_reduce(T v, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, +v, o));
+    return v;
+}
+// every thread of the block gets the combination of all threads' values, the
+// same value (warp results combined in one order); scratch: 32 in shared memory
+template <class T, class Op> __device__ __forceinline__ T gc_block_reduce(T v, T* scratch, Op op) {
+    const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned warps = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
+    v = gc_warp_reduce(v, op);
+    if (warps == 1) return v;   // one warp: every lane has it already (uniform: no barrier skipped by some)
+    if ((tid & 31) == 0) scratch[tid / 32] = v;
+    __syncthreads();
+    v = scratch[0];
+    for (unsigned w = 1; w < warps; ++w) v = op(v, scratch[w]);
+    __syncthreads();        // scratch may be written again at once
+    return v;
+}
+#endif
+"""
+
+# a (row, part) of a reduction covers at most _SERIAL elements when there are
+# fewer than _PARALLEL blocks' worth of outputs: a long axis is then reduced
+# in two launches (partials, then those), so that a full reduction fills the GPU
+_SERIAL = 2048
+_PARALLEL = 2048
+SHORT_AXIS = 32         # an axis this short is reduced by a thread per output
+_THREADS = 256          # threads per block of the reductions (a multiple of 32)
+MAX_BLOCKS = 1 << 16     # grid cap: the kernels loop over the rest
 _REDUCERS = {}
 
 
@@ -220,18 +326,39 @@ def _reducer(mode):
     return op
 
 
+def row_threads(n: int) -> int:
+    """Threads per block for a row of ``n`` elements: a power of two from
+    32 to 256 (a short row does not leave most of a block idle)."""
+    t = 32
+    while t < n and t < _THREADS:
+        t *= 2
+    return t
+
+
 def _reduce_run(be, mode, x, outer, n, inner, count):
     """x (contiguous, outer * n * inner elements) reduced over n: a flat
     array of outer * inner elements."""
-    rows = outer * inner
+    units = outer * -(-inner // 32) if inner > 1 else outer      # blocks' worth of outputs
     parts = 1
-    if n > _SERIAL and rows < _PARALLEL:
-        parts = min(-(-n // _SERIAL), -(-_PARALLEL // max(rows, 1)))
+    if n > _SERIAL and units < _PARALLEL:
+        parts = min(-(-n // _SERIAL), -(-_PARALLEL // max(units, 1)))
+        parts = -(-n // -(-n // parts))                 # every part non-empty
     stage = "sum" if mode == "mean" and parts > 1 else mode    # a mean's partials are sums
     y = be.empty((outer * parts * inner,), x.dtype)
-    be.launch_n(be.kernel(_reducer(stage), be.ctype(x.dtype)), y.size, x, y, outer, n, inner, parts, count)
+    if y.size:
+        op, ctype = _reducer(stage), be.ctype(x.dtype)
+        chunk = -(-n // parts)
+        if chunk <= SHORT_AXIS:         # a thread per output (adjacent outputs on adjacent threads)
+            be.launch_n(be.kernel(op, ctype, source=op.kernel_source(ctype, "thread")), y.size,
+                        x, y, outer, n, inner, parts, count)
+        elif inner == 1:            # a block per row
+            be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "rows")),
+                      (min(outer * parts, MAX_BLOCKS),), (row_threads(chunk),), x, y, outer, n, parts, count)
+        else:                       # 32 x 8 column tiles
+            blocks = outer * parts * -(-inner // 32)
+            be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "cols")), (min(blocks, MAX_BLOCKS),),
+                      (32, 8), x, y, outer, n, inner, parts, count)
     return y if parts == 1 else _reduce_run(be, mode, y, outer, parts, inner, count)
-
 
 
 class ExactDtypeReduce(Reduce):
@@ -286,7 +413,7 @@ class BroadcastBack(Op):
         mean divides by the number of elements reduced (size(y) / size(g))."""
         T = ctype
         name = f"gc_broadcast_back{'_mean' if self.mean else ''}_{T.replace(' ', '_')}"
-        from .indexing import _DIMS
+        from .shape import _DIMS
         return (_DIMS +
                 f'extern "C" __global__ void {name}(const {T}* __restrict__ g, {T}* __restrict__ y, '
                 "gc_dims gs, gc_dims ys)\n{\n"

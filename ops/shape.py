@@ -139,9 +139,17 @@ class Transpose(Op):
         """``gc_transpose_<ctype>(x, y, xs, perm)``: y = x.transpose(perm), x
         contiguous of shape ``xs``, y contiguous; ``perm`` is a ``gc_dims``
         (one kernel for every permutation). One thread per y element,
-        grid-stride loop."""
-        T = ctype
-        return (_dims_src() +
+        grid-stride loop. And ``gc_transpose_tiled_<ctype>(x, y, batch, rows,
+        cols)``: x (batch, rows, cols) to y (batch, cols, rows) through 32 x 32
+        tiles in shared memory, so that reads and writes are both coalesced
+        (the swap of the last two axes, after merging)."""
+        return self.plain_source(ctype) + self.tiled_source(ctype)
+
+    @staticmethod
+    def plain_source(T: str) -> str:
+        """The source of ``gc_transpose_<T>`` alone (its own module: the host
+        emulator runs it in one pass, without fibers)."""
+        return (_DIMS +
                 f"extern \"C\" __global__ void {_kname('transpose', T)}(const {T}* __restrict__ x, "
                 f"{T}* __restrict__ y, gc_dims xs, gc_dims perm)\n{{\n"
                 "    const int ND = xs.n;\n"
@@ -155,13 +163,42 @@ class Transpose(Op):
                 "        y[idx] = x[off];\n"
                 "    }\n}\n")
 
+    @staticmethod
+    def tiled_source(T: str) -> str:
+        """The source of ``gc_transpose_tiled_<T>`` alone."""
+        return (f"extern \"C\" __global__ void {_kname('transpose_tiled', T)}(const {T}* __restrict__ x, "
+                f"{T}* __restrict__ y, long long batch, long long rows, long long cols)\n{{\n"
+                f"    __shared__ {T} tile[32][33];          // 33: a column of the tile spans all banks\n"
+                "    const long long tr = (rows + 31) / 32, tc = (cols + 31) / 32;\n"
+                "    for (long long t = blockIdx.x; t < batch * tr * tc; t += gridDim.x) {   // uniform per block\n"
+                "        const long long b = t / (tr * tc), r0 = (t / tc) % tr * 32, c0 = t % tc * 32;\n"
+                "        for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {\n"
+                "            const long long r = r0 + j, c = c0 + threadIdx.x;\n"
+                "            if (r < rows && c < cols) tile[j][threadIdx.x] = x[(b * rows + r) * cols + c];\n"
+                "        }\n"
+                "        __syncthreads();\n"
+                "        for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {\n"
+                "            const long long c = c0 + j, r = r0 + threadIdx.x;\n"
+                "            if (r < rows && c < cols) y[(b * cols + c) * rows + r] = tile[threadIdx.x][j];\n"
+                "        }\n"
+                "        __syncthreads();     // the tile is read before the next one is written\n"
+                "    }\n}\n")
+
     def cuda(self, be, x):
         (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
         shape, perm = _merge_axes(x.shape, self.perm)
         if perm == tuple(range(len(perm))):     # the order of the elements is unchanged
             return x.reshape(out.shape)
         y = be.empty(out.shape, x.dtype)
-        be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, y, be.dims(shape), be.dims(perm))
+        ctype = be.ctype(x.dtype)
+        if perm in ((1, 0), (0, 2, 1)) and y.size:      # a batch of matrices transposed: tiles
+            batch, rows, cols = (1,) * (3 - len(shape)) + shape
+            tiles = batch * -(-rows // 32) * -(-cols // 32)
+            be.launch(be.kernel(self, ctype, source=self.tiled_source(ctype)), (min(tiles, 1 << 16),), (32, 8),
+                      x, y, batch, rows, cols)
+            return y
+        be.launch_n(be.kernel(self, ctype, source=self.plain_source(ctype)), y.size, x, y, be.dims(shape),
+                    be.dims(perm))
         return y
 
 
@@ -454,7 +491,7 @@ class Copy(Op):
     attrs = ("device",)
 
     def __init__(self, device: str = "cpu"):
-        from gradcore.tensor_methods import norm_device
+        from gradcore.devices import norm_device
         self.device = norm_device(device)
         self._seal()
 
@@ -804,9 +841,10 @@ CUDA_CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "
                "uint32": "unsigned int", "uint64": "unsigned long long", "bool": "bool"}
 
 
-def _dims_src():
-    from .indexing import _DIMS  # one guarded gc_dims definition for every op
-    return _DIMS
+# one guarded gc_dims definition for every op's CUDA source (indexing, linalg
+# and reduce import it from here)
+_DIMS = ("#ifndef GC_DIMS_DEFINED\n#define GC_DIMS_DEFINED\n#define GC_MAX_DIMS 8\n"
+         "struct gc_dims { int n; long long d[GC_MAX_DIMS]; };\n#endif\n")
 
 
 def _prod(shape) -> int:
@@ -935,7 +973,7 @@ _RUNTIME_OUT = ("    const int ND = ys.n; const long long* OUT = ys.d;\n"
 def _broadcast_source(op_name, T, extra_params, shape_decl):
     """y (shape OUT of rank ND, contiguous) = x broadcast: x contiguous of
     shape xs, right-aligned to OUT (size-1 and missing axes repeat)."""
-    return (_dims_src() +
+    return (_DIMS +
             f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
             f"{T}* __restrict__ y, gc_dims xs{extra_params})\n{{\n"
             "    // x: contiguous, shape xs right-aligned to OUT; y: contiguous, shape OUT\n" + shape_decl + _LOOP +
@@ -954,7 +992,7 @@ def _sum_to_source(op_name, T, what):
     xs) summed over its broadcast axes: x's leading axes, and those where ys
     (right-aligned) has 1 and x more. One thread per output element loops
     over every x element that maps to it (grid-stride loop)."""
-    return (_dims_src() +
+    return (_DIMS +
             f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
             f"{T}* __restrict__ y, gc_dims xs, gc_dims ys)\n{{\n"
             f"    // x: contiguous of shape xs; y: contiguous, shape ys ({what}) right-aligned to xs\n"

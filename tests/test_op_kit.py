@@ -1,6 +1,8 @@
 """The op author's kit: gradcore.testing.check_op, the registration checks
 in gradcore.registry.register_op, and the pytest plugin (fixture
 ``check_op``, ``parametrize_ops``), the latter run with pytester."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -523,6 +525,99 @@ def test_ops_are_callable_and_function_publishes_a_wrapper():
     # several outputs: the tuple
     parts = Split(0, 2)(gradcore.tensor(np.arange(4.0)))
     assert isinstance(parts, tuple) and len(parts) == 2
+
+
+def test_constructing_an_equal_op_again_runs_no_python(monkeypatch):
+    """Interning: an op constructed per call (``KitScale(3.0)(x)``) is a C
+    table lookup once an equal call was seen; the Python constructor (the
+    hook that builds, seals and interns) runs once per distinct call."""
+    import gradcore.op as op_module
+    from gradcore import _op_intern
+    built = []
+
+    def counting(cls, args, kwargs):
+        built.append((cls.__name__, args, tuple(kwargs.items())))
+        return op_module._construct(cls, args, kwargs)
+
+    class KitNoArgs(KitScale):
+        name = "KitNoArgs"
+
+        def __init__(self):
+            self.k = 2.0
+
+    monkeypatch.setattr(op_module, "_construct", op_module._construct)   # restored afterwards
+    _op_intern.install(counting)
+    try:
+        op_module.clear_interned()
+        calls = [lambda: KitScale(3.0), lambda: KitScale(k=3.0), lambda: KitNoArgs(), lambda: KitScale(3)]
+        first = [make() for make in calls]
+        for _ in range(5):
+            assert [make() for make in calls] == first
+            assert all(make() is op for make, op in zip(calls, first))
+        assert len(built) == 4, built               # one per distinct call, none on a hit
+        assert first[0] is first[1]                 # positional or keyword: one op (interned by value)
+        # through tp_call (star-arguments, functools.partial) as through vectorcall
+        assert KitScale(*(3.0,)) is first[0] and KitScale(**{"k": 3.0}) is first[0]
+        assert functools.partial(KitScale, 3)() is first[3] and KitNoArgs(*()) is first[2]
+        k = float("3")                              # an equal argument, another object
+        assert KitScale(k) is first[0] and len(built) == 4
+        # an unhashable argument is never remembered: built every time, still interned by value
+        assert KitScale([1, 2]) is KitScale([1, 2]) and len(built) == 6
+        # forgetting: new instances, built again
+        op_module.clear_interned()
+        assert KitScale(3.0) is not first[0] and KitNoArgs() is not first[2] and len(built) == 8
+    finally:
+        _op_intern.install(op_module._construct)
+
+
+def test_argument_types_are_part_of_the_call_key():
+    class KitKeepsType(KitScale):
+        name = "KitKeepsType"
+
+        def __init__(self, k):
+            self.k = k
+            self.integral = isinstance(k, int)
+
+    # 3 == 3.0 and hash(3) == hash(3.0): equal arguments, but not the same op
+    for _ in range(3):                              # alternating: neither call evicts the other
+        assert KitKeepsType(3).integral is True
+        assert KitKeepsType(3.0).integral is False
+        assert KitKeepsType(k=3).integral is True and KitKeepsType(k=3.0).integral is False
+    assert KitKeepsType(3) is KitKeepsType(k=3) and KitKeepsType(3.0) is not KitKeepsType(3)
+
+
+def test_calling_an_op_returns_the_output_or_the_tuple_recorded_or_not():
+    from gradcore.autodiff import GradManager
+    from gradcore.ops import Split
+    x = gradcore.tensor(np.arange(4.0, dtype=np.float32))
+    gm = GradManager().attach([x])
+    for recording in (False, True):
+        if recording:
+            gm.record()
+        y = KitScale(2.0)(x)
+        parts = Split(0, 2)(x)
+        assert isinstance(y, gradcore.Tensor) and y.numpy().tolist() == [0.0, 2.0, 4.0, 6.0]
+        assert isinstance(parts, tuple) and [p.numpy().tolist() for p in parts] == [[0.0, 1.0], [2.0, 3.0]]
+        if recording:
+            gm.backward(y.sum() + parts[1].sum())
+            assert x.grad.numpy().tolist() == [2.0, 2.0, 3.0, 3.0]
+            gm.release()
+
+
+def test_an_op_with_only_a_grad_rule_is_callable():
+    class RuleOnly(Op):
+        """No cpu kernel: the forward is the op's own _grad_rule."""
+        name = "KitRuleOnly"
+
+        def infer(self, x):
+            return (x,)
+
+        def _grad_rule(self, x):
+            return x * 2.0, lambda g: (g * 2.0,)
+
+    x = gradcore.tensor(np.array([1.0, 3.0], np.float32))
+    assert RuleOnly()(x).numpy().tolist() == [2.0, 6.0]
+    assert _grad_of(RuleOnly(), x.numpy()).tolist() == [2.0, 2.0]
 
 
 def test_registration_refuses_parameters_kept_under_private_names(scratch_registry):

@@ -9,6 +9,12 @@
   ``memory``: the allocator's Python face; ``blas``: finding cuBLAS.
 - ``memory_stats()``: allocator statistics and host/device copy counts;
   ``empty_cache()``: give cached blocks back.
+- ``graphed(step)``: a whole training step as one CUDA graph (``graphs``).
+- ``cudnn``: cuDNN for the convolutions and pooling on a GPU (the switches
+  ``cudnn.benchmark``, ``cudnn.deterministic``, ``cudnn.enabled``).
+- ``allow_tf32_conv`` (default True): float32 convolutions on cuDNN may use
+  TF32 tensor cores; ``allow_tf32_matmul`` (default False): cuBLAS GEMMs
+  stay full float32 (PyTorch's defaults; docs/cuda.md, "Precision").
 - ``cache``: the nvcc/PTX kernel cache (memory and disk); ``fusion``: one
   fused kernel for an all-elementwise backward graph.
 
@@ -20,7 +26,14 @@ from .runtime import (Backend, CudaUnavailable, Dims, backend, empty_cache, memo
                       unavailable_reason, use)
 from .cache import KernelCache, KernelCompileError, cache_key, default_directory
 from .fusion import FusedKernel, KernelOutput, KernelParam, fuse_elementwise
+from .graphs import GraphCaptureError, graphed
+from . import cudnn
+
+# the precision policy, read at each call (docs/cuda.md, "Precision")
+allow_tf32_conv = True
+allow_tf32_matmul = False
 
 __all__ = ["backend", "use", "memory_stats", "empty_cache", "unavailable_reason", "Backend", "DeviceArray", "Dims", "pack_params",
            "CudaUnavailable", "fuse_elementwise", "FusedKernel", "KernelParam", "KernelOutput",
-           "KernelCache", "KernelCompileError", "cache_key", "default_directory"]
+           "KernelCache", "KernelCompileError", "cache_key", "default_directory", "graphed", "GraphCaptureError",
+           "cudnn", "allow_tf32_conv", "allow_tf32_matmul"]

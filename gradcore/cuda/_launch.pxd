@@ -12,6 +12,13 @@
 # - ``MemoryPool``/``Block``: the caching device allocator (size classes, free
 #   lists, statistics, ``empty_cache``); the driver is called only on a miss.
 # - ``gemm``: cuBLAS's S/DgemmStridedBatched through C function pointers.
+# - CUDA-graph capture (gradcore/cuda/graphs.py sets and clears these; outside
+#   a capture they cost one pointer test per launch / allocation): the
+#   Launcher's ``capture`` takes launches instead of running them (emulator),
+#   ``stream`` is the CUstream of cuLaunchKernel (a GPU's capture stream),
+#   ``keep`` collects the Blocks the captured kernels read (all but those of
+#   ``own_pool``); the MemoryPool's ``redirect`` sends allocations to the
+#   graph's private pool and ``held`` keeps the blocks given back meanwhile.
 
 cdef enum LaunchMode:
     MODE_CUDA = 0
@@ -33,12 +40,20 @@ cdef class Kernel:
     cdef LaunchMode mode
 
 
+cdef class MemoryPool
+
+
 cdef class Launcher:
     cdef void* cu_launch                # CUresult cuLaunchKernel(...)
     cdef public bint dry_run
     cdef public unsigned long long launches
     cdef public object trace            # a deque of kernel names, or None
     cdef object python_launch           # the driver's launch, for MODE_PYTHON kernels
+    # CUDA-graph capture (gradcore/cuda/graphs.py); all None/0 outside a capture
+    cdef public object capture          # emulator: takes each launch (kernel, grid, block, params, shared) instead of running it
+    cdef public list keep               # the Blocks of the arrays the captured launches read (the graph keeps them alive)
+    cdef public MemoryPool own_pool     # the capturing graph's pool: its blocks are not kept (reused inside the capture)
+    cdef public unsigned long long stream   # the CUstream cuLaunchKernel launches on (0: the legacy default stream)
     cdef char[4096] buf
     cdef int submit(self, Kernel k, unsigned* grid, unsigned* block, Py_ssize_t size, unsigned shared) except -1
 
@@ -57,5 +72,9 @@ cdef class MemoryPool:
     cdef dict allocations               # device address -> the driver's allocation object
     cdef public long long in_use_bytes, cached_bytes, peak_bytes
     cdef public long long driver_allocs, driver_frees, reuses
+    # CUDA-graph capture: allocations go to the graph's private pool, and blocks
+    # given back are held (a captured kernel may read them at every replay)
+    cdef public MemoryPool redirect
+    cdef public list held
     cpdef Block malloc(self, Py_ssize_t nbytes)
     cdef void give_back(self, unsigned long long ptr, Py_ssize_t size)

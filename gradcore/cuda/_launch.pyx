@@ -169,6 +169,18 @@ cdef class Kernel:
         return f"Kernel({self.name}, {self.launch_mode})"
 
 
+cdef void _keep_blocks(list keep, MemoryPool own_pool, tuple args):
+    # every block but the capturing graph's own: that pool lends its blocks to
+    # nobody else, so they may be freed and reused within the capture; any
+    # other (the main pool's, another graph's) must outlive this graph
+    cdef object block
+    for a in args:
+        if isinstance(a, DeviceArrayBase):
+            block = (<DeviceArrayBase>a)._block
+            if type(block) is Block and (<Block>block).pool is not own_pool:
+                keep.append(block)
+
+
 cdef class Launcher:
     """Launches ``Kernel``s (see _launch.pxd). ``cu_launch_address`` is the
     address of ``cuLaunchKernel`` (0 on the host emulator)."""
@@ -179,6 +191,7 @@ cdef class Launcher:
         self.python_launch = python_launch
         self.dry_run = False
         self.launches = 0
+        self.capture, self.keep, self.stream = None, None, 0
 
     cdef int submit(self, Kernel k, unsigned* g, unsigned* b, Py_ssize_t size, unsigned shared) except -1:
         cdef size_t nbytes = size
@@ -192,6 +205,9 @@ cdef class Launcher:
         if self.trace is not None:
             self.trace.append(k.name)
         if self.dry_run:
+            return 0
+        if self.capture is not None:
+            self.capture(k, (g[0], g[1], g[2]), (b[0], b[1], b[2]), self.buf[:size], shared)
             return 0
         if k.mode == MODE_HOST:
             (<gc_host_launch_t>k.handle)(g, b, self.buf)
@@ -207,7 +223,7 @@ cdef class Launcher:
         extra[3] = <void*>&nbytes
         extra[4] = <void*>0              # CU_LAUNCH_PARAM_END
         status = (<gc_cu_launch_t>self.cu_launch)(k.handle, g[0], g[1], g[2], b[0], b[1], b[2], shared,
-                                                  NULL, NULL, extra)
+                                                  <void*>self.stream, NULL, extra)
         if status != 0:
             raise RuntimeError(f"{k.name}: cuLaunchKernel failed (CUresult {status}) with grid "
                                f"({g[0]}, {g[1]}, {g[2]}), block ({b[0]}, {b[1]}, {b[2]})")
@@ -227,6 +243,8 @@ cdef class Launcher:
         for i in range(len(block)):
             b[i] = block[i]
         size = _pack_into(self.buf, args)
+        if self.keep is not None:
+            _keep_blocks(self.keep, self.own_pool, args)
         self.submit(kernel, g, b, size, shared)
 
     def launch_n(self, Kernel kernel, long long n, *args):
@@ -242,6 +260,8 @@ cdef class Launcher:
         g[1] = g[2] = b[1] = b[2] = 1
         b[0] = THREADS
         size = _pack_into(self.buf, args)
+        if self.keep is not None:
+            _keep_blocks(self.keep, self.own_pool, args)
         self.submit(kernel, g, b, size, 0)
 
 
@@ -295,9 +315,14 @@ cdef class MemoryPool:
         """A block of at least ``nbytes``: a cached one of its size class,
         else a new one from the driver (on out-of-memory, the cache is
         released and the allocation tried once more)."""
-        cdef Py_ssize_t size = size_class(nbytes)
-        cdef list bucket = self.free_lists.get(size)
-        cdef Block block = Block.__new__(Block)
+        cdef Py_ssize_t size
+        cdef list bucket
+        cdef Block block
+        if self.redirect is not None:
+            return self.redirect.malloc(nbytes)
+        size = size_class(nbytes)
+        bucket = self.free_lists.get(size)
+        block = Block.__new__(Block)
         if bucket:
             block.ptr = bucket.pop()
             self.cached_bytes -= size
@@ -319,6 +344,10 @@ cdef class MemoryPool:
         return block
 
     cdef void give_back(self, unsigned long long ptr, Py_ssize_t size):
+        if self.held is not None:
+            self.held.append((ptr, size))
+            self.in_use_bytes -= size
+            return
         bucket = self.free_lists.get(size)
         if bucket is None:
             self.free_lists[size] = [ptr]
@@ -326,6 +355,13 @@ cdef class MemoryPool:
             (<list>bucket).append(ptr)
         self.in_use_bytes -= size
         self.cached_bytes += size
+
+    def release_held(self, held) -> None:
+        """Put blocks a CUDA graph held ((address, size) pairs, see ``held``)
+        back on the free lists: the graph that may read them is gone."""
+        for ptr, size in held:
+            self.in_use_bytes += size
+            self.give_back(ptr, size)
 
     def empty_cache(self) -> int:
         """Return every cached block to the driver; the bytes freed."""

@@ -20,6 +20,7 @@ from typing import List, Optional
 import numpy as np
 
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
 _STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH",
            11: "MAPPING_ERROR", 13: "EXECUTION_FAILED", 14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED",
            16: "LICENSE_ERROR"}
@@ -83,6 +84,20 @@ class Cublas:
                 addr(self.lib.cublasDgemmStridedBatched))
 
     _check = staticmethod(check_status)
+
+    def set_stream(self, stream: int) -> None:
+        """The CUstream the handle's GEMMs run on (0: the legacy default
+        stream; a capture stream while a CUDA graph is captured)."""
+        fn = self.lib.cublasSetStream_v2
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+        self._check(fn(self.handle, stream or None), "cublasSetStream")
+
+    def set_tf32(self, allowed: bool) -> None:
+        """Let float32 GEMMs use TF32 tensor cores (``cublasSetMathMode``), or not (the default)."""
+        fn = self.lib.cublasSetMathMode
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
+        self._check(fn(self.handle, CUBLAS_TF32_TENSOR_OP_MATH if allowed else CUBLAS_DEFAULT_MATH),
+                    "cublasSetMathMode")
 
     def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
                              beta, c, ldc, stride_c, batch, dtype) -> None:

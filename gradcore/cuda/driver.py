@@ -77,6 +77,8 @@ class PyCudaDriver:
         self.cache = KernelCache(arch=self.arch)
         self._blas = None
         self._cu_launch = None
+        self.graph_api = None           # CudaGraphApi, bound on the first capture
+        self._capture_stream = 0        # the stream a CUDA graph is being captured on (0: none)
 
     def __repr__(self):
         return f"PyCudaDriver({self.name}, {self.arch})"
@@ -92,8 +94,13 @@ class PyCudaDriver:
             from pycuda.tools import clear_context_caches
             clear_context_caches()
 
+    capture_allocating = False     # set by a CUDA graph's pool: the one allocator a capture permits
+
     # ---------------------------------------------------------------- memory
     def alloc(self, nbytes: int):
+        if self._capture_stream and not self.capture_allocating:
+            raise RuntimeError(f"cuda: a device allocation of {nbytes} bytes outside the CUDA graph's memory "
+                               f"pool during capture (the graph would not own it)")
         try:
             return self.drv.mem_alloc(nbytes)
         except self.drv.MemoryError as exc:
@@ -109,9 +116,15 @@ class PyCudaDriver:
         self.drv.memcpy_dtoh(host, ptr)
 
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        if self._capture_stream:
+            self.graph_api.memcpy_dtod_async(dst, src, nbytes, self._capture_stream)
+            return
         self.drv.memcpy_dtod(dst, src, nbytes)
 
     def memset0(self, ptr: int, nbytes: int) -> None:
+        if self._capture_stream:
+            self.graph_api.memset_d8_async(ptr, 0, nbytes, self._capture_stream)
+            return
         self.drv.memset_d8(ptr, 0, nbytes)
 
     # ---------------------------------------------------------------- kernels
@@ -148,16 +161,60 @@ class PyCudaDriver:
         if self._blas is None:
             from .blas import Cublas
             self._blas = Cublas()
+            if self._capture_stream:        # first used inside a capture: its GEMMs go to the capture stream
+                self._blas.set_stream(self._capture_stream)
         return self._blas.entry_points()
 
+    def blas_tf32(self, allowed: bool) -> None:
+        """Float32 GEMMs on TF32 tensor cores, or not (``gradcore.cuda.allow_tf32_matmul``)."""
+        if self._blas is None:
+            from .blas import Cublas
+            self._blas = Cublas()
+        self._blas.set_tf32(allowed)
+
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
+        if self._capture_stream:
+            raise RuntimeError("a kernel launched through PyCUDA's Python path (this PyCUDA's Function has no "
+                               "handle) cannot be captured in a CUDA graph")
         # PyCUDA's own call paths pack arguments with struct-style formats
         # that do not align a by-value struct; the raw launch takes our
         # buffer, laid out by the CUDA ABI (backend.pack_params)
         function._launch_kernel(tuple(grid), tuple(block), params, int(shared), None)
 
     def synchronize(self) -> None:
+        if self._capture_stream:
+            raise RuntimeError("a device synchronisation while a CUDA graph is being captured")
         self.drv.Context.synchronize()
+
+    # ---------------------------------------------------------------- CUDA graphs (gradcore/cuda/graphs.py)
+    def begin_capture(self, launcher) -> None:
+        """Stream capture: the backend's kernels (``launcher``), device copies,
+        memsets and cuBLAS GEMMs go to a capture stream
+        (``cuStreamBeginCapture``, relaxed mode: the graph's pool may still
+        call ``cuMemAlloc``), recorded, not run."""
+        if self._capture_stream:
+            raise RuntimeError("a CUDA graph is already being captured")
+        if self.graph_api is None:
+            self.graph_api = CudaGraphApi()
+        api = self.graph_api
+        stream = api.stream_create()
+        api.begin_capture(stream)
+        self._capture_stream = launcher.stream = stream
+        if self._blas is not None:
+            self._blas.set_stream(stream)
+
+    def end_capture(self, launcher) -> "CudaGraph":
+        """End the capture: the instantiated graph (``launch()`` runs it on the
+        legacy default stream, ordered with everything else gradcore does)."""
+        stream, api = self._capture_stream, self.graph_api
+        self._capture_stream = launcher.stream = 0
+        if self._blas is not None:
+            self._blas.set_stream(0)
+        try:
+            graph = api.end_capture(stream)
+            return CudaGraph(api, graph, api.instantiate(graph))
+        finally:
+            api.stream_destroy(stream)
 
     # ---------------------------------------------------------------- BLAS
     def gemm(self, *args) -> None:
@@ -165,3 +222,90 @@ class PyCudaDriver:
             from .blas import Cublas
             self._blas = Cublas()
         self._blas.gemm_strided_batched(*args)
+
+
+class CudaGraphApi:
+    """The CUDA driver API's stream capture and graph calls, bound from
+    libcuda with ctypes (PyCUDA does not expose stream capture in every
+    version). Every call's CUresult is checked."""
+
+    CU_STREAM_NON_BLOCKING = 1
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+    def __init__(self, lib=None):
+        import ctypes
+        if lib is None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as exc:
+                raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
+        self.lib, self.ctypes = lib, ctypes
+        P, U, S = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t
+        self._fns = {}
+        for name, args in (("cuStreamCreate", [ctypes.POINTER(P), U]), ("cuStreamDestroy_v2", [P]),
+                           ("cuStreamBeginCapture_v2", [P, ctypes.c_int]),
+                           ("cuStreamEndCapture", [P, ctypes.POINTER(P)]),
+                           ("cuGraphInstantiateWithFlags", [ctypes.POINTER(P), P, ctypes.c_ulonglong]),
+                           ("cuGraphLaunch", [P, P]), ("cuGraphExecDestroy", [P]), ("cuGraphDestroy", [P]),
+                           ("cuMemcpyDtoDAsync_v2", [ctypes.c_ulonglong, ctypes.c_ulonglong, S, P]),
+                           ("cuMemsetD8Async", [ctypes.c_ulonglong, ctypes.c_ubyte, S, P])):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+            self._fns[name] = fn
+
+    def _call(self, name, *args) -> None:
+        status = self._fns[name](*args)
+        if status:
+            raise RuntimeError(f"cuda: {name} failed (CUresult {status})")
+
+    def _out(self, name, *args) -> int:
+        handle = self.ctypes.c_void_p()
+        self._call(name, self.ctypes.byref(handle), *args)
+        return handle.value or 0
+
+    def stream_create(self) -> int:
+        return self._out("cuStreamCreate", self.CU_STREAM_NON_BLOCKING)
+
+    def stream_destroy(self, stream: int) -> None:
+        self._call("cuStreamDestroy_v2", stream)
+
+    def begin_capture(self, stream: int) -> None:
+        self._call("cuStreamBeginCapture_v2", stream, self.CU_STREAM_CAPTURE_MODE_RELAXED)
+
+    def end_capture(self, stream: int) -> int:
+        handle = self.ctypes.c_void_p()
+        self._call("cuStreamEndCapture", stream, self.ctypes.byref(handle))
+        return handle.value or 0
+
+    def instantiate(self, graph: int) -> int:
+        return self._out("cuGraphInstantiateWithFlags", graph, 0)
+
+    def launch(self, graph_exec: int, stream: int = 0) -> None:
+        self._call("cuGraphLaunch", graph_exec, stream or None)
+
+    def destroy(self, graph_exec: int, graph: int) -> None:
+        self._call("cuGraphExecDestroy", graph_exec)
+        self._call("cuGraphDestroy", graph)
+
+    def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self._call("cuMemcpyDtoDAsync_v2", dst, src, nbytes, stream)
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        self._call("cuMemsetD8Async", ptr, value, nbytes, stream)
+
+
+class CudaGraph:
+    """An instantiated CUDA graph (``CUgraphExec``) and its ``CUgraph``."""
+
+    kernels = None          # the driver does not tell; the emulator's graph counts them
+
+    def __init__(self, api: CudaGraphApi, graph: int, graph_exec: int):
+        self.api, self.graph, self.graph_exec = api, graph, graph_exec
+
+    def launch(self) -> None:
+        self.api.launch(self.graph_exec, 0)
+
+    def destroy(self) -> None:
+        if self.graph_exec:
+            self.api.destroy(self.graph_exec, self.graph)
+            self.graph_exec = self.graph = 0

@@ -9,8 +9,11 @@ block after block, thread after thread. So everything above the driver (the
 device arrays, the memory pool, each op's launch layout and argument list)
 is exercised exactly as on a GPU, only slower.
 
-What it cannot emulate: threads that wait for each other (``__syncthreads``
-is a compile error here), warp intrinsics, and timing. Launch configurations
+Kernels whose threads wait for each other (``__syncthreads``, ``__shared__``,
+warp shuffles and votes) run their blocks as cooperatively scheduled fibers
+instead (gradcore/cuda/emulator_blocks.py); a missed barrier or a deadlock
+is an error, not a hang. What it cannot emulate: timing, and concurrency
+between blocks (they run one after the other). Launch configurations
 are checked against a GPU's limits (1024 threads per block, grid y/z at most
 65535), so a launch that would fail on a GPU fails here too.
 
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import emulator_blocks as blocks
 from .cache import KernelCompileError, default_directory, parse_errors
 from .driver import CudaUnavailable
 
@@ -52,18 +56,20 @@ using std::min; using std::max;
 using std::sqrt; using std::exp; using std::log; using std::fabs; using std::floor; using std::ceil;
 using std::isnan; using std::isinf;
 struct gc_emu_dim3 { unsigned int x, y, z; };
-static gc_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
-#define __syncthreads() static_assert(sizeof(int) == 0, "__syncthreads cannot be emulated on the host")
 template <class T> static inline T atomicAdd(T* p, T v) { T old = *p; *p += v; return old; }
 template <class T> static inline T __ldg(const T* p) { return *p; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+"""
+
+# the prelude's end for kernels run one thread after the other (no barriers)
+SERIAL_PRELUDE = r"""
+static gc_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 """
 
 LAUNCHER = r"""
@@ -93,8 +99,12 @@ def _compiler():
 
 
 class _Module:
-    def __init__(self, lib, path):
-        self.lib, self.path = lib, path
+    def __init__(self, lib, path, cooperative=False):
+        self.lib, self.path, self.cooperative = lib, path, cooperative
+
+
+_block_runtime = None           # the fiber scheduler's library, loaded once per process (RTLD_GLOBAL)
+_block_runtime_lock = threading.Lock()
 
 
 class HostDriver:
@@ -113,14 +123,20 @@ class HostDriver:
         self._buffers = {}          # address -> host buffer backing it
         self._modules = {}
         self._lock = threading.Lock()
-        self.stats = {"compiles": 0, "launches": 0}
+        self.stats = {"compiles": 0, "launches": 0, "graph_launches": 0}
+        self._recording = None      # the HostGraph a capture is recording (gradcore/cuda/graphs.py)
         self.launched = collections.deque(maxlen=10000)     # kernel names, for tests
 
     def __repr__(self):
         return "HostDriver(CUDA emulated on the host)"
 
+    capture_allocating = False     # set by a CUDA graph's pool: the one allocator a capture permits
+
     # ---------------------------------------------------------------- memory
     def alloc(self, nbytes: int):
+        if self._recording is not None and not self.capture_allocating:
+            raise RuntimeError(f"cuda emulator: a device allocation of {nbytes} bytes outside the CUDA graph's "
+                               f"memory pool during capture (the graph would not own it)")
         buf = np.empty(max(int(nbytes), 1) + 256, np.uint8)
         addr = (buf.ctypes.data + 255) & ~255          # cudaMalloc aligns to 256
         self._buffers[addr] = (buf, int(nbytes))
@@ -140,22 +156,33 @@ class HostDriver:
                 return
         raise RuntimeError(f"cuda emulator: {what} of {nbytes} bytes at {ptr:#x} is outside every allocation")
 
+    def _refuse_while_recording(self, what: str) -> None:
+        if self._recording is not None:
+            raise RuntimeError(f"cuda emulator: {what} while a CUDA graph is being captured")
+
     def htod(self, ptr: int, host) -> None:
         host = np.ascontiguousarray(host)
         self._check(ptr, host.nbytes, "copy to device")
         ctypes.memmove(ptr, host.ctypes.data, host.nbytes)
 
     def dtoh(self, host, ptr: int) -> None:
+        self._refuse_while_recording("a device-to-host copy")
         self._check(ptr, host.nbytes, "copy to host")
         ctypes.memmove(host.ctypes.data, ptr, host.nbytes)
 
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
         self._check(src, nbytes, "device copy from")
         self._check(dst, nbytes, "device copy to")
+        if self._recording is not None:
+            self._recording.nodes.append((ctypes.memmove, (dst, src, nbytes)))
+            return
         ctypes.memmove(dst, src, nbytes)
 
     def memset0(self, ptr: int, nbytes: int) -> None:
         self._check(ptr, nbytes, "memset")
+        if self._recording is not None:
+            self._recording.nodes.append((ctypes.memset, (ptr, 0, nbytes)))
+            return
         ctypes.memset(ptr, 0, nbytes)
 
     def check_pointer(self, ptr: int, nbytes: int, what: str) -> None:
@@ -164,18 +191,39 @@ class HostDriver:
     # ---------------------------------------------------------------- kernels
     def load(self, name: str, source: str):
         kernels = _KERNEL.findall(source)
-        full = PRELUDE + "#line 1\n" + source + "\n" + LAUNCHER + "".join(
-            f'extern "C" void gc_emu_launch_{k}(const unsigned* g, const unsigned* b, const char* p) '
-            f'{{ gc_emu_run({k}, g, b, p); }}\n' for k in kernels)
+        cooperative = blocks.is_cooperative(source)
+        if cooperative:       # threads that wait for each other: blocks of fibers
+            full = (PRELUDE + blocks.PRELUDE + "#line 1\n" + blocks.rewrite_dynamic_shared(source) + "\n" +
+                    LAUNCHER + blocks.LAUNCHER + "".join(blocks.launcher(k) for k in kernels))
+        else:
+            full = PRELUDE + SERIAL_PRELUDE + "#line 1\n" + source + "\n" + LAUNCHER + "".join(
+                f'extern "C" void gc_emu_launch_{k}(const unsigned* g, const unsigned* b, const char* p) '
+                f'{{ gc_emu_run({k}, g, b, p); }}\n' for k in kernels)
         key = hashlib.sha256(f"{self.cxx}\0{full}".encode()).hexdigest()[:32]
+        if cooperative:
+            self._load_block_runtime()
         with self._lock:
             mod = self._modules.get(key)
             if mod is None:
                 path = self.directory / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:80]}-{key}.so"
                 if not path.exists():
                     self._compile(name, source, full, path)
-                mod = self._modules[key] = _Module(ctypes.CDLL(str(path)), path)
+                mod = self._modules[key] = _Module(ctypes.CDLL(str(path)), path, cooperative)
         return mod
+
+    def _load_block_runtime(self) -> None:
+        """The fiber scheduler of cooperative kernels, compiled once per
+        machine and loaded once per process, its symbols global (the kernel
+        modules link to them when loaded)."""
+        global _block_runtime
+        with _block_runtime_lock:
+            if _block_runtime is not None:
+                return
+            key = hashlib.sha256(f"{self.cxx}\0{blocks.RUNTIME}".encode()).hexdigest()[:32]
+            path = self.directory / f"gc_emu_blocks-{key}.so"
+            if not path.exists():
+                self._compile("gc_emu_blocks", blocks.RUNTIME, blocks.RUNTIME, path)
+            _block_runtime = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
     def _compile(self, name, source, full, path: Path):
         self.stats["compiles"] += 1
@@ -194,13 +242,18 @@ class HostDriver:
             os.replace(tmp_target, path)      # atomic: concurrent processes never see half a file
 
     def function(self, module, kernel_name: str):
+        entry = "gc_emu_coop_" if module.cooperative else "gc_emu_launch_"
         try:
-            fn = getattr(module.lib, f"gc_emu_launch_{kernel_name}")
+            fn = getattr(module.lib, entry + kernel_name)
         except AttributeError:
             raise RuntimeError(f"cuda emulator: no kernel {kernel_name!r} in {module.path.name}") from None
         fn.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint), ctypes.c_char_p]
         fn.restype = None
+        if module.cooperative:      # + the dynamic shared memory size and an error buffer
+            fn.argtypes += [ctypes.c_uint, ctypes.c_char_p, ctypes.c_size_t]
+            fn.restype = ctypes.c_int
         fn.kernel_name = kernel_name
+        fn.cooperative = module.cooperative
         return fn
 
     # the C-level interface of the compiled launch path (gradcore/cuda/_launch.pyx)
@@ -210,7 +263,11 @@ class HostDriver:
 
     def kernel_handle(self, function):
         """("host", address of the kernel's compiled launcher
-        ``void(const unsigned* grid, const unsigned* block, const char* params)``)."""
+        ``void(const unsigned* grid, const unsigned* block, const char* params)``);
+        a cooperative kernel is launched through ``launch`` ("python"), which
+        passes the dynamic shared memory size and raises its errors."""
+        if function.cooperative:
+            return "python", 0
         return "host", ctypes.cast(function, ctypes.c_void_p).value
 
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
@@ -221,17 +278,48 @@ class HostDriver:
         if not (1 <= g[0] < 2 ** 31 and 1 <= g[1] <= 65535 and 1 <= g[2] <= 65535):
             raise RuntimeError(f"cuda emulator: invalid grid {g}")
         self.stats["launches"] += 1
-        self.launched.append(function.kernel_name)
-        function((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), params)
+        # (``launched`` is the backend's Launcher's trace: it records every
+        # launch, this one included, before calling here)
+        if not function.cooperative:
+            function((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), params)
+            return
+        run_cooperative(function, g, b, params, shared)
 
     def synchronize(self) -> None:
-        pass
+        self._refuse_while_recording("a device synchronisation")
+
+    # ---------------------------------------------------------------- CUDA graphs (gradcore/cuda/graphs.py)
+    def begin_capture(self, launcher) -> None:
+        """Stream capture: from now on the backend's device work (kernels
+        from ``launcher``, device copies, memsets, GEMMs) is recorded into a
+        ``HostGraph``, not run; host copies are refused."""
+        if self._recording is not None:
+            raise RuntimeError("cuda emulator: a CUDA graph is already being captured")
+        self._recording = HostGraph(self)
+        launcher.capture = self._recording.add_launch
+
+    def end_capture(self, launcher) -> "HostGraph":
+        """End the capture; the recorded graph (``launch()`` replays it)."""
+        launcher.capture = None
+        graph, self._recording = self._recording, None
+        if graph is None:
+            raise RuntimeError("cuda emulator: end_capture without begin_capture")
+        return graph
 
     # ---------------------------------------------------------------- BLAS
     def gemm(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
              beta, c, ldc, stride_c, batch, dtype) -> None:
         """cuBLAS's column-major strided batched GEMM, C = alpha op(A) op(B) + beta C,
         on host memory (NumPy)."""
+        if self._recording is not None:
+            self._recording.nodes.append((self._gemm_now, (transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                                           stride_b, beta, c, ldc, stride_c, batch, dtype)))
+            return
+        self._gemm_now(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                       beta, c, ldc, stride_c, batch, dtype)
+
+    def _gemm_now(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                  beta, c, ldc, stride_c, batch, dtype) -> None:
         dt = np.dtype(dtype)
         ra, ca = (k, m) if transa else (m, k)      # op(A) is m x k; A is stored ra x ca column-major
         rb, cb = (n, k) if transb else (k, n)
@@ -254,6 +342,45 @@ class HostDriver:
             res = res + beta * C
         if m and n and batch:
             C[...] = res.astype(dt)
+
+
+def run_cooperative(function, grid, block, params: bytes, shared: int) -> None:
+    """Run a cooperative kernel's launcher (blocks of fibers,
+    gradcore/cuda/emulator_blocks.py); its errors (a missed barrier, a
+    deadlock, too much shared memory) as a RuntimeError."""
+    err = ctypes.create_string_buffer(1024)
+    if function((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), params, int(shared), err, len(err)):
+        raise RuntimeError(f"cuda emulator: kernel {function.kernel_name} (grid {tuple(grid)}, block "
+                           f"{tuple(block)}): {err.value.decode(errors='replace')}")
+
+
+class HostGraph:
+    """A captured launch sequence (the emulator's CUDA graph): each node a
+    kernel's compiled launcher with its packed parameter buffer, a device
+    copy, a memset or a GEMM, in capture order; ``launch()`` replays them."""
+
+    def __init__(self, driver: HostDriver):
+        self.driver = driver
+        self.nodes = []
+        self.kernels = 0
+
+    def add_launch(self, kernel, grid, block, params: bytes, shared: int) -> None:
+        """The Launcher's capture hook: one kernel launch, recorded."""
+        fn = kernel.fn
+        if getattr(fn, "cooperative", False):     # its own entry: the shared size, errors raised
+            self.nodes.append((run_cooperative, (fn, tuple(grid), tuple(block), params, shared)))
+        else:
+            self.nodes.append((fn, ((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), params)))
+        self.kernels += 1
+
+    def launch(self) -> None:
+        """Replay every recorded node, in order (one graph launch)."""
+        self.driver.stats["graph_launches"] += 1
+        for run, args in self.nodes:
+            run(*args)
+
+    def destroy(self) -> None:
+        self.nodes = []
 
 
 class _Allocation:

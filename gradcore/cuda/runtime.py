@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 import threading
 import weakref
 from typing import Optional
@@ -76,6 +77,7 @@ class Backend:
         self._scalars = {}
         self._extents = {}
         self._blas_entry = None
+        self._blas_tf32 = False             # cuBLAS's default math: no TF32
         self._lock = threading.Lock()
         # copies between host and device, counted: a training step makes none
         # unless the user reads a value (memory_stats)
@@ -85,6 +87,10 @@ class Backend:
         self.launcher = Launcher(driver.launch_entry(), getattr(driver, "launched", None), driver.launch)
         self.launch = self.launcher.launch
         self.launch_n = self.launcher.launch_n
+        # the CUDA graph being captured (gradcore/cuda/graphs.py): host copies
+        # and synchronisations are refused while it is set
+        self.capture = None
+        self.graph_launches = 0
 
     def __repr__(self):
         return f"Backend({self.driver!r})"
@@ -123,12 +129,24 @@ class Backend:
         self.fill(out, value)
         return out
 
-    def to_device(self, host, dtype=None) -> DeviceArray:
+    def forget_filled_constants(self) -> None:
+        """Drop the cached scalars and backward seeds (a failed CUDA-graph
+        capture recorded their fill kernels and never ran them)."""
+        self._scalars.clear()
+        self._seeds.clear()
+
+    def to_device(self, host, dtype=None, constant: bool = False) -> DeviceArray:
+        """A device copy of ``host``. ``constant``: a value the caller keeps for
+        the process (a compiled graph's constant): allowed, and copied at once,
+        inside a CUDA-graph capture, where any other upload is refused."""
         host = np.asarray(host, dtype=dtype, order="C")     # keeps 0-d (ascontiguousarray would not)
         if host.dtype == object:
             raise TypeError("cuda: arrays of Python objects cannot live on the GPU")
-        out = self.empty(host.shape, host.dtype)
-        self.copy_to_device(out.ptr, host)
+        if constant and self.capture is not None:
+            out = self.capture.empty_outside(host.shape, host.dtype)
+        else:
+            out = self.empty(host.shape, host.dtype)
+        self.copy_to_device(out.ptr, host, constant)
         if host.dtype.kind in "iu" and 0 < host.size <= _EXTENT_ON_UPLOAD:
             # labels and indices: their range is known now, so a range check
             # later needs no copy back (index_extent)
@@ -136,8 +154,10 @@ class Backend:
         return out
 
     # ------------------------------------------------------------ copies (counted)
-    def copy_to_device(self, ptr: int, host: np.ndarray) -> None:
+    def copy_to_device(self, ptr: int, host: np.ndarray, constant: bool = False) -> None:
         """Host-to-device copy of ``host`` (C-contiguous) to address ``ptr``."""
+        if self.capture is not None and not constant:
+            self.capture.refuse(f"a host-to-device copy of {host.nbytes} bytes (shape {host.shape})")
         if host.nbytes:
             self.copies["htod"] += 1
             self.copies["htod_bytes"] += host.nbytes
@@ -145,6 +165,9 @@ class Backend:
 
     def copy_to_host(self, host: np.ndarray, ptr: int) -> None:
         """Device-to-host copy from address ``ptr`` into ``host`` (C-contiguous)."""
+        if self.capture is not None:
+            self.capture.refuse(f"a device-to-host copy of {host.nbytes} bytes (reading a value: "
+                                f".item(), .numpy(), a range check)")
         if host.nbytes:
             self.copies["dtoh"] += 1
             self.copies["dtoh_bytes"] += host.nbytes
@@ -169,6 +192,14 @@ class Backend:
         extent = np.array([host.min(), host.max()]) if host.size else host.reshape(0)
         self._remember_extent(index, extent)
         return extent
+
+    def share_extent(self, copy: DeviceArray, source: DeviceArray) -> None:
+        """``copy`` holds ``source``'s values: its ``[min, max]``, when known
+        for ``source``, is known for ``copy`` (no read back in a range check)."""
+        block = source._block
+        hit = self._extents.get((source.ptr, source.shape, source.dtype))
+        if block is not None and hit is not None and hit[0]() is block and hit[1] == block.version:
+            self._remember_extent(copy, hit[2])
 
     def _remember_extent(self, index: DeviceArray, extent: np.ndarray) -> None:
         block = index._block
@@ -195,6 +226,7 @@ class Backend:
         stats = self.pool.stats()
         stats.update(self.copies)
         stats["launches"] = self.launcher.launches
+        stats["graph_launches"] = self.graph_launches
         return stats
 
     def asarray(self, x, dtype=None) -> DeviceArray:
@@ -261,6 +293,8 @@ class Backend:
     # kernels are grid-stride loops) are the compiled Launcher's, bound in __init__
 
     def synchronize(self) -> None:
+        if self.capture is not None:
+            self.capture.refuse("a device synchronisation")
         self.driver.synchronize()
 
     def gemm(self, transa: bool, transb: bool, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
@@ -276,6 +310,10 @@ class Backend:
             dtype = np.dtype(dtype)
             if dtype.kind != "f" or dtype.itemsize not in (4, 8):
                 raise TypeError(f"cuBLAS GEMM: no kernel for {dtype}")
+            tf32 = getattr(sys.modules.get("gradcore.cuda"), "allow_tf32_matmul", False) is True
+            if tf32 != self._blas_tf32:     # the precision policy changed (docs/cuda.md, "Precision")
+                self.driver.blas_tf32(tf32)
+                self._blas_tf32 = tf32
             handle, sgemm, dgemm = entry
             double = dtype.itemsize == 8
             status = _launch.gemm(dgemm if double else sgemm, handle, transa, transb, m, n, k, alpha, a, lda,
@@ -473,12 +511,12 @@ def _forget_device_state():
     events.publish("backend_changed")
 
 
-_standard_ops = None        # name -> op-library object, installed by gradcore.devices
+_standard_ops = None        # name -> op-library object, installed by gradcore.ops
 
 
 def install_standard_ops(lookup) -> None:
     """Hand the device layer the op library's kernels its array helpers use
-    (``lookup(name)``, e.g. "Cast"); called by ``gradcore.devices``."""
+    (``lookup(name)``, e.g. "Cast"); called by ``gradcore.ops`` at import."""
     global _standard_ops
     _standard_ops = lookup
 

@@ -13,15 +13,29 @@ from typing import Union
 import numpy as np
 
 from .._core import Tensor
+from ..devices import filled, norm_device
 from ._args import _fill_value, _host, _int_or_err, _ints, _t
 
 
+def _filled(name: str, shape, value, dtype, device) -> Tensor:
+    """A tensor of ``shape`` filled with ``value`` on ``device``, made there
+    (no host array for cuda); bad shapes, dtypes and values raise as NumPy's
+    constructors do, naming ``name``."""
+    device = norm_device(device)
+    if device == "cpu":
+        return Tensor(_host(name, lambda: np.full(shape, value, dtype), shape=shape, value=value, dtype=dtype))
+    # the checks NumPy's constructor makes, on a zero-stride view (no memory)
+    spec = _host(name, lambda: np.broadcast_to(np.asarray(value, dtype), shape), shape=shape, value=value,
+                 dtype=dtype)
+    return Tensor(filled(spec.shape, spec.dtype.type(value), spec.dtype, device), device=device)
+
+
 def zeros(shape, dtype="float32", device=None):
-    return Tensor(_host("zeros", lambda: np.zeros(shape, dtype), shape=shape, dtype=dtype), device=device)
+    return _filled("zeros", shape, 0, dtype, device)
 
 
 def ones(shape, dtype="float32", device=None):
-    return Tensor(_host("ones", lambda: np.ones(shape, dtype), shape=shape, dtype=dtype), device=device)
+    return _filled("ones", shape, 1, dtype, device)
 
 
 def full(shape, value, dtype=None, device=None):
@@ -30,18 +44,17 @@ def full(shape, value, dtype=None, device=None):
     if dtype is None:
         dtype = _t(value, name="full").dtype
     _host("full", lambda: _fill_value("full", value, dtype), dtype=dtype)   # (dtype may be unknown)
-    return Tensor(_host("full", lambda: np.full(shape, value, dtype), shape=shape, value=value, dtype=dtype),
-                  device=device)
+    return _filled("full", shape, value, dtype, device)
 
 
 def zeros_like(inp):
     inp = _t(inp, name="zeros_like")
-    return Tensor(np.zeros(inp.shape, inp.dtype), device=inp.device)
+    return _filled("zeros_like", inp.shape, 0, inp.dtype, inp.device)
 
 
 def ones_like(inp):
     inp = _t(inp, name="ones_like")
-    return Tensor(np.ones(inp.shape, inp.dtype), device=inp.device)
+    return _filled("ones_like", inp.shape, 1, inp.dtype, inp.device)
 
 
 def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
@@ -55,8 +68,7 @@ def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
     """
     x = _t(inp)
     _fill_value("full_like", value, x.dtype)
-    return Tensor(_host("full_like", lambda: np.full(x.shape, value, x.dtype), value=value, dtype=x.dtype),
-                  device=x.device)
+    return _filled("full_like", x.shape, value, x.dtype, x.device)
 
 
 def arange(start=0, stop=None, step=1, dtype="float32", device=None):

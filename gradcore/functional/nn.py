@@ -16,7 +16,7 @@ import numpy as np
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError, interned
-from ..ops.nn import LogSoftmax, LogSumExp, Softmax
+from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
 from .elemwise import _float_pair, clip, where
 from .elemwise_table import abs, eq, exp, log, maximum, relu, softplus, sqrt, square
@@ -171,6 +171,8 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     if x.shape is not None:
         _check_channel_params(x, training, running_mean=running_mean, running_var=running_var,
                               weight=weight, bias=bias)
+    if _one_per_channel(x, weight, bias) and (training or _one_per_channel(x, running_mean, running_var)):
+        return _batch_norm_ops(x, running_mean, running_var, weight, bias, training, momentum, eps, inplace)
     axes = tuple(i for i in range(x.ndim) if i != 1)
 
     def per_channel(t):
@@ -207,6 +209,45 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     if bias is not None:
         y = y + bias
     if training and not inplace and any(t is not None for t in stats):
+        return y, new_stats[0], new_stats[1]
+    return y
+
+
+def _one_per_channel(x, *params) -> bool:
+    """Whether each of ``params`` is given with one element per channel of x."""
+    if x.shape is None or x.ndim < 2:
+        return False
+    return all(p is not None and int(np.prod(np.shape(p) if not isinstance(p, Tensor) else p.shape)) == x.shape[1]
+               for p in params)
+
+
+def _batch_norm_ops(x, running_mean, running_var, weight, bias, training, momentum, eps, inplace):
+    """batch_norm with an affine weight and bias per channel, as the
+    BatchNormTraining / BatchNormInference ops (cuDNN on a GPU)."""
+    pshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    stats = (running_mean, running_var)
+    given = [_t(t, x) for t in (weight, bias)] + ([] if training else [_t(t, x) for t in stats])
+    dtype = np.result_type(x.dtype, *[t.dtype for t in given])
+    x = x if x.dtype == dtype else astype(x, dtype)
+    params = [reshape(t if t.dtype == dtype else astype(t, dtype), pshape) for t in given]
+    if not training:
+        w, b, m, v = params
+        return _apply(BatchNormInference(eps, x.ndim), x, m, v, w, b)[0]
+    y, m, invstd = _apply(BatchNormTraining(eps, x.ndim), x, *params)
+    if all(t is None for t in stats):
+        return y
+    n = x.size // x.shape[1]
+    new_stats = [None, None]
+    for k, buf in enumerate(stats):
+        if buf is not None:
+            # history-free tensors: computed where x is, never recorded; the
+            # variance (unbiased) from the op's inverse std
+            stat = m.detach() if k == 0 else (1 / square(invstd.detach()) - eps) * (n / builtins_max(n - 1, 1))
+            new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
+            new_stats[k] = new.astype(buf.dtype)
+            if inplace:
+                buf._reset(new_stats[k])
+    if not inplace:
         return y, new_stats[0], new_stats[1]
     return y
 

@@ -334,7 +334,7 @@ class Module:
 
             >>> model = M.Linear(3, 2).to("cuda")     # doctest: +SKIP
         """
-        from ..tensor_methods import norm_device
+        from ..devices import norm_device
         dev = norm_device(device)
         for t in list(self.tensors()):
             if t.device != dev:

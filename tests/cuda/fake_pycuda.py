@@ -191,10 +191,14 @@ def _c_entry_points(fake):
         try:
             fn = fake.functions[f]
             # extra = {BUFFER_POINTER(1), buf, BUFFER_SIZE(2), &size, END(0)}
-            assert params is None and stream is None, "parameters travel in extra, on the default stream"
+            assert params is None, "parameters travel in extra"
             assert (extra[0], extra[2], extra[4]) == (1, 2, None), "a malformed extra array"
             size = ctypes.c_size_t.from_address(extra[3]).value
-            fn._launch_kernel((gx, gy, gz), (bx, by, bz), ctypes.string_at(extra[1], size), shared, None)
+            args = ((gx, gy, gz), (bx, by, bz), ctypes.string_at(extra[1], size), shared, None)
+            if stream is not None:      # only a capture stream: recorded into the graph (FakeGraphApi)
+                fake.graphs.record(stream, fn._launch_kernel, args)
+                return 0
+            fn._launch_kernel(*args)
             return 0
         except Exception as exc:        # a callback cannot raise: report, and fail the launch
             fake.errors.append(exc)
@@ -206,20 +210,76 @@ def _c_entry_points(fake):
         def call(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch):
             try:
                 assert h == _BLAS_HANDLE
-                fake.host.gemm(bool(ta), bool(tb), m, n, k, scalar.from_address(alpha).value, a, lda, sa, b, ldb,
-                               sb, scalar.from_address(beta).value, c, ldc, sc, batch,
-                               np.float64 if double else np.float32)
+                # alpha and beta are read at the call (host pointer mode), as cuBLAS does
+                args = (bool(ta), bool(tb), m, n, k, scalar.from_address(alpha).value, a, lda, sa, b, ldb, sb,
+                        scalar.from_address(beta).value, c, ldc, sc, batch, np.float64 if double else np.float32)
+                if fake.blas_stream:
+                    fake.graphs.record(fake.blas_stream, fake.host.gemm, args)
+                else:
+                    fake.host.gemm(*args)
                 fake.gemms += 1
                 return 0
             except Exception as exc:
                 fake.errors.append(exc)
                 return 13               # CUBLAS_STATUS_EXECUTION_FAILED
         return _GEMM(call)
-    fake.errors, fake.gemms = [], 0
+    fake.errors, fake.gemms, fake.blas_stream = [], 0, 0
     return {"cuLaunchKernel": _CU_LAUNCH(cu_launch), "sgemm": gemm(False), "dgemm": gemm(True)}
 
 
 _BLAS_HANDLE = 0xB1A5
+
+
+class FakeGraphApi:
+    """libcuda's stream capture and graph calls (``gradcore.cuda.driver.CudaGraphApi``)
+    on the fake: work submitted on the capture stream is recorded, a graph
+    launch runs it on the host emulator. Anything on another stream while
+    capturing is an error, as a real capture would be invalidated."""
+
+    STREAM = 0x57EA
+
+    def __init__(self, fake):
+        self.fake, self.capturing, self.graphs, self.launches = fake, None, {}, 0
+
+    def record(self, stream, fn, args):
+        assert self.capturing is not None and stream == self.STREAM, f"work on stream {stream:#x} outside a capture"
+        self.capturing.append((fn, args))
+
+    def stream_create(self):
+        return self.STREAM
+
+    def stream_destroy(self, stream):
+        assert stream == self.STREAM
+
+    def begin_capture(self, stream):
+        assert stream == self.STREAM and self.capturing is None
+        self.capturing = []
+
+    def end_capture(self, stream):
+        assert stream == self.STREAM
+        graph = 0x6000 + len(self.graphs)
+        self.graphs[graph], self.capturing = self.capturing, None
+        return graph
+
+    def instantiate(self, graph):
+        return graph + 0x100
+
+    def launch(self, graph_exec, stream=0):
+        assert stream == 0
+        self.launches += 1
+        for fn, args in self.graphs[graph_exec - 0x100]:
+            fn(*args)
+
+    def destroy(self, graph_exec, graph):
+        del self.graphs[graph]
+
+    def memcpy_dtod_async(self, dst, src, nbytes, stream):
+        self.fake.host._check(src, nbytes, "device copy from")
+        self.record(stream, ctypes.memmove, (dst, src, nbytes))
+
+    def memset_d8_async(self, ptr, value, nbytes, stream):
+        self.fake.host._check(ptr, nbytes, "memset")
+        self.record(stream, ctypes.memset, (ptr, value, nbytes))
 
 
 def _address(fn):
@@ -275,7 +335,9 @@ def make_backend():
     entry = fake.entry_points
     driver._cu_launch = _address(entry["cuLaunchKernel"])
     driver._blas = type("Blas", (), {"entry_points": staticmethod(
-        lambda: (_BLAS_HANDLE, _address(entry["sgemm"]), _address(entry["dgemm"])))})()
+        lambda: (_BLAS_HANDLE, _address(entry["sgemm"]), _address(entry["dgemm"]))),
+        "set_stream": staticmethod(lambda stream: setattr(fake, "blas_stream", stream))})()
+    driver.graph_api = fake.graphs = FakeGraphApi(fake)
     driver.fake = fake
     return Backend(driver)
 

@@ -129,3 +129,45 @@ def test_memory_stats_reports_the_allocator_and_copies(cuda):
     freed = gcuda.empty_cache()
     s2 = gcuda.memory_stats()
     assert freed >= 4000 and s2["cached_bytes"] == 0 and s2["driver_frees"] > s1["driver_frees"]
+
+
+def test_filled_tensors_are_made_on_the_device(cuda):
+    """zeros/ones/full and the *_like forms on cuda are a memset or a fill
+    kernel: no host array is uploaded (they appear inside training steps,
+    e.g. the zero gradient of a multi-output op's unused output)."""
+    x = gc.Tensor(np.ones((3, 4), np.float32), device="cuda")
+    makers = [lambda: F.zeros((3, 4), device="cuda"), lambda: F.ones((2,), "int32", device="cuda"),
+              lambda: F.full((2, 2), 7.5, device="cuda"), lambda: F.zeros_like(x), lambda: F.ones_like(x),
+              lambda: F.full_like(x, -2)]
+    for make in makers:                  # warm-up: the fill kernel is compiled once
+        make()
+    before = copies()
+    made = [make() for make in makers]
+    assert copies() == before, f"copies (htod, dtoh) {before} -> {copies()}"
+    expected = [np.zeros((3, 4)), np.ones(2), np.full((2, 2), 7.5), np.zeros((3, 4)), np.ones((3, 4)),
+                np.full((3, 4), -2)]
+    for t, want in zip(made, expected):
+        assert t.device == "cuda"
+        np.testing.assert_array_equal(t.numpy(), want)
+    assert made[1].dtype == np.int32 and made[2].dtype == np.float32
+
+
+def test_multi_output_op_backward_makes_no_host_copies(cuda):
+    """A backward where some outputs of a multi-output op got no gradient
+    (batch norm in training: its mean and inverse std) fills their zeros on
+    the device."""
+    gc.random.seed(0)
+    net = gc.module.Sequential(gc.module.Conv2d(1, 4, 3, padding=1), gc.module.BatchNorm2d(4),
+                               gc.module.ReLU()).to("cuda")
+    gm = GradManager().attach(net.parameters())
+    x = gc.Tensor(np.random.default_rng(0).standard_normal((2, 1, 5, 5)).astype(np.float32), device="cuda")
+
+    def step():
+        with gm:
+            gm.backward(F.sum(net(x)))
+    for _ in range(2):
+        step()
+    before = copies()
+    for _ in range(2):
+        step()
+    assert copies() == before, f"copies (htod, dtoh) {before} -> {copies()}"

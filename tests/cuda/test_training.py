@@ -74,13 +74,15 @@ def test_the_demo_command_on_cuda(cuda, tmp_path):
         pytest.skip("the fake GPU exists in this process only; the demo runs in another")
     env = dict(os.environ, GRADCORE_CUDA=cuda.driver.kind)
     outs = {}
-    for device in ("cpu", "cuda"):
-        res = subprocess.run([sys.executable, "-m", "gradcore.demo", "--epochs", "1", "--device", device,
-                              "--out", str(tmp_path / device)], capture_output=True, text=True, env=env,
+    for name, args in (("cpu", ["--device", "cpu"]), ("cuda", ["--device", "cuda"]),
+                       ("graphed", ["--device", "cuda", "--cuda-graph"])):
+        res = subprocess.run([sys.executable, "-m", "gradcore.demo", "--epochs", "1", *args,
+                              "--out", str(tmp_path / name)], capture_output=True, text=True, env=env,
                              timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]
-        outs[device] = (tmp_path / device / "summary.txt").read_text()
+        outs[name] = (tmp_path / name / "summary.txt").read_text()
     pick = lambda text, key: next(line for line in text.splitlines() if line.startswith(key))  # noqa: E731
-    assert "device cuda" in outs["cuda"]
+    assert "device cuda" in outs["cuda"] and "CUDA graphs" in outs["graphed"]
     for key in ("final train loss", "final test accuracy"):
         assert pick(outs["cuda"], key) == pick(outs["cpu"], key)
+        assert pick(outs["graphed"], key) == pick(outs["cuda"], key)    # CUDA graphs: the same steps

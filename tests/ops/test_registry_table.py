@@ -67,6 +67,12 @@ def _cases():
         "LogSoftmax": [(nn.LogSoftmax(1), [f(2, 3)], None), (nn.LogSoftmax(0), [f(1)], None)],
         "Softmax": [(nn.Softmax(1), [f(2, 3)], None), (nn.Softmax(0), [f(1)], None), (nn.Softmax(-1), [f(0, 3)], None)],
         "LogSumExp": [(nn.LogSumExp(-1), [f(2, 3)], None), (nn.LogSumExp(0, True), [f(1)], None)],
+        "BatchNormTraining": [(nn.BatchNormTraining(1e-3), [f(3, 2, 2, 2), f(1, 2, 1, 1), f(1, 2, 1, 1)], None),
+                              (nn.BatchNormTraining(0.1, 2), [f(4, 3), f(1, 3), f(1, 3)], None)],
+        "BatchNormBackward": [(nn.BatchNormBackward(1e-3, 3), [f(3, 2, 2), f(3, 2, 2), f(1, 2, 1), f(1, 2, 1),
+                                                            ("pos", 1, 2, 1)], None)],
+        "BatchNormInference": [(nn.BatchNormInference(1e-3, 3), [f(2, 2, 3), f(1, 2, 1), ("pos", 1, 2, 1), f(1, 2, 1),
+                                                              f(1, 2, 1)], None)],
         "MatrixMul": [(linalg.MatrixMul(), [f(2, 3), f(3, 4)], None),
                       (linalg.MatrixMul(False, True), [f(5, 2, 3), f(4, 3)], None),
                       (linalg.MatrixMul(True, False), [f(3, 1), f(3, 2)], None),
@@ -138,6 +144,8 @@ def _inputs(spec, rng):
             if row.mode in ("abs", "relu", "maximum", "minimum", "sign", "mod", "floor_div"):
                 vals = np.where(np.abs(vals) < 0.2, vals + 0.5, vals)   # away from kinks
             out.append(gradcore.Tensor(vals))
+        elif s[0] == "pos":                     # positive: a variance, an inverse std
+            out.append(gradcore.Tensor(rng.uniform(0.5, 1.5, s[1:])))
         else:
             # distinct values: no ties in max/min/pooling
             n = int(np.prod(s[1:], dtype=int))
