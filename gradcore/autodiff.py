@@ -205,9 +205,11 @@ class GradManager:
         """End the recording (``backward`` does it too)."""
         self._release(False)
 
-    def _release(self, own_only: bool) -> None:
+    def _release(self, own_only: bool, ending_backward: bool = False) -> None:
         with self._lock:
-            if self._backward_thread is not None and self._backward_thread != threading.get_ident():
+            if ending_backward:
+                self._backward_thread = None
+            elif self._backward_thread is not None and self._backward_thread != threading.get_ident():
                 # the backward running in another thread ends the recording
                 # when it is done; ending it under its feet would lose its gradients
                 return
@@ -264,9 +266,7 @@ class GradManager:
         try:
             self._run_backward(key, y, dy)
         finally:
-            with self._lock:
-                self._backward_thread = None
-            self.release()
+            self._release(False, ending_backward=True)
 
     def _run_backward(self, key: GradKey, y, dy) -> None:
         if dy is None and isinstance(y, Tensor):
