@@ -329,7 +329,10 @@ def test_state_of_an_ended_thread_is_not_inherited():
     # later (which may get the same thread ident) do not record into it
     w = gc.Parameter([1.0])
     gm = GradManager().attach([w])
-    threading.Thread(target=gm.record).start()
+    recorder = threading.Thread(target=gm.record)
+    recorder.start()
+    recorder.join(30)
+    assert gm.recording
     for _ in range(5):
         res = []
         t = threading.Thread(target=lambda: res.append((gm._key.records_in_this_thread,
