@@ -20,6 +20,8 @@ from cpython.ref cimport Py_INCREF, PyObject
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 import numpy as np
 from weakref import ref as _weakref
+import threading as _threading
+from cpython.pythread cimport PyThread_get_thread_ident
 
 cnp.import_array()
 
@@ -86,12 +88,12 @@ def _install_hooks(**hooks):
 
 
 # ---------------------------------------------------------------- state
-cdef list _recording = []          # GradKeys currently recording
-cdef Py_ssize_t _no_record = 0     # >0 while a _grad_rule runs its own forward
-cdef long _visible_below = 1 << 62 # during a backward: only older keys record
-cdef long _next_priority = 0
-cdef object _group_priority = None # set while a GradManager group enters
+# Shared by all threads (each read or written by C code between two points
+# where the GIL can change hands, so no thread sees a half-done update):
+cdef list _recording = []          # GradKeys currently recording, of every thread
+cdef long _next_priority = 0       # keys are ordered by age, process-wide
 cdef Py_ssize_t _seq = 0           # global sequence number of recorded nodes
+cdef unsigned long long _next_serial = 0   # numbers the threads' states
 cdef dict _grad_rules = {}         # op type -> registered rule (path 2)
 cdef dict _own_rule_types = {}     # op type -> has _grad_rule (path 1)
 cdef dict _bw_front = {}           # (id(op), device, dtypes, rg) -> (op, CompiledBackward)
@@ -103,6 +105,76 @@ cdef str CUDA = "cuda"
 # gradcore.cuda.DeviceArray (set when the CUDA backend is imported): the
 # only data type besides ndarray a Tensor holds; its device is "cuda"
 cdef object _device_array = None
+
+# Per thread (see "Threading model" in docs/core.md): what the thread that
+# records has in progress. A key records only ops run in the thread that
+# entered it.
+cdef long VISIBLE_ALL = 1 << 62
+
+
+@cython.final
+@cython.no_gc
+cdef class _ThreadState:
+    """One thread's recording state. At rest (no call of gradcore running in
+    the thread) it is always no_record 0, visible_below VISIBLE_ALL,
+    group_priority None and backwarding empty: every change is undone in a
+    ``finally``."""
+    cdef unsigned long long serial    # what a GradKey's owner is compared with
+    cdef Py_ssize_t no_record         # >0 while a _grad_rule runs its own forward
+    cdef long visible_below           # during a backward: only older keys record
+    cdef object group_priority        # set while a GradManager group enters
+    cdef public list backwarding      # GradManagers whose backward runs here, innermost last
+    cdef public str thread_name       # for error messages
+
+    def __cinit__(self):
+        global _next_serial
+        _next_serial += 1
+        self.serial = _next_serial
+        self.visible_below = VISIBLE_ALL
+        self.backwarding = []
+
+    def __dealloc__(self):
+        # the thread ended (its thread-local let go of this state): a new
+        # thread may get the same ident, so the cache must not answer it
+        global _last_ident, _last_state
+        if _last_state == <PyObject*>self:
+            _last_ident = 0
+            _last_state = NULL
+
+
+# The state of the thread that looked last: a thread-ident compare per op on
+# the single-thread path; the thread-local is read only on a thread switch.
+# Borrowed: the thread-local of its thread owns it (see __dealloc__).
+cdef unsigned long _last_ident = 0
+cdef PyObject* _last_state = NULL
+cdef object _thread_local = _threading.local()
+
+
+cdef inline _ThreadState _ts():
+    """The calling thread's recording state."""
+    if PyThread_get_thread_ident() == _last_ident:
+        return <_ThreadState>_last_state
+    return _ts_switch()
+
+
+cdef _ThreadState _ts_switch():
+    global _last_ident, _last_state
+    cdef _ThreadState st = getattr(_thread_local, "state", None)
+    if st is None:
+        st = _ThreadState()
+        st.thread_name = _threading.current_thread().name
+        _thread_local.state = st
+    # no point where the GIL can change hands from here to the return: the
+    # pair (ident, state) is never seen half written
+    _last_ident = 0
+    _last_state = <PyObject*>st
+    _last_ident = PyThread_get_thread_ident()
+    return st
+
+
+def _thread_state():
+    """The calling thread's recording state (for gradcore.autodiff and tests)."""
+    return _ts()
 
 
 class GradRuleFallback(Exception):
@@ -694,6 +766,9 @@ cdef class GradKey:
     cdef int state            # 0 new, 1 recording, 2 finished
     cdef bint suppressed
     cdef bint ran_backward
+    cdef bint in_backward     # its backward walk runs now (in some thread)
+    cdef unsigned long long owner   # serial of the state of the thread that entered it
+    cdef public str owner_name      # that thread's name, for error messages
     cdef object __weakref__
 
     def __init__(self, name=None):
@@ -715,23 +790,42 @@ cdef class GradKey:
     def tape_length(self):
         return len(self.tape)
 
+    @property
+    def records_in_this_thread(self):
+        """Whether ops run by the calling thread can be recorded by this key
+        (it is recording and was entered by this thread)."""
+        return self.state == 1 and not self.ran_backward and self.owner == _ts().serial
+
+    @property
+    def entered_in_this_thread(self):
+        """Whether the calling thread entered this key."""
+        return self.state != 0 and self.owner == _ts().serial
+
     def enter(self):
+        """Start recording the ops that the calling thread runs."""
         global _next_priority
         if self.state != 0:
             raise RuntimeError(f"{self.name}: a Grad can be entered only once")
-        if _group_priority is not None:
-            self.priority = _group_priority
+        cdef _ThreadState ts = _ts()
+        if ts.group_priority is not None:
+            self.priority = ts.group_priority
         else:
             _next_priority += 1
             self.priority = _next_priority
+        self.owner = ts.serial
+        self.owner_name = ts.thread_name
         self.state = 1
         _recording.append(self)
 
     def exit(self):
+        """End the recording (from any thread)."""
         if self.state == 1:
             _recording.remove(self)
         self.state = 2
-        self._drop_tape()
+        if not self.in_backward:
+            # (a backward walking the tape in another thread, or calling
+            # this from a callback, clears it itself when it ends)
+            self._drop_tape()
         # the GC cannot see through slots (no_gc): drop what they hold
         for s in self.leaves:
             (<GradSlot>s).callback = None
@@ -785,6 +879,10 @@ cdef class GradKey:
         cdef GradSlot s = _slot_for(t, self)
         return s is not None and s.leaf
 
+    def tracks(self, Tensor t):
+        """Whether ``t`` is attached to or was computed under this recording."""
+        return _slot_for(t, self) is not None
+
     def backward(self, ys, dys):
         _run_backward(self, list(ys), list(dys))
 
@@ -828,22 +926,25 @@ def _recording_keys():
 
 def _set_group_priority(enable):
     """GradManager groups (``gm | gm2``) share one priority so that neither
-    records the other's backward."""
-    global _group_priority, _next_priority
+    records the other's backward (for the calling thread's group)."""
+    global _next_priority
+    cdef _ThreadState ts = _ts()
     if enable:
         _next_priority += 1
-        _group_priority = _next_priority
+        ts.group_priority = _next_priority
     else:
-        _group_priority = None
+        ts.group_priority = None
 
 
 # ---------------------------------------------------------------- dispatch
-cdef inline bint _key_records(GradKey k):
-    return k.state == 1 and not k.suppressed and not k.ran_backward and k.priority < _visible_below
+cdef inline bint _key_records(GradKey k, _ThreadState ts):
+    return (k.state == 1 and not k.suppressed and not k.ran_backward and k.owner == ts.serial
+            and k.priority < ts.visible_below)
 
 
-cdef object _recorders(tuple args):
-    """The keys that record an op on ``args``: None, one GradKey, or a list."""
+cdef object _recorders(tuple args, _ThreadState ts):
+    """The keys that record an op on ``args`` run by the thread of ``ts``:
+    None, one GradKey, or a list."""
     cdef object keys = None
     cdef Tensor t
     cdef GradSlot s
@@ -852,12 +953,12 @@ cdef object _recorders(tuple args):
         s = t._slot
         if s is None:
             continue
-        if _key_records(s.key):
+        if _key_records(s.key, ts):
             keys = _add_key(keys, s.key)
         if t._more_slots is not None:
             for o in t._more_slots:
                 s = <GradSlot>o
-                if _key_records(s.key):
+                if _key_records(s.key, ts):
                     keys = _add_key(keys, s.key)
     return keys
 
@@ -996,8 +1097,11 @@ cdef object _dispatch(op, tuple args, bint one):
         op, args = _h_promote(op, args)
     device = _common_device(op, args)
     keys = None
-    if _recording and _no_record == 0:
-        keys = _recorders(args)
+    cdef _ThreadState ts
+    if _recording:
+        ts = _ts()
+        if ts.no_record == 0:
+            keys = _recorders(args, ts)
     if keys is None:
         if _has_own_rule(op) and not hasattr(op, "cpu"):
             return _first(_run_own_rule(op, args, device)[0], one)
@@ -1032,7 +1136,7 @@ cdef object _apply_unwrapped(op, tuple args, bint first_only):
     tuple on the common path."""
     cdef Py_ssize_t n = len(args)
     cdef Py_ssize_t i
-    if n == 0 or (_recording and _no_record == 0):
+    if n == 0 or (_recording and _ts().no_record == 0):
         return _dispatch(op, args, True) if first_only else _single_or_all(_apply(op, args), False)
     for i in range(n):
         if type(args[i]) is not Tensor:
@@ -1098,12 +1202,12 @@ cdef bint _has_own_rule(op):
 
 cdef tuple _run_own_rule(op, tuple args, device):
     """Path 1 forward: the op computes itself; nothing inside is recorded."""
-    global _no_record
-    _no_record += 1
+    cdef _ThreadState ts = _ts()
+    ts.no_record += 1
     try:
         res = op._grad_rule(*args)
     finally:
-        _no_record -= 1
+        ts.no_record -= 1
     return _split_rule_result(op, res, device)
 
 
@@ -1173,16 +1277,22 @@ cdef CompiledBackward _graph_for(op, tuple args, object device, int rg):
 cdef CompiledBackward _graph_for_op(OpBase op, long long low, tuple args, object device, int rg):
     if op._last_key == low:
         return <CompiledBackward>op._last_cb
-    if op._cb_cache is None:
-        op._cb_cache = {}
-    cb = op._cb_cache.get(low)
+    cdef dict cache = op._cb_cache
+    if cache is None:
+        cache = op._cb_cache = {}
+    cb = cache.get(low)
     if cb is None:
         # cached on the op itself: not in _bw_front, which would keep the
-        # op (and whatever it holds) alive after the user drops it
+        # op (and whatever it holds) alive after the user drops it. (The
+        # local dict: another thread may reset op._cb_cache meanwhile.)
         cb = _graph_for_slow(op, args, device, rg, False)
-        op._cb_cache[low] = cb
-    op._last_key = low
+        cache[low] = cb
+    # ops are shared by threads: the pair is invalidated first, so that a
+    # thread switch while the old graph is released never shows the new
+    # key with the old graph
+    op._last_key = -1
     op._last_cb = cb
+    op._last_key = low
     return <CompiledBackward>cb
 
 
@@ -1208,7 +1318,7 @@ cdef CompiledBackward _graph_for_slow(op, tuple args, object device, int rg, bin
 
 
 cdef object _record(op, tuple args, object device, object keys, bint one):
-    global _seq
+    cdef _ThreadState ts
     cdef Py_ssize_t n = len(args)
     cdef Py_ssize_t i, j
     cdef bint one_key = type(keys) is GradKey
@@ -1234,14 +1344,14 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
     else:
         rule = _grad_rules.get(type(op)) if _grad_rules else None
         if rule is not None:
-            global _no_record
-            _no_record += 1
+            ts = _ts()
+            ts.no_record += 1
             try:
                 res = rule(op, *_aliases(args))
             except GradRuleFallback:
                 res = None
             finally:
-                _no_record -= 1
+                ts.no_record -= 1
             if res is not None:
                 path = 2
                 outs, backward, single = _split_rule_result(op, res, device)
@@ -1284,6 +1394,8 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
     cdef bint save_tensors = nk > 1
     cdef bint as_tensors
     cdef list save_later = None
+    cdef GradFn node0 = None
+    cdef list nodes = None
 
     for i in range(nk):
         key = <GradKey>keys if one_key else <GradKey>(<list>keys)[i]
@@ -1319,24 +1431,64 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
             # Parameter written in place before backward is caught
             node.versions = _param_versions(args)
         _make_slots(node, outs, out0, key)
-        _seq += 1
-        node.seq = _seq
         if _anomaly:
             node.debug_info = _h_anomaly.capture(op, args, out0 if outs is None else outs)
-        key.tape.append(node)
+        if one_key:
+            node0 = node
+        else:
+            if nodes is None:
+                nodes = [None] * nk
+            nodes[i] = node
     if save_later is not None:
         for node in save_later:
             node.saved = _alias_saved(_save(<CompiledBackward>node.backward, args, outs, out0, True),
                                       (<CompiledBackward>node.backward).one_saved)
+    # each node complete, linked into its tape last (see _link)
+    if one_key:
+        if node0 is not None:
+            _link(node0, <GradKey>keys)
+    elif nodes is not None:
+        for i in range(nk):
+            if nodes[i] is not None:
+                _link(<GradFn>nodes[i], <GradKey>(<list>keys)[i])
     if outs is None:
         return out0 if one else (out0,)
     return outs[0] if one else outs
 
 
 cdef inline void _make_slots(GradFn node, tuple outs, object out0, GradKey key):
-    """Output slots of a new node, and its link to its inputs: every input
-    slot gets one more pending producer, and the node reaches an attached
-    tensor when one of its input slots does (so backward needs no pre-pass)."""
+    """Output slots of a new node (on output tensors no other code has seen
+    yet); _link connects it to its inputs."""
+    cdef GradSlot s
+    if outs is None or len(outs) == 1:
+        s = _new_slot(key)
+        _add_slot(<Tensor>out0, s)
+        node.slot0 = s          # one output: a field, no tuple
+        return
+    slots = []
+    for o in outs:
+        s = _new_slot(key)
+        slots.append(s)
+        _add_slot(<Tensor>o, s)
+    node.slots = tuple(slots)
+
+
+cdef int _link(GradFn node, GradKey key) except -1:
+    """Put a complete node on ``key``'s tape: every input slot gets one more
+    pending producer, and the node reaches an attached tensor when one of its
+    input slots does (so backward needs no pre-pass).
+
+    From the check to the append nothing allocates or calls Python code, so
+    the GIL cannot change hands: a backward of ``key`` started in another
+    thread (which sets ran_backward before it reads the tape) either sees
+    the whole node or none of it, never a pending count without its node."""
+    global _seq
+    if key.state != 1 or key.ran_backward:
+        raise RuntimeError(
+            f"{key.name}: {_op_name(node.op)} was being recorded (in thread "
+            f"{_ts().thread_name!r}) when the recording ended: its backward started or it was "
+            f"released from another thread while an op was running. Finish the forward before "
+            f"calling backward from another thread")
     cdef GradSlot s
     cdef bint r = False
     cdef Py_ssize_t j
@@ -1347,19 +1499,15 @@ cdef inline void _make_slots(GradFn node, tuple outs, object out0, GradKey key):
             if s.reaches:
                 r = True
     node.reaches = r
-    if outs is None or len(outs) == 1:
-        s = _new_slot(key)
-        s.reaches = r
-        _add_slot(<Tensor>out0, s)
-        node.slot0 = s          # one output: a field, no tuple
-        return
-    slots = []
-    for o in outs:
-        s = _new_slot(key)
-        s.reaches = r
-        slots.append(s)
-        _add_slot(<Tensor>o, s)
-    node.slots = tuple(slots)
+    if node.slot0 is not None:
+        node.slot0.reaches = r
+    else:
+        for j in range(len(node.slots)):
+            (<GradSlot>node.slots[j]).reaches = r
+    _seq += 1
+    node.seq = _seq
+    key.tape.append(node)
+    return 0
 
 
 cdef bint _needs_reduction(tuple args, object out):
@@ -1533,12 +1681,12 @@ def _record_custom(op, tuple inputs, tuple outputs, backward):
     output tensors carrying the history."""
     device = _common_device(op, inputs) if inputs else CPU
     outs = tuple([_wrap((<Tensor>o)._data, (<Tensor>o)._device) for o in outputs])
-    keys = _recorders(inputs) if (_recording and _no_record == 0 and inputs) else None
+    cdef _ThreadState ts = _ts()
+    keys = _recorders(inputs, ts) if (_recording and ts.no_record == 0 and inputs) else None
     if keys is None:
         return outs
     if type(keys) is GradKey:
         keys = [keys]
-    global _seq
     cdef GradKey key
     cdef GradFn node
     cdef GradSlot s
@@ -1553,11 +1701,9 @@ def _record_custom(op, tuple inputs, tuple outputs, backward):
         node.backward = backward
         _set_dests(node, inputs, key, None)
         _make_slots(node, outs, outs[0] if len(outs) else None, key)
-        _seq += 1
-        node.seq = _seq
         if _anomaly:
             node.debug_info = _h_anomaly.capture(op, inputs, outs)
-        key.tape.append(node)
+        _link(node, key)
     return outs
 
 
@@ -1792,32 +1938,39 @@ cdef inline object _unwrap(object v):
 
 
 cdef void _run_backward(GradKey key, list ys, list dys) except *:
-    global _visible_below
+    cdef GradFn node
+    cdef GradSlot s
+    cdef Tensor y
+    cdef Py_ssize_t i, j, nd, nt
+    cdef list tape
+    cdef _ThreadState ts = _ts()
+    if len(ys) != len(dys):
+        raise ValueError(f"{key.name}: got {len(ys)} outputs but {len(dys)} output gradients")
     if key.state != 1:
         raise RuntimeError(f"{key.name}: backward on a Grad that is not recording "
                            f"(it was released or never entered)")
     if key.ran_backward:
         raise RuntimeError(f"{key.name}: backward was already called for this recording; "
                            f"record again to compute new gradients")
-    if len(ys) != len(dys):
-        raise ValueError(f"{key.name}: got {len(ys)} outputs but {len(dys)} output gradients")
+    # claimed: from the check above to reading the tape's length, no point
+    # where the GIL can change hands, so two threads never walk one tape and
+    # a node linked in another thread is either on it whole or not at all
+    key.ran_backward = True
+    key.in_backward = True
+    tape = key.tape
+    nt = len(tape)
 
-    # an older key still recording sees this backward: run it on Tensors
+    # an older key still recording this thread's ops sees this backward:
+    # run it on Tensors
     cdef bint tensor_mode = False
     for k in _recording:
-        if k is not key and _key_records(<GradKey>k) and (<GradKey>k).priority < key.priority:
+        if k is not key and _key_records(<GradKey>k, ts) and (<GradKey>k).priority < key.priority:
             tensor_mode = True
             break
 
-    cdef list tape = key.tape
-    cdef GradFn node
-    cdef GradSlot s
-    cdef Tensor y
-    cdef Py_ssize_t i, j, nd, nt = len(tape)
     cdef list roots = []
     cdef list kept = []
-    key.ran_backward = True
-    cdef long saved_visible = _visible_below
+    cdef long saved_visible = ts.visible_below
     try:
         # (reachability and pending producer counts were set when each node
         # was recorded: _link)
@@ -1847,7 +2000,7 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
         # reads it (and carries it on)
         for s, device in roots:
             _fire(s, tensor_mode, device, kept)
-        _visible_below = key.priority
+        ts.visible_below = key.priority
         # reverse walk
         for i in range(nt - 1, -1, -1):
             node = <GradFn>tape[i]
@@ -1887,13 +2040,14 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
             # the tape held the only reference: the node and what it saved
             # are freed here, back to the pool
     finally:
-        _visible_below = saved_visible
+        ts.visible_below = saved_visible
         for s in kept:
             s.grad = None
         for o in key.tape:
             if o is not None:
                 (<GradFn>o).clear()
         key.tape = []
+        key.in_backward = False
 
 
 # ---------------------------------------------------------------- array helpers
@@ -1993,19 +2147,22 @@ def broadcast_view(object arr, tuple shape):
 
 # ---------------------------------------------------------------- misc
 def _no_record_enter():
-    global _no_record
-    _no_record += 1
+    """Stop recording the calling thread's ops (nests; undo with _no_record_exit)."""
+    cdef _ThreadState ts = _ts()
+    ts.no_record += 1
 
 
 def _no_record_exit():
-    global _no_record
-    _no_record -= 1
+    cdef _ThreadState ts = _ts()
+    ts.no_record -= 1
 
 
 def _debug_state():
-    """Internal counters, for tests."""
-    return {"recording": len(_recording), "no_record": _no_record,
-            "visible_below": _visible_below, "front_cache": len(_bw_front)}
+    """Internal counters, for tests: the keys recording in every thread, and
+    the calling thread's counters."""
+    cdef _ThreadState ts = _ts()
+    return {"recording": len(_recording), "no_record": ts.no_record,
+            "visible_below": ts.visible_below, "front_cache": len(_bw_front)}
 
 
 def _clear_front_cache():

@@ -10,6 +10,7 @@ Example::
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Callable, Iterable, List, Optional, Union
 
@@ -21,15 +22,29 @@ from .anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled
 __all__ = ["GradManager", "GradManagerGroup", "Function", "get_backwarding_grad_manager",
            "detect_anomaly", "is_anomaly_enabled", "AnomalyError"]
 
-# the managers whose backward is running, innermost last (MegEngine's
-# get_backwarding_grad_manager): lets a callback such as
-# gradcore.distributed's allreduce find the manager that called it
-_backwarding: List["GradManager"] = []
+def _backwarding() -> List["GradManager"]:
+    """The managers whose backward runs in the calling thread, innermost last
+    (per thread: the core's thread state keeps the list)."""
+    return _core._thread_state().backwarding
 
 
 def get_backwarding_grad_manager() -> Optional["GradManager"]:
-    """The GradManager whose ``backward`` is running now (innermost), or None."""
-    return _backwarding[-1] if _backwarding else None
+    """The GradManager whose ``backward`` is running now in the calling
+    thread (innermost), or None (MegEngine's function): lets a callback such
+    as gradcore.distributed's allreduce find the manager that called it.
+
+    Example::
+
+        >>> def cb(tensor, grad):
+        ...     assert get_backwarding_grad_manager() is gm
+        ...     return grad
+    """
+    managers = _core._thread_state().backwarding
+    return managers[-1] if managers else None
+
+
+def _thread_name() -> str:
+    return threading.current_thread().name
 
 
 class _AttachSpec:
@@ -69,6 +84,10 @@ class GradManager:
         self._key: Optional[GradKey] = None
         self._gradients = {}
         self._after_backward_callbacks: List[Callable] = []
+        # record/backward/release claim the recording under this lock: one
+        # manager used from two threads at once raises instead of mixing graphs
+        self._lock = threading.Lock()
+        self._backward_thread: Optional[int] = None   # ident of the thread in backward
 
     # ---- attaching
     def attach(self, tensors: Union[Tensor, Iterable[Tensor]], callbacks=None) -> "GradManager":
@@ -106,7 +125,9 @@ class GradManager:
                 self._attach_specs[id(t)] = spec
             spec.callbacks.extend(callbacks)
             if new and self._recording:
-                self._do_record(spec)
+                with self._lock:
+                    if self._key is not None:
+                        self._do_record(spec)
         return self
 
     def _deleter(self, key):
@@ -161,23 +182,47 @@ class GradManager:
         self._key.attach(tensor, spec.on_grad)
 
     def record(self) -> "GradManager":
-        if self._recording:
-            raise RuntimeError("GradManager is already recording")
-        self._key = GradKey("GradManager")
-        self._recording = True
-        self._gradients = {}
-        self._key.enter()
-        for spec in list(self._attach_specs.values()):
-            self._do_record(spec)
+        """Start recording the ops that the calling thread runs on the
+        attached tensors (until ``backward`` or ``release``)."""
+        with self._lock:
+            if self._recording:
+                owner, here = self._key.owner_name if self._key is not None else "?", _thread_name()
+                if owner == here:
+                    raise RuntimeError("GradManager is already recording")
+                raise RuntimeError(f"GradManager is already recording, in thread {owner!r}; called again "
+                                   f"from thread {here!r}: one manager records one graph at a time. "
+                                   f"Give each thread its own GradManager")
+            key = GradKey("GradManager")
+            key.enter()
+            self._key = key
+            self._recording = True
+            self._gradients = {}
+            for spec in list(self._attach_specs.values()):
+                self._do_record(spec)
         return self
 
     def release(self) -> None:
-        if self._key is not None:
-            self._key.exit()
-            self._key = None
-        self._recording = False
-        if self._gradients:
-            self._gradients = {}
+        """End the recording (``backward`` does it too)."""
+        self._release(False)
+
+    def _release(self, own_only: bool, ending_backward: bool = False) -> None:
+        with self._lock:
+            if ending_backward:
+                self._backward_thread = None
+            elif self._backward_thread is not None and self._backward_thread != threading.get_ident():
+                # the backward running in another thread ends the recording
+                # when it is done; ending it under its feet would lose its gradients
+                return
+            if own_only and self._key is not None and not self._key.entered_in_this_thread:
+                # `with gm:` ends the recording it started, not one that
+                # another thread started after this thread's backward ended it
+                return
+            key, self._key = self._key, None
+            self._recording = False
+            if self._gradients:
+                self._gradients = {}
+        if key is not None:
+            key.exit()
 
     def __del__(self):
         # a manager dropped while recording: nothing can run its backward any
@@ -196,7 +241,7 @@ class GradManager:
         return self.record()
 
     def __exit__(self, *exc) -> None:
-        self.release()
+        self._release(True)
 
     @property
     def recording(self) -> bool:
@@ -207,24 +252,43 @@ class GradManager:
         """Compute the gradients of ``y`` (a Tensor or a list) weighted by
         ``dy`` (default ones) and add them to the attached tensors' ``.grad``.
         Ends the recording."""
-        if not self._recording:
-            raise RuntimeError("GradManager.backward: no computation history: call record() "
-                               "(or use `with gm:`) before backward; a manager records for one "
-                               "backward only")
+        with self._lock:
+            if not self._recording:
+                raise RuntimeError("GradManager.backward: no computation history: call record() "
+                                   "(or use `with gm:`) before backward; a manager records for one "
+                                   "backward only")
+            if self._backward_thread is not None:
+                raise RuntimeError(f"GradManager.backward: a backward of this manager is already running "
+                                   f"(called again from thread {_thread_name()!r}); a manager records "
+                                   f"for one backward only: give each thread its own GradManager")
+            self._backward_thread = threading.get_ident()
+            key = self._key
+        try:
+            self._run_backward(key, y, dy)
+        finally:
+            self._release(False, ending_backward=True)
+
+    def _run_backward(self, key: GradKey, y, dy) -> None:
         if dy is None and isinstance(y, Tensor):
             # the common call, checked already: one output, ones as its gradient
             ys, dys = [y], [None]
         else:
-            try:
-                ys, dys = self._outputs(y, dy)
-            except BaseException:
-                # a failed backward ends the recording, whatever failed: the
-                # manager is never left recording after an error
-                self.release()
-                raise
-        _backwarding.append(self)
+            # (a failed backward ends the recording, whatever failed: the
+            # manager is never left recording after an error)
+            ys, dys = self._outputs(y, dy)
+        if ys and not key.records_in_this_thread and key.recording and not any(key.tracks(t) for t in ys):
+            # a backward from another thread than the recording one is fine
+            # (the tape is differentiated where it is called), but ops run
+            # in another thread were not recorded: say so, not a silent None
+            raise RuntimeError(f"GradManager.backward: called from thread {_thread_name()!r}, but no output "
+                               f"has a history in this manager's recording, which belongs to thread "
+                               f"{key.owner_name!r}: a thread's ops are recorded only by the managers "
+                               f"that thread called record() on. Run the forward in {key.owner_name!r}, "
+                               f"or record with a GradManager of this thread")
+        backwarding = _backwarding()
+        backwarding.append(self)
         try:
-            self._key.backward(ys, dys)
+            key.backward(ys, dys)
             for cb in self._after_backward_callbacks:
                 cb()
             for key, grad in self._gradients.items():
@@ -239,8 +303,7 @@ class GradManager:
                 else:
                     tensor.grad = tensor.grad + grad
         finally:
-            _backwarding.pop()
-            self.release()
+            backwarding.pop()
 
     @staticmethod
     def _outputs(y, dy):
@@ -331,7 +394,7 @@ def _nested_recording() -> bool:
     Function's forward runs with recording on, so that the older managers
     see its ops (as in MegEngine) and what it computed, which the backward
     may read, has a history they can differentiate."""
-    keys = _core._recording_keys()
+    keys = [k for k in _core._recording_keys() if k.records_in_this_thread]
     if len(keys) < 2:
         return False
     state = _core._debug_state()

@@ -49,7 +49,7 @@ def _assert_clean():
     assert _core._recording_keys() == []
     assert st["recording"] == 0 and st["no_record"] == 0
     assert st["visible_below"] == _DEFAULT_VISIBLE
-    assert autodiff._backwarding == []
+    assert autodiff._backwarding() == []
 
 
 # ---------------------------------------------------------------- op families
