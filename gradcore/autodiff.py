@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import threading
 import weakref
+from _thread import get_ident as _get_ident
 from typing import Callable, Iterable, List, Optional, Union
 
 from . import _core
 from ._core import Tensor
-from ._core import GradKey
+from ._core import GradKey, _thread_state
 from .anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled
 
 __all__ = ["GradManager", "GradManagerGroup", "Function", "get_backwarding_grad_manager",
@@ -209,7 +210,7 @@ class GradManager:
         with self._lock:
             if ending_backward:
                 self._backward_thread = None
-            elif self._backward_thread is not None and self._backward_thread != threading.get_ident():
+            elif self._backward_thread is not None and self._backward_thread != _get_ident():
                 # the backward running in another thread ends the recording
                 # when it is done; ending it under its feet would lose its gradients
                 return
@@ -241,6 +242,10 @@ class GradManager:
         return self.record()
 
     def __exit__(self, *exc) -> None:
+        if self._key is None:
+            # the common case: backward ended the recording already (a key
+            # is set and cleared only together with _recording, under the lock)
+            return
         self._release(True)
 
     @property
@@ -261,7 +266,7 @@ class GradManager:
                 raise RuntimeError(f"GradManager.backward: a backward of this manager is already running "
                                    f"(called again from thread {_thread_name()!r}); a manager records "
                                    f"for one backward only: give each thread its own GradManager")
-            self._backward_thread = threading.get_ident()
+            self._backward_thread = _get_ident()
             key = self._key
         try:
             self._run_backward(key, y, dy)
@@ -285,7 +290,7 @@ class GradManager:
                                f"{key.owner_name!r}: a thread's ops are recorded only by the managers "
                                f"that thread called record() on. Run the forward in {key.owner_name!r}, "
                                f"or record with a GradManager of this thread")
-        backwarding = _backwarding()
+        backwarding = _thread_state().backwarding
         backwarding.append(self)
         try:
             key.backward(ys, dys)
