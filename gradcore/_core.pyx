@@ -585,7 +585,10 @@ cdef unsigned long long _desc_key(tuple args, object device):
             for k in range(cnp.PyArray_NDIM(arr)):
                 h = (h ^ <unsigned long long>cnp.PyArray_DIMS(arr)[k]) * 1099511628211ULL
         else:
-            h = (h ^ <unsigned long long>hash((data.shape, str(data.dtype)))) * 1099511628211ULL
+            # a device array: hash its shape and dtype apart (no tuple, and never
+            # str(dtype), which costs microseconds)
+            h = (h ^ <unsigned long long>hash(data.shape)) * 1099511628211ULL
+            h = (h ^ <unsigned long long>hash(data.dtype)) * 1099511628211ULL
         h = (h ^ 0x9e3779b97f4a7c15ULL) * 1099511628211ULL
     return h | 1
 
