@@ -45,7 +45,7 @@ def test_a_dry_run_counts_launches_and_runs_nothing(cuda):
 
 def test_the_compiled_elementwise_launcher_falls_back_for_casts_and_broadcasts(cuda):
     launcher = devices.kernel_for(Elemwise("add"), "cuda")
-    assert isinstance(launcher, _launch.ElementwiseLauncher)
+    assert isinstance(launcher.__self__, _launch.ElementwiseLauncher)     # its run method
     a = gc.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device="cuda")
     b = gc.Tensor(np.arange(3, dtype=np.float64), device="cuda")       # cast and broadcast: the op's launcher
     c = gc.Tensor(np.ones((2, 3), np.float32), device="cuda")          # the compiled case
