@@ -24,6 +24,17 @@ cdef class DeviceArrayBase:
 
 
 cdef object _array_type = None      # gradcore.cuda.array.DeviceArray
+cdef tuple _no_args = ()
+
+cdef extern from *:
+    """
+    /* an instance of ``type`` through its tp_new slot (no lookup of __new__,
+       no argument parsing): DeviceArray defines no __new__ of its own */
+    static PyObject* gc_new_instance(PyObject* type, PyObject* args) {
+        return ((PyTypeObject*)type)->tp_new((PyTypeObject*)type, args, NULL);
+    }
+    """
+    object gc_new_instance(object type, object args)
 
 
 def set_array_type(array_type) -> None:
@@ -431,7 +442,10 @@ cdef DeviceArrayBase _new_array(MemoryPool pool, object backend, tuple shape, ob
                                 Py_ssize_t size, Py_ssize_t nbytes):
     # the compiled launchers' results: shape, dtype, size and bytes known already
     cdef Block block
-    cdef DeviceArrayBase out = DeviceArrayBase.__new__(_array_type)
+    cdef DeviceArrayBase out
+    if _array_type is None:
+        raise RuntimeError("gradcore.cuda.array is not imported: no DeviceArray type to make")
+    out = <DeviceArrayBase>gc_new_instance(_array_type, _no_args)
     out.backend = backend
     out.shape = shape
     out.dtype = dtype
@@ -673,6 +687,9 @@ cdef class FusedRunner:
 
 
 # ---------------------------------------------------------------- the core's kernel lookup, compiled
+cdef str _CUDA = "cuda"        # interned: the core passes this very string
+
+
 cdef class LauncherTable:
     """``op -> kernel`` for the core's dispatch (``gradcore.devices.kernel_for``'s
     compiled front): on cpu the op's ``cpu`` kernel; on cuda the launcher
@@ -692,7 +709,7 @@ cdef class LauncherTable:
 
     def lookup(self, op, device):
         """The kernel running ``op`` on ``device``."""
-        if device == "cpu":
+        if device is not _CUDA and device == "cpu":
             return op.cpu
         entry = self.table.get(id(op))
         if entry is not None and (<tuple>entry)[0] is op:
