@@ -585,10 +585,11 @@ cdef unsigned long long _desc_key(tuple args, object device):
             for k in range(cnp.PyArray_NDIM(arr)):
                 h = (h ^ <unsigned long long>cnp.PyArray_DIMS(arr)[k]) * 1099511628211ULL
         else:
-            # a device array: hash its shape and dtype apart (no tuple, and never
+            # a device array: its shape and dtype apart (no tuple, and never
             # str(dtype), which costs microseconds)
             h = (h ^ <unsigned long long>hash(data.shape)) * 1099511628211ULL
-            h = (h ^ <unsigned long long>hash(data.dtype)) * 1099511628211ULL
+            k = _dtype_num(data)
+            h = (h ^ (<unsigned long long>(k + 1) if k >= 0 else <unsigned long long>hash(data.dtype))) * 1099511628211ULL
         h = (h ^ 0x9e3779b97f4a7c15ULL) * 1099511628211ULL
     return h | 1
 
@@ -1171,12 +1172,12 @@ cdef bint _needs_promotion(op, tuple args):
     if not ob._promotes:
         return False
     data = (<Tensor>args[0])._data
-    tn = _type_num(data)
+    tn = _dtype_num(data)
     if tn >= 0:
         if tn != cnp.NPY_FLOAT and tn != cnp.NPY_DOUBLE and tn != cnp.NPY_FLOAT16:
             return True
         for i in range(1, len(args)):
-            if _type_num((<Tensor>args[i])._data) != tn:
+            if _dtype_num((<Tensor>args[i])._data) != tn:
                 return True
         return False
     dt = data.dtype
@@ -1246,6 +1247,18 @@ cdef int _rg_mask(tuple args, GradKey key):
 cdef inline int _type_num(object arr):
     if type(arr) is _ndarray:
         return cnp.PyArray_TYPE(<cnp.ndarray>arr)
+    return -1
+
+
+cdef inline int _dtype_num(object arr):
+    # the NumPy type number of an ndarray's, or of any array's NumPy dtype
+    # (a device array's): a C field read, where dtype comparisons cost calls;
+    # -1 for a dtype that is not NumPy's
+    if type(arr) is _ndarray:
+        return cnp.PyArray_TYPE(<cnp.ndarray>arr)
+    dt = arr.dtype
+    if isinstance(dt, cnp.dtype):
+        return (<cnp.dtype>dt).type_num
     return -1
 
 

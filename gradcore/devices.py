@@ -47,8 +47,9 @@ def _make_cuda_launcher(op):
     """``op``'s cuda launcher bound to the current backend (see ``kernel_for``)."""
     be = require_cuda()
     if type(op) is _cuda_runtime.standard_op("Elemwise"):
-        # the commonest launcher, its usual case compiled (same plan, same arguments)
-        return _cuda_launch.ElementwiseLauncher(op, be)
+        # the commonest launcher, its usual case compiled (same plan, same
+        # arguments); its ``run`` takes fixed arguments: no tuple per call
+        return _cuda_launch.ElementwiseLauncher(op, be).run
     launcher = getattr(op, "cuda", None)
     if launcher is None:
         if getattr(op, "cuda_source", None) is None:

@@ -437,7 +437,7 @@ def install():
         sum_to=_sum_to,
         add_op=Elemwise("add"),
         kernel_error=kernel_error,
-        kernel_for=devices.kernel_table,    # called per op on cuda: compiled, no wrapper in between
+        kernel_for=devices.kernel_table.lookup,    # called per op on cuda: compiled, no argument tuple
         tensor_method=_HOOK_FNS.__getitem__,
         operator_ops={m: Elemwise(m) for m in modes()},
         device_array=DeviceArray,

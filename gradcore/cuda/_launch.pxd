@@ -56,6 +56,8 @@ cdef class Launcher:
     cdef public unsigned long long stream   # the CUstream cuLaunchKernel launches on (0: the legacy default stream)
     cdef char[4096] buf
     cdef int submit(self, Kernel k, unsigned* grid, unsigned* block, Py_ssize_t size, unsigned shared) except -1
+    # one thread per element of n > 0, the parameters already packed into ``buf``
+    cdef int submit_n(self, Kernel k, long long n, Py_ssize_t size) except -1
 
 
 cdef class Block:
@@ -66,9 +68,15 @@ cdef class Block:
     cdef object __weakref__
 
 
+cdef struct AddressStack:             # cached device addresses of one size class
+    unsigned long long* items
+    Py_ssize_t n, cap
+
+
 cdef class MemoryPool:
     cdef readonly object driver
-    cdef dict free_lists                # size class -> [device address]
+    cdef AddressStack* small            # the classes up to 1 MiB, indexed by size // 512
+    cdef dict free_lists                # larger size class -> [device address]
     cdef dict allocations               # device address -> the driver's allocation object
     cdef public long long in_use_bytes, cached_bytes, peak_bytes
     cdef public long long driver_allocs, driver_frees, reuses

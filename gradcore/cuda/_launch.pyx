@@ -12,6 +12,7 @@ PyCUDA's Python objects is touched per call.
 """
 cimport cython
 from libc.stdint cimport uintptr_t
+from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -23,6 +24,17 @@ cdef class DeviceArrayBase:
 
 
 cdef object _array_type = None      # gradcore.cuda.array.DeviceArray
+cdef tuple _no_args = ()
+
+cdef extern from *:
+    """
+    /* an instance of ``type`` through its tp_new slot (no lookup of __new__,
+       no argument parsing): DeviceArray defines no __new__ of its own */
+    static PyObject* gc_new_instance(PyObject* type, PyObject* args) {
+        return ((PyTypeObject*)type)->tp_new((PyTypeObject*)type, args, NULL);
+    }
+    """
+    object gc_new_instance(object type, object args)
 
 
 def set_array_type(array_type) -> None:
@@ -92,11 +104,22 @@ cdef inline Py_ssize_t _put(char* buf, Py_ssize_t off, const void* value, Py_ssi
     return at + size
 
 
+cdef inline Py_ssize_t _put_array(char* buf, Py_ssize_t off, DeviceArrayBase a) except -2:
+    """An array's device address at ``off`` (8-aligned), the offset after it."""
+    cdef unsigned long long p = a.ptr
+    if p == 0 and a.size:
+        raise ValueError(f"a shape-only array (no device memory) of shape {a.shape} cannot be read by a kernel")
+    return _put(buf, off, &p, 8, 8)
+
+
+cdef inline Py_ssize_t _put_i64(char* buf, Py_ssize_t off, long long value):
+    return _put(buf, off, &value, 8, 8)
+
+
 cdef Py_ssize_t _pack_into(char* buf, tuple args) except -2:
     """Write ``args`` into ``buf`` as the CUDA ABI lays out kernel parameters;
     the bytes written."""
     cdef Py_ssize_t off = 0, i = 0, size, align
-    cdef unsigned long long p
     cdef long long q
     cdef float f
     cdef double d
@@ -105,10 +128,7 @@ cdef Py_ssize_t _pack_into(char* buf, tuple args) except -2:
     for a in args:
         t = type(a)
         if isinstance(a, DeviceArrayBase):
-            p = (<DeviceArrayBase>a).ptr
-            if p == 0 and (<DeviceArrayBase>a).size:
-                raise ValueError(f"a shape-only array (no device memory) of shape {a.shape} cannot be read by a kernel")
-            off = _put(buf, off, &p, 8, 8)
+            off = _put_array(buf, off, <DeviceArrayBase>a)
         elif t is int:
             q = a
             off = _put(buf, off, &q, 8, 8)
@@ -250,19 +270,22 @@ cdef class Launcher:
     def launch_n(self, Kernel kernel, long long n, *args):
         """Launch with one thread per element of ``n`` (1-D grid of 256-thread
         blocks; the standard kernels are grid-stride loops)."""
-        cdef unsigned g[3]
-        cdef unsigned b[3]
-        cdef long long blocks
         if n <= 0:
             return
-        blocks = (n + THREADS - 1) // THREADS
-        g[0] = <unsigned>(blocks if blocks < 2147483647 else 2147483647)
-        g[1] = g[2] = b[1] = b[2] = 1
-        b[0] = THREADS
         size = _pack_into(self.buf, args)
         if self.keep is not None:
             _keep_blocks(self.keep, self.own_pool, args)
-        self.submit(kernel, g, b, size, 0)
+        self.submit_n(kernel, n, size)
+
+    cdef int submit_n(self, Kernel kernel, long long n, Py_ssize_t size) except -1:
+        # the parameters are in ``buf`` already (``size`` bytes); n > 0
+        cdef unsigned g[3]
+        cdef unsigned b[3]
+        cdef long long blocks = (n + THREADS - 1) // THREADS
+        g[0] = <unsigned>(blocks if blocks < 2147483647 else 2147483647)
+        g[1] = g[2] = b[1] = b[2] = 1
+        b[0] = THREADS
+        return self.submit(kernel, g, b, size, 0)
 
 
 # ---------------------------------------------------------------- the caching allocator
@@ -296,13 +319,46 @@ cdef class Block:
             self.pool = None
 
 
+DEF SMALL_CLASSES = SMALL // 512 + 1   # the classes 512, 1024, ..., 1 MiB: index size // 512
+
+
+cdef bint _push(AddressStack* stack, unsigned long long ptr) noexcept:
+    """Put ``ptr`` on ``stack``; False when the host is out of memory."""
+    cdef Py_ssize_t cap
+    cdef unsigned long long* grown
+    if stack.n == stack.cap:
+        cap = stack.cap * 2 if stack.cap else 8
+        grown = <unsigned long long*>realloc(stack.items, cap * sizeof(unsigned long long))
+        if grown == NULL:
+            return False
+        stack.items, stack.cap = grown, cap
+    stack.items[stack.n] = ptr
+    stack.n += 1
+    return True
+
+
 @cython.no_gc_clear
 cdef class MemoryPool:
     """Device blocks cached per size class. Every kernel and copy of the
     backend runs on the one (default) stream, so a block given back on the
     host may be handed out again at once: work queued on it before is
     ordered before any later use (stream-ordered reuse). Free lists hold
-    addresses only; the driver's allocation objects stay in one table."""
+    addresses only, in C stacks for the classes up to 1 MiB (no Python
+    object per allocation or release) and Python lists above; the driver's
+    allocation objects stay in one table."""
+
+    def __cinit__(self):
+        self.small = <AddressStack*>calloc(SMALL_CLASSES, sizeof(AddressStack))
+        if self.small == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.small != NULL:
+            for i in range(SMALL_CLASSES):
+                free(self.small[i].items)
+            free(self.small)
+            self.small = NULL
 
     def __init__(self, driver):
         self.driver = driver
@@ -316,15 +372,26 @@ cdef class MemoryPool:
         else a new one from the driver (on out-of-memory, the cache is
         released and the allocation tried once more)."""
         cdef Py_ssize_t size
+        cdef AddressStack* stack
         cdef list bucket
         cdef Block block
+        cdef bint cached = False
         if self.redirect is not None:
             return self.redirect.malloc(nbytes)
         size = size_class(nbytes)
-        bucket = self.free_lists.get(size)
         block = Block.__new__(Block)
-        if bucket:
-            block.ptr = bucket.pop()
+        if size <= SMALL:
+            stack = &self.small[size >> 9]
+            if stack.n:
+                stack.n -= 1
+                block.ptr = stack.items[stack.n]
+                cached = True
+        else:
+            bucket = self.free_lists.get(size)
+            if bucket:
+                block.ptr = bucket.pop()
+                cached = True
+        if cached:
             self.cached_bytes -= size
             self.reuses += 1
         else:
@@ -344,17 +411,19 @@ cdef class MemoryPool:
         return block
 
     cdef void give_back(self, unsigned long long ptr, Py_ssize_t size):
+        self.in_use_bytes -= size
         if self.held is not None:
+            # a CUDA graph under capture may still read it: held until the graph goes
             self.held.append((ptr, size))
-            self.in_use_bytes -= size
+            return
+        self.cached_bytes += size
+        if size <= SMALL and _push(&self.small[size >> 9], ptr):
             return
         bucket = self.free_lists.get(size)
         if bucket is None:
             self.free_lists[size] = [ptr]
         else:
             (<list>bucket).append(ptr)
-        self.in_use_bytes -= size
-        self.cached_bytes += size
 
     def release_held(self, held) -> None:
         """Put blocks a CUDA graph held ((address, size) pairs, see ``held``)
@@ -365,9 +434,17 @@ cdef class MemoryPool:
 
     def empty_cache(self) -> int:
         """Return every cached block to the driver; the bytes freed."""
-        free, self.free_lists = self.free_lists, {}
+        cdef Py_ssize_t i
+        cdef AddressStack* stack
         freed, self.cached_bytes = self.cached_bytes, 0
-        for ptrs in free.values():
+        free_lists, self.free_lists = self.free_lists, {}
+        for i in range(SMALL_CLASSES):
+            stack = &self.small[i]
+            while stack.n:
+                stack.n -= 1
+                self.driver.free(self.allocations.pop(stack.items[stack.n]))
+                self.driver_frees += 1
+        for ptrs in free_lists.values():
             for ptr in ptrs:
                 self.driver.free(self.allocations.pop(ptr))
                 self.driver_frees += 1
@@ -387,17 +464,24 @@ cdef object _dtype_meta = type(type(np.dtype("float32")))     # the class of eve
 def new_array(MemoryPool pool, backend, shape, dtype):
     """An uninitialised ``DeviceArray`` of ``shape``/``dtype`` from ``pool``
     (``DeviceArray.__init__``'s work, done here: it runs for every result)."""
-    cdef Block block
-    cdef Py_ssize_t size = 1, nbytes, itemsize
+    cdef Py_ssize_t size = 1
     if type(shape) is not tuple:
         shape = tuple(shape)
     if type(type(dtype)) is not _dtype_meta:     # not a dtype object (a str, a scalar type)
         dtype = _ndarray_dtype(dtype)
-    itemsize = dtype.itemsize
     for s in shape:
         size *= <Py_ssize_t>s
-    nbytes = size * itemsize
-    cdef DeviceArrayBase out = _array_type.__new__(_array_type)
+    return _new_array(pool, backend, <tuple>shape, dtype, size, size * <Py_ssize_t>dtype.itemsize)
+
+
+cdef DeviceArrayBase _new_array(MemoryPool pool, object backend, tuple shape, object dtype,
+                                Py_ssize_t size, Py_ssize_t nbytes):
+    # the compiled launchers' results: shape, dtype, size and bytes known already
+    cdef Block block
+    cdef DeviceArrayBase out
+    if _array_type is None:
+        raise RuntimeError("gradcore.cuda.array is not imported: no DeviceArray type to make")
+    out = <DeviceArrayBase>gc_new_instance(_array_type, _no_args)
     out.backend = backend
     out.shape = shape
     out.dtype = dtype
@@ -431,18 +515,36 @@ def gemm(uintptr_t fn, uintptr_t handle, bint transa, bint transb, int m, int n,
 
 
 # ---------------------------------------------------------------- the elementwise launcher, compiled
+@cython.final
+cdef class _ElementwisePlan:
+    # what ElementwiseLauncher does for one signature of input shapes and dtypes
+    cdef tuple out_shape
+    cdef object out_dtype
+    cdef Py_ssize_t size, nbytes
+    cdef Kernel kernel                  # None: the op's own launcher runs (casts, broadcasts, pow checks)
+
+
 cdef class ElementwiseLauncher:
     """``Elemwise.cuda`` (ops/elemwise.py) for one op on one backend, with
     its common case compiled: inputs already of the kernel's type and shape
     (no cast, no broadcast copy). The op's own ``_cuda_plan`` decides, once
     per signature of input shapes and dtypes; any other case runs the op's
     Python launcher. Kernel arguments as the op's launcher passes them:
-    ``(x, x.size)`` per input, then the output and its size."""
+    ``(x, x.size)`` per input, then the output and its size.
+
+    ``run(a, b)`` is the entry point (the core calls it per op: a method
+    with fixed arguments is called without an argument tuple); calling the
+    launcher itself does the same."""
 
     cdef object op, backend, fallback
     cdef dict plans
     cdef Launcher launcher
     cdef MemoryPool pool
+    # the signature of the last call and its plan: a repeated signature
+    # (the same op on results of the same shape) skips the dict lookup;
+    # identity of the shape tuples and dtypes held here, so no false match
+    cdef object last_shape0, last_dtype0, last_shape1, last_dtype1
+    cdef _ElementwisePlan last_plan
 
     def __init__(self, op, backend):
         self.op, self.backend, self.fallback = op, backend, op.cuda
@@ -450,42 +552,90 @@ cdef class ElementwiseLauncher:
         self.launcher, self.pool = backend.launcher, backend.pool
 
     def __call__(self, *xs):
-        cdef Py_ssize_t n = len(xs)
-        cdef object plan, key
-        cdef DeviceArrayBase a, b
-        if n == 1:
-            a = xs[0]
-            key = (a.shape, a.dtype)
-        elif n == 2:
-            a, b = xs[0], xs[1]
-            key = (a.shape, a.dtype, b.shape, b.dtype)
-        else:
-            key = tuple([(x.shape, x.dtype) for x in xs])
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self._plan(xs, key)
-        if plan is False:
-            return self.fallback(self.backend, *xs)
-        out_shape, out_dtype, size, kernel = <tuple>plan
-        y = new_array(self.pool, self.backend, out_shape, out_dtype)
-        if size:
-            if n == 1:
-                self.launcher.launch_n(kernel, size, xs[0], xs[0].size, y, size)
-            elif n == 2:
-                self.launcher.launch_n(kernel, size, xs[0], xs[0].size, xs[1], xs[1].size, y, size)
+        return self.run(*xs)
+
+    def run(self, a, b=None, *more):
+        """The op on device arrays ``a`` (and ``b``, ...): a new array."""
+        cdef DeviceArrayBase x, y, out
+        cdef _ElementwisePlan plan
+        cdef Py_ssize_t off
+        cdef char* buf
+        if more or type(a) is not _array_type or (b is not None and type(b) is not _array_type):
+            return self._general((a,) if b is None else (a, b) + more)
+        x = <DeviceArrayBase>a
+        if b is None:
+            if x.shape is self.last_shape0 and x.dtype is self.last_dtype0 and self.last_shape1 is None:
+                plan = self.last_plan
             else:
-                args = []
-                for x in xs:
-                    args += [x, x.size]
-                self.launcher.launch_n(kernel, size, *args, y, size)
+                plan = self._plan_for((a,), (x.shape, x.dtype))
+        else:
+            y = <DeviceArrayBase>b
+            if (x.shape is self.last_shape0 and x.dtype is self.last_dtype0
+                    and y.shape is self.last_shape1 and y.dtype is self.last_dtype1):
+                plan = self.last_plan
+            else:
+                plan = self._plan_for((a, b), (x.shape, x.dtype, y.shape, y.dtype))
+        if plan.kernel is None:
+            return self.fallback(self.backend, a) if b is None else self.fallback(self.backend, a, b)
+        out = _new_array(self.pool, self.backend, plan.out_shape, plan.out_dtype, plan.size, plan.nbytes)
+        if plan.size:
+            buf = self.launcher.buf
+            off = _put_i64(buf, _put_array(buf, 0, x), x.size)
+            if b is not None:
+                off = _put_i64(buf, _put_array(buf, off, y), y.size)
+            off = _put_i64(buf, _put_array(buf, off, out), plan.size)
+            if self.launcher.keep is not None:
+                # under CUDA-graph capture: inputs from outside the graph's pool stay alive with it
+                _keep_blocks(self.launcher.keep, self.launcher.own_pool, (a, out) if b is None else (a, b, out))
+            self.launcher.submit_n(plan.kernel, plan.size, off)
+        return out
+
+    cdef object _general(self, tuple xs):
+        # any number of inputs, or inputs that are not DeviceArrays
+        cdef _ElementwisePlan plan
+        for x in xs:
+            if not isinstance(x, DeviceArrayBase):
+                return self.fallback(self.backend, *xs)
+        plan = self._plan_for(xs, tuple([(<DeviceArrayBase>x).shape for x in xs]
+                                        + [(<DeviceArrayBase>x).dtype for x in xs]))
+        if plan.kernel is None:
+            return self.fallback(self.backend, *xs)
+        y = _new_array(self.pool, self.backend, plan.out_shape, plan.out_dtype, plan.size, plan.nbytes)
+        if plan.size:
+            args = []
+            for x in xs:
+                args += [x, (<DeviceArrayBase>x).size]
+            args = tuple(args + [y, plan.size])
+            size = _pack_into(self.launcher.buf, args)
+            if self.launcher.keep is not None:
+                _keep_blocks(self.launcher.keep, self.launcher.own_pool, args)
+            self.launcher.submit_n(plan.kernel, plan.size, size)
         return y
 
-    def _plan(self, xs, key):
+    cdef _ElementwisePlan _plan_for(self, tuple xs, tuple key):
+        cdef _ElementwisePlan plan = self.plans.get(key)
+        if plan is None:
+            plan = self._make_plan(xs)
+            if len(self.plans) > 256:
+                self.plans.clear()
+            self.plans[key] = plan
+        if len(xs) <= 2:
+            self.last_plan = plan
+            self.last_shape0, self.last_dtype0 = (<DeviceArrayBase>xs[0]).shape, (<DeviceArrayBase>xs[0]).dtype
+            if len(xs) == 2:
+                self.last_shape1, self.last_dtype1 = (<DeviceArrayBase>xs[1]).shape, (<DeviceArrayBase>xs[1]).dtype
+            else:
+                self.last_shape1 = self.last_dtype1 = None
+        return plan
+
+    cdef _ElementwisePlan _make_plan(self, tuple xs):
         out_shape, out_dtype, size, casts, kernel, check_pow = self.op._cuda_plan(self.backend, xs)
+        cdef _ElementwisePlan plan = _ElementwisePlan.__new__(_ElementwisePlan)
+        plan.out_shape, plan.out_dtype = tuple(out_shape), np.dtype(out_dtype)
+        plan.size = size
+        plan.nbytes = plan.size * <Py_ssize_t>plan.out_dtype.itemsize
         fast = not check_pow and all(dtype is None and not expand for dtype, expand in casts)
-        if len(self.plans) > 256:
-            self.plans.clear()
-        plan = self.plans[key] = (out_shape, out_dtype, size, kernel) if fast else False
+        plan.kernel = kernel if fast else None
         return plan
 
 
@@ -501,67 +651,117 @@ cdef class FusedRunner:
     cdef object op, ctype, name, source
     cdef dict compiled                  # backend -> Kernel
     cdef public object fused_kernel
+    # the backend of the last call, its kernel, launcher and pool
+    cdef object last_backend
+    cdef Kernel last_kernel
+    cdef Launcher last_launcher
+    cdef MemoryPool last_pool
 
     def __init__(self, op, ctype, name, source, fetch, param_dtypes, out_dtypes, grad_order, bint single):
         self.op, self.ctype, self.name, self.source = op, ctype, name, source
-        self.fetch, self.param_dtypes, self.out_dtypes = tuple(fetch), tuple(param_dtypes), tuple(out_dtypes)
+        self.fetch, self.param_dtypes = tuple(fetch), tuple([np.dtype(d) for d in param_dtypes])
+        self.out_dtypes = tuple([np.dtype(d) for d in out_dtypes])
         self.grad_order, self.single = tuple(grad_order), single
         self.compiled = {}
+        if not self.fetch:
+            raise ValueError(f"{name}: a fused backward kernel without parameters")
 
     def __call__(self, s, g):
-        cdef list params = []
-        cdef Py_ssize_t j
+        cdef Py_ssize_t j, n = len(self.fetch), size, off
+        cdef list params = [None] * n
+        cdef list outs
+        cdef tuple entry
         cdef bint same = True
-        for from_saved, i in self.fetch:
-            src = s if from_saved else g
-            params.append(src if i is None else src[i])
-        be = params[0].backend
-        k = self.compiled.get(be)
-        if k is None:
-            k = self.compiled[be] = be.kernel(self.op, self.ctype, name=self.name, source=self.source)
-        shape = params[0].shape
-        for p in params:
-            if p.shape != shape:
+        cdef DeviceArrayBase p, p0, out
+        cdef char* buf
+        for j in range(n):
+            entry = <tuple>self.fetch[j]
+            src = s if entry[0] else g
+            i = entry[1]
+            params[j] = src if i is None else src[i]
+        p0 = params[0]
+        be = p0.backend
+        if be is not self.last_backend:
+            self._bind(be)
+        shape = p0.shape
+        for j in range(1, n):
+            p = params[j]
+            if p.shape is not shape and p.shape != shape:
                 same = False
                 break
         if same:
-            for j in range(len(params)):
-                if params[j].dtype != self.param_dtypes[j]:
-                    params[j] = be.cast(params[j], self.param_dtypes[j])
+            for j in range(n):
+                p = params[j]
+                if p.dtype is not self.param_dtypes[j] and p.dtype != self.param_dtypes[j]:
+                    params[j] = be.cast(p, self.param_dtypes[j])
         else:
-            shape = tuple(np.broadcast_shapes(*[p.shape for p in params]))
-            params = [be.broadcast_to(be.cast(p, dt), shape) for p, dt in zip(params, self.param_dtypes)]
-        pool = be.pool
-        outs = [new_array(pool, be, shape, dt) for dt in self.out_dtypes]
-        size = outs[0].size if outs else 0
-        be.launch_n(k, size, *params, *outs, size)
+            shape = tuple(np.broadcast_shapes(*[(<DeviceArrayBase>q).shape for q in params]))
+            params = [be.broadcast_to(be.cast(q, dt), shape) for q, dt in zip(params, self.param_dtypes)]
+        size = (<DeviceArrayBase>params[0]).size
+        outs = [_new_array(self.last_pool, be, shape, dt, size, size * (<object>dt).itemsize)
+                for dt in self.out_dtypes]
+        if size:
+            buf = self.last_launcher.buf
+            off = 0
+            for q in params:
+                off = _put_array(buf, off, <DeviceArrayBase>q)
+                if off < 0:
+                    raise ValueError(f"{self.name}: kernel arguments take more than {PARAM_BYTES} bytes")
+            for q in outs:
+                off = _put_array(buf, off, <DeviceArrayBase>q)
+                if off < 0:
+                    raise ValueError(f"{self.name}: kernel arguments take more than {PARAM_BYTES} bytes")
+            off = _put_i64(buf, off, size)
+            if off < 0:
+                raise ValueError(f"{self.name}: kernel arguments take more than {PARAM_BYTES} bytes")
+            if self.last_launcher.keep is not None:
+                _keep_blocks(self.last_launcher.keep, self.last_launcher.own_pool, tuple(params + outs))
+            self.last_launcher.submit_n(self.last_kernel, size, off)
         if self.single:
             j0 = self.grad_order[0]
             return None if j0 is None else outs[j0]
-        return tuple([None if j_ is None else outs[j_] for j_ in self.grad_order])
+        return tuple([None if k is None else outs[k] for k in self.grad_order])
+
+    cdef _bind(self, be):
+        k = self.compiled.get(be)
+        if k is None:
+            k = self.compiled[be] = be.kernel(self.op, self.ctype, name=self.name, source=self.source)
+        self.last_kernel, self.last_launcher, self.last_pool = k, be.launcher, be.pool
+        self.last_backend = be
 
 
 # ---------------------------------------------------------------- the core's kernel lookup, compiled
+cdef str _CUDA = "cuda"        # interned: the core passes this very string
+
+
 cdef class LauncherTable:
     """``op -> kernel`` for the core's dispatch (``gradcore.devices.kernel_for``'s
     compiled front): on cpu the op's ``cpu`` kernel; on cuda the launcher
-    cached per op, made by ``make(op)`` on a miss."""
+    cached per op, made by ``make(op)`` on a miss (for an elementwise op,
+    its ``ElementwiseLauncher``'s ``run``). ``lookup(op, device)`` is the
+    core's entry point: keyed by the op's identity (an op's ``__hash__``
+    is Python code), without an argument tuple."""
 
-    cdef dict table
+    cdef dict table                     # id(op) -> (op, launcher); the op held, so its id stays its own
     cdef object make
 
     def __init__(self, make):
         self.table, self.make = {}, make
 
     def __call__(self, op, device):
-        if device == "cpu":
+        return self.lookup(op, device)
+
+    def lookup(self, op, device):
+        """The kernel running ``op`` on ``device``."""
+        if device is not _CUDA and device == "cpu":
             return op.cpu
-        fn = self.table.get(op)
-        if fn is None:
-            fn = self.make(op)
-            if len(self.table) > 4096:
-                self.table.clear()
-            self.table[op] = fn
+        entry = self.table.get(id(op))
+        if entry is not None and (<tuple>entry)[0] is op:
+            return (<tuple>entry)[1]
+        fn = self.make(op)
+        if len(self.table) > 4096:
+            self.table.clear()
+        self.table[id(op)] = (op, fn)
         return fn
 
     def clear(self) -> None:

@@ -45,7 +45,7 @@ def test_a_dry_run_counts_launches_and_runs_nothing(cuda):
 
 def test_the_compiled_elementwise_launcher_falls_back_for_casts_and_broadcasts(cuda):
     launcher = devices.kernel_for(Elemwise("add"), "cuda")
-    assert isinstance(launcher, _launch.ElementwiseLauncher)
+    assert isinstance(launcher.__self__, _launch.ElementwiseLauncher)     # its run method
     a = gc.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device="cuda")
     b = gc.Tensor(np.arange(3, dtype=np.float64), device="cuda")       # cast and broadcast: the op's launcher
     c = gc.Tensor(np.ones((2, 3), np.float32), device="cuda")          # the compiled case
@@ -63,3 +63,37 @@ def test_launchers_are_rebound_when_the_backend_changes(cuda):
     assert again is not first
     x = gc.Tensor(np.full(3, 2.0, np.float32), device="cuda")
     np.testing.assert_array_equal(F.mul(x, x).numpy(), np.full(3, 4.0))
+
+
+def test_a_tiny_op_forward_and_backward_is_two_launches_and_no_copies(cuda):
+    # after warm-up: the forward kernel and ONE fused backward kernel; the
+    # ones seed is cached on the device, nothing crosses to or from the host
+    from gradcore.autodiff import GradManager
+    x = gc.Tensor(np.ones(16, np.float32), device="cuda")
+    a = gc.Tensor(np.full(16, 0.5, np.float32), device="cuda")
+    gm = GradManager().attach([x, a])
+
+    def step():
+        with gm:
+            gm.backward(x * a)
+        x.grad = a.grad = None
+    step()
+    before, copies = cuda.launcher.launches, dict(cuda.copies)
+    step()
+    assert cuda.launcher.launches - before == 2
+    assert cuda.copies == copies
+
+
+def test_repeated_signatures_reuse_the_plan_and_new_ones_do_not_mix(cuda):
+    # the last signature is kept by identity: a different shape or dtype
+    # through the same launcher must get its own plan (and right values)
+    op = Elemwise("mul")
+    run = devices.kernel_for(op, "cuda")
+    a = cuda.to_device(np.arange(4, dtype=np.float32))
+    b = cuda.to_device(np.arange(6, dtype=np.float64).reshape(2, 3))
+    np.testing.assert_array_equal(run(a, a).get(), np.arange(4) ** 2)
+    np.testing.assert_array_equal(run(a, a).get(), np.arange(4) ** 2)
+    out = run(b, b)
+    assert out.shape == (2, 3) and out.dtype == np.float64
+    np.testing.assert_array_equal(out.get(), np.arange(6).reshape(2, 3) ** 2)
+    np.testing.assert_array_equal(run(a, a).get(), np.arange(4) ** 2)
