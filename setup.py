@@ -1,5 +1,7 @@
 """Builds gradcore's Cython core; the top-level ``ops/`` folder is installed
 as ``gradcore.ops``. Metadata and entry points are in pyproject.toml."""
+import os
+
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -26,7 +28,9 @@ setup(
     packages=["gradcore", "gradcore.functional", "gradcore.ops", "gradcore.data", "gradcore.cuda", "gradcore.module"],
     package_dir={"gradcore": "gradcore", "gradcore.ops": "ops"},
     package_data={"gradcore.data": ["*.npz", "*.txt"]},
-    ext_modules=cythonize(extensions, language_level=3,
+    # the extensions compile side by side, one per core (pip install -e . included)
+    options={"build_ext": {"parallel": os.cpu_count() or 1}},
+    ext_modules=cythonize(extensions, language_level=3, nthreads=os.cpu_count() or 1,
                           compiler_directives={"boundscheck": False, "wraparound": False}),
     zip_safe=False,
 )

@@ -184,6 +184,21 @@ def tiny_op_cases(device):
     return {"forward": forward, "forward + backward": forward_backward}
 
 
+def torch_tiny_op_cases():
+    """PyTorch CUDA eager doing what ``tiny_op_cases("cuda")`` does."""
+    x = torch.ones(16, device="cuda", requires_grad=True)
+    a = torch.full((16,), 0.5, device="cuda", requires_grad=True)
+
+    def forward():
+        x * a
+
+    def forward_backward():
+        y = x * a
+        y.backward(torch.ones_like(y))
+        x.grad = a.grad = None
+    return {"forward": forward, "forward + backward": forward_backward}
+
+
 def per_call(fn, calls):
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -670,6 +685,19 @@ def main():
                 json.dump(results, f, indent=1)
         return
 
+    def save():     # after every section: a run cut short still leaves its figures
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+
+    # the per-op cost on the device: a tiny op, side by side with PyTorch (target <= 0.5x)
+    print("\ntiny op (x * a, 16 float32; medians; ratio = gradcore / PyTorch CUDA eager; target <= 0.5)")
+    tiny = tiny_op_cases("cuda")
+    ttiny = torch_tiny_op_cases() if torch is not None else {}
+    run_side_by_side([(f"tiny op {name}", fn, ttiny.get(name)) for name, fn in tiny.items()], results,
+                     args.repeat, args.target_time)
+    save()
+
     # elementwise throughput
     n = (1 << 12) if args.emulator else (1 << 24)
     cases = elementwise_cases(n)
@@ -685,6 +713,7 @@ def main():
         print(f"  {name:28s} {t * 1e6:10.1f} us  {nbytes / t / 1e9:8.1f} GB/s  {frac:6.2f}")
         results["cases"][f"elementwise: {name}"] = {"seconds": t, "bandwidth_fraction": frac}
     print_reductions(results, n if not args.emulator else 1 << 13, copy_bw, args.repeat, args.target_time)
+    save()
 
     # models, side by side
     batches = (8,) if args.emulator else (128, 32)
@@ -695,7 +724,9 @@ def main():
         model_cases += conv_cases()
     print("\nsteps (medians; ratio = gradcore / PyTorch CUDA eager; target <= 1.0)")
     run_side_by_side(model_cases, results, args.repeat, args.target_time)
+    save()
     graph_steps(results, args.repeat, args.target_time, args.emulator)
+    save()
 
     # start-up, each in a fresh process: empty cache, then the disk cache
     with tempfile.TemporaryDirectory() as cache:
@@ -705,6 +736,7 @@ def main():
     print(f"\nstart-up (import + first MLP step, fresh process): cold {cold:.2f} s (compiles), warm {warm:.2f} s "
           "(disk cache)")
     results["startup"] = {"cold_s": cold, "warm_s": warm}
+    save()
     if not args.emulator:
         with tempfile.TemporaryDirectory() as cache:
             cold, warm = cnn_start(cache, "gpu"), cnn_start(cache, "gpu")
