@@ -297,7 +297,8 @@ def step_info(kind, result, save, args):
         result["torch"] = None
     from gradcore.cuda import cudnn
     result["cudnn"] = cudnn.status(be)
-    result["kernel_compiler"] = be.driver.cache.compiler if hasattr(be.driver, "cache") else None
+    cache = getattr(be.driver, "cache", None)
+    result["kernel_compiler"] = cache.compiler() if cache is not None else None
     doctor = subprocess.run([sys.executable, "-m", "gradcore.cli", "doctor"], capture_output=True, text=True,
                             timeout=120)
     print(doctor.stdout + doctor.stderr, flush=True)
@@ -466,7 +467,7 @@ be.synchronize()
 cache = getattr(be.driver, "cache", None)
 stats = dict(cache.stats) if cache is not None else {}
 print(json.dumps({"seconds": time.perf_counter() - t0, "stats": stats,
-                  "compiler": getattr(cache, "compiler", None)}))
+                  "compiler": cache.compiler() if cache is not None else None}))
 """
 
 

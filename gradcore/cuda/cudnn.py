@@ -357,6 +357,15 @@ def attach(be, lib: Optional[Library]) -> None:
         _attached[be] = lib
 
 
+def refuse(be, reason: str) -> None:
+    """Never use cuDNN on backend ``be`` (``why_not(be)`` gives ``reason``):
+    for a backend whose device pointers cuDNN cannot read, such as a test
+    double of the driver on a machine that has a GPU. Example:
+    ``cudnn.refuse(backend, "a fake driver")``."""
+    _attached.pop(be, None)
+    _contexts[be] = reason
+
+
 def context(be) -> Optional[Context]:
     """The Context of backend ``be``, or None when cuDNN is not used there
     (``why_not(be)`` says why). Made once per backend."""

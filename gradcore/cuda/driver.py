@@ -79,6 +79,12 @@ class PyCudaDriver:
         # CUBINs for this very GPU: no JIT when a module loads
         self.cache = KernelCache(arch=self.arch, output="cubin")
         self._modules = {}          # program key -> module: a family part is loaded once
+        # PyCUDA's Function exposes no CUfunction in some versions (2026.1): then
+        # modules are loaded through libcuda directly, so that every kernel has
+        # the handle the compiled launch path and CUDA graphs need
+        function_class = getattr(drv, "Function", None)
+        self._module_api = ModuleApi() if function_class is not None and not hasattr(function_class, "handle") \
+            else None
         self._blas = None
         self._cu_launch = None
         self.graph_api = None           # CudaGraphApi, bound on the first capture
@@ -137,10 +143,13 @@ class PyCudaDriver:
         module = self._modules.get(prog.key)
         if module is None:
             image = prog.image.encode() if isinstance(prog.image, str) else prog.image
-            module = self._modules[prog.key] = self.drv.module_from_buffer(image)
+            module = self._modules[prog.key] = (self._module_api.load(image) if self._module_api is not None
+                                                else self.drv.module_from_buffer(image))
         return module
 
     def function(self, module, kernel_name: str):
+        if self._module_api is not None:
+            return DriverFunction(self._module_api.function(module, kernel_name), kernel_name)
         return module.get_function(kernel_name)
 
     # the C-level interface of the compiled launch path (gradcore/cuda/_launch.pyx)
@@ -181,6 +190,9 @@ class PyCudaDriver:
         self._blas.set_tf32(allowed)
 
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
+        if isinstance(function, DriverFunction):
+            self._module_api.launch(function.handle, grid, block, params, shared, self._capture_stream)
+            return
         if self._capture_stream:
             raise RuntimeError("a kernel launched through PyCUDA's Python path (this PyCUDA's Function has no "
                                "handle) cannot be captured in a CUDA graph")
@@ -230,6 +242,73 @@ class PyCudaDriver:
             from .blas import Cublas
             self._blas = Cublas()
         self._blas.gemm_strided_batched(*args)
+
+
+class DriverFunction:
+    """A kernel loaded through libcuda (``ModuleApi``): its ``CUfunction`` as an int."""
+
+    __slots__ = ("handle", "name")
+
+    def __init__(self, handle: int, name: str):
+        self.handle, self.name = handle, name
+
+    def __repr__(self):
+        return f"DriverFunction({self.name}, {self.handle:#x})"
+
+
+class ModuleApi:
+    """Module loading and kernel lookup through libcuda with ctypes, in the
+    current context (the primary one PyCUDA pushed), for a PyCUDA whose
+    ``Function`` hides its ``CUfunction``. Every call's CUresult is checked
+    and named."""
+
+    def __init__(self, lib=None):
+        import ctypes
+        if lib is None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as exc:
+                raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
+        self.lib, self.ctypes = lib, ctypes
+        P = ctypes.c_void_p
+        U = ctypes.c_uint
+        self._fns = {}
+        for name, args in (("cuModuleLoadData", [ctypes.POINTER(P), ctypes.c_char_p]),
+                           ("cuModuleGetFunction", [ctypes.POINTER(P), P, ctypes.c_char_p]),
+                           ("cuLaunchKernel", [P, U, U, U, U, U, U, U, P, ctypes.POINTER(P), ctypes.POINTER(P)]),
+                           ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+            self._fns[name] = fn
+
+    def _call(self, name, what, *args) -> None:
+        status = self._fns[name](*args)
+        if status:
+            text = self.ctypes.c_char_p()
+            self._fns["cuGetErrorName"](status, self.ctypes.byref(text))
+            raise RuntimeError(f"cuda: {name} ({what}) failed: {(text.value or b'?').decode()} (CUresult {status})")
+
+    def load(self, image: bytes) -> int:
+        """A ``CUmodule`` from a CUBIN or PTX image (PTX must end in a NUL)."""
+        if not image.startswith(b"\x7fELF") and not image.endswith(b"\0"):
+            image += b"\0"
+        module = self.ctypes.c_void_p()
+        self._call("cuModuleLoadData", f"an image of {len(image)} bytes", self.ctypes.byref(module), image)
+        return module.value
+
+    def function(self, module: int, name: str) -> int:
+        handle = self.ctypes.c_void_p()
+        self._call("cuModuleGetFunction", name, self.ctypes.byref(handle), module, name.encode())
+        return handle.value
+
+    def launch(self, handle: int, grid, block, params: bytes, shared: int, stream: int) -> None:
+        """``cuLaunchKernel`` with the packed parameter buffer (``CU_LAUNCH_PARAM_BUFFER_POINTER``)."""
+        c = self.ctypes
+        buf = c.create_string_buffer(bytes(params), max(len(params), 1))
+        size = c.c_size_t(len(params))
+        extra = (c.c_void_p * 5)(1, c.cast(buf, c.c_void_p), 2, c.cast(c.pointer(size), c.c_void_p), 0)
+        self._call("cuLaunchKernel", f"kernel {handle:#x}", handle, *map(int, grid), *map(int, block), int(shared),
+                   stream or None, None, extra)
 
 
 class CudaGraphApi:

@@ -69,8 +69,15 @@ def cuda(request):
         be = runtime.use(request.getfixturevalue("_fake_gpu_backend"))
     else:
         be = runtime.use(kind)
-    yield be
-    runtime.use(None)
+    import gradcore.cuda as gcuda
+    # the comparisons with the cpu are in float32's precision: TF32 convolutions (cuDNN's default on a
+    # GPU, gradcore's too) keep 10 mantissa bits; test_cudnn.py tests the TF32 policy itself
+    tf32, gcuda.allow_tf32_conv = gcuda.allow_tf32_conv, False
+    try:
+        yield be
+    finally:
+        gcuda.allow_tf32_conv = tf32
+        runtime.use(None)
 
 
 def _outputs(res):

@@ -349,7 +349,11 @@ def make_backend():
         "set_stream": staticmethod(lambda stream: setattr(fake, "blas_stream", stream))})()
     driver.graph_api = fake.graphs = FakeGraphApi(fake)
     driver.fake = fake
-    return Backend(driver)
+    be = Backend(driver)
+    # on a machine with a GPU the real cuDNN would load, and read the fake's host addresses
+    from gradcore.cuda import cudnn
+    cudnn.refuse(be, "the fake GPU: its device pointers are host memory")
+    return be
 
 
 def close(backend):

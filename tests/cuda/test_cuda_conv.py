@@ -74,6 +74,8 @@ def test_conv2d_empty(cuda, matches_cpu, conv_path, xs, ws, padding):
 
 
 def test_conv2d_runs_on_cublas(cuda, monkeypatch):
+    from gradcore.cuda import cudnn
+    monkeypatch.setattr(cudnn, "enabled", False)     # on a GPU cuDNN would run it: this is the other path
     calls = []
     real = cuda.gemm        # the backend's cuBLAS calls (on a GPU through C function pointers)
     monkeypatch.setattr(cuda, "gemm", lambda *a: (calls.append(a), real(*a))[1], raising=False)

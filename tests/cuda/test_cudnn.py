@@ -27,6 +27,13 @@ import gradcore.functional as F
 from gradcore.cuda import cudnn, runtime
 
 import fake_cudnn
+from conftest import gpu_unavailable_reason
+
+# these check what happens where cuDNN cannot start; a GPU runs the real thing (and the tests below)
+
+def _skip_on_a_gpu():
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is here: cudnnCreate succeeds (the cuDNN tests on the GPU cover it)")
 
 needs_cxx = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
                                reason="the CUDA emulator needs g++")
@@ -58,6 +65,7 @@ def test_the_library_loads_from_the_wheel_and_reports_its_version():
 
 @pytest.mark.skipif(_wheel_version() is None, reason="nvidia-cudnn-cu13 is not installed")
 def test_without_a_gpu_cudnnCreate_fails_and_the_reason_is_kept():
+    _skip_on_a_gpu()
     lib = cudnn.load_library()
     with pytest.raises(cudnn.CudnnError, match="cudnnCreate failed: CUDNN_STATUS_"):
         cudnn.Context(lib)
@@ -88,10 +96,12 @@ def test_gradcores_gpu_driver_without_a_gpu_falls_back_with_the_reason():
     libcudnn is loaded and cudnnCreate tried; it fails (no device) and the
     convolutions run im2col + cuBLAS, correct."""
     from gradcore.devices import nvcc_path
+    _skip_on_a_gpu()
     if nvcc_path() is None:
         pytest.skip("the fake GPU needs nvcc")
     import fake_pycuda
     be = fake_pycuda.make_backend()
+    cudnn.attach(be, None)      # undo the fake's refusal: the real library is tried, as on a GPU driver
     runtime.use(be)
     try:
         reason = cudnn.why_not(be)
@@ -340,7 +350,10 @@ def test_doctor_reports_the_convolution_path(capsys):
     if _wheel_version() is not None:
         assert lines["cuDNN"].split(None, 1)[1].startswith(f"{cudnn.version()} (") and "libcudnn.so" in lines["cuDNN"]
     conv = lines["convolutions"]
-    assert "im2col + cuBLAS" in conv or "no cuda device" in conv      # no GPU here: never "in use"
+    if gpu_unavailable_reason() is None and _wheel_version() is not None:
+        assert conv.split(None, 1)[1].startswith(f"in use: cuDNN {cudnn.version()}")
+    else:
+        assert "im2col + cuBLAS" in conv or "no cuda device" in conv      # no GPU here: never "in use"
 
 
 # ---------------------------------------------------------------- the other half of the policy: matmul

@@ -172,8 +172,26 @@ def test_torch_cuda_shares_memory_both_ways(real_gpu):
     assert z.data_ptr() == t._data.ptr
 
 
+def _cupy():
+    """CuPy, or a skip saying why: its import is tried in a child process first, because a CuPy
+    built against other library versions can crash the interpreter while importing (seen on a GPU
+    machine: ml_dtypes segfaulting under a newer NumPy)."""
+    import subprocess
+    import sys
+    import importlib.util
+    if importlib.util.find_spec("cupy") is None:
+        pytest.skip("CuPy is not installed")
+    probe = subprocess.run([sys.executable, "-c", "import cupy; cupy.zeros(1)"], capture_output=True, text=True,
+                           timeout=300)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["(no message)"])[-1]
+        pytest.skip(f"CuPy is installed but does not import here (exit {probe.returncode}: {last})")
+    import cupy
+    return cupy
+
+
 def test_cupy_shares_memory_both_ways(real_gpu):
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    cupy = _cupy()
     a = cupy.zeros(3, dtype=cupy.float32)
     t = gc.from_dlpack(a)
     a[0] = 4
