@@ -421,6 +421,12 @@ def _usable(be, dtype, *arrays) -> Optional[Context]:
     for a in arrays:        # the legacy API counts elements (and dimensions) in int
         if a.size > _INT32_MAX or max(a.shape, default=0) > _INT32_MAX:
             return None
+    # while a CUDA graph is captured, gradcore's work goes to the capture stream: cuDNN's must too,
+    # or it runs once during the capture and never in a replay
+    stream = getattr(be.driver, "capture_stream", 0) or 0
+    if stream != ctx.stream:
+        ctx.lib.check(ctx.lib.cudnnSetStream(ctx.handle, stream or None), "cudnnSetStream")
+        ctx.stream = stream
     return ctx
 
 

@@ -106,6 +106,12 @@ class PyCudaDriver:
 
     capture_allocating = False     # set by a CUDA graph's pool: the one allocator a capture permits
 
+    @property
+    def capture_stream(self) -> int:
+        """The stream a CUDA graph is being captured on; 0 when none (libraries
+        with streams of their own, cuDNN, follow it)."""
+        return self._capture_stream
+
     # ---------------------------------------------------------------- memory
     def alloc(self, nbytes: int):
         if self._capture_stream and not self.capture_allocating:

@@ -111,8 +111,11 @@ class FakeCudnn:
         return 0
 
     def _cudnnSetStream(self, handle, stream):
-        assert handle == HANDLE and not stream, "gradcore works on the default stream"
+        # the default stream, or a CUDA graph's capture stream while one is captured
+        assert handle == HANDLE, f"handle {handle} was not made by cudnnCreate"
         self.stream_set = True
+        self.stream = stream or 0
+        self.calls.append(("cudnnSetStream", {"stream": self.stream}))
         return 0
 
     def _check_handle(self, handle):

@@ -224,6 +224,8 @@ def test_each_source_compiles_once(fresh_backend, monkeypatch):
     """Both configurations of every op (the convolutions on both cuda paths)
     load and compile each kernel source once: the second one adds nothing."""
     be, loads = fresh_backend
+    from gradcore.cuda import cudnn
+    monkeypatch.setattr(cudnn, "enabled", False)     # gradcore's own kernels (on a GPU cuDNN runs these)
     counts = []
     for config in CONFIGS:
         for gemm in (True, False):

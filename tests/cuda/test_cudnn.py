@@ -135,6 +135,23 @@ def fake(monkeypatch):
     assert f.errors == [], "the fake cuDNN saw malformed calls:\n" + "\n".join(f.errors)
 
 
+def test_cudnn_follows_a_cuda_graphs_capture_stream(fake, monkeypatch):
+    """While a graph is captured, cuDNN's work must go to the capture stream (else it runs once,
+    during the capture, and a replay skips it: found on an H100); afterwards, the default stream."""
+    be = fake.backend
+    x, w = gc.Tensor(_rand(1, 2, 5, 5), device="cuda"), gc.Tensor(_rand(3, 2, 3, 3), device="cuda")
+    F.conv2d(x, w)
+    assert fake.stream == 0
+    monkeypatch.setattr(type(be.driver), "capture_stream", 0x5EED, raising=False)
+    F.conv2d(x, w), F.max_pool2d(x, 2)
+    assert fake.stream == 0x5EED
+    monkeypatch.setattr(type(be.driver), "capture_stream", 0, raising=False)
+    F.conv2d(x, w)
+    assert fake.stream == 0
+    streams = [c[1]["stream"] for c in fake.calls if c[0] == "cudnnSetStream"]
+    assert streams == [0, 0x5EED, 0]          # set when it changes, not per call
+
+
 def _conv_cpu64(x, w, **kw):
     return F.conv2d(gc.Tensor(x.astype(np.float64)), gc.Tensor(w.astype(np.float64)), **kw).numpy()
 
