@@ -47,7 +47,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ._core import Tensor
+from .._core import Tensor
 
 __all__ = [
     "DistributedError", "init", "is_distributed", "is_initialized", "get_rank",
@@ -279,7 +279,7 @@ def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout=None) 
     if _state.size == 1:
         return
     _check_same_parameters(params, "broadcast_parameters", timeout)
-    from . import _core
+    from .. import _core
     by_dtype: Dict[np.dtype, List[Tensor]] = {}
     for p in params:
         by_dtype.setdefault(np.dtype(p.dtype), []).append(p)
@@ -471,7 +471,7 @@ class AllreduceCallback:
             st.next_send += 1
 
     def __call__(self, tensor, grad):
-        from .autodiff import get_backwarding_grad_manager
+        from ..autodiff import get_backwarding_grad_manager
         gm = get_backwarding_grad_manager()
         if gm is None:
             raise DistributedError("the allreduce callback runs inside GradManager.backward: "

@@ -1,0 +1,566 @@
+"""Differentiable collectives over MPI, with MegEngine's names
+(``megengine.distributed.functional``): they sit inside a model and their
+backward is the adjoint collective::
+
+    import gradcore.distributed as dist
+    import gradcore.distributed.functional as DF
+
+    dist.init()                                  # under mpirun -n N
+    y = DF.all_to_all(x, split_axis=0, concat_axis=1)
+    z = DF.all_reduce_sum(y)                     # every rank: the sum over ranks
+    gm.backward(loss(z))                         # the adjoints run as collectives too
+
+Each collective is an op (``gradcore.op.Op``) whose CPU kernel calls MPI
+with non-blocking requests waited for up to a deadline (``dist.init(timeout=)``
+or ``GRADCORE_DIST_TIMEOUT``), so a rank that died or called something else
+gives a :class:`~gradcore.distributed.DistributedError` instead of a hang.
+Before the data moves, the ranks exchange the shape and dtype each one
+passes; a mismatch is reported on every rank, naming the ranks and shapes.
+
+| forward | its adjoint (the backward) |
+| --- | --- |
+| ``all_reduce_sum`` | ``all_reduce_sum`` |
+| ``all_reduce_max`` / ``min`` | the summed gradient where a rank holds the extreme (ties share it) |
+| ``all_gather(axis)`` | ``reduce_scatter_sum(axis)`` |
+| ``reduce_scatter_sum(axis)`` | ``all_gather(axis)`` |
+| ``all_to_all(split_axis, concat_axis)`` | ``all_to_all(concat_axis, split_axis)`` |
+| ``broadcast(root)`` | ``reduce_sum(root)`` |
+| ``reduce_sum(root)`` | ``broadcast(root)`` |
+| ``scatter(root, axis)`` | ``gather(root, axis)`` |
+| ``gather(root, axis)`` | ``scatter(root, axis)`` |
+| ``remote_send(dest)`` | a receive of the gradient from ``dest`` |
+| ``remote_recv(src)`` | a send of the gradient to ``src`` |
+
+Every rank must run the same collectives in the same order, forward and
+backward. Rooted results (``gather``, ``reduce_sum``) are the data on the
+root and, on the other ranks, an empty tensor (``gather``) or zeros
+(``reduce_sum``) where MegEngine returns None: pass them to
+``gm.backward`` with the rank's other outputs so that the adjoint runs on
+every rank. ``remote_send`` returns such a token too. Collectives run on
+``cpu`` tensors; groups other than the whole world (``WORLD``) are not
+supported yet and are refused by name.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import _core
+from ..op import Op, TensorDesc
+from . import DistributedError, _state, _wait, launched_by_mpi
+
+__all__ = ["WORLD", "Group", "all_reduce_sum", "all_reduce_max", "all_reduce_min", "all_gather",
+           "reduce_scatter_sum", "all_to_all", "broadcast", "reduce_sum", "scatter", "gather",
+           "remote_send", "remote_recv"]
+
+_MAXDIM = 16
+_TAG_HEADER, _TAG_DATA = 7301, 7302      # point-to-point tags of remote_send / remote_recv
+
+
+class Group:
+    """A set of ranks a collective runs over. Only the whole world
+    (``WORLD``) exists for now."""
+
+    def __init__(self, ranks: Optional[Sequence[int]] = None):
+        self.ranks = None if ranks is None else tuple(int(r) for r in ranks)
+
+    def __repr__(self):
+        return "WORLD" if self.ranks is None else f"Group({list(self.ranks)})"
+
+
+WORLD = Group()
+
+
+# ---------------------------------------------------------------- MPI plumbing
+def _comm(name: str):
+    """The communicator; a clear error when this is no MPI run."""
+    if _state.comm is None:
+        if launched_by_mpi() == 0:
+            raise DistributedError(f"{name}: called outside an MPI run: start the script with "
+                                   f"`mpirun -n N python script.py` (or call gradcore.distributed.init() "
+                                   f"first for a world of one)")
+        from . import init
+        init()
+    return _state.comm
+
+
+def _group(group, name: str) -> None:
+    if group is None or group is WORLD or (isinstance(group, Group) and group.ranks is None):
+        return
+    raise DistributedError(f"{name}: the group {group!r} does not exist: only WORLD (every rank) is "
+                           f"supported")
+
+
+def _header(a: np.ndarray) -> np.ndarray:
+    if a.ndim > _MAXDIM:
+        raise DistributedError(f"collectives take at most {_MAXDIM} dimensions, got {a.ndim}")
+    h = np.full(_MAXDIM + 2, -1, np.int64)
+    h[0], h[1] = a.ndim, a.dtype.num
+    h[2:2 + a.ndim] = a.shape
+    return h
+
+
+# NumPy's type numbers of the dtypes a collective may carry (headers send the number)
+_DTYPES = {np.dtype(t).num: np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+                                                   np.uint32, np.int64, np.uint64, np.float16, np.float32,
+                                                   np.float64)}
+
+
+def _describe(h: np.ndarray) -> str:
+    ndim, num = int(h[0]), int(h[1])
+    return f"{tuple(int(d) for d in h[2:2 + ndim])} {_DTYPES.get(num, f'dtype #{num}')}"
+
+
+def _agree(comm, what: str, a: np.ndarray, compare_shapes: bool = True) -> None:
+    """Every rank passes the same shape and dtype (or the same dtype only), or every rank
+    raises the same error naming them."""
+    mine = _header(a)
+    every = np.empty((comm.Get_size(), mine.size), np.int64)
+    _wait(comm.Iallgather(mine, every), f"{what} (exchanging shapes)")
+    keys = every if compare_shapes else every[:, :2]
+    if not (keys == keys[0]).all():
+        listing = "; ".join(f"rank {r}: {_describe(h)}" for r, h in enumerate(every))
+        raise DistributedError(f"{what}: the ranks passed different {'shapes or ' if compare_shapes else ''}"
+                               f"dtypes ({listing})")
+
+
+def _world_size() -> int:
+    return _state.size if _state.comm is not None else max(1, launched_by_mpi())
+
+
+def _rank() -> int:
+    return _state.rank if _state.comm is not None else 0
+
+
+_MPI_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
+
+
+class _Collective(Op):
+    """What every collective shares: a CPU kernel only, a name in errors."""
+
+    devices = ("cpu",)
+
+    def _check_dtype(self, x):
+        if x.dtype == np.bool_ or x.dtype.kind not in "iuf":
+            raise self.error(f"needs a numeric (integer or floating-point) tensor, got {x.dtype}", x)
+
+
+# ---------------------------------------------------------------- the ops
+class AllReduce(_Collective):
+    """The elementwise sum, maximum or minimum over the ranks, on every rank."""
+
+    def __init__(self, mode: str = "sum"):
+        if mode not in _MPI_OPS:
+            raise ValueError(f"AllReduce: mode must be one of {sorted(_MPI_OPS)}, got {mode!r}")
+        self.mode = mode
+
+    def infer(self, x):
+        self._check_dtype(x)
+        return (x,)
+
+    def cpu(self, x):
+        comm = _comm(repr(self))
+        x = np.ascontiguousarray(x)
+        _agree(comm, repr(self), x)
+        out = np.empty_like(x)
+        _wait(comm.Iallreduce(x, out, op=getattr(_state.MPI, _MPI_OPS[self.mode])), repr(self))
+        return out
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (y,), (g,) = inputs, outputs, grads
+        total = AllReduce("sum")(g)
+        if self.mode == "sum":
+            return (total,)
+        held = (x == y).astype(g.dtype)            # the ranks holding the extreme share its gradient
+        return (total * held / AllReduce("sum")(held),)
+
+
+class AllGather(_Collective):
+    """Every rank's tensor, concatenated along ``axis`` in rank order, on every rank."""
+
+    def __init__(self, axis: int = 0):
+        self.axis = int(axis)
+
+    def infer(self, x):
+        self._check_dtype(x)
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        axis = _axis(self, x, self.axis)
+        shape = list(x.shape)
+        shape[axis] *= _world_size()
+        return (TensorDesc(tuple(shape), x.dtype, x.device),)
+
+    def cpu(self, x):
+        comm = _comm(repr(self))
+        x = np.ascontiguousarray(x)
+        _agree(comm, repr(self), x)
+        parts = np.empty((comm.Get_size(),) + x.shape, x.dtype)
+        _wait(comm.Iallgather(x, parts), repr(self))
+        return np.concatenate(list(parts), axis=self.axis)
+
+    def vjp(self, inputs, outputs, grads):
+        return (ReduceScatterSum(self.axis)(grads[0]),)
+
+
+class ReduceScatterSum(_Collective):
+    """The sum over the ranks, split along ``axis`` into one part per rank: rank r gets part r."""
+
+    def __init__(self, axis: int = 0):
+        self.axis = int(axis)
+
+    def infer(self, x):
+        self._check_dtype(x)
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        axis, size = _axis(self, x, self.axis), _world_size()
+        if x.shape[axis] % size:
+            raise self.error(f"axis {self.axis} has {x.shape[axis]} elements, not a multiple of the "
+                             f"{size} ranks", x)
+        shape = list(x.shape)
+        shape[axis] //= size
+        return (TensorDesc(tuple(shape), x.dtype, x.device),)
+
+    def cpu(self, x):
+        comm = _comm(repr(self))
+        _agree(comm, repr(self), np.ascontiguousarray(x))
+        parts = np.ascontiguousarray(np.stack(np.split(x, comm.Get_size(), axis=self.axis)))
+        total = np.empty_like(parts)
+        _wait(comm.Iallreduce(parts, total, op=_state.MPI.SUM), repr(self))
+        return np.ascontiguousarray(total[comm.Get_rank()])
+
+    def vjp(self, inputs, outputs, grads):
+        return (AllGather(self.axis)(grads[0]),)
+
+
+class AllToAll(_Collective):
+    """Split along ``split_axis`` into one part per rank, send part k to rank k, and
+    concatenate what arrives along ``concat_axis`` in rank order."""
+
+    def __init__(self, split_axis: int = 0, concat_axis: int = 0):
+        self.split_axis, self.concat_axis = int(split_axis), int(concat_axis)
+
+    def infer(self, x):
+        self._check_dtype(x)
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        s, c, size = _axis(self, x, self.split_axis), _axis(self, x, self.concat_axis), _world_size()
+        if x.shape[s] % size:
+            raise self.error(f"split_axis {self.split_axis} has {x.shape[s]} elements, not a multiple of "
+                             f"the {size} ranks", x)
+        shape = list(x.shape)
+        shape[s] //= size
+        shape[c] *= size
+        return (TensorDesc(tuple(shape), x.dtype, x.device),)
+
+    def cpu(self, x):
+        comm = _comm(repr(self))
+        _agree(comm, repr(self), np.ascontiguousarray(x))
+        send = np.ascontiguousarray(np.stack(np.split(x, comm.Get_size(), axis=self.split_axis)))
+        recv = np.empty_like(send)
+        _wait(comm.Ialltoall(send, recv), repr(self))
+        return np.concatenate(list(recv), axis=self.concat_axis)
+
+    def vjp(self, inputs, outputs, grads):
+        return (AllToAll(self.concat_axis, self.split_axis)(grads[0]),)
+
+
+class Broadcast(_Collective):
+    """The root's tensor on every rank (every rank passes one of the same shape and dtype)."""
+
+    def __init__(self, root: int = 0):
+        self.root = int(root)
+
+    def infer(self, x):
+        self._check_dtype(x)
+        _check_root(self, self.root)
+        return (x,)
+
+    def cpu(self, x):
+        comm = _comm(repr(self))
+        buf = np.array(x, copy=True, order="C")
+        _agree(comm, repr(self), buf)
+        _wait(comm.Ibcast(buf, root=self.root), repr(self))
+        return buf
+
+    def vjp(self, inputs, outputs, grads):
+        return (ReduceSum(self.root)(grads[0]),)
+
+
+class ReduceSum(_Collective):
+    """The sum over the ranks on the root; zeros of the same shape on the other ranks."""
+
+    def __init__(self, root: int = 0):
+        self.root = int(root)
+
+    def infer(self, x):
+        self._check_dtype(x)
+        _check_root(self, self.root)
+        return (x,)
+
+    def cpu(self, x):
+        comm = _comm(repr(self))
+        x = np.ascontiguousarray(x)
+        _agree(comm, repr(self), x)
+        out = np.zeros_like(x)
+        _wait(comm.Ireduce(x, out, op=_state.MPI.SUM, root=self.root), repr(self))
+        if comm.Get_rank() != self.root:
+            out[...] = 0
+        return out
+
+    def vjp(self, inputs, outputs, grads):
+        return (Broadcast(self.root)(grads[0]),)
+
+
+class Scatter(_Collective):
+    """``Scatter(root, axis)(src, like)``: the root's ``src`` split along ``axis`` into one
+    part per rank, part r on rank r, shaped as ``like`` (the other ranks' ``src`` is not read)."""
+
+    def __init__(self, root: int = 0, axis: int = 0):
+        self.root, self.axis = int(root), int(axis)
+
+    def infer(self, src, like):
+        self._check_dtype(src)
+        _check_root(self, self.root)
+        return (TensorDesc(like.shape, src.dtype, src.device),)
+
+    def cpu(self, src, like):
+        comm = _comm(repr(self))
+        out = np.empty(like.shape, src.dtype)
+        _agree(comm, repr(self), out)
+        parts = None
+        if comm.Get_rank() == self.root:
+            size = comm.Get_size()
+            if like.ndim == 0 or src.ndim != like.ndim or src.shape[self.axis] != like.shape[self.axis] * size:
+                raise DistributedError(f"{self!r}: the root's tensor {src.shape} does not split into "
+                                       f"{comm.Get_size()} parts of {like.shape}")
+            parts = np.ascontiguousarray(np.stack(np.split(src, comm.Get_size(), axis=self.axis)))
+        _wait(comm.Iscatter(parts, out, root=self.root), repr(self))
+        return out
+
+    def vjp(self, inputs, outputs, grads):
+        return (Gather(self.root, self.axis)(grads[0], inputs[0]), None)
+
+
+class Gather(_Collective):
+    """``Gather(root, axis)(x, like)``: every rank's ``x`` concatenated along ``axis`` in rank
+    order on the root, shaped as ``like``; zeros shaped as ``like`` on the other ranks."""
+
+    def __init__(self, root: int = 0, axis: int = 0):
+        self.root, self.axis = int(root), int(axis)
+
+    def infer(self, x, like):
+        self._check_dtype(x)
+        _check_root(self, self.root)
+        return (TensorDesc(like.shape, x.dtype, x.device),)
+
+    def cpu(self, x, like):
+        comm = _comm(repr(self))
+        x = np.ascontiguousarray(x)
+        _agree(comm, repr(self), x)
+        root = comm.Get_rank() == self.root
+        parts = np.empty((comm.Get_size(),) + x.shape, x.dtype) if root else None
+        _wait(comm.Igather(x, parts, root=self.root), repr(self))
+        if not root:
+            return np.zeros(like.shape, x.dtype)
+        return np.concatenate(list(parts), axis=self.axis).reshape(like.shape)
+
+    def vjp(self, inputs, outputs, grads):
+        return (Scatter(self.root, self.axis)(grads[0], inputs[0]), None)
+
+
+class RemoteSend(_Collective):
+    """Send ``x`` to rank ``dest``; the output is an empty token whose backward receives the
+    gradient of ``x`` from ``dest``."""
+
+    def __init__(self, dest: int):
+        self.dest = int(dest)
+
+    def infer(self, x):
+        self._check_dtype(x)
+        _check_peer(self, self.dest)
+        return (TensorDesc((0,), np.dtype(np.float32), x.device),)
+
+    def cpu(self, x):
+        comm = _comm(repr(self))
+        x = np.ascontiguousarray(x)
+        _wait([comm.Isend(_header(x), dest=self.dest, tag=_TAG_HEADER),
+               comm.Isend(x, dest=self.dest, tag=_TAG_DATA)], repr(self))
+        return np.zeros(0, np.float32)
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return (RemoteRecv(self.dest)(g, x),)
+
+
+class RemoteRecv(_Collective):
+    """``RemoteRecv(src)(token, like)``: a tensor shaped and typed as ``like`` from rank
+    ``src`` (the sender's shape and dtype are checked). Its backward sends the gradient to
+    ``src`` and returns it as the token's gradient (an empty tensor)."""
+
+    def __init__(self, src: int):
+        self.src = int(src)
+
+    def infer(self, token, like):
+        _check_peer(self, self.src)
+        return (TensorDesc(like.shape, like.dtype, like.device),)
+
+    def cpu(self, token, like):
+        comm = _comm(repr(self))
+        header = np.empty(_MAXDIM + 2, np.int64)
+        out = np.empty(like.shape, like.dtype)
+        _wait(comm.Irecv(header, source=self.src, tag=_TAG_HEADER), repr(self))
+        if not (header == _header(out)).all():
+            # take the data off the wire all the same, so that the next message is not this one
+            ndim = int(header[0])
+            junk = np.empty(tuple(int(d) for d in header[2:2 + ndim]), _DTYPES.get(int(header[1]), np.uint8))
+            _wait(comm.Irecv(junk, source=self.src, tag=_TAG_DATA), repr(self))
+            raise DistributedError(f"{self!r}: rank {self.src} sent {_describe(header)}, this rank expected "
+                                   f"{_describe(_header(out))}")
+        _wait(comm.Irecv(out, source=self.src, tag=_TAG_DATA), repr(self))
+        return out
+
+    def vjp(self, inputs, outputs, grads):
+        # the token's gradient (zeros of its shape) depends on the send, so the send runs
+        sent = RemoteSend(self.src)(grads[0])
+        return (sent.sum().astype(inputs[0].dtype) + inputs[0] * 0, None)
+
+
+def _axis(op, x, axis: int) -> int:
+    if not -x.ndim <= axis < x.ndim:
+        raise op.error(f"axis {axis} is out of range for a tensor of {x.ndim} dimensions", x)
+    return axis % x.ndim
+
+
+def _check_root(op, root: int) -> None:
+    size = _world_size()
+    if not 0 <= root < size:
+        raise op.error(f"root {root} is not a rank of the world of {size}")
+
+
+def _check_peer(op, peer: int) -> None:
+    size = _world_size()
+    if not 0 <= peer < size:
+        raise op.error(f"rank {peer} is not a rank of the world of {size}")
+    if peer == _rank():
+        raise op.error(f"rank {peer} is this rank: send to and receive from another rank")
+
+
+# ---------------------------------------------------------------- the functions (MegEngine's names)
+def _tensor(inp, name: str) -> _core.Tensor:
+    if not isinstance(inp, _core.Tensor):
+        raise TypeError(f"{name}: expected a Tensor, got {type(inp).__name__}")
+    _comm(name)
+    return inp
+
+
+def all_reduce_sum(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
+    """The elementwise sum of ``inp`` over the ranks, on every rank. Example:
+    ``all_reduce_sum(gc.tensor([float(rank)]))`` is ``[0 + 1 + ...]`` everywhere."""
+    _group(group, "all_reduce_sum")
+    return AllReduce("sum")(_tensor(inp, "all_reduce_sum"))
+
+
+def all_reduce_max(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
+    """The elementwise maximum over the ranks, on every rank; its gradient goes to the rank(s)
+    holding the maximum (shared evenly among ties). Example: ``all_reduce_max(x)``."""
+    _group(group, "all_reduce_max")
+    return AllReduce("max")(_tensor(inp, "all_reduce_max"))
+
+
+def all_reduce_min(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
+    """The elementwise minimum over the ranks, on every rank (gradient as ``all_reduce_max``).
+    Example: ``all_reduce_min(x)``."""
+    _group(group, "all_reduce_min")
+    return AllReduce("min")(_tensor(inp, "all_reduce_min"))
+
+
+def all_gather(inp: _core.Tensor, group: Group = WORLD, axis: int = 0) -> _core.Tensor:
+    """Every rank's ``inp`` concatenated along ``axis`` in rank order, on every rank.
+    Example: with 2 ranks, ``all_gather(x)`` of shape (3,) has shape (6,)."""
+    _group(group, "all_gather")
+    return AllGather(axis)(_tensor(inp, "all_gather"))
+
+
+def reduce_scatter_sum(inp: _core.Tensor, group: Group = WORLD, axis: int = 0) -> _core.Tensor:
+    """The sum over the ranks split along ``axis``: rank r gets part r. Example: with 2
+    ranks, ``reduce_scatter_sum(x)`` of shape (4,) has shape (2,)."""
+    _group(group, "reduce_scatter_sum")
+    return ReduceScatterSum(axis)(_tensor(inp, "reduce_scatter_sum"))
+
+
+def all_to_all(inp: _core.Tensor, group: Group = WORLD, split_axis: int = 0,
+               concat_axis: int = 0) -> _core.Tensor:
+    """Split ``inp`` along ``split_axis`` into one part per rank, send part k to rank k,
+    concatenate what arrives along ``concat_axis`` (rank order). Example: a table's rows
+    sharded by rank, looked up by every rank: ``all_to_all(rows, split_axis=0, concat_axis=0)``."""
+    _group(group, "all_to_all")
+    return AllToAll(split_axis, concat_axis)(_tensor(inp, "all_to_all"))
+
+
+def broadcast(inp: _core.Tensor, group: Group = WORLD, root: int = 0) -> _core.Tensor:
+    """The root's ``inp`` on every rank (each rank passes a tensor of that shape and dtype).
+    Example: ``broadcast(x, root=0)``."""
+    _group(group, "broadcast")
+    return Broadcast(root)(_tensor(inp, "broadcast"))
+
+
+def reduce_sum(inp: _core.Tensor, group: Group = WORLD, root: int = 0) -> _core.Tensor:
+    """The sum over the ranks on ``root``; zeros of the same shape elsewhere (MegEngine:
+    None). Example: ``total = reduce_sum(x, root=0)``."""
+    _group(group, "reduce_sum")
+    return ReduceSum(root)(_tensor(inp, "reduce_sum"))
+
+
+def scatter(inp: _core.Tensor, group: Group = WORLD, root: int = 0, axis: int = 0) -> _core.Tensor:
+    """The root's ``inp`` split along ``axis`` into one part per rank: rank r gets part r
+    (every rank passes a tensor of the root's shape; only the root's is read). Example: with 2
+    ranks, ``scatter(x)`` of shape (4, 3) is (2, 3) on each."""
+    _group(group, "scatter")
+    x = _tensor(inp, "scatter")
+    size = _world_size()
+    shape = list(x.shape)
+    if not shape or not -len(shape) <= axis < len(shape) or shape[axis] % size:
+        raise DistributedError(f"scatter: a tensor of shape {tuple(x.shape)} does not split along axis "
+                               f"{axis} into {size} equal parts")
+    shape[axis] //= size
+    return Scatter(root, axis)(x, _core.Tensor(np.zeros(shape, np.dtype(x.dtype))))
+
+
+def gather(inp: _core.Tensor, group: Group = WORLD, root: int = 0, axis: int = 0) -> _core.Tensor:
+    """Every rank's ``inp`` concatenated along ``axis`` (rank order) on ``root``; on the other
+    ranks an empty tensor (MegEngine: None) to pass to ``gm.backward`` with the rank's other
+    outputs, so that the adjoint scatter runs there too. Example: ``g = gather(x, root=0)``."""
+    _group(group, "gather")
+    x = _tensor(inp, "gather")
+    shape = list(x.shape)
+    if not shape or not -len(shape) <= axis < len(shape):
+        raise DistributedError(f"gather: axis {axis} is out of range for a tensor of shape {tuple(shape)}")
+    if _rank() == root:
+        shape[axis] *= _world_size()
+    else:
+        shape = [0]
+    return Gather(root, axis)(x, _core.Tensor(np.zeros(shape, np.dtype(x.dtype))))
+
+
+def remote_send(inp: _core.Tensor, dest_rank: int) -> _core.Tensor:
+    """Send ``inp`` to rank ``dest_rank``. Returns an empty token: pass it to ``gm.backward``
+    (with the rank's other outputs, if any) so that the gradient coming back from
+    ``dest_rank`` reaches ``inp``. Example: ``token = remote_send(x, 1)``."""
+    return RemoteSend(dest_rank)(_tensor(inp, "remote_send"))
+
+
+def remote_recv(src_rank: int, shape: Sequence[int], dtype="float32", device: Optional[str] = None,
+                inp: Optional[_core.Tensor] = None) -> _core.Tensor:
+    """A tensor of ``shape`` and ``dtype`` sent by rank ``src_rank`` (its shape and dtype are
+    checked against the sender's). For a gradient to flow back to the sender, give an ``inp``
+    tracked by the recording GradManager (an empty float32 tensor attached to it; as
+    MegEngine's dummy input). Example: ``y = remote_recv(0, (2, 3), "float32", inp=dummy)``."""
+    _comm("remote_recv")
+    if device not in (None, "cpu"):
+        raise DistributedError(f"remote_recv: collectives run on the cpu, got device {device!r}")
+    token = inp if inp is not None else _core.Tensor(np.zeros(0, np.float32))
+    if not isinstance(token, _core.Tensor):
+        raise TypeError(f"remote_recv: inp must be a Tensor, got {type(token).__name__}")
+    like = _core.Tensor(np.zeros(tuple(int(d) for d in shape), np.dtype(dtype)))
+    return RemoteRecv(src_rank)(token, like)

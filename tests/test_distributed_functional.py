@@ -1,0 +1,176 @@
+"""Differentiable collectives (gradcore.distributed.functional) under ``mpirun -n 2`` and
+``-n 3``: each rank computes ``loss_r = sum(w_r * collective(x_r))`` and its gradient; the
+test recomputes every rank's output and gradient in one process with ordinary ops on all
+the ranks' tensors (concat, split, sums) and compares."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.distributed as dist
+import gradcore.functional as F
+from gradcore.autodiff import GradManager
+
+from test_distributed import MPIRUN, needs_mpi
+
+SHAPE = (6, 6)          # divisible by 2 and 3 along both axes
+CASES = ["all_reduce_sum", "all_reduce_max", "all_reduce_min", "all_gather", "reduce_scatter_sum",
+         "all_to_all", "broadcast", "reduce_sum", "scatter", "gather", "send_recv"]
+
+WORKER = textwrap.dedent(r'''
+    import json, sys
+    import numpy as np
+    import gradcore as gc
+    import gradcore.distributed as dist
+    import gradcore.distributed.functional as DF
+    from gradcore.autodiff import GradManager
+
+    out, cases = sys.argv[1], sys.argv[2].split(",")
+    dist.init(timeout=60)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    result = {}
+    for case in cases:
+        x = gc.tensor(np.random.default_rng(10 + rank).standard_normal((6, 6)), dtype="float64")
+        w = np.random.default_rng(100 + rank).standard_normal
+        gm = GradManager().attach(x)
+        with gm:
+            if case == "all_reduce_sum":
+                y = DF.all_reduce_sum(x)
+            elif case == "all_reduce_max":
+                y = DF.all_reduce_max(x)
+            elif case == "all_reduce_min":
+                y = DF.all_reduce_min(x)
+            elif case == "all_gather":
+                y = DF.all_gather(x, axis=1)
+            elif case == "reduce_scatter_sum":
+                y = DF.reduce_scatter_sum(x, axis=0)
+            elif case == "all_to_all":
+                y = DF.all_to_all(x, split_axis=0, concat_axis=1)
+            elif case == "broadcast":
+                y = DF.broadcast(x, root=1)
+            elif case == "reduce_sum":
+                y = DF.reduce_sum(x, root=1)
+            elif case == "scatter":
+                y = DF.scatter(x, root=1, axis=1)
+            elif case == "gather":
+                y = DF.gather(x, root=1, axis=0)
+            elif case == "send_recv":       # rank 0 sends to the last rank; the others look on
+                if rank == 0:
+                    y = DF.remote_send(x, size - 1)
+                elif rank == size - 1:
+                    dummy = gc.tensor(np.zeros(0, np.float32))
+                    gm.attach(dummy)
+                    y = DF.remote_recv(0, (6, 6), "float64", inp=dummy)
+                else:
+                    y = x * 0
+            loss = (y * gc.tensor(w(y.shape))).sum()
+            gm.backward(loss)
+        result[case] = {"y": y.numpy().tolist(), "shape": list(y.shape),
+                        "grad": None if x.grad is None else x.grad.numpy().tolist()}
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump(result, f)
+''')
+
+
+def _run(tmp_path, n, cases):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    res = subprocess.run([MPIRUN, "--oversubscribe", "-n", str(n), sys.executable, str(script), str(tmp_path),
+                          ",".join(cases)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def _reference(case, n):
+    """(outputs, gradients) of every rank, computed in one process."""
+    xs = [gc.tensor(np.random.default_rng(10 + r).standard_normal(SHAPE), dtype="float64") for r in range(n)]
+    gm = GradManager().attach(xs)
+    with gm:
+        if case == "all_reduce_sum":
+            ys = [xs[0] + sum(xs[1:])] * n
+        elif case in ("all_reduce_max", "all_reduce_min"):
+            reduce = F.max if case.endswith("max") else F.min
+            ys = [reduce(F.stack(xs), axis=0)] * n
+        elif case == "all_gather":
+            ys = [F.concat(xs, axis=1)] * n
+        elif case == "reduce_scatter_sum":
+            ys = F.split(xs[0] + sum(xs[1:]), n, axis=0)
+        elif case == "all_to_all":
+            ys = [F.concat([F.split(x, n, axis=0)[r] for x in xs], axis=1) for r in range(n)]
+        elif case == "broadcast":
+            ys = [xs[1]] * n
+        elif case == "reduce_sum":
+            ys = [xs[0] + sum(xs[1:]) if r == 1 else xs[r] * 0 for r in range(n)]
+        elif case == "scatter":
+            ys = F.split(xs[1], n, axis=1)
+        elif case == "gather":
+            ys = [F.concat(xs, axis=0) if r == 1 else gc.tensor(np.zeros(0)) for r in range(n)]
+        elif case == "send_recv":
+            ys = [gc.tensor(np.zeros(0, np.float32))] + [xs[r] * 0 for r in range(1, n - 1)] + [xs[0]]
+        losses = [(y * gc.tensor(np.random.default_rng(100 + r).standard_normal(tuple(y.shape)))).sum()
+                  for r, y in enumerate(ys)]
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        gm.backward(total)
+    return [y.numpy() for y in ys], [None if x.grad is None else x.grad.numpy() for x in xs]
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_and_its_gradient_match_one_process(tmp_path, n):
+    ranks = _run(tmp_path, n, CASES)
+    for case in CASES:
+        ys, grads = _reference(case, n)
+        for r in range(n):
+            got = ranks[r][case]
+            np.testing.assert_allclose(np.array(got["y"]).reshape(got["shape"]), ys[r], rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{case}, rank {r} of {n}: output")
+            want = grads[r] if grads[r] is not None else np.zeros(SHAPE)
+            gotg = np.zeros(SHAPE) if got["grad"] is None else np.array(got["grad"])
+            np.testing.assert_allclose(gotg, want, rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{case}, rank {r} of {n}: gradient")
+
+
+BAD = textwrap.dedent(r'''
+    import sys
+    import numpy as np
+    import gradcore as gc
+    import gradcore.distributed as dist
+    import gradcore.distributed.functional as DF
+
+    dist.init(timeout=20, abort_on_error=False)
+    rank = dist.get_rank()
+    try:
+        DF.all_reduce_sum(gc.tensor(np.zeros(3 + rank, np.float32)))
+    except Exception as exc:        # the core names the op and the input shapes around it
+        print(f"rank {rank}: {type(exc.__cause__ or exc).__name__}: {exc}", flush=True)
+''')
+
+
+@needs_mpi
+def test_shapes_that_differ_across_ranks_are_reported_on_every_rank(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text(BAD)
+    res = subprocess.run([MPIRUN, "--oversubscribe", "-n", "2", sys.executable, str(script)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for r in range(2):
+        assert (f"rank {r}: DistributedError: AllReduce(mode='sum'): the ranks passed different shapes or "
+                f"dtypes (rank 0: (3,) float32; rank 1: (4,) float32)") in res.stdout, res.stdout
+
+
+def test_outside_an_mpi_run_a_collective_says_how_to_start_one(monkeypatch):
+    import gradcore.distributed.functional as DF
+    if dist.is_initialized():
+        pytest.skip("this process has initialised MPI already")
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_NTASKS", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(dist.DistributedError, match="called outside an MPI run: start the script with `mpirun"):
+        DF.all_gather(gc.tensor([1.0, 2.0]))
+    with pytest.raises(dist.DistributedError, match="the group Group\\(\\[0, 1\\]\\) does not exist"):
+        DF.all_gather(gc.tensor([1.0, 2.0]), group=DF.Group([0, 1]))
