@@ -3,6 +3,7 @@
 test recomputes every rank's output and gradient in one process with ordinary ops on all
 the ranks' tensors (concat, split, sums) and compares."""
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -76,10 +77,17 @@ WORKER = textwrap.dedent(r'''
 ''')
 
 
+def _mpirun(n):
+    cmd = [MPIRUN, "--oversubscribe", "-n", str(n)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd
+
+
 def _run(tmp_path, n, cases):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    res = subprocess.run([MPIRUN, "--oversubscribe", "-n", str(n), sys.executable, str(script), str(tmp_path),
+    res = subprocess.run([*_mpirun(n), sys.executable, str(script), str(tmp_path),
                           ",".join(cases)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
@@ -156,7 +164,7 @@ BAD = textwrap.dedent(r'''
 def test_shapes_that_differ_across_ranks_are_reported_on_every_rank(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text(BAD)
-    res = subprocess.run([MPIRUN, "--oversubscribe", "-n", "2", sys.executable, str(script)], capture_output=True,
+    res = subprocess.run([*_mpirun(2), sys.executable, str(script)], capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     for r in range(2):
@@ -174,3 +182,86 @@ def test_outside_an_mpi_run_a_collective_says_how_to_start_one(monkeypatch):
         DF.all_gather(gc.tensor([1.0, 2.0]))
     with pytest.raises(dist.DistributedError, match="the group Group\\(\\[0, 1\\]\\) does not exist"):
         DF.all_gather(gc.tensor([1.0, 2.0]), group=DF.Group([0, 1]))
+
+
+MODEL_PARALLEL = textwrap.dedent(r'''
+    """An embedding table sharded across the ranks, looked up through all_to_all, beside a
+    dense branch; every rank trains on its own batch. With one process (argv[3] == "whole")
+    the same model holds the whole table and sums the ranks' losses."""
+    import json, sys
+    import numpy as np
+    import gradcore as gc
+    import gradcore.functional as F
+    import gradcore.optimizer as optim
+    from gradcore.autodiff import GradManager
+
+    out, P, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    V, D, B, FD, STEPS = 6 * P, 4, 5, 3, 4
+    rng = np.random.default_rng(0)
+    table0 = rng.standard_normal((V, D))
+    wd0, wh0 = rng.standard_normal((FD, D)), rng.standard_normal((D, 1))
+    ids = rng.integers(0, V, (STEPS, P, B))
+    dense = rng.standard_normal((STEPS, P, B, FD))
+    target = rng.standard_normal((STEPS, P, B, 1))
+
+    def head(emb, x, wd, wh, t):
+        return (((F.relu(emb + F.matmul(x, wd)) @ wh) - t) ** 2).mean()
+
+    if mode == "whole":
+        table, wd, wh = (gc.Parameter(a.copy()) for a in (table0, wd0, wh0))
+        params = [table, wd, wh]
+        gm, opt = GradManager().attach(params), optim.SGD(params, lr=0.1)
+        for s in range(STEPS):
+            with gm:
+                losses = [head(table[ids[s, r]], gc.tensor(dense[s, r]), wd, wh, gc.tensor(target[s, r]))
+                          for r in range(P)]
+                total = losses[0]
+                for l in losses[1:]:
+                    total = total + l
+                gm.backward(total)
+            opt.step().clear_grad()
+        result = {"table": table.numpy().tolist(), "wd": wd.numpy().tolist(), "wh": wh.numpy().tolist()}
+    else:
+        import gradcore.distributed as dist
+        import gradcore.distributed.functional as DF
+        dist.init(timeout=60)
+        r, Vr = dist.get_rank(), V // P
+        shard = gc.Parameter(table0[r * Vr:(r + 1) * Vr].copy())
+        wd, wh = gc.Parameter(wd0.copy()), gc.Parameter(wh0.copy())
+        gm = GradManager().attach([shard])
+        gm.attach([wd, wh], callbacks=dist.make_allreduce_cb("sum"))   # replicated: gradients summed
+        opt = optim.SGD([shard, wd, wh], lr=0.1)
+        for s in range(STEPS):
+            local = ids[s].reshape(-1) - r * Vr                 # every rank's ids, in this shard's rows
+            mine = (local >= 0) & (local < Vr)
+            with gm:
+                rows = shard[np.where(mine, local, 0)] * gc.tensor(mine[:, None].astype(np.float64))
+                # part k (rank k's ids) goes to rank k; what arrives is summed over the owners
+                got = DF.all_to_all(rows, split_axis=0, concat_axis=1)
+                emb = got.reshape(B, P, D).sum(axis=1)
+                gm.backward(head(emb, gc.tensor(dense[s, r]), wd, wh, gc.tensor(target[s, r])))
+            opt.step().clear_grad()
+        whole = DF.all_gather(gc.tensor(shard.numpy()), axis=0)
+        result = {"table": whole.numpy().tolist(), "wd": wd.numpy().tolist(), "wh": wh.numpy().tolist()}
+        if r != 0:
+            sys.exit(0)
+    with open(f"{out}/{mode}.json", "w") as f:
+        json.dump(result, f)
+''')
+
+
+@needs_mpi
+def test_a_sharded_embedding_trains_as_one_process_holding_the_whole_table(tmp_path):
+    script = tmp_path / "model_parallel.py"
+    script.write_text(MODEL_PARALLEL)
+    whole = subprocess.run([sys.executable, str(script), str(tmp_path), "2", "whole"], capture_output=True,
+                           text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    sharded = subprocess.run([*_mpirun(2), sys.executable, str(script), str(tmp_path), "2",
+                              "sharded"], capture_output=True, text=True, timeout=300)
+    assert sharded.returncode == 0, sharded.stdout[-2000:] + sharded.stderr[-3000:]
+    a = json.loads((tmp_path / "whole.json").read_text())
+    b = json.loads((tmp_path / "sharded.json").read_text())
+    assert not np.allclose(a["table"], np.random.default_rng(0).standard_normal((12, 4)))   # it trained
+    for name in ("table", "wd", "wh"):
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-12, err_msg=name)
