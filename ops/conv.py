@@ -11,7 +11,8 @@ Four ops, each for every number of spatial axes::
 x is (N, C, *spatial) and w (O, C // groups, *kernel) (ConvTranspose: (C_in,
 C_out // groups, *kernel)); ``*_ref`` inputs are read for their shape only.
 An attribute is an int (the same on every spatial axis) or a tuple with one
-value per axis, which fixes the number of axes (the functional forms,
+value per axis, which fixes the number of axes (and makes the other
+attributes tuples of that length; the functional forms,
 ``F.conv1d/2d/3d`` and ``F.conv_transpose1d/2d/3d``, pass tuples). The
 gradients are these ops again, each with its own ``vjp``, so every order of
 derivative works::
@@ -269,6 +270,7 @@ class _ConvOp(Op):
     dtype checks, the im2col view, and the cuDNN and CUDA geometry."""
     attrs = ("stride", "padding", "dilation", "groups")
     _per_axis_attrs = ("stride", "padding", "dilation")
+    derived = ("_axes",)      # the number of spatial axes the attributes fix, or None (any)
     # which cuDNN call runs the op on a GPU (gradcore/cuda/cudnn.py)
     cudnn_direction = "forward"
 
@@ -284,8 +286,9 @@ class _ConvOp(Op):
         if len({len(v) for v in given.values()}) > 1:
             raise ValueError(f"{n}: " + ", ".join(f"{a} {v}" for a, v in given.items())
                              + " give different numbers of spatial axes")
-        # the number of spatial axes the attributes fix, or None (any)
         self._axes = len(next(iter(given.values()))) if given else None
+        for a in self._per_axis_attrs if given else ():     # Convolution((2, 2), 1) == Convolution((2, 2), (1, 1))
+            setattr(self, a, self._per_axis(self._axes, (a,))[0])
 
     def _per_axis(self, n, names=("stride", "padding", "dilation")):
         """The attributes ``names`` as n-tuples."""
