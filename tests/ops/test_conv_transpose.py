@@ -187,6 +187,7 @@ def test_functional_1d_with_bias_vs_torch(rng, h, torch):
     (lambda F, x: F.conv_transpose2d(x, np.ones((2, 1, 2, 2)), conv_mode="convolution"), "conv_mode"),
     (lambda F, x: F.conv_transpose2d(x, np.ones((2, 1, 2, 2), "float32"), np.ones(3, "float32")), "one element per output channel"),
     (lambda F, x: F.nn.conv_transpose1d(x, np.ones((2, 1, 2), "float32")), "(N, C, L)"),
+    (lambda F, x: F.conv_transpose3d(x, np.ones((2, 1, 2, 2, 2), "float32")), "(N, C, D, H, W)"),
     (lambda F, x: F.nn.conv_transpose1d(x.reshape(1, 2, 9), np.ones((2, 1, 2), "float32"), stride=(1, 2)), "stride"),
 ])
 def test_functional_errors(call, needle):
