@@ -698,7 +698,7 @@ class ConvolutionBackwardFilter(_ConvGrad):
     @classmethod
     def examples(cls):
         """(g, x, w_ref): 1-d, 2-d strided and grouped, 3-d strided and grouped."""
-        return _examples(cls, [((1, 1, 2, 1), [(2, 3, 3), (2, 2, 5), (3, 2, 2)]),
+        return _examples(cls, [((1, 1, 2, 1), [(2, 3, 5), (2, 2, 5), (3, 2, 2)]),
                                (((2, 1), 1, 1, 2), [(1, 4, 3, 5), (1, 4, 5, 4), (4, 2, 3, 2)]),
                                ((2, 1, 1, 2), [(1, 2, 2, 2, 3), (1, 4, 3, 3, 4), (2, 2, 2, 3, 2)])])
 
