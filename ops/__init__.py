@@ -12,13 +12,12 @@ from gradcore import registry as _registry
 from gradcore.cuda import families as _cuda_families
 from gradcore.cuda import runtime as _cuda_runtime
 
-from .conv import (AvgPool2d, AvgPool2dBackward, Conv2d, Conv2dBackwardData, Conv2dBackwardFilter,
-                   Conv3d, Conv3dBackwardData, Conv3dBackwardFilter, ConvTranspose2d, MaxPool2d,
-                   MaxPool2dBackward, MaxPool2dGather)
+from .conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, ConvTranspose
 from .elemwise import Elemwise
 from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, Scatter, SetSubtensor, Sort,
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
+from .pool import AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, MaxPool2dGather
 from .nn import BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
 from .vision import Interpolate, InterpolateBackward
@@ -31,9 +30,8 @@ STANDARD_OPS = [
     BroadcastToLike, SumTo, SumToLike, ZerosLike, ExpandDims, Squeeze, Cast, Copy, Identity,
     StopGradient, Concat, SplitLike, Subtensor, SubtensorGrad, SetSubtensor, IndexingOneHot,
     IndexingOneHotGrad, LogSoftmax, LogSumExp, Softmax,
-    Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,
-    MaxPool2dGather, AvgPool2d, AvgPool2dBackward, ConvTranspose2d, Conv3d, Conv3dBackwardData,
-    Conv3dBackwardFilter, Interpolate, InterpolateBackward,
+    Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, ConvTranspose,
+    MaxPool2d, MaxPool2dBackward, MaxPool2dGather, AvgPool2d, AvgPool2dBackward, Interpolate, InterpolateBackward,
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
     BatchNormTraining, BatchNormBackward, BatchNormInference,
 ]

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from . import conv, elemwise, indexing, linalg, nn, reduce, shape, vision
+from . import conv, elemwise, indexing, linalg, nn, pool, reduce, shape, vision
 
 __all__ = ["FAMILIES", "family_sources"]
 
@@ -122,10 +122,10 @@ def _nn(ctype: str) -> List[str]:
 
 
 def _conv(ctype: str) -> List[str]:
-    ops = [conv.Conv2d(), conv.Conv2dBackwardData(), conv.Conv2dBackwardFilter(), conv.ConvTranspose2d(),
-           conv.Conv3d(), conv.Conv3dBackwardData(), conv.Conv3dBackwardFilter(),
-           conv.MaxPool2d(2), conv.MaxPool2dBackward(2), conv.MaxPool2dGather(2)]
-    ops += [cls(2, mode=mode) for cls in (conv.AvgPool2d, conv.AvgPool2dBackward) for mode in conv.AVG_MODES]
+    # one source per op for every number of spatial axes; ConvTranspose runs the data gradient's
+    ops = [conv.Convolution(), conv.ConvolutionBackwardData(), conv.ConvolutionBackwardFilter(),
+           pool.MaxPool2d(2), pool.MaxPool2dBackward(2), pool.MaxPool2dGather(2)]
+    ops += [cls(2, mode=mode) for cls in (pool.AvgPool2d, pool.AvgPool2dBackward) for mode in pool.AVG_MODES]
     return [op.cuda_source(ctype) for op in ops] + [conv.gemm_source(ctype)]
 
 

@@ -293,7 +293,7 @@ def test_conv1d_grouped_weight_and_second_order(rng, torch):
 
 
 @pytest.mark.parametrize("xs, ws, kwargs, needle", [
-    ((2, 4, 5, 1), (3, 4, 2), {}, "inp must be (N, C, L)"),
+    ((2, 4, 5, 1), (3, 4, 2), {}, "input must be 3-D (N, C, L)"),
     ((2, 4, 5), (3, 4), {}, "weight must be"),
     ((2, 4, 5), (3, 4, 2), dict(stride=0), "stride"),
     ((2, 4, 5), (3, 4, 2), dict(padding=(1, 1)), "padding"),

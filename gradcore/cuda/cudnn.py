@@ -9,12 +9,12 @@ prototypes (``PROTOTYPES``), the per-call ones (convolutions, pooling,
 batch normalisation) from Cython through C function pointers
 (``_cudnn.pyx``). Descriptors are made once per shape and cached.
 
-What runs on cuDNN (``gradcore/ops/conv.py`` asks here first and runs its
+What runs on cuDNN (``gradcore/ops/conv.py`` and ``pool.py`` ask here first and runs its
 im2col + cuBLAS path, or its direct kernels, when the answer is None):
 
 - ``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``:
-  Conv2d (so conv1d, which is conv2d on a trailing axis of 1), Conv3d,
-  their gradients and ConvTranspose2d (Conv2dBackwardData), with groups,
+  the N-d Convolution (2-d and 3-d; 1-d as 2-d with a trailing axis of 1),
+  its gradients and ConvTranspose (ConvolutionBackwardData), with groups,
   stride, padding and dilation;
 - ``pool_forward``/``pool_backward``: max pooling forward (NaN propagates,
   as on the cpu), average pooling forward and backward (both counting

@@ -12,7 +12,7 @@ per op family, as the ops do in ops/:
 - linalg.py          matmul, dot, linear
 - indexing.py        getitem, setitem, gather, scatter, sort, topk, one_hot, embedding, ...
 - creation.py        zeros, ones, full, arange, linspace, eye, the ``*_like`` forms
-- conv.py            conv2d, conv1d, conv3d, conv_transpose1d/2d, max_pool2d, avg_pool2d,
+- conv.py            conv1d, conv2d, conv3d, conv_transpose1d/2d/3d, max_pool2d, avg_pool2d,
                      adaptive poolings
 - vision.py          ``F.vision``: interpolate (nearest, bilinear, linear)
 - nn.py              ``F.nn``: softmax family, dropout, normalisations, pad, losses
@@ -37,7 +37,7 @@ from . import nn
 from ._args import _t, builtins_max
 from . import vision
 from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, conv3d,
-                   conv_transpose1d, conv_transpose2d, max_pool2d)
+                   conv_transpose1d, conv_transpose2d, conv_transpose3d, max_pool2d)
 from .creation import arange, eye, full, full_like, linspace, ones, ones_like, zeros, zeros_like
 from .elemwise import (atan2, clip, elu, equal, greater, greater_equal, hsigmoid, hswish, isinf, isnan,
                        leaky_relu, less, less_equal, not_equal, prelu, relu6, where)

@@ -1,5 +1,6 @@
-"""Convolution and pooling of NCHW (and NCL) tensors: conv2d, conv1d,
-max_pool2d, avg_pool2d and the adaptive poolings. Their ops: ops/conv.py.
+"""Convolution and pooling: conv1d, conv2d, conv3d, conv_transpose1d/2d/3d
+(one N-d op each: ops/conv.py), max_pool2d, avg_pool2d and the adaptive
+poolings (ops/pool.py).
 
 Example::
 
@@ -13,51 +14,57 @@ from typing import Optional, Sequence, Union
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError, interned
-from ..ops.conv import AvgPool2d, Conv2d, Conv3d, ConvTranspose2d, MaxPool2d
-from ._args import _index, _int_arg, _int_tuple, _named, _t
-from .shape import expand_dims, reshape, squeeze
+from ..ops.conv import ConvTranspose, Convolution
+from ..ops.pool import AvgPool2d, MaxPool2d
+from ..ops.reduce import op_int
+from ._args import _index, _int_tuple, _named, _t
+from .shape import reshape
 
 # one op instance per distinct attributes: the per-op caches stay warm
-_Conv2d, _MaxPool2d, _AvgPool2d = map(interned, (Conv2d, MaxPool2d, AvgPool2d))
-_ConvTranspose2d, _Conv3d = map(interned, (ConvTranspose2d, Conv3d))
+_Convolution, _ConvTranspose, _MaxPool2d, _AvgPool2d = map(interned, (Convolution, ConvTranspose, MaxPool2d,
+                                                                       AvgPool2d))
 
 
-def _pair(v):
-    # anything but an int or a pair of ints goes to the op as is, which says
-    # what is wrong (int() would truncate 1.5 or misreport a string)
-    try:
-        if isinstance(v, (tuple, list)):
-            return (_index(v[0]), _index(v[1])) if len(v) == 2 else tuple(v)
-        v = _index(v)
-        return (v, v)
-    except TypeError:
-        return tuple(v) if isinstance(v, (tuple, list)) else v
+def _per_axis(name: str, what: str, v, n: int, low: int) -> tuple:
+    """An int or ``n`` ints (one per spatial axis) as an n-tuple, each >= ``low``."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != n:
+            raise ValueError(f"{name}: {what} must be an int or {n} ints (one per spatial axis), got {v!r}")
+        out = tuple(op_int(name, what, a) for a in v)
+    else:
+        out = (op_int(name, what, v),) * n
+    if min(out) < low:
+        raise ValueError(f"{name}: {what} must be >= {low}, got {v!r}")
+    return out
 
 
-def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
-           conv_mode: str = "cross_correlation", compute_mode: str = "default"):
-    """2-D convolution (cross-correlation) of ``inp`` (N, C, H, W) with
-    ``weight`` (O, C // groups, KH, KW), MegEngine's ``F.conv2d``. A grouped
-    weight may also be given in MegEngine's 5-D form (groups, O // groups,
-    C // groups, KH, KW). ``bias`` broadcasts against (N, O, OH, OW), e.g.
-    shape (1, O, 1, 1).
-
-    Example::
-
-        >>> y = F.conv2d(x, w, b, stride=2, padding=1)
-    """
+def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
+          output_padding=None) -> Tensor:
+    """The body of every convolution function: ``n`` spatial axes,
+    transposed when ``output_padding`` is given. The op checks the shapes;
+    its errors are prefixed with ``name``."""
     if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
-        raise ValueError(f"conv2d: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+        raise ValueError(f"{name}: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    groups = op_int(name, "groups", groups)
+    if groups < 1:
+        raise ValueError(f"{name}: groups must be >= 1, got {groups}")
     x, w = _t(inp), _t(weight)
-    if w.ndim == 5:
-        g, og, cg, kh, kw = w.shape
-        if g != groups:
-            raise ValueError(f"conv2d: a 5-D weight {w.shape} has {g} groups, but groups={groups}")
-        w = reshape(w, (g * og, cg, kh, kw))
-    out = _apply(_Conv2d(_pair(stride), _pair(padding), _pair(dilation), groups), x, w)[0]
-    if bias is None:
-        return out
-    return _channel_bias("conv2d", out, _t(bias, out))
+    if w.ndim == n + 3:         # MegEngine's grouped weight (groups, a // groups, b // groups, *kernel)
+        if w.shape[0] != groups:
+            raise ValueError(f"{name}: a grouped {w.ndim}-D weight {w.shape} has {w.shape[0]} groups, "
+                             f"but groups={groups}")
+        w = reshape(w, (w.shape[0] * w.shape[1],) + tuple(w.shape[2:]))
+    attrs = (_per_axis(name, "stride", stride, n, 1), _per_axis(name, "padding", padding, n, 0))
+    dilation = _per_axis(name, "dilation", dilation, n, 1)
+    if output_padding is None:
+        op = _Convolution(*attrs, dilation, groups)
+    else:
+        op = _ConvTranspose(*attrs, _per_axis(name, "output_padding", output_padding, n, 0), dilation, groups)
+    try:
+        out = _apply(op, x, w)[0]
+    except OpError as exc:
+        raise _named(name, exc) from exc
+    return out if bias is None else _channel_bias(name, out, _t(bias, out))
 
 
 def _channel_bias(name: str, out: Tensor, bias: Tensor) -> Tensor:
@@ -81,9 +88,8 @@ def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: i
            compute_mode: str = "default") -> Tensor:
     """1-D convolution (cross-correlation) of ``inp`` (N, C, L) with
     ``weight`` (O, C // groups, K) (or grouped, (groups, O // groups, C //
-    groups, K)), MegEngine's ``F.nn.conv1d``: ``conv2d`` on a trailing axis
-    of size 1. ``bias`` broadcasts against (N, O, OL), e.g. (1, O, 1); a
-    (O,) bias is one per channel.
+    groups, K)), MegEngine's ``F.nn.conv1d``. ``bias`` broadcasts against
+    (N, O, OL), e.g. (1, O, 1); a (O,) bias is one per channel.
 
     Example::
 
@@ -91,28 +97,110 @@ def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: i
         >>> F.nn.conv1d(x, gc.tensor([[[1.0, -1.0]]])).numpy()
         array([[[-1., -1., -1., -1.]]], dtype=float32)
     """
-    x, w = _t(inp), _t(weight)
-    if x.ndim != 3:
-        raise ValueError(f"conv1d: inp must be (N, C, L), got shape {x.shape}")
-    if w.ndim not in (3, 4):
-        raise ValueError(f"conv1d: weight must be (O, C // groups, K) or (groups, O // groups, "
-                         f"C // groups, K), got shape {w.shape}")
-    s, p, d = (_one_int("conv1d", what, v, low) for what, v, low in
-               (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
-    out = conv2d(expand_dims(x, -1), expand_dims(w, -1), None, (s, 1), (p, 0), (d, 1), groups,
-                 conv_mode, compute_mode)
-    out = squeeze(out, -1)
-    if bias is None:
-        return out
-    return _channel_bias("conv1d", out, _t(bias, out))
+    return _conv("conv1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
 
 
-def _one_int(name: str, what: str, v, low: int) -> int:
-    """An int, or a sequence holding one int (a 1-d ``stride=(2,)``)."""
-    t = _int_tuple(name, what, v)
-    if len(t) != 1:
-        raise ValueError(f"{name}: {what} must be an int, got {v!r}")
-    return _int_arg(name, what, t[0], low)
+def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
+           conv_mode: str = "cross_correlation", compute_mode: str = "default"):
+    """2-D convolution (cross-correlation) of ``inp`` (N, C, H, W) with
+    ``weight`` (O, C // groups, KH, KW), MegEngine's ``F.conv2d``. A grouped
+    weight may also be given in MegEngine's 5-D form (groups, O // groups,
+    C // groups, KH, KW). ``bias`` broadcasts against (N, O, OH, OW), e.g.
+    shape (1, O, 1, 1); a (O,) bias is one per channel.
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 2, 5, 5), "float32"))
+        >>> F.conv2d(x, gc.tensor(np.ones((3, 2, 3, 3), "float32")), stride=2, padding=1).shape
+        (1, 3, 3, 3)
+    """
+    return _conv("conv2d", 2, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
+
+
+def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1,
+           groups: int = 1, conv_mode: str = "cross_correlation") -> Tensor:
+    """3-D convolution (cross-correlation) of ``inp`` (N, C, D, H, W) with
+    ``weight`` (O, C // groups, KD, KH, KW), or MegEngine's grouped (groups,
+    O // groups, C // groups, KD, KH, KW); MegEngine's ``F.conv3d``.
+    ``bias`` broadcasts against (N, O, OD, OH, OW), e.g. (1, O, 1, 1, 1).
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 2, 4, 4, 4), "float32"))
+        >>> F.conv3d(x, gc.tensor(np.ones((3, 2, 3, 3, 3), "float32")), padding=1).shape
+        (1, 3, 4, 4, 4)
+    """
+    return _conv("conv3d", 3, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
+
+
+def conv_transpose1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1,
+                     padding: int = 0, output_padding: int = 0, dilation: int = 1, groups: int = 1,
+                     conv_mode: str = "cross_correlation", compute_mode: str = "default") -> Tensor:
+    """1-D transposed convolution of ``inp`` (N, C_in, L) with ``weight``
+    (C_in, C_out // groups, K) (or grouped (groups, C_in // groups, C_out //
+    groups, K)). Output length (L - 1) * stride - 2 * padding + dilation *
+    (K - 1) + output_padding + 1.
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 1, 3), "float32"))
+        >>> F.nn.conv_transpose1d(x, gc.tensor([[[1.0, 2.0]]]), stride=2).numpy()
+        array([[[1., 2., 1., 2., 1., 2.]]], dtype=float32)
+    """
+    return _conv("conv_transpose1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
+                 output_padding)
+
+
+def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+                     output_padding=0, dilation=1, groups: int = 1, conv_mode: str = "cross_correlation",
+                     compute_mode: str = "default") -> Tensor:
+    """2-D transposed convolution ("deconvolution") of ``inp`` (N, C_in, H, W)
+    with ``weight`` (C_in, C_out // groups, KH, KW), or MegEngine's grouped
+    (groups, C_in // groups, C_out // groups, KH, KW); MegEngine's
+    ``F.conv_transpose2d``. The output is (N, C_out, (H - 1) * stride - 2 *
+    padding + dilation * (KH - 1) + output_padding + 1, ...): the gradient of
+    ``conv2d`` with respect to its input. ``output_padding`` must be smaller
+    than the stride. ``bias`` broadcasts against the output, e.g. (1, C_out,
+    1, 1); a (C_out,) bias is one per channel.
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 1, 2, 2), "float32"))
+        >>> F.conv_transpose2d(x, gc.tensor(np.ones((1, 1, 2, 2), "float32")), stride=2).shape
+        (1, 1, 4, 4)
+    """
+    return _conv("conv_transpose2d", 2, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
+                 output_padding)
+
+
+def conv_transpose3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+                     output_padding=0, dilation=1, groups: int = 1) -> Tensor:
+    """3-D transposed convolution of ``inp`` (N, C_in, D, H, W) with
+    ``weight`` (C_in, C_out // groups, KD, KH, KW) (or grouped (groups,
+    C_in // groups, C_out // groups, KD, KH, KW)); MegEngine's
+    ``F.conv_transpose3d``: the gradient of ``conv3d`` with respect to its
+    input, output sizes as ``conv_transpose2d``'s per axis.
+
+    Example::
+
+        >>> x = gc.tensor(np.ones((1, 2, 2, 2, 2), "float32"))
+        >>> F.conv_transpose3d(x, gc.tensor(np.ones((2, 3, 2, 2, 2), "float32")), stride=2).shape
+        (1, 3, 4, 4, 4)
+    """
+    return _conv("conv_transpose3d", 3, inp, weight, bias, stride, padding, dilation, groups,
+                 "cross_correlation", output_padding)
+
+
+def _pair(v):
+    # anything but an int or a pair of ints goes to the op as is, which says
+    # what is wrong (int() would truncate 1.5 or misreport a string)
+    try:
+        if isinstance(v, (tuple, list)):
+            return (_index(v[0]), _index(v[1])) if len(v) == 2 else tuple(v)
+        v = _index(v)
+        return (v, v)
+    except TypeError:
+        return tuple(v) if isinstance(v, (tuple, list)) else v
 
 
 def max_pool2d(inp, kernel_size, stride=None, padding=0):
@@ -193,107 +281,3 @@ def adaptive_max_pool2d(inp: Tensor, oshp: Union[int, Sequence[int], Tensor]) ->
     x = _t(inp)
     window, stride = _adaptive_window("adaptive_max_pool2d", x, oshp)
     return max_pool2d(x, window, stride, 0)
-
-
-# ---- the rest of the convolution family: transposed, 3-d
-def _grouped_weight(name: str, w: Tensor, groups: int, plain_ndim: int, layout: str) -> Tensor:
-    """A convolution weight in its plain form: MegEngine's grouped form
-    (groups, a // groups, b // groups, *kernel), one more axis than the
-    plain (a, b // groups, *kernel), is folded; ``layout`` names the plain
-    form in messages."""
-    if w.ndim == plain_ndim + 1:
-        if w.shape[0] != groups:
-            raise ValueError(f"{name}: a grouped {w.ndim}-D weight {w.shape} has {w.shape[0]} groups, "
-                             f"but groups={groups}")
-        return reshape(w, (w.shape[0] * w.shape[1],) + tuple(w.shape[2:]))
-    if w.ndim != plain_ndim:
-        raise ValueError(f"{name}: weight must be {layout} or grouped (groups, ...), got shape {w.shape}")
-    return w
-
-
-def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
-                     output_padding=0, dilation=1, groups: int = 1, conv_mode: str = "cross_correlation",
-                     compute_mode: str = "default") -> Tensor:
-    """2-D transposed convolution ("deconvolution") of ``inp`` (N, C_in, H, W)
-    with ``weight`` (C_in, C_out // groups, KH, KW), or MegEngine's grouped
-    (groups, C_in // groups, C_out // groups, KH, KW); MegEngine's
-    ``F.conv_transpose2d``. The output is (N, C_out, (H - 1) * stride - 2 *
-    padding + dilation * (KH - 1) + output_padding + 1, ...): the gradient of
-    ``conv2d`` with respect to its input. ``output_padding`` must be smaller
-    than the stride. ``bias`` broadcasts against the output, e.g. (1, C_out,
-    1, 1); a (C_out,) bias is one per channel.
-
-    Example::
-
-        >>> x = gc.tensor(np.ones((1, 1, 2, 2), "float32"))
-        >>> F.conv_transpose2d(x, gc.tensor(np.ones((1, 1, 2, 2), "float32")), stride=2).shape
-        (1, 1, 4, 4)
-    """
-    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
-        raise ValueError(f"conv_transpose2d: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
-    x = _t(inp)
-    w = _grouped_weight("conv_transpose2d", _t(weight), groups, 4, "(C_in, C_out // groups, KH, KW)")
-    op = _ConvTranspose2d(_pair(stride), _pair(padding), _pair(output_padding), _pair(dilation), groups)
-    out = _apply(op, x, w)[0]
-    return out if bias is None else _channel_bias("conv_transpose2d", out, _t(bias, out))
-
-
-def conv_transpose1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1,
-                     padding: int = 0, output_padding: int = 0, dilation: int = 1, groups: int = 1,
-                     conv_mode: str = "cross_correlation", compute_mode: str = "default") -> Tensor:
-    """1-D transposed convolution of ``inp`` (N, C_in, L) with ``weight``
-    (C_in, C_out // groups, K) (or grouped (groups, C_in // groups, C_out //
-    groups, K)): ``conv_transpose2d`` on a trailing axis of size 1. Output
-    length (L - 1) * stride - 2 * padding + dilation * (K - 1) +
-    output_padding + 1.
-
-    Example::
-
-        >>> x = gc.tensor(np.ones((1, 1, 3), "float32"))
-        >>> F.nn.conv_transpose1d(x, gc.tensor([[[1.0, 2.0]]]), stride=2).numpy()
-        array([[[1., 2., 1., 2., 1., 2.]]], dtype=float32)
-    """
-    x, w = _t(inp), _t(weight)
-    if x.ndim != 3:
-        raise ValueError(f"conv_transpose1d: inp must be (N, C, L), got shape {x.shape}")
-    if w.ndim not in (3, 4):
-        raise ValueError(f"conv_transpose1d: weight must be (C_in, C_out // groups, K) or (groups, "
-                         f"C_in // groups, C_out // groups, K), got shape {w.shape}")
-    s, p, op, d = (_one_int("conv_transpose1d", what, v, low) for what, v, low in
-                   (("stride", stride, 1), ("padding", padding, 0), ("output_padding", output_padding, 0),
-                    ("dilation", dilation, 1)))
-    out = squeeze(conv_transpose2d(expand_dims(x, -1), expand_dims(w, -1), None, (s, 1), (p, 0), (op, 0),
-                                   (d, 1), groups, conv_mode, compute_mode), -1)
-    return out if bias is None else _channel_bias("conv_transpose1d", out, _t(bias, out))
-
-
-def _triple(v):
-    # as _pair: anything else goes to the op as is, which says what is wrong
-    try:
-        if isinstance(v, (tuple, list)):
-            return tuple(_index(a) for a in v)
-        v = _index(v)
-        return (v, v, v)
-    except TypeError:
-        return tuple(v) if isinstance(v, (tuple, list)) else v
-
-
-def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1,
-           groups: int = 1, conv_mode: str = "cross_correlation") -> Tensor:
-    """3-D convolution (cross-correlation) of ``inp`` (N, C, D, H, W) with
-    ``weight`` (O, C // groups, KD, KH, KW), or MegEngine's grouped (groups,
-    O // groups, C // groups, KD, KH, KW); MegEngine's ``F.conv3d``.
-    ``bias`` broadcasts against (N, O, OD, OH, OW), e.g. (1, O, 1, 1, 1).
-
-    Example::
-
-        >>> x = gc.tensor(np.ones((1, 2, 4, 4, 4), "float32"))
-        >>> F.conv3d(x, gc.tensor(np.ones((3, 2, 3, 3, 3), "float32")), padding=1).shape
-        (1, 3, 4, 4, 4)
-    """
-    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
-        raise ValueError(f"conv3d: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
-    x = _t(inp)
-    w = _grouped_weight("conv3d", _t(weight), groups, 5, "(O, C // groups, KD, KH, KW)")
-    out = _apply(_Conv3d(_triple(stride), _triple(padding), _triple(dilation), groups), x, w)[0]
-    return out if bias is None else _channel_bias("conv3d", out, _t(bias, out))

@@ -672,7 +672,7 @@ class MaxPool2d(Module):
         super().__init__(**kwargs)
         # MegEngine keeps the stride it will use: kernel_size when none is given
         self.kernel_size, self.stride, self.padding = kernel_size, stride or kernel_size, padding
-        from ..ops.conv import MaxPool2d as _op
+        from ..ops.pool import MaxPool2d as _op
         _op(kernel_size, self.stride, padding)      # bad sizes fail here, named, not at the first call
 
     def forward(self, x):
@@ -689,7 +689,7 @@ class AvgPool2d(Module):
                  **kwargs):
         super().__init__(**kwargs)
         self.kernel_size, self.stride, self.padding, self.mode = kernel_size, stride or kernel_size, padding, mode
-        from ..ops.conv import AvgPool2d as _op
+        from ..ops.pool import AvgPool2d as _op
         _op(kernel_size, self.stride, padding, mode)     # bad sizes or mode fail here, named
 
     def forward(self, x):

@@ -28,6 +28,7 @@ import numpy as np
 
 from gradcore.cuda import cudnn
 from gradcore.ops import conv as conv_ops
+from gradcore.ops import pool as pool_ops
 
 BAD_PARAM, NOT_SUPPORTED = 2000, 3000
 HANDLE = 0xC0DE
@@ -301,16 +302,12 @@ class FakeCudnn:
         va, vb = _array(pa, ta, dtype).copy(), _array(pb, tb, dtype).copy()
         if dtype == np.float32 and c["math"] != cudnn.FMA_MATH:
             va, vb = tf32(va), tf32(vb)
-        n = len(xs) - 2
-        two = n == 2
         if direction == "forward":
-            res = (conv_ops.Conv2d if two else conv_ops.Conv3d)(*attrs).cpu(va, vb)
+            res = conv_ops.Convolution(*attrs).cpu(va, vb)
         elif direction == "backward_data":
-            res = (conv_ops.Conv2dBackwardData if two else conv_ops.Conv3dBackwardData)(*attrs).cpu(
-                vb, va, np.empty(xs, dtype))
+            res = conv_ops.ConvolutionBackwardData(*attrs).cpu(vb, va, np.empty(xs, dtype))
         else:
-            res = (conv_ops.Conv2dBackwardFilter if two else conv_ops.Conv3dBackwardFilter)(*attrs).cpu(
-                vb, va, np.empty(ws_shape, dtype))
+            res = conv_ops.ConvolutionBackwardFilter(*attrs).cpu(vb, va, np.empty(ws_shape, dtype))
         target = _array(pout, self.descs[out]["shape"], dtype)
         target[...] = al * res + (be * target if be else 0)
         return 0
@@ -329,9 +326,9 @@ class FakeCudnn:
         mode = p["mode"]
         args = (p["kernel"], p["stride"], p["padding"])
         if mode in (cudnn.POOLING_MAX, cudnn.POOLING_MAX_DETERMINISTIC):
-            return (conv_ops.MaxPool2dBackward if backward else conv_ops.MaxPool2d)(*args)
+            return (pool_ops.MaxPool2dBackward if backward else pool_ops.MaxPool2d)(*args)
         avg = "average" if mode == cudnn.POOLING_AVERAGE_INCLUDE_PADDING else "average_count_exclude_padding"
-        return (conv_ops.AvgPool2dBackward if backward else conv_ops.AvgPool2d)(*args, avg)
+        return (pool_ops.AvgPool2dBackward if backward else pool_ops.AvgPool2d)(*args, avg)
 
     def _pooled(self, p, xs):
         return xs[:2] + tuple((size + 2 * pad - k) // s + 1 for size, k, s, pad in
@@ -367,7 +364,7 @@ class FakeCudnn:
         if p["mode"] in (cudnn.POOLING_MAX, cudnn.POOLING_MAX_DETERMINISTIC):
             xv = _array(x, tx["shape"], dtype).copy()
             yv = _array(y, ty["shape"], dtype)
-            np.testing.assert_array_equal(yv, conv_ops.MaxPool2d(p["kernel"], p["stride"], p["padding"]).cpu(xv),
+            np.testing.assert_array_equal(yv, pool_ops.MaxPool2d(p["kernel"], p["stride"], p["padding"]).cpu(xv),
                                           err_msg="y is not the max pooling of x")
             res = op.cpu(g, xv)
         else:

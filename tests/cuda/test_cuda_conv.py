@@ -13,7 +13,7 @@ import pytest
 import gradcore as gc
 import gradcore.functional as F
 from gradcore.op import OpError
-from gradcore.ops import conv
+from gradcore.ops import conv, pool
 from gradcore.cuda import runtime
 
 
@@ -138,7 +138,7 @@ def test_max_pool2d_float64(cuda, matches_cpu):
     matches_cpu(lambda x: F.max_pool2d(x * x, 3, 2, 1), [_rand(2, 2, 5, 5, dtype=np.float64)], rtol=1e-12)
 
 
-@pytest.mark.parametrize("mode", conv.AVG_MODES)
+@pytest.mark.parametrize("mode", pool.AVG_MODES)
 @pytest.mark.parametrize("case", list(POOL_CASES))
 def test_avg_pool2d(cuda, matches_cpu, case, mode):
     xs, k, s, p = POOL_CASES[case]
@@ -178,46 +178,50 @@ CONFIGS = {
 }
 
 
-# the same for the transposed and 3-d convolutions: (ConvTranspose2d
-# attributes, x shape, weight shape), (Conv3d attributes, x shape, weight shape)
+# the same for the transposed, 3-d and 1-d convolutions: (ConvTranspose attributes,
+# x shape, weight shape), (3-d attributes, x shape, weight shape), (1-d ...)
 CONFIGS_MORE = {
-    "a": (((1, 0, 0, 1, 1), (2, 3, 4, 4), (3, 2, 3, 3)), ((1, 0, 1, 1), (1, 2, 3, 4, 3), (3, 2, 2, 2, 2))),
+    "a": (((1, 0, 0, 1, 1), (2, 3, 4, 4), (3, 2, 3, 3)), ((1, 0, 1, 1), (1, 2, 3, 4, 3), (3, 2, 2, 2, 2)),
+          ((1, 0, 1, 1), (2, 3, 7), (4, 3, 3))),
     "b": (((2, 1, 1, (1, 2), 2), (1, 4, 3, 3), (4, 3, 2, 3)),
-          (((2, 1, 1), (1, 0, 1), (1, 2, 1), 2), (1, 4, 4, 3, 5), (2, 2, 3, 2, 2))),
+          (((2, 1, 1), (1, 0, 1), (1, 2, 1), 2), (1, 4, 4, 3, 5), (2, 2, 3, 2, 2)),
+          (((2,), (1,), (2,), 2), (1, 4, 9), (6, 2, 3))),
 }
 
 
 def _instances(config, dtype=np.float32):
-    """One instance of each op class of this module for ``config``, with inputs: [(op, arrays)]."""
-    (attrs, xs, ws), (pool, ps, mode) = CONFIGS[config]
-    x, w, p = _rand(*xs, dtype=dtype, seed=1), _rand(*ws, dtype=dtype, seed=2), _rand(*ps, dtype=dtype, seed=3)
-    g = _rand(*conv.Conv2d(*attrs).cpu(x, w).shape, dtype=dtype, seed=4)
-    gp = _rand(*conv.MaxPool2d(*pool).cpu(p).shape, dtype=dtype, seed=5)
-    (ct, cxs, cws), (a3, xs3, ws3) = CONFIGS_MORE[config]
-    x3, w3 = _rand(*xs3, dtype=dtype, seed=7), _rand(*ws3, dtype=dtype, seed=8)
-    g3 = _rand(*conv.Conv3d(*a3).cpu(x3, w3).shape, dtype=dtype, seed=9)
-    return [(conv.Conv2d(*attrs), [x, w]), (conv.Conv2dBackwardData(*attrs), [g, w, x]),
-            (conv.Conv2dBackwardFilter(*attrs), [g, x, w]), (conv.MaxPool2d(*pool), [p]),
-            (conv.MaxPool2dBackward(*pool), [gp, p]),
-            (conv.MaxPool2dGather(*pool), [_rand(*ps, dtype=dtype, seed=6), p]),
-            (conv.AvgPool2d(*pool, mode), [p]), (conv.AvgPool2dBackward(*pool, mode), [gp, p]),
-            (conv.ConvTranspose2d(*ct), [_rand(*cxs, dtype=dtype, seed=10), _rand(*cws, dtype=dtype, seed=11)]),
-            (conv.Conv3d(*a3), [x3, w3]), (conv.Conv3dBackwardData(*a3), [g3, w3, x3]),
-            (conv.Conv3dBackwardFilter(*a3), [g3, x3, w3])]
+    """Instances of every op class of conv.py and pool.py for ``config`` (the
+    convolution and its gradients in 2-d, 3-d and 1-d), with inputs: [(op, arrays)]."""
+    (attrs, xs, ws), (pool_attrs, ps, mode) = CONFIGS[config]
+    (ct, cxs, cws), conv3d, conv1d = CONFIGS_MORE[config]
+    out = []
+    for seed, (a, xs_, ws_) in enumerate(((attrs, xs, ws), conv3d, conv1d)):
+        x, w = _rand(*xs_, dtype=dtype, seed=10 * seed + 1), _rand(*ws_, dtype=dtype, seed=10 * seed + 2)
+        g = _rand(*conv.Convolution(*a).cpu(x, w).shape, dtype=dtype, seed=10 * seed + 3)
+        out += [(conv.Convolution(*a), [x, w]), (conv.ConvolutionBackwardData(*a), [g, w, x]),
+                (conv.ConvolutionBackwardFilter(*a), [g, x, w])]
+    p = _rand(*ps, dtype=dtype, seed=40)
+    gp = _rand(*pool.MaxPool2d(*pool_attrs).cpu(p).shape, dtype=dtype, seed=41)
+    return out + [(pool.MaxPool2d(*pool_attrs), [p]), (pool.MaxPool2dBackward(*pool_attrs), [gp, p]),
+                  (pool.MaxPool2dGather(*pool_attrs), [_rand(*ps, dtype=dtype, seed=42), p]),
+                  (pool.AvgPool2d(*pool_attrs, mode), [p]), (pool.AvgPool2dBackward(*pool_attrs, mode), [gp, p]),
+                  (conv.ConvTranspose(*ct), [_rand(*cxs, dtype=dtype, seed=43), _rand(*cws, dtype=dtype, seed=44)])]
 
 
 @pytest.mark.parametrize("ctype", ["float", "double"])
 def test_one_source_per_class_and_ctype(ctype):
-    """The attributes are kernel arguments: every configuration of an op
-    class has the same source (the backend loads one module for all)."""
-    pairs = list(zip(_instances("a"), _instances("b")))
-    assert len(pairs) == len(conv.CONV_OPS)
-    for (a, _), (b, _) in pairs:
+    """The attributes, shapes and number of spatial axes are kernel
+    arguments: every instance of an op class has the same source (the
+    backend loads one module for all)."""
+    sources = {}
+    for (a, _), (b, _) in zip(_instances("a"), _instances("b")):
         assert type(a) is type(b) and a != b
-        assert a.cuda_source(ctype) == b.cuda_source(ctype), type(a).__name__
-    # the classes' kernels differ, but ConvTranspose2d runs Conv2dBackwardData's
-    assert len({a.cuda_source(ctype) for (a, _), _ in pairs}) == len(pairs) - 1
-    assert conv.ConvTranspose2d().cuda_source(ctype) == conv.Conv2dBackwardData().cuda_source(ctype)
+        sources.setdefault(type(a), set()).update({a.cuda_source(ctype), b.cuda_source(ctype)})
+    assert set(sources) == set(conv.CONV_OPS) | set(pool.POOL_OPS)
+    assert all(len(v) == 1 for v in sources.values()), sources
+    # the classes' kernels differ, but ConvTranspose runs ConvolutionBackwardData's
+    assert len(set.union(*sources.values())) == len(sources) - 1
+    assert sources[conv.ConvTranspose] == sources[conv.ConvolutionBackwardData]
 
 
 def test_each_source_compiles_once(fresh_backend, monkeypatch):

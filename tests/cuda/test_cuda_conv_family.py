@@ -1,6 +1,6 @@
-"""conv_transpose2d, conv3d and interpolate on cuda: cpu vs cuda, values,
-first and second order (the gradient ops ConvTranspose2d -> Conv2d /
-Conv2dBackwardFilter, Conv3dBackwardData/Filter and InterpolateBackward run
+"""conv_transpose2d, conv3d, conv1d and interpolate on cuda: cpu vs cuda, values,
+first and second order (the gradient ops ConvTranspose -> Convolution /
+ConvolutionBackwardFilter, ConvolutionBackwardData/Filter and InterpolateBackward run
 in the backward graphs). The second-order runs are marked slow (the
 emulator runs every kernel on the host): ``-m "not slow"`` leaves them out."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gradcore.core import apply
-from gradcore.ops import Conv3d, ConvTranspose2d, Interpolate
+from gradcore.ops import ConvTranspose, Convolution, Interpolate
 
 
 def _rand(*shape, dtype=np.float32, seed=0):
@@ -20,7 +20,7 @@ def _op_fn(op):
     return lambda *xs: apply(op, *xs)[0]
 
 
-# x shape, weight shape, ConvTranspose2d(stride, padding, output_padding, dilation, groups)
+# x shape, weight shape, ConvTranspose(stride, padding, output_padding, dilation, groups)
 CT_CASES = {
     "plain": ((2, 3, 4, 3), (3, 2, 3, 3), (1, 0, 0, 1, 1)),
     "upsample": ((1, 4, 3, 3), (4, 2, 3, 3), (2, 1, 1, 1, 1)),
@@ -32,12 +32,12 @@ CT_CASES = {
 @pytest.mark.parametrize("case", list(CT_CASES))
 def test_conv_transpose2d(cuda, matches_cpu, conv_path, case):
     xs, ws, attrs = CT_CASES[case]
-    matches_cpu(_op_fn(ConvTranspose2d(*attrs)), [_rand(*xs), _rand(*ws)], second_order=False)
+    matches_cpu(_op_fn(ConvTranspose(*attrs)), [_rand(*xs), _rand(*ws)], second_order=False)
 
 
 @pytest.mark.slow
 def test_conv_transpose2d_second_order(cuda, matches_cpu, conv_path):
-    op = ConvTranspose2d(2, 1, 1, 1, 2)
+    op = ConvTranspose(2, 1, 1, 1, 2)
     matches_cpu(lambda x, w: apply(op, x, w)[0] ** 2, [_rand(1, 4, 3, 3), _rand(4, 3, 3, 3)],
                 rtol=1e-4, atol=1e-4)
 
@@ -48,21 +48,27 @@ C3_CASES = {
 }
 
 
+@pytest.mark.parametrize("attrs", [(1, 0, 1, 2), ((2,), (1,), (2,), 2)])
+def test_conv1d(cuda, matches_cpu, conv_path, attrs):
+    """1-d runs the 3-d kernels with two leading axes of size 1, on both cuda paths."""
+    matches_cpu(_op_fn(Convolution(*attrs)), [_rand(2, 4, 9), _rand(6, 2, 3)], second_order=False)
+
+
 @pytest.mark.parametrize("case", list(C3_CASES))
-def test_conv3d(cuda, matches_cpu, case):
+def test_conv3d(cuda, matches_cpu, conv_path, case):
     xs, ws, attrs = C3_CASES[case]
-    matches_cpu(_op_fn(Conv3d(*attrs)), [_rand(*xs), _rand(*ws)], second_order=False)
+    matches_cpu(_op_fn(Convolution(*attrs)), [_rand(*xs), _rand(*ws)], second_order=False)
 
 
 def test_conv3d_float64(cuda, matches_cpu):
-    matches_cpu(_op_fn(Conv3d(1, 1, 1, 1)), [_rand(1, 2, 3, 3, 3, dtype=np.float64),
+    matches_cpu(_op_fn(Convolution(1, 1, 1, 1)), [_rand(1, 2, 3, 3, 3, dtype=np.float64),
                                              _rand(2, 2, 2, 2, 2, dtype=np.float64)],
                 rtol=1e-10, atol=1e-10, second_order=False)
 
 
 @pytest.mark.slow
 def test_conv3d_second_order(cuda, matches_cpu):
-    op = Conv3d(1, 1, 1, 2)
+    op = Convolution(1, 1, 1, 2)
     matches_cpu(lambda x, w: apply(op, x, w)[0] ** 2, [_rand(1, 2, 3, 3, 2), _rand(2, 1, 2, 2, 2)],
                 rtol=1e-4, atol=1e-4)
 
@@ -81,5 +87,5 @@ def test_interpolate_second_order(cuda, matches_cpu, mode, align_corners):
 
 
 def test_empty_batch(cuda, matches_cpu):
-    matches_cpu(_op_fn(Conv3d()), [_rand(0, 2, 3, 3, 3), _rand(2, 2, 2, 2, 2)], second_order=False)
+    matches_cpu(_op_fn(Convolution()), [_rand(0, 2, 3, 3, 3), _rand(2, 2, 2, 2, 2)], second_order=False)
     matches_cpu(_op_fn(Interpolate((4, 4))), [_rand(0, 2, 3, 3)], second_order=False)

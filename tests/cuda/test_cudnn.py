@@ -242,8 +242,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_conv2d_gradients_to_second_order_on_cudnn(fake, monkeypatch, matches_cpu, case):
-    """First and second order through Conv2d, Conv2dBackwardData and
-    Conv2dBackwardFilter, all three on cuDNN, TF32 off (float32 tolerance)."""
+    """First and second order through Convolution, ConvolutionBackwardData and
+    ConvolutionBackwardFilter, all three on cuDNN, TF32 off (float32 tolerance)."""
     monkeypatch.setattr(gradcore.cuda, "allow_tf32_conv", False)
     xs, ws, stride, padding, dilation, groups = CASES[case]
     matches_cpu(lambda x, w: F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups),
@@ -308,7 +308,7 @@ def test_other_errors_raise_naming_the_call_and_shapes(fake):
     bad = fake._callbacks["cudnnConvolutionForward"]
     fake._callbacks["cudnnConvolutionForward"] = type(bad)(lambda *args: fake_cudnn.BAD_PARAM)
     cudnn.attach(fake.backend, cudnn.Library(fake, "fake cuDNN"))     # bind the failing function
-    with pytest.raises(RuntimeError, match=r"Conv2d.*cuDNN cudnnConvolutionForward \(x \(1, 2, 5, 5\), w \(3, 2, 3, 3\), "
+    with pytest.raises(RuntimeError, match=r"Convolution.*cuDNN cudnnConvolutionForward \(x \(1, 2, 5, 5\), w \(3, 2, 3, 3\), "
                                                r"stride \(1, 1\).*algorithm 6\) failed: FAKE_CUDNN_STATUS_2000") as info:
         F.conv2d(gc.Tensor(_rand(1, 2, 5, 5), device="cuda"), gc.Tensor(_rand(3, 2, 3, 3), device="cuda"))
     assert isinstance(info.value.__cause__, cudnn.CudnnError)

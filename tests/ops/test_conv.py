@@ -12,8 +12,8 @@ import gradcore.functional as F
 import gradcore.module as M
 import gradcore.optimizer as optim
 from gradcore.core import TensorDesc, make_backward_graph
-from gradcore.ops import (AvgPool2d, AvgPool2dBackward, Conv2d, Conv2dBackwardData,
-                          Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward, MaxPool2dGather)
+from gradcore.ops import (AvgPool2d, AvgPool2dBackward, Convolution, ConvolutionBackwardData,
+                          ConvolutionBackwardFilter, MaxPool2d, MaxPool2dBackward, MaxPool2dGather)
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 
@@ -165,7 +165,7 @@ def test_conv2d_double_backward_vs_torch(rng, h, torch):
 # ---------------------------------------------------------------- backward graphs
 def test_conv2d_backward_saves_only_what_it_reads():
     x, w = TensorDesc((2, 3, 5, 5), "float32", "cpu"), TensorDesc((4, 3, 3, 3), "float32", "cpu")
-    op = Conv2d(1, 0, 1, 1)
+    op = Convolution(1, 0, 1, 1)
     _, mask, has = make_backward_graph(op, [x, w], [True, False], [True])
     assert has == [True, False] and mask == [False, True, False, True]   # w and dy; x only by shape
     _, mask, _ = make_backward_graph(op, [x, w], [False, True], [True])
@@ -176,7 +176,7 @@ def test_conv2d_backward_saves_only_what_it_reads():
 
 def test_ops_are_registered():
     from gradcore.ops import get
-    for cls in (Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, MaxPool2d, MaxPool2dBackward,
+    for cls in (Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, MaxPool2d, MaxPool2dBackward,
                 MaxPool2dGather, AvgPool2d, AvgPool2dBackward):
         assert get(cls.__name__) is cls
     assert F.nn.conv2d is F.conv2d and F.nn.max_pool2d is F.max_pool2d and F.nn.avg_pool2d is F.avg_pool2d
@@ -209,7 +209,7 @@ def test_conv2d_dtypes():
     # promote to: an error naming the op and the dtypes
     assert F.conv2d(_x((1, 3, 5, 5)), _x((2, 3, 3, 3), "float64")).dtype == np.float64
     ints = gradcore.Tensor(np.ones((2, 3, 3, 3), "int32"))
-    with pytest.raises(ValueError, match=r"Conv2d.*int32"):
+    with pytest.raises(ValueError, match=r"conv2d.*Convolution.*int32"):
         F.conv2d(gradcore.Tensor(np.ones((1, 3, 5, 5), "int32")), ints)
 
 
@@ -226,10 +226,14 @@ def test_pool_bad_input(fn, needles, record, h):
 
 
 def test_bad_attributes_name_the_op():
-    with pytest.raises(ValueError, match="Conv2d: stride"):
+    with pytest.raises(ValueError, match="conv2d: stride"):
         F.conv2d(_x((1, 1, 3, 3)), _x((1, 1, 1, 1)), stride=0)
-    with pytest.raises(ValueError, match="Conv2d: groups"):
-        Conv2d(1, 0, 1, 0)
+    with pytest.raises(ValueError, match="conv2d: groups"):
+        F.conv2d(_x((1, 1, 3, 3)), _x((1, 1, 1, 1)), groups=0)
+    with pytest.raises(ValueError, match="Convolution: groups"):
+        Convolution(1, 0, 1, 0)
+    with pytest.raises(ValueError, match="Convolution: stride .* padding .* different numbers of spatial axes"):
+        Convolution((1, 1), (0, 0, 0))
     with pytest.raises(ValueError, match="AvgPool2d: mode"):
         F.avg_pool2d(_x((1, 1, 3, 3)), 2, mode="median")
     with pytest.raises(ValueError, match="MaxPool2d: kernel_size"):
@@ -295,7 +299,7 @@ def test_small_conv_net_trains():
 # (what each kernel computes is tested through its launcher on the emulator, tests/cuda/test_cuda_conv.py)
 CONV_ATTRS = ((2, 1), (1, 2), (1, 2), 2)
 POOL_ATTRS = ((3, 2), (2, 1), (1, 1))
-ALL_OPS = [Conv2d(*CONV_ATTRS), Conv2dBackwardData(*CONV_ATTRS), Conv2dBackwardFilter(*CONV_ATTRS),
+ALL_OPS = [Convolution(*CONV_ATTRS), ConvolutionBackwardData(*CONV_ATTRS), ConvolutionBackwardFilter(*CONV_ATTRS),
            MaxPool2d(*POOL_ATTRS), MaxPool2dBackward(*POOL_ATTRS), MaxPool2dGather(*POOL_ATTRS),
            AvgPool2d(*POOL_ATTRS), AvgPool2dBackward(*POOL_ATTRS, "average")]
 
@@ -304,7 +308,7 @@ ALL_OPS = [Conv2d(*CONV_ATTRS), Conv2dBackwardData(*CONV_ATTRS), Conv2dBackwardF
 def test_cuda_sources_compile(nvcc_ptx, ctype):
     # one translation unit for every op (kernel names differ): one nvcc run
     ptx = nvcc_ptx("\n".join(op.cuda_source(ctype) for op in ALL_OPS), f"conv_{ctype}")
-    for name in ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "max_pool2d",
+    for name in ("conv", "conv_backward_data", "conv_backward_filter", "max_pool2d",
                  "max_pool2d_backward", "max_pool2d_gather", "avg_pool2d", "avg_pool2d_backward"):
         assert f"gc_{name}_{ctype}" in ptx
 

@@ -1,4 +1,4 @@
-"""Conv3d and its gradient ops (NCDHW): values and gradients against
+"""3-d Convolution and its gradient ops (NCDHW): values and gradients against
 PyTorch's conv3d over a grid of strides, paddings, dilations and groups;
 first and second order against float64 finite differences and torch's
 double backward; the backward graph; bad input."""
@@ -9,11 +9,16 @@ import pytest
 
 import gradcore
 from gradcore.core import TensorDesc, apply, make_backward_graph
-from gradcore.ops import Conv3d, Conv3dBackwardData, Conv3dBackwardFilter
+from gradcore.ops import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter
 from gradcore.ops import conv as conv_ops
 from oracle import compare_second_order
 
 TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+def Conv3d(stride=1, padding=0, dilation=1, groups=1):
+    """Convolution with triples, as F.conv3d builds it (a tuple of another length stays as is)."""
+    return Convolution(*(v if isinstance(v, tuple) else (v,) * 3 for v in (stride, padding, dilation)), groups)
 
 
 def c3d(stride=1, padding=0, dilation=1, groups=1):
@@ -85,14 +90,14 @@ def test_backward_graph_uses_the_gradient_ops():
     op = Conv3d(1, 1)
     graph, mask, has = make_backward_graph(op, [x, w], [True, False], [True])
     assert has == [True, False] and mask == [False, True, False, True]     # w and dy; x only by shape
-    assert [type(o) for o in graph.ops] == [Conv3dBackwardData]
+    assert [type(o) for o in graph.ops] == [ConvolutionBackwardData]
     graph, mask, _ = make_backward_graph(op, [x, w], [False, True], [True])
     assert mask == [True, False, False, True]
-    assert [type(o) for o in graph.ops] == [Conv3dBackwardFilter]
+    assert [type(o) for o in graph.ops] == [ConvolutionBackwardFilter]
 
 
 @pytest.mark.parametrize("xs, ws, kw, needles", [
-    ((2, 3, 4, 4, 4), (4, 2, 3, 3, 3), {}, ["Conv3d", "channel mismatch", "(2, 3, 4, 4, 4)", "(4, 2, 3, 3, 3)"]),
+    ((2, 3, 4, 4, 4), (4, 2, 3, 3, 3), {}, ["Convolution", "channel mismatch", "(2, 3, 4, 4, 4)", "(4, 2, 3, 3, 3)"]),
     ((1, 1, 2, 4, 4), (1, 1, 3, 3, 3), {}, ["larger", "depth"]),
     ((1, 1, 4, 4, 4), (1, 1, 2, 2, 2), dict(dilation=(1, 1, 4)), ["larger", "width", "dilation 4"]),
     ((1, 4, 3, 3, 3), (6, 2, 1, 1, 1), dict(groups=3), ["divisible", "groups=3"]),
@@ -109,13 +114,13 @@ def test_bad_shapes(xs, ws, kw, needles, h):
 def test_bad_gradient_shape(h):
     g, w, ref = (gradcore.Tensor(np.ones(s)) for s in ((1, 2, 2, 2, 2), (2, 1, 2, 2, 2), (1, 1, 4, 4, 4)))
     with pytest.raises(ValueError) as ei:
-        apply(Conv3dBackwardData(), g, w, ref)
-    h.check_error(ei, "Conv3dBackwardData", "output gradient must have shape (1, 2, 3, 3, 3)")
+        apply(ConvolutionBackwardData(), g, w, ref)
+    h.check_error(ei, "ConvolutionBackwardData", "output gradient must have shape (1, 2, 3, 3, 3)")
 
 
 @pytest.mark.parametrize("kw, needle", [
     (dict(stride=0), "stride"), (dict(padding=-1), "padding"), (dict(groups=0), "groups"),
-    (dict(dilation=(1, 2)), "triple"),
+    (dict(dilation=(1, 2)), "numbers of spatial axes"),
 ])
 def test_bad_arguments(kw, needle):
     with pytest.raises(ValueError, match=needle):

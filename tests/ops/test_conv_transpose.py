@@ -1,5 +1,5 @@
-"""ConvTranspose2d (and 1-d through a trailing axis of size 1): values and
-gradients against PyTorch's conv_transpose2d/1d over a grid of strides,
+"""ConvTranspose (1-d, 2-d, 3-d): values and
+gradients against PyTorch's conv_transpose1d/2d/3d over a grid of strides,
 paddings, output paddings, dilations and groups; first and second order
 against float64 finite differences and against torch's double backward;
 the backward graph; bad input."""
@@ -10,10 +10,16 @@ import pytest
 
 import gradcore
 from gradcore.core import TensorDesc, apply, make_backward_graph
-from gradcore.ops import Conv2d, Conv2dBackwardFilter, ConvTranspose2d
+from gradcore.ops import ConvolutionBackwardFilter, Convolution, ConvTranspose
 from oracle import compare_second_order
 
 TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+def ConvTranspose2d(stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    """ConvTranspose with pairs, as F.conv_transpose2d builds it (a tuple of another length stays as is)."""
+    return ConvTranspose(*(v if isinstance(v, tuple) else (v, v) for v in (stride, padding, output_padding, dilation)),
+                         groups)
 
 
 def ct2d(stride=1, padding=0, output_padding=0, dilation=1, groups=1):
@@ -60,13 +66,22 @@ def test_conv_transpose2d_second_order_vs_torch(xs, ws, stride, padding, out_pad
 @pytest.mark.parametrize("stride, padding, out_pad, dilation, groups", [
     (1, 0, 0, 1, 1), (2, 1, 1, 1, 2), (3, 0, 2, 2, 1)])
 def test_conv_transpose1d_vs_torch(stride, padding, out_pad, dilation, groups, rng, h, torch):
-    """1-d is 2-d on a trailing axis of size 1 (what F.nn.conv_transpose1d does)."""
     x, w = rng.standard_normal((2, 4, 5)), rng.standard_normal((4, 3, 3))
-    op = ConvTranspose2d((stride, 1), (padding, 0), (out_pad, 0), (dilation, 1), groups)
-    gfn = lambda x, w: apply(op, x.reshape(x.shape + (1,)), w.reshape(w.shape + (1,)))[0].reshape(
-        (2, 3 * groups, -1))
+    op = ConvTranspose((stride,), (padding,), (out_pad,), (dilation,), groups)
     tfn = lambda x, w: torch.nn.functional.conv_transpose1d(x, w, None, stride, padding, out_pad, groups, dilation)
+    h.compare(torch, lambda x, w: apply(op, x, w)[0], tfn, [x, w], need_grads=True, **TOL)
+
+
+@pytest.mark.parametrize("stride, padding, out_pad, dilation, groups", [
+    (1, 0, 0, 1, 1), ((2, 1, 2), 1, (1, 0, 0), 1, 2), (2, (0, 1, 0), 1, (2, 1, 1), 1)])
+def test_conv_transpose3d_vs_torch(stride, padding, out_pad, dilation, groups, rng, h, torch):
+    import gradcore.functional as F
+    x, w = rng.standard_normal((2, 4, 3, 2, 3)), rng.standard_normal((4, 3, 2, 3, 2))
+    gfn = lambda x, w: F.conv_transpose3d(x, w, None, stride, padding, out_pad, dilation, groups)
+    tfn = lambda x, w: torch.nn.functional.conv_transpose3d(x, w, None, _tp(stride), _tp(padding), _tp(out_pad),
+                                                            groups, _tp(dilation))
     h.compare(torch, gfn, tfn, [x, w], need_grads=True, **TOL)
+    h.check_grads(gfn, [x[:1, :, :2], w])
 
 
 @pytest.mark.parametrize("xs, ws, stride, padding, out_pad, dilation, groups", [
@@ -89,23 +104,23 @@ def test_float32_matches_float64(rng, h):
 
 
 def test_backward_is_the_convolution_ops():
-    """x's gradient is Conv2d(g, w), w's Conv2dBackwardFilter(x, g, w): only
+    """x's gradient is Convolution(g, w), w's ConvolutionBackwardFilter(x, g, w): only
     w and g are kept for x's, x and g for w's (w by shape)."""
     x, w = TensorDesc((2, 3, 4, 4), "float64", "cpu"), TensorDesc((3, 2, 3, 3), "float64", "cpu")
     op = ConvTranspose2d(2, 1, 1)
     graph, mask, has = make_backward_graph(op, [x, w], [True, False], [True])
     assert has == [True, False] and mask == [False, True, False, True]
-    assert [type(o) for o in graph.ops] == [Conv2d]
+    assert [type(o) for o in graph.ops] == [Convolution]
     graph, mask, _ = make_backward_graph(op, [x, w], [False, True], [True])
     assert mask == [True, False, False, True]
-    assert [type(o) for o in graph.ops] == [Conv2dBackwardFilter]
-    assert graph.ops[0] == Conv2dBackwardFilter(2, 1)       # the same stride, padding, dilation, groups
+    assert [type(o) for o in graph.ops] == [ConvolutionBackwardFilter]
+    assert graph.ops[0] == ConvolutionBackwardFilter((2, 2), (1, 1))     # the same stride, padding, dilation, groups
 
 
 @pytest.mark.parametrize("xs, ws, kw, needles", [
-    ((2, 3, 4, 4), (2, 2, 3, 3), {}, ["ConvTranspose2d", "channel mismatch", "(2, 3, 4, 4)", "(2, 2, 3, 3)"]),
-    ((2, 3, 4), (3, 2, 3, 3), {}, ["ConvTranspose2d", "4-D"]),
-    ((2, 3, 4, 4), (3, 2, 3), {}, ["ConvTranspose2d", "weight", "4-D"]),
+    ((2, 3, 4, 4), (2, 2, 3, 3), {}, ["ConvTranspose", "channel mismatch", "(2, 3, 4, 4)", "(2, 2, 3, 3)"]),
+    ((2, 3, 4), (3, 2, 3, 3), {}, ["ConvTranspose", "4-D"]),
+    ((2, 3, 4, 4), (3, 2, 3), {}, ["ConvTranspose", "weight", "4-D"]),
     ((2, 3, 4, 4), (3, 2, 3, 3), dict(groups=2), ["divisible", "groups=2"]),
     ((1, 1, 1, 1), (1, 1, 1, 1), dict(padding=1), ["output size", "not positive"]),
 ])
@@ -121,7 +136,7 @@ def test_bad_shapes(xs, ws, kw, needles, h):
     (dict(stride=0), "stride"),
     (dict(padding=-1), "padding"),
     (dict(groups=0), "groups"),
-    (dict(stride=(1, 2, 3)), "pair"),
+    (dict(stride=(1, 2, 3)), "numbers of spatial axes"),
 ])
 def test_bad_arguments(kw, needle):
     with pytest.raises(ValueError, match=needle):
@@ -129,11 +144,11 @@ def test_bad_arguments(kw, needle):
 
 
 def test_integer_input_is_rejected(h):
-    # integer input and weight: no float to promote to (as Conv2d)
+    # integer input and weight: no float to promote to (as Convolution)
     with pytest.raises(ValueError) as ei:
         apply(ConvTranspose2d(), gradcore.Tensor(np.ones((1, 1, 2, 2), "int32")),
               gradcore.Tensor(np.ones((1, 1, 1, 1), "int32")))
-    h.check_error(ei, "ConvTranspose2d", "floating-point")
+    h.check_error(ei, "ConvTranspose", "floating-point")
 
 
 def test_mixed_dtypes_promote_as_conv2d():
@@ -172,6 +187,7 @@ def test_functional_1d_with_bias_vs_torch(rng, h, torch):
     (lambda F, x: F.conv_transpose2d(x, np.ones((2, 1, 2, 2)), conv_mode="convolution"), "conv_mode"),
     (lambda F, x: F.conv_transpose2d(x, np.ones((2, 1, 2, 2), "float32"), np.ones(3, "float32")), "one element per output channel"),
     (lambda F, x: F.nn.conv_transpose1d(x, np.ones((2, 1, 2), "float32")), "(N, C, L)"),
+    (lambda F, x: F.conv_transpose3d(x, np.ones((2, 1, 2, 2, 2), "float32")), "(N, C, D, H, W)"),
     (lambda F, x: F.nn.conv_transpose1d(x.reshape(1, 2, 9), np.ones((2, 1, 2), "float32"), stride=(1, 2)), "stride"),
 ])
 def test_functional_errors(call, needle):

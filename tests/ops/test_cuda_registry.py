@@ -14,6 +14,7 @@ import pytest
 
 from gradcore import registry
 from gradcore.ops import conv, indexing, linalg, nn, reduce, shape, vision
+from gradcore.ops import pool as pool_ops
 from gradcore.ops import elemwise as ew
 from gradcore.ops.indexing import split_index
 
@@ -72,18 +73,15 @@ def _instances():
         "BatchNormTraining": [nn.BatchNormTraining()],
         "BatchNormBackward": [nn.BatchNormBackward()],
         "BatchNormInference": [nn.BatchNormInference()],
-        "Conv2d": [conv.Conv2d(*conv_attrs)],
-        "Conv2dBackwardData": [conv.Conv2dBackwardData(*conv_attrs)],
-        "Conv2dBackwardFilter": [conv.Conv2dBackwardFilter(*conv_attrs)],
-        "MaxPool2d": [conv.MaxPool2d(*pool)],
-        "MaxPool2dBackward": [conv.MaxPool2dBackward(*pool)],
-        "MaxPool2dGather": [conv.MaxPool2dGather(*pool)],
-        "AvgPool2d": [conv.AvgPool2d(*pool)],
-        "AvgPool2dBackward": [conv.AvgPool2dBackward(*pool)],
-        "ConvTranspose2d": [conv.ConvTranspose2d(2, 1, 1, (1, 2), 2)],
-        "Conv3d": [conv.Conv3d(*conv3d_attrs)],
-        "Conv3dBackwardData": [conv.Conv3dBackwardData(*conv3d_attrs)],
-        "Conv3dBackwardFilter": [conv.Conv3dBackwardFilter(*conv3d_attrs)],
+        "Convolution": [conv.Convolution(*conv_attrs), conv.Convolution(*conv3d_attrs)],
+        "ConvolutionBackwardData": [conv.ConvolutionBackwardData(*conv_attrs)],
+        "ConvolutionBackwardFilter": [conv.ConvolutionBackwardFilter(*conv3d_attrs)],
+        "MaxPool2d": [pool_ops.MaxPool2d(*pool)],
+        "MaxPool2dBackward": [pool_ops.MaxPool2dBackward(*pool)],
+        "MaxPool2dGather": [pool_ops.MaxPool2dGather(*pool)],
+        "AvgPool2d": [pool_ops.AvgPool2d(*pool)],
+        "AvgPool2dBackward": [pool_ops.AvgPool2dBackward(*pool)],
+        "ConvTranspose": [conv.ConvTranspose(2, 1, 1, (1, 2), 2)],
         "Interpolate": [vision.Interpolate((4, 5), m, a) for m, a in (("nearest", False), ("bilinear", True))],
         "InterpolateBackward": [vision.InterpolateBackward((4, 5), "bilinear", False)],
     }

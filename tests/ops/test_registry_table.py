@@ -10,7 +10,7 @@ import gradcore
 from gradcore import registry
 from gradcore.core import apply
 from gradcore.ops import elemwise as ew
-from gradcore.ops import conv, indexing, linalg, nn, reduce, shape, vision
+from gradcore.ops import conv, indexing, linalg, nn, pool, reduce, shape, vision
 from gradcore.ops.indexing import split_index
 from gradcore.testing import gradcheck, gradgradcheck
 
@@ -39,22 +39,29 @@ def _cases():
                             (shape.BroadcastToLike(), [f(), f(1)], [0])],
         "Cast": [(shape.Cast("float64"), [f(2, 3)], None)],
         "Concat": [(shape.Concat(0), [f(2, 3), f(1, 3), f(0, 3)], None), (shape.Concat(1), [f(1, 1), f(1, 2)], None)],
-        "Conv2d": [(conv.Conv2d(1, 0, 1, 1), [f(1, 2, 4, 4), f(3, 2, 3, 3)], None),
-                   (conv.Conv2d(2, 1, 1, 2), [f(2, 2, 5, 5), f(4, 1, 3, 3)], None),
-                   (conv.Conv2d(1, 1, 2, 1), [f(1, 1, 5, 5), f(1, 1, 2, 2)], None)],
-        "Conv2dBackwardData": [(conv.Conv2dBackwardData(1, 0, 1, 1), [f(1, 3, 2, 2), f(3, 2, 3, 3), f(1, 2, 4, 4)], [0, 1])],
-        "Conv2dBackwardFilter": [(conv.Conv2dBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2), f(1, 2, 4, 4), f(3, 2, 3, 3)], [0, 1])],
-        "MaxPool2d": [(conv.MaxPool2d(2), [f(1, 2, 4, 4)], None), (conv.MaxPool2d(3, 1, 1), [f(1, 1, 3, 3)], None)],
-        "MaxPool2dBackward": [(conv.MaxPool2dBackward(2), [f(1, 2, 2, 2), f(1, 2, 4, 4)], [0])],
-        "MaxPool2dGather": [(conv.MaxPool2dGather(2), [f(1, 2, 4, 4), f(1, 2, 4, 4)], [0])],
-        "AvgPool2d": [(conv.AvgPool2d(3, 1, 1), [f(1, 1, 4, 4)], None),
-                      (conv.AvgPool2d(2, 2, 0, "average"), [f(2, 1, 4, 4)], None)],
-        "AvgPool2dBackward": [(conv.AvgPool2dBackward(3, 1, 1), [f(1, 1, 4, 4), f(1, 1, 4, 4)], [0])],
-        "ConvTranspose2d": [(conv.ConvTranspose2d(2, 1, 1, 1, 2), [f(1, 2, 2, 3), f(2, 2, 3, 2)], None)],
-        "Conv3d": [(conv.Conv3d(1, 1, 1, 1), [f(1, 2, 3, 2, 3), f(2, 2, 2, 2, 2)], None),
-                   (conv.Conv3d(2, 0, 1, 2), [f(1, 2, 3, 3, 3), f(2, 1, 2, 1, 2)], None)],
-        "Conv3dBackwardData": [(conv.Conv3dBackwardData(1, 0, 1, 1), [f(1, 3, 2, 2, 1), f(3, 2, 2, 2, 2), f(1, 2, 3, 3, 2)], [0, 1])],
-        "Conv3dBackwardFilter": [(conv.Conv3dBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2, 1), f(1, 2, 3, 3, 2), f(3, 2, 2, 2, 2)], [0, 1])],
+        "Convolution": [(conv.Convolution(1, 0, 1, 1), [f(1, 2, 4, 4), f(3, 2, 3, 3)], None),
+                        (conv.Convolution(2, 1, 1, 2), [f(2, 2, 5, 5), f(4, 1, 3, 3)], None),
+                        (conv.Convolution(1, 1, 2, 1), [f(1, 1, 5, 5), f(1, 1, 2, 2)], None),
+                        (conv.Convolution((2,), 1, 2, 2), [f(2, 4, 7), f(2, 2, 3)], None),
+                        (conv.Convolution(1, 1, 1, 1), [f(1, 2, 3, 2, 3), f(2, 2, 2, 2, 2)], None),
+                        (conv.Convolution(2, 0, 1, 2), [f(1, 2, 3, 3, 3), f(2, 1, 2, 1, 2)], None)],
+        "ConvolutionBackwardData": [
+            (conv.ConvolutionBackwardData(1, 0, 1, 1), [f(1, 3, 2, 2), f(3, 2, 3, 3), f(1, 2, 4, 4)], [0, 1]),
+            (conv.ConvolutionBackwardData(2, 1, 1, 1), [f(1, 2, 3), f(2, 1, 2), f(1, 1, 5)], [0, 1]),
+            (conv.ConvolutionBackwardData(1, 0, 1, 1), [f(1, 3, 2, 2, 1), f(3, 2, 2, 2, 2), f(1, 2, 3, 3, 2)], [0, 1])],
+        "ConvolutionBackwardFilter": [
+            (conv.ConvolutionBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2), f(1, 2, 4, 4), f(3, 2, 3, 3)], [0, 1]),
+            (conv.ConvolutionBackwardFilter(2, 1, 1, 2), [f(1, 2, 3), f(1, 2, 5), f(2, 1, 2)], [0, 1]),
+            (conv.ConvolutionBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2, 1), f(1, 2, 3, 3, 2), f(3, 2, 2, 2, 2)], [0, 1])],
+        "MaxPool2d": [(pool.MaxPool2d(2), [f(1, 2, 4, 4)], None), (pool.MaxPool2d(3, 1, 1), [f(1, 1, 3, 3)], None)],
+        "MaxPool2dBackward": [(pool.MaxPool2dBackward(2), [f(1, 2, 2, 2), f(1, 2, 4, 4)], [0])],
+        "MaxPool2dGather": [(pool.MaxPool2dGather(2), [f(1, 2, 4, 4), f(1, 2, 4, 4)], [0])],
+        "AvgPool2d": [(pool.AvgPool2d(3, 1, 1), [f(1, 1, 4, 4)], None),
+                      (pool.AvgPool2d(2, 2, 0, "average"), [f(2, 1, 4, 4)], None)],
+        "AvgPool2dBackward": [(pool.AvgPool2dBackward(3, 1, 1), [f(1, 1, 4, 4), f(1, 1, 4, 4)], [0])],
+        "ConvTranspose": [(conv.ConvTranspose(2, 1, 1, 1, 2), [f(1, 2, 2, 3), f(2, 2, 3, 2)], None),
+                          (conv.ConvTranspose(2, 0, 1), [f(1, 2, 3), f(2, 1, 2)], None),
+                          (conv.ConvTranspose((1, 2, 1), 1), [f(1, 1, 2, 2, 2), f(1, 2, 2, 2, 2)], None)],
         "Interpolate": [(vision.Interpolate((3, 5), "bilinear", False), [f(1, 2, 2, 3)], None),
                         (vision.Interpolate((3, 2), "nearest", False), [f(1, 1, 2, 3)], None)],
         "InterpolateBackward": [(vision.InterpolateBackward((3, 5), "bilinear", True), [f(1, 2, 3, 5), f(1, 2, 2, 3)], [0])],
