@@ -27,7 +27,17 @@ import gradcore.functional as F
 from gradcore.cuda import cudnn, runtime
 
 import fake_cudnn
-from conftest import gpu_unavailable_reason
+
+
+def gpu_unavailable_reason():
+    """None where PyCUDA finds a GPU, else why not (``conftest`` is not importable by name here:
+    tests/ops has one too)."""
+    from gradcore.cuda.driver import CudaUnavailable, PyCudaDriver
+    try:
+        PyCudaDriver()
+        return None
+    except CudaUnavailable as exc:
+        return str(exc)
 
 # these check what happens where cuDNN cannot start; a GPU runs the real thing (and the tests below)
 
