@@ -414,8 +414,7 @@ def _sum_to(g, shape):
     global _sum_to_op
     if _sum_to_op is None:
         from gradcore.ops.shape import SumTo
-        from gradcore.op import interned
-        _sum_to_op = interned(SumTo)
+        _sum_to_op = SumTo
     return _core.apply(_sum_to_op(tuple(shape)), g)[0]
 
 

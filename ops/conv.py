@@ -266,7 +266,6 @@ class _ConvAttrs(Op):
         self.groups = op_int(n, "groups", groups)
         if self.groups < 1:
             raise ValueError(f"{n}: groups must be >= 1, got {groups!r}")
-        self._seal()
 
     def _check(self, x, w, descs):
         """Validate input shape ``x`` (N, C, [D,] H, W) against weight shape
@@ -745,7 +744,6 @@ class _PoolBase(Op):
         self.kernel_size = _pair(n, "kernel_size", kernel_size, 1)
         self.stride = self.kernel_size if stride is None else _pair(n, "stride", stride, 1)
         self.padding = _pair(n, "padding", padding, 0)
-        self._seal()
 
     def _check(self, x, descs):
         """Validate the input shape ``x``; return the pooled (OH, OW)."""

@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 from .._core import Tensor, apply as _apply
-from ..op import OpError, interned
+from ..op import OpError
 from ..ops.conv import AvgPool2d, Conv2d, Conv3d, ConvTranspose2d, MaxPool2d
 from ._args import _index, _int_arg, _int_tuple, _named, _t
 from .shape import expand_dims, reshape, squeeze
 
 # one op instance per distinct attributes: the per-op caches stay warm
-_Conv2d, _MaxPool2d, _AvgPool2d = map(interned, (Conv2d, MaxPool2d, AvgPool2d))
-_ConvTranspose2d, _Conv3d = map(interned, (ConvTranspose2d, Conv3d))
+_Conv2d, _MaxPool2d, _AvgPool2d = (Conv2d, MaxPool2d, AvgPool2d)
+_ConvTranspose2d, _Conv3d = (ConvTranspose2d, Conv3d)
 
 
 def _pair(v):
