@@ -1193,8 +1193,7 @@ cdef tuple _split_rule_result(op, res, device):
     if not isinstance(res, tuple) or len(res) != 2:
         raise TypeError(f"{_op_name(op)}: a grad rule must return (outputs, backward), got {type(res).__name__}")
     outs, backward = res
-    single = isinstance(outs, Tensor)
-    if single:
+    if isinstance(outs, Tensor):
         outs = (outs,)
     elif isinstance(outs, (tuple, list)):
         for o in outs:
@@ -1206,7 +1205,7 @@ cdef tuple _split_rule_result(op, res, device):
         raise TypeError(f"{_op_name(op)}: the backward returned by the grad rule is not callable")
     # fresh wrappers: an output may be an input, which must keep its own history
     wrapped = tuple([_wrap((<Tensor>o)._data, (<Tensor>o)._device) for o in outs])
-    return (wrapped if not single else wrapped), backward, single
+    return wrapped, backward
 
 
 cdef int _rg_mask(tuple args, GradKey key):
@@ -1318,7 +1317,6 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
     cdef GradSlot s
     cdef Tensor t
     cdef CompiledBackward cb = None
-    cdef bint single = False
     rule = None
     backward = None
     cdef tuple outs = None    # None: one output, out0, and no tuple made
@@ -1329,7 +1327,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
     if _has_own_rule(op):
         # the rule's backward closes over its inputs: give it tensors of its
         # own, which a later in-place op on the caller's cannot rebind
-        outs, backward, single = _run_own_rule(op, _aliases(args), device)
+        outs, backward = _run_own_rule(op, _aliases(args), device)
         cb = _rule_backward(op, backward, device, n, len(outs), "_grad_rule")
     else:
         rule = _grad_rules.get(type(op)) if _grad_rules else None
@@ -1343,7 +1341,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
             finally:
                 ts.no_record -= 1
             if res is not None:
-                outs, backward, single = _split_rule_result(op, res, device)
+                outs, backward = _split_rule_result(op, res, device)
                 cb = _rule_backward(op, backward, device, n, len(outs), "registered rule")
 
     graphs = None

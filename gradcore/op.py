@@ -22,6 +22,7 @@ Example, a complete differentiable op::
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -166,7 +167,6 @@ def clear_interned() -> None:
 # registered for its type; a backward graph traced from its ``vjp`` or
 # derived from its ``decompose``.
 GRAD_PATHS = ("_grad_rule", "registered rule", "vjp", "decompose")
-CUDA_DEFAULT_LAUNCH = "const T* inputs..., T* outputs..., long long n"
 
 
 class OpDescription:
@@ -175,23 +175,20 @@ class OpDescription:
     core, the backward-graph builder, the registry, ``check_op``, the CLI
     and ``visualize`` read it; none works these facts out again.
 
-    - ``grad_rule``: the class has its own ``_grad_rule`` (path 1);
-    - ``traced``: "vjp" or "decompose", what a backward graph is built from
-      (path 3), or None;
-    - ``grad_path``: the path used now, one of ``GRAD_PATHS`` or None (a
-      rule registered with ``register_grad_rule`` counts from then on);
+    - ``grad_path``: one of ``GRAD_PATHS`` or None (a rule registered with
+      ``register_grad_rule`` counts from then on); ``grad_rule``: the class
+      has its own; ``traced``: "vjp", "decompose" or None, what a backward
+      graph is built from; ``forward_by_rule``: no cpu kernel, the rule runs it;
     - ``devices``: declared (``devices = (...)``) or those with a kernel;
-    - ``kernels``: device -> how it runs there: ``"cpu"`` (the op's NumPy
-      kernel), ``"launcher"`` (its ``cuda(self, be, *arrays)``),
-      ``"default launch"`` (its ``cuda_source`` launched with the inputs,
-      the outputs and ``long long n``), ``"decompose"`` or ``"_grad_rule"``
-      (the forward those run);
-    - ``params``: the constructor's parameters, ``(name, default)`` (the
-      default ``inspect.Parameter.empty`` when there is none);
-    - ``arity``: ``(min, max)`` inputs of the forward (max None: any), or None;
-    - ``has_infer``: the forward consults the class's own ``infer``;
-    - ``check``: ``domain``, ``check_shapes``, ``check_params``,
-      ``check_gradient``, ``examples`` as the class declares them.
+      ``kernels``: device -> how it runs there: "cpu", "launcher" (its
+      ``cuda(self, be, *arrays)``), "default launch" (its ``cuda_source``
+      given the inputs, the outputs and ``long long n``), "decompose" or
+      "_grad_rule";
+    - ``params``: ``(name, default)`` per constructor parameter; ``arity``:
+      ``(attribute, (min, max))`` inputs of the forward, or None;
+      ``has_infer``: the forward consults the class's own ``infer``;
+      ``check``: ``domain``, ``check_shapes``, ``check_params``,
+      ``check_gradient``, ``examples`` as declared.
 
     Example::
 
@@ -225,7 +222,11 @@ class OpDescription:
             self.devices = (declared,) if isinstance(declared, str) else tuple(declared)
         else:
             self.devices = tuple(d for d in ("cpu", "cuda") if d in kernels or self.forward_by_rule)
-        self.params = _parameters(cls.__init__)
+        try:
+            sig = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        except (TypeError, ValueError):
+            sig = []
+        self.params = tuple((p.name, p.default) for p in sig if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
         self.arity = _forward_arity(cls)
         infer = getattr(cls, "infer", None)
         self.has_infer = infer is not None and infer is not _base_infer and infer is not _decomposed_infer
@@ -245,16 +246,6 @@ class OpDescription:
                 f"kernels {self.kernels}, params {[p for p, _ in self.params]})")
 
 
-def _parameters(fn) -> tuple:
-    import inspect
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return ()
-    return tuple((p.name, p.default) for p in list(sig.parameters.values())[1:]
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-
-
 def positional_arity(fn, drop_self: bool = True):
     """(min, max) positional arguments ``fn`` accepts (max None for
     ``*args``, -1 when a keyword-only argument is required); None when the
@@ -265,12 +256,10 @@ def positional_arity(fn, drop_self: bool = True):
         >>> positional_arity(lambda self, x, y=1: 0)
         (1, 2)
     """
-    import inspect
     try:
-        sig = inspect.signature(fn)
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return None
-    params = list(sig.parameters.values())
     if drop_self and params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         params = params[1:]
     lo, hi = 0, 0
@@ -318,19 +307,18 @@ def describe(op) -> OpDescription:
 
 
 def _describe(cls) -> OpDescription:
-    """Called by the op metaclass for every class it creates (and when a
-    protocol attribute of a class changes): give an op declared by
-    ``decompose`` alone its derived forward, then describe it."""
+    """Called by the op metaclass for every class it creates: give an op
+    declared by ``decompose`` alone its derived forward, then describe it."""
     if getattr(cls, "decompose", None) is not None:
         if getattr(cls, "cpu", None) is None:
-            type.__setattr__(cls, "cpu", _decomposed_cpu)
+            cls.cpu = _decomposed_cpu
         if getattr(cls, "cuda", None) is None and getattr(cls, "cuda_source", None) is None:
-            type.__setattr__(cls, "cuda", _decomposed_cuda)
+            cls.cuda = _decomposed_cuda
         if getattr(cls, "infer", None) in (None, _base_infer):
-            type.__setattr__(cls, "infer", _decomposed_infer)
+            cls.infer = _decomposed_infer
     d = OpDescription(cls)
     try:
-        type.__setattr__(cls, "_desc", d)
+        cls._desc = d
     except TypeError:          # a class that takes no attributes (a builtin type)
         pass
     return d

@@ -652,7 +652,7 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
     from .op import TensorDesc
     cls = op if isinstance(op, type) else type(op)
     rng = np.random.default_rng(seed)
-    domain = tuple(getattr(cls, "domain", None) or _DEFAULT_DOMAIN)
+    domain = tuple(describe(cls).check["domain"] or _DEFAULT_DOMAIN)
     cases, tried = [], []
     for inst in _instances_for(op, seed):
         nin = getattr(inst, "nin", None)
@@ -816,7 +816,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             c.not_applicable("no floating-point output")
         elif not checks[check].fail and check == "gradgrad" and checks["grad"].fail:
             c.not_applicable("first order gradients already fail")
-        elif getattr(op, "check_gradient", None) == "zero":
+        elif describe(op).check["check_gradient"] == "zero":
             # declared zero by design (a stop-gradient): finite differences
             # would disagree, so check that the gradient is exactly that
             if order == 2:

@@ -136,7 +136,7 @@ class LogSumExp(Composite):
     def infer(self, x):
         _check_axis(self, x)      # named after this op, not the Reduce inside
         if x.shape is not None and x.ndim and x.shape[self.axis] == 0:
-            raise self.error(f"cannot take logsumexp over the empty axis {self.axis}", x)
+            raise self.error(f"cannot take logsumexp over an empty dimension (axis {self.axis})", x)
         return super().infer(x)
 
     def decompose(self, x):

@@ -306,9 +306,12 @@ def test_pytest_plugin_runs_cuda_checks_on_the_emulator(monkeypatch):
 
 
 def test_pytest_plugin_skips_visibly_when_cuda_cannot_run(monkeypatch):
+    from gradcore import devices
     from gradcore.pytest_plugin import _run_check
     import gradcore.testing as testing
     monkeypatch.delenv("GRADCORE_CUDA", raising=False)
-    monkeypatch.setattr(testing.shutil, "which", lambda name: None)
+    monkeypatch.setattr(testing.shutil, "which", lambda name: None)       # no C++ compiler: no emulator
+    monkeypatch.setattr(devices, "is_cuda_available", lambda: False)      # and no GPU
+    monkeypatch.setattr(devices, "cuda_unavailable_reason", lambda: "no GPU here")
     with pytest.raises(pytest.skip.Exception, match=r"forward\[cuda\] skipped: CUDA unavailable"):
         _run_check(CudaDisagrees(), np.linspace(-1, 1, 6), compile_cuda=False)
