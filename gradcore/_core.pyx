@@ -533,7 +533,7 @@ cdef class OpBase:
     cdef object _cpu_kernel
     cdef bint _cpu_takes_op       # _cpu_kernel is the class's function: call it with the op
     cdef Py_ssize_t _nin          # inputs the op takes (its ``nin``), -1 any, -2 unknown
-    cdef signed char _own_rule    # -1 unknown, 0 no, 1 yes
+    cdef signed char _own_rule    # -1 unknown, else _rule_kind
     cdef signed char _promotes    # has input_dtypes (gradcore.dtypes): -1 unknown, 0 no, 1 yes
     cdef long long _last_key
     cdef object _last_cb
@@ -716,7 +716,7 @@ cdef class CompiledBackward:
     """A node's backward, the one kind every gradient path ends in: a
     backward graph built by gradcore.graph (``vjp``, ``decompose``), or a
     user's function of the output gradients (``_grad_rule``, a registered
-    rule, ``Function``: ``_rule_backward``)."""
+    rule, ``Function``: ``_rule_cb``)."""
     cdef public str kind               # the gradient path it came from (gradcore.op.GRAD_PATHS)
     cdef public bint user_fn           # a user's function: gets None for a missing output
                                        # gradient, and what it returns is checked
@@ -1086,7 +1086,7 @@ cdef object _dispatch(op, tuple args, bint one):
         if ts.no_record == 0:
             keys = _recorders(args, ts)
     if keys is None:
-        if _has_own_rule(op) and _h_describe(op).forward_by_rule:
+        if _rule_kind(op) == 2:
             return _first(_run_own_rule(op, args, device)[0], one)
         return _outputs(_kernel_call(op, args, device), device, one)
     return _record(op, args, device, keys, one)
@@ -1168,14 +1168,22 @@ cdef bint _needs_promotion(op, tuple args):
     return False
 
 
-cdef bint _has_own_rule(op):
+cdef signed char _rule_kind(op):
+    """0: no _grad_rule of its own; 1: one; 2: one that is also its forward
+    (no cpu kernel). From the op's description, cached on the op."""
     cdef OpBase ob
     if isinstance(op, OpBase):
         ob = <OpBase>op
         if ob._own_rule < 0:
-            ob._own_rule = _h_describe(op).grad_rule
+            d = _h_describe(op)
+            ob._own_rule = 2 if d.forward_by_rule else 1 if d.grad_rule else 0
         return ob._own_rule
-    return _h_describe(op).grad_rule
+    d = _h_describe(op)
+    return 2 if d.forward_by_rule else 1 if d.grad_rule else 0
+
+
+cdef inline bint _has_own_rule(op):
+    return _rule_kind(op) != 0
 
 
 cdef tuple _run_own_rule(op, tuple args, device):
@@ -1328,7 +1336,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
         # the rule's backward closes over its inputs: give it tensors of its
         # own, which a later in-place op on the caller's cannot rebind
         outs, backward = _run_own_rule(op, _aliases(args), device)
-        cb = _rule_backward(op, backward, device, n, len(outs), "_grad_rule")
+        cb = _OWN_RULE_CB
     else:
         rule = _grad_rules.get(type(op)) if _grad_rules else None
         if rule is not None:
@@ -1342,7 +1350,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
                 ts.no_record -= 1
             if res is not None:
                 outs, backward = _split_rule_result(op, res, device)
-                cb = _rule_backward(op, backward, device, n, len(outs), "registered rule")
+                cb = _REGISTERED_RULE_CB
 
     graphs = None
     cdef bint by_rule = cb is not None
@@ -1412,7 +1420,8 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
                 node.versions = _versions_of(cb, args)
         else:
             node.backward = cb
-            node.saved = ()
+            node.saved = _rule_saved(op, backward, device, n, len(outs))
+            node.saved_tensors = True        # kept as given, not wrapped nor unwrapped
             _set_dests(node, args, key, None)
             # the rule may have kept any input (as its own alias): a
             # Parameter written in place before backward is caught
@@ -1663,41 +1672,56 @@ cdef inline object _save(CompiledBackward cb, tuple args, tuple outs, object out
 
 
 @cython.final
+@cython.freelist(256)
 cdef class _RuleBackward:
-    """Runs a user's backward function: Tensors in, Tensors (or None) out,
-    checked (count and kind) and unwrapped in raw mode."""
+    """What a rule's node saves: the user's backward function and what
+    running it needs (the node's CompiledBackward is shared, see _rule_cb)."""
     cdef object op, fn, device
     cdef Py_ssize_t nin
     cdef bint one
 
-    def run_tensor(self, saved, grads):
-        res = _check_user_grads(self.op, self.fn(grads) if self.one else self.fn(*grads), self.nin)
-        return res[0] if self.nin == 1 else res
 
-    def run_raw(self, saved, grads):
-        if self.one:
-            grads = (grads,)
-        res = self.fn(*[None if g is None else _wrap(g, self.device) for g in grads])
-        res = tuple([None if g is None else (<Tensor>g)._data for g in _check_user_grads(self.op, res, self.nin)])
-        return res[0] if self.nin == 1 else res
-
-
-cdef CompiledBackward _rule_backward(op, fn, device, Py_ssize_t nin, Py_ssize_t nout, str kind):
-    """The backward of a node whose rule gave ``fn(*output_grads)`` (paths 1
-    and 2): saves nothing itself (``fn`` closes over what it reads); its
-    gradients come back in the inputs' shapes or their broadcast shape,
-    summed centrally like a graph's."""
+cdef _RuleBackward _rule_saved(op, fn, device, Py_ssize_t nin, Py_ssize_t nout):
     cdef _RuleBackward rb = _RuleBackward.__new__(_RuleBackward)
     rb.op, rb.fn, rb.device, rb.nin, rb.one = op, fn, device, nin, nout == 1
+    return rb
+
+
+def _rule_run_tensor(_RuleBackward rb, grads):
+    """A user's backward on Tensors (recorded by older keys): checked."""
+    res = _check_user_grads(rb.op, rb.fn(grads) if rb.one else rb.fn(*grads), rb.nin)
+    return res[0] if rb.nin == 1 else res
+
+
+def _rule_run_raw(_RuleBackward rb, grads):
+    """A user's backward in raw mode: arrays wrapped in, checked, unwrapped out."""
+    if rb.one:
+        grads = (grads,)
+    res = rb.fn(*[None if g is None else _wrap(g, rb.device) for g in grads])
+    res = tuple([None if g is None else (<Tensor>g)._data for g in _check_user_grads(rb.op, res, rb.nin)])
+    return res[0] if rb.nin == 1 else res
+
+
+cdef CompiledBackward _rule_cb(str kind):
+    """The backward of every node whose rule gave ``fn(*output_grads)``
+    (paths 1 and 2), one per kind: its saved value is the node's
+    _RuleBackward (kept as given, like saved Tensors); its gradients come
+    back in the inputs' shapes or their broadcast shape, summed centrally
+    like a graph's."""
     cdef CompiledBackward cb = CompiledBackward.__new__(CompiledBackward)
-    cb.run_raw = rb.run_raw
-    cb.run_tensor = rb.run_tensor
+    cb.run_raw = _rule_run_raw
+    cb.run_tensor = _rule_run_tensor
     cb.save_index = ()
+    cb.one_saved = True
     cb.any_grad = True
     cb.reduce_broadcast = True
     cb.user_fn = True
     cb.kind = kind
     return cb
+
+
+cdef CompiledBackward _OWN_RULE_CB = _rule_cb("_grad_rule")
+cdef CompiledBackward _REGISTERED_RULE_CB = _rule_cb("registered rule")
 
 
 # ---------------------------------------------------------------- backward

@@ -19,13 +19,7 @@ from typing import List, Optional
 
 
 def _ops() -> int:
-    import warnings
-    from . import registry
-    with warnings.catch_warnings():
-        # each failure is printed below, once; not also as a warning
-        warnings.simplefilter("ignore", RuntimeWarning)
-        entries = registry.entries()
-        failures = registry.failures()
+    entries, failures = _quiet_registry()
     width = max([len(e.name) for e in entries] + [4])
     pwidth = max([len(e.dist) for e in entries] + [12])
     print(f"{'op':<{width}}  {'package':<{pwidth}}  {'devices':<10}  gradient path")

@@ -57,12 +57,9 @@ def check_op():
     return _run_check
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _ops_of_dist(dist: str) -> List[type]:
     from gradcore import registry
+    _norm = registry._norm
     entries = [e for e in registry.entries() if _norm(e.dist) == _norm(dist)]
     if not entries:
         failed = [f for f in registry.failures() if _norm(f.dist) == _norm(dist)]
