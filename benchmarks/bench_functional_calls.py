@@ -6,11 +6,11 @@ three ways, in one process, rounds interleaved with a rotating order:
              ``import gradcore.functional`` loads when built)
   source     the same file run as plain Python (a def calling _core.apply1:
              one Python frame more per call)
-  OpFunction ``_core.OpFunction(Elemwise(mode))``, the compiled callable F
-             used before the functions were real defs
+  op call    ``Elemwise(mode)(x)``, calling the op itself (the compiled
+             ``OpBase.__call__``; the former ``_core.OpFunction`` wrapper is gone)
 
 Forward only, 16 float32 elements, no recording. Prints medians (ns per call)
-and the median per-round ratio to OpFunction.
+and the median per-round ratio to the op call.
 
 Usage::
 
@@ -29,7 +29,6 @@ import numpy as np
 
 import gradcore as gc
 import gradcore.functional as F
-from gradcore import _core
 from gradcore.functional import elemwise_table
 from gradcore.ops.elemwise import Elemwise
 
@@ -43,7 +42,7 @@ def source_module():
 
 
 def _call(fn, x, y=None):
-    # written-out calls: fn(*args) would favour OpFunction, which takes the tuple as is
+    # written-out calls: fn(*args) would favour a callable that takes the tuple as is
     return (lambda: fn(x)) if y is None else (lambda: fn(x, y))
 
 
@@ -61,19 +60,19 @@ def main() -> None:
     x, y = (gc.tensor(rng.random(16).astype("float32")) for _ in range(2))
     modes = {"exp": (x,), "tanh": (x,), "add": (x, y), "mul": (x, y)}
     ways = {"compiled": lambda m: getattr(F, m), "source": lambda m: getattr(source, m),
-            "OpFunction": lambda m: _core.OpFunction(Elemwise(m), m)}
+            "op call": lambda m: Elemwise(m)}
     cases = {(m, w): _call(make(m), *a) for m, a in modes.items() for w, make in ways.items()}
     times = {k: [] for k in cases}
     keys = list(cases)
     for r in range(args.rounds):
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:
             times[k].append(timeit.timeit(cases[k], number=args.number) / args.number * 1e9)
-    print(f"{'call':8} " + " ".join(f"{w + ' ns':>14}" for w in ways) + "   compiled/OpFunction  source/OpFunction")
+    print(f"{'call':8} " + " ".join(f"{w + ' ns':>14}" for w in ways) + "   compiled/op call  source/op call")
     for m in modes:
         med = [statistics.median(times[(m, w)]) for w in ways]
-        ratio = [statistics.median(a / b for a, b in zip(times[(m, w)], times[(m, "OpFunction")]))
+        ratio = [statistics.median(a / b for a, b in zip(times[(m, w)], times[(m, "op call")]))
                  for w in ("compiled", "source")]
-        print(f"F.{m:6} " + " ".join(f"{v:14.0f}" for v in med) + f"   {ratio[0]:19.3f}  {ratio[1]:17.3f}")
+        print(f"F.{m:6} " + " ".join(f"{v:14.0f}" for v in med) + f"   {ratio[0]:16.3f}  {ratio[1]:14.3f}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ cdef object _ndarray = np.ndarray
 cdef object _np_add = np.add
 cdef object _np_asarray = np.asarray
 cdef object _np_zeros = np.zeros
+cdef object _np_broadcast_shapes = np.broadcast_shapes
 
 # ---------------------------------------------------------------- hooks
 # Filled by the Python side (gradcore.graph, gradcore.tensor_utils, ...).
@@ -48,7 +49,7 @@ cdef object _h_kernel_error = None    # (op, args, exc) -> exception to raise
 cdef object _h_kernel_for = None      # (op, device) -> kernel callable
 cdef object _h_getattr = None         # (name) -> python-level Tensor method impl
 cdef object _h_infer_check = None     # (op, args) -> None; raises the op's error (op.infer on the inputs)
-cdef object _h_has_infer = None       # (op) -> whether the forward path consults op.infer
+cdef object _h_describe = None        # (op or class) -> its OpDescription (gradcore.op.describe)
 cdef object _h_promote = None         # (op, args) -> (op, args cast by the dtype rules)
 cdef dict _operator_ops = {}
 # the hottest operator ops, read without a dict lookup per call
@@ -67,7 +68,7 @@ def _install_hooks(**hooks):
     """Called once by gradcore's Python modules to plug their parts in."""
     global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
     global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array, _h_promote
-    global _h_infer_check, _h_has_infer
+    global _h_infer_check, _h_describe
     for name, fn in hooks.items():
         if name == "slow_apply": _h_slow_apply = fn
         elif name == "backward_graph": _h_backward_graph = fn
@@ -78,7 +79,7 @@ def _install_hooks(**hooks):
         elif name == "tensor_method": _h_getattr = fn
         elif name == "device_array": _device_array = fn
         elif name == "infer_check": _h_infer_check = fn
-        elif name == "has_infer": _h_has_infer = fn
+        elif name == "describe": _h_describe = fn
         elif name == "promote": _h_promote = fn
         elif name == "operator_ops":
             _operator_ops.update(fn)
@@ -95,7 +96,6 @@ cdef long _next_priority = 0       # keys are ordered by age, process-wide
 cdef Py_ssize_t _seq = 0           # global sequence number of recorded nodes
 cdef unsigned long long _next_serial = 0   # numbers the threads' states
 cdef dict _grad_rules = {}         # op type -> registered rule (path 2)
-cdef dict _own_rule_types = {}     # op type -> has _grad_rule (path 1)
 cdef dict _bw_front = {}           # (id(op), device, dtypes, rg) -> (op, CompiledBackward)
 # anomaly mode (gradcore.anomaly): off, recording pays one flag check per node
 cdef bint _anomaly = False
@@ -210,7 +210,6 @@ def register_grad_rule(op_type):
     def deco(rule):
         _grad_rules[op_type] = rule
         _bw_front.clear()
-        _own_rule_types.clear()
         return rule
     return deco
 
@@ -534,7 +533,7 @@ cdef class OpBase:
     cdef object _cpu_kernel
     cdef bint _cpu_takes_op       # _cpu_kernel is the class's function: call it with the op
     cdef Py_ssize_t _nin          # inputs the op takes (its ``nin``), -1 any, -2 unknown
-    cdef signed char _own_rule    # -1 unknown, 0 no, 1 yes
+    cdef signed char _own_rule    # -1 unknown, else _rule_kind
     cdef signed char _promotes    # has input_dtypes (gradcore.dtypes): -1 unknown, 0 no, 1 yes
     cdef long long _last_key
     cdef object _last_cb
@@ -598,7 +597,7 @@ cdef int _guard_infer(OpBase op, tuple args, object device) except -1:
     """Run the op's ``infer`` on the inputs' descriptors before its kernel,
     once per distinct (dtypes, shapes, device): the verdict is cached on the op."""
     if op._infer_state < 0:
-        op._infer_state = 1 if (_h_has_infer is not None and _h_has_infer(op)) else 0
+        op._infer_state = 1 if _h_describe(op).has_infer else 0
     if op._infer_state == 0:
         return 0
     cdef unsigned long long key = _desc_key(args, device)
@@ -611,31 +610,6 @@ cdef int _guard_infer(OpBase op, tuple args, object device) except -1:
         op._infer_ok.add(key)
     op._infer_last = key
     return 0
-
-
-cdef class OpFunction:
-    """A functional wrapper around one op with one output, callable with
-    tensors: ``F.tanh`` is ``OpFunction(Elemwise("tanh"))``. Saves a Python
-    frame per call."""
-    cdef readonly object op
-    cdef dict __dict__
-
-    def __init__(self, op, name=None, doc=None):
-        self.op = op
-        self.__name__ = name or repr(op)
-        self.__qualname__ = self.__name__
-        self.__doc__ = doc
-
-    # positional only: a keyword-only or **kwargs signature costs every
-    # call (argument parsing, a dict) on the hottest path there is
-    def __call__(self, *args):
-        return _apply1(self.op, args)
-
-    def __repr__(self):
-        return f"<gradcore function {getattr(self, '__name__')}>"
-
-    def __reduce__(self):
-        return (OpFunction, (self.op, getattr(self, "__name__"), getattr(self, "__doc__")))
 
 
 # ---------------------------------------------------------------- slots
@@ -700,8 +674,7 @@ cdef class GradFn:
     """One recorded op on one tape. Final and pooled: recording an op costs
     one allocation from the free list."""
     cdef object op
-    cdef int path             # 1: own _grad_rule, 2: registered rule, 3: backward graph
-    cdef object backward      # callable (paths 1, 2) or CompiledBackward (path 3)
+    cdef CompiledBackward backward   # how its backward runs: a graph or a user's function
     cdef object saved         # what the backward reads: the value itself when it is one, else a tuple
     cdef bint saved_tensors   # saved values are Tensors (several keys recorded the op)
     cdef GradSlot slot0       # the output slot when there is one output
@@ -740,7 +713,13 @@ cdef class GradFn:
 
 @cython.final
 cdef class CompiledBackward:
-    """A backward graph ready to run: built by gradcore.graph."""
+    """A node's backward, the one kind every gradient path ends in: a
+    backward graph built by gradcore.graph (``vjp``, ``decompose``), or a
+    user's function of the output gradients (``_grad_rule``, a registered
+    rule, ``Function``: ``_rule_cb``)."""
+    cdef public str kind               # the gradient path it came from (gradcore.op.GRAD_PATHS)
+    cdef public bint user_fn           # a user's function: gets None for a missing output
+                                       # gradient, and what it returns is checked
     cdef public tuple save_index      # indices into inputs + outputs
     cdef public tuple precomp_index   # inputs/outputs kept only as shape carriers, or None
     cdef public object run_raw        # (saved, grads) -> grads per input (arrays)
@@ -1107,7 +1086,7 @@ cdef object _dispatch(op, tuple args, bint one):
         if ts.no_record == 0:
             keys = _recorders(args, ts)
     if keys is None:
-        if _has_own_rule(op) and not hasattr(op, "cpu"):
+        if _rule_kind(op) == 2:
             return _first(_run_own_rule(op, args, device)[0], one)
         return _outputs(_kernel_call(op, args, device), device, one)
     return _record(op, args, device, keys, one)
@@ -1189,19 +1168,22 @@ cdef bint _needs_promotion(op, tuple args):
     return False
 
 
-cdef bint _has_own_rule(op):
+cdef signed char _rule_kind(op):
+    """0: no _grad_rule of its own; 1: one; 2: one that is also its forward
+    (no cpu kernel). From the op's description, cached on the op."""
     cdef OpBase ob
     if isinstance(op, OpBase):
         ob = <OpBase>op
         if ob._own_rule < 0:
-            ob._own_rule = hasattr(type(op), "_grad_rule")
+            d = _h_describe(op)
+            ob._own_rule = 2 if d.forward_by_rule else 1 if d.grad_rule else 0
         return ob._own_rule
-    t = type(op)
-    r = _own_rule_types.get(t)
-    if r is None:
-        r = hasattr(t, "_grad_rule")
-        _own_rule_types[t] = r
-    return r
+    d = _h_describe(op)
+    return 2 if d.forward_by_rule else 1 if d.grad_rule else 0
+
+
+cdef inline bint _has_own_rule(op):
+    return _rule_kind(op) != 0
 
 
 cdef tuple _run_own_rule(op, tuple args, device):
@@ -1219,8 +1201,7 @@ cdef tuple _split_rule_result(op, res, device):
     if not isinstance(res, tuple) or len(res) != 2:
         raise TypeError(f"{_op_name(op)}: a grad rule must return (outputs, backward), got {type(res).__name__}")
     outs, backward = res
-    single = isinstance(outs, Tensor)
-    if single:
+    if isinstance(outs, Tensor):
         outs = (outs,)
     elif isinstance(outs, (tuple, list)):
         for o in outs:
@@ -1232,7 +1213,7 @@ cdef tuple _split_rule_result(op, res, device):
         raise TypeError(f"{_op_name(op)}: the backward returned by the grad rule is not callable")
     # fresh wrappers: an output may be an input, which must keep its own history
     wrapped = tuple([_wrap((<Tensor>o)._data, (<Tensor>o)._device) for o in outs])
-    return (wrapped if not single else wrapped), backward, single
+    return wrapped, backward
 
 
 cdef int _rg_mask(tuple args, GradKey key):
@@ -1344,19 +1325,18 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
     cdef GradSlot s
     cdef Tensor t
     cdef CompiledBackward cb = None
-    cdef int path = 3
-    cdef bint single = False
     rule = None
     backward = None
     cdef tuple outs = None    # None: one output, out0, and no tuple made
     out0 = None
 
-    # choose the gradient path, in the SPEC's order
+    # choose the gradient path, in the SPEC's order; a rule's backward
+    # becomes a CompiledBackward like a graph's (one node kind)
     if _has_own_rule(op):
-        path = 1
         # the rule's backward closes over its inputs: give it tensors of its
         # own, which a later in-place op on the caller's cannot rebind
-        outs, backward, single = _run_own_rule(op, _aliases(args), device)
+        outs, backward = _run_own_rule(op, _aliases(args), device)
+        cb = _OWN_RULE_CB
     else:
         rule = _grad_rules.get(type(op)) if _grad_rules else None
         if rule is not None:
@@ -1369,11 +1349,12 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
             finally:
                 ts.no_record -= 1
             if res is not None:
-                path = 2
-                outs, backward, single = _split_rule_result(op, res, device)
+                outs, backward = _split_rule_result(op, res, device)
+                cb = _REGISTERED_RULE_CB
 
     graphs = None
-    if path == 3:
+    cdef bint by_rule = cb is not None
+    if not by_rule:
         # one graph per key: their requires-grad masks may differ
         if one_key:
             cb = _graph_for(op, args, device, _rg_mask(args, <GradKey>keys))
@@ -1399,9 +1380,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
 
     cdef tuple in_shapes = None
     cdef Py_ssize_t nout = 1 if outs is None else len(outs)
-    if path != 3:
-        in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
-    elif cb.reduce_broadcast and _needs_reduction(args, out0):
+    if by_rule or (cb.reduce_broadcast and _needs_reduction(args, out0)):
         in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
     out_meta = None
     if nout > 1:
@@ -1417,11 +1396,10 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
         key = <GradKey>keys if one_key else <GradKey>(<list>keys)[i]
         node = GradFn.__new__(GradFn)
         node.op = op
-        node.path = path
         node.device = device
         node.in_shapes = in_shapes
         node.out_meta = out_meta
-        if path == 3:
+        if not by_rule:
             if nk > 1:
                 cb = <CompiledBackward>graphs[i]
             if not cb.any_grad:
@@ -1441,7 +1419,9 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
             if cb.saves_inputs:
                 node.versions = _versions_of(cb, args)
         else:
-            node.backward = backward
+            node.backward = cb
+            node.saved = _rule_saved(op, backward, device, n, len(outs))
+            node.saved_tensors = True        # kept as given, not wrapped nor unwrapped
             _set_dests(node, args, key, None)
             # the rule may have kept any input (as its own alias): a
             # Parameter written in place before backward is caught
@@ -1457,8 +1437,8 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
             nodes[i] = node
     if save_later is not None:
         for node in save_later:
-            node.saved = _alias_saved(_save(<CompiledBackward>node.backward, args, outs, out0, True),
-                                      (<CompiledBackward>node.backward).one_saved)
+            node.saved = _alias_saved(_save(node.backward, args, outs, out0, True),
+                                      node.backward.one_saved)
     # each node complete, linked into its tape last (see _link)
     if one_key:
         if node0 is not None:
@@ -1691,36 +1671,57 @@ cdef inline object _save(CompiledBackward cb, tuple args, tuple outs, object out
     return vals[0] if cb.one_saved else tuple(vals)
 
 
-def _record_custom(op, tuple inputs, tuple outputs, backward):
-    """Record already computed ``outputs`` of ``inputs`` with a user backward
-    (path 1 for callers that run their forward themselves). Returns fresh
-    output tensors carrying the history."""
-    device = _common_device(op, inputs) if inputs else CPU
-    outs = tuple([_wrap((<Tensor>o)._data, (<Tensor>o)._device) for o in outputs])
-    cdef _ThreadState ts = _ts()
-    keys = _recorders(inputs, ts) if (_recording and ts.no_record == 0 and inputs) else None
-    if keys is None:
-        return outs
-    if type(keys) is GradKey:
-        keys = [keys]
-    cdef GradKey key
-    cdef GradFn node
-    cdef GradSlot s
-    cdef Tensor t
-    in_shapes = tuple([(<Tensor>a)._data.shape for a in inputs])
-    for key in keys:
-        node = GradFn.__new__(GradFn)
-        node.op = op
-        node.path = 1
-        node.device = device
-        node.in_shapes = in_shapes
-        node.backward = backward
-        _set_dests(node, inputs, key, None)
-        _make_slots(node, outs, outs[0] if len(outs) else None, key)
-        if _anomaly:
-            node.debug_info = _h_anomaly.capture(op, inputs, outs)
-        _link(node, key)
-    return outs
+@cython.final
+@cython.freelist(256)
+cdef class _RuleBackward:
+    """What a rule's node saves: the user's backward function and what
+    running it needs (the node's CompiledBackward is shared, see _rule_cb)."""
+    cdef object op, fn, device
+    cdef Py_ssize_t nin
+    cdef bint one
+
+
+cdef _RuleBackward _rule_saved(op, fn, device, Py_ssize_t nin, Py_ssize_t nout):
+    cdef _RuleBackward rb = _RuleBackward.__new__(_RuleBackward)
+    rb.op, rb.fn, rb.device, rb.nin, rb.one = op, fn, device, nin, nout == 1
+    return rb
+
+
+def _rule_run_tensor(_RuleBackward rb, grads):
+    """A user's backward on Tensors (recorded by older keys): checked."""
+    res = _check_user_grads(rb.op, rb.fn(grads) if rb.one else rb.fn(*grads), rb.nin)
+    return res[0] if rb.nin == 1 else res
+
+
+def _rule_run_raw(_RuleBackward rb, grads):
+    """A user's backward in raw mode: arrays wrapped in, checked, unwrapped out."""
+    if rb.one:
+        grads = (grads,)
+    res = rb.fn(*[None if g is None else _wrap(g, rb.device) for g in grads])
+    res = tuple([None if g is None else (<Tensor>g)._data for g in _check_user_grads(rb.op, res, rb.nin)])
+    return res[0] if rb.nin == 1 else res
+
+
+cdef CompiledBackward _rule_cb(str kind):
+    """The backward of every node whose rule gave ``fn(*output_grads)``
+    (paths 1 and 2), one per kind: its saved value is the node's
+    _RuleBackward (kept as given, like saved Tensors); its gradients come
+    back in the inputs' shapes or their broadcast shape, summed centrally
+    like a graph's."""
+    cdef CompiledBackward cb = CompiledBackward.__new__(CompiledBackward)
+    cb.run_raw = _rule_run_raw
+    cb.run_tensor = _rule_run_tensor
+    cb.save_index = ()
+    cb.one_saved = True
+    cb.any_grad = True
+    cb.reduce_broadcast = True
+    cb.user_fn = True
+    cb.kind = kind
+    return cb
+
+
+cdef CompiledBackward _OWN_RULE_CB = _rule_cb("_grad_rule")
+cdef CompiledBackward _REGISTERED_RULE_CB = _rule_cb("registered rule")
 
 
 # ---------------------------------------------------------------- backward
@@ -1746,13 +1747,18 @@ cdef object _sum_to_raw(op, object g, tuple shape):
 
 
 cdef object _shape_error(op, g, shape):
-    return ValueError(f"{_op_name(op)}: backward produced a gradient of shape {tuple(g.shape)} "
+    return ValueError(f"{_op_name(op)}: backward returned a gradient of shape {tuple(g.shape)} "
                       f"for an input of shape {tuple(shape)}")
 
 
 cdef void _check_reducible(GradFn node, object g, Py_ssize_t j) except *:
-    if node.path == 3 and not (<CompiledBackward>node.backward).reduce_broadcast:
-        raise _shape_error(node.op, g, node.in_shapes[j])
+    """A gradient not of its input's shape is summed down to it when the
+    backward returns gradients in the broadcast shape: a graph's that says
+    so, or a user's function whose gradient has the inputs' broadcast shape."""
+    cdef CompiledBackward cb = node.backward
+    if not cb.reduce_broadcast or (cb.user_fn and tuple(g.shape) != _np_broadcast_shapes(*node.in_shapes)):
+        raise ValueError(f"{_op_name(node.op)}: backward returned a gradient of shape {tuple(g.shape)} "
+                         f"for input {j} of shape {tuple(node.in_shapes[j])}")
 
 
 cdef inline void _acc_raw(GradSlot s, object g):
@@ -1800,8 +1806,9 @@ cdef void _fire(GradSlot s, bint tensor_mode, object device, list kept) except *
     s.callback(g)
 
 
-cdef object _check_user_grads(op, res, Py_ssize_t n, tuple in_shapes):
-    """Validate what a user backward (paths 1 and 2) returned."""
+cdef object _check_user_grads(op, res, Py_ssize_t n):
+    """Validate the count and kind of what a user backward (paths 1 and 2)
+    returned; shapes are checked where the gradients land (_check_reducible)."""
     if res is None or isinstance(res, Tensor):
         res = (res,)
     elif isinstance(res, list):
@@ -1818,9 +1825,6 @@ cdef object _check_user_grads(op, res, Py_ssize_t n, tuple in_shapes):
         if not isinstance(g, Tensor):
             raise TypeError(f"{_op_name(op)}: gradient {i} returned by backward is a "
                             f"{type(g).__name__}, expected a Tensor or None")
-        if (<Tensor>g)._data.shape != in_shapes[i]:
-            raise ValueError(f"{_op_name(op)}: backward returned a gradient of shape "
-                             f"{(<Tensor>g)._data.shape} for input {i} of shape {in_shapes[i]}")
     return res
 
 
@@ -1850,7 +1854,7 @@ cdef inline object _node_grads(GradFn node, bint tensor_mode):
         grads.append(g)
     if not any_g:
         return None
-    if node.path == 3 and node.out_meta is not None:
+    if node.out_meta is not None and not node.backward.user_fn:
         for i in range(len(grads)):
             if grads[i] is None:
                 shape, dtype = node.out_meta[i]
@@ -1863,49 +1867,35 @@ cdef inline object _node_grads(GradFn node, bint tensor_mode):
 cdef object _run_node(GradFn node, object grads, bint tensor_mode):
     """Run a node's backward: the input gradient itself for a node with one
     input, else a tuple of them."""
-    cdef CompiledBackward cb
+    cdef CompiledBackward cb = node.backward
     cdef Py_ssize_t n = node.nin
     cdef Py_ssize_t k
     cdef bint one = node.slot0 is not None
-    if node.path == 3:
-        cb = <CompiledBackward>node.backward
-        if cb.passthrough is not None:
-            if n == 1:
-                return None if <Py_ssize_t>cb.passthrough[0] < 0 else (grads if one else grads[<Py_ssize_t>cb.passthrough[0]])
-            res = PyTuple_New(n)
-            for k in range(n):
-                if <Py_ssize_t>cb.passthrough[k] < 0:
-                    v = None
-                else:
-                    v = grads if one else grads[<Py_ssize_t>cb.passthrough[k]]
-                Py_INCREF(v)
-                PyTuple_SET_ITEM(res, k, v)
-            return res
-        saved = node.saved
-        if node.versions is not None:
-            _check_versions(node)
-        if tensor_mode:
-            if not node.saved_tensors:
-                saved = _wrap(saved, node.device) if cb.one_saved else \
-                    tuple([_wrap(v, node.device) for v in saved])
-            return cb.run_tensor(saved, grads)
-        if node.saved_tensors:
-            saved = _unwrap(saved) if cb.one_saved else tuple([_unwrap(v) for v in saved])
-        if cb.prog_kernels is not None:
-            return _run_prog(cb, saved, grads)
-        return cb.run_raw(saved, grads)
-    # user backward: Tensors in, Tensors out
+    if cb.passthrough is not None:
+        if n == 1:
+            return None if <Py_ssize_t>cb.passthrough[0] < 0 else (grads if one else grads[<Py_ssize_t>cb.passthrough[0]])
+        res = PyTuple_New(n)
+        for k in range(n):
+            if <Py_ssize_t>cb.passthrough[k] < 0:
+                v = None
+            else:
+                v = grads if one else grads[<Py_ssize_t>cb.passthrough[k]]
+            Py_INCREF(v)
+            PyTuple_SET_ITEM(res, k, v)
+        return res
+    saved = node.saved
     if node.versions is not None:
         _check_versions(node)
-    if one:
-        grads = (grads,)
-    if not tensor_mode:
-        grads = tuple([None if g is None else _wrap(g, node.device) for g in grads])
-    res = node.backward(*grads)
-    res = _check_user_grads(node.op, res, n, node.in_shapes)
-    if not tensor_mode:
-        res = tuple([None if g is None else (<Tensor>g)._data for g in res])
-    return res[0] if n == 1 else res
+    if tensor_mode:
+        if not node.saved_tensors:
+            saved = _wrap(saved, node.device) if cb.one_saved else \
+                tuple([_wrap(v, node.device) for v in saved])
+        return cb.run_tensor(saved, grads)
+    if node.saved_tensors:
+        saved = _unwrap(saved) if cb.one_saved else tuple([_unwrap(v) for v in saved])
+    if cb.prog_kernels is not None:
+        return _run_prog(cb, saved, grads)
+    return cb.run_raw(saved, grads)
 
 
 cdef object _run_prog(CompiledBackward cb, object saved, object grads):
@@ -2188,7 +2178,7 @@ def _clear_front_cache():
 def _recorded_graph(Tensor y, tuple named=()):
     """What gradcore.visualize draws: for each live recording of ``y``,
     (key name, y's slot id, nodes, leaf slot ids, slot ids of ``named``);
-    a node is (seq, op, path, input slot ids, output slot ids, in_shapes,
+    a node is (seq, op, gradient path (gradcore.op.GRAD_PATHS), input slot ids, output slot ids, in_shapes,
     out_meta, (save_index, saved, one_saved) or None, debug_info). Slot ids
     are only compared with each other."""
     res = []
@@ -2210,11 +2200,9 @@ def _recorded_graph(Tensor y, tuple named=()):
                 d = _dest(node, j)
                 ins.append(None if d is None else id(d))
             outs = (id(node.slot0),) if node.slot0 is not None else tuple([id(o) for o in node.slots])
-            saved = None
-            if node.path == 3:
-                cb = <CompiledBackward>node.backward
-                saved = (cb.save_index, node.saved, cb.one_saved)
-            nodes.append((node.seq, node.op, node.path, tuple(ins), outs, node.in_shapes, node.out_meta,
+            cb = node.backward
+            saved = None if cb.user_fn else (cb.save_index, node.saved, cb.one_saved)
+            nodes.append((node.seq, node.op, cb.kind, tuple(ins), outs, node.in_shapes, node.out_meta,
                           saved, node.debug_info))
         named_ids = []
         for t in named:

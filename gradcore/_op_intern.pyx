@@ -18,6 +18,7 @@ cdef dict _by_args = {}
 # positional calls whose arguments equal an entry of _by_args of other types
 cdef dict _by_call = {}
 cdef object _construct = None
+cdef object _describe = None      # gradcore.op._describe: the class's OpDescription
 
 
 cdef tuple _typed_key(tuple args, dict kwargs):
@@ -166,13 +167,16 @@ cdef PyObject* _vectorcall(PyObject* cls_ptr, PyObject** argv, size_t nargsf, Py
 
 
 cdef class OpMeta(type):
-    """The metaclass of ``gradcore.op.Op``: constructing an op returns the one
-    instance equal to it (interned), so per-op caches are hit when an op is
-    constructed per call, as in ``MyOp()(x)`` or ``Scale(3.0)(x)``."""
+    """The metaclass of ``gradcore.op.Op``: it describes every op class when
+    it is defined (``gradcore.op.describe``), and constructing an op returns
+    the one instance equal to it (interned), so per-op caches are hit when
+    an op is constructed per call, as in ``MyOp()(x)`` or ``Scale(3.0)(x)``."""
 
     def __init__(cls, *args, **kwargs):
         super().__init__(*args, **kwargs)
         gc_opmeta_set_vectorcall(cls, <void*>_vectorcall)
+        if _describe is not None:
+            _describe(cls)
 
     def __call__(cls, *args, **kwargs):
         return _call(cls, args, kwargs)
@@ -181,11 +185,13 @@ cdef class OpMeta(type):
 gc_opmeta_enable_vectorcall(OpMeta)
 
 
-def install(construct) -> None:
-    """Set the function that builds an op on a table miss:
-    ``construct(cls, args, kwargs)``."""
-    global _construct
+def install(construct, describe) -> None:
+    """Set the function that builds an op on a table miss,
+    ``construct(cls, args, kwargs)``, and the one that describes an op
+    class, ``describe(cls)``."""
+    global _construct, _describe
     _construct = construct
+    _describe = describe
 
 
 def remember(cls, tuple args, dict kwargs, inst, Py_ssize_t limit) -> None:

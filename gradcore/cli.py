@@ -14,19 +14,12 @@ failed check_op or had no check run), 2 usage (e.g. an unknown distribution).
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import List, Optional
 
 
 def _ops() -> int:
-    import warnings
-    from . import registry
-    with warnings.catch_warnings():
-        # each failure is printed below, once; not also as a warning
-        warnings.simplefilter("ignore", RuntimeWarning)
-        entries = registry.entries()
-        failures = registry.failures()
+    entries, failures = _quiet_registry()
     width = max([len(e.name) for e in entries] + [4])
     pwidth = max([len(e.dist) for e in entries] + [12])
     print(f"{'op':<{width}}  {'package':<{pwidth}}  {'devices':<10}  gradient path")
@@ -90,36 +83,6 @@ def _parse_check_args(args: List[str]):
     return None if dist is None else (dist, devices, seed)
 
 
-@contextlib.contextmanager
-def _cuda_for_checks(wanted: bool):
-    """Yields where cuda checks run: the GPU, else the host emulator
-    (selected for the duration, and forgotten after), else nowhere (why)."""
-    import os
-    import shutil
-    from . import devices as devmod
-    if not wanted:
-        yield "not requested"
-    elif os.environ.get("GRADCORE_CUDA"):
-        yield f"GRADCORE_CUDA={os.environ['GRADCORE_CUDA']}"
-    elif devmod.is_cuda_available():
-        yield "GPU"
-    elif not (shutil.which("g++") or shutil.which("c++")):
-        yield f"unavailable: {devmod.cuda_unavailable_reason()}"
-    else:
-        from .cuda import runtime
-        os.environ["GRADCORE_CUDA"] = "emulator"
-        try:
-            runtime.use("emulator")
-            where = "host emulator (no GPU)"
-        except Exception as exc:
-            where = f"unavailable ({type(exc).__name__}: {exc})"
-        try:
-            yield where
-        finally:
-            os.environ.pop("GRADCORE_CUDA", None)
-            runtime.use(None)
-
-
 def _check(args: List[str]) -> int:
     from . import registry
     parsed = _parse_check_args(args)
@@ -141,7 +104,8 @@ def _check(args: List[str]) -> int:
         print(f"gradcore check: no ops or grad rules are registered by a distribution or entry point "
               f"named {dist!r}; known: {', '.join(known) or 'none'}", file=sys.stderr)
         return 2
-    with _cuda_for_checks(devices is None or "cuda" in devices) as where_cuda:
+    from .testing import cuda_for_checks
+    with cuda_for_checks(devices is None or "cuda" in devices) as where_cuda:
         report = _check_all(mine, failed, rules, devices, seed)
     print(report.table())
     n_skip = len(report.skipped)

@@ -50,11 +50,11 @@ def _make_cuda_launcher(op):
         # the commonest launcher, its usual case compiled (same plan, same
         # arguments); its ``run`` takes fixed arguments: no tuple per call
         return _cuda_launch.ElementwiseLauncher(op, be).run
-    launcher = getattr(op, "cuda", None)
-    if launcher is None:
-        if getattr(op, "cuda_source", None) is None:
-            raise _no_cuda_kernel(op)
-        launcher = functools.partial(elementwise_launcher, op)
+    from .op import describe
+    kind = describe(op).kernels.get("cuda")
+    if kind is None:
+        raise _no_cuda_kernel(op)
+    launcher = functools.partial(elementwise_launcher, op) if kind == "default launch" else op.cuda
     return functools.partial(launcher, be)
 
 

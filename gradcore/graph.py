@@ -27,7 +27,7 @@ import numpy as np
 from . import _core, dtypes
 from .cuda import events as _device_events
 from . import op as _op_module
-from .op import TensorDesc
+from .op import TensorDesc, describe
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
 
@@ -234,14 +234,6 @@ class BackwardGraph:
         return [n.op for n in self.nodes]
 
 
-def _grad_path_of(op):
-    if hasattr(op, "vjp"):
-        return "vjp"
-    if hasattr(op, "decompose"):
-        return "decompose"
-    return None
-
-
 def _zeros_like(x):
     from gradcore.ops import shape as shape_ops
     return _core.apply(shape_ops.ZerosLike(), x)[0]
@@ -254,9 +246,10 @@ def _sum_to_like(g, x):
 
 def _vjp(op, inputs, outputs, grads):
     """Symbolic VJP of one op (its own rule, or through its decomposition)."""
-    if hasattr(op, "vjp"):
+    traced = describe(op).traced
+    if traced == "vjp":
         return list(op.vjp(inputs, outputs, grads))
-    if hasattr(op, "decompose"):
+    if traced == "decompose":
         return _vjp_of_decomposition(op, inputs, outputs, grads)
     raise _core.NotDifferentiableError(_not_differentiable_msg(op))
 
@@ -297,7 +290,7 @@ def _not_differentiable_msg(op):
 
 
 def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> BackwardGraph:
-    if _grad_path_of(op) is None:
+    if describe(op).traced is None:
         raise _core.NotDifferentiableError(_not_differentiable_msg(op))
     trace = Trace()
     # shapes stay unknown: the graph must hold for every shape
@@ -445,6 +438,7 @@ def _compile(graph: BackwardGraph, device: str):
     cb.saves_inputs = any(v < n_in for v in graph.saved_vids)
     cb.any_grad = any(graph.input_has_grad)
     cb.reduce_broadcast = bool(getattr(graph.op, "reduce_broadcast", False))
+    cb.kind = describe(graph.op).traced
     # a graph without nodes only routes output grads to inputs (add, sub's x,
     # broadcast, identity): the core does that without calling Python
     first_grad = n_in + n_out
@@ -642,7 +636,7 @@ def _core_backward_graph(op, dtypes, device, rg, n):
 
 
 def infer_by_tracing(op, descs):
-    """Output descriptors of a ``Composite`` op: its ``decompose`` traced on
+    """Output descriptors of an op declared by ``decompose``: it is traced on
     symbolic inputs (each op inside checks its own inputs). Installed into
     ``gradcore.op`` at import, which sits below this module."""
     trace = Trace()

@@ -22,6 +22,7 @@ Example, a complete differentiable op::
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -91,13 +92,12 @@ def _construct(cls, args, kwargs):
     run the class's own ``__init__`` (whatever it stores becomes the op's
     attributes), seal the instance (hash and equality over every attribute,
     no later changes) and return the one instance equal to it, remembered
-    so that the next call with the same arguments finds it at once."""
+    so that the next call with the same arguments finds it at once. This
+    and ``_op_intern`` are the one interning layer."""
     inst = type.__call__(cls, *args, **kwargs)
     if isinstance(inst, Op):
-        if not inst.__dict__.get("_sealed", False):
-            inst._seal()
-            object.__setattr__(inst, "_sealed", True)
-        if type(inst) is cls and not inst.__dict__.get("_no_intern", False):
+        _seal(inst)
+        if type(inst) is cls:
             table = cls.__dict__.get("_interned")
             if table is None or len(table) > _INTERN_LIMIT:
                 table = {}         # bounded: equal ops stay equal, just not identical
@@ -107,7 +107,37 @@ def _construct(cls, args, kwargs):
     return inst
 
 
-_op_intern.install(_construct)
+def _seal(inst) -> None:
+    """Compute the key (class and attributes) that hash and equality use,
+    and make the op immutable. Run once per instance by the constructor
+    machinery (``_construct``) after ``__init__``."""
+    d = inst.__dict__
+    if d.get("_sealed", False):
+        return
+    cls = type(inst)
+    declared = tuple(cls.attrs)
+    found = tuple(k for k in d if k not in declared and not k.startswith("_") and k != "attrs"
+                  and not hasattr(cls, k))
+    names = declared + found
+    if names != declared:
+        object.__setattr__(inst, "attrs", names)
+    missing = [a for a in names if a not in d and not hasattr(cls, a)]
+    if missing:
+        raise OpDefinitionError(
+            f"{cls.__name__}: attribute(s) {', '.join(missing)} listed in attrs were never set; "
+            f"store them in __init__ (self.{missing[0]} = ...)")
+    key = (cls,) + tuple(_freeze(getattr(inst, a)) for a in names)
+    try:
+        h = hash(key)
+    except TypeError:
+        bad = [a for a in names if not _hashable(_freeze(getattr(inst, a)))]
+        raise OpDefinitionError(
+            f"{cls.__name__}: op attribute(s) {', '.join(bad)} are not hashable "
+            f"({', '.join(type(getattr(inst, a)).__name__ for a in bad)}); an op's attributes are "
+            f"values (numbers, strings, tuples): store a tuple, and pass arrays as inputs") from None
+    object.__setattr__(inst, "_key", key)
+    object.__setattr__(inst, "_hash", h)
+    object.__setattr__(inst, "_sealed", True)
 
 
 def clear_interned() -> None:
@@ -129,6 +159,202 @@ def clear_interned() -> None:
         if table:
             table.clear()
         todo.extend(cls.__subclasses__())
+
+
+# ---------------------------------------------------------------- the op description
+# The one vocabulary for gradient paths, in the order the core tries them
+# (SPEC "The three gradient paths"): the op's own ``_grad_rule``; a rule
+# registered for its type; a backward graph traced from its ``vjp`` or
+# derived from its ``decompose``.
+GRAD_PATHS = ("_grad_rule", "registered rule", "vjp", "decompose")
+
+
+class OpDescription:
+    """Every fact about an op class, decided once when the class is defined
+    (the op metaclass describes each class; ``describe(op)`` reads it). The
+    core, the backward-graph builder, the registry, ``check_op``, the CLI
+    and ``visualize`` read it; none works these facts out again.
+
+    - ``grad_path``: one of ``GRAD_PATHS`` or None (a rule registered with
+      ``register_grad_rule`` counts from then on); ``grad_rule``: the class
+      has its own; ``traced``: "vjp", "decompose" or None, what a backward
+      graph is built from; ``forward_by_rule``: no cpu kernel, the rule runs it;
+    - ``devices``: declared (``devices = (...)``) or those with a kernel;
+      ``kernels``: device -> how it runs there: "cpu", "launcher" (its
+      ``cuda(self, be, *arrays)``), "default launch" (its ``cuda_source``
+      given the inputs, the outputs and ``long long n``), "decompose" or
+      "_grad_rule";
+    - ``params``: ``(name, default)`` per constructor parameter; ``arity``:
+      ``(attribute, (min, max))`` inputs of the forward, or None;
+      ``has_infer``: the forward consults the class's own ``infer``;
+      ``check``: ``domain``, ``check_shapes``, ``check_params``,
+      ``check_gradient``, ``examples`` as declared.
+
+    Example::
+
+        >>> describe(Elemwise).grad_path, describe(Elemwise).devices
+        ('vjp', ('cpu', 'cuda'))
+    """
+
+    __slots__ = ("cls", "name", "grad_rule", "traced", "devices", "kernels", "params", "arity",
+                 "has_infer", "check", "forward_by_rule")
+
+    def __init__(self, cls):
+        self.cls = cls
+        self.name = getattr(cls, "name", "") or cls.__name__
+        has = lambda a: getattr(cls, a, None) is not None
+        self.grad_rule = has("_grad_rule")
+        self.traced = "vjp" if has("vjp") else "decompose" if has("decompose") else None
+        kernels = {}
+        if has("cpu"):
+            kernels["cpu"] = "decompose" if getattr(cls, "cpu") is _decomposed_cpu else "cpu"
+        elif self.grad_rule:
+            kernels["cpu"] = "_grad_rule"
+        if has("cuda"):
+            kernels["cuda"] = "decompose" if getattr(cls, "cuda") is _decomposed_cuda else "launcher"
+        elif has("cuda_source"):
+            kernels["cuda"] = "default launch"
+        self.kernels = kernels
+        # an op whose forward is its _grad_rule's (no cpu kernel of its own)
+        self.forward_by_rule = self.grad_rule and not has("cpu")
+        declared = getattr(cls, "devices", None)
+        if declared is not None and not isinstance(declared, property):
+            self.devices = (declared,) if isinstance(declared, str) else tuple(declared)
+        else:
+            self.devices = tuple(d for d in ("cpu", "cuda") if d in kernels or self.forward_by_rule)
+        try:
+            sig = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        except (TypeError, ValueError):
+            sig = []
+        self.params = tuple((p.name, p.default) for p in sig if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        self.arity = _forward_arity(cls)
+        infer = getattr(cls, "infer", None)
+        self.has_infer = infer is not None and infer is not _base_infer and infer is not _decomposed_infer
+        self.check = {a: getattr(cls, a, None) for a in
+                      ("domain", "check_shapes", "check_params", "check_gradient", "examples")}
+
+    @property
+    def grad_path(self) -> Optional[str]:
+        if self.grad_rule:
+            return "_grad_rule"
+        if _core.registered_grad_rule(self.cls) is not None:
+            return "registered rule"
+        return self.traced
+
+    def __repr__(self):
+        return (f"OpDescription({self.name}: grad path {self.grad_path}, devices {self.devices}, "
+                f"kernels {self.kernels}, params {[p for p, _ in self.params]})")
+
+
+def positional_arity(fn, drop_self: bool = True):
+    """(min, max) positional arguments ``fn`` accepts (max None for
+    ``*args``, -1 when a keyword-only argument is required); None when the
+    signature cannot be read (a C function, say).
+
+    Example::
+
+        >>> positional_arity(lambda self, x, y=1: 0)
+        (1, 2)
+    """
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if drop_self and params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        params = params[1:]
+    lo, hi = 0, 0
+    for p in params:
+        if p.kind == p.VAR_POSITIONAL:
+            hi = None
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            if hi is not None:
+                hi += 1
+            if p.default is p.empty:
+                lo += 1
+        elif p.kind == p.KEYWORD_ONLY and p.default is p.empty:
+            return (lo, -1)      # a required keyword-only argument: never callable positionally
+    return (lo, hi)
+
+
+def _forward_arity(cls):
+    """(attribute, (min, max)) of the first of infer, cpu, decompose that
+    states how many inputs the forward takes; None when none does."""
+    for attr in ("infer", "cpu", "decompose"):
+        fn = getattr(cls, attr, None)
+        if fn is None or fn in (_base_infer, _decomposed_infer, _decomposed_cpu):
+            continue
+        ar = positional_arity(fn)
+        if ar is not None and ar[1] is not None and ar[1] != -1:
+            return (attr, ar)
+    return None
+
+
+def describe(op) -> OpDescription:
+    """The ``OpDescription`` of an op or op class (computed once per class;
+    classes that are not ``Op``s, such as ``Function``, are described on
+    first use).
+
+    Example::
+
+        >>> describe(Elemwise("mul")).kernels
+        {'cpu': 'cpu', 'cuda': 'launcher'}
+    """
+    cls = op if isinstance(op, type) else type(op)
+    d = cls.__dict__.get("_desc")
+    if d is None:
+        d = _describe(cls)
+    return d
+
+
+def _describe(cls) -> OpDescription:
+    """Called by the op metaclass for every class it creates: give an op
+    declared by ``decompose`` alone its derived forward, then describe it."""
+    if getattr(cls, "decompose", None) is not None:
+        if getattr(cls, "cpu", None) is None:
+            cls.cpu = _decomposed_cpu
+        if getattr(cls, "cuda", None) is None and getattr(cls, "cuda_source", None) is None:
+            cls.cuda = _decomposed_cuda
+        if getattr(cls, "infer", None) in (None, _base_infer):
+            cls.infer = _decomposed_infer
+    d = OpDescription(cls)
+    try:
+        cls._desc = d
+    except TypeError:          # a class that takes no attributes (a builtin type)
+        pass
+    return d
+
+
+def _decomposed_cpu(self, *arrays):
+    """The forward of an op declared by ``decompose``: its decomposition run
+    on the arrays (nothing recorded; on cuda, on device arrays)."""
+    _core._no_record_enter()
+    try:
+        res = self.decompose(*[_core.wrap_array(a) for a in arrays])
+    finally:
+        _core._no_record_exit()
+    if isinstance(res, _core.Tensor):
+        return res._data
+    return tuple(r._data for r in res)
+
+
+def _decomposed_cuda(self, be, *arrays):
+    # the decomposition's ops run where the arrays are (a wrapped
+    # DeviceArray is a cuda tensor)
+    return _decomposed_cpu(self, *arrays)
+
+
+def _decomposed_infer(self, *descs):
+    if _composite_tracer is None:
+        raise RuntimeError(f"{self._name()}: shape inference traces decompose(), and the tracer "
+                           f"(gradcore.graph) is not loaded: import gradcore")
+    return _composite_tracer(self, descs)
+
+
+def _base_infer(self, *descs: "TensorDesc") -> Tuple["TensorDesc", ...]:
+    raise NotImplementedError(f"{self._name()} has no shape inference")
+
+
+_op_intern.install(_construct, _describe)
 
 
 class Op(_core.OpBase, metaclass=_op_intern.OpMeta):
@@ -168,35 +394,6 @@ class Op(_core.OpBase, metaclass=_op_intern.OpMeta):
         for k, v in attrs.items():
             setattr(self, k, v)
 
-    def _seal(self):
-        """Compute the key (class and attributes) that hash and equality use.
-        Called by the constructor machinery after ``__init__``; calling it at
-        the end of ``__init__`` as older ops do is harmless."""
-        d = self.__dict__
-        cls = type(self)
-        declared = tuple(cls.attrs)
-        found = tuple(k for k in d if k not in declared and not k.startswith("_") and k != "attrs"
-                      and not hasattr(cls, k))
-        names = declared + found
-        if names != declared:
-            object.__setattr__(self, "attrs", names)
-        missing = [a for a in names if a not in d and not hasattr(cls, a)]
-        if missing:
-            raise OpDefinitionError(
-                f"{cls.__name__}: attribute(s) {', '.join(missing)} listed in attrs were never set; "
-                f"store them in __init__ (self.{missing[0]} = ...)")
-        key = (cls,) + tuple(_freeze(getattr(self, a)) for a in names)
-        try:
-            h = hash(key)
-        except TypeError:
-            bad = [a for a in names if not _hashable(_freeze(getattr(self, a)))]
-            raise OpDefinitionError(
-                f"{cls.__name__}: op attribute(s) {', '.join(bad)} are not hashable "
-                f"({', '.join(type(getattr(self, a)).__name__ for a in bad)}); an op's attributes are "
-                f"values (numbers, strings, tuples): store a tuple, and pass arrays as inputs") from None
-        object.__setattr__(self, "_key", key)
-        object.__setattr__(self, "_hash", h)
-
     def __setattr__(self, name, value):
         if self.__dict__.get("_sealed", False):
             raise OpDefinitionError(
@@ -234,8 +431,7 @@ class Op(_core.OpBase, metaclass=_op_intern.OpMeta):
         suffix = f" (input shapes: {shapes})" if descs else ""
         return OpError(f"{self._name()}: {message}{suffix}")
 
-    def infer(self, *descs: TensorDesc) -> Tuple[TensorDesc, ...]:
-        raise NotImplementedError(f"{self._name()} has no shape inference")
+    infer = _base_infer
 
 
 def function(op_class: type, name: Optional[str] = None) -> Callable:
@@ -289,8 +485,7 @@ def _rebuild_op(cls, attrs):
     op = cls.__new__(cls)
     for k, v in attrs.items():
         object.__setattr__(op, k, v)
-    op._seal()
-    object.__setattr__(op, "_sealed", True)
+    _seal(op)
     return op
 
 
@@ -311,24 +506,12 @@ shape_carrier = _core.shape_carrier
 broadcast_view = _core.broadcast_view
 
 
-def interned(cls):
-    """A cached constructor for an op class: equal attributes give the same
-    instance, so per-op caches (kernel, backward graph) are hit on every call.
-
-    Example::
-
-        >>> reduce_op = interned(Reduce)
-        >>> reduce_op("sum", 1, False) is reduce_op("sum", 1, False)
-        True
-    """
-    import functools
-    return functools.lru_cache(maxsize=1024)(cls)
-
-
 class Composite(Op):
-    """An op declared only by ``decompose(*inputs)`` in terms of other ops:
-    its shape inference, CPU forward and backward graph are all derived from
-    the decomposition.
+    """An op declared only by ``decompose(*inputs)`` in terms of other ops.
+    Any ``Op`` may be declared so (its description gives it the derived
+    forward, shape inference and backward graph); this base says it, and
+    lets a subclass's own ``infer`` or ``cpu`` call ``super()`` for the
+    derived one.
 
     Example::
 
@@ -338,36 +521,19 @@ class Composite(Op):
                 return F.log(F.exp(x) + 1)
     """
 
-    def infer(self, *descs):
-        if _composite_tracer is None:
-            raise RuntimeError(f"{self._name()}: shape inference traces decompose(), and the tracer "
-                               f"(gradcore.graph) is not loaded: import gradcore")
-        return _composite_tracer(self, descs)
-
-    def cpu(self, *arrays):
-        _core._no_record_enter()
-        try:
-            res = self.decompose(*[_core.wrap_array(a) for a in arrays])
-        finally:
-            _core._no_record_exit()
-        if isinstance(res, _core.Tensor):
-            return res._data
-        return tuple(r._data for r in res)
-
-    def cuda(self, be, *arrays):
-        # the decomposition's ops run where the arrays are (a wrapped
-        # DeviceArray is a cuda tensor)
-        return self.cpu(*arrays)
+    infer = _decomposed_infer
+    cpu = _decomposed_cpu
+    cuda = _decomposed_cuda
 
 
-# Composite.infer traces decompose() with gradcore.graph, which sits above
-# this module: it hands its tracer over when it loads
+# the shape inference of an op declared by decompose traces it with
+# gradcore.graph, which sits above this module: it hands its tracer over when it loads
 _composite_tracer = None
 
 
 def install_composite_tracer(tracer) -> None:
-    """Called by ``gradcore.graph`` at import: ``tracer(op, descs)`` gives a
-    ``Composite`` op's output descriptors by tracing its ``decompose``.
+    """Called by ``gradcore.graph`` at import: ``tracer(op, descs)`` gives
+    the output descriptors of an op declared by ``decompose`` by tracing it.
 
     Example::
 
@@ -378,18 +544,10 @@ def install_composite_tracer(tracer) -> None:
 
 
 # ---- the forward path consults infer (see _core._guard_infer: once per op and input descriptors)
-def _has_infer(op) -> bool:
-    """Whether ``apply`` runs ``op.infer`` before the kernel: when the class
-    defines its own (not Op's placeholder nor Composite's, whose decomposition
-    validates itself op by op)."""
-    fn = getattr(type(op), "infer", None)
-    return fn is not None and fn is not Op.infer and fn is not Composite.infer
-
-
 def _infer_check(op, args) -> None:
     """``op.infer`` on the descriptors of ``args``: raises the op's own error
     for inputs it rejects."""
     op.infer(*[TensorDesc(t.shape, t.dtype, str(t.device)) for t in args])
 
 
-_core._install_hooks(infer_check=_infer_check, has_infer=_has_infer)
+_core._install_hooks(infer_check=_infer_check, describe=describe)

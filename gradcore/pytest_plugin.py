@@ -2,7 +2,9 @@
 wherever gradcore is installed).
 
 - fixture ``check_op``: a callable running ``gradcore.testing.check_op``
-  that fails the test with the whole report when any check fails, and
+  (the cuda checks on the GPU, else on the host emulator, as ``gradcore
+  check`` does) that fails the test with the whole report when any check
+  fails, skips it with the reason when a cuda check could not run, and
   returns the report otherwise;
 - ``parametrize_ops(dist_or_ops)``: a ready-made test, parametrized over
   every op of an installed distribution (or over the given op classes,
@@ -31,10 +33,19 @@ __all__ = ["check_op", "parametrize_ops", "op_cases"]
 
 
 def _run_check(op, *sample_inputs, **kwargs):
-    from gradcore.testing import check_op as _check_op
-    report = _check_op(op, *sample_inputs, **kwargs)
+    """check_op where ``gradcore check`` runs it: the cuda checks on the GPU,
+    else on the host emulator; a failed check fails the test, a cuda check
+    that could not run skips it, with the reason."""
+    from gradcore.testing import check_op as _check_op, cuda_for_checks
+    devices = kwargs.get("devices")
+    with cuda_for_checks(devices is None or "cuda" in devices):
+        report = _check_op(op, *sample_inputs, **kwargs)
     if not report.ok:
         pytest.fail(f"gradcore.testing.check_op({op!r}): {report}", pytrace=False)
+    skipped = [r for r in report.skipped if r.check in ("forward[cuda]", "grad[cuda]")
+               and r.message != "not requested"]
+    if skipped:
+        pytest.skip(f"gradcore.testing.check_op({op!r}): {skipped[0].check} skipped: {skipped[0].message}")
     return report
 
 
@@ -46,12 +57,9 @@ def check_op():
     return _run_check
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _ops_of_dist(dist: str) -> List[type]:
     from gradcore import registry
+    _norm = registry._norm
     entries = [e for e in registry.entries() if _norm(e.dist) == _norm(dist)]
     if not entries:
         failed = [f for f in registry.failures() if _norm(f.dist) == _norm(dist)]

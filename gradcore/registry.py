@@ -15,6 +15,8 @@ from importlib import metadata
 from types import ModuleType
 from typing import Dict, List, Optional
 
+from .op import describe, positional_arity as _positional_arity
+
 GROUP = "gradcore.ops"
 ENV_DISABLE = "GRADCORE_NO_PLUGINS"        # "1": load only the standard library
 ENV_BLOCK = "GRADCORE_BLOCK_PLUGINS"       # comma-separated distribution names to skip
@@ -33,21 +35,12 @@ class OpEntry:
 
     @property
     def grad_path(self) -> str:
-        from . import _core
-        if hasattr(self.cls, "_grad_rule"):
-            return "own _grad_rule"
-        if _core.registered_grad_rule(self.cls) is not None:
-            return "registered rule"
-        if hasattr(self.cls, "vjp") or hasattr(self.cls, "decompose"):
-            return "backward graph"
-        return "none"
+        """The op's gradient path (``gradcore.op.GRAD_PATHS``), or "none"."""
+        return describe(self.cls).grad_path or "none"
 
     @property
     def devices(self) -> List[str]:
-        devs = ["cpu"] if hasattr(self.cls, "cpu") or hasattr(self.cls, "decompose") else []
-        if hasattr(self.cls, "cuda_source") or hasattr(self.cls, "decompose"):
-            devs.append("cuda")
-        return devs
+        return list(describe(self.cls).devices)
 
 
 @dataclass
@@ -129,31 +122,6 @@ def _qualname(c) -> str:
     return f"{c.__module__}.{c.__qualname__}"
 
 
-def _positional_arity(fn, drop_self: bool = True):
-    """(min, max) positional arguments ``fn`` accepts (max None for *args);
-    None when the signature cannot be read (a C function, say)."""
-    import inspect
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-    params = list(sig.parameters.values())
-    if drop_self and params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-        params = params[1:]
-    lo, hi = 0, 0
-    for p in params:
-        if p.kind == p.VAR_POSITIONAL:
-            hi = None
-        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            if hi is not None:
-                hi += 1
-            if p.default is p.empty:
-                lo += 1
-        elif p.kind == p.KEYWORD_ONLY and p.default is p.empty:
-            return (lo, -1)      # a required keyword-only argument: never callable positionally
-    return (lo, hi)
-
-
 def _accepts(arity, n: int) -> bool:
     lo, hi = arity
     return hi != -1 and lo <= n and (hi is None or n <= hi)
@@ -191,6 +159,7 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
     if not isinstance(c, type):
         raise OpDeclarationError(f"{where}: register_op expects an op class, got {type(c).__name__}")
 
+    desc = describe(c)
     vjp = getattr(c, "vjp", None)
     if vjp is not None and callable(vjp):
         ar = _positional_arity(vjp)
@@ -200,24 +169,15 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
                 f"forward inputs, the forward outputs and one gradient per output, and return one "
                 f"gradient per input), but it takes {_fmt_arity(ar).replace('input(s)', 'argument(s)')}")
 
-    # the forward's arity, from the kernel or the shape inference
-    forward = None
-    for attr in ("cpu", "infer"):
-        fn = getattr(c, attr, None)
-        if fn is None or (attr == "infer" and _is_base_infer(fn)):
-            continue
-        ar = _positional_arity(fn)
-        if ar is not None and ar[1] is not None and ar[1] != -1:
-            forward = (attr, ar)
-            break
+    # _grad_rule and decompose receive the forward's inputs (as many as infer/cpu say)
     for attr in ("_grad_rule", "decompose"):
         fn = getattr(c, attr, None)
-        if fn is None or not callable(fn) or forward is None:
+        if fn is None or not callable(fn) or desc.arity is None or desc.arity[0] == attr:
             continue
         ar = _positional_arity(fn)
         if ar is None:
             continue
-        fattr, (flo, fhi) = forward
+        fattr, (flo, fhi) = desc.arity
         bad = [n for n in range(flo, fhi + 1) if not _accepts(ar, n)]
         if bad:
             raise OpDeclarationError(
@@ -225,32 +185,78 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
                 f"{_fmt_arity((flo, fhi))}; declare `def {attr}(self, "
                 f"{', '.join(f'x{i}' for i in range(fhi)) or '*inputs'})` to receive the forward's inputs")
 
-    _check_instance_state(c, where)
+    samples = _samples(c)
+    _check_instance_state(c, where, samples)
 
-    declared = getattr(c, "devices", None)
-    if declared is not None and not isinstance(declared, property):
-        if isinstance(declared, str):
-            declared = (declared,)
-        has_decomp = getattr(c, "decompose", None) is not None
-        for dev in declared:
-            if dev == "cpu" and getattr(c, "cpu", None) is None and not has_decomp:
-                raise OpDeclarationError(
-                    f"{where} declares devices {tuple(declared)} but has no CPU kernel: add "
-                    f"`def cpu(self, *arrays)` (NumPy) or a `decompose`, or drop 'cpu' from devices")
-            elif dev == "cuda" and getattr(c, "cuda_source", None) is None and not has_decomp:
-                raise OpDeclarationError(
-                    f"{where} declares devices {tuple(declared)} but has no CUDA kernel: add "
-                    f"`cuda_source` (a CUDA C source string, or a method `cuda_source(self, ctype)` "
-                    f"returning one) or a `decompose`, or drop 'cuda' from devices")
-            elif dev not in ("cpu", "cuda"):
-                raise OpDeclarationError(
-                    f"{where} declares an unknown device {dev!r}; gradcore knows 'cpu' and 'cuda'")
+    for dev in desc.devices:
+        if dev not in ("cpu", "cuda"):
+            raise OpDeclarationError(
+                f"{where} declares an unknown device {dev!r}; gradcore knows 'cpu' and 'cuda'")
+        if dev == "cpu" and "cpu" not in desc.kernels:
+            raise OpDeclarationError(
+                f"{where} declares devices {desc.devices} but has no CPU kernel: add "
+                f"`def cpu(self, *arrays)` (NumPy) or a `decompose`, or drop 'cpu' from devices")
+        if dev == "cuda" and "cuda" not in desc.kernels:
+            raise OpDeclarationError(
+                f"{where} declares devices {desc.devices} but has no CUDA kernel: add "
+                f"`cuda_source` (a CUDA C source string, or a method `cuda_source(self, ctype)` "
+                f"returning one) or a `decompose`, or drop 'cuda' from devices")
+    if desc.kernels.get("cuda") == "default launch":
+        _check_default_launch(c, where, desc, samples)
+
+
+_GLOBAL_KERNEL = re.compile(r"__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
+_LENGTH_PARAM = re.compile(r"(const\s+)?(long\s+long|int64_t|ptrdiff_t)\s+\w+")
+
+
+def _check_default_launch(c, where, desc, samples) -> None:
+    """An op with a ``cuda_source`` and no ``cuda`` launcher is launched with
+    its inputs, its outputs and ``long long n``: refuse a kernel whose
+    parameter list is another (it would read garbage for the rest)."""
+    src = getattr(c, "cuda_source", None)
+    if not isinstance(src, str):
+        try:
+            src = src(samples[0], "float")
+        except Exception:
+            return                     # a source that needs more than a sample op: checked by check_op
+    found = _GLOBAL_KERNEL.findall(src)
+    if len(found) > 1:
+        raise OpDeclarationError(
+            f"{where}: its cuda_source defines {len(found)} kernels ({', '.join(n for n, _ in found)}) "
+            f"and the op has no launcher; the default launch runs one kernel: add `cuda(self, be, ...)` "
+            f"launching them (docs/write-your-first-op.md, section 4)")
+    nin = desc.arity[1][1] if desc.arity is not None and desc.arity[1][0] == desc.arity[1][1] else None
+    for kname, plist in found:
+        params = [p.strip() for p in plist.split(",") if p.strip()]
+        ok = (len(params) >= 2 and all("*" in p for p in params[:-1])
+              and _LENGTH_PARAM.fullmatch(params[-1]) is not None
+              and (nin is None or len(params) > nin + 1))
+        if not ok:
+            ins = ", ".join(f"const T* x{i}" for i in range(nin)) if nin is not None else "const T* x..."
+            raise OpDeclarationError(
+                f"{where}: its CUDA kernel {kname}({', '.join(params)}) does not match the default launch "
+                f"({ins}, T* y (one per output), long long n), and the op has no launcher; add "
+                f"`cuda(self, be, ...)` that launches it with its own arguments (docs/write-your-first-op.md, "
+                f"section 4)")
+
+
+def _samples(c) -> list:
+    """Instances built from ``check_params`` (or the argument-free
+    constructor), for the checks that need one; [] when none can be built."""
+    from .op import Op
+    if not issubclass(c, Op):
+        return []
+    params = describe(c).check["check_params"]
+    try:
+        return [c(*p) if isinstance(p, tuple) else c(**p) for p in params] if params else [c()]
+    except Exception:
+        return []
 
 
 _PLAIN_VALUES = (int, float, complex, str, bytes, bool, tuple, frozenset, type(None))
 
 
-def _check_instance_state(c, where) -> None:
+def _check_instance_state(c, where, samples) -> None:
     """Refuse an op whose instances keep a plain value under a private name
     (``self._k = k``): hash and equality cover the public attributes only,
     so two ops differing in it would share caches (the backward graph of
@@ -260,11 +266,6 @@ def _check_instance_state(c, where) -> None:
     from .op import Op
     if not (isinstance(c, type) and issubclass(c, Op)):
         return
-    params = getattr(c, "check_params", None)
-    try:
-        samples = [c(*p) if isinstance(p, tuple) else c(**p) for p in params] if params else [c()]
-    except Exception:
-        return                  # needs arguments we cannot guess: nothing to inspect
     allowed = set(getattr(c, "derived", ()) or ())
     for inst in samples:
         hidden = [k for k, v in vars(inst).items()
@@ -277,11 +278,6 @@ def _check_instance_state(c, where) -> None:
                 f"hashing and every cache keyed by the op ignore it. Store parameters under public names "
                 f"(`self.{name.lstrip('_')} = ...` in __init__); if {name} is derived from the public "
                 f"attributes, declare it: `derived = ({name!r},)`")
-
-
-def _is_base_infer(fn) -> bool:
-    from .op import Op, Composite
-    return fn is Op.infer or fn is Composite.infer
 
 
 def _dist_of_module(module: str) -> str:

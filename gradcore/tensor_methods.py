@@ -9,7 +9,7 @@ import functools
 import numpy as np
 
 from . import _core, dtypes, graph, interop
-from .op import IndexOpError, OpError, TensorDesc
+from .op import IndexOpError, OpError, TensorDesc, describe
 from ._core import Tensor
 from .cuda.array import DeviceArray
 from .cuda.graphs import GraphCaptureError
@@ -108,7 +108,7 @@ def _device_scalar(x, dtype, device):
 def slow_apply(op, args):
     if any(isinstance(a, graph.SymbolicTensor) for a in args):
         return graph.trace_apply(op, args)
-    if hasattr(op, "_grad_rule") and not hasattr(op, "cpu"):
+    if describe(op).forward_by_rule:
         bad = next(a for a in args if not isinstance(a, Tensor)) if args else None
         if args:
             raise TypeError(f"op {_name(op)} expect type Tensor as inputs, got {type(bad).__name__}")
@@ -414,8 +414,7 @@ def _sum_to(g, shape):
     global _sum_to_op
     if _sum_to_op is None:
         from gradcore.ops.shape import SumTo
-        from gradcore.op import interned
-        _sum_to_op = interned(SumTo)
+        _sum_to_op = SumTo
     return _core.apply(_sum_to_op(tuple(shape)), g)[0]
 
 

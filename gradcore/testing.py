@@ -17,6 +17,7 @@ import numpy as np
 
 from ._core import Tensor
 from .autodiff import GradManager
+from .op import describe
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_grads", "analytic_grads"]
 
@@ -183,6 +184,7 @@ def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float
 # ---------------------------------------------------------------- check_op
 # Everything an op should pass, in one call: see ``check_op``.
 
+import contextlib
 import functools
 import inspect
 import os
@@ -192,7 +194,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 __all__ += ["check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
-            "generated_cases", "op_devices", "NoInputsError"]
+            "generated_cases", "op_devices", "NoInputsError", "cuda_for_checks"]
 
 PASSED, FAILED, SKIPPED, NOT_APPLICABLE = "passed", "failed", "skipped", "not applicable"
 # "skipped": the check could not run for a reason outside the op author's
@@ -227,6 +229,7 @@ class CheckReport:
     checks do not fail; ``passed`` tells whether anything was tested);
     ``raise_on_failure()`` raises ``OpCheckError`` with the table."""
     results: List[CheckResult] = field(default_factory=list)
+    instances: List[str] = field(default_factory=list)    # the ops checked, parameters included
 
     @property
     def ok(self) -> bool:
@@ -260,6 +263,7 @@ class CheckReport:
 
     def extend(self, other: "CheckReport") -> "CheckReport":
         self.results.extend(other.results)
+        self.instances.extend(other.instances)
         return self
 
     def table(self) -> str:
@@ -268,6 +272,8 @@ class CheckReport:
         w1 = max([len(r[1]) for r in rows] + [5])
         lines = [f"{'op':<{w0}} | {'check':<{w1}} | status"]
         lines += [f"{a:<{w0}} | {b:<{w1}} | {c}" for a, b, c in rows]
+        if len(self.instances) > 1:
+            lines.append("checked at: " + ", ".join(self.instances))
         return "\n".join(lines)
 
     def __str__(self):
@@ -321,10 +327,16 @@ def _cast(arrays, dtype):
     return [a.astype(dtype) if a.dtype.kind == "f" else a for a in arrays]
 
 
-def _run(op, arrays, device="cpu"):
+def _run(op, arrays, device="cpu", modified=None):
+    """The op's outputs on ``arrays`` (host arrays). ``modified``: a list
+    that receives the index of each input the kernel changed."""
     from ._core import apply
     xs = [Tensor(a) if device == "cpu" else Tensor(a, device=device) for a in arrays]
-    return [np.asarray(o.numpy()) for o in apply(op, *xs)]
+    outs = [np.asarray(o.numpy()) for o in apply(op, *xs)]
+    if modified is not None:
+        modified += [i for i, (x, a) in enumerate(zip(xs, arrays))
+                     if not np.array_equal(np.asarray(x.numpy()), a, equal_nan=a.dtype.kind in "fc")]
+    return outs
 
 
 def _compare_with_cpu(check, what, got, ref):
@@ -352,20 +364,6 @@ def _device_grads(op, arrays, weights, wrt, device):
         gm.backward([o for o, _ in pairs], [w for _, w in pairs])
     return [None if i not in wrt else (np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64))
             for i, x in enumerate(xs)]
-
-
-def _diff_path(op) -> Optional[str]:
-    from . import _core
-    t = type(op)
-    if hasattr(t, "_grad_rule"):
-        return "_grad_rule"
-    if _core.registered_grad_rule(t) is not None:
-        return "registered rule"
-    if hasattr(t, "vjp"):
-        return "vjp"
-    if hasattr(t, "decompose"):
-        return "decompose"
-    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -465,16 +463,9 @@ class _Check:
 
 
 def op_devices(op) -> List[str]:
-    """The devices an op declares: its ``devices`` attribute, else those it
-    has kernels for (``cpu`` or ``decompose``; ``cuda_source`` or ``decompose``)."""
-    declared = getattr(op, "devices", None)
-    if declared is not None and not isinstance(declared, property):
-        return [declared] if isinstance(declared, str) else list(declared)
-    has = lambda a: getattr(op, a, None) is not None
-    devs = ["cpu"] if has("cpu") or has("decompose") or has("_grad_rule") else []
-    if has("cuda_source") or has("decompose") or has("cuda"):
-        devs.append("cuda")
-    return devs
+    """The devices of an op (its description's: declared, else those it has
+    kernels for)."""
+    return list(describe(op).devices)
 
 
 def _fmt_exc(exc) -> str:
@@ -540,7 +531,7 @@ def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: 
         report.results.append(CheckResult(_op_short_name(op), "inputs", FAILED, str(exc)))
         return report
     label = _op_label(cases[0][0]) if len(cases) == 1 else _op_short_name(op)
-    report = CheckReport()
+    report = CheckReport(instances=list(dict.fromkeys(_op_label(c[0]) for c in cases)))
     checks = {c: _Check(report, label, c) for c in CHECKS}
     wanted = list(devices) if devices is not None else ["cpu", "cuda"]
     many = len(cases) > 1
@@ -587,36 +578,47 @@ _DEFAULT_DOMAIN = (-1.5, 1.5)
 
 
 def _forward_arity(cls) -> tuple:
-    from .registry import _positional_arity
-    for attr in ("infer", "cpu", "decompose"):
-        fn = getattr(cls, attr, None)
-        if fn is None or (attr == "infer" and fn in _base_infers()):
-            continue
-        ar = _positional_arity(fn)
-        if ar is not None and ar[1] != -1:
-            lo, hi = ar
-            return (max(lo, 1), hi if hi is not None else max(lo, 2))
-    return (1, 2)
+    arity = describe(cls).arity
+    if arity is None:
+        return (1, 2)
+    lo, hi = arity[1]
+    return (max(lo, 1), hi)
 
 
-def _base_infers():
-    from .op import Op, Composite
-    return (Op.infer, Composite.infer)
-
-
-def _instances_for(op) -> List:
+def _instances_for(op, seed: int = 0) -> List:
+    """The instances ``check_op`` checks: ``op`` itself; for a class, one
+    per ``check_params`` entry, else the class built with its defaults and,
+    for each numeric parameter, with two more values drawn from ``seed``
+    (a gradient right only at the default must not pass)."""
     if not isinstance(op, type):
         return [op]
-    params = getattr(op, "check_params", None)
+    desc = describe(op)
+    params = desc.check["check_params"]
     if params:
         return [op(*p) if isinstance(p, tuple) else op(**p) for p in params]
     try:
-        return [op()]
+        insts = [op()]
     except TypeError as exc:
         raise NoInputsError(
             f"check_op({_op_short_name(op)}): cannot construct the op with its defaults ({exc}); "
             f"add a class attribute check_params = [{{...constructor arguments...}}, ...] or a "
             f"classmethod examples() returning [(op_instance, [input arrays]), ...]") from None
+    rng = np.random.default_rng(seed)
+    for name, default in desc.params:
+        if isinstance(default, bool) or not isinstance(default, (int, float)):
+            continue
+        for _ in range(2):
+            if isinstance(default, int):
+                value = default + int(rng.integers(1, 4))
+            else:
+                value = round(float(default) * rng.uniform(0.3, 1.7) + rng.uniform(0.2, 1.0), 3)
+            try:
+                inst = op(**{name: value})
+            except Exception:
+                continue               # a value the constructor refuses: not a parameter to vary
+            if inst not in insts:
+                insts.append(inst)
+    return insts
 
 
 def _sample(rng, shape, domain):
@@ -650,9 +652,9 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
     from .op import TensorDesc
     cls = op if isinstance(op, type) else type(op)
     rng = np.random.default_rng(seed)
-    domain = tuple(getattr(cls, "domain", None) or _DEFAULT_DOMAIN)
+    domain = tuple(describe(cls).check["domain"] or _DEFAULT_DOMAIN)
     cases, tried = [], []
-    for inst in _instances_for(op):
+    for inst in _instances_for(op, seed):
         nin = getattr(inst, "nin", None)
         lo, hi = (nin, nin) if isinstance(nin, int) and nin >= 0 else _forward_arity(cls)
         hint = getattr(inst, "check_shapes", None)
@@ -698,10 +700,15 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
         c.skipped("not requested")
     else:
         for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
+            modified = []
             try:
-                outs[dt] = _run(op, arrs)
+                outs[dt] = _run(op, arrs, modified=modified)
             except Exception as exc:
                 c.failed(f"{tag}{dt} inputs: {_fmt_exc(exc)}")
+            for i in modified:
+                c.failed(f"{tag}{dt} inputs: the cpu kernel changed input {i} (shape {arrs[i].shape}) in "
+                         f"place; a kernel must not write its inputs (the caller's tensor changes): "
+                         f"compute into a new array")
         if "float64" in outs and "float32" in outs:
             for j, (o32, o64) in enumerate(zip(outs["float32"], outs["float64"])):
                 if o32.shape != o64.shape:
@@ -790,7 +797,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             c.not_applicable("no floating-point output")
 
     # ---- gradients
-    path = _diff_path(op)
+    path = describe(op).grad_path
     float_idx = [i for i, a in enumerate(arrays) if a.dtype.kind == "f"
                  and i not in tuple(getattr(op, "shape_only_inputs", ()) or ())]
     chosen = list(wrt) if wrt is not None else float_idx
@@ -809,7 +816,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             c.not_applicable("no floating-point output")
         elif not checks[check].fail and check == "gradgrad" and checks["grad"].fail:
             c.not_applicable("first order gradients already fail")
-        elif getattr(op, "check_gradient", None) == "zero":
+        elif describe(op).check["check_gradient"] == "zero":
             # declared zero by design (a stop-gradient): finite differences
             # would disagree, so check that the gradient is exactly that
             if order == 2:
@@ -901,6 +908,41 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                 c.failed(f"{tag}cuda_source({ctype!r}) does not compile: {err.strip()[-800:]}")
             else:
                 c.passed()
+
+
+@contextlib.contextmanager
+def cuda_for_checks(wanted: bool = True):
+    """A context manager yielding where cuda checks run: the GPU, else the
+    host emulator (selected for the duration, and forgotten after), else
+    nowhere (why). ``gradcore check`` and the pytest plugin check in it.
+
+    Example::
+
+        >>> with cuda_for_checks() as where:
+        ...     report = check_op(MyCube)        # cuda checks on the GPU or the emulator
+    """
+    from . import devices as devmod
+    if not wanted:
+        yield "not requested"
+    elif os.environ.get("GRADCORE_CUDA"):
+        yield f"GRADCORE_CUDA={os.environ['GRADCORE_CUDA']}"
+    elif devmod.is_cuda_available():
+        yield "GPU"
+    elif not (shutil.which("g++") or shutil.which("c++")):
+        yield f"unavailable: {devmod.cuda_unavailable_reason()}"
+    else:
+        from .cuda import runtime
+        os.environ["GRADCORE_CUDA"] = "emulator"
+        try:
+            runtime.use("emulator")
+            where = "host emulator (no GPU)"
+        except Exception as exc:
+            where = f"unavailable ({type(exc).__name__}: {exc})"
+        try:
+            yield where
+        finally:
+            os.environ.pop("GRADCORE_CUDA", None)
+            runtime.use(None)
 
 
 def _apply_fn(op):

@@ -35,7 +35,6 @@ import numpy as np
 from . import _core
 from .anomaly import detect_anomaly
 
-PATH_NAMES = {1: "own _grad_rule", 2: "registered grad rule", 3: "backward graph"}
 ATTACHED_COLOR, OUTPUT_COLOR, OP_COLOR = "lightblue", "orange", "white"
 NL = "\\n"      # DOT's centred line break (the graphviz package keeps backslashes as they are)
 
@@ -191,7 +190,7 @@ def _draw(g, prefix, y, y_slot, nodes, leaves, slot_names):
         _, op, path, ins, outs, in_shapes, out_meta, saved, info = wanted[seq]
         name = _op_name(op)
         no_grad = sum(1 for s in ins if s is None)
-        lines = [f"#{seq} {name}", f"grad path {path}: {PATH_NAMES.get(path, '?')}", _saved_text(saved, len(ins))]
+        lines = [f"#{seq} {name}", f"grad path: {path}", _saved_text(saved, len(ins))]
         if no_grad:
             lines.append(f"{no_grad} of {len(ins)} inputs without gradient")
         attrs = {"style": "filled", "fillcolor": OP_COLOR}

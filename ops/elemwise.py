@@ -300,29 +300,21 @@ class Elemwise(Op):
     name = "Elemwise"
     attrs = ("mode",)
     reduce_broadcast = True
-    _instances: Dict[str, "Elemwise"] = {}
+    row = None                # derived from mode in __init__ (not parameters)
+    nin = -1
 
-    def __new__(cls, mode: str):
-        inst = cls._instances.get(mode)
-        if inst is None:
-            row = ROWS.get(mode)
-            if row is None:
-                raise ValueError(f"Elemwise: unknown mode {mode!r}; known modes: {', '.join(sorted(ROWS))}")
-            inst = super().__new__(cls)
-            inst.mode = mode
-            inst.row = row
-            inst.nin = _arity(row)
-            inst.cpu = _cpu_kernel(row)
-            inst.vjp = _make_vjp(row)
-            inst._cuda_plans = {}
-            inst._seal()
-            cls._instances[mode] = inst
-        return inst
+    def __init__(self, mode: str):
+        row = ROWS.get(mode)
+        if row is None:
+            raise ValueError(f"Elemwise: unknown mode {mode!r}; known modes: {', '.join(sorted(ROWS))}")
+        self.mode = mode
+        self.row = row
+        self.nin = _arity(row)
+        self.cpu = _cpu_kernel(row)
+        self.vjp = _make_vjp(row)
+        self._cuda_plans = {}
 
-    def __init__(self, mode: str):  # everything happened in __new__
-        pass
-
-    # per instance, __new__ binds ``cpu`` to the row's NumPy kernel and
+    # per instance, __init__ binds ``cpu`` to the row's NumPy kernel and
     # ``vjp`` to its derivative expressions; these class-level versions say
     # what the protocol is (and what the registry reports)
     def cpu(self, *arrays):

@@ -229,7 +229,6 @@ class Subtensor(Op):
 
     def __init__(self, spec):
         self.spec = tuple(spec)
-        self._seal()
 
     def infer(self, x, *idx):
         return (TensorDesc(_probe_shape(self, self.spec, x.shape, idx, (x,) + idx), x.dtype, x.device),)
@@ -278,7 +277,6 @@ class SubtensorGrad(Op):
 
     def __init__(self, spec):
         self.spec = tuple(spec)
-        self._seal()
 
     def infer(self, g, ref, *idx):
         _check_assignable(self, g, _probe_shape(self, self.spec, ref.shape, idx, (g, ref) + idx), (g, ref))
@@ -352,7 +350,6 @@ class SetSubtensor(Op):
 
     def __init__(self, spec):
         self.spec = tuple(spec)
-        self._seal()
 
     def infer(self, x, value, *idx):
         shape = _probe_shape(self, self.spec, x.shape, idx, (x, value) + idx)
@@ -422,7 +419,6 @@ class IndexingOneHot(Op):
 
     def __init__(self, axis=1, keepdims=False):
         self.axis, self.keepdims = int(axis), bool(keepdims)
-        self._seal()
 
     @classmethod
     def examples(cls):
@@ -500,7 +496,6 @@ class IndexingOneHotGrad(Op):
 
     def __init__(self, axis, keepdims):
         self.axis, self.keepdims = int(axis), bool(keepdims)
-        self._seal()
 
     @classmethod
     def examples(cls):
@@ -674,7 +669,6 @@ class Gather(Op):
 
     def __init__(self, axis=0):
         self.axis = int(axis)
-        self._seal()
 
     @classmethod
     def examples(cls):
@@ -731,7 +725,6 @@ class GatherGrad(Op):
 
     def __init__(self, axis=0):
         self.axis = int(axis)
-        self._seal()
 
     @classmethod
     def examples(cls):
@@ -797,7 +790,6 @@ class Scatter(Op):
 
     def __init__(self, axis=0):
         self.axis = int(axis)
-        self._seal()
 
     @classmethod
     def examples(cls):
@@ -888,7 +880,6 @@ class Sort(Op):
 
     def __init__(self, descending=False):
         self.descending = bool(descending)
-        self._seal()
 
     def infer(self, x):
         if x.shape is not None and x.ndim == 0:
@@ -950,7 +941,6 @@ class TopK(Op):
         if mode not in TOPK_MODES:
             raise ValueError(f"TopK: mode must be one of {TOPK_MODES}, got {mode!r}")
         self.k, self.descending, self.mode = int(k), bool(descending), mode
-        self._seal()
 
     def infer(self, x):
         if x.shape is None:

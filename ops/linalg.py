@@ -24,7 +24,6 @@ class MatrixMul(Op):
 
     def __init__(self, transpose_a: bool = False, transpose_b: bool = False):
         self.transpose_a, self.transpose_b = bool(transpose_a), bool(transpose_b)
-        self._seal()
 
     @classmethod
     def examples(cls):

@@ -38,7 +38,6 @@ class LogSoftmax(Op):
 
     def __init__(self, axis=-1):
         self.axis = op_int("LogSoftmax", "axis", axis)
-        self._seal()
 
     input_dtypes = _float_inputs
 
@@ -89,7 +88,6 @@ class Softmax(Op):
 
     def __init__(self, axis=-1):
         self.axis = op_int("Softmax", "axis", axis)
-        self._seal()
 
     @classmethod
     def examples(cls):
@@ -132,12 +130,13 @@ class LogSumExp(Composite):
 
     def __init__(self, axis=-1, keepdims=False):
         self.axis, self.keepdims = op_int("LogSumExp", "axis", axis), bool(keepdims)
-        self._seal()
 
     input_dtypes = _float_inputs
 
     def infer(self, x):
         _check_axis(self, x)      # named after this op, not the Reduce inside
+        if x.shape is not None and x.ndim and x.shape[self.axis] == 0:
+            raise self.error(f"cannot take logsumexp over an empty dimension (axis {self.axis})", x)
         return super().infer(x)
 
     def decompose(self, x):
@@ -293,7 +292,6 @@ class _BatchNorm(Composite):
         self.ndim = op_int(self.name, "ndim", ndim)
         if self.ndim < 2:
             raise ValueError(f"{self.name}: ndim must be >= 2 (N, C, ...), got {ndim}")
-        self._seal()
 
     def _mean_back(self, g, x):
         """A per-channel g (1, C, 1, ...) spread over x's shape, divided by

@@ -83,7 +83,6 @@ class Reduce(Op):
             # a full reduction is the ufunc's reduce itself: no Python frame
             # per call (``cpu`` below, with axis None for every input)
             self.cpu = functools.partial(self._kernel, axis=None, keepdims=self.keepdims)
-        self._seal()
 
     def infer(self, x):
         shape = reduced_shape(self, x.shape, self.axis, self.keepdims, x)
@@ -379,7 +378,6 @@ class BroadcastBack(Op):
 
     def __init__(self, axis, keepdims, mean=False):
         self.axis, self.keepdims, self.mean = norm_axis(axis), bool(keepdims), bool(mean)
-        self._seal()
 
     def infer(self, g, ref):
         want = reduced_shape(self, ref.shape, self.axis, self.keepdims, ref)
@@ -455,7 +453,6 @@ class ArgReduce(Op):
         if mode not in ("argmax", "argmin"):
             raise ValueError(f"ArgReduce: mode must be 'argmax' or 'argmin', got {mode!r}")
         self.mode, self.axis, self.keepdims = mode, None if axis is None else op_int(mode, "axis", axis), bool(keepdims)
-        self._seal()
 
     def infer(self, x):
         if x.shape is None:
@@ -517,7 +514,6 @@ class CumSum(Op):
 
     def __init__(self, axis: int = 0, reverse: bool = False):
         self.axis, self.reverse = op_int("CumSum", "axis", axis), bool(reverse)
-        self._seal()
 
     def infer(self, x):
         if x.shape is not None and not -max(len(x.shape), 1) <= self.axis < max(len(x.shape), 1):

@@ -60,7 +60,6 @@ class Reshape(Op):
         if bad:
             raise OpError(f"Reshape(shape={self.shape}): dimension {bad[0]} is negative "
                           "(only -1, for one inferred dimension, may be)")
-        self._seal()
 
     def infer(self, x):
         return (TensorDesc(_resolve_shape(self, self.shape, x.shape, x), x.dtype, x.device),)
@@ -120,7 +119,6 @@ class Transpose(Op):
         # backward's inverse permutation (argsort) is right
         n = len(perm)
         self.perm = tuple(int(p) % n if -n <= int(p) < 0 else int(p) for p in perm)
-        self._seal()
 
     def infer(self, x):
         if x.shape is None:
@@ -214,7 +212,6 @@ class Broadcast(Op):
             self.shape = tuple(operator.index(s) for s in shape)
         except TypeError:
             raise TypeError(f"Reshape: shape entries must be integers, got {tuple(shape)!r}") from None
-        self._seal()
 
     def infer(self, x):
         if x.shape is not None:
@@ -296,7 +293,6 @@ class SumTo(Op):
 
     def __init__(self, shape):
         self.shape = tuple(int(s) for s in shape)
-        self._seal()
 
     def infer(self, x):
         _check_broadcastable(self, self.shape, x.shape, (x,), f"the shape {self.shape} does not broadcast to x's")
@@ -368,7 +364,6 @@ class ExpandDims(Op):
 
     def __init__(self, axis):
         self.axis = tuple(int(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
-        self._seal()
 
     def infer(self, x):
         if x.shape is None:
@@ -401,7 +396,6 @@ class Squeeze(Op):
         if axis is not None:
             axis = tuple(int(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
         self.axis = axis
-        self._seal()
 
     def infer(self, x):
         if x.shape is None:
@@ -435,7 +429,6 @@ class Cast(Op):
 
     def __init__(self, dtype):
         self.dtype = dtypes.check_dtype(dtype, "astype")
-        self._seal()
 
     def infer(self, x):
         return (TensorDesc(x.shape, self.dtype, x.device),)
@@ -479,8 +472,7 @@ def cast_to(x, dtype):
     x's own dtype); the cast gradcore's dtype rules insert before an op."""
     global _cast_op
     if _cast_op is None:
-        from gradcore.op import interned
-        _cast_op = interned(Cast)
+        _cast_op = Cast
     return _core.apply(_cast_op(np.dtype(dtype)), x)[0]
 
 
@@ -493,7 +485,6 @@ class Copy(Op):
     def __init__(self, device: str = "cpu"):
         from gradcore.devices import norm_device
         self.device = norm_device(device)
-        self._seal()
 
     def infer(self, x):
         return (TensorDesc(x.shape, x.dtype, self.device),)
@@ -566,7 +557,6 @@ class Concat(Op):
 
     def __init__(self, axis=0):
         self.axis = int(axis)
-        self._seal()
 
     input_dtypes = dtypes.promoted_inputs      # MegEngine's: one dtype for all inputs
 
@@ -617,7 +607,6 @@ class SplitLike(Op):
     def __init__(self, axis):
         self.axis = int(axis)
         self.shape_only_inputs = tuple(range(1, 4096))
-        self._seal()
 
     def infer(self, x, *refs):
         return tuple(TensorDesc(r.shape, x.dtype, x.device) for r in refs)
@@ -679,7 +668,6 @@ class Split(Op):
             self.sections = int(sections)
         else:
             self.sections = tuple(int(s) for s in sections)
-        self._seal()
 
     @property
     def n_out(self):
@@ -748,7 +736,6 @@ class Stack(Op):
 
     def __init__(self, axis=0):
         self.axis = int(axis)
-        self._seal()
 
     input_dtypes = dtypes.promoted_inputs      # MegEngine's: one dtype for all inputs
 
@@ -797,7 +784,6 @@ class Unstack(Op):
 
     def __init__(self, axis=0, n=1):
         self.axis, self.n = int(axis), int(n)
-        self._seal()
 
     def infer(self, x):
         if x.shape is None:

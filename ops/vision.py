@@ -101,7 +101,6 @@ class _InterpBase(Op):
         if align_corners and mode == "nearest":
             raise ValueError(f"{n}: align_corners only applies to mode 'bilinear'")
         self.mode, self.align_corners = mode, bool(align_corners)
-        self._seal()
 
     @classmethod
     def _example_ops(cls):

@@ -546,7 +546,7 @@ def test_constructing_an_equal_op_again_runs_no_python(monkeypatch):
             self.k = 2.0
 
     monkeypatch.setattr(op_module, "_construct", op_module._construct)   # restored afterwards
-    _op_intern.install(counting)
+    _op_intern.install(counting, op_module._describe)
     try:
         op_module.clear_interned()
         calls = [lambda: KitScale(3.0), lambda: KitScale(k=3.0), lambda: KitNoArgs(), lambda: KitScale(3)]
@@ -567,7 +567,7 @@ def test_constructing_an_equal_op_again_runs_no_python(monkeypatch):
         op_module.clear_interned()
         assert KitScale(3.0) is not first[0] and KitNoArgs() is not first[2] and len(built) == 8
     finally:
-        _op_intern.install(op_module._construct)
+        _op_intern.install(op_module._construct, op_module._describe)
 
 
 def test_argument_types_are_part_of_the_call_key():

@@ -14,7 +14,7 @@ def test_standard_library_comes_from_the_entry_point():
     assert gradcore.ops.get("Elemwise") is Elemwise
     assert gradcore.ops.get("MatrixMul") is MatrixMul
     entry = {e.name: e for e in registry.entries()}["MatrixMul"]
-    assert entry.dist == "gradcore" and entry.grad_path == "backward graph"
+    assert entry.dist == "gradcore" and entry.grad_path == "vjp"
 
 
 def test_unknown_op_is_a_clear_error():
@@ -26,6 +26,6 @@ def test_unknown_op_is_a_clear_error():
 def test_cli_lists_ops():
     out = subprocess.run([sys.executable, "-m", "gradcore.cli", "ops"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "Elemwise" in out.stdout and "backward graph" in out.stdout
+    assert "Elemwise" in out.stdout and "vjp" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "gradcore.cli", "nonsense"], capture_output=True, text=True)
     assert bad.returncode == 2

@@ -25,7 +25,7 @@ Example::
     array([0., 2.], dtype=float32)
 """
 from .._core import Tensor
-from ..op import OpError, interned
+from ..op import OpError
 from ..ops.elemwise import Elemwise
 from ..ops.indexing import IndexingOneHot, SetSubtensor, Subtensor, split_index
 from ..ops.linalg import MatrixMul
@@ -58,6 +58,6 @@ from .shape import (ShapeError, astype, broadcast_to, concat, copy, expand_dims,
                     pixel_shuffle, repeat, reshape, roll, split, squeeze, stack, stop_gradient, swapaxes,
                     tile, transpose)
 
-# (the op classes, Tensor, OpError, interned and builtins_max above are names
+# (the op classes, Tensor, OpError and builtins_max above are names
 # F has always had; _t, _check_drop_prob and _Reduce are used by
 # gradcore.module and gradcore.tensor_methods)

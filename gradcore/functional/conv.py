@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 from .._core import Tensor, apply as _apply
-from ..op import OpError, interned
+from ..op import OpError
 from ..ops.conv import ConvTranspose, Convolution
 from ..ops.pool import AvgPool2d, MaxPool2d
 from ..ops.reduce import op_int
@@ -21,8 +21,7 @@ from ._args import _index, _int_tuple, _named, _t
 from .shape import reshape
 
 # one op instance per distinct attributes: the per-op caches stay warm
-_Convolution, _ConvTranspose, _MaxPool2d, _AvgPool2d = map(interned, (Convolution, ConvTranspose, MaxPool2d,
-                                                                       AvgPool2d))
+_Convolution, _ConvTranspose, _MaxPool2d, _AvgPool2d = Convolution, ConvTranspose, MaxPool2d, AvgPool2d
 
 
 def _per_axis(name: str, what: str, v, n: int, low: int) -> tuple:

@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from .._core import Tensor, apply as _apply
-from ..op import OpError, interned
+from ..op import OpError
 from ..ops.indexing import Gather, IndexingOneHot, Scatter, SetSubtensor, Sort, Subtensor, TopK, split_index
 from ._args import _axis_in, _int_arg, _int_or_err, _named, _on, _t, builtins_max
 from .creation import arange, zeros
@@ -24,8 +24,8 @@ from .elemwise_table import eq
 from .shape import astype, concat, expand_dims, reshape, swapaxes
 
 # one op instance per distinct attributes: the per-op caches stay warm
-_Subtensor, _SetSubtensor, _IndexingOneHot = map(interned, (Subtensor, SetSubtensor, IndexingOneHot))
-_Gather, _Scatter, _Sort, _TopK = map(interned, (Gather, Scatter, Sort, TopK))
+_Subtensor, _SetSubtensor, _IndexingOneHot = (Subtensor, SetSubtensor, IndexingOneHot)
+_Gather, _Scatter, _Sort, _TopK = (Gather, Scatter, Sort, TopK)
 
 
 def getitem(x, index):

@@ -8,13 +8,13 @@ Example::
 from __future__ import annotations
 
 from .._core import apply as _apply
-from ..op import OpError, interned
+from ..op import OpError
 from ..ops.linalg import MatrixMul
 from ._args import _named, _t
 from .reduce import sum
 from .shape import expand_dims, squeeze
 
-_MatrixMul = interned(MatrixMul)     # one op instance per attributes: its caches stay warm
+_MatrixMul = MatrixMul     # one op instance per attributes: its caches stay warm
 
 
 def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,

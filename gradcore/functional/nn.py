@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .._core import Tensor, apply as _apply
-from ..op import OpError, interned
+from ..op import OpError
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
 from .elemwise import _float_pair, clip, where
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # one op instance per distinct attributes: the per-op caches stay warm
-_LogSoftmax, _LogSumExp, _Softmax = map(interned, (LogSoftmax, LogSumExp, Softmax))
+_LogSoftmax, _LogSumExp, _Softmax = (LogSoftmax, LogSumExp, Softmax)
 
 
 # ---- the softmax family

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from .._core import Tensor, apply as _apply
-from ..op import OpError, interned
+from ..op import OpError
 from ..ops.reduce import ArgReduce, CumSum, Reduce
 from ._args import _axis_in, _axis_key, _int_or_err, _named, _t
 from .elemwise import where
@@ -21,7 +21,7 @@ from .elemwise_table import abs, eq, ne, sqrt
 from .shape import astype
 
 # one op instance per distinct attributes: the per-op caches stay warm
-_Reduce, _ArgReduce, _CumSum = map(interned, (Reduce, ArgReduce, CumSum))
+_Reduce, _ArgReduce, _CumSum = (Reduce, ArgReduce, CumSum)
 
 
 class AxisError(OpError, AssertionError):

@@ -15,14 +15,14 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .._core import Tensor, apply as _apply
-from ..op import OpError, interned
+from ..op import OpError
 from ..ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape, Split, Squeeze, Stack,
                          StopGradient, Transpose)
 from ._args import _axis_in, _axis_key, _int_arg, _int_or_err, _int_tuple, _ints, _t, builtins_max
 
 # one op instance per distinct attributes: the per-op caches stay warm
-_Reshape, _Transpose, _Broadcast = map(interned, (Reshape, Transpose, Broadcast))
-_ExpandDims, _Squeeze, _Cast, _Concat, _Split, _Stack = map(interned, (ExpandDims, Squeeze, Cast, Concat, Split, Stack))
+_Reshape, _Transpose, _Broadcast = (Reshape, Transpose, Broadcast)
+_ExpandDims, _Squeeze, _Cast, _Concat, _Split, _Stack = (ExpandDims, Squeeze, Cast, Concat, Split, Stack)
 
 
 def reshape(inp, target_shape: Sequence[int]):

@@ -11,12 +11,11 @@ from typing import Optional
 import numpy as np
 
 from .._core import Tensor, apply as _apply
-from ..op import interned
 from ..ops.vision import INTERPOLATE_MODES as _INTERPOLATE_MODES, Interpolate
 from ._args import _int_arg, _int_tuple, _t
 from .shape import expand_dims, squeeze
 
-_Interpolate = interned(Interpolate)
+_Interpolate = Interpolate
 
 
 def _resize_sizes(x: Tensor, size, scale_factor, n: int) -> tuple:
