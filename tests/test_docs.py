@@ -55,3 +55,13 @@ def test_visualize_doc_runs_and_its_picture_matches():
     for needle in ("MatrixMul", "Elemwise(relu)", "LogSoftmax", "IndexingOneHot", "0.weight", "2.bias"):
         assert needle in src and needle in svg, needle
     assert "images/mlp_graph.svg" in (DOCS / "visualize.md").read_text()
+
+
+def test_interop_doc_runs_and_shows_what_it_says(capsys):
+    ns = {"__name__": "docs_interop_md"}
+    for k, block in enumerate(python_blocks(DOCS / "interop.md")):
+        exec(compile(block, f"interop.md (python block {k + 1})", "exec"), ns)
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["[5.0, 0.0, 0.0]", "[1.0, 2.0, 3.0]"]
+    assert ns["t"].numpy().tolist() == [10.0, 3.0, 4.0]
+    assert ns["u"].tolist() == [4.0, 3.0, 10.0]         # the copy of t[::-1]

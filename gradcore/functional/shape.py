@@ -16,7 +16,7 @@ import numpy as np
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError, interned
-from ..ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape, Split, Squeeze, Stack,
+from ..ops.shape import (Broadcast, Cast, Concat, Copy, ExpandDims, Reshape, Split, Squeeze, Stack,
                          StopGradient, Transpose)
 from ._args import _axis_in, _axis_key, _int_arg, _int_or_err, _int_tuple, _ints, _t, builtins_max
 
@@ -226,8 +226,20 @@ def stack(inps, axis: int = 0, device=None):
 
 
 def copy(inp, device=None):
-    """A recorded copy of ``inp`` (on ``device`` when given)."""
-    out = _apply(Identity(), _t(inp))[0]
+    """A recorded copy of ``inp`` in memory of its own (on ``device`` when
+    given), C-contiguous: what to export by DLPack when the tensor is a
+    reversed view (``t[::-1].copy()``), and what stays apart from memory
+    ``inp`` shares with NumPy or PyTorch.
+
+    Example::
+
+        >>> t = gc.tensor([1.0, 2.0, 3.0])
+        >>> c = F.copy(t[::-1])
+        >>> c.numpy().tolist(), np.shares_memory(c.numpy(), t.numpy())
+        ([3.0, 2.0, 1.0], False)
+    """
+    x = _t(inp)
+    out = _apply(Copy(x.device), x)[0]
     return out if device is None else out.to(device)
 
 
