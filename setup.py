@@ -6,6 +6,15 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+# The Cython compiler directives, for every compiled module: here only (no
+# ``# cython:`` line in a source file). The hand-written modules index only
+# within bounds they check themselves, so bounds and negative-index checks and
+# memoryview initialisation checks are off.
+CORE_DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": False, "initializedcheck": False}
+# The generated elementwise functions are plain Python that is also imported
+# uncompiled: compiled, they must behave exactly the same, so Python semantics.
+PLAIN_DIRECTIVES = {"language_level": 3}
+
 extensions = [
     Extension("gradcore._core", ["gradcore/_core.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
@@ -14,14 +23,16 @@ extensions = [
     # NumPy's allocator for CPU tensors: a cache of large blocks (gradcore/memory.py)
     Extension("gradcore._host_pool", ["gradcore/_host_pool.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
-    # the generated elementwise functions (plain Python, also importable uncompiled):
-    # compiled, F.exp costs no Python frame per call
-    Extension("gradcore.functional.elemwise_table", ["gradcore/functional/elemwise_table.py"],
-              extra_compile_args=["-O3"]),
     # the CUDA backend's per-call path: launches, the device allocator, cuBLAS calls (gradcore/cuda/)
     Extension("gradcore.cuda._launch", ["gradcore/cuda/_launch.pyx"], extra_compile_args=["-O3"]),
     # cuDNN's per-call functions through C function pointers (gradcore/cuda/cudnn.py)
     Extension("gradcore.cuda._cudnn", ["gradcore/cuda/_cudnn.pyx"], extra_compile_args=["-O3"]),
+]
+# the generated elementwise functions (plain Python, also importable uncompiled):
+# compiled, F.exp costs no Python frame per call
+plain_extensions = [
+    Extension("gradcore.functional.elemwise_table", ["gradcore/functional/elemwise_table.py"],
+              extra_compile_args=["-O3"]),
 ]
 
 setup(
@@ -31,7 +42,7 @@ setup(
     package_data={"gradcore.data": ["*.npz", "*.txt"]},
     # the extensions compile side by side, one per core (pip install -e . included)
     options={"build_ext": {"parallel": os.cpu_count() or 1}},
-    ext_modules=cythonize(extensions, language_level=3, nthreads=os.cpu_count() or 1,
-                          compiler_directives={"boundscheck": False, "wraparound": False}),
+    ext_modules=(cythonize(extensions, compiler_directives=CORE_DIRECTIVES, nthreads=os.cpu_count() or 1)
+                 + cythonize(plain_extensions, compiler_directives=PLAIN_DIRECTIVES)),
     zip_safe=False,
 )

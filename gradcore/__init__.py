@@ -31,6 +31,13 @@ from . import tensor_methods as _tm
 _tm.install()
 
 from . import functional, random  # noqa: E402
+from . import graph as _graph  # noqa: E402
+from .ops import kernel_families as _kernel_families  # noqa: E402
+
+# the standard kernel catalog (below the engine) lists the elementwise rows'
+# fused backward kernels, which gradcore.graph traces: handed down here, where
+# both are loaded, so that neither imports the other's layer upward
+_kernel_families.install_backward_graphs(_graph.make_backward_graph)
 from .autodiff import Function, GradManager  # noqa: E402
 from .functional import ones_like, zeros_like  # noqa: E402
 from .serialization import load, save  # noqa: E402

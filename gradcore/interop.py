@@ -15,6 +15,22 @@ leaf, the exported array has no gradient, and a write through the other
 library is not seen by gradcore's in-place checks on values saved for
 backward (do not write into a tensor a recorded op still needs).
 
+Writes through the other library are seen by gradcore, but gradcore's own
+in-place updates (``t[i] = v``, ``t += 1``, ``t[...] = 0``) are recorded ops:
+they give ``t`` a new buffer and leave the old one as it was (a recorded op
+may still need the old values for its gradient). A NumPy or PyTorch view
+made before the update keeps showing the old values; export again
+(``torch.from_dlpack(t)``) after updating, or update through the other
+library (``u = torch.from_dlpack(t); u[0] = 5``), which writes into the
+shared buffer.
+
+A tensor with negative strides (a reversed view such as ``t[::-1]``) is
+not exported as a view: DLPack consumers mishandle negative strides
+(PyTorch aborts the process on them), so ``__dlpack__`` raises
+``BufferError`` and names the fix, ``t[::-1].copy()``, as NumPy refuses to
+export a read-only array. A consumer that asks for a copy (``copy=True``,
+e.g. ``np.from_dlpack(t, copy=True)``) gets a contiguous copy.
+
 Example::
 
     >>> import numpy as np, gradcore as gc
@@ -39,8 +55,25 @@ _CUDA_DEVICE_TYPES = (2, 13)      # kDLCUDA, kDLCUDAManaged
 def tensor_dlpack(self: Tensor, *, stream: Optional[int] = None, max_version: Optional[Tuple[int, int]] = None,
                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None):
     """``Tensor.__dlpack__``: a DLPack capsule viewing the tensor's memory
-    (the array API standard's signature; ``stream`` must be None on cpu)."""
-    return self._data.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+    (the array API standard's signature; ``stream`` must be None on cpu).
+    A tensor with negative strides raises ``BufferError`` unless ``copy`` is
+    True (then a contiguous copy is exported): see the module docstring.
+
+    Example::
+
+        >>> t = gc.tensor([1.0, 2.0, 3.0])
+        >>> np.from_dlpack(t).tolist()
+        [1.0, 2.0, 3.0]
+    """
+    data = self._data
+    if self._device == "cpu" and any(s < 0 for s in data.strides):
+        if not copy:
+            raise BufferError(
+                f"__dlpack__: this tensor (shape {tuple(data.shape)}) has negative strides (a reversed view "
+                f"such as t[::-1]), which DLPack consumers such as PyTorch cannot import; export a contiguous "
+                f"copy: t[::-1].copy() (or ask the consumer for a copy, copy=True)")
+        data, copy = np.ascontiguousarray(data), None     # the copy asked for, made here
+    return data.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
 
 def tensor_dlpack_device(self: Tensor) -> Tuple[int, int]:
@@ -78,6 +111,11 @@ def from_dlpack(obj: Any) -> Tensor:
     or JAX array, anything with ``__dlpack__``, a DLPack capsule, or (cuda)
     anything with ``__cuda_array_interface__``. No copy is made; ``obj``'s
     memory stays alive as long as the tensor does.
+
+    Writes through ``obj`` are seen by the tensor. An in-place update on
+    gradcore's side (``t[i] = v``, ``t += 1``) is a recorded op that gives
+    the tensor a new buffer: ``obj`` keeps the old values and no longer
+    shares memory with ``t`` (docs/interop.md).
 
     Example::
 

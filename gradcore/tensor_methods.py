@@ -211,53 +211,10 @@ def transpose(self, *perm):
         perm = tuple(perm[0])
     if any(isinstance(p, str) for p in perm):
         # MegEngine's pattern: 'x' adds an axis, a left-out axis of size 1 is dropped
-        return dimshuffle(self, perm)
+        return _F().transpose(self, perm)
     perm = _shape_args(perm, "transpose: axes")
-    if 0 < len(perm) < self.ndim:
-        return dimshuffle(self, perm)
+    # fewer axes than the tensor has: F.transpose drops the left-out axes of size 1
     return _F().transpose(self, perm if perm else None)
-
-
-def dimshuffle(x, pattern):
-    """MegEngine's transpose pattern with ``'x'`` entries: the listed axes in
-    that order, a new axis of size 1 at each ``'x'``; an axis left out must
-    have size 1 and is dropped. ``(1, 'x', 0)``: (A, B) -> (B, 1, A). Axes
-    are non-negative here (MegEngine's low-level -1 means 'x', NumPy's the
-    last axis: neither is guessed).
-
-    Example::
-
-        >>> t.transpose(0, 'x', 1).shape       # (2, 3) -> (2, 1, 3)
-        (2, 1, 3)
-    """
-    pattern = tuple(pattern)
-    nd = x.ndim
-    axes = []
-    for p in pattern:
-        if isinstance(p, str):
-            if p != "x":
-                raise ValueError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}")
-            continue
-        try:
-            a = p.__index__()
-        except (AttributeError, TypeError):
-            raise TypeError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}") from None
-        if not 0 <= a < nd:
-            raise ValueError(f"transpose: axis {a} in {pattern} is out of range for a tensor of shape "
-                             f"{x.shape} (a pattern with 'x' or fewer entries than axes takes axes "
-                             f"0..{nd - 1} and 'x')")
-        axes.append(a)
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"transpose: pattern {pattern} repeats an axis")
-    dropped = [a for a in range(nd) if a not in axes]
-    if any(x.shape[a] != 1 for a in dropped):
-        raise ValueError(f"transpose: pattern {pattern} leaves out axes {dropped} of a tensor of shape "
-                         f"{x.shape}; only axes of size 1 can be left out")
-    F = _F()
-    y = F.transpose(x, tuple(axes) + tuple(dropped)) if nd else x
-    it = iter(y.shape)
-    shape = tuple(1 if isinstance(p, str) else next(it) for p in pattern)
-    return F.reshape(y, shape)
 
 
 def to(self, device):

@@ -381,7 +381,9 @@ class Elemwise(Op):
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             try:
-                return np.asarray(self.cpu(*[np.ones((), d) for d in in_dtypes])).dtype
+                # 1-d, not 0-d: NumPy 1.x promotes 0-d arrays by value like
+                # Python numbers (np.logaddexp(0, float32) is float64 there)
+                return np.asarray(self.cpu(*[np.ones((1,), d) for d in in_dtypes])).dtype
             except TypeError:
                 return None
 

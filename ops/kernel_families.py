@@ -24,9 +24,28 @@ import numpy as np
 
 from . import conv, elemwise, indexing, linalg, nn, pool, reduce, shape, vision
 
-__all__ = ["FAMILIES", "family_sources"]
+__all__ = ["FAMILIES", "family_sources", "install_backward_graphs"]
 
 _FLOAT = ("float", "double")
+
+# gradcore.graph traces the backward graphs the fused kernels come from; it
+# sits above the op library (it builds backwards out of these ops), so it is
+# handed down here by ``install_backward_graphs`` instead of imported
+_make_backward_graph = None
+
+
+def install_backward_graphs(make_backward_graph: Callable) -> None:
+    """Give the catalog gradcore.graph's ``make_backward_graph``, from which
+    the elementwise family's fused backward kernels are traced; ``import
+    gradcore`` calls it, after loading both.
+
+    Example::
+
+        >>> from gradcore.graph import make_backward_graph
+        >>> install_backward_graphs(make_backward_graph)
+    """
+    global _make_backward_graph
+    _make_backward_graph = make_backward_graph
 
 
 def _dtype_of(ctype: str) -> np.dtype:
@@ -51,8 +70,10 @@ def _fused_backwards(ctype: str) -> List[str]:
     """The one-kernel backward of every row on inputs of one float type
     (``gradcore.cuda.fusion``): what a training step's elementwise ops ask for."""
     from gradcore.cuda.fusion import fuse_elementwise
-    from gradcore.graph import make_backward_graph
     from gradcore.op import TensorDesc
+    if _make_backward_graph is None:
+        raise RuntimeError("gradcore.ops.kernel_families: no backward graphs installed "
+                           "(import gradcore installs gradcore.graph's)")
     desc = TensorDesc(None, _dtype_of(ctype).name, "cpu")
     sources = []
     for row in elemwise.TABLE:
@@ -60,7 +81,7 @@ def _fused_backwards(ctype: str) -> List[str]:
             continue
         n = elemwise._arity(row)
         try:
-            graph = make_backward_graph(elemwise.Elemwise(row.mode), [desc] * n, [True] * n)[0]
+            graph = _make_backward_graph(elemwise.Elemwise(row.mode), [desc] * n, [True] * n)[0]
         except Exception:       # a row without a derivative
             continue
         kernel = fuse_elementwise(graph, None)

@@ -55,3 +55,69 @@ def test_visualize_doc_runs_and_its_picture_matches():
     for needle in ("MatrixMul", "Elemwise(relu)", "LogSoftmax", "IndexingOneHot", "0.weight", "2.bias"):
         assert needle in src and needle in svg, needle
     assert "images/mlp_graph.svg" in (DOCS / "visualize.md").read_text()
+
+
+def test_interop_doc_runs_and_shows_what_it_says(capsys):
+    ns = {"__name__": "docs_interop_md"}
+    for k, block in enumerate(python_blocks(DOCS / "interop.md")):
+        exec(compile(block, f"interop.md (python block {k + 1})", "exec"), ns)
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["[5.0, 0.0, 0.0]", "[1.0, 2.0, 3.0]"]
+    assert ns["t"].numpy().tolist() == [10.0, 3.0, 4.0]
+    assert ns["u"].tolist() == [4.0, 3.0, 10.0]         # the copy of t[::-1]
+
+
+def test_op_protocol_doc_runs_and_shows_each_path(capsys):
+    from gradcore import _core
+    ns = {"__name__": "docs_op_protocol_md"}
+    try:
+        for k, block in enumerate(python_blocks(DOCS / "op-protocol.md")):
+            exec(compile(block, f"op-protocol.md (python block {k + 1})", "exec"), ns)
+    finally:
+        if "Double" in ns:
+            _core.unregister_grad_rule(ns["Double"])
+    assert capsys.readouterr().out.splitlines() == [
+        "Square [2.0, 6.0]", "SquareByRule [2.0, 6.0]", "Double [2.0, 2.0]", "[True, False, True] [True]"]
+
+
+ROOT = DOCS.parent
+# a path in the docs: in backticks, a Markdown link target, or any ../ path
+_PATH = re.compile(r"`([^`\s]+/[^`\s]*)`|\]\(([^)#\s]+)\)|(?<![\w.])(\.\./[\w./-]+)")
+
+
+def _markdown_files():
+    skip = {"build", "demo_out", ".git", ".pytest_cache"}
+    return [p for p in ROOT.rglob("*.md") if not skip.intersection(p.relative_to(ROOT).parts)
+            and "egg-info" not in str(p)]
+
+
+def test_docs_point_nowhere_outside_the_repository():
+    # the docs stand on their own (issue 24, item 9): no reference to a file
+    # outside the checkout (../shared/SPEC.md was one), and no scratch file
+    # of a machine that ran something once (/tmp/...)
+    bad = []
+    for path in _markdown_files():
+        text = path.read_text()
+        for m in _PATH.finditer(text):
+            ref = next(g for g in m.groups() if g)
+            if ref.startswith(("http://", "https://", "mailto:")):
+                continue
+            if ref.startswith(("/tmp/", "/work/", "/home/", "/root/")) and ref != "/tmp/state.gc":
+                bad.append((path.name, ref))     # (the README's example writes /tmp/state.gc)
+            elif ".." in Path(ref).parts:
+                target = (path.parent / ref).resolve()
+                if not target.is_relative_to(ROOT.resolve()):
+                    bad.append((path.name, ref))
+        if "SPEC.md" in text:
+            bad.append((path.name, "SPEC.md"))
+    assert bad == [], bad
+    assert (DOCS / "op-protocol.md").exists()
+
+
+def test_benchmarks_readme_leads_with_the_current_figures():
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings[0] == "Current figures", headings
+    # the history lives in the changelog, which every figure's row points to
+    assert "CHANGELOG.md" in text and not re.search(r"^### \d{4}-\d\d-\d\d", text, re.M)
+    assert re.search(r"^### \d{4}-\d\d-\d\d", (ROOT / "benchmarks" / "CHANGELOG.md").read_text(), re.M)

@@ -3,6 +3,7 @@ elementwise module is up to date (and so is its compiled build), every
 public function is a real def in exactly one module, and F and F.nn expose
 what they always did."""
 import ast
+import doctest
 import inspect
 from pathlib import Path
 
@@ -28,9 +29,43 @@ NN_NAMES = {
     "conv3d", "conv_transpose1d", "conv_transpose2d", "interpolate"}
 
 
+REGENERATE = ("gradcore/functional/elemwise_table.py is out of date: run "
+              "python -m gradcore.functional._gen_elemwise_table, then rebuild its compiled copy "
+              "(pip install -e . or python setup.py build_ext --inplace)")
+
+
 def test_generated_elemwise_module_is_up_to_date():
-    assert (PACKAGE / "elemwise_table.py").read_text() == gen.render(), \
-        "gradcore/functional/elemwise_table.py is out of date: run python -m gradcore.functional._gen_elemwise_table"
+    assert (PACKAGE / "elemwise_table.py").read_text() == gen.render(), REGENERATE
+
+
+def test_the_generated_text_does_not_depend_on_numpys_printing():
+    # NumPy's array printing differs between versions (and with print
+    # options): the generator shows rounded Python floats instead
+    with np.printoptions(precision=2, floatmode="fixed", sign="+", legacy="1.13"):
+        assert gen.render() == (PACKAGE / "elemwise_table.py").read_text(), REGENERATE
+
+
+def test_generated_examples_show_no_numpy_array_and_run_as_doctests():
+    parser = doctest.DocTestParser()
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    docs = {"elemwise_table": elemwise_table.__doc__}
+    docs.update((r.mode, getattr(elemwise_table, r.mode).__doc__) for r in gen._rows())
+    for name, doc in docs.items():
+        test = parser.get_doctest(doc, {"gc": gc, "F": F, "np": np}, name, None, 0)
+        assert len(test.examples) == 1, name
+        assert not any("array(" in e.want for e in test.examples), test.name
+        runner.run(test)
+    assert runner.failures == 0
+
+
+@pytest.mark.parametrize("values, decimals, text", [
+    ([0.6666667, 1.5], 4, "[0.6667, 1.5]"),
+    ([0.9051482], 3, "[0.905]"),           # tanh(1.5): 0.9051 or 0.9052, by its last bits
+    ([0.40546513], 4, "[0.4055]"),         # NumPy 1.x and 2.x print log1p(0.5) differently
+])
+def test_example_values_are_rounded_away_from_rounding_boundaries(values, decimals, text):
+    assert gen._decimals(values, "f") == decimals
+    assert repr(gen.shown(values, decimals)) == text
 
 
 def test_the_loaded_elemwise_module_matches_the_table():

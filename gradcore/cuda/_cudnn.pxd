@@ -1,6 +1,14 @@
 # The compiled per-call path of cuDNN (gradcore/cuda/_cudnn.pyx).
 #
-# Contract:
+# What this file is for: the C prototypes of the cuDNN functions that
+# _cudnn.pyx calls through pointers, which Cython reads when it compiles
+# _cudnn.pyx. No other module cimports them; gradcore/cuda/cudnn.py calls
+# the module's functions from Python. Cython directives: setup.py, for every
+# compiled module at once.
+#
+# Contract (of _cudnn.pyx's functions: convolution, pooling_forward,
+# pooling_backward, batch_norm_training, batch_norm_inference,
+# batch_norm_backward):
 # - every function takes the address of a cuDNN function (resolved once by
 #   gradcore/cuda/cudnn.py's Library, with that function's C prototype), the
 #   cuDNN handle, and descriptors and device pointers as integers, and returns

@@ -1,4 +1,4 @@
-# cython: language_level=3
+# Cython directives: setup.py, for every compiled module at once.
 """cuDNN's per-call functions through C function pointers (the contract is
 in ``_cudnn.pxd``): the convolutions, pooling and batch normalisation that
 ``gradcore/cuda/cudnn.py`` runs, without ctypes' per-call argument

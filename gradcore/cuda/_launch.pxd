@@ -1,6 +1,13 @@
 # The compiled launch path of the CUDA backend (gradcore/cuda/_launch.pyx).
 #
-# Contract:
+# What this file is for: the C-level declarations of _launch.pyx's cdef
+# classes (their attributes and C methods), which Cython reads when it
+# compiles _launch.pyx. No other module cimports them; the rest of gradcore
+# uses the module from Python. The classes _launch.pyx declares in full itself
+# (ElementwiseLauncher, FusedRunner, LauncherTable) are not repeated here.
+# Cython directives: setup.py, for every compiled module at once.
+#
+# Contract (the Python-level surface gradcore/cuda/ uses):
 # - ``Kernel``: a loaded kernel's C handle, cached by the backend per
 #   (op, C type, name, source). ``mode`` says how it is launched: through
 #   libcuda's ``cuLaunchKernel`` (``handle`` is the CUfunction) or, on the host
@@ -19,6 +26,15 @@
 #   ``keep`` collects the Blocks the captured kernels read (all but those of
 #   ``own_pool``); the MemoryPool's ``redirect`` sends allocations to the
 #   graph's private pool and ``held`` keeps the blocks given back meanwhile.
+# - ``DeviceArrayBase`` (with ``set_array_type``): the fields of
+#   gradcore/cuda/array.py's ``DeviceArray``; ``new_array`` makes one in a
+#   pool without Python-level construction; ``set_dims_type`` gives the
+#   layout of the dims struct kernels take; ``pack_params`` and
+#   ``size_class`` are the packer and the allocator's rounding, for tests.
+# - ``ElementwiseLauncher``: an elementwise op's common case (same shapes
+#   and dtypes, contiguous) from plan to launch in C, the op's own launcher
+#   for the rest; ``FusedRunner``: a fused backward kernel's whole call;
+#   ``LauncherTable``: the core's lookup of an op's launcher by identity.
 
 cdef enum LaunchMode:
     MODE_CUDA = 0

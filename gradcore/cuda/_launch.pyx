@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# Cython directives: setup.py, for every compiled module at once.
 """The per-call part of the CUDA backend, compiled: kernel launches (argument
 packing in the CUDA ABI's layout into a C buffer, then one call through a C
 function pointer), the caching device allocator, and cuBLAS GEMMs through

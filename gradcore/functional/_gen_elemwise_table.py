@@ -2,6 +2,14 @@
 ops/elemwise.py's TABLE (``F.exp``, ``F.add``, ...), each with type hints and
 a docstring whose example output is computed here.
 
+The examples show Python lists of values rounded to a few decimals
+(``.numpy().astype(float).round(4).tolist()``), never NumPy's printing of an
+array: the text is then the same under every NumPy the project supports
+(NumPy's float32 printing and its last-digit results for some functions
+differ between versions), and each example still runs as a doctest. A value
+that sits so close to a rounding boundary that a last-bit difference could
+move it is shown with fewer decimals.
+
 Run it after changing the table::
 
     python -m gradcore.functional._gen_elemwise_table
@@ -20,6 +28,10 @@ import numpy as np
 OUT = Path(__file__).with_name("elemwise_table.py")
 HAND_WRITTEN = ("where",)      # elemwise.py: it checks that its mask is a bool tensor
 _CANDIDATES = (-1.5, -0.5, 0.5, 1.0, 1.5, 2.5)
+_DECIMALS = 4
+# a float32 result may differ in its last bits between NumPy builds: a shown
+# value must stay the same for any result within this relative distance
+_WOBBLE = 2e-6           # about 16 float32 ulps: more than NumPy builds differ by
 
 
 def _rows():
@@ -49,6 +61,32 @@ def _sample(row, k: int, nin: int) -> list:
     return inside[1:3]
 
 
+def _decimals(values, mode: str) -> int:
+    """The most decimals (up to _DECIMALS) at which every value rounds the
+    same way wherever its last bits land."""
+    for decimals in range(_DECIMALS, -1, -1):
+        if all(round(v * (1 - _WOBBLE), decimals) == round(v * (1 + _WOBBLE), decimals) == round(v, decimals)
+               for v in values):
+            return decimals
+    raise ValueError(f"F.{mode}'s example values {values} cannot be shown stably: change _CANDIDATES")
+
+
+def shown(values, decimals: int) -> list:
+    """``values`` as the example prints them: Python floats rounded to
+    ``decimals`` (what ``.astype(float).round(decimals).tolist()`` gives).
+
+    Example::
+
+        >>> shown([0.6666667, 1.5], 4)
+        [0.6667, 1.5]
+    """
+    out = [round(float(v), decimals) for v in values]
+    if any(v == 0 and str(v).startswith("-") for v in out):
+        # the sign of a zero may differ between builds
+        raise ValueError(f"an example value rounds to -0.0 ({values}): change _CANDIDATES")
+    return out
+
+
 def _example(row, nin: int) -> tuple:
     import gradcore as gc
     from gradcore._core import apply1
@@ -56,8 +94,12 @@ def _example(row, nin: int) -> tuple:
     inputs = [_sample(row, k, nin) for k in range(nin)]
     out = apply1(Elemwise(row.mode), *[gc.tensor(v) for v in inputs]).numpy()
     call = ", ".join(f"gc.tensor({v!r})" for v in inputs)
-    text = np.array_repr(out).replace("\n", "\n        ")
-    return f">>> F.{row.mode}({call}).numpy()", text
+    if out.dtype == np.bool_:
+        return f">>> F.{row.mode}({call}).numpy().tolist()", repr([bool(v) for v in out.tolist()])
+    values = [float(v) for v in out.tolist()]
+    decimals = _decimals(values, row.mode)
+    return (f">>> F.{row.mode}({call}).numpy().astype(float).round({decimals}).tolist()",
+            repr(shown(values, decimals)))
 
 
 def _function(row, nin: int) -> str:
@@ -90,8 +132,8 @@ table in ops/elemwise.py (``where`` is written by hand in elemwise.py).
 
 Example::
 
-    >>> F.mul(gc.tensor([1.0, 2.0]), 3.0).numpy()
-    array([3., 6.], dtype=float32)
+    >>> F.mul(gc.tensor([1.0, 2.0]), 3.0).numpy().tolist()
+    [3.0, 6.0]
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError
-from ..ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape, Split, Squeeze, Stack,
+from ..ops.shape import (Broadcast, Cast, Concat, Copy, ExpandDims, Reshape, Split, Squeeze, Stack,
                          StopGradient, Transpose)
 from ._args import _axis_in, _axis_key, _int_arg, _int_or_err, _int_tuple, _ints, _t, builtins_max
 
@@ -49,13 +49,53 @@ def transpose(inp, pattern: Optional[Sequence[int]] = None):
         pattern = tuple(range(x.ndim))[::-1]
     pattern = tuple(pattern)
     if any(isinstance(p, str) for p in pattern) or 0 < len(pattern) < x.ndim:
-        from ..tensor_methods import dimshuffle
-        return dimshuffle(x, pattern)
+        return _dimshuffle(x, pattern)
     try:
         pattern = tuple(operator.index(p) for p in pattern)
     except TypeError:
         raise TypeError(f"transpose: pattern entries must be ints (or 'x'), got {pattern}") from None
     return _apply(_Transpose(pattern), x)[0]
+
+
+def _dimshuffle(x, pattern):
+    """MegEngine's transpose pattern with ``'x'`` entries: the listed axes in
+    that order, a new axis of size 1 at each ``'x'``; an axis left out must
+    have size 1 and is dropped. ``(1, 'x', 0)``: (A, B) -> (B, 1, A). Axes
+    are non-negative here (MegEngine's low-level -1 means 'x', NumPy's the
+    last axis: neither is guessed).
+
+    Example::
+
+        >>> F.transpose(gc.tensor(np.zeros((2, 3))), (0, "x", 1)).shape
+        (2, 1, 3)
+    """
+    pattern = tuple(pattern)
+    nd = x.ndim
+    axes = []
+    for p in pattern:
+        if isinstance(p, str):
+            if p != "x":
+                raise ValueError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}")
+            continue
+        try:
+            a = p.__index__()
+        except (AttributeError, TypeError):
+            raise TypeError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}") from None
+        if not 0 <= a < nd:
+            raise ValueError(f"transpose: axis {a} in {pattern} is out of range for a tensor of shape "
+                             f"{x.shape} (a pattern with 'x' or fewer entries than axes takes axes "
+                             f"0..{nd - 1} and 'x')")
+        axes.append(a)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"transpose: pattern {pattern} repeats an axis")
+    dropped = [a for a in range(nd) if a not in axes]
+    if any(x.shape[a] != 1 for a in dropped):
+        raise ValueError(f"transpose: pattern {pattern} leaves out axes {dropped} of a tensor of shape "
+                         f"{x.shape}; only axes of size 1 can be left out")
+    y = transpose(x, tuple(axes) + tuple(dropped)) if nd else x
+    it = iter(y.shape)
+    shape = tuple(1 if isinstance(p, str) else next(it) for p in pattern)
+    return reshape(y, shape)
 
 
 class ShapeError(OpError, RuntimeError):
@@ -186,8 +226,20 @@ def stack(inps, axis: int = 0, device=None):
 
 
 def copy(inp, device=None):
-    """A recorded copy of ``inp`` (on ``device`` when given)."""
-    out = _apply(Identity(), _t(inp))[0]
+    """A recorded copy of ``inp`` in memory of its own (on ``device`` when
+    given), C-contiguous: what to export by DLPack when the tensor is a
+    reversed view (``t[::-1].copy()``), and what stays apart from memory
+    ``inp`` shares with NumPy or PyTorch.
+
+    Example::
+
+        >>> t = gc.tensor([1.0, 2.0, 3.0])
+        >>> c = F.copy(t[::-1])
+        >>> c.numpy().tolist(), np.shares_memory(c.numpy(), t.numpy())
+        ([3.0, 2.0, 1.0], False)
+    """
+    x = _t(inp)
+    out = _apply(Copy(x.device), x)[0]
     return out if device is None else out.to(device)
 
 

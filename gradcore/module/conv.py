@@ -18,7 +18,7 @@ from .. import functional as F
 from .. import random as _random
 from .._core import Tensor
 from ..tensor import Parameter
-from . import Module, _count, _pair
+from .module import Module, _count, _pair
 
 IntOrTuple = Union[int, Tuple[int, ...]]
 
