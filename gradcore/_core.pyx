@@ -435,6 +435,9 @@ cdef class Tensor:
     def __rxor__(self, other): return _h_getattr("logical")("xor", other, self)
 
     def __richcmp__(self, other, int op):
+        if other is None and (op == 2 or op == 3):
+            # t == None is False (t != None True), as in Python and PyTorch
+            return op == 3
         name = ("lt", "le", "eq", "ne", "gt", "ge")[op]
         return _binary(name, self, other)
 

@@ -30,7 +30,7 @@ def test_tutorial_has_code():
         assert needle in text, needle
 
 
-@pytest.mark.parametrize("doc", ["write-your-first-op.md"])
+@pytest.mark.parametrize("doc", ["write-your-first-op.md", "serialization.md"])
 def test_doc_python_blocks_run(doc, scratch_registry, capsys):
     ns = {"__name__": f"docs_{doc.replace('-', '_').replace('.', '_')}"}
     for k, block in enumerate(python_blocks(DOCS / doc)):

@@ -94,9 +94,11 @@ def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: i
     x, w = _t(inp), _t(weight)
     if x.ndim != 3:
         raise ValueError(f"conv1d: inp must be (N, C, L), got shape {x.shape}")
-    if w.ndim not in (3, 4):
-        raise ValueError(f"conv1d: weight must be (O, C // groups, K) or (groups, O // groups, "
-                         f"C // groups, K), got shape {w.shape}")
+    if w.ndim not in (3, 4) or (w.ndim == 4 and groups == 1):
+        # a 4-D weight is the grouped form only; (O, C, KH, KW) is conv2d's
+        raise ValueError(f"conv1d: weight must be (O, C // groups, K), or (groups, O // groups, "
+                         f"C // groups, K) with groups > 1, got shape {w.shape} with groups={groups} "
+                         f"(input shape {x.shape}); a (O, C, KH, KW) weight is for conv2d")
     s, p, d = (_one_int("conv1d", what, v, low) for what, v, low in
                (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
     out = conv2d(expand_dims(x, -1), expand_dims(w, -1), None, (s, 1), (p, 0), (d, 1), groups,

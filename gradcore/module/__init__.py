@@ -288,6 +288,17 @@ class Module:
                 rst[k] = value.reshape(-1) if isinstance(owner, _BatchNorm) else value
         return rst
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # an array put where a Parameter was would silently leave
+        # parameters() (and the optimizer): refused, as PyTorch does
+        old = self.__dict__.get(name)
+        if isinstance(old, Parameter) and not isinstance(value, Tensor) and value is not None and \
+                isinstance(value, (np.ndarray, np.generic, list, tuple, int, float)):
+            raise TypeError(f"{type(self).__name__}.{name} is a Parameter of shape {old.shape}; assigning a "
+                            f"{type(value).__name__} would drop it from parameters(). Assign "
+                            f"gradcore.Parameter(value), or load values with load_state_dict")
+        object.__setattr__(self, name, value)
+
     def load_state_dict(self, state_dict: Union[Dict[str, Any], Callable[[str, Tensor], Any]],
                         strict: bool = True) -> None:
         """Load values saved by ``state_dict``: a dict by name (a value of None
@@ -311,7 +322,16 @@ class Module:
             if value is None:
                 missing.append(k)
                 continue
-            value = np.asarray(value.numpy() if isinstance(value, Tensor) else value)
+            try:
+                value = np.asarray(value.numpy() if isinstance(value, Tensor) else value)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"load_state_dict: {k}: cannot read a {type(value).__name__} as an "
+                                f"array ({exc})") from None
+            if value.dtype.kind not in "biuf":
+                # complex would lose its imaginary part, str/object have no number
+                raise TypeError(f"load_state_dict: {k}: a value of dtype {value.dtype} (shape "
+                                f"{value.shape}) cannot be loaded into a {t.dtype} tensor of shape "
+                                f"{t.shape}; give real numbers")
             if value.shape != t.shape:
                 flat_ok = isinstance(owner, _BatchNorm) and value.size == int(np.prod(t.shape))
                 if not flat_ok:
@@ -801,6 +821,10 @@ class _BatchNorm(Module):
             # (their mean would be NaN); the empty input comes back, as a copy
             return F.copy(x)
         shape = x.shape
+        if not self.freeze and (self.training or not self.track_running_stats) and x.size // shape[1] == 1:
+            # batch statistics of one value per channel: zeros; PyTorch refuses it too
+            raise ValueError(f"{type(self).__name__}: expected more than 1 value per channel when "
+                             f"training, got input of shape {shape}")
         if x.ndim != 4:     # (N, C) or (N, C, L): normalised as (N, C, L, 1)
             x = x.reshape((shape[0], shape[1], -1, 1))
         if self.freeze:
