@@ -269,9 +269,10 @@ class GradManager:
     def backward(self, y=None, dy=None) -> None:
         """Compute the gradients of ``y`` (a Tensor or a list) weighted by
         ``dy`` (default ones) and add them to the attached tensors' ``.grad``.
-        Ends the recording. An output with no history (an integer one such
-        as argmax's, or one computed while no op on an attached tensor was
-        recorded) raises a RuntimeError."""
+        Ends the recording. An integer or bool output (argmax's) has no
+        gradient and raises a RuntimeError; a float output without history in
+        this recording (MegEngine's visibility by order) leaves ``.grad``
+        unchanged."""
         with self._lock:
             if not self._recording:
                 raise RuntimeError("GradManager.backward: no computation history: call record() "
@@ -318,17 +319,15 @@ class GradManager:
                     f"{key.owner_name!r}: a thread's ops are recorded only by the managers "
                     f"that thread called record() on. Run the forward in {key.owner_name!r}, "
                     f"or record with a GradManager of this thread")
-            # no gradient can reach an attached tensor: raise (as PyTorch's
-            # "does not require grad"), not a silent .grad of None. Only an
-            # integer output or an empty recording: with ops recorded, an
-            # output the manager cannot see is MegEngine's visibility by
-            # order (a gradient made by an older manager's backward), a no-op
+            # an integer or bool output (argmax's) can never carry a gradient:
+            # raise (as PyTorch's "does not require grad"), not a silent .grad
+            # of None. A float output without history stays a no-op: that is
+            # MegEngine's visibility by order (a gradient made by an older
+            # manager's backward) and an op without gradient (StopGradient)
             t = ys[0]
-            if t.dtype.kind in "fc" and key.tape_length:
+            if t.dtype.kind in "fc":
                 return ys, dys
-            why = (f"an output of dtype {t.dtype} (an integer or bool result such as argmax's) has no "
-                   f"gradient" if t.dtype.kind not in "fc" else
-                   "no op on an attached tensor was recorded")
+            why = f"an output of dtype {t.dtype} (an integer or bool result such as argmax's) has no gradient"
             raise RuntimeError(f"GradManager.backward: y (shape {t.shape}, dtype {t.dtype}) has no history "
                                f"in this manager's recording: {why}. Attach the tensors it depends on "
                                f"before computing it, inside `with gm:`")
