@@ -188,10 +188,6 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     if x.dtype.kind in "biu":
         # the documented rule: integer and bool inputs of a float op give float32
         x = x.astype("float32")
-    if training and x.shape is not None and x.ndim >= 2 and x.shape[1] and x.size // x.shape[1] == 1:
-        # one value per channel has no variance: PyTorch refuses it too
-        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input "
-                         f"of shape {x.shape}")
     if x.shape is not None:
         _check_channel_params(x, training, running_mean=running_mean, running_var=running_var,
                               weight=weight, bias=bias)
