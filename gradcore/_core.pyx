@@ -271,6 +271,25 @@ cdef class GradKey
 
 
 # ---------------------------------------------------------------- Tensor
+class _Uninitialised:
+    """The data of a Tensor made by ``Tensor.__new__`` and never given any:
+    every use of it raises one clear TypeError (not an AttributeError on
+    None, and never a read of memory that is not there)."""
+    __slots__ = ()
+
+    def _fail(self, *args, **kwargs):
+        raise TypeError("an uninitialised Tensor (made by Tensor.__new__, never given data) cannot be "
+                        "used; make tensors with gradcore.Tensor(data) or gradcore.tensor(data)")
+
+    def __getattr__(self, name):
+        self._fail()
+
+    __bool__ = __len__ = __iter__ = __getitem__ = __index__ = __float__ = __int__ = __array__ = _fail
+
+
+cdef object _UNINITIALISED = _Uninitialised()
+
+
 @cython.freelist(1024)
 @cython.no_gc
 cdef class Tensor:
@@ -298,6 +317,9 @@ cdef class Tensor:
     cdef bint _alias
     cdef object __weakref__
     __array_priority__ = 1000
+
+    def __cinit__(self):
+        self._data = _UNINITIALISED
 
     def __init__(self, data=None, dtype=None, device=None, name=None):
         if isinstance(data, Tensor):
@@ -454,6 +476,9 @@ cdef class Tensor:
     def __rxor__(self, other): return _h_getattr("logical")("xor", other, self)
 
     def __richcmp__(self, other, int op):
+        if other is None and (op == 2 or op == 3):
+            # t == None is False (t != None True), as in Python and PyTorch
+            return op == 3
         name = ("lt", "le", "eq", "ne", "gt", "ge")[op]
         return _binary(name, self, other)
 

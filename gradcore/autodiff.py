@@ -62,6 +62,11 @@ class AttachDtypeError(TypeError, AssertionError):
     one). An AssertionError too, which is what MegEngine raises."""
 
 
+class _ForeignBackward(Exception):
+    """A backward from a thread that is not the recording's owner, refused
+    before it ran (raised to the caller as a RuntimeError)."""
+
+
 class GradManager:
     """Records operations on attached tensors and computes their gradients.
 
@@ -148,7 +153,15 @@ class GradManager:
         return id(tensor) in self._attach_specs
 
     def register_after_backward_callback(self, callback: Callable) -> "GradManager":
-        """``callback()`` runs after every backward, before ``.grad`` is set."""
+        """``callback()`` runs after every backward, before ``.grad`` is set.
+
+        Example::
+
+            >>> gm = GradManager().register_after_backward_callback(lambda: print("done"))
+        """
+        if not callable(callback):
+            raise TypeError(f"GradManager.register_after_backward_callback: the callback must be callable, "
+                            f"got {type(callback).__name__}")
         self._after_backward_callbacks.append(callback)
         return self
 
@@ -256,7 +269,10 @@ class GradManager:
     def backward(self, y=None, dy=None) -> None:
         """Compute the gradients of ``y`` (a Tensor or a list) weighted by
         ``dy`` (default ones) and add them to the attached tensors' ``.grad``.
-        Ends the recording."""
+        Ends the recording. An integer or bool output (argmax's) has no
+        gradient and raises a RuntimeError; a float output without history in
+        this recording (MegEngine's visibility by order) leaves ``.grad``
+        unchanged."""
         with self._lock:
             if not self._recording:
                 raise RuntimeError("GradManager.backward: no computation history: call record() "
@@ -269,27 +285,55 @@ class GradManager:
             self._backward_thread = _get_ident()
             key = self._key
         try:
-            self._run_backward(key, y, dy)
+            ys, dys = self._checked_outputs(key, y, dy)
+        except _ForeignBackward as exc:
+            # refused before anything ran: the recording belongs to its
+            # owner thread, whose own backward must still work
+            with self._lock:
+                self._backward_thread = None
+            raise RuntimeError(str(exc)) from None
+        except BaseException:
+            # (a failed backward of the owner ends the recording, whatever
+            # failed: the manager is never left recording after an error)
+            self._release(False, ending_backward=True)
+            raise
+        try:
+            self._run_backward(key, ys, dys)
         finally:
             self._release(False, ending_backward=True)
 
-    def _run_backward(self, key: GradKey, y, dy) -> None:
+    def _checked_outputs(self, key: GradKey, y, dy):
         if dy is None and isinstance(y, Tensor):
             # the common call, checked already: one output, ones as its gradient
             ys, dys = [y], [None]
         else:
-            # (a failed backward ends the recording, whatever failed: the
-            # manager is never left recording after an error)
             ys, dys = self._outputs(y, dy)
-        if ys and not key.records_in_this_thread and key.recording and not any(key.tracks(t) for t in ys):
-            # a backward from another thread than the recording one is fine
-            # (the tape is differentiated where it is called), but ops run
-            # in another thread were not recorded: say so, not a silent None
-            raise RuntimeError(f"GradManager.backward: called from thread {_thread_name()!r}, but no output "
-                               f"has a history in this manager's recording, which belongs to thread "
-                               f"{key.owner_name!r}: a thread's ops are recorded only by the managers "
-                               f"that thread called record() on. Run the forward in {key.owner_name!r}, "
-                               f"or record with a GradManager of this thread")
+        if ys and key.recording and not any(key.tracks(t) for t in ys):
+            if not key.records_in_this_thread:
+                # a backward from another thread than the recording one is fine
+                # (the tape is differentiated where it is called), but ops run
+                # in another thread were not recorded: say so, not a silent None
+                raise _ForeignBackward(
+                    f"GradManager.backward: called from thread {_thread_name()!r}, but no output "
+                    f"has a history in this manager's recording, which belongs to thread "
+                    f"{key.owner_name!r}: a thread's ops are recorded only by the managers "
+                    f"that thread called record() on. Run the forward in {key.owner_name!r}, "
+                    f"or record with a GradManager of this thread")
+            # an integer or bool output (argmax's) can never carry a gradient:
+            # raise (as PyTorch's "does not require grad"), not a silent .grad
+            # of None. A float output without history stays a no-op: that is
+            # MegEngine's visibility by order (a gradient made by an older
+            # manager's backward) and an op without gradient (StopGradient)
+            t = ys[0]
+            if t.dtype.kind in "fc":
+                return ys, dys
+            why = f"an output of dtype {t.dtype} (an integer or bool result such as argmax's) has no gradient"
+            raise RuntimeError(f"GradManager.backward: y (shape {t.shape}, dtype {t.dtype}) has no history "
+                               f"in this manager's recording: {why}. Attach the tensors it depends on "
+                               f"before computing it, inside `with gm:`")
+        return ys, dys
+
+    def _run_backward(self, key: GradKey, ys, dys) -> None:
         backwarding = _thread_state().backwarding
         backwarding.append(self)
         try:

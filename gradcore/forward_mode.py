@@ -38,7 +38,13 @@ Tensors = Union[Tensor, Sequence[Tensor]]
 
 
 def _as_tuple(what: str, fn_name: str, values) -> Tuple[Tensor, ...]:
-    values = (values,) if isinstance(values, Tensor) else tuple(values)
+    if isinstance(values, Tensor):
+        values = (values,)
+    elif isinstance(values, (tuple, list)):
+        values = tuple(values)
+    else:
+        raise TypeError(f"gradcore.{fn_name}: {what} must be a Tensor or a tuple/list of Tensors, "
+                        f"got {type(values).__name__}")
     for v in values:
         if not isinstance(v, Tensor):
             raise TypeError(f"gradcore.{fn_name}: {what} must be Tensors, got {type(v).__name__}")

@@ -106,6 +106,15 @@ class _CapsuleHolder:
         return self._device
 
 
+def _checked_dtype(obj, arr):
+    # the same refusal as Tensor(data): complex, strings... are not computed in
+    if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
+        raise TypeError(f"gradcore.from_dlpack: {type(obj).__name__} of dtype {arr.dtype} (shape "
+                        f"{tuple(arr.shape)}) cannot be shared; gradcore computes in bool, integers and "
+                        f"float16/float32/float64")
+    return arr
+
+
 def from_dlpack(obj: Any) -> Tensor:
     """A Tensor sharing memory with ``obj``: a NumPy array, a PyTorch, CuPy
     or JAX array, anything with ``__dlpack__``, a DLPack capsule, or (cuda)
@@ -117,6 +126,14 @@ def from_dlpack(obj: Any) -> Tensor:
     the tensor a new buffer: ``obj`` keeps the old values and no longer
     shares memory with ``t`` (docs/interop.md).
 
+    The memory is shared, and so are writes: a value that gradcore saved for
+    a backward (the input of a ``mul``, say) is read again by that backward,
+    so changing ``obj`` in place (``torch``'s ``mul_``, ``copy_``...) between
+    the forward and the backward gives a gradient computed from the new
+    values. gradcore cannot see the exporter's writes (DLPack carries no
+    version counter); clone the buffer first (``gradcore.tensor(obj)``, a
+    copy) if the exporter writes it while a recording uses it.
+
     Example::
 
         >>> t = gradcore.from_dlpack(torch.arange(3.0))     # doctest: +SKIP
@@ -126,7 +143,16 @@ def from_dlpack(obj: Any) -> Tensor:
     if hasattr(obj, "__dlpack__"):
         device_type, _device_id = obj.__dlpack_device__()
         if device_type in _CPU_DEVICE_TYPES:
-            return wrap_array(np.from_dlpack(obj), "cpu")
+            try:
+                arr = np.from_dlpack(obj)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                if "dtype" not in str(exc):
+                    raise
+                raise TypeError(f"gradcore.from_dlpack: {type(obj).__name__} of dtype "
+                                f"{getattr(obj, 'dtype', '?')} cannot be shared; gradcore computes in bool, "
+                                f"integers and float16/float32/float64 (convert first, e.g. "
+                                f"x.to(torch.float32))") from None
+            return wrap_array(_checked_dtype(obj, arr), "cpu")
         if device_type in _CUDA_DEVICE_TYPES:
             from .cuda import backend, dlpack
             from .cuda.array import DeviceArray
@@ -134,12 +160,12 @@ def from_dlpack(obj: Any) -> Tensor:
                 capsule = obj.__dlpack__(stream=1, max_version=(dlpack.DLPACK_MAJOR, dlpack.DLPACK_MINOR))
             except TypeError:          # a producer older than DLPack 1.0's max_version
                 capsule = obj.__dlpack__(stream=1)
-            return wrap_array(dlpack.import_capsule(capsule, backend(), DeviceArray), "cuda")
+            return wrap_array(_checked_dtype(obj, dlpack.import_capsule(capsule, backend(), DeviceArray)), "cuda")
         raise BufferError(f"gradcore.from_dlpack: {type(obj).__name__} lives on DLPack device type "
                           f"{device_type}; gradcore has cpu (1) and cuda (2)")
     if hasattr(obj, "__cuda_array_interface__"):
         from .cuda import backend, dlpack
         from .cuda.array import DeviceArray
-        return wrap_array(dlpack.from_interface(obj, backend(), DeviceArray), "cuda")
+        return wrap_array(_checked_dtype(obj, dlpack.from_interface(obj, backend(), DeviceArray)), "cuda")
     raise TypeError(f"gradcore.from_dlpack: {type(obj).__name__} has neither __dlpack__ nor "
                     f"__cuda_array_interface__")

@@ -124,8 +124,12 @@ def slow_apply(op, args):
                 # no tensor at all (F.exp(None)): the op is named
                 raise TypeError(f"op {_name(op)}: the operand is None and is not supported.")
             # MegEngine's exact message for `t + None` and the like (its tests
-            # compare the whole text, so the op is not named)
-            raise TypeError("the operand is None and is not supported.")
+            # compare the whole text); the op and the shapes are in a note,
+            # which a traceback shows
+            exc = TypeError("the operand is None and is not supported.")
+            exc.add_note(f"(in op {_name(op)}, with operands "
+                         f"{', '.join('None' if x is None else repr(getattr(x, 'shape', type(x).__name__)) for x in args)})")
+            raise exc
         try:
             c = _const_for(a, tensors, device)
         except (OverflowError, TypeError, ValueError) as exc:

@@ -590,3 +590,27 @@ def test_a_callback_returning_a_wrongly_shaped_gradient_is_an_error():
                                              r"attached tensor of shape \(1, 3\)"):
             gm.backward((x * 2).sum())
     assert not gm._recording
+
+
+# ---------------------------------------------------------------- issue 23: silent inputs refused
+def test_backward_of_an_integer_output_raises():
+    import gradcore.functional as F
+    w = gc.Parameter([1.0, 2.0])
+    gm = GradManager().attach(w)
+    with pytest.raises(RuntimeError, match=r"y \(shape \(\), dtype int32\) has no history.*dtype int32.*argmax"):
+        with gm:
+            gm.backward(F.argmax(w * 2))
+    assert w.grad is None and not gm.recording
+    with gm:                                           # a float output without history: MegEngine's no-op
+        gm.backward((gc.tensor([2.0]) * 3).sum())
+    assert w.grad is None
+    with gm:                                           # the manager still works
+        gm.backward((w * w).sum())
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0, 4.0])
+
+
+def test_after_backward_callback_must_be_callable():
+    gm = GradManager()
+    with pytest.raises(TypeError, match=r"register_after_backward_callback: the callback must be callable, got int"):
+        gm.register_after_backward_callback(5)
+    assert gm.register_after_backward_callback(lambda: None) is gm

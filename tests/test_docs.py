@@ -121,3 +121,10 @@ def test_benchmarks_readme_leads_with_the_current_figures():
     # the history lives in the changelog, which every figure's row points to
     assert "CHANGELOG.md" in text and not re.search(r"^### \d{4}-\d\d-\d\d", text, re.M)
     assert re.search(r"^### \d{4}-\d\d-\d\d", (ROOT / "benchmarks" / "CHANGELOG.md").read_text(), re.M)
+def test_serialization_doc_runs():
+    ns = {"__name__": "docs_serialization_md"}
+    blocks = python_blocks(DOCS / "serialization.md")
+    assert blocks
+    for k, block in enumerate(blocks):
+        exec(compile(block, f"serialization.md (python block {k + 1})", "exec"), ns)
+    assert ns["state"]["step"] == 3

@@ -222,7 +222,10 @@ def test_backward_from_a_thread_whose_ops_were_not_recorded_raises():
     t.join(30)
     assert len(errors) == 1
     assert "GradManager" in errors[0] and "other-thread" in errors[0] and "MainThread" in errors[0]
-    assert not gm.recording and w.grad is None
+    # refused before it ran: the owner's recording goes on (issue 23)
+    assert gm.recording and w.grad is None
+    gm.release()
+    assert not gm.recording and _core._recording_keys() == []
 
 
 def test_op_recorded_while_another_thread_starts_the_backward_raises():
@@ -374,3 +377,28 @@ def test_shared_caches_filled_from_many_threads_give_the_single_thread_gradients
             for s in range(4):
                 for g, w in zip(out[s], want[s]):
                     np.testing.assert_array_equal(g, w)
+
+
+def test_a_refused_backward_from_another_thread_leaves_the_owners_recording_intact():
+    # issue 23: the refused call used to end the recording, so the owner's
+    # own backward then failed
+    w = gc.Parameter([2.0, 3.0])
+    gm = GradManager().attach(w)
+    gm.record()
+    loss = (w * w).sum()
+    errors = []
+
+    def intruder():
+        try:
+            gm.backward(gc.tensor([1.0]) * 2)        # ops of this thread: not recorded by gm
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=intruder, name="intruder")
+    t.start()
+    t.join(30)
+    assert len(errors) == 1 and "'intruder'" in errors[0] and "MainThread" in errors[0]
+    assert gm.recording
+    gm.backward(loss)                                 # the owner's backward still works
+    np.testing.assert_array_equal(w.grad.numpy(), [4.0, 6.0])
+    assert not gm.recording and _core._recording_keys() == []

@@ -27,6 +27,9 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
 
         >>> F.matmul(a, b, transpose_b=True)
     """
+    if compute_mode not in ("default", "float32"):
+        # MegEngine's two modes; anything else is a typo, not a silent default
+        raise ValueError(f"matmul: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
     a, b = _t(inp1), _t(inp2)
     sa, sb = a.ndim == 1, b.ndim == 1
     if (sa or sb) and a.shape is not None and b.shape is not None and b.ndim and a.ndim:

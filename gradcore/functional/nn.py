@@ -70,6 +70,10 @@ def logsumexp(inp, axis: int = -1, keepdims: bool = False):
     """log(sum(exp(x))) over ``axis``: an int, a sequence of axes (as in
     MegEngine) or None (every axis)."""
     x = _t(inp)
+    empty = _empty_reduction(x, axis)
+    if empty is not None:
+        # log(0) = -inf over an empty axis, as PyTorch (the sum keeps the history)
+        return sum(empty, axis if not isinstance(axis, list) else tuple(axis), keepdims) + float("-inf")
     if axis is None or isinstance(axis, (tuple, list)):
         # the LogSumExp op's decomposition, over several axes at once
         try:
@@ -80,6 +84,19 @@ def logsumexp(inp, axis: int = -1, keepdims: bool = False):
         s = sum(exp(x - m), _axis_key(axis), keepdims)
         return log(s) + (m if keepdims else reshape(m, s.shape))
     return _apply(_LogSumExp(axis, bool(keepdims)), x)[0]
+
+
+def _empty_reduction(x, axis):
+    """``x`` (as a float) when reducing it over ``axis`` reduces an empty
+    axis, else None (also for axes the op itself must refuse)."""
+    if x.shape is None or x.size != 0:
+        return None
+    axes = range(x.ndim) if axis is None else axis if isinstance(axis, (tuple, list)) else (axis,)
+    if not all(isinstance(a, int) and -x.ndim <= a < x.ndim for a in axes):
+        return None
+    if not any(x.shape[a] == 0 for a in axes):
+        return None
+    return x if x.dtype.kind == "f" else x.astype("float32")
 
 
 def logaddexp(x: Tensor, y: Tensor) -> Tensor:
@@ -168,6 +185,9 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     if param_dim != "dim_1c11":
         raise ValueError(f"batch_norm: only param_dim='dim_1c11' (NCHW) is supported, got {param_dim!r}")
     x = _t(inp)
+    if x.dtype.kind in "biu":
+        # the documented rule: integer and bool inputs of a float op give float32
+        x = x.astype("float32")
     if x.shape is not None:
         _check_channel_params(x, training, running_mean=running_mean, running_var=running_var,
                               weight=weight, bias=bias)

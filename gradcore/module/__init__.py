@@ -426,6 +426,12 @@ class _BatchNorm(Module):
             # (their mean would be NaN); the empty input comes back, as a copy
             return F.copy(x)
         shape = x.shape
+        if isinstance(self, BatchNorm1d) and not self.freeze and (self.training or not self.track_running_stats) \
+                and x.size // shape[1] == 1:
+            # batch statistics of one value per channel: zeros; PyTorch refuses it
+            # (BatchNorm1d only: MegEngine's own tests run BatchNorm2d on (1, C, 1, 1))
+            raise ValueError(f"{type(self).__name__}: expected more than 1 value per channel when "
+                             f"training, got input of shape {shape}")
         if x.ndim != 4:     # (N, C) or (N, C, L): normalised as (N, C, L, 1)
             x = x.reshape((shape[0], shape[1], -1, 1))
         if self.freeze:

@@ -295,6 +295,17 @@ class Module:
                 rst[k] = value.reshape(-1) if owner._state_dict_flat else value
         return rst
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # an array put where a Parameter was would silently leave
+        # parameters() (and the optimizer): refused, as PyTorch does
+        old = self.__dict__.get(name)
+        if isinstance(old, Parameter) and not isinstance(value, Tensor) and value is not None and \
+                isinstance(value, (np.ndarray, np.generic, list, tuple, int, float)):
+            raise TypeError(f"{type(self).__name__}.{name} is a Parameter of shape {old.shape}; assigning a "
+                            f"{type(value).__name__} would drop it from parameters(). Assign "
+                            f"gradcore.Parameter(value), or load values with load_state_dict")
+        object.__setattr__(self, name, value)
+
     def load_state_dict(self, state_dict: Union[Dict[str, Any], Callable[[str, Tensor], Any]],
                         strict: bool = True) -> None:
         """Load values saved by ``state_dict``: a dict by name (a value of None
@@ -318,7 +329,16 @@ class Module:
             if value is None:
                 missing.append(k)
                 continue
-            value = np.asarray(value.numpy() if isinstance(value, Tensor) else value)
+            try:
+                value = np.asarray(value.numpy() if isinstance(value, Tensor) else value)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"load_state_dict: {k}: cannot read a {type(value).__name__} as an "
+                                f"array ({exc})") from None
+            if value.dtype.kind not in "biuf":
+                # complex would lose its imaginary part, str/object have no number
+                raise TypeError(f"load_state_dict: {k}: a value of dtype {value.dtype} (shape "
+                                f"{value.shape}) cannot be loaded into a {t.dtype} tensor of shape "
+                                f"{t.shape}; give real numbers")
             if value.shape != t.shape:
                 flat_ok = owner._state_dict_flat and value.size == int(np.prod(t.shape))
                 if not flat_ok:

@@ -101,8 +101,11 @@ def run_on(device: str, fn: Callable, arrays: Sequence[np.ndarray], weights=None
             outs = _outputs(fn(*xs))
             for o in outs:
                 assert o.device == device, f"an output is on {o.device}, its inputs on {device}"
-            ys = [o for o, w in zip(outs, weights) if o.dtype.kind == "f"]
-            dys = [gc.Tensor(w, device=device) for o, w in zip(outs, weights) if o.dtype.kind == "f"]
+            # (an output with no history, of an op with no gradient, has no
+            # gradients to compare: its backward would raise)
+            ys = [o for o, w in zip(outs, weights) if o.dtype.kind == "f" and o._is_recorded()]
+            dys = [gc.Tensor(w, device=device) for o, w in zip(outs, weights)
+                   if o.dtype.kind == "f" and o._is_recorded()]
             if ys:
                 inner.backward(ys, dys)
         first = [x.grad for x in chosen]
