@@ -48,6 +48,13 @@ def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mo
     if groups < 1:
         raise ValueError(f"{name}: groups must be >= 1, got {groups}")
     x, w = _t(inp), _t(weight)
+    if w.ndim == n + 3 and groups == 1:
+        # one more axis than the plain weight is the grouped form only: with one group it is
+        # most likely the next dimension's weight
+        bigger = {1: "; a (O, C, KH, KW) weight is for conv2d", 2: "; a (O, C, KD, KH, KW) weight is for conv3d"}
+        raise ValueError(f"{name}: weight must be (O, C // groups, {', '.join(['K'] * n)}), or the grouped "
+                         f"(groups, O // groups, C // groups, ...) with groups > 1, got shape {w.shape} with "
+                         f"groups=1 (input shape {x.shape}){bigger.get(n, '')}")
     if w.ndim == n + 3:         # MegEngine's grouped weight (groups, a // groups, b // groups, *kernel)
         if w.shape[0] != groups:
             raise ValueError(f"{name}: a grouped {w.ndim}-D weight {w.shape} has {w.shape[0]} groups, "
