@@ -25,7 +25,7 @@ extensions = [
 ]
 
 setup(
-    packages=["gradcore", "gradcore.functional", "gradcore.ops", "gradcore.data", "gradcore.cuda", "gradcore.module"],
+    packages=["gradcore", "gradcore.functional", "gradcore.ops", "gradcore.data", "gradcore.data.transform", "gradcore.cuda", "gradcore.module"],
     package_dir={"gradcore": "gradcore", "gradcore.ops": "ops"},
     package_data={"gradcore.data": ["*.npz", "*.txt"]},
     # the extensions compile side by side, one per core (pip install -e . included)
