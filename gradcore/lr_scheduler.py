@@ -81,7 +81,13 @@ class LRScheduler:
         self.base_lrs: List[float] = [group["initial_lr"] for group in optimizer.param_groups]
         self._step_count = 0
         self._last_lr: List[float] = []
-        self.step()
+        # the constructor's step keeps the current rates in PyTorch's updating
+        # schedulers (even when resuming at a later epoch): they read this flag
+        self._initial = True
+        try:
+            self.step()
+        finally:
+            self._initial = False
 
     def get_lr(self) -> List[float]:
         """The learning rate of each parameter group at ``current_epoch``."""
@@ -260,9 +266,9 @@ class CosineAnnealingLR(LRScheduler):
     def get_lr(self) -> List[float]:
         e, T, eta_min = self.current_epoch, self.T_max, self.eta_min
         groups = self.optimizer.param_groups
-        if e == 0:
+        if self._initial:
             return [group["lr"] for group in groups]
-        if self._step_count == 1 and e > 0:           # resumed at a later epoch: no previous rate
+        if self._step_count == 1 and e > 0:           # PyTorch keeps this case; not reached after __init__
             return [eta_min + (base_lr - eta_min) * (1 + math.cos(e * math.pi / T)) / 2
                     for base_lr in self.base_lrs]
         if (e - 1 - T) % (2 * T) == 0:                # leaving the minimum: the ratio below is 0/0
@@ -342,7 +348,7 @@ class LinearLR(LRScheduler):
         e, groups = self.current_epoch, self.optimizer.param_groups
         if e == 0:
             return [group["lr"] * self.start_factor for group in groups]
-        if e > self.total_iters:
+        if self._initial or e > self.total_iters:
             return [group["lr"] for group in groups]
         delta = self.end_factor - self.start_factor
         factor = 1.0 + delta / (self.total_iters * self.start_factor + (e - 1) * delta)

@@ -230,22 +230,60 @@ def _is_plain_arrays(loader: DataLoader) -> bool:
             and all(type(a) is np.ndarray and a.ndim >= 1 and a.dtype.kind in "biufc" for a in ds.arrays))
 
 
-def _load_batch(loader: DataLoader, plain: bool, epoch: int, position: int, payload: List,
-                in_worker: bool) -> Any:
-    """The batch at ``position`` of ``epoch``: ``payload`` is its indices
-    (map dataset) or its samples (stream)."""
-    _seed_batch(loader.seed, epoch, position, in_worker)
-    if loader._stream:
-        samples = payload
-    elif plain:
-        idx = np.asarray(payload, dtype=np.int64)
-        return [a[idx] for a in loader.dataset.arrays]
-    else:
-        samples = [loader.dataset[i] for i in payload]
-    return loader.collator.apply(loader.transform.apply_batch(samples))
+class _Job:
+    """What loading a batch needs, and nothing else: a worker gets this
+    (pickled under "spawn"), not the loader with its sampler and iterators."""
+
+    __slots__ = ("dataset", "transform", "collator", "seed", "stream", "plain", "epoch")
+
+    def __init__(self, loader: DataLoader, epoch: int):
+        self.dataset, self.transform, self.collator = loader.dataset, loader.transform, loader.collator
+        self.seed, self.stream, self.epoch = loader.seed, loader._stream, epoch
+        self.plain = _is_plain_arrays(loader)
+
+    def __getstate__(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def load(self, position: int, payload: List, in_worker: bool) -> Any:
+        """The batch at ``position`` of the epoch: ``payload`` is its
+        indices (map dataset) or its samples (stream)."""
+        _seed_batch(self.seed, self.epoch, position, in_worker)
+        if self.stream:
+            samples = payload
+        elif self.plain:
+            idx = np.asarray(payload, dtype=np.int64)
+            return [a[idx] for a in self.dataset.arrays]
+        else:
+            samples = [self.dataset[i] for i in payload]
+        return self.collator.apply(self.transform.apply_batch(samples))
 
 
 # ---------------------------------------------------------------- iterators
+
+def _tasks(loader: DataLoader, skip: int) -> Iterator[List]:
+    """The payload of every batch after the first ``skip``."""
+    if not loader._stream:
+        batches = iter(loader.sampler)
+        for _ in range(skip):
+            if next(batches, None) is None:
+                break
+        yield from batches
+        return
+    stream = iter(loader.dataset)
+    per_batch = loader.sampler.batch_size * loader.sampler.world_size
+    for offsets in loader.sampler:
+        chunk = list(itertools.islice(stream, per_batch))
+        mine = [chunk[k] for k in offsets if k < len(chunk)]
+        if not mine:
+            return
+        yield mine
+        if len(chunk) < per_batch:
+            return
+
 
 class _BaseIter:
     """One epoch: yields the batches in order; ``position`` counts the
@@ -257,29 +295,10 @@ class _BaseIter:
         self.position = skip
         self.sampler_state = sampler_state
         self._finished = False
-        self._plain = _is_plain_arrays(loader)
-        self._payloads = self._tasks(skip)
-
-    def _tasks(self, skip: int) -> Iterator[List]:
-        """The payload of every batch after the first ``skip``."""
-        loader = self.loader
-        if not loader._stream:
-            batches = iter(loader.sampler)
-            for _ in range(skip):
-                if next(batches, None) is None:
-                    break
-            yield from batches
-            return
-        stream = iter(loader.dataset)
-        per_batch = loader.sampler.batch_size * loader.sampler.world_size
-        for offsets in loader.sampler:
-            chunk = list(itertools.islice(stream, per_batch))
-            mine = [chunk[k] for k in offsets if k < len(chunk)]
-            if not mine:
-                return
-            yield mine
-            if len(chunk) < per_batch:
-                return
+        self._job = _Job(loader, epoch)
+        # a generator that held ``self`` would make a cycle, and a loop left
+        # with ``break`` would keep the workers until the garbage collector ran
+        self._payloads = _tasks(loader, skip)
 
     def __iter__(self) -> "_BaseIter":
         return self
@@ -297,7 +316,7 @@ class _SerialIter(_BaseIter):
         except StopIteration:
             self._finished = True
             raise
-        batch = _load_batch(self.loader, self._plain, self.epoch, self.position, payload, in_worker=False)
+        batch = self._job.load(self.position, payload, in_worker=False)
         self.position += 1
         return batch
 
@@ -334,8 +353,7 @@ class _PlainStr(str):
         return str(self)
 
 
-def _worker_loop(wid: int, loader: DataLoader, plain: bool, epoch: int, task_conn, result_conn,
-                 prefix: str, parent_pid: int) -> None:
+def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> None:
     """A worker process: take (position, payload) tasks until None, send
     back each batch's shared-memory description or its error."""
     # Ctrl-C reaches the whole process group; the parent stops the workers
@@ -354,7 +372,7 @@ def _worker_loop(wid: int, loader: DataLoader, plain: bool, epoch: int, task_con
                 return
             position, payload = task
             try:
-                batch = _load_batch(loader, plain, epoch, position, payload, in_worker=True)
+                batch = job.load(position, payload, in_worker=True)
                 message = ("ok", position, _shm.pack(batch, f"{prefix}{position}"))
             except Exception as exc:
                 try:
@@ -434,8 +452,7 @@ class _ParallelIter(_BaseIter):
                 task_r, task_w = ctx.Pipe(duplex=False)
                 result_r, result_w = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_worker_loop, name=f"gradcore-dataloader-{wid}", daemon=True,
-                                args=(wid, loader, self._plain, self.epoch, task_r, result_w, w.prefix,
-                                      os.getpid()))
+                                args=(wid, self._job, task_r, result_w, w.prefix, os.getpid()))
                 p.start()
                 task_r.close()
                 result_w.close()
@@ -538,7 +555,9 @@ class _ParallelIter(_BaseIter):
                            f"All workers were stopped.")
 
     def _raise_died(self, wid: int, position: int) -> None:
-        code = self._workers.procs[wid].exitcode
+        proc = self._workers.procs[wid]
+        proc.join(_JOIN_S)          # its sentinel fired: reap it, for the exit code
+        code = proc.exitcode
         how = (f"was killed by signal {-code}" if code is not None and code < 0
                else f"exited with code {code}")
         raise RuntimeError(f"DataLoader: worker {wid} (pid {self._workers.procs[wid].pid}) {how} while "
