@@ -467,3 +467,27 @@ def test_loader_resumes_mid_epoch_with_the_same_batches(workers):
     assert resumed.state_dict()["epoch"] == 3 and resumed.state_dict()["consumed"] == 0
     with pytest.raises(KeyError, match="consumed"):
         resumed.load_state_dict({"seed": 0, "epoch": 0, "sampler": {}})
+
+
+def test_persistent_workers_serve_several_epochs_and_stop_with_the_loop_or_the_loader():
+    import gc as pygc
+    ds = Slow(8)
+    make = lambda persistent: DataLoader(ds, RandomSampler(ds, batch_size=2, seed=3), num_workers=2, timeout=120,  # noqa: E731
+                                         persistent_workers=persistent, seed=1)
+    loader, fresh = make(True), make(False)
+    epochs = [list(loader) for _ in range(3)]
+    pids = [{int(p) for _, _, ps in e for p in ps} for e in epochs]
+    assert pids[0] == pids[1] == pids[2] and len(pids[0]) == 2       # the same two processes
+    assert len(multiprocessing.active_children()) == 2
+    for e_persistent, e_fresh in zip(epochs, [list(fresh) for _ in range(3)]):
+        for (xa, ya, _), (xb, yb, _) in zip(e_persistent, e_fresh):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+    for _ in loader:
+        break                                                   # a loop left early stops them
+    _assert_gone(pids[0])
+    list(loader)                                                # new ones for the next epoch
+    assert len(multiprocessing.active_children()) == 2
+    del loader
+    pygc.collect()
+    assert multiprocessing.active_children() == []

@@ -2,13 +2,15 @@
 loaded in the main process or in worker processes.
 
 With ``num_workers > 0`` each iteration (epoch) starts that many worker
-processes. The parent hands out batches (lists of indices) round-robin,
+processes (with ``persistent_workers=True`` they are started once and kept
+for the next epochs while the loader lives). The parent hands out batches (lists of indices) round-robin,
 keeping ``prefetch_factor`` batches per worker in flight; a worker reads
 the samples, transforms and collates them and writes the arrays into a
 shared-memory segment (see ``gradcore.data._shm``); the parent yields the
 batches in the sampler's order, whatever order they finish in. Workers are
-stopped when the epoch ends, when the loop is left (``break``, an
-exception, the iterator dropped) and at exit.
+stopped when the epoch ends (unless persistent), when the loop is left
+(``break``, an exception, the iterator dropped), when the loader is
+dropped, and at exit.
 
 Random transforms draw from ``gradcore.data.transform.rng()``, reseeded
 before every batch from ``(seed, epoch, batch position)``: the batches do
@@ -74,7 +76,10 @@ class DataLoader:
       ``gradcore.random``); ``prefetch_factor`` batches per worker are
       in flight; ``multiprocessing_context`` picks the start method
       (default ``"fork"`` where there is one, which needs nothing
-      pickled; with ``"spawn"`` the dataset and transforms must pickle).
+      pickled; with ``"spawn"`` the dataset and transforms must pickle);
+      ``persistent_workers`` keeps the workers from one epoch to the next
+      (saves their start-up each epoch; a loop left early still stops
+      them).
 
     Batches come out as NumPy arrays (as MegEngine's); an error in a
     worker is raised here with the worker's traceback.
@@ -92,7 +97,7 @@ class DataLoader:
     def __init__(self, dataset: Any, sampler: Optional[Sampler] = None, transform: Optional[Transform] = None,
                  collator: Optional[Collator] = None, num_workers: int = 0, timeout: float = 0, *,
                  seed: Optional[int] = None, prefetch_factor: int = 2,
-                 multiprocessing_context: Optional[str] = None):
+                 multiprocessing_context: Optional[str] = None, persistent_workers: bool = False):
         self._stream = isinstance(dataset, StreamDataset)
         if not self._stream and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise TypeError(f"DataLoader: dataset must be a MapDataset (with __getitem__ and __len__) "
@@ -141,6 +146,8 @@ class DataLoader:
         self.seed = int(seed)
         self.prefetch_factor = prefetch_factor
         self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = bool(persistent_workers)
+        self._pool: Optional[_Workers] = None      # persistent workers between epochs
         self._epoch = 0             # the epoch the next iteration is
         self._skip = 0              # batches of that epoch already consumed (after a load)
         self._current: Optional[weakref.ref] = None
@@ -151,6 +158,9 @@ class DataLoader:
         return len(self.sampler)
 
     def __iter__(self) -> "_BaseIter":
+        previous = self._current() if self._current is not None else None
+        if previous is not None and self.persistent_workers and not previous._finished:
+            previous._shutdown()        # its workers cannot serve two epochs at once
         epoch, skip = self._epoch, self._skip
         self._epoch, self._skip = epoch + 1, 0
         sampler_state = None if self._stream else self.sampler.state_dict()
@@ -234,11 +244,11 @@ class _Job:
     """What loading a batch needs, and nothing else: a worker gets this
     (pickled under "spawn"), not the loader with its sampler and iterators."""
 
-    __slots__ = ("dataset", "transform", "collator", "seed", "stream", "plain", "epoch")
+    __slots__ = ("dataset", "transform", "collator", "stream", "plain")
 
-    def __init__(self, loader: DataLoader, epoch: int):
+    def __init__(self, loader: DataLoader):
         self.dataset, self.transform, self.collator = loader.dataset, loader.transform, loader.collator
-        self.seed, self.stream, self.epoch = loader.seed, loader._stream, epoch
+        self.stream = loader._stream
         self.plain = _is_plain_arrays(loader)
 
     def __getstate__(self):
@@ -248,10 +258,10 @@ class _Job:
         for k, v in state.items():
             setattr(self, k, v)
 
-    def load(self, position: int, payload: List, in_worker: bool) -> Any:
-        """The batch at ``position`` of the epoch: ``payload`` is its
+    def load(self, seed: int, epoch: int, position: int, payload: List, in_worker: bool) -> Any:
+        """The batch at ``position`` of ``epoch``: ``payload`` is its
         indices (map dataset) or its samples (stream)."""
-        _seed_batch(self.seed, self.epoch, position, in_worker)
+        _seed_batch(seed, epoch, position, in_worker)
         if self.stream:
             samples = payload
         elif self.plain:
@@ -292,10 +302,11 @@ class _BaseIter:
     def __init__(self, loader: DataLoader, epoch: int, skip: int, sampler_state):
         self.loader = loader
         self.epoch = epoch
+        self.seed = loader.seed
         self.position = skip
         self.sampler_state = sampler_state
         self._finished = False
-        self._job = _Job(loader, epoch)
+        self._job = _Job(loader)
         # a generator that held ``self`` would make a cycle, and a loop left
         # with ``break`` would keep the workers until the garbage collector ran
         self._payloads = _tasks(loader, skip)
@@ -316,7 +327,7 @@ class _SerialIter(_BaseIter):
         except StopIteration:
             self._finished = True
             raise
-        batch = self._job.load(self.position, payload, in_worker=False)
+        batch = self._job.load(self.seed, self.epoch, self.position, payload, in_worker=False)
         self.position += 1
         return batch
 
@@ -354,8 +365,8 @@ class _PlainStr(str):
 
 
 def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> None:
-    """A worker process: take (position, payload) tasks until None, send
-    back each batch's shared-memory description or its error."""
+    """A worker process: take (seed, epoch, position, payload) tasks until
+    None, send back each batch's shared-memory description or its error."""
     # Ctrl-C reaches the whole process group; the parent stops the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -370,10 +381,10 @@ def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, paren
                 return
             if task is None:
                 return
-            position, payload = task
+            seed, epoch, position, payload = task
             try:
-                batch = job.load(position, payload, in_worker=True)
-                message = ("ok", position, _shm.pack(batch, f"{prefix}{position}"))
+                batch = job.load(seed, epoch, position, payload, in_worker=True)
+                message = ("ok", position, _shm.pack(batch, _segment_name(prefix, epoch, position)))
             except Exception as exc:
                 try:
                     cls = pickle.dumps(type(exc))
@@ -389,16 +400,21 @@ def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, paren
         return
 
 
+def _segment_name(prefix: str, epoch: int, position: int) -> str:
+    return f"{prefix}{epoch}_{position}"
+
+
 class _Workers:
-    """The processes and pipes of one epoch; ``stop()`` is idempotent and
-    does not reference the iterator, so it can run from its finalizer."""
+    """The processes and pipes of one epoch (or of several, persistent);
+    ``stop()`` is idempotent and references neither the iterator nor the
+    loader, so it can run from their finalizers."""
 
     def __init__(self):
         self.procs: List = []
         self.task_conns: List = []
         self.result_conns: List = []
         self.prefix = ""
-        self.pending: set = set()       # positions sent and not yet unpacked
+        self.pending: set = set()       # segment names of batches sent and not yet unpacked
         self.stopped = False
 
     def stop(self) -> None:
@@ -426,21 +442,37 @@ class _Workers:
             except OSError:
                 pass
         # segments of batches made but never unpacked (all writers are gone now)
-        for position in self.pending:
-            _shm.discard(f"{self.prefix}{position}")
+        for name in self.pending:
+            _shm.discard(name)
         self.pending.clear()
 
 
 class _ParallelIter(_BaseIter):
     def __init__(self, loader: DataLoader, epoch: int, skip: int, sampler_state):
         super().__init__(loader, epoch, skip, sampler_state)
-        self._workers = _Workers()
+        pool = loader._pool if loader.persistent_workers else None
+        reuse = pool is not None and not pool.stopped and all(p.is_alive() for p in pool.procs)
+        self._workers = pool if reuse else _Workers()
+        # an epoch left unfinished stops its workers, persistent or not
         self._finalizer = weakref.finalize(self, self._workers.stop)
         self._ready: Dict[int, tuple] = {}          # position -> (worker id, message)
         self._owner: Dict[int, int] = {}            # position -> worker id, for batches in flight
         self._next_send = skip
         self._exhausted = False
-        self._start()
+        if not reuse:
+            self._start()
+            if loader.persistent_workers:
+                if pool is not None:
+                    pool.stop()
+                loader._pool = self._workers
+                weakref.finalize(loader, self._workers.stop)
+        try:
+            for _ in range(loader.num_workers * loader.prefetch_factor):
+                if not self._send_one():
+                    break
+        except BaseException:
+            self._shutdown()
+            raise
 
     def _start(self) -> None:
         loader, w = self.loader, self._workers
@@ -452,16 +484,13 @@ class _ParallelIter(_BaseIter):
                 task_r, task_w = ctx.Pipe(duplex=False)
                 result_r, result_w = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_worker_loop, name=f"gradcore-dataloader-{wid}", daemon=True,
-                                args=(wid, self._job, task_r, result_w, w.prefix, os.getpid()))
+                                args=(wid, _Job(loader), task_r, result_w, w.prefix, os.getpid()))
                 p.start()
                 task_r.close()
                 result_w.close()
                 w.procs.append(p)
                 w.task_conns.append(task_w)
                 w.result_conns.append(result_r)
-            for _ in range(loader.num_workers * loader.prefetch_factor):
-                if not self._send_one():
-                    break
         except BaseException:
             self._shutdown()
             raise
@@ -476,9 +505,9 @@ class _ParallelIter(_BaseIter):
             return False
         position = self._next_send
         wid = position % self.loader.num_workers
-        self._workers.pending.add(position)
+        self._workers.pending.add(_segment_name(self._workers.prefix, self.epoch, position))
         self._owner[position] = wid
-        self._workers.task_conns[wid].send((position, payload))
+        self._workers.task_conns[wid].send((self.seed, self.epoch, position, payload))
         self._next_send += 1
         return True
 
@@ -492,16 +521,21 @@ class _ParallelIter(_BaseIter):
         try:
             position = self.position
             if position >= self._next_send:       # nothing in flight: the epoch is over
-                self._shutdown()
+                if self.loader.persistent_workers:
+                    self._finished = True
+                    self._finalizer.detach()      # the workers wait for the next epoch
+                else:
+                    self._shutdown()
                 raise StopIteration
             wid, message = self._wait_for(position)
             self._owner.pop(position, None)
             status, _, body = message
+            name = _segment_name(self._workers.prefix, self.epoch, position)
             if status == "err":
-                self._workers.pending.discard(position)
+                self._workers.pending.discard(name)
                 _reraise(wid, position, body)
             batch = _shm.unpack(body)
-            self._workers.pending.discard(position)
+            self._workers.pending.discard(name)
             self.position += 1
             self._send_one()
             return batch
