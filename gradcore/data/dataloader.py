@@ -423,8 +423,10 @@ class _Workers:
         self.stopped = True
         for conn in self.task_conns:
             try:
+                # never block here: a hung worker's pipe may be full of tasks
+                os.set_blocking(conn.fileno(), False)
                 conn.send(None)
-            except (BrokenPipeError, OSError, ValueError):
+            except (BrokenPipeError, BlockingIOError, OSError, ValueError):
                 pass
         deadline = time.monotonic() + _JOIN_S
         for p in self.procs:
