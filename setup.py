@@ -36,8 +36,8 @@ plain_extensions = [
 ]
 
 setup(
-    packages=["gradcore", "gradcore.functional", "gradcore.ops", "gradcore.data", "gradcore.cuda", "gradcore.module",
-              "gradcore.distributed"],
+    packages=["gradcore", "gradcore.functional", "gradcore.ops", "gradcore.data", "gradcore.data.transform",
+              "gradcore.cuda", "gradcore.module", "gradcore.distributed"],
     package_dir={"gradcore": "gradcore", "gradcore.ops": "ops"},
     package_data={"gradcore.data": ["*.npz", "*.txt"]},
     # the extensions compile side by side, one per core (pip install -e . included)

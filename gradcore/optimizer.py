@@ -1,5 +1,6 @@
 """gradcore.optimizer (``optim``): SGD, Adam, AdamW, Adagrad, Adadelta, the
-learning-rate schedulers LRScheduler and MultiStepLR, and gradient clipping
+learning-rate schedulers (LRScheduler, MultiStepLR, StepLR,
+CosineAnnealingLR, LambdaLR, LinearLR), and gradient clipping
 (clip_grad_norm, clip_grad_value).
 
 Example::
@@ -18,7 +19,8 @@ from . import _core
 from ._core import Tensor
 from . import lr_scheduler as _lr_scheduler
 from .cuda import graphs as _graphs
-from .lr_scheduler import LRScheduler, MultiStepLR  # noqa: F401 - MegEngine's optim.MultiStepLR
+from .lr_scheduler import (CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler,  # noqa: F401 - optim.StepLR etc.
+                           MultiStepLR, StepLR)
 
 
 def _zeros_like(data):

@@ -1,0 +1,146 @@
+#!/usr/bin/env python
+"""Does loading in worker processes hide the cost of a transform?
+(issue 28: "with 2 workers, an epoch of the digits data with a transform
+that costs 1 ms per batch is not slower than the model alone").
+
+One epoch of the demo's training (gradcore.demo: DigitsCNN, SGD with
+momentum, batch 32, the 1437 training images of the digits data), timed as:
+
+- ``model alone``: the batches cut beforehand, no loader;
+- ``loader, 0 workers``: DataLoader(RandomSampler) in this process, no transform;
+- ``1 ms transform, 0 workers``: a transform that burns 1 ms of CPU per batch,
+  in this process (what it costs when nothing hides it);
+- ``1 ms transform, 2 workers``: the same transform in 2 worker processes,
+  started anew for each epoch (their start-up is in the time);
+- ``... 2 persistent workers``: the same with ``persistent_workers=True``
+  (started once, by the warm-up).
+
+The variants alternate, in a rotating order, for --repeat rounds of
+--epochs epochs each; the table gives each one's median epoch time and its
+ratio to the model alone, and the median CPU time of the main process per
+epoch (on a machine whose cores are busy with other work the wall times
+mostly measure the others; the main process's CPU time says what the
+loader adds to the training process itself: with the transform in the
+workers it should stay the model's own).
+
+Usage::
+
+    python benchmarks/bench_dataloader.py                 # 5 rounds of 3 epochs
+    python benchmarks/bench_dataloader.py --repeat 9 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import gradcore as gc
+import gradcore.functional as F
+import gradcore.optimizer as optim
+from gradcore import demo
+from gradcore.autodiff import GradManager
+from gradcore.data import ArrayDataset, DataLoader, RandomSampler
+from gradcore.data.transform import Transform
+
+BATCH = 32
+
+
+class BurnCPU(Transform):
+    """Identity that costs ``ms`` of CPU per batch (a busy loop, as a real
+    augmentation would be: sleeping would hide nothing's cost)."""
+
+    def __init__(self, ms: float):
+        self.seconds = ms / 1000.0
+
+    def apply(self, input):
+        return input
+
+    def apply_batch(self, inputs):
+        end = time.process_time() + self.seconds
+        while time.process_time() < end:
+            pass
+        return tuple(inputs)
+
+
+def make_trainer():
+    gc.random.seed(0)
+    model = demo.DigitsCNN()
+    gm = GradManager().attach(model.parameters())
+    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(x, y):
+        with gm:
+            loss = F.cross_entropy(model(gc.tensor(x)), gc.tensor(y))
+            gm.backward(loss)
+        opt.step().clear_grad()
+        return loss.item()
+    return step
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=3, help="epochs per variant per round")
+    ap.add_argument("--transform-ms", type=float, default=1.0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+
+    x, y = demo.load_digits()
+    x_train, y_train, _, _ = demo.split(x, y, 0.2, 0)
+    ds = ArrayDataset(x_train, y_train)
+    order = np.random.default_rng(0).permutation(len(x_train))
+    pre_cut = [(x_train[order[i:i + BATCH]], y_train[order[i:i + BATCH]]) for i in range(0, len(order), BATCH)]
+    step = make_trainer()
+    burn = BurnCPU(args.transform_ms)
+
+    def loader(workers, transform, persistent=False):
+        return DataLoader(ds, RandomSampler(ds, batch_size=BATCH, seed=0), transform=transform,
+                          num_workers=workers, timeout=600, persistent_workers=persistent)
+    kept = loader(args.workers, burn, persistent=True)
+
+    variants = {
+        "model alone": lambda: pre_cut,
+        "loader, 0 workers": lambda: loader(0, None),
+        f"{args.transform_ms:g} ms transform, 0 workers": lambda: loader(0, burn),
+        f"{args.transform_ms:g} ms transform, {args.workers} workers": lambda: loader(args.workers, burn),
+        f"... {args.workers} persistent workers": lambda: kept,
+    }
+    for source in variants.values():        # warm-up: kernels, caches, first fork
+        for xb, yb in source():
+            step(xb, yb)
+    times = {name: [] for name in variants}
+    cpu = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(args.repeat):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            source = variants[name]
+            for _ in range(args.epochs):
+                t, c = time.perf_counter(), time.process_time()
+                for xb, yb in source():
+                    step(xb, yb)
+                times[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
+
+    base = statistics.median(times["model alone"])
+    print(f"one epoch ({len(pre_cut)} batches of {BATCH}), median of {args.repeat * args.epochs}; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    rows = {}
+    for name in names:
+        med, med_cpu = statistics.median(times[name]), statistics.median(cpu[name])
+        rows[name] = {"median_s": med, "ratio": med / base, "main_cpu_s": med_cpu, "all_s": times[name]}
+        print(f"  {name:<28} {med * 1e3:8.1f} ms   {med / base:5.2f}x the model alone   "
+              f"main process CPU {med_cpu * 1e3:7.1f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"python": sys.version, "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

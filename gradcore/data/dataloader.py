@@ -1,0 +1,600 @@
+"""``DataLoader``, after ``megengine.data.DataLoader``: batches of a dataset,
+loaded in the main process or in worker processes.
+
+With ``num_workers > 0`` each iteration (epoch) starts that many worker
+processes (with ``persistent_workers=True`` they are started once and kept
+for the next epochs while the loader lives). The parent hands out batches (lists of indices) round-robin,
+keeping ``prefetch_factor`` batches per worker in flight; a worker reads
+the samples, transforms and collates them and writes the arrays into a
+shared-memory segment (see ``gradcore.data._shm``); the parent yields the
+batches in the sampler's order, whatever order they finish in. Workers are
+stopped when the epoch ends (unless persistent), when the loop is left
+(``break``, an exception, the iterator dropped), when the loader is
+dropped, and at exit.
+
+Random transforms draw from ``gradcore.data.transform.rng()``, reseeded
+before every batch from ``(seed, epoch, batch position)``: the batches do
+not depend on the number of workers, and ``state_dict()`` /
+``load_state_dict()`` resume a loader in the middle of an epoch with
+exactly the batches an uninterrupted run would have seen.
+
+Example::
+
+    >>> import numpy as np
+    >>> from gradcore.data import ArrayDataset, RandomSampler, DataLoader
+    >>> ds = ArrayDataset(np.arange(10, dtype=np.float32).reshape(10, 1), np.arange(10))
+    >>> loader = DataLoader(ds, RandomSampler(ds, batch_size=4, seed=0), num_workers=2)
+    >>> [y.tolist() for x, y in loader]
+    [[2, 8, 4, 9], [1, 6, 7, 3], [0, 5]]
+"""
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import random as _pyrandom
+import signal
+import sys
+import time
+import traceback
+import uuid
+import weakref
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+
+from . import _shm
+from . import transform as _transform
+from .collator import Collator
+from .dataset import ArrayDataset, StreamDataset
+from .sampler import MapSampler, Sampler, SequentialSampler, StreamSampler
+from .transform import PseudoTransform, Transform
+
+__all__ = ["DataLoader"]
+
+# how often a waiting parent looks at its workers (and a worker at its parent)
+_POLL_S = 1.0
+# how long stopping waits for workers to leave on their own before killing them
+_JOIN_S = 2.0
+
+
+class DataLoader:
+    """Iterate over ``dataset`` in batches.
+
+    - ``sampler`` gives the indices of each batch and carries the batch
+      size (default: ``SequentialSampler(dataset, batch_size=1)``; a
+      ``StreamDataset`` takes a ``StreamSampler``);
+    - ``transform`` (a ``gradcore.data.transform.Transform``) is applied to
+      the samples of a batch, ``collator`` merges them (default
+      ``Collator``: arrays stacked, tuples give lists);
+    - ``num_workers`` worker processes load batches ahead (0: in this
+      process); ``timeout`` (seconds, 0 for none) is how long to wait for
+      a batch before reporting the worker as hung;
+    - ``seed`` seeds the random transforms (default: drawn from
+      ``gradcore.random``); ``prefetch_factor`` batches per worker are
+      in flight; ``multiprocessing_context`` picks the start method
+      (default ``"fork"`` where there is one, which needs nothing
+      pickled; with ``"spawn"`` the dataset and transforms must pickle);
+      ``persistent_workers`` keeps the workers from one epoch to the next
+      (saves their start-up each epoch; a loop left early still stops
+      them).
+
+    Batches come out as NumPy arrays (as MegEngine's); an error in a
+    worker is raised here with the worker's traceback.
+
+    Example::
+
+        >>> ds = ArrayDataset(np.zeros((5, 2), np.float32), np.arange(5))
+        >>> for x, y in DataLoader(ds, SequentialSampler(ds, batch_size=2)):
+        ...     print(x.shape, y)
+        (2, 2) [0 1]
+        (2, 2) [2 3]
+        (1, 2) [4]
+    """
+
+    def __init__(self, dataset: Any, sampler: Optional[Sampler] = None, transform: Optional[Transform] = None,
+                 collator: Optional[Collator] = None, num_workers: int = 0, timeout: float = 0, *,
+                 seed: Optional[int] = None, prefetch_factor: int = 2,
+                 multiprocessing_context: Optional[str] = None, persistent_workers: bool = False):
+        self._stream = isinstance(dataset, StreamDataset)
+        if not self._stream and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise TypeError(f"DataLoader: dataset must be a MapDataset (with __getitem__ and __len__) "
+                            f"or a StreamDataset, got {type(dataset).__name__}")
+        if sampler is None:
+            sampler = StreamSampler(batch_size=1) if self._stream else SequentialSampler(dataset, batch_size=1)
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"DataLoader: sampler must be a gradcore.data Sampler, got {type(sampler).__name__}")
+        if self._stream and not isinstance(sampler, StreamSampler):
+            raise ValueError(f"DataLoader: a StreamDataset needs a StreamSampler, got {type(sampler).__name__}")
+        if not self._stream and isinstance(sampler, StreamSampler):
+            raise ValueError("DataLoader: a StreamSampler is for a StreamDataset; "
+                             f"{type(dataset).__name__} takes SequentialSampler, RandomSampler, ...")
+        if transform is None:
+            transform = PseudoTransform()
+        if not hasattr(transform, "apply_batch"):
+            raise TypeError(f"DataLoader: transform must have apply_batch (a Transform), "
+                            f"got {type(transform).__name__}")
+        if collator is None:
+            collator = Collator()
+        if not hasattr(collator, "apply"):
+            raise TypeError(f"DataLoader: collator must have apply (a Collator), got {type(collator).__name__}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+            raise ValueError(f"DataLoader: num_workers must be an integer >= 0, got {num_workers!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise ValueError(f"DataLoader: timeout must be a number of seconds >= 0, got {timeout!r}")
+        if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+            raise ValueError(f"DataLoader: prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")
+        if num_workers > 0 and not _shm.available():
+            raise RuntimeError("DataLoader: worker processes need POSIX shared memory, which this "
+                               "platform lacks; use num_workers=0")
+        if multiprocessing_context is None:
+            multiprocessing_context = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        elif multiprocessing_context not in multiprocessing.get_all_start_methods():
+            raise ValueError(f"DataLoader: multiprocessing_context must be one of "
+                             f"{multiprocessing.get_all_start_methods()}, got {multiprocessing_context!r}")
+        if seed is None:
+            from .. import random as _random
+            seed = int(_random.generator().integers(2 ** 63))
+        self.dataset = dataset
+        self.sampler = sampler
+        self.transform = transform
+        self.collator = collator
+        self.num_workers = int(num_workers)
+        self.timeout = timeout
+        self.seed = int(seed)
+        self.prefetch_factor = prefetch_factor
+        self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = bool(persistent_workers)
+        self._pool: Optional[_Workers] = None      # persistent workers between epochs
+        self._epoch = 0             # the epoch the next iteration is
+        self._skip = 0              # batches of that epoch already consumed (after a load)
+        self._current: Optional[weakref.ref] = None
+
+    def __len__(self) -> int:
+        if self._stream:
+            raise TypeError("DataLoader: a StreamDataset has no length")
+        return len(self.sampler)
+
+    def __iter__(self) -> "_BaseIter":
+        previous = self._current() if self._current is not None else None
+        if previous is not None and self.persistent_workers and not previous._finished:
+            previous._shutdown()        # its workers cannot serve two epochs at once
+        epoch, skip = self._epoch, self._skip
+        self._epoch, self._skip = epoch + 1, 0
+        sampler_state = None if self._stream else self.sampler.state_dict()
+        cls = _ParallelIter if self.num_workers > 0 else _SerialIter
+        it = cls(self, epoch, skip, sampler_state)
+        self._current = weakref.ref(it)
+        return it
+
+    # ------------------------------------------------------------ resuming
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader is: its seed, the epoch, how many batches of it
+        were consumed, and the sampler's state at the epoch's start (plain
+        ints, dicts and arrays, for ``gradcore.save``). Taken in the middle
+        of an epoch, a loader that loads it yields the rest of that epoch.
+
+        Example::
+
+            >>> loader = DataLoader(ds, RandomSampler(ds, batch_size=2, seed=0))
+            >>> it = iter(loader); first = next(it)
+            >>> state = loader.state_dict()
+            >>> state["epoch"], state["consumed"]
+            (0, 1)
+        """
+        if self._stream:
+            raise TypeError("DataLoader.state_dict: a StreamDataset cannot be rewound, so its "
+                            "loader has no state to resume from")
+        it = self._current() if self._current is not None else None
+        if it is not None and not it._finished:
+            return {"seed": self.seed, "epoch": it.epoch, "consumed": it.position,
+                    "sampler": it.sampler_state}
+        return {"seed": self.seed, "epoch": self._epoch, "consumed": self._skip,
+                "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue from ``state_dict()``: the next iteration yields the
+        batches that followed when it was taken.
+
+        Example::
+
+            >>> loader2 = DataLoader(ds, RandomSampler(ds, batch_size=2, seed=5))
+            >>> loader2.load_state_dict(state)
+            >>> rest = list(loader2)          # the epoch's other batches
+        """
+        if self._stream:
+            raise TypeError("DataLoader.load_state_dict: a StreamDataset cannot be rewound")
+        if not isinstance(state, dict):
+            raise TypeError(f"DataLoader.load_state_dict: expected a dict, got {type(state).__name__}")
+        missing = [k for k in ("seed", "epoch", "consumed", "sampler") if k not in state]
+        if missing:
+            raise KeyError(f"DataLoader.load_state_dict: missing keys {missing} (got {sorted(state)})")
+        self.sampler.load_state_dict(state["sampler"])
+        self.seed, self._epoch, self._skip = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
+        self._current = None
+
+
+# ---------------------------------------------------------------- loading one batch
+
+def _seed_batch(seed: int, epoch: int, position: int, in_worker: bool) -> None:
+    key = [seed, epoch, position]
+    _transform.seed(key)
+    if in_worker:
+        # transforms written for MegEngine draw from NumPy's and Python's
+        # global generators; in a worker those belong to the loader. (In the
+        # main process they are the user's and are left alone.)
+        s = int(np.random.SeedSequence(key).generate_state(1)[0])
+        np.random.seed(s)
+        _pyrandom.seed(s)
+
+
+def _is_plain_arrays(loader: DataLoader) -> bool:
+    """An ArrayDataset of numeric NumPy arrays with no transform and the
+    default collator: a batch is one fancy index per array, which gives
+    what stacking the samples would (same values, dtypes and layout)."""
+    ds = loader.dataset
+    return (type(ds) is ArrayDataset and type(loader.transform) is PseudoTransform
+            and type(loader.collator) is Collator
+            and all(type(a) is np.ndarray and a.ndim >= 1 and a.dtype.kind in "biufc" for a in ds.arrays))
+
+
+class _Job:
+    """What loading a batch needs, and nothing else: a worker gets this
+    (pickled under "spawn"), not the loader with its sampler and iterators."""
+
+    __slots__ = ("dataset", "transform", "collator", "stream", "plain")
+
+    def __init__(self, loader: DataLoader):
+        self.dataset, self.transform, self.collator = loader.dataset, loader.transform, loader.collator
+        self.stream = loader._stream
+        self.plain = _is_plain_arrays(loader)
+
+    def __getstate__(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def load(self, seed: int, epoch: int, position: int, payload: List, in_worker: bool) -> Any:
+        """The batch at ``position`` of ``epoch``: ``payload`` is its
+        indices (map dataset) or its samples (stream)."""
+        _seed_batch(seed, epoch, position, in_worker)
+        if self.stream:
+            samples = payload
+        elif self.plain:
+            idx = np.asarray(payload, dtype=np.int64)
+            return [a[idx] for a in self.dataset.arrays]
+        else:
+            samples = [self.dataset[i] for i in payload]
+        return self.collator.apply(self.transform.apply_batch(samples))
+
+
+# ---------------------------------------------------------------- iterators
+
+def _tasks(loader: DataLoader, skip: int) -> Iterator[List]:
+    """The payload of every batch after the first ``skip``."""
+    if not loader._stream:
+        batches = iter(loader.sampler)
+        for _ in range(skip):
+            if next(batches, None) is None:
+                break
+        yield from batches
+        return
+    stream = iter(loader.dataset)
+    per_batch = loader.sampler.batch_size * loader.sampler.world_size
+    for offsets in loader.sampler:
+        chunk = list(itertools.islice(stream, per_batch))
+        mine = [chunk[k] for k in offsets if k < len(chunk)]
+        if not mine:
+            return
+        yield mine
+        if len(chunk) < per_batch:
+            return
+
+
+class _BaseIter:
+    """One epoch: yields the batches in order; ``position`` counts the
+    batches yielded (from the epoch's start, skipped ones included)."""
+
+    def __init__(self, loader: DataLoader, epoch: int, skip: int, sampler_state):
+        self.loader = loader
+        self.epoch = epoch
+        self.seed = loader.seed
+        self.position = skip
+        self.sampler_state = sampler_state
+        self._finished = False
+        self._job = _Job(loader)
+        # a generator that held ``self`` would make a cycle, and a loop left
+        # with ``break`` would keep the workers until the garbage collector ran
+        self._payloads = _tasks(loader, skip)
+
+    def __iter__(self) -> "_BaseIter":
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class _SerialIter(_BaseIter):
+    def __next__(self) -> Any:
+        if self._finished:
+            raise StopIteration
+        try:
+            payload = next(self._payloads)
+        except StopIteration:
+            self._finished = True
+            raise
+        batch = self._job.load(self.seed, self.epoch, self.position, payload, in_worker=False)
+        self.position += 1
+        return batch
+
+
+class _WorkerError(Exception):
+    """Placeholder type for a worker's exception that cannot be rebuilt."""
+
+
+def _reraise(wid: int, position: int, info: Dict[str, Any]) -> None:
+    msg = (f"Caught {info['name']} in DataLoader worker {wid} (batch {position} of the epoch).\n"
+           f"Original traceback (in the worker process):\n{info['traceback']}")
+    cls = None
+    if info["cls"] is not None:
+        try:
+            cls = pickle.loads(info["cls"])
+        except Exception:
+            cls = None
+    exc = None
+    if cls is not None:
+        if cls is KeyError:
+            # KeyError's str() is the repr of its argument: keep the lines readable
+            msg = _PlainStr(msg)
+        try:
+            exc = cls(msg)
+        except Exception:       # an exception type whose constructor wants other arguments
+            exc = None
+    if exc is None:
+        exc = RuntimeError(msg)
+    raise exc
+
+
+class _PlainStr(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> None:
+    """A worker process: take (seed, epoch, position, payload) tasks until
+    None, send back each batch's shared-memory description or its error."""
+    # Ctrl-C reaches the whole process group; the parent stops the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        while True:
+            if not task_conn.poll(_POLL_S):
+                if os.getppid() != parent_pid:       # the parent died: nobody will read
+                    return
+                continue
+            try:
+                task = task_conn.recv()
+            except EOFError:
+                return
+            if task is None:
+                return
+            seed, epoch, position, payload = task
+            try:
+                batch = job.load(seed, epoch, position, payload, in_worker=True)
+                message = ("ok", position, _shm.pack(batch, _segment_name(prefix, epoch, position)))
+            except Exception as exc:
+                try:
+                    cls = pickle.dumps(type(exc))
+                except Exception:
+                    cls = None
+                message = ("err", position, {"name": type(exc).__name__, "cls": cls,
+                                             "traceback": traceback.format_exc()})
+            try:
+                result_conn.send(message)
+            except (BrokenPipeError, OSError):
+                return
+    except KeyboardInterrupt:
+        return
+
+
+def _segment_name(prefix: str, epoch: int, position: int) -> str:
+    return f"{prefix}{epoch}_{position}"
+
+
+class _Workers:
+    """The processes and pipes of one epoch (or of several, persistent);
+    ``stop()`` is idempotent and references neither the iterator nor the
+    loader, so it can run from their finalizers."""
+
+    def __init__(self):
+        self.procs: List = []
+        self.task_conns: List = []
+        self.result_conns: List = []
+        self.prefix = ""
+        self.pending: set = set()       # segment names of batches sent and not yet unpacked
+        self.stopped = False
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        for conn in self.task_conns:
+            try:
+                # never block here: a hung worker's pipe may be full of tasks
+                os.set_blocking(conn.fileno(), False)
+                conn.send(None)
+            except (BrokenPipeError, BlockingIOError, OSError, ValueError):
+                pass
+        deadline = time.monotonic() + _JOIN_S
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(_JOIN_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for conn in self.task_conns + self.result_conns:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        # segments of batches made but never unpacked (all writers are gone now)
+        for name in self.pending:
+            _shm.discard(name)
+        self.pending.clear()
+
+
+class _ParallelIter(_BaseIter):
+    def __init__(self, loader: DataLoader, epoch: int, skip: int, sampler_state):
+        super().__init__(loader, epoch, skip, sampler_state)
+        pool = loader._pool if loader.persistent_workers else None
+        reuse = pool is not None and not pool.stopped and all(p.is_alive() for p in pool.procs)
+        self._workers = pool if reuse else _Workers()
+        # an epoch left unfinished stops its workers, persistent or not
+        self._finalizer = weakref.finalize(self, self._workers.stop)
+        self._ready: Dict[int, tuple] = {}          # position -> (worker id, message)
+        self._owner: Dict[int, int] = {}            # position -> worker id, for batches in flight
+        self._next_send = skip
+        self._exhausted = False
+        if not reuse:
+            self._start()
+            if loader.persistent_workers:
+                if pool is not None:
+                    pool.stop()
+                loader._pool = self._workers
+                weakref.finalize(loader, self._workers.stop)
+        try:
+            for _ in range(loader.num_workers * loader.prefetch_factor):
+                if not self._send_one():
+                    break
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _start(self) -> None:
+        loader, w = self.loader, self._workers
+        ctx = multiprocessing.get_context(loader.multiprocessing_context)
+        # short (macOS allows 31 characters) and unique per epoch and process
+        w.prefix = f"/gcdl{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        try:
+            for wid in range(loader.num_workers):
+                task_r, task_w = ctx.Pipe(duplex=False)
+                result_r, result_w = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_worker_loop, name=f"gradcore-dataloader-{wid}", daemon=True,
+                                args=(wid, _Job(loader), task_r, result_w, w.prefix, os.getpid()))
+                p.start()
+                task_r.close()
+                result_w.close()
+                w.procs.append(p)
+                w.task_conns.append(task_w)
+                w.result_conns.append(result_r)
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _send_one(self) -> bool:
+        if self._exhausted:
+            return False
+        try:
+            payload = next(self._payloads)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        position = self._next_send
+        wid = position % self.loader.num_workers
+        self._workers.pending.add(_segment_name(self._workers.prefix, self.epoch, position))
+        self._owner[position] = wid
+        self._workers.task_conns[wid].send((self.seed, self.epoch, position, payload))
+        self._next_send += 1
+        return True
+
+    def _shutdown(self) -> None:
+        self._finished = True
+        self._finalizer()       # runs _workers.stop once
+
+    def __next__(self) -> Any:
+        if self._finished:
+            raise StopIteration
+        try:
+            position = self.position
+            if position >= self._next_send:       # nothing in flight: the epoch is over
+                if self.loader.persistent_workers:
+                    self._finished = True
+                    self._finalizer.detach()      # the workers wait for the next epoch
+                else:
+                    self._shutdown()
+                raise StopIteration
+            wid, message = self._wait_for(position)
+            self._owner.pop(position, None)
+            status, _, body = message
+            name = _segment_name(self._workers.prefix, self.epoch, position)
+            if status == "err":
+                self._workers.pending.discard(name)
+                _reraise(wid, position, body)
+            batch = _shm.unpack(body)
+            self._workers.pending.discard(name)
+            self.position += 1
+            self._send_one()
+            return batch
+        except StopIteration:
+            raise
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _wait_for(self, position: int):
+        loader, w = self.loader, self._workers
+        start = time.monotonic()
+        conn_wid = {id(c): i for i, c in enumerate(w.result_conns)}
+        sentinel_wid = {p.sentinel: i for i, p in enumerate(w.procs)}
+        while position not in self._ready:
+            wait_s = _POLL_S
+            if loader.timeout:
+                left = loader.timeout - (time.monotonic() - start)
+                if left <= 0:
+                    self._raise_timeout(position)
+                wait_s = min(wait_s, left)
+            objs = multiprocessing.connection.wait(list(w.result_conns) + list(sentinel_wid), wait_s)
+            dead = []
+            for obj in objs:
+                if isinstance(obj, int):
+                    dead.append(sentinel_wid[obj])
+                    continue
+                self._receive(conn_wid[id(obj)], obj)
+            for wid in dead:
+                conn = w.result_conns[wid]
+                while position not in self._ready and conn.poll():   # what it sent before dying
+                    if not self._receive(wid, conn):
+                        break
+                if position not in self._ready and self._owner.get(position) == wid:
+                    self._raise_died(wid, position)
+        return self._ready.pop(position)
+
+    def _receive(self, wid: int, conn) -> bool:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return False
+        self._ready[message[1]] = (wid, message)
+        return True
+
+    def _raise_timeout(self, position: int) -> None:
+        wid = self._owner.get(position)
+        pid = self._workers.procs[wid].pid if wid is not None else None
+        raise RuntimeError(f"DataLoader: no batch from worker {wid} (pid {pid}) in {self.loader.timeout} s "
+                           f"(waiting for batch {position} of epoch {self.epoch}); the worker may be hung. "
+                           f"All workers were stopped.")
+
+    def _raise_died(self, wid: int, position: int) -> None:
+        proc = self._workers.procs[wid]
+        proc.join(_JOIN_S)          # its sentinel fired: reap it, for the exit code
+        code = proc.exitcode
+        how = (f"was killed by signal {-code}" if code is not None and code < 0
+               else f"exited with code {code}")
+        raise RuntimeError(f"DataLoader: worker {wid} (pid {self._workers.procs[wid].pid}) {how} while "
+                           f"loading batch {position} of epoch {self.epoch}. All workers were stopped.")
