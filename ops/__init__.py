@@ -20,6 +20,7 @@ from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, S
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
 from .nn import BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
+from .rnn import GRUCellGates, GRUCellGatesBackward, LSTMCellGates, LSTMCellGatesBackward
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
 from .vision import Interpolate, InterpolateBackward
 from .shape import (Broadcast, BroadcastToLike, Cast, Concat, Copy, ExpandDims, Identity, Reshape,
@@ -36,6 +37,7 @@ STANDARD_OPS = [
     Conv3dBackwardFilter, Interpolate, InterpolateBackward,
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
     BatchNormTraining, BatchNormBackward, BatchNormInference,
+    LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward,
 ]
 
 
