@@ -33,6 +33,7 @@ from .elemwise_table import gelu, logsigmoid, sigmoid, silu, tanh  # noqa: F401
 from .indexing import embedding, one_hot  # noqa: F401
 from .linalg import linear  # noqa: F401
 from .shape import pixel_shuffle  # noqa: F401
+from .rnn import gru_cell, lstm_cell, rnn_cell, rnn_layer  # noqa: F401
 
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
     "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
     "pixel_shuffle", "conv3d", "conv_transpose1d", "conv_transpose2d", "interpolate",
+    # recurrent cells (rnn.py)
+    "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer",
 ]
 
 # one op instance per distinct attributes: the per-op caches stay warm

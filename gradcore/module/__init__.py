@@ -1160,3 +1160,4 @@ class InstanceNorm(GroupNorm):
 
 
 from .conv import Conv3d, ConvTranspose2d  # noqa: E402  (they build on Module above)
+from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: E402,F401
