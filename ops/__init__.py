@@ -20,6 +20,7 @@ from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, S
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
 from .nn import BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
+from .loss import CTCLoss, CTCLossGrad
 from .rnn import GRUCellGates, GRUCellGatesBackward, LSTMCellGates, LSTMCellGatesBackward
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
 from .vision import Interpolate, InterpolateBackward
@@ -37,7 +38,7 @@ STANDARD_OPS = [
     Conv3dBackwardFilter, Interpolate, InterpolateBackward,
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
     BatchNormTraining, BatchNormBackward, BatchNormInference,
-    LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward,
+    LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward, CTCLoss, CTCLossGrad,
 ]
 
 

@@ -34,6 +34,7 @@ from .indexing import embedding, one_hot  # noqa: F401
 from .linalg import linear  # noqa: F401
 from .shape import pixel_shuffle  # noqa: F401
 from .rnn import gru_cell, lstm_cell, rnn_cell, rnn_layer  # noqa: F401
+from .loss import cosine_similarity, ctc_loss, kl_div, nll_loss, smooth_l1_loss  # noqa: F401
 
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "pixel_shuffle", "conv3d", "conv_transpose1d", "conv_transpose2d", "interpolate",
     # recurrent cells (rnn.py)
     "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer",
+    # more losses (loss.py)
+    "nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss", "cosine_similarity",
 ]
 
 # one op instance per distinct attributes: the per-op caches stay warm
