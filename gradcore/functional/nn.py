@@ -51,6 +51,8 @@ __all__ = [
     "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer",
     # more losses (loss.py)
     "nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss", "cosine_similarity",
+    # attention (attention.py)
+    "scaled_dot_product_attention",
 ]
 
 # one op instance per distinct attributes: the per-op caches stay warm
@@ -595,3 +597,6 @@ def topk_accuracy(logits: Tensor, target: Tensor,
     hit = astype(eq(pred, astype(expand_dims(label, 1), pred.dtype)), "float32")
     accs = [sum(hit[:, :k]) / builtins_max(x.shape[0], 1) for k in ks]
     return accs[0] if len(accs) == 1 else accs
+
+
+from .attention import scaled_dot_product_attention  # noqa: E402,F401  (it builds on softmax, dropout)

@@ -1161,3 +1161,4 @@ class InstanceNorm(GroupNorm):
 
 from .conv import Conv3d, ConvTranspose2d  # noqa: E402  (they build on Module above)
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: E402,F401
+from .attention import MultiHeadAttention  # noqa: E402,F401
