@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import functional as F
 from .._core import Tensor
-from ..functional.attention import _attention, _split_mask
+from ..functional.nn import _attention, _split_mask
 from ..tensor import Parameter
 from . import Linear, Module, _count
 from . import init
