@@ -176,9 +176,11 @@ def test_ctc_loss_gradient_wrt_log_probs_is_the_true_one():
 def test_ctc_ops_pass_check_op(monkeypatch):
     monkeypatch.setenv("GRADCORE_CUDA", "emulator")
     from gradcore.ops import CTCLoss, CTCLossGrad
-    rep = check_op(CTCLoss, second_order=False)
+    rep = check_op(CTCLoss)
     rep.raise_on_failure()
     assert rep.status("grad") == "passed" and rep.status("grad[cuda]") == "passed"
+    assert rep.status("gradgrad") == "not applicable"        # declared: max_grad_order = 1
+    assert "max_grad_order" in rep["gradgrad"].message
     check_op(CTCLossGrad).raise_on_failure()
 
 
