@@ -188,7 +188,8 @@ class OpDescription:
       ``(attribute, (min, max))`` inputs of the forward, or None;
       ``has_infer``: the forward consults the class's own ``infer``;
       ``check``: ``domain``, ``check_shapes``, ``check_params``,
-      ``check_gradient``, ``examples`` as declared.
+      ``check_gradient``, ``max_grad_order`` (1: its backward has no gradient
+      of its own), ``examples`` as declared.
 
     Example::
 
@@ -231,7 +232,8 @@ class OpDescription:
         infer = getattr(cls, "infer", None)
         self.has_infer = infer is not None and infer is not _base_infer and infer is not _decomposed_infer
         self.check = {a: getattr(cls, a, None) for a in
-                      ("domain", "check_shapes", "check_params", "check_gradient", "examples")}
+                      ("domain", "check_shapes", "check_params", "check_gradient", "max_grad_order",
+                       "examples")}
 
     @property
     def grad_path(self) -> Optional[str]:

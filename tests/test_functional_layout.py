@@ -17,7 +17,7 @@ from gradcore.functional import _gen_elemwise_table as gen, elemwise_table
 from gradcore.ops import elemwise
 
 PACKAGE = Path(F.__file__).parent
-FAMILIES = ("elemwise_table", "elemwise", "shape", "reduce", "linalg", "indexing", "creation", "conv", "vision", "nn")
+FAMILIES = ("elemwise_table", "elemwise", "shape", "reduce", "linalg", "indexing", "creation", "conv", "vision", "nn", "loss", "rnn")
 
 # F.nn before the split, MegEngine's names
 NN_NAMES = {
@@ -26,7 +26,9 @@ NN_NAMES = {
     "indexing_one_hot", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax", "logsigmoid", "logsoftmax",
     "logsumexp", "max_pool2d", "normalize", "one_hot", "pad", "pixel_shuffle", "prelu", "relu", "relu6",
     "sigmoid", "silu", "softmax", "softplus", "square_loss", "tanh", "topk_accuracy",
-    "conv3d", "conv_transpose1d", "conv_transpose2d", "interpolate"}
+    "conv3d", "conv_transpose1d", "conv_transpose2d", "interpolate",
+    "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer", "nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss",
+    "cosine_similarity", "scaled_dot_product_attention"}
 
 
 REGENERATE = ("gradcore/functional/elemwise_table.py is out of date: run "

@@ -15,7 +15,10 @@ per op family, as the ops do in ops/:
 - conv.py            conv1d, conv2d, conv3d, conv_transpose1d/2d/3d, max_pool2d, avg_pool2d,
                      adaptive poolings
 - vision.py          ``F.vision``: interpolate (nearest, bilinear, linear)
-- nn.py              ``F.nn``: softmax family, dropout, normalisations, pad, losses
+- nn.py              ``F.nn``: softmax family, dropout, normalisations, pad, losses,
+                     scaled_dot_product_attention
+- loss.py            nll_loss, smooth_l1_loss, kl_div, ctc_loss, cosine_similarity (in F.nn)
+- rnn.py             rnn_cell, lstm_cell, gru_cell, rnn_layer (in F.nn; M.RNN/LSTM/GRU run them)
 - _args.py           the argument checks they share
 
 Example::
@@ -52,6 +55,8 @@ from .linalg import dot, linear, matmul
 from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, dropout, group_norm,
                  hinge_loss, l1_loss, layer_norm, log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss,
                  normalize, pad, softmax, square_loss, topk_accuracy)
+from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, nll_loss, rnn_cell,  # noqa: F401
+                 rnn_layer, scaled_dot_product_attention, smooth_l1_loss)
 from .reduce import AxisError, _Reduce, argmax, argmin, cumsum, max, mean, min, norm, prod, std, sum, var
 from .vision import interpolate
 from .shape import (ShapeError, astype, broadcast_to, concat, copy, expand_dims, flatten, meshgrid,

@@ -10,7 +10,8 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+import math
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -31,8 +32,10 @@ from .vision import interpolate  # noqa: F401
 from .elemwise import hsigmoid, hswish, leaky_relu, prelu, relu6  # noqa: F401
 from .elemwise_table import gelu, logsigmoid, sigmoid, silu, tanh  # noqa: F401
 from .indexing import embedding, one_hot  # noqa: F401
-from .linalg import linear  # noqa: F401
+from .linalg import linear, matmul  # noqa: F401
 from .shape import pixel_shuffle  # noqa: F401
+from .rnn import gru_cell, lstm_cell, rnn_cell, rnn_layer  # noqa: F401
+from .loss import cosine_similarity, ctc_loss, kl_div, nll_loss, smooth_l1_loss  # noqa: F401
 
 
 __all__ = [
@@ -45,6 +48,12 @@ __all__ = [
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
     "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
     "pixel_shuffle", "conv3d", "conv_transpose1d", "conv_transpose2d", "interpolate",
+    # recurrent cells (rnn.py)
+    "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer",
+    # more losses (loss.py)
+    "nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss", "cosine_similarity",
+    # attention (attention.py)
+    "scaled_dot_product_attention",
 ]
 
 # one op instance per distinct attributes: the per-op caches stay warm
@@ -609,3 +618,67 @@ def topk_accuracy(logits: Tensor, target: Tensor,
     hit = astype(eq(pred, astype(expand_dims(label, 1), pred.dtype)), "float32")
     accs = [sum(hit[:, :k]) / builtins_max(x.shape[0], 1) for k in ks]
     return accs[0] if len(accs) == 1 else accs
+
+
+# ---- attention (M.MultiHeadAttention runs _attention; compositions of matmul,
+# softmax, where and dropout: gradients of any order, every device)
+def _attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], add: Optional[Tensor],
+               dropout_p: float, is_causal: bool, scale: Optional[float], training: bool,
+               name: str) -> Tuple[Tensor, Tensor]:
+    """(output, attention weights): softmax(q k^T * scale + add, masked
+    where ``keep`` is False) (dropout) @ v."""
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+        raise ValueError(f"{name}: query, key and value need at least 2 dimensions (..., L, E), got shapes "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"{name}: query and key must share the last dimension and key and value the "
+                         f"sequence one, got shapes {q.shape}, {k.shape}, {v.shape}")
+    L, S = q.shape[-2], k.shape[-2]
+    s = (1.0 / math.sqrt(q.shape[-1])) if scale is None else float(scale)
+    scores = matmul(q, k, transpose_b=True) * s
+    if is_causal:
+        causal = Tensor(np.tril(np.ones((L, S), bool)), device=q.device)
+        keep = causal if keep is None else keep & causal
+    if add is not None:
+        scores = scores + add
+    if keep is not None:
+        scores = where(keep, scores, float("-inf"))
+    attn = softmax(scores, axis=-1)
+    if dropout_p and training:
+        attn = dropout(attn, dropout_p, True)
+    return matmul(attn, v), attn
+
+
+def _split_mask(name: str, attn_mask, like: Tensor, true_means_keep: bool):
+    """A mask as (keep: bool or None, add: float or None)."""
+    if attn_mask is None:
+        return None, None
+    m = _t(attn_mask, like) if not isinstance(attn_mask, Tensor) else attn_mask
+    if m.dtype == np.bool_:
+        return (m if true_means_keep else ~m), None
+    if m.dtype.kind != "f":
+        raise TypeError(f"{name}: attn_mask must be bool or floating-point, got {m.dtype}")
+    return None, m
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 training: bool = True) -> Tensor:
+    """``softmax(query @ key^T * scale + mask) @ value`` over (..., L, E)
+    query and (..., S, E) key, (..., S, Ev) value, PyTorch's semantics:
+    ``scale`` defaults to 1 / sqrt(E); a bool ``attn_mask`` (broadcast to
+    (..., L, S)) is True where a position takes part, a float one is added
+    to the scores; ``is_causal`` masks the upper triangle; ``dropout_p``
+    drops attention weights while ``training``.
+
+    Example::
+
+        >>> out = F.nn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """
+    name = "scaled_dot_product_attention"
+    q, k, v = _t(query), _t(key), _t(value)
+    _check_drop_prob(name, dropout_p)
+    if is_causal and attn_mask is not None:
+        raise ValueError(f"{name}: give attn_mask or is_causal, not both (PyTorch's rule)")
+    keep, add = _split_mask(name, attn_mask, q, True)
+    return _attention(q, k, v, keep, add, dropout_p, is_causal, scale, training, name)[0]

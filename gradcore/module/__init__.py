@@ -24,38 +24,11 @@ from .. import random as _random
 from .._core import Tensor
 from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
+from .attention import MultiHeadAttention  # noqa: F401
 from .conv import Conv3d, ConvTranspose2d  # noqa: F401
+from .linear import Linear  # noqa: F401
 from .module import HookHandler, Module, _count, _pair  # noqa: F401
-
-
-class Linear(Module):
-    """``y = x @ weight.T + bias`` with weight of shape (out_features, in_features)
-    drawn from N(0, 1 / in_features) and bias of shape (out_features,) at zero."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs):
-        super().__init__(**kwargs)
-        self.in_features = _count("Linear", "in_features", in_features)
-        self.out_features = _count("Linear", "out_features", out_features)
-        self.weight = Parameter(np.zeros((self.out_features, self.in_features), "float32"))
-        self.bias = Parameter(np.zeros(self.out_features, "float32")) if bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        std = np.sqrt(1.0 / max(self.in_features, 1))     # (in_features=0: an empty weight)
-        self.weight._reset(Tensor(_random.generator().normal(0.0, std, self.weight.shape).astype("float32")))
-        if self.bias is not None:
-            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
-
-    def forward(self, x):
-        if not isinstance(x, Tensor):
-            x = F._t(x, name="Linear")
-        if x.ndim == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(f"{self!r}: expected input whose last dimension is {self.in_features}, "
-                             f"got shape {x.shape}")
-        return F.linear(x, self.weight, self.bias)
-
-    def _module_info_string(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: F401
 
 
 class Identity(Module):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gradcore import registry
-from gradcore.ops import conv, indexing, linalg, nn, reduce, shape, vision
+from gradcore.ops import conv, indexing, linalg, loss, nn, reduce, rnn, shape, vision
 from gradcore.ops import pool as pool_ops
 from gradcore.ops import elemwise as ew
 from gradcore.ops.indexing import split_index
@@ -84,6 +84,12 @@ def _instances():
         "ConvTranspose": [conv.ConvTranspose(2, 1, 1, (1, 2), 2)],
         "Interpolate": [vision.Interpolate((4, 5), m, a) for m, a in (("nearest", False), ("bilinear", True))],
         "InterpolateBackward": [vision.InterpolateBackward((4, 5), "bilinear", False)],
+        "LSTMCellGates": [rnn.LSTMCellGates()],
+        "LSTMCellGatesBackward": [rnn.LSTMCellGatesBackward()],
+        "GRUCellGates": [rnn.GRUCellGates()],
+        "GRUCellGatesBackward": [rnn.GRUCellGatesBackward()],
+        "CTCLoss": [loss.CTCLoss(0)],
+        "CTCLossGrad": [loss.CTCLossGrad(0)],
     }
 
 

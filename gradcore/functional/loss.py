@@ -1,0 +1,221 @@
+"""More losses for ``F.nn`` (PyTorch's numerics, ``reduction`` "mean",
+"sum" or "none"): nll_loss, smooth_l1_loss, kl_div, ctc_loss, and
+cosine_similarity. All but ctc_loss are compositions of existing ops (their
+gradients, of any order, come from those); ctc_loss runs the CTCLoss op
+(ops/loss.py).
+
+Example::
+
+    >>> logp = F.log_softmax(gc.tensor([[1.0, 2.0, 3.0]]), 1)
+    >>> round(F.nn.nll_loss(logp, gc.tensor([2])).item(), 4)
+    0.4076
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .._core import Tensor, apply as _apply
+from ..ops.loss import CTCLoss
+from ._args import _on, _t
+from .elemwise import where
+from .elemwise_table import abs, log, maximum, sqrt
+from .indexing import _int_labels, indexing_one_hot
+from .reduce import mean, sum
+from .shape import astype, expand_dims
+
+__all__ = ["nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss", "cosine_similarity"]
+
+
+def _reduce(name: str, loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return mean(loss)
+    if reduction == "sum":
+        return sum(loss)
+    if reduction == "none":
+        return loss
+    raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _same_shape(name: str, a: Tensor, b: Tensor) -> None:
+    if a.shape != b.shape:
+        try:
+            ok = tuple(np.broadcast_shapes(a.shape, b.shape)) == tuple(a.shape)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{name}: target must have input's shape (or broadcast to it), got shapes "
+                             f"{a.shape} and {b.shape}")
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, ignore_index: int = -100,
+             reduction: str = "mean") -> Tensor:
+    """Negative log likelihood of log-probabilities ``input`` (N, C) or (N,
+    C, d1, ...) (or (C,) with a 0-d target) at the integer classes
+    ``target`` (N,) or (N, d1, ...): ``-weight[t] * input[n, t]``; entries
+    equal to ``ignore_index`` count for nothing. "mean" divides by the sum of
+    the weights of the counted entries (PyTorch's).
+
+    Example::
+
+        >>> F.nn.nll_loss(F.log_softmax(logits, 1), labels, reduction="sum")
+    """
+    x = _t(input)
+    t = _int_labels(_on(target, x), "nll_loss", "target")
+    if x.ndim < 1 or t.ndim != max(x.ndim - 1, 0) or (x.ndim > 1 and (t.shape[0] != x.shape[0]
+                                                                         or t.shape[1:] != x.shape[2:])):
+        raise ValueError(f"nll_loss: expected input (N, C, ...) and target (N, ...), got shapes {x.shape} "
+                         f"and {t.shape}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    axis = 1 if x.ndim > 1 else 0
+    C = x.shape[axis]
+    keep = t != ignore_index
+    safe = where(keep, t, 0)
+    if t.device == "cpu" and t.size:
+        bad = safe.numpy()
+        if bad.min() < 0 or bad.max() >= C:
+            raise IndexError(f"nll_loss: target values must be in [0, {C}) or ignore_index={ignore_index}, "
+                             f"got {bad.min()}..{bad.max()} (input shape {x.shape}, target shape {t.shape})")
+    if x.ndim == 1:
+        picked = indexing_one_hot(expand_dims(x, 0), expand_dims(safe, 0), 1)[0]
+    else:
+        picked = indexing_one_hot(x, safe, 1)
+    w = astype(keep, x.dtype)
+    if weight is not None:
+        wt = _t(weight, x)
+        if wt.shape != (C,):
+            raise ValueError(f"nll_loss: weight must be ({C},) (one per class), got shape {wt.shape}")
+        w = w * wt[safe.reshape(-1)].reshape(t.shape)
+    loss = -picked * w
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return sum(loss)
+    return sum(loss) / sum(w)
+
+
+def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """Huber-like loss: ``0.5 * d**2 / beta`` where ``|d| < beta``, else
+    ``|d| - 0.5 * beta`` (d = input - target; beta 0 gives the L1 loss).
+
+    Example::
+
+        >>> F.nn.smooth_l1_loss(gc.tensor([0.5, 3.0]), gc.tensor([0.0, 0.0]), reduction="none").numpy()
+        array([0.125, 2.5  ], dtype=float32)
+    """
+    x = _t(input)
+    y = astype(_t(target, x), x.dtype)
+    _same_shape("smooth_l1_loss", x, y)
+    if not beta >= 0:
+        raise ValueError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
+    d = abs(x - y)
+    if beta == 0:
+        return _reduce("smooth_l1_loss", d, reduction)
+    loss = where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta)
+    return _reduce("smooth_l1_loss", loss, reduction)
+
+
+def kl_div(input: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """Kullback-Leibler divergence with ``input`` holding log-probabilities:
+    ``target * (log(target) - input)`` pointwise (0 where target is 0), or
+    ``exp(target) * (target - input)`` with ``log_target``. ``reduction``:
+    "mean" (over every element, PyTorch's default), "batchmean" (sum / N),
+    "sum" or "none".
+
+    Example::
+
+        >>> F.nn.kl_div(F.log_softmax(x, 1), p, reduction="batchmean")
+    """
+    x = _t(input)
+    y = astype(_t(target, x), x.dtype)
+    _same_shape("kl_div", x, y)
+    if log_target:
+        from .elemwise_table import exp
+        loss = exp(y) * (y - x)
+    else:
+        pos = y > 0
+        loss = where(pos, y * log(where(pos, y, 1.0)), 0.0) - y * x
+    if reduction == "batchmean":
+        return sum(loss) / (x.shape[0] if x.ndim else 1)
+    return _reduce("kl_div", loss, reduction)
+
+
+def cosine_similarity(x1: Tensor, x2: Tensor, axis: int = 1, eps: float = 1e-8) -> Tensor:
+    """Cosine of the angle between ``x1`` and ``x2`` along ``axis`` (they
+    broadcast): ``sum(x1 / max(|x1|, eps) * x2 / max(|x2|, eps))``, PyTorch's
+    formula (each norm clamped at ``eps``).
+
+    Example::
+
+        >>> F.nn.cosine_similarity(gc.tensor([[1.0, 0.0]]), gc.tensor([[1.0, 1.0]])).numpy()
+        array([0.70710677], dtype=float32)
+    """
+    a, b = _t(x1), _t(x2, x1)
+    try:
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    except ValueError:
+        raise ValueError(f"cosine_similarity: x1 and x2 must broadcast, got shapes {a.shape} and {b.shape}") \
+            from None
+    if not -len(shape) <= axis < max(len(shape), 1):
+        raise ValueError(f"cosine_similarity: axis {axis} is out of range for shape {shape}")
+    na = maximum(sqrt(sum(a * a, axis, True)), eps)
+    nb = maximum(sqrt(sum(b * b, axis, True)), eps)
+    return sum((a / na) * (b / nb), axis)
+
+
+def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, blank: int = 0,
+             reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
+    """Connectionist temporal classification loss (PyTorch's
+    ``F.ctc_loss``): ``log_probs`` (T, N, C) log-softmax outputs,
+    ``targets`` (N, S) padded or 1-D concatenated (sum(target_lengths),),
+    ``input_lengths`` and ``target_lengths`` (N,). "mean" divides each
+    sample's loss by its target length (at least 1), then averages;
+    ``zero_infinity`` turns impossible alignments' infinite losses (and
+    their gradients) into 0.
+
+    Example::
+
+        >>> loss = F.nn.ctc_loss(F.log_softmax(logits, 2), targets, [50] * N, lengths)
+    """
+    lp = _t(log_probs)
+    if lp.ndim != 3:
+        raise ValueError(f"ctc_loss: log_probs must be (T, N, C), got shape {lp.shape}")
+    N = lp.shape[1]
+    def ints(v):
+        return v if isinstance(v, Tensor) else Tensor(np.asarray(v, np.int64), device=lp.device)
+    il, tl = astype(ints(input_lengths), "int64"), astype(ints(target_lengths), "int64")
+    for what, v in (("input_lengths", il), ("target_lengths", tl)):
+        if v.dtype.kind not in "iu" or v.device != lp.device:
+            raise TypeError(f"ctc_loss: {what} must be integers on {lp.device}, got {v.dtype} on {v.device}")
+    tg = targets if isinstance(targets, Tensor) else Tensor(np.asarray(targets, np.int64))
+    if tg.dtype.kind not in "iu":
+        raise TypeError(f"ctc_loss: targets must be an integer tensor, got {tg.dtype}")
+    if tg.ndim == 1:       # concatenated: pad on the host
+        lens = tl.numpy().astype(np.int64)
+        flat = tg.numpy()
+        if lens.sum() != flat.size:
+            raise ValueError(f"ctc_loss: 1-D targets must hold sum(target_lengths) = {lens.sum()} labels, "
+                             f"got {flat.size}")
+        pad = np.zeros((N, max(int(lens.max(initial=0)), 1)), np.int64)
+        ends = np.cumsum(lens)
+        for n in range(N):
+            pad[n, :lens[n]] = flat[ends[n] - lens[n]:ends[n]]
+        tg = Tensor(pad)
+    tg = astype(_on(tg, lp), "int64")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"ctc_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if il.shape != (N,) or tl.shape != (N,) or tg.ndim != 2 or tg.shape[0] != N:
+        raise ValueError(f"ctc_loss: for log_probs {lp.shape}, expected targets ({N}, S) and lengths ({N},), "
+                         f"got {tg.shape}, {il.shape} and {tl.shape}")
+    if not 0 <= blank < lp.shape[2]:
+        raise ValueError(f"ctc_loss: blank {blank} is not a class of log_probs {lp.shape}")
+    loss = _apply(CTCLoss(blank), lp, tg, il, tl)[0]
+    if zero_infinity:
+        loss = where(loss == float("inf"), 0.0, loss)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return sum(loss)
+    return mean(loss / astype(maximum(tl, 1), lp.dtype))

@@ -1,0 +1,148 @@
+"""Recurrent cells and layers as functions (``F.nn.rnn_cell``,
+``F.nn.lstm_cell``, ``F.nn.gru_cell``; ``M.RNN``/``M.LSTM``/``M.GRU`` run
+``rnn_layer`` per layer and direction). Weights in PyTorch's (and
+MegEngine's) layout: ``w_ih`` (G, input), ``w_hh`` (G, hidden), biases (G,),
+G = gates * hidden, gates in the order i, f, g, o (LSTM) and r, z, n (GRU).
+
+The gate math of one step is one fused op (ops/rnn.py: ``LSTMCellGates``,
+``GRUCellGates``); the input projection of a whole sequence is one matrix
+product, so a step costs a matrix product and a fused cell op.
+
+Example::
+
+    >>> import numpy as np, gradcore as gc, gradcore.functional as F
+    >>> x, h, c = (gc.tensor(np.zeros((2, 3))) for _ in range(3))
+    >>> w_ih, w_hh = gc.tensor(np.zeros((12, 3))), gc.tensor(np.zeros((12, 3)))
+    >>> h1, c1 = F.nn.lstm_cell(x, h, c, w_ih, w_hh)
+    >>> h1.shape
+    (2, 3)
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from .._core import Tensor, apply as _apply
+from ..op import OpError
+from ..ops.rnn import GRUCellGates, LSTMCellGates
+from ..ops.shape import Unstack
+from ._args import _t
+from .elemwise_table import relu, tanh
+from .linalg import matmul
+from .shape import reshape, stack
+
+__all__ = ["rnn_cell", "lstm_cell", "gru_cell", "rnn_layer"]
+
+_GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+
+
+def _check(name: str, x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, gates: int, xshape=None) -> None:
+    """x (batch, input) (or ``xshape``, a step's shape), h (batch, hidden),
+    weights (gates * hidden, input) and (gates * hidden, hidden)."""
+    xs = tuple(x.shape) if xshape is None else xshape
+    if len(xs) != 2 or h.ndim != 2 or w_ih.ndim != 2 or w_hh.ndim != 2:
+        raise ValueError(f"{name}: expected input (batch, input_size), state (batch, hidden_size) and 2-d "
+                         f"weights, got shapes {xs}, {h.shape}, {w_ih.shape}, {w_hh.shape}")
+    H = h.shape[1]
+    if w_ih.shape != (gates * H, xs[1]) or w_hh.shape != (gates * H, H) or h.shape[0] != xs[0]:
+        raise ValueError(f"{name}: for input {xs} and state {h.shape}, w_ih must be "
+                         f"{(gates * H, xs[1])} and w_hh {(gates * H, H)}, got {w_ih.shape} and "
+                         f"{w_hh.shape}")
+
+
+def _proj(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    out = matmul(x, w, transpose_b=True)
+    return out if b is None else out + b
+
+
+def _bias_sum(b_ih: Optional[Tensor], b_hh: Optional[Tensor]) -> Optional[Tensor]:
+    if b_ih is None:
+        return b_hh
+    return b_ih if b_hh is None else b_ih + b_hh
+
+
+def rnn_cell(inp: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional[Tensor] = None,
+             b_hh: Optional[Tensor] = None, nonlinearity: str = "tanh") -> Tensor:
+    """One Elman RNN step: ``act(inp @ w_ih.T + b_ih + hx @ w_hh.T + b_hh)``,
+    act ``tanh`` or ``relu``.
+
+    Example::
+
+        >>> h1 = F.nn.rnn_cell(x, h, w_ih, w_hh, b_ih, b_hh)     # (B, I), (B, H) -> (B, H)
+    """
+    x, h, wi, wh = _t(inp), _t(hx), _t(w_ih), _t(w_hh)
+    if nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"rnn_cell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+    _check("rnn_cell", x, h, wi, wh, 1)
+    z = _proj(x, wi, _bias_sum(b_ih, b_hh)) + matmul(h, wh, transpose_b=True)
+    return tanh(z) if nonlinearity == "tanh" else relu(z)
+
+
+def lstm_cell(inp: Tensor, hx: Tensor, cx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional[Tensor] = None,
+              b_hh: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """One LSTM step (PyTorch's gates i, f, g, o): returns ``(h', c')``.
+
+    Example::
+
+        >>> h1, c1 = F.nn.lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
+    """
+    x, h, c, wi, wh = _t(inp), _t(hx), _t(cx), _t(w_ih), _t(w_hh)
+    _check("lstm_cell", x, h, wi, wh, 4)
+    h2, c2 = _apply(LSTMCellGates(), _proj(x, wi, _bias_sum(b_ih, b_hh)), matmul(h, wh, transpose_b=True), c)
+    return h2, c2
+
+
+def gru_cell(inp: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional[Tensor] = None,
+             b_hh: Optional[Tensor] = None) -> Tensor:
+    """One GRU step (PyTorch's gates r, z, n; ``n = tanh(x W_in + b_in + r *
+    (h W_hn + b_hn))``): returns ``h'``.
+
+    Example::
+
+        >>> h1 = F.nn.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
+    """
+    x, h, wi, wh = _t(inp), _t(hx), _t(w_ih), _t(w_hh)
+    _check("gru_cell", x, h, wi, wh, 3)
+    return _apply(GRUCellGates(), _proj(x, wi, b_ih), _proj(h, wh, b_hh), h)[0]
+
+
+def rnn_layer(mode: str, inp: Tensor, h0: Tensor, c0: Optional[Tensor], w_ih: Tensor, w_hh: Tensor,
+              b_ih: Optional[Tensor] = None, b_hh: Optional[Tensor] = None,
+              reverse: bool = False) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """One direction of one recurrent layer over a sequence ``inp`` (T, B, I):
+    returns ``(output (T, B, H), h_n, c_n)`` (c_n None but for "LSTM").
+    ``mode``: "RNN_TANH", "RNN_RELU", "LSTM" or "GRU"; ``reverse`` runs the
+    sequence backwards (the ``_reverse`` direction of a bidirectional
+    layer), its outputs still in time order.
+
+    Example::
+
+        >>> out, h_n, c_n = F.nn.rnn_layer("LSTM", x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    """
+    if mode not in _GATES:
+        raise ValueError(f"rnn_layer: mode must be one of {sorted(_GATES)}, got {mode!r}")
+    x, h, wi, wh = _t(inp), _t(h0), _t(w_ih), _t(w_hh)
+    if x.ndim != 3:
+        raise ValueError(f"rnn_layer: expected input (seq_len, batch, input_size), got shape {x.shape}")
+    T, B, _ = x.shape
+    _check(f"rnn_layer ({mode})", x, h, wi, wh, _GATES[mode], xshape=(B, x.shape[2]))
+    if T == 0:
+        raise ValueError(f"rnn_layer: the sequence is empty (input shape {x.shape})")
+    # the input projection of every step in one product (for LSTM and the
+    # plain RNN both biases go here; GRU's b_hh stays inside r * (...))
+    bias = b_ih if mode == "GRU" else _bias_sum(b_ih, b_hh)
+    gx = _proj(reshape(x, (T * B, x.shape[2])), wi, bias)
+    steps = _apply(Unstack(0, T), reshape(gx, (T, B, gx.shape[1])))
+    outs: List[Optional[Tensor]] = [None] * T
+    c = _t(c0) if c0 is not None else None
+    if mode == "LSTM" and c is None:
+        raise ValueError("rnn_layer: LSTM needs the initial cell state c0")
+    for t in (reversed(range(T)) if reverse else range(T)):
+        if mode == "LSTM":
+            h, c = _apply(LSTMCellGates(), steps[t], matmul(h, wh, transpose_b=True), c)
+        elif mode == "GRU":
+            h = _apply(GRUCellGates(), steps[t], _proj(h, wh, b_hh), h)[0]
+        else:
+            z = steps[t] + matmul(h, wh, transpose_b=True)
+            h = tanh(z) if mode == "RNN_TANH" else relu(z)
+        outs[t] = h
+    return stack(outs, 0), h, (c if mode == "LSTM" else None)
