@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradcore.core import apply
+from gradcore._core import apply
 from gradcore.op import Op, TensorDesc
 
 from .elemwise import Elemwise
