@@ -60,6 +60,7 @@ cimport cython
 cimport numpy as cnp
 from cpython.ref cimport Py_INCREF, PyObject
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+import heapq
 import numpy as np
 from weakref import ref as _weakref
 import threading as _threading
@@ -167,6 +168,7 @@ cdef class _ThreadState:
     cdef object group_priority        # set while a GradManager group enters
     cdef public list backwarding      # GradManagers whose backward runs here, innermost last
     cdef public str thread_name       # for error messages
+    cdef long backward_priority       # of the nodes recorded now (backward_priority(p) contexts)
 
     def __cinit__(self):
         global _next_serial
@@ -756,6 +758,7 @@ cdef class GradFn:
     cdef object device
     cdef list versions        # (tensor, version) of saved tensors whose buffer may be written
     cdef Py_ssize_t seq
+    cdef long priority        # backward priority: higher runs first among ready nodes (0: none)
     cdef bint reaches
     cdef object debug_info    # anomaly mode only: its hook's record (forward stack, shapes)
 
@@ -817,6 +820,7 @@ cdef class GradKey:
     cdef bint suppressed
     cdef bint ran_backward
     cdef bint in_backward     # its backward walk runs now (in some thread)
+    cdef bint prioritized     # some node on its tape has a backward priority: the ordered walk
     cdef unsigned long long owner   # serial of the state of the thread that entered it
     cdef public str owner_name      # that thread's name, for error messages
     cdef object __weakref__
@@ -1536,6 +1540,50 @@ cdef inline void _make_slots(GradFn node, tuple outs, object out0, GradKey key):
     node.slots = tuple(slots)
 
 
+cdef Py_ssize_t _priority_contexts = 0     # backward_priority() contexts open in any thread
+
+
+def _enter_backward_priority(long priority):
+    """Nodes recorded by this thread get ``priority`` until the matching exit;
+    returns the previous value (gradcore.autodiff.backward_priority)."""
+    global _priority_contexts
+    cdef _ThreadState ts = _ts()
+    cdef long previous = ts.backward_priority
+    ts.backward_priority = priority
+    _priority_contexts += 1
+    return previous
+
+
+def _exit_backward_priority(long previous):
+    global _priority_contexts
+    _ts().backward_priority = previous
+    _priority_contexts -= 1
+
+
+def _set_node_priority(Tensor t, long priority):
+    """Give the node that produced ``t`` (on every key recording it) the
+    backward priority ``priority``; the number of nodes changed."""
+    cdef GradSlot s
+    cdef GradFn node
+    cdef GradKey key
+    cdef Py_ssize_t i, found = 0
+    for s in _slots_of(t):
+        key = s.key
+        if key.tape is None:
+            continue
+        for i in range(len(key.tape) - 1, -1, -1):     # the producer is usually recent
+            node = <GradFn>key.tape[i]
+            if node is None:
+                continue
+            if node.slot0 is s or (node.slots is not None and any(o is s for o in node.slots)):
+                node.priority = priority
+                if priority:
+                    key.prioritized = True
+                found += 1
+                break
+    return found
+
+
 cdef int _link(GradFn node, GradKey key) except -1:
     """Put a complete node on ``key``'s tape: every input slot gets one more
     pending producer, and the node reaches an attached tensor when one of its
@@ -1569,6 +1617,11 @@ cdef int _link(GradFn node, GradKey key) except -1:
             (<GradSlot>node.slots[j]).reaches = r
     _seq += 1
     node.seq = _seq
+    node.priority = 0
+    if _priority_contexts:
+        node.priority = _ts().backward_priority
+        if node.priority:
+            key.prioritized = True
     key.tape.append(node)
     return 0
 
@@ -2010,6 +2063,101 @@ cdef inline object _unwrap(object v):
     return (<Tensor>v)._data if isinstance(v, Tensor) else v
 
 
+cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
+    """Run one node's backward: its gradients go to its input slots, and an
+    attached tensor whose last producer this was gets its callback."""
+    cdef GradSlot s
+    cdef Py_ssize_t j, nd
+    grads = _node_grads(node, tensor_mode) if node.reaches else None
+    if grads is not None:
+        res = _run_node(node, grads, tensor_mode)
+        nd = node.nin
+        if _anomaly:
+            _h_anomaly.check(node.op, node.debug_info, res, nd)
+        if nd != 1 and len(res) != nd:
+            raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
+                             f"gradients for {nd} inputs")
+        for j in range(nd):
+            d = _dest(node, j)
+            if d is None:
+                continue
+            g = res if nd == 1 else res[j]
+            if g is None:
+                continue
+            if tensor_mode:
+                if node.in_shapes is not None and (<Tensor>g)._data.shape != node.in_shapes[j]:
+                    _check_reducible(node, g._data, j)
+                    g = _h_sum_to(g, node.in_shapes[j])
+                _acc_tensor(<GradSlot>d, g)
+            else:
+                if node.in_shapes is not None and g.shape != node.in_shapes[j]:
+                    _check_reducible(node, g, j)
+                    g = _sum_to_raw(node.op, g, node.in_shapes[j])
+                _acc_raw(<GradSlot>d, g)
+    for j in range(node.nin):
+        s = _dest(node, j)
+        if s is not None:
+            s.pending -= 1
+            if s.pending == 0 and s.leaf:
+                _fire(s, tensor_mode, node.device, kept)
+
+
+cdef object _heappush = heapq.heappush
+cdef object _heappop = heapq.heappop
+
+
+cdef inline tuple _outputs_of(GradFn node):
+    return (node.slot0,) if node.slot0 is not None else node.slots
+
+
+cdef void _ordered_walk(list tape, Py_ssize_t nt, bint tensor_mode, list kept) except *:
+    """The backward when some node has a priority: among the nodes whose
+    gradients are complete (every consumer of their outputs has run), the
+    highest priority first, then the latest recorded. A node's priority is
+    raised to that of any node it was computed from, so the path from the
+    outputs down to a raised node is raised too and its backward starts as
+    soon as it can. With every priority 0 this is the reverse walk."""
+    cdef dict owner = {}            # id(output slot) -> index of its node on the tape
+    cdef list effective = [0] * nt
+    cdef list remaining = [0] * nt  # outputs of each node still waiting for gradients
+    cdef list ready = []
+    cdef GradFn node
+    cdef GradSlot s
+    cdef Py_ssize_t i, j, k, waiting
+    cdef long p
+    for i in range(nt):
+        node = <GradFn>tape[i]
+        p = node.priority
+        for j in range(node.nin):
+            s = _dest(node, j)
+            if s is not None:
+                k = owner.get(id(s), -1)
+                if k >= 0 and <long>effective[k] > p:
+                    p = effective[k]
+        effective[i] = p
+        waiting = 0
+        for o in _outputs_of(node):
+            owner[id(o)] = i
+            if (<GradSlot>o).pending > 0:
+                waiting += 1
+        remaining[i] = waiting
+        if waiting == 0:
+            _heappush(ready, (-p, -node.seq, i))
+    while ready:
+        i = _heappop(ready)[2]
+        node = <GradFn>tape[i]
+        tape[i] = None
+        _backward_step(node, tensor_mode, kept)
+        for j in range(node.nin):
+            s = _dest(node, j)
+            if s is not None and s.pending == 0:
+                k = owner.pop(id(s), -1)
+                if k >= 0:
+                    remaining[k] = <Py_ssize_t>remaining[k] - 1
+                    if remaining[k] == 0:
+                        _heappush(ready, (-<long>effective[k], -(<GradFn>tape[k]).seq, k))
+
+
 cdef void _run_backward(GradKey key, list ys, list dys) except *:
     cdef GradFn node
     cdef GradSlot s
@@ -2074,44 +2222,16 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
         for s, device in roots:
             _fire(s, tensor_mode, device, kept)
         ts.visible_below = key.priority
-        # reverse walk
-        for i in range(nt - 1, -1, -1):
-            node = <GradFn>tape[i]
-            tape[i] = None
-            grads = _node_grads(node, tensor_mode) if node.reaches else None
-            if grads is not None:
-                res = _run_node(node, grads, tensor_mode)
-                nd = node.nin
-                if _anomaly:
-                    _h_anomaly.check(node.op, node.debug_info, res, nd)
-                if nd != 1 and len(res) != nd:
-                    raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
-                                     f"gradients for {nd} inputs")
-                for j in range(nd):
-                    d = _dest(node, j)
-                    if d is None:
-                        continue
-                    g = res if nd == 1 else res[j]
-                    if g is None:
-                        continue
-                    if tensor_mode:
-                        if node.in_shapes is not None and (<Tensor>g)._data.shape != node.in_shapes[j]:
-                            _check_reducible(node, g._data, j)
-                            g = _h_sum_to(g, node.in_shapes[j])
-                        _acc_tensor(<GradSlot>d, g)
-                    else:
-                        if node.in_shapes is not None and g.shape != node.in_shapes[j]:
-                            _check_reducible(node, g, j)
-                            g = _sum_to_raw(node.op, g, node.in_shapes[j])
-                        _acc_raw(<GradSlot>d, g)
-            for j in range(node.nin):
-                s = _dest(node, j)
-                if s is not None:
-                    s.pending -= 1
-                    if s.pending == 0 and s.leaf:
-                        _fire(s, tensor_mode, node.device, kept)
-            # the tape held the only reference: the node and what it saved
-            # are freed here, back to the pool
+        if key.prioritized:
+            _ordered_walk(tape, nt, tensor_mode, kept)
+        else:
+            # reverse walk: the order of a backward without priorities
+            for i in range(nt - 1, -1, -1):
+                node = <GradFn>tape[i]
+                tape[i] = None
+                _backward_step(node, tensor_mode, kept)
+                # the tape held the only reference: the node and what it saved
+                # are freed here, back to the pool
     finally:
         ts.visible_below = saved_visible
         for s in kept:

@@ -265,3 +265,66 @@ def test_a_sharded_embedding_trains_as_one_process_holding_the_whole_table(tmp_p
     assert not np.allclose(a["table"], np.random.default_rng(0).standard_normal((12, 4)))   # it trained
     for name in ("table", "wd", "wh"):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+EVENTS = textwrap.dedent(r'''
+    """The order of events in a backward: the adjoint all_to_all against the dense branch's
+    backward, with the collectives' default priority and with it turned off."""
+    import json, sys
+    import numpy as np
+    import gradcore as gc
+    import gradcore.functional as F
+    import gradcore.distributed as dist
+    import gradcore.distributed.functional as DF
+    from gradcore.autodiff import Function, GradManager
+
+    out = sys.argv[1]
+    dist.init(timeout=60)
+    r, P = dist.get_rank(), dist.get_world_size()
+    events = []
+    kernel = DF.AllToAll.cpu
+
+    def traced(self, x):
+        events.append("all_to_all")
+        return kernel(self, x)
+    DF.AllToAll.cpu = traced
+
+    class Dense(Function):
+        def forward(self, x):
+            return x * 2
+
+        def backward(self, g):
+            events.append("dense backward")
+            return g * 2
+
+    result = {}
+    for priority in (DF.COLLECTIVE_PRIORITY, 0):
+        DF.COLLECTIVE_PRIORITY = priority
+        events.clear()
+        table = gc.Parameter(np.arange(8.0 * P).reshape(4 * P, 2) + r)
+        dense = gc.Parameter(np.ones((3, 2)))
+        gm = GradManager().attach([table, dense])
+        with gm:
+            looked_up = DF.all_to_all(table * 1.0, split_axis=0, concat_axis=0)   # recorded first
+            d = Dense()(dense)                                                     # recorded after
+            loss = (looked_up.sum() * d).sum()
+            events.append("backward starts")
+            gm.backward(loss)
+        result[str(priority)] = events[events.index("backward starts") + 1:]
+    if r == 0:
+        with open(f"{out}/events.json", "w") as f:
+            json.dump(result, f)
+''')
+
+
+@needs_mpi
+def test_the_adjoint_all_to_all_is_posted_before_the_dense_branchs_backward(tmp_path):
+    script = tmp_path / "events.py"
+    script.write_text(EVENTS)
+    res = subprocess.run([*_mpirun(2), sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    events = json.loads((tmp_path / "events.json").read_text())
+    from gradcore.distributed.functional import COLLECTIVE_PRIORITY
+    assert events[str(COLLECTIVE_PRIORITY)] == ["all_to_all", "dense backward"]
+    assert events["0"] == ["dense backward", "all_to_all"]        # the plain reverse walk

@@ -31,6 +31,11 @@ passes; a mismatch is reported on every rank, naming the ranks and shapes.
 | ``remote_send(dest)`` | a receive of the gradient from ``dest`` |
 | ``remote_recv(src)`` | a send of the gradient to ``src`` |
 
+Every collective's node gets backward priority ``COLLECTIVE_PRIORITY``
+(``gradcore.autodiff.set_backward_priority``): its adjoint is posted as
+soon as its gradient is complete, before independent backward work recorded
+later, so the communication overlaps that work's backward.
+
 Every rank must run the same collectives in the same order, forward and
 backward. Rooted results (``gather``, ``reduce_sum``) are the data on the
 root and, on the other ranks, an empty tensor (``gather``) or zeros
@@ -47,12 +52,17 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _core
+from ..autodiff import set_backward_priority
 from ..op import Op, TensorDesc
 from . import DistributedError, _state, _wait, launched_by_mpi
 
 __all__ = ["WORLD", "Group", "all_reduce_sum", "all_reduce_max", "all_reduce_min", "all_gather",
            "reduce_scatter_sum", "all_to_all", "broadcast", "reduce_sum", "scatter", "gather",
            "remote_send", "remote_recv"]
+
+# the backward priority of a collective's node: its adjoint is posted as soon as its gradient is
+# complete, before independent backward work recorded later (0 turns it off)
+COLLECTIVE_PRIORITY = 1 << 16
 
 _MAXDIM = 16
 _TAG_HEADER, _TAG_DATA = 7301, 7302      # point-to-point tags of remote_send / remote_recv
@@ -447,6 +457,12 @@ def _check_peer(op, peer: int) -> None:
 
 
 # ---------------------------------------------------------------- the functions (MegEngine's names)
+def _raised(out: _core.Tensor) -> _core.Tensor:
+    if COLLECTIVE_PRIORITY:
+        set_backward_priority(out, COLLECTIVE_PRIORITY)
+    return out
+
+
 def _tensor(inp, name: str) -> _core.Tensor:
     if not isinstance(inp, _core.Tensor):
         raise TypeError(f"{name}: expected a Tensor, got {type(inp).__name__}")
@@ -458,35 +474,35 @@ def all_reduce_sum(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
     """The elementwise sum of ``inp`` over the ranks, on every rank. Example:
     ``all_reduce_sum(gc.tensor([float(rank)]))`` is ``[0 + 1 + ...]`` everywhere."""
     _group(group, "all_reduce_sum")
-    return AllReduce("sum")(_tensor(inp, "all_reduce_sum"))
+    return _raised(AllReduce("sum")(_tensor(inp, "all_reduce_sum")))
 
 
 def all_reduce_max(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
     """The elementwise maximum over the ranks, on every rank; its gradient goes to the rank(s)
     holding the maximum (shared evenly among ties). Example: ``all_reduce_max(x)``."""
     _group(group, "all_reduce_max")
-    return AllReduce("max")(_tensor(inp, "all_reduce_max"))
+    return _raised(AllReduce("max")(_tensor(inp, "all_reduce_max")))
 
 
 def all_reduce_min(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
     """The elementwise minimum over the ranks, on every rank (gradient as ``all_reduce_max``).
     Example: ``all_reduce_min(x)``."""
     _group(group, "all_reduce_min")
-    return AllReduce("min")(_tensor(inp, "all_reduce_min"))
+    return _raised(AllReduce("min")(_tensor(inp, "all_reduce_min")))
 
 
 def all_gather(inp: _core.Tensor, group: Group = WORLD, axis: int = 0) -> _core.Tensor:
     """Every rank's ``inp`` concatenated along ``axis`` in rank order, on every rank.
     Example: with 2 ranks, ``all_gather(x)`` of shape (3,) has shape (6,)."""
     _group(group, "all_gather")
-    return AllGather(axis)(_tensor(inp, "all_gather"))
+    return _raised(AllGather(axis)(_tensor(inp, "all_gather")))
 
 
 def reduce_scatter_sum(inp: _core.Tensor, group: Group = WORLD, axis: int = 0) -> _core.Tensor:
     """The sum over the ranks split along ``axis``: rank r gets part r. Example: with 2
     ranks, ``reduce_scatter_sum(x)`` of shape (4,) has shape (2,)."""
     _group(group, "reduce_scatter_sum")
-    return ReduceScatterSum(axis)(_tensor(inp, "reduce_scatter_sum"))
+    return _raised(ReduceScatterSum(axis)(_tensor(inp, "reduce_scatter_sum")))
 
 
 def all_to_all(inp: _core.Tensor, group: Group = WORLD, split_axis: int = 0,
@@ -495,21 +511,21 @@ def all_to_all(inp: _core.Tensor, group: Group = WORLD, split_axis: int = 0,
     concatenate what arrives along ``concat_axis`` (rank order). Example: a table's rows
     sharded by rank, looked up by every rank: ``all_to_all(rows, split_axis=0, concat_axis=0)``."""
     _group(group, "all_to_all")
-    return AllToAll(split_axis, concat_axis)(_tensor(inp, "all_to_all"))
+    return _raised(AllToAll(split_axis, concat_axis)(_tensor(inp, "all_to_all")))
 
 
 def broadcast(inp: _core.Tensor, group: Group = WORLD, root: int = 0) -> _core.Tensor:
     """The root's ``inp`` on every rank (each rank passes a tensor of that shape and dtype).
     Example: ``broadcast(x, root=0)``."""
     _group(group, "broadcast")
-    return Broadcast(root)(_tensor(inp, "broadcast"))
+    return _raised(Broadcast(root)(_tensor(inp, "broadcast")))
 
 
 def reduce_sum(inp: _core.Tensor, group: Group = WORLD, root: int = 0) -> _core.Tensor:
     """The sum over the ranks on ``root``; zeros of the same shape elsewhere (MegEngine:
     None). Example: ``total = reduce_sum(x, root=0)``."""
     _group(group, "reduce_sum")
-    return ReduceSum(root)(_tensor(inp, "reduce_sum"))
+    return _raised(ReduceSum(root)(_tensor(inp, "reduce_sum")))
 
 
 def scatter(inp: _core.Tensor, group: Group = WORLD, root: int = 0, axis: int = 0) -> _core.Tensor:
@@ -524,7 +540,7 @@ def scatter(inp: _core.Tensor, group: Group = WORLD, root: int = 0, axis: int = 
         raise DistributedError(f"scatter: a tensor of shape {tuple(x.shape)} does not split along axis "
                                f"{axis} into {size} equal parts")
     shape[axis] //= size
-    return Scatter(root, axis)(x, _core.Tensor(np.zeros(shape, np.dtype(x.dtype))))
+    return _raised(Scatter(root, axis)(x, _core.Tensor(np.zeros(shape, np.dtype(x.dtype)))))
 
 
 def gather(inp: _core.Tensor, group: Group = WORLD, root: int = 0, axis: int = 0) -> _core.Tensor:
@@ -540,14 +556,14 @@ def gather(inp: _core.Tensor, group: Group = WORLD, root: int = 0, axis: int = 0
         shape[axis] *= _world_size()
     else:
         shape = [0]
-    return Gather(root, axis)(x, _core.Tensor(np.zeros(shape, np.dtype(x.dtype))))
+    return _raised(Gather(root, axis)(x, _core.Tensor(np.zeros(shape, np.dtype(x.dtype)))))
 
 
 def remote_send(inp: _core.Tensor, dest_rank: int) -> _core.Tensor:
     """Send ``inp`` to rank ``dest_rank``. Returns an empty token: pass it to ``gm.backward``
     (with the rank's other outputs, if any) so that the gradient coming back from
     ``dest_rank`` reaches ``inp``. Example: ``token = remote_send(x, 1)``."""
-    return RemoteSend(dest_rank)(_tensor(inp, "remote_send"))
+    return _raised(RemoteSend(dest_rank)(_tensor(inp, "remote_send")))
 
 
 def remote_recv(src_rank: int, shape: Sequence[int], dtype="float32", device: Optional[str] = None,
@@ -563,4 +579,4 @@ def remote_recv(src_rank: int, shape: Sequence[int], dtype="float32", device: Op
     if not isinstance(token, _core.Tensor):
         raise TypeError(f"remote_recv: inp must be a Tensor, got {type(token).__name__}")
     like = _core.Tensor(np.zeros(tuple(int(d) for d in shape), np.dtype(dtype)))
-    return RemoteRecv(src_rank)(token, like)
+    return _raised(RemoteRecv(src_rank)(token, like))
