@@ -4,6 +4,7 @@ how much of the gradient allreduce is hidden behind the backward.
     python benchmarks/bench_distributed.py                  # ~1 min on 2 cores
     python benchmarks/bench_distributed.py --model mlp --batch 256
     python benchmarks/bench_distributed.py --json benchmarks/results/dist.json
+    python benchmarks/bench_distributed.py --model-parallel   # issue 29: priorities on and off
 
 The script launches itself under ``mpirun -n 1`` and ``mpirun -n 2`` (needs
 OpenMPI or another MPI, and mpi4py). The global batch is fixed (strong
@@ -128,6 +129,72 @@ def worker(args):
         print("RESULT " + json.dumps(gathered), flush=True)
 
 
+def model_parallel_worker(args):
+    """One rank of the model-parallel step (issue 29): an embedding table sharded across the
+    ranks, looked up through all_to_all, beside a dense branch; forward + backward + SGD.
+    Rounds alternate the collectives' default priority and none; the time inside the
+    all_to_all kernels (forward and adjoint) is the communication."""
+    import numpy as np
+    import gradcore as gc
+    import gradcore.distributed as dist
+    import gradcore.distributed.functional as DF
+    import gradcore.functional as F
+    import gradcore.optimizer as optim
+    from gradcore.autodiff import GradManager
+
+    dist.init()
+    r, P = dist.get_rank(), dist.get_world_size()
+    rows, dim, batch, hidden = 8192, 64, args.batch, 512
+    rng = np.random.default_rng(r)
+    shard = gc.Parameter(rng.standard_normal((rows, dim)).astype(np.float32) * 0.01)
+    w1 = gc.Parameter(rng.standard_normal((hidden, hidden)).astype(np.float32) * 0.02)
+    w2 = gc.Parameter(rng.standard_normal((hidden, dim)).astype(np.float32) * 0.02)
+    gm = GradManager().attach([shard, w1, w2])
+    opt = optim.SGD([shard, w1, w2], lr=0.01)
+    ids = np.random.default_rng(0).integers(0, P * rows, (P, batch))
+    x = gc.tensor(np.random.default_rng(1 + r).standard_normal((batch, hidden)).astype(np.float32))
+    comm = [0.0]
+    kernel = DF.AllToAll.cpu
+
+    def timed_kernel(self, a):
+        t0 = time.perf_counter()
+        try:
+            return kernel(self, a)
+        finally:
+            comm[0] += time.perf_counter() - t0
+    DF.AllToAll.cpu = timed_kernel
+    local = ids.reshape(-1) - r * rows
+    mine = (local >= 0) & (local < rows)
+    index, mask = np.where(mine, local, 0), gc.tensor(mine[:, None].astype(np.float32))
+
+    def step():
+        with gm:
+            got = DF.all_to_all(shard[index] * mask, split_axis=0, concat_axis=1)
+            emb = got.reshape(batch, P, dim).sum(axis=1)
+            d = F.matmul(F.relu(F.matmul(x, w1)), w2)             # the dense branch, recorded later
+            gm.backward(((emb + d) ** 2).mean())
+        opt.step().clear_grad()
+
+    default = DF.COLLECTIVE_PRIORITY
+    times = {"priority": [], "none": []}
+    shares = {"priority": [], "none": []}
+    for i in range(args.warmup + args.steps):
+        for name, prio in (("priority", default), ("none", 0)):
+            DF.COLLECTIVE_PRIORITY = prio
+            dist.barrier()
+            comm[0] = 0.0
+            t0 = time.perf_counter()
+            step()
+            t = time.perf_counter() - t0
+            if i >= args.warmup:
+                times[name].append(t)
+                shares[name].append(comm[0] / t)
+    out = {k: {"step_s": statistics.median(v), "comm_share": statistics.median(shares[k])} for k, v in times.items()}
+    every = dist._state.comm.gather(out, root=0)
+    if r == 0:
+        print("RESULT " + json.dumps(every), flush=True)
+
+
 def launch(n, args, threads):
     mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
     if mpirun is None:
@@ -136,7 +203,8 @@ def launch(n, args, threads):
     cmd = [mpirun, "-n", str(n), "--oversubscribe"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    cmd += [sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model,
+    cmd += [sys.executable, os.path.abspath(__file__), "--model-parallel-worker" if args.model_parallel else "--worker",
+            "--model", args.model,
             "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--bucket-kb", str(args.bucket_kb)]
     env = dict(os.environ)
@@ -162,6 +230,9 @@ def main(argv=None):
     ap.add_argument("--bucket-kb", type=int, default=None,
                     help="bucket size in KiB (cnn 16, mlp 1024)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--model-parallel", action="store_true",
+                    help="the sharded-embedding step with the collectives' priority and without (2 ranks)")
+    ap.add_argument("--model-parallel-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.batch is None:
         args.batch = 256
@@ -169,6 +240,21 @@ def main(argv=None):
         args.bucket_kb = 16 if args.model == "cnn" else 1024
     if args.worker:
         return worker(args)
+    if args.model_parallel_worker:
+        return model_parallel_worker(args)
+    if args.model_parallel:
+        res = launch(2, args, 1)
+        print(f"model-parallel step, 2 ranks (1 BLAS thread each), batch {args.batch} per rank, "
+              f"{args.steps} timed steps, rounds alternating; load {os.getloadavg()[0]:.2f}")
+        for name in ("priority", "none"):
+            worst = max(r[name]["step_s"] for r in res)
+            share = max(r[name]["comm_share"] for r in res)
+            print(f"  collectives' priority {'on ' if name == 'priority' else 'off'}: step {worst * 1e3:8.2f} ms, "
+                  f"all_to_all (forward + adjoint) {share:.0%} of the step")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
 
     print(f"model {args.model}, global batch {args.batch}, bucket {args.bucket_kb} KiB, "
           f"{args.steps} timed steps; load: {os.getloadavg()[0]:.2f}")
