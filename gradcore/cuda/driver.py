@@ -250,6 +250,23 @@ class PyCudaDriver:
         self._blas.gemm_strided_batched(*args)
 
 
+def _bind_libcuda(lib, signatures):
+    """(lib, the ctypes module, name -> function) for libcuda's ``signatures``
+    (name, argument types), each returning a CUresult."""
+    import ctypes
+    if lib is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
+    fns = {}
+    for name, args in signatures:
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+        fns[name] = fn
+    return lib, ctypes, fns
+
+
 class DriverFunction:
     """A kernel loaded through libcuda (``ModuleApi``): its ``CUfunction`` as an int."""
 
@@ -270,22 +287,12 @@ class ModuleApi:
 
     def __init__(self, lib=None):
         import ctypes
-        if lib is None:
-            try:
-                lib = ctypes.CDLL("libcuda.so.1")
-            except OSError as exc:
-                raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
-        self.lib, self.ctypes = lib, ctypes
-        P = ctypes.c_void_p
-        U = ctypes.c_uint
-        self._fns = {}
-        for name, args in (("cuModuleLoadData", [ctypes.POINTER(P), ctypes.c_char_p]),
-                           ("cuModuleGetFunction", [ctypes.POINTER(P), P, ctypes.c_char_p]),
-                           ("cuLaunchKernel", [P, U, U, U, U, U, U, U, P, ctypes.POINTER(P), ctypes.POINTER(P)]),
-                           ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int
-            self._fns[name] = fn
+        P, U = ctypes.c_void_p, ctypes.c_uint
+        self.lib, self.ctypes, self._fns = _bind_libcuda(lib, (
+            ("cuModuleLoadData", [ctypes.POINTER(P), ctypes.c_char_p]),
+            ("cuModuleGetFunction", [ctypes.POINTER(P), P, ctypes.c_char_p]),
+            ("cuLaunchKernel", [P, U, U, U, U, U, U, U, P, ctypes.POINTER(P), ctypes.POINTER(P)]),
+            ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])))
 
     def _call(self, name, what, *args) -> None:
         status = self._fns[name](*args)
@@ -327,24 +334,14 @@ class CudaGraphApi:
 
     def __init__(self, lib=None):
         import ctypes
-        if lib is None:
-            try:
-                lib = ctypes.CDLL("libcuda.so.1")
-            except OSError as exc:
-                raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
-        self.lib, self.ctypes = lib, ctypes
         P, U, S = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t
-        self._fns = {}
-        for name, args in (("cuStreamCreate", [ctypes.POINTER(P), U]), ("cuStreamDestroy_v2", [P]),
-                           ("cuStreamBeginCapture_v2", [P, ctypes.c_int]),
-                           ("cuStreamEndCapture", [P, ctypes.POINTER(P)]),
-                           ("cuGraphInstantiateWithFlags", [ctypes.POINTER(P), P, ctypes.c_ulonglong]),
-                           ("cuGraphLaunch", [P, P]), ("cuGraphExecDestroy", [P]), ("cuGraphDestroy", [P]),
-                           ("cuMemcpyDtoDAsync_v2", [ctypes.c_ulonglong, ctypes.c_ulonglong, S, P]),
-                           ("cuMemsetD8Async", [ctypes.c_ulonglong, ctypes.c_ubyte, S, P])):
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int
-            self._fns[name] = fn
+        self.lib, self.ctypes, self._fns = _bind_libcuda(lib, (
+            ("cuStreamCreate", [ctypes.POINTER(P), U]), ("cuStreamDestroy_v2", [P]),
+            ("cuStreamBeginCapture_v2", [P, ctypes.c_int]), ("cuStreamEndCapture", [P, ctypes.POINTER(P)]),
+            ("cuGraphInstantiateWithFlags", [ctypes.POINTER(P), P, ctypes.c_ulonglong]),
+            ("cuGraphLaunch", [P, P]), ("cuGraphExecDestroy", [P]), ("cuGraphDestroy", [P]),
+            ("cuMemcpyDtoDAsync_v2", [ctypes.c_ulonglong, ctypes.c_ulonglong, S, P]),
+            ("cuMemsetD8Async", [ctypes.c_ulonglong, ctypes.c_ubyte, S, P])))
 
     def _call(self, name, *args) -> None:
         status = self._fns[name](*args)

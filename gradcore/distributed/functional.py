@@ -275,8 +275,8 @@ class AllToAll(_Collective):
         return (AllToAll(self.concat_axis, self.split_axis)(grads[0]),)
 
 
-class Broadcast(_Collective):
-    """The root's tensor on every rank (every rank passes one of the same shape and dtype)."""
+class _Rooted(_Collective):
+    """A collective with a root rank whose output is shaped as its input."""
 
     def __init__(self, root: int = 0):
         self.root = int(root)
@@ -285,6 +285,10 @@ class Broadcast(_Collective):
         self._check_dtype(x)
         _check_root(self, self.root)
         return (x,)
+
+
+class Broadcast(_Rooted):
+    """The root's tensor on every rank (every rank passes one of the same shape and dtype)."""
 
     def cpu(self, x):
         comm = _comm(repr(self))
@@ -297,16 +301,8 @@ class Broadcast(_Collective):
         return (ReduceSum(self.root)(grads[0]),)
 
 
-class ReduceSum(_Collective):
+class ReduceSum(_Rooted):
     """The sum over the ranks on the root; zeros of the same shape on the other ranks."""
-
-    def __init__(self, root: int = 0):
-        self.root = int(root)
-
-    def infer(self, x):
-        self._check_dtype(x)
-        _check_root(self, self.root)
-        return (x,)
 
     def cpu(self, x):
         comm = _comm(repr(self))

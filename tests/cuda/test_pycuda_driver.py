@@ -145,3 +145,44 @@ class _Neg:
         return (f'extern "C" __global__ void gc_neg_test_{ctype}(const {ctype}* x, {ctype}* y, long long n) {{\n'
                 "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
                 "         i += (long long)blockDim.x * gridDim.x) y[i] = -x[i];\n}\n")
+
+
+def test_module_api_loads_kernels_through_libcuda_and_names_failures():
+    """A PyCUDA whose Function hides its CUfunction (2026.1, seen on an H100) gets its modules
+    loaded through libcuda by ModuleApi: checked here against a stand-in libcuda."""
+    import ctypes
+    from gradcore.cuda.driver import DriverFunction, ModuleApi
+
+    calls = []
+
+    class Fn:
+        def __init__(self, name, result):
+            self.name, self.result = name, result
+
+        def __call__(self, *args):
+            calls.append((self.name, args))
+            if self.name == "cuModuleLoadData":
+                args[0]._obj.value = 0x1111
+            elif self.name == "cuModuleGetFunction":
+                args[0]._obj.value = 0x2222
+            elif self.name == "cuGetErrorName":
+                args[1]._obj.value = b"CUDA_ERROR_NOT_FOUND"
+            return self.result(args) if callable(self.result) else self.result
+
+    class Lib:
+        cuModuleLoadData = Fn("cuModuleLoadData", 0)
+        cuModuleGetFunction = Fn("cuModuleGetFunction", lambda args: 500 if args[2] == b"missing" else 0)
+        cuLaunchKernel = Fn("cuLaunchKernel", 0)
+        cuGetErrorName = Fn("cuGetErrorName", 0)
+
+    api = ModuleApi(Lib())
+    module = api.load(b".version 8.0\n.target sm_90\n")
+    assert module == 0x1111 and calls[0][1][1].endswith(b"\0")        # PTX handed over NUL-terminated
+    assert DriverFunction(api.function(module, "gc_add_float"), "gc_add_float").handle == 0x2222
+    with pytest.raises(RuntimeError, match=r"cuModuleGetFunction \(missing\) failed: CUDA_ERROR_NOT_FOUND"):
+        api.function(module, "missing")
+    api.launch(0x2222, (2, 1, 1), (128, 1, 1), b"\x01" * 12, 0, 0)
+    name, args = calls[-1]
+    assert name == "cuLaunchKernel" and args[:8] == (0x2222, 2, 1, 1, 128, 1, 1, 0)
+    extra = ctypes.cast(args[10], ctypes.POINTER(ctypes.c_void_p))
+    assert [extra[0], extra[2], extra[4]] == [1, 2, None]            # BUFFER_POINTER, BUFFER_SIZE, END
