@@ -105,3 +105,568 @@ def from_dlpack(obj: Any) -> Tensor:
         return wrap_array(dlpack.from_interface(obj, backend(), DeviceArray), "cuda")
     raise TypeError(f"gradcore.from_dlpack: {type(obj).__name__} has neither __dlpack__ nor "
                     f"__cuda_array_interface__")
+
+
+# ======================================================================
+# Other frameworks: gradcore ops as PyTorch (and JAX) functions, PyTorch
+# functions as gradcore ops.
+#
+# How ``to_torch`` works. A ``TorchFunction`` wraps a function of gradcore
+# tensors (an op, or any function). Eagerly, a call is one
+# ``torch.autograd.Function``: its forward shares the torch inputs' memory
+# with gradcore tensors (DLPack), runs the function under a gradcore
+# recording (``gradcore.core.Grad``) when an input requires grad, and hands
+# the outputs' memory to torch (DLPack); its backward runs that recording's
+# backward (first order: the cheap path), or, when torch records the
+# backward (``create_graph=True``), calls the TorchFunction of the vjp,
+# ``(inputs, output grads) -> input grads``, which is again a function of
+# gradcore tensors, and so differentiable in turn, to any order. Under
+# ``torch.compile`` and the profiler, an op's TorchFunction runs as a
+# ``torch.library.custom_op`` (shape inference from the op's ``infer``,
+# backward through ``register_autograd`` into the vjp's custom op); a plain
+# function, whose outputs cannot be known without running it, is a graph
+# break there.
+# ======================================================================
+
+import itertools as _itertools
+import re as _re
+import threading as _threading
+from typing import Callable, Dict, List, Sequence, Union
+
+_torch_mod = None
+_torch_bits = None       # lazily built: the autograd.Function class, dtype maps, ...
+_custom_counter = _itertools.count()
+_exported_ops: Dict[Any, "TorchFunction"] = {}
+_export_lock = _threading.Lock()
+
+
+def _import_torch():
+    global _torch_mod
+    if _torch_mod is None:
+        try:
+            import torch
+        except ImportError as exc:          # pragma: no cover - torch is a test dependency
+            raise ImportError("gradcore.to_torch / gradcore.from_torch need PyTorch: pip install torch") from exc
+        _torch_mod = torch
+    return _torch_mod
+
+
+class _CpuCapsule:
+    """A DLPack capsule with the ``__dlpack__`` protocol (NumPy's
+    ``from_dlpack`` takes objects, not capsules); host memory."""
+
+    __slots__ = ("_capsule",)
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, **_ignored):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def _describe_torch(t) -> str:
+    return f"torch.Tensor of shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def _gc_from_torch(t, where: str) -> Tensor:
+    """A gradcore Tensor sharing the memory of the torch tensor ``t``
+    (DLPack; no copy, also for strided views)."""
+    dev = t.device.type
+    if dev == "cpu":
+        try:
+            arr = np.from_dlpack(_CpuCapsule(_torch_mod._C._to_dlpack(t)))
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            raise TypeError(f"{where}: a {_describe_torch(t)} cannot be shared with gradcore "
+                            f"({exc}); gradcore has bool, integer, float16, float32 and float64 tensors"
+                            ) from None
+        return wrap_array(arr, "cpu")
+    if dev == "cuda":
+        return from_dlpack(t.detach())
+    raise TypeError(f"{where}: a {_describe_torch(t)} lives on {dev}; gradcore has cpu and cuda")
+
+
+def _torch_from_gc(y: Tensor, avoid=()):
+    """The torch tensor sharing the memory of gradcore's ``y`` (DLPack); a
+    copy instead when that memory is also one of ``avoid`` (arrays the
+    caller hands torch separately: an input, another output)."""
+    arr = y._data
+    if y._device == "cpu":
+        if arr.base is not None and avoid:
+            for a in avoid:
+                if np.may_share_memory(arr, a):
+                    arr = arr.copy()
+                    break
+        if not arr.flags.writeable:            # DLPack has no read-only tensors
+            arr = arr.copy()
+        try:
+            return _torch_mod.utils.dlpack.from_dlpack(arr.__dlpack__())
+        except BufferError:                    # e.g. negative strides
+            return _torch_mod.utils.dlpack.from_dlpack(np.ascontiguousarray(arr).__dlpack__())
+    t = _torch_mod.utils.dlpack.from_dlpack(y)
+    for a in avoid:
+        if _cuda_shares(t, a):
+            return t.clone()
+    return t
+
+
+def _cuda_shares(t, a) -> bool:
+    try:
+        return t.untyped_storage().data_ptr() == int(a.__cuda_array_interface__["data"][0])
+    except Exception:
+        return False
+
+
+def _result_tuple(res, where: str):
+    """(outputs as a tuple of Tensors, whether the function returned one Tensor)."""
+    if isinstance(res, Tensor):
+        return (res,), True
+    if isinstance(res, (tuple, list)):
+        for k, o in enumerate(res):
+            if not isinstance(o, Tensor):
+                raise TypeError(f"{where}: output {k} is a {type(o).__name__}; a function exported with "
+                                f"to_torch returns gradcore Tensors (one, or a tuple)")
+        return tuple(res), False
+    raise TypeError(f"{where}: returned a {type(res).__name__}; a function exported with to_torch "
+                    f"returns gradcore Tensors (one, or a tuple)")
+
+
+def _is_float(t: Tensor) -> bool:
+    return t.dtype.kind == "f"
+
+
+def _collector(store: list, i: int):
+    def keep(grad):
+        store[i] = grad
+    return keep
+
+
+def _gc_vjp(fn: Callable, nargs: int, kwargs: dict, where: str) -> Callable:
+    """``(*args, *cotangents) -> gradients``: the vjp of ``fn`` as a function
+    of gradcore tensors, so that it is differentiable in turn. ``args`` are
+    ``fn``'s positional arguments; one cotangent per floating-point output;
+    one gradient per floating-point Tensor argument (zeros where the output
+    does not depend on it)."""
+    from .core import Grad
+    from .functional import zeros_like
+
+    def vjp(*args):
+        xs, gs = args[:nargs], args[nargs:]
+        floats = [i for i, a in enumerate(xs) if isinstance(a, Tensor) and _is_float(a)]
+        grads: List[Optional[Tensor]] = [None] * nargs
+        key = Grad(f"{where} vjp")
+        with key:
+            for i in floats:
+                key.wrt(xs[i], callback=_collector(grads, i))
+            outs, _ = _result_tuple(fn(*xs, **kwargs), where)
+            fouts = [o for o in outs if _is_float(o)]
+            if len(fouts) != len(gs):
+                raise ValueError(f"{where}: {len(gs)} output gradients for {len(fouts)} floating-point outputs")
+            if fouts:
+                key(fouts, list(gs))
+        return tuple(zeros_like(xs[i]) if grads[i] is None else grads[i] for i in floats)
+
+    return vjp
+
+
+class TorchFunction:
+    """A gradcore op or function of gradcore tensors, callable on
+    ``torch.Tensor``s and differentiable by ``torch.autograd`` to any order.
+    Made by ``gradcore.to_torch``; see there.
+
+    Attributes: ``op`` (the gradcore op, or None for a function),
+    ``custom_op`` (the ``torch.library`` custom op that runs it under
+    ``torch.compile`` and the profiler; None for a function) and
+    ``__wrapped__`` (what was exported).
+    """
+
+    def __init__(self, gc_fn: Callable, name: str, op: Any = None, fake: Optional[Callable] = None,
+                 wrapped: Any = None):
+        self._gc_fn = gc_fn
+        self.op = op
+        self.__name__ = self.__qualname__ = name
+        self.__wrapped__ = wrapped if wrapped is not None else gc_fn
+        self.__doc__ = (f"{name} exported to PyTorch by gradcore.to_torch.\n\n"
+                        f"{getattr(self.__wrapped__, '__doc__', None) or ''}")
+        self._fake = fake
+        self._custom = None
+        self._vjps: Dict[Any, "TorchFunction"] = {}
+
+    def __repr__(self):
+        return f"<gradcore.to_torch {self.__name__}>"
+
+    # ---- calls
+    def __call__(self, *args, **kwargs):
+        torch = _torch_mod
+        if _torch_bits.compiling() or _torch_bits.profiling[0] or _torch_bits.traced(args):
+            return self._special_call(args, kwargs)
+        if torch.is_grad_enabled():
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.requires_grad:
+                    return _torch_bits.Autograd.apply(self, kwargs, *args)
+        return self._plain(args, kwargs)
+
+    def _where(self) -> str:
+        return f"to_torch({self.__name__})"
+
+    def _plain(self, args, kwargs):
+        """The forward alone, no recording (nothing requires grad)."""
+        torch = _torch_mod
+        gargs = [_gc_from_torch(a, self._where()) if isinstance(a, torch.Tensor) else a for a in args]
+        outs, single = _result_tuple(self._gc_fn(*gargs, **kwargs), self._where())
+        touts = _export_outputs(outs, gargs)
+        return touts[0] if single else touts
+
+    def _special_call(self, args, kwargs):
+        """Under torch.compile, the profiler, or a tracing/functorch tensor:
+        the custom op where there is one, else an eager call that the
+        compiler does not trace (a graph break)."""
+        torch = _torch_mod
+        cop = self.custom_op
+        if cop is not None and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+            outs = cop(list(args))
+            return outs[0] if len(outs) == 1 and self._single else tuple(outs)
+        if _torch_bits.compiling():
+            return _torch_bits.eager_call(self, args, kwargs)
+        with torch.profiler.record_function(self.__name__):
+            return self._eager(args, kwargs)
+
+    def _eager(self, args, kwargs):
+        torch = _torch_mod
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return _torch_bits.Autograd.apply(self, kwargs, *args)
+        return self._plain(args, kwargs)
+
+    # ---- the vjp, itself a TorchFunction
+    def _vjp(self, nargs: int, kwargs: dict) -> "TorchFunction":
+        key = nargs if not kwargs else None
+        tf = self._vjps.get(key) if key is not None else None
+        if tf is None:
+            name = f"{self.__name__}_vjp"
+            fake = _like_float_inputs(nargs) if self._fake is not None else None
+            tf = TorchFunction(_gc_vjp(self._gc_fn, nargs, kwargs, self._where()), name, fake=fake)
+            tf._single = False
+            if key is not None:
+                self._vjps[key] = tf
+        return tf
+
+    # ---- the torch.library custom op
+    _single = True
+
+    @property
+    def custom_op(self):
+        """The ``torch.library.custom_op`` running this function (registered
+        on first use, as ``gradcore::<name>_<n>``), or None for a function
+        whose output shapes are known only by running it."""
+        if self._custom is None and self._fake is not None:
+            with _export_lock:
+                if self._custom is None:
+                    self._custom = _register_custom_op(self)
+        return self._custom
+
+
+def _like_float_inputs(nargs: int) -> Callable:
+    def fake(xs):
+        return [x.new_empty(x.shape) for x in xs[:nargs] if x.is_floating_point()]
+    return fake
+
+
+def _export_outputs(outs, gargs) -> tuple:
+    """Gradcore outputs as torch tensors; an output whose memory is also an
+    input's or an earlier output's is copied (autograd and custom ops need
+    outputs that alias nothing they did not make)."""
+    avoid = [a._data for a in gargs if isinstance(a, Tensor)]
+    res = []
+    for o in outs:
+        res.append(_torch_from_gc(o, avoid))
+        avoid.append(o._data)
+    return tuple(res)
+
+
+def _sanitize(name: str) -> str:
+    s = _re.sub(r"\W", "_", name).strip("_") or "fn"
+    return s if not s[0].isdigit() else f"op_{s}"
+
+
+def _register_custom_op(tf: TorchFunction):
+    torch = _torch_mod
+    qualname = f"gradcore::{_sanitize(tf.__name__)}_{next(_custom_counter)}"
+
+    def impl(xs):
+        gargs = [_gc_from_torch(x, tf._where()) for x in xs]
+        outs, _ = _result_tuple(tf._gc_fn(*gargs), tf._where())
+        return list(_export_outputs(outs, gargs))
+
+    impl.__name__ = qualname.split("::")[1]
+    impl.__annotations__ = {"xs": List[torch.Tensor], "return": List[torch.Tensor]}
+    cop = torch.library.custom_op(qualname, impl, mutates_args=())
+    cop.register_fake(tf._fake)
+
+    def setup_context(ctx, inputs, output):
+        (xs,) = inputs
+        ctx.n = len(xs)
+        ctx.save_for_backward(*xs, *output)
+
+    def backward(ctx, gouts):
+        saved = ctx.saved_tensors
+        xs, ys = saved[:ctx.n], saved[ctx.n:]
+        gs = [torch.zeros_like(y) if g is None else g
+              for g, y in zip(gouts, ys) if y.is_floating_point()]
+        grads = iter(tf._vjp(ctx.n, {}).custom_op(list(xs) + gs))
+        return [next(grads) if x.is_floating_point() else None for x in xs]
+
+    cop.register_autograd(backward, setup_context=setup_context)
+    return cop
+
+
+def _build_torch_bits():
+    """The parts that need torch imported: built on the first to_torch."""
+    global _torch_bits
+    if _torch_bits is not None:
+        return _torch_bits
+    torch = _import_torch()
+    from .core import Grad, NotDifferentiableError
+
+    class Bits:
+        pass
+
+    bits = Bits()
+    try:
+        from torch.autograd import profiler as _prof
+
+        class _Flag:                  # the profiler's own flag, read on every call
+            def __getitem__(self, _):
+                return _prof._is_profiler_enabled
+        bits.profiling = _Flag()
+    except Exception:                 # pragma: no cover
+        bits.profiling = [False]
+    bits.compiling = torch.compiler.is_compiling
+
+    plain_types = (torch.Tensor, torch.nn.Parameter)
+
+    def traced(args):
+        for a in args:
+            if isinstance(a, torch.Tensor) and type(a) not in plain_types:
+                return True
+        return False
+    bits.traced = traced
+
+    @torch.compiler.disable
+    def eager_call(tf, args, kwargs):
+        return tf._eager(args, kwargs)
+    bits.eager_call = eager_call
+
+    class GradcoreFunction(torch.autograd.Function):
+        """torch.autograd's view of one call of an exported gradcore function."""
+
+        @staticmethod
+        def forward(ctx, tf, kwargs, *args):
+            ctx.set_materialize_grads(False)
+            where = tf._where()
+            needs = ctx.needs_input_grad
+            gargs = [_gc_from_torch(a, where) if isinstance(a, torch.Tensor) else a for a in args]
+            grads: List[Optional[Tensor]] = [None] * len(args)
+            key = Grad(where)
+            key.__enter__()
+            try:
+                for i, a in enumerate(gargs):
+                    if needs[i + 2] and isinstance(a, Tensor):
+                        key.wrt(a, callback=_collector(grads, i))
+                res = tf._gc_fn(*gargs, **kwargs)
+            except NotDifferentiableError as exc:
+                key.__exit__(None, None, None)
+                # as a native op without a derivative: the forward runs, backward says why not
+                key, ctx.not_differentiable = None, exc
+                res = tf._gc_fn(*gargs, **kwargs)
+            except BaseException:
+                key.__exit__(None, None, None)
+                raise
+            else:
+                key.suppress()
+                ctx.not_differentiable = None
+            outs, single = _result_tuple(res, where)
+            touts = _export_outputs(outs, gargs)
+            for o, t in zip(outs, touts):
+                if not _is_float(o):
+                    ctx.mark_non_differentiable(t)
+            ctx.tf, ctx.kwargs, ctx.key, ctx.grads, ctx.outs = tf, kwargs, key, grads, outs
+            ctx.tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            ctx.args = [None if isinstance(a, torch.Tensor) else a for a in args]
+            ctx.save_for_backward(*[args[i] for i in ctx.tensor_pos], *touts)
+            return touts[0] if single else touts
+
+        @staticmethod
+        def backward(ctx, *gys):
+            saved = ctx.saved_tensors          # torch's check that nothing saved was modified in place
+            if ctx.not_differentiable is not None:
+                raise type(ctx.not_differentiable)(*ctx.not_differentiable.args)
+            nin = len(ctx.tensor_pos)
+            key = ctx.key
+            if key is not None and not torch.is_grad_enabled():
+                # first order, the recording of the forward is still there: its backward
+                ctx.key = None
+                outs = ctx.outs
+                ys, dys = [], []
+                for o, g in zip(outs, gys):
+                    if g is not None and _is_float(o):
+                        ys.append(o)
+                        dys.append(_gc_from_torch(g, ctx.tf._where()))
+                key.resume()
+                try:
+                    if ys:
+                        key(ys, dys)
+                finally:
+                    key.__exit__(None, None, None)
+                avoid = [d._data for d in dys]
+                res: List[Any] = [None, None]
+                for g in ctx.grads:
+                    if g is None:
+                        res.append(None)
+                    else:
+                        res.append(_torch_from_gc(g, avoid))
+                        avoid.append(g._data)
+                ctx.outs = ctx.grads = None
+                return tuple(res)
+            # torch records this backward (create_graph=True), or a second
+            # backward (retain_graph=True): the vjp as a function torch differentiates
+            args = list(ctx.args)
+            for k, i in enumerate(ctx.tensor_pos):
+                args[i] = saved[k]
+            touts = saved[nin:]
+            gs = [torch.zeros_like(t) if g is None else g
+                  for g, t in zip(gys, touts) if t.is_floating_point()]
+            vtf = ctx.tf._vjp(len(args), ctx.kwargs)
+            grads = vtf(*args, *gs)
+            if isinstance(grads, torch.Tensor):
+                grads = (grads,)
+            it = iter(grads)
+            res = [None, None]
+            for i, a in enumerate(args):
+                g = next(it) if isinstance(a, torch.Tensor) and a.is_floating_point() else None
+                res.append(g if ctx.needs_input_grad[i + 2] else None)
+            return tuple(res)
+
+    bits.Autograd = GradcoreFunction
+    _torch_bits = bits
+    return bits
+
+
+def _op_fake(op) -> Optional[Callable]:
+    """The custom op's shape function: ``op.infer`` on the inputs'
+    descriptors; None when the op has no ``infer`` of its own."""
+    from .op import Op, TensorDesc
+    infer = getattr(type(op), "infer", None)
+    if infer is None or infer is Op.infer:
+        return None
+    torch = _torch_mod
+
+    def fake(xs):
+        descs = [TensorDesc(tuple(int(s) for s in x.shape), _np_dtype(x.dtype),
+                            "cpu" if x.device.type == "cpu" else "cuda") for x in xs]
+        outs = op.infer(*descs)
+        if isinstance(outs, TensorDesc):
+            outs = (outs,)
+        device = xs[0].device if xs else torch.device("cpu")
+        return [torch.empty(d.shape, dtype=_torch_dtype(d.dtype), device=device) for d in outs]
+    return fake
+
+
+def _np_dtype(torch_dtype) -> np.dtype:
+    name = str(torch_dtype).replace("torch.", "")
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise TypeError(f"gradcore has no dtype for {torch_dtype}") from None
+
+
+def _torch_dtype(np_dtype):
+    return getattr(_torch_mod, np.dtype(np_dtype).name)
+
+
+def _op_label(op) -> str:
+    try:
+        return op._name()
+    except Exception:
+        return getattr(op, "name", "") or type(op).__name__
+
+
+def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunction:
+    """A gradcore op, op class (built with its defaults) or function of
+    gradcore Tensors, as a function of ``torch.Tensor``s.
+
+    The result is differentiable by ``torch.autograd`` to any order
+    (``gradcheck`` and ``gradgradcheck`` pass): its backward is gradcore's
+    backward, itself exported, so torch differentiates through it. Inputs
+    and outputs cross by DLPack without copies (an op's CPU kernel sees
+    PyTorch's buffer), on cpu and cuda; an output that would share memory
+    with an input is copied, as for ``torch.library.custom_op``. Integer and
+    bool outputs are not differentiable. An error inside gradcore reaches
+    the caller as the same exception. Positional arguments that are not
+    tensors, and keyword arguments, are passed to a function unchanged.
+
+    An op (not a plain function) is also registered, on first use, as the
+    ``torch.library.custom_op`` ``gradcore::<name>_<n>`` with its backward
+    through ``register_autograd`` and its shapes from the op's ``infer``:
+    that form runs under ``torch.compile`` (no graph break) and under the
+    profiler (listed by name); ``TorchFunction.custom_op`` is it. A plain
+    function is a graph break under ``torch.compile``.
+
+    Equal ops give the same TorchFunction.
+
+    Example::
+
+        >>> import torch, gradcore
+        >>> from gradcore.ops import Elemwise
+        >>> torch_tanh = gradcore.to_torch(Elemwise("tanh"))
+        >>> x = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+        >>> torch_tanh(x).sum().backward()
+        >>> torch.allclose(x.grad, 1 - torch.tanh(x.detach()) ** 2)
+        True
+    """
+    from .op import Op
+    _build_torch_bits()
+    target = op_or_function
+    if isinstance(target, type) and issubclass(target, Op):
+        try:
+            target = target()
+        except TypeError as exc:
+            raise TypeError(f"to_torch({target.__name__}): the op class cannot be built with its defaults "
+                            f"({exc}); pass an instance, e.g. to_torch({target.__name__}(...))") from None
+    if isinstance(target, Op):
+        op = target
+        with _export_lock:
+            tf = _exported_ops.get((op, name))
+        if tf is not None:
+            return tf
+        label = name or _op_label(op)
+        apply_fn = _core_apply()
+
+        def run(*xs, _op=op, _label=label):
+            for k, x in enumerate(xs):
+                if not isinstance(x, Tensor):
+                    raise TypeError(f"to_torch({_label}): argument {k} is a {type(x).__name__}; "
+                                    f"an op takes torch.Tensors")
+            return apply_fn(_op, *xs)
+
+        tf = TorchFunction(run, label, op=op, fake=_op_fake(op), wrapped=op)
+        tf._single = True
+        with _export_lock:
+            return _exported_ops.setdefault((op, name), tf)
+    if isinstance(target, TorchFunction):
+        return target
+    if not callable(target):
+        raise TypeError(f"to_torch: expected a gradcore op, op class or function of gradcore Tensors, "
+                        f"got a {type(target).__name__}")
+    label = name or getattr(target, "__name__", None) or type(target).__name__
+    return TorchFunction(target, label, wrapped=target)
+
+
+def _core_apply():
+    from ._core import apply
+
+    def run(op, *xs):
+        outs = apply(op, *xs)
+        return outs[0] if len(outs) == 1 else outs
+    return run
