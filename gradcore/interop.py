@@ -293,23 +293,30 @@ class TorchFunction:
         self._fake = fake
         self._custom = None
         self._vjps: Dict[Any, "TorchFunction"] = {}
+        self._label = f"to_torch({name})"
 
     def __repr__(self):
         return f"<gradcore.to_torch {self.__name__}>"
 
     # ---- calls
     def __call__(self, *args, **kwargs):
-        torch = _torch_mod
-        if _torch_bits.compiling() or _torch_bits.profiling[0] or _torch_bits.traced(args):
+        bits = _torch_bits
+        if bits.profiler._is_profiler_enabled or bits.compiling():
             return self._special_call(args, kwargs)
-        if torch.is_grad_enabled():
-            for a in args:
-                if isinstance(a, torch.Tensor) and a.requires_grad:
-                    return _torch_bits.Autograd.apply(self, kwargs, *args)
+        grad = False
+        plain = bits.plain_types
+        for a in args:
+            if type(a) in plain:
+                if a.requires_grad:
+                    grad = True
+            elif isinstance(a, plain[0]):           # FakeTensor, functorch, subclasses
+                return self._special_call(args, kwargs)
+        if grad and _torch_mod.is_grad_enabled():
+            return bits.Autograd.apply(self, kwargs, *args)
         return self._plain(args, kwargs)
 
     def _where(self) -> str:
-        return f"to_torch({self.__name__})"
+        return self._label
 
     def _plain(self, args, kwargs):
         """The forward alone, no recording (nothing requires grad)."""
@@ -324,7 +331,8 @@ class TorchFunction:
         the custom op where there is one, else an eager call that the
         compiler does not trace (a graph break)."""
         torch = _torch_mod
-        cop = self.custom_op
+        # (an op's custom op is registered by to_torch: nothing for the compiler to trace here)
+        cop = self._custom if _torch_bits.compiling() else self.custom_op
         if cop is not None and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
             outs = cop(list(args))
             return outs[0] if len(outs) == 1 and self._single else tuple(outs)
@@ -421,37 +429,45 @@ def _register_custom_op(tf: TorchFunction):
     return cop
 
 
+class _Recording:
+    """Holds the gradcore recording of one exported call until its backward
+    runs; ends it when dropped without one (a forward whose result was never
+    differentiated), so that no recording stays open."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __del__(self):
+        key = self.key
+        if key is not None:
+            self.key = None
+            try:
+                key.exit()
+            except Exception:       # interpreter shutdown
+                pass
+
+
 def _build_torch_bits():
     """The parts that need torch imported: built on the first to_torch."""
     global _torch_bits
     if _torch_bits is not None:
         return _torch_bits
     torch = _import_torch()
-    from .core import Grad, NotDifferentiableError
+    from ._core import GradKey, NotDifferentiableError, apply
 
     class Bits:
         pass
 
     bits = Bits()
-    try:
-        from torch.autograd import profiler as _prof
-
-        class _Flag:                  # the profiler's own flag, read on every call
-            def __getitem__(self, _):
-                return _prof._is_profiler_enabled
-        bits.profiling = _Flag()
-    except Exception:                 # pragma: no cover
-        bits.profiling = [False]
+    from torch.autograd import profiler as _prof
+    bits.profiler = _prof                 # _prof._is_profiler_enabled: the profiler's own flag
     bits.compiling = torch.compiler.is_compiling
-
-    plain_types = (torch.Tensor, torch.nn.Parameter)
-
-    def traced(args):
-        for a in args:
-            if isinstance(a, torch.Tensor) and type(a) not in plain_types:
-                return True
-        return False
-    bits.traced = traced
+    bits.plain_types = (torch.Tensor, torch.nn.Parameter)
+    from_dlpack_t = torch.utils.dlpack.from_dlpack
+    to_dlpack_t = torch._C._to_dlpack
+    is_grad_enabled = torch.is_grad_enabled
 
     @torch.compiler.disable
     def eager_call(tf, args, kwargs):
@@ -464,84 +480,108 @@ def _build_torch_bits():
         @staticmethod
         def forward(ctx, tf, kwargs, *args):
             ctx.set_materialize_grads(False)
-            where = tf._where()
+            where = tf._label
             needs = ctx.needs_input_grad
-            gargs = [_gc_from_torch(a, where) if isinstance(a, torch.Tensor) else a for a in args]
+            op = tf.op
+            gargs = []
+            tensor_pos = []
+            for i, a in enumerate(args):
+                if isinstance(a, torch.Tensor):
+                    tensor_pos.append(i)
+                    if a.device.type == "cpu":
+                        try:
+                            g = wrap_array(np.from_dlpack(_CpuCapsule(to_dlpack_t(a))), "cpu")
+                        except Exception:
+                            g = _gc_from_torch(a, where)     # its error
+                    else:
+                        g = _gc_from_torch(a, where)
+                    gargs.append(g)
+                else:
+                    gargs.append(a)
             grads: List[Optional[Tensor]] = [None] * len(args)
-            key = Grad(where)
-            key.__enter__()
+            key = GradKey(where)
+            key.enter()
             try:
-                for i, a in enumerate(gargs):
-                    if needs[i + 2] and isinstance(a, Tensor):
-                        key.wrt(a, callback=_collector(grads, i))
-                res = tf._gc_fn(*gargs, **kwargs)
+                for i in tensor_pos:
+                    if needs[i + 2]:
+                        key.attach(gargs[i], _collector(grads, i))
+                if op is not None and len(tensor_pos) == len(args):
+                    outs = apply(op, *gargs)
+                    single = tf._single and len(outs) == 1
+                else:
+                    outs, single = _result_tuple(tf._gc_fn(*gargs, **kwargs), where)
             except NotDifferentiableError as exc:
-                key.__exit__(None, None, None)
-                # as a native op without a derivative: the forward runs, backward says why not
-                key, ctx.not_differentiable = None, exc
-                res = tf._gc_fn(*gargs, **kwargs)
+                key.exit()
+                # as a native op without a derivative: the forward runs, the backward says why not
+                rec, not_diff = None, exc
+                outs, single = _result_tuple(tf._gc_fn(*gargs, **kwargs), where)
             except BaseException:
-                key.__exit__(None, None, None)
+                key.exit()
                 raise
             else:
                 key.suppress()
-                ctx.not_differentiable = None
-            outs, single = _result_tuple(res, where)
+                rec, not_diff = _Recording(key), None
             touts = _export_outputs(outs, gargs)
             for o, t in zip(outs, touts):
-                if not _is_float(o):
+                if o.dtype.kind != "f":
                     ctx.mark_non_differentiable(t)
-            ctx.tf, ctx.kwargs, ctx.key, ctx.grads, ctx.outs = tf, kwargs, key, grads, outs
-            ctx.tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-            ctx.args = [None if isinstance(a, torch.Tensor) else a for a in args]
-            ctx.save_for_backward(*[args[i] for i in ctx.tensor_pos], *touts)
+            ctx.state = (tf, kwargs, rec, grads, outs, tensor_pos,
+                         [None if isinstance(a, torch.Tensor) else a for a in args], not_diff)
+            ctx.save_for_backward(*[args[i] for i in tensor_pos], *touts)
             return touts[0] if single else touts
 
         @staticmethod
         def backward(ctx, *gys):
             saved = ctx.saved_tensors          # torch's check that nothing saved was modified in place
-            if ctx.not_differentiable is not None:
-                raise type(ctx.not_differentiable)(*ctx.not_differentiable.args)
-            nin = len(ctx.tensor_pos)
-            key = ctx.key
-            if key is not None and not torch.is_grad_enabled():
-                # first order, the recording of the forward is still there: its backward
-                ctx.key = None
-                outs = ctx.outs
+            tf, kwargs, rec, grads, outs, tensor_pos, args, not_diff = ctx.state
+            if not_diff is not None:
+                raise type(not_diff)(*not_diff.args)
+            if rec is not None and rec.key is not None and not is_grad_enabled():
+                # first order, and the recording of the forward is still there: its backward
+                key, rec.key = rec.key, None
                 ys, dys = [], []
                 for o, g in zip(outs, gys):
-                    if g is not None and _is_float(o):
+                    if g is not None and o.dtype.kind == "f":
                         ys.append(o)
-                        dys.append(_gc_from_torch(g, ctx.tf._where()))
+                        if g.device.type == "cpu":
+                            dys.append(wrap_array(np.from_dlpack(_CpuCapsule(to_dlpack_t(g))), "cpu"))
+                        else:
+                            dys.append(_gc_from_torch(g, tf._label))
                 key.resume()
                 try:
                     if ys:
-                        key(ys, dys)
+                        key.backward(ys, dys)
                 finally:
-                    key.__exit__(None, None, None)
+                    key.exit()
                 avoid = [d._data for d in dys]
                 res: List[Any] = [None, None]
-                for g in ctx.grads:
+                for g in grads:
                     if g is None:
                         res.append(None)
                     else:
-                        res.append(_torch_from_gc(g, avoid))
-                        avoid.append(g._data)
-                ctx.outs = ctx.grads = None
+                        arr = g._data
+                        if (g._device != "cpu" or arr.base is not None or not arr.flags.writeable
+                                or not arr.flags.c_contiguous):
+                            res.append(_torch_from_gc(g, avoid))
+                        else:
+                            res.append(from_dlpack_t(arr.__dlpack__()))
+                        avoid.append(arr)
+                ctx.state = (tf, kwargs, None, None, None, tensor_pos, args, None)
                 return tuple(res)
             # torch records this backward (create_graph=True), or a second
-            # backward (retain_graph=True): the vjp as a function torch differentiates
-            args = list(ctx.args)
-            for k, i in enumerate(ctx.tensor_pos):
+            # backward (retain_graph=True): the vjp, as a function torch differentiates
+            nin = len(tensor_pos)
+            args = list(args)
+            for k, i in enumerate(tensor_pos):
                 args[i] = saved[k]
             touts = saved[nin:]
             gs = [torch.zeros_like(t) if g is None else g
                   for g, t in zip(gys, touts) if t.is_floating_point()]
-            vtf = ctx.tf._vjp(len(args), ctx.kwargs)
-            grads = vtf(*args, *gs)
-            if isinstance(grads, torch.Tensor):
-                grads = (grads,)
-            it = iter(grads)
+            vtf = tf._vjp(len(args), kwargs)
+            vgrads = vtf(*args, *gs)
+            if isinstance(vgrads, torch.Tensor):
+                vgrads = (vgrads,)
+            it = iter(vgrads)
             res = [None, None]
             for i, a in enumerate(args):
                 g = next(it) if isinstance(a, torch.Tensor) and a.is_floating_point() else None
@@ -652,6 +692,7 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
 
         tf = TorchFunction(run, label, op=op, fake=_op_fake(op), wrapped=op)
         tf._single = True
+        tf.custom_op                   # registered now, where the compiler cannot see
         with _export_lock:
             return _exported_ops.setdefault((op, name), tf)
     if isinstance(target, TorchFunction):
@@ -670,3 +711,11 @@ def _core_apply():
         outs = apply(op, *xs)
         return outs[0] if len(outs) == 1 else outs
     return run
+
+
+def from_torch(fn):  # placeholder, replaced below
+    raise NotImplementedError
+
+
+def to_jax(op_or_function):  # placeholder, replaced below
+    raise NotImplementedError
