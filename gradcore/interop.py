@@ -713,8 +713,183 @@ def _core_apply():
     return run
 
 
-def from_torch(fn):  # placeholder, replaced below
-    raise NotImplementedError
+# ---------------------------------------------------------------- from_torch
+
+def _torch_from_array(a, device: str):
+    """A torch tensor sharing a gradcore kernel's input array (DLPack); a
+    copy for a read-only array (DLPack has no read-only tensors)."""
+    torch = _torch_mod
+    if device == "cpu":
+        if not a.flags.writeable:
+            a = a.copy()
+        try:
+            return torch.utils.dlpack.from_dlpack(a.__dlpack__())
+        except BufferError:
+            return torch.utils.dlpack.from_dlpack(np.ascontiguousarray(a).__dlpack__())
+    return torch.utils.dlpack.from_dlpack(wrap_array(a, "cuda"))
+
+
+def _array_from_torch(t, device: str):
+    if device == "cpu":
+        return np.from_dlpack(_CpuCapsule(_torch_mod._C._to_dlpack(t.detach())))
+    return from_dlpack(t.detach())._data
+
+
+class _TorchVjp:
+    """``(*xs, *cotangents) -> one gradient per floating-point x`` by
+    ``torch.autograd.grad`` of ``fn``: what a ``from_torch`` op's backward
+    runs (as a ``from_torch`` op again, so that it is differentiable too).
+    A value: equal when ``fn`` and the layout are."""
+
+    __slots__ = ("fn", "nin", "out_mask", "__name__")
+
+    def __init__(self, fn, nin: int, out_mask: Tuple[bool, ...]):
+        self.fn, self.nin, self.out_mask = fn, nin, out_mask
+        self.__name__ = f"{getattr(fn, '__name__', 'fn')}_vjp"
+
+    def __eq__(self, other):
+        return (type(other) is _TorchVjp and self.fn == other.fn and self.nin == other.nin
+                and self.out_mask == other.out_mask)
+
+    def __hash__(self):
+        return hash((_TorchVjp, self.fn, self.nin, self.out_mask))
+
+    def __call__(self, *args):
+        torch = _torch_mod
+        xs, gs = args[:self.nin], args[self.nin:]
+        create_graph = torch.is_grad_enabled()      # called by an outer _TorchVjp: keep differentiable
+        with torch.enable_grad():
+            # called by an outer _TorchVjp, the inputs are its (differentiated) ones: no detach
+            xr = [x if create_graph and x.requires_grad else x.detach().requires_grad_(x.is_floating_point())
+                  for x in xs]
+            ys = self.fn(*xr)
+            ys = (ys,) if isinstance(ys, torch.Tensor) else tuple(ys)
+            if len(ys) != len(self.out_mask):
+                raise ValueError(f"{self.__name__}: the function returned {len(ys)} outputs, "
+                                 f"its forward {len(self.out_mask)}")
+            pairs = [(y, g) for y, m, g in zip(ys, self.out_mask, _fill(gs, self.out_mask)) if m]
+            wrt = [x for x in xr if x.is_floating_point()]
+            live = [(y, g) for y, g in pairs if y.requires_grad]
+            if live and wrt:
+                grads = torch.autograd.grad([y for y, _ in live], wrt, [g for _, g in live],
+                                            allow_unused=True, create_graph=create_graph)
+            else:
+                grads = [None] * len(wrt)
+        return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(wrt, grads))
+
+
+def _fill(gs, mask):
+    it = iter(gs)
+    return [next(it) if m else None for m in mask]
+
+
+def _make_torch_op_class():
+    from .op import Op
+
+    class TorchOp(Op):
+        """A PyTorch function as a gradcore op (made by ``gradcore.from_torch``):
+        the forward runs ``fn`` on torch tensors sharing the inputs' memory
+        (DLPack), on the inputs' device; the gradient is ``torch.autograd``'s,
+        as another ``TorchOp``, so it is differentiable again."""
+        name = "from_torch"
+        devices = ("cpu", "cuda")
+
+        def __init__(self, fn, label=""):
+            self.fn = fn
+            self.label = label or getattr(fn, "__name__", None) or type(fn).__name__
+
+        def _name(self):
+            return f"from_torch({self.label})"
+
+        def __repr__(self):
+            return self._name()
+
+        def _run(self, arrays, device):
+            torch = _torch_mod
+            ts = [_torch_from_array(a, device) for a in arrays]
+            try:
+                with torch.no_grad():
+                    res = self.fn(*ts)
+            except Exception as exc:
+                shapes = ", ".join(str(tuple(t.shape)) for t in ts)
+                exc.add_note(f"in {self._name()} (input shapes: {shapes})")
+                raise
+            single = isinstance(res, torch.Tensor)
+            outs = (res,) if single else res
+            if not isinstance(outs, (tuple, list)) or not all(isinstance(o, torch.Tensor) for o in outs):
+                raise TypeError(f"{self._name()}: the function must return torch Tensors (one, or a "
+                                f"tuple), got {type(res).__name__}")
+            ptrs = {t.untyped_storage().data_ptr() for t in ts if t.numel()}
+            arrays_out = []
+            for o in outs:
+                if o.numel() and o.untyped_storage().data_ptr() in ptrs:
+                    o = o.clone()          # gradcore's outputs never share an input's memory
+                ptrs.add(o.untyped_storage().data_ptr())
+                arrays_out.append(_array_from_torch(o, device))
+            return tuple(arrays_out)
+
+        def cpu(self, *arrays):
+            return self._run(arrays, "cpu")
+
+        def cuda(self, be, *arrays):
+            return self._run(arrays, "cuda")
+
+        def _grad_rule(self, *inputs):
+            device = inputs[0].device if inputs else "cpu"
+            arrays = self._run([x._data for x in inputs], str(device))
+            outs = tuple(wrap_array(a, str(device)) for a in arrays)
+            nin = len(inputs)
+            float_in = [x.dtype.kind == "f" for x in inputs]
+
+            def backward(*gys):
+                mask = tuple(g is not None and o.dtype.kind == "f" for g, o in zip(gys, outs))
+                if not any(mask) or not any(float_in):
+                    return tuple(None for _ in inputs)
+                vop = TorchOp(_TorchVjp(self.fn, nin, mask), f"{self.label}_vjp")
+                res = apply_(vop, *inputs, *[g for g, m in zip(gys, mask) if m])
+                it = iter(res)
+                return tuple(next(it) if f else None for f in float_in)
+
+            return (outs[0] if len(outs) == 1 else outs), backward
+
+    from ._core import apply as apply_
+    return TorchOp
+
+
+_TorchOp = None
+
+
+def from_torch(fn: Callable, *, name: Optional[str] = None):
+    """A PyTorch function as a gradcore op: ``fn`` takes and returns
+    ``torch.Tensor``s (one, or a tuple); the op runs it on tensors sharing
+    the gradcore inputs' memory (DLPack, no copy) on the inputs' device, and
+    its gradient is ``torch.autograd``'s (``torch.autograd.grad`` of ``fn``,
+    itself run as such an op, so second and higher order gradients work).
+    A plugin can wrap an existing PyTorch kernel this way, and one model can
+    mix gradcore and PyTorch code. An error inside ``fn`` is raised as is,
+    with a note naming the op and the input shapes.
+
+    The op is a value: ``from_torch(f)`` twice gives equal ops (one backward
+    cache); ``name`` is its label in errors and ``repr``.
+
+    Example::
+
+        >>> import torch, gradcore
+        >>> softplus = gradcore.from_torch(torch.nn.functional.softplus)
+        >>> x = gradcore.tensor([0.0, 1.0])
+        >>> gm = gradcore.GradManager().attach([x])
+        >>> with gm:
+        ...     gm.backward(softplus(x).sum())
+        >>> x.grad.numpy().round(4)                    # sigmoid(x)
+        array([0.5   , 0.7311], dtype=float32)
+    """
+    global _TorchOp
+    _import_torch()
+    if not callable(fn):
+        raise TypeError(f"from_torch: expected a function of torch Tensors, got a {type(fn).__name__}")
+    if _TorchOp is None:
+        _TorchOp = _make_torch_op_class()
+    return _TorchOp(fn, name or "")
 
 
 def to_jax(op_or_function):  # placeholder, replaced below
