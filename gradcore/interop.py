@@ -199,12 +199,7 @@ def _torch_from_gc(y: Tensor, avoid=()):
                 if np.may_share_memory(arr, a):
                     arr = arr.copy()
                     break
-        if not arr.flags.writeable:            # DLPack has no read-only tensors
-            arr = arr.copy()
-        try:
-            return _torch_mod.utils.dlpack.from_dlpack(arr.__dlpack__())
-        except BufferError:                    # e.g. negative strides
-            return _torch_mod.utils.dlpack.from_dlpack(np.ascontiguousarray(arr).__dlpack__())
+        return _torch_mod.utils.dlpack.from_dlpack(_exportable(arr).__dlpack__())
     t = _torch_mod.utils.dlpack.from_dlpack(y)
     for a in avoid:
         if _cuda_shares(t, a):
@@ -217,6 +212,19 @@ def _cuda_shares(t, a) -> bool:
         return t.untyped_storage().data_ptr() == int(a.__cuda_array_interface__["data"][0])
     except Exception:
         return False
+
+
+def _exportable(arr: np.ndarray) -> np.ndarray:
+    """``arr``, or a copy where DLPack cannot carry it to PyTorch: read-only
+    (DLPack has no read-only tensors) or with a negative stride (which
+    PyTorch's DLPack import does not take; it aborts the process)."""
+    if not arr.flags.writeable:
+        return arr.copy()
+    if not arr.flags.c_contiguous:
+        for st in arr.strides:
+            if st < 0:
+                return arr.copy()
+    return arr
 
 
 def _result_tuple(res, where: str):
@@ -720,12 +728,7 @@ def _torch_from_array(a, device: str):
     copy for a read-only array (DLPack has no read-only tensors)."""
     torch = _torch_mod
     if device == "cpu":
-        if not a.flags.writeable:
-            a = a.copy()
-        try:
-            return torch.utils.dlpack.from_dlpack(a.__dlpack__())
-        except BufferError:
-            return torch.utils.dlpack.from_dlpack(np.ascontiguousarray(a).__dlpack__())
+        return torch.utils.dlpack.from_dlpack(_exportable(a).__dlpack__())
     return torch.utils.dlpack.from_dlpack(wrap_array(a, "cuda"))
 
 
@@ -1023,3 +1026,133 @@ def _op_fake_descs(op):
     from .op import Op
     infer = getattr(type(op), "infer", None)
     return None if infer is None or infer is Op.infer else infer
+
+
+# ---------------------------------------------------------------- gradcore check --torch
+
+def check_torch(op: Any, seed: int = 0, atol: float = 1e-7, rtol: float = 1e-6):
+    """Compare an op's PyTorch form (``to_torch(op)``) with its native form
+    on sample inputs (the op's ``examples()``, else inputs generated from
+    its declaration with ``seed``, as ``check_op`` does): the outputs
+    (float64 and float32) and the first-order gradients (float64, random
+    output cotangents from ``seed``) must agree. Returns a
+    ``gradcore.testing.CheckReport`` with the checks ``torch values`` and
+    ``torch grad``; ``gradcore check --torch DIST`` runs it on every op of
+    a distribution.
+
+    Example::
+
+        >>> from gradcore.ops import Elemwise
+        >>> check_torch(Elemwise("tanh")).ok
+        True
+    """
+    from .testing import CheckReport, CheckResult, generated_cases, op_examples
+    report = CheckReport()
+    cls = op if isinstance(op, type) else type(op)
+    label = getattr(cls, "name", "") or cls.__name__
+    try:
+        _import_torch()
+        examples = op_examples(op)
+        if not isinstance(op, type):
+            examples = [e for e in examples if e[0] == op] or [(op,) + tuple(e[1:]) for e in examples[:1]]
+        cases = [(e[0], [np.asarray(a) for a in e[1]], e[2] if len(e) > 2 else None) for e in examples] or \
+                [(inst, arrays, None) for inst, arrays in generated_cases(op, seed)]
+    except Exception as exc:
+        for check in ("torch values", "torch grad"):
+            report.results.append(CheckResult(label, check, "failed", f"no inputs: {type(exc).__name__}: {exc}"))
+        return report
+    values, grads = [], []
+    for k, (inst, arrays, wrt) in enumerate(cases):
+        tag = f"case {k} {_op_label(inst)} shapes {', '.join(str(a.shape) for a in arrays)}"
+        try:
+            v, g = _compare_torch_case(inst, arrays, wrt, seed + k, atol, rtol)
+        except Exception as exc:
+            v, g = f"failed: {tag}: {type(exc).__name__}: {exc}", "failed: (the values failed)"
+        values.append((tag, v))
+        grads.append((tag, g))
+    for check, rows in (("torch values", values), ("torch grad", grads)):
+        bad = [f"{msg[len('failed: '):]}" for _, msg in rows if msg.startswith("failed")]
+        passed = [t for t, msg in rows if msg == "passed"]
+        if bad:
+            report.results.append(CheckResult(label, check, "failed", "; ".join(bad)))
+        elif passed:
+            report.results.append(CheckResult(label, check, "passed", f"{len(passed)} case(s)"))
+        else:
+            report.results.append(CheckResult(label, check, "not applicable", rows[0][1].split(": ", 1)[-1]
+                                              if rows else "no case"))
+    return report
+
+
+def _compare_torch_case(op, arrays, wrt, seed: int, atol: float, rtol: float):
+    from ._core import NotDifferentiableError, apply
+    from .core import Grad
+    torch = _torch_mod
+    tf = to_torch(op)
+    rng = np.random.default_rng(seed)
+    a64 = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in arrays]
+    # values, float64 and float32
+    for dt in (np.float64, np.float32):
+        arrs = [a.astype(dt) if a.dtype.kind == "f" else a for a in a64]
+        native = apply(op, *[wrap_array(a.copy(), "cpu") for a in arrs])
+        with torch.no_grad():
+            got = tf(*[torch.from_numpy(a.copy()) for a in arrs])
+        got = (got,) if isinstance(got, torch.Tensor) else got
+        if len(got) != len(native):
+            return f"failed: {len(got)} outputs from PyTorch, {len(native)} native", "failed: -"
+        for j, (n, t) in enumerate(zip(native, got)):
+            tol = (atol, rtol) if dt == np.float64 else (1e-6, 1e-5)
+            msg = _mismatch(f"{np.dtype(dt).name} output {j}", n.numpy(), t.numpy(), *tol)
+            if msg:
+                return "failed: " + msg, "failed: (the values differ)"
+    # first-order gradients, float64
+    wrt = [i for i, a in enumerate(a64) if a.dtype.kind == "f"] if wrt is None else list(wrt)
+    if not wrt:
+        return "passed", "not applicable: no floating-point input"
+    xs = [wrap_array(a.copy(), "cpu") for a in a64]
+    native_grads: List[Optional[Tensor]] = [None] * len(xs)
+    key = Grad("check --torch")
+    try:
+        with key:
+            for i in wrt:
+                key.wrt(xs[i], callback=_collector(native_grads, i))
+            outs = apply(op, *xs)
+            fouts = [o for o in outs if o.dtype.kind == "f"]
+            if not fouts:
+                return "passed", "not applicable: no floating-point output"
+            cots = [rng.standard_normal(o.shape) for o in fouts]
+            key(fouts, [wrap_array(c.astype(o.dtype), "cpu") for c, o in zip(cots, fouts)])
+    except NotDifferentiableError as exc:
+        return "passed", f"not applicable: not differentiable ({exc})"
+    ts = [torch.from_numpy(a.copy()) for a in a64]
+    for i in wrt:
+        ts[i].requires_grad_()
+    res = tf(*ts)
+    res = (res,) if isinstance(res, torch.Tensor) else res
+    tfouts = [r for r in res if r.is_floating_point()]
+    live = [(r, torch.from_numpy(c)) for r, c in zip(tfouts, cots) if r.requires_grad]
+    if live:
+        tgrads = torch.autograd.grad([r for r, _ in live], [ts[i] for i in wrt], [c for _, c in live],
+                                     allow_unused=True)
+    else:
+        tgrads = [None] * len(wrt)
+    for i, tg in zip(wrt, tgrads):
+        ng = native_grads[i]
+        n = np.zeros(a64[i].shape) if ng is None else ng.numpy()
+        t = np.zeros(a64[i].shape) if tg is None else tg.numpy()
+        msg = _mismatch(f"gradient of input {i}", n, t, atol, rtol)
+        if msg:
+            return "passed", "failed: " + msg
+    return "passed", "passed"
+
+
+def _mismatch(what: str, native: np.ndarray, exported: np.ndarray, atol: float, rtol: float) -> str:
+    if native.shape != exported.shape:
+        return f"{what}: shape {exported.shape} from PyTorch, {native.shape} native"
+    if native.dtype != exported.dtype:
+        return f"{what}: dtype {exported.dtype} from PyTorch, {native.dtype} native"
+    if native.size and not np.allclose(exported, native, atol=atol, rtol=rtol, equal_nan=True):
+        diff = np.abs(exported.astype(np.float64) - native.astype(np.float64))
+        k = np.unravel_index(int(np.nanargmax(diff)), diff.shape)
+        return (f"{what}: worst element {tuple(int(i) for i in k)}: PyTorch {exported[k]!r}, "
+                f"native {native[k]!r}")
+    return ""
