@@ -194,11 +194,10 @@ def _torch_from_gc(y: Tensor, avoid=()):
     caller hands torch separately: an input, another output)."""
     arr = y._data
     if y._device == "cpu":
-        if arr.base is not None and avoid:
-            for a in avoid:
-                if np.may_share_memory(arr, a):
-                    arr = arr.copy()
-                    break
+        for a in avoid:
+            if a is arr or ((arr.base is not None or a.base is not None) and np.may_share_memory(arr, a)):
+                arr = arr.copy()
+                break
         return _torch_mod.utils.dlpack.from_dlpack(_exportable(arr).__dlpack__())
     t = _torch_mod.utils.dlpack.from_dlpack(y)
     for a in avoid:
@@ -261,6 +260,11 @@ def _gc_vjp(fn: Callable, nargs: int, kwargs: dict, where: str) -> Callable:
     from .functional import zeros_like
 
     def vjp(*args):
+        if _recording_blocked():
+            return _in_fresh_thread(vjp_here, *args)
+        return vjp_here(*args)
+
+    def vjp_here(*args):
         xs, gs = args[:nargs], args[nargs:]
         floats = [i for i, a in enumerate(xs) if isinstance(a, Tensor) and _is_float(a)]
         grads: List[Optional[Tensor]] = [None] * nargs
@@ -457,6 +461,67 @@ class _Recording:
                 pass
 
 
+def _record(tf, kwargs, gargs, attach, grads, all_tensors):
+    """Run ``tf``'s gradcore function on ``gargs`` under a recording of its
+    own, ``attach``ed inputs' gradients landing in ``grads``: (outputs,
+    single, the recording (suppressed until the backward), None) or, for a
+    function without a gradient, (outputs, single, None, the error)."""
+    from ._core import GradKey, NotDifferentiableError, apply
+    where = tf._label
+    key = GradKey(where)
+    key.enter()
+    try:
+        for i in attach:
+            key.attach(gargs[i], _collector(grads, i))
+        if tf.op is not None and all_tensors:
+            outs = apply(tf.op, *gargs)
+            single = tf._single and len(outs) == 1
+        else:
+            outs, single = _result_tuple(tf._gc_fn(*gargs, **kwargs), where)
+    except NotDifferentiableError as exc:
+        key.exit()
+        # as a native op without a derivative: the forward runs, the backward says why not
+        outs, single = _result_tuple(tf._gc_fn(*gargs, **kwargs), where)
+        return outs, single, None, exc
+    except BaseException:
+        key.exit()
+        raise
+    key.suppress()
+    return outs, single, _Recording(key), None
+
+
+_VISIBLE_ALL = 1 << 62
+
+
+def _recording_blocked() -> bool:
+    """Whether a recording entered now, in this thread, would see nothing:
+    inside an op's own forward (a ``_grad_rule``, a ``from_torch`` op whose
+    function calls back into an exported gradcore op) or a gradcore backward
+    (where only older recordings record). An exported call is a computation
+    of its own, on tensors of its own: it then records in a fresh thread,
+    whose recording state is clean."""
+    from . import _core
+    st = _core._debug_state()
+    return st["no_record"] > 0 or st["visible_below"] < _VISIBLE_ALL
+
+
+def _in_fresh_thread(fn, *args):
+    box: Dict[str, Any] = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:       # handed to the caller
+            box["error"] = exc
+
+    t = _threading.Thread(target=run, name="gradcore-interop")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _build_torch_bits():
     """The parts that need torch imported: built on the first to_torch."""
     global _torch_bits
@@ -507,28 +572,13 @@ def _build_torch_bits():
                 else:
                     gargs.append(a)
             grads: List[Optional[Tensor]] = [None] * len(args)
-            key = GradKey(where)
-            key.enter()
-            try:
-                for i in tensor_pos:
-                    if needs[i + 2]:
-                        key.attach(gargs[i], _collector(grads, i))
-                if op is not None and len(tensor_pos) == len(args):
-                    outs = apply(op, *gargs)
-                    single = tf._single and len(outs) == 1
-                else:
-                    outs, single = _result_tuple(tf._gc_fn(*gargs, **kwargs), where)
-            except NotDifferentiableError as exc:
-                key.exit()
-                # as a native op without a derivative: the forward runs, the backward says why not
-                rec, not_diff = None, exc
-                outs, single = _result_tuple(tf._gc_fn(*gargs, **kwargs), where)
-            except BaseException:
-                key.exit()
-                raise
+            attach = [i for i in tensor_pos if needs[i + 2]]
+            if _recording_blocked():
+                outs, single, rec, not_diff = _in_fresh_thread(_record, tf, kwargs, gargs, attach, grads,
+                                                               len(tensor_pos) == len(args))
             else:
-                key.suppress()
-                rec, not_diff = _Recording(key), None
+                outs, single, rec, not_diff = _record(tf, kwargs, gargs, attach, grads,
+                                                      len(tensor_pos) == len(args))
             touts = _export_outputs(outs, gargs)
             for o, t in zip(outs, touts):
                 if o.dtype.kind != "f":
@@ -569,7 +619,7 @@ def _build_torch_bits():
                     else:
                         arr = g._data
                         if (g._device != "cpu" or arr.base is not None or not arr.flags.writeable
-                                or not arr.flags.c_contiguous):
+                                or not arr.flags.c_contiguous or any(arr is a for a in avoid)):
                             res.append(_torch_from_gc(g, avoid))
                         else:
                             res.append(from_dlpack_t(arr.__dlpack__()))
