@@ -30,6 +30,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from . import _core
 from ._core import Tensor, wrap_array
 
 _CPU_DEVICE_TYPES = (1, 3)        # kDLCPU, kDLCUDAHost (host-visible)
@@ -131,7 +132,7 @@ def from_dlpack(obj: Any) -> Tensor:
 import itertools as _itertools
 import re as _re
 import threading as _threading
-from typing import Callable, Dict, List, Sequence, Union
+from typing import Callable, Dict, List
 
 _torch_mod = None
 _torch_bits = None       # lazily built: the autograd.Function class, dtype maps, ...
@@ -466,19 +467,18 @@ def _record(tf, kwargs, gargs, attach, grads, all_tensors):
     own, ``attach``ed inputs' gradients landing in ``grads``: (outputs,
     single, the recording (suppressed until the backward), None) or, for a
     function without a gradient, (outputs, single, None, the error)."""
-    from ._core import GradKey, NotDifferentiableError, apply
     where = tf._label
-    key = GradKey(where)
+    key = _core.GradKey(where)
     key.enter()
     try:
         for i in attach:
             key.attach(gargs[i], _collector(grads, i))
         if tf.op is not None and all_tensors:
-            outs = apply(tf.op, *gargs)
+            outs = _core.apply(tf.op, *gargs)
             single = tf._single and len(outs) == 1
         else:
             outs, single = _result_tuple(tf._gc_fn(*gargs, **kwargs), where)
-    except NotDifferentiableError as exc:
+    except _core.NotDifferentiableError as exc:
         key.exit()
         # as a native op without a derivative: the forward runs, the backward says why not
         outs, single = _result_tuple(tf._gc_fn(*gargs, **kwargs), where)
@@ -500,7 +500,6 @@ def _recording_blocked() -> bool:
     (where only older recordings record). An exported call is a computation
     of its own, on tensors of its own: it then records in a fresh thread,
     whose recording state is clean."""
-    from . import _core
     st = _core._debug_state()
     return st["no_record"] > 0 or st["visible_below"] < _VISIBLE_ALL
 
@@ -528,7 +527,6 @@ def _build_torch_bits():
     if _torch_bits is not None:
         return _torch_bits
     torch = _import_torch()
-    from ._core import GradKey, NotDifferentiableError, apply
 
     class Bits:
         pass
@@ -555,7 +553,6 @@ def _build_torch_bits():
             ctx.set_materialize_grads(False)
             where = tf._label
             needs = ctx.needs_input_grad
-            op = tf.op
             gargs = []
             tensor_pos = []
             for i, a in enumerate(args):
