@@ -10,6 +10,12 @@
   with ``__dlpack__`` (or, on cuda, ``__cuda_array_interface__``), or of a
   DLPack capsule.
 
+Other frameworks (below): ``to_torch`` makes a gradcore op or function of
+gradcore tensors a PyTorch function, differentiable by ``torch.autograd`` to
+any order; ``from_torch`` makes a PyTorch function a gradcore op;
+``to_jax`` makes a gradcore op a JAX function; ``check_torch`` (``gradcore
+check --torch``) compares an op's PyTorch form with its native form.
+
 Shared memory carries no history: a Tensor made by ``from_dlpack`` is a
 leaf, the exported array has no gradient, and a write through the other
 library is not seen by gradcore's in-place checks on values saved for
@@ -185,7 +191,8 @@ def _gc_from_torch(t, where: str) -> Tensor:
                             ) from None
         return wrap_array(arr, "cpu")
     if dev == "cuda":
-        return from_dlpack(t.detach())
+        # gradcore's cuda kernels take dense arrays: a strided view is made dense on the GPU
+        return from_dlpack(t.detach().contiguous())
     raise TypeError(f"{where}: a {_describe_torch(t)} lives on {dev}; gradcore has cpu and cuda")
 
 
@@ -782,7 +789,7 @@ def _torch_from_array(a, device: str):
 def _array_from_torch(t, device: str):
     if device == "cpu":
         return np.from_dlpack(_CpuCapsule(_torch_mod._C._to_dlpack(t.detach())))
-    return from_dlpack(t.detach())._data
+    return from_dlpack(t.detach().contiguous())._data
 
 
 class _TorchVjp:
@@ -909,7 +916,7 @@ def _make_torch_op_class():
 _TorchOp = None
 
 
-def from_torch(fn: Callable, *, name: Optional[str] = None):
+def from_torch(fn: Callable, *, name: Optional[str] = None) -> Any:
     """A PyTorch function as a gradcore op: ``fn`` takes and returns
     ``torch.Tensor``s (one, or a tuple); the op runs it on tensors sharing
     the gradcore inputs' memory (DLPack, no copy) on the inputs' device, and
