@@ -745,12 +745,16 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
         label = name or _op_label(op)
         apply_fn = _core_apply()
 
-        def run(*xs, _op=op, _label=label):
+        def run(*xs, **kwargs):
+            if kwargs:
+                raise TypeError(f"to_torch({label}): an op takes tensors only, got the keyword argument(s) "
+                                f"{', '.join(kwargs)}; its parameters are the op's: to_torch({type(op).__name__}"
+                                f"(...))")
             for k, x in enumerate(xs):
                 if not isinstance(x, Tensor):
-                    raise TypeError(f"to_torch({_label}): argument {k} is a {type(x).__name__}; "
+                    raise TypeError(f"to_torch({label}): argument {k} is a {type(x).__name__}; "
                                     f"an op takes torch.Tensors")
-            return apply_fn(_op, *xs)
+            return apply_fn(op, *xs)
 
         tf = TorchFunction(run, label, op=op, fake=_op_fake(op), wrapped=op)
         tf._single = True

@@ -349,6 +349,8 @@ def test_bad_arguments():
         gradcore.to_torch(Cube)(np.ones(3))
     with pytest.raises(TypeError, match=r"to_torch\(InteropCube\).*bfloat16"):
         gradcore.to_torch(Cube)(torch.ones(3, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match=r"to_torch\(InteropCube\): an op takes tensors only.*scale"):
+        gradcore.to_torch(Cube)(torch.ones(3), scale=2.0)
     with pytest.raises(TypeError, match=r"to_torch: expected a gradcore op.*int"):
         gradcore.to_torch(3)
 
