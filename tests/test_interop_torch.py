@@ -608,3 +608,21 @@ def test_cli_check_torch(capsys):
                for l in out.splitlines())
     assert "compared with their PyTorch form" in out
     assert cli.main(["check", "--help"]) == 0 and "--torch" in capsys.readouterr().out
+
+
+def test_benchmark_runs(tmp_path):
+    """benchmarks/bench_torch_interop.py --quick: it runs and reports every
+    figure (a smoke test: no timing is asserted)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_torch_interop.py"
+    out = subprocess.run([sys.executable, str(script), "--quick", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    for table in ("forward+backward", "forward (no_grad)"):
+        assert set(res["results"][table]) == {"hand", "custom_op", "gradcore"}
+        assert all(r["median_us"] > 0 for r in res["results"][table].values())
+    assert "target (forward+backward)" in out.stdout
