@@ -135,14 +135,13 @@ def from_dlpack(obj: Any) -> Tensor:
 # break there.
 # ======================================================================
 
-import itertools as _itertools
 import re as _re
 import threading as _threading
 from typing import Callable, Dict, List
 
 _torch_mod = None
 _torch_bits = None       # lazily built: the autograd.Function class, dtype maps, ...
-_custom_counter = _itertools.count()
+_custom_names: Dict[str, int] = {}     # custom op base name -> how many ops use it in this process
 _exported_ops: Dict[Any, "TorchFunction"] = {}
 _export_lock = _threading.Lock()
 
@@ -372,7 +371,7 @@ class TorchFunction:
         key = nargs if not kwargs else None
         tf = self._vjps.get(key) if key is not None else None
         if tf is None:
-            name = f"{self.__name__}_vjp"
+            name = f"{self.__name__}_vjp{nargs}"
             fake = _like_float_inputs(nargs) if self._fake is not None else None
             tf = TorchFunction(_gc_vjp(self._gc_fn, nargs, kwargs, self._where()), name, fake=fake)
             tf._single = False
@@ -386,7 +385,7 @@ class TorchFunction:
     @property
     def custom_op(self):
         """The ``torch.library.custom_op`` running this function (registered
-        on first use, as ``gradcore::<name>_<n>``), or None for a function
+        on first use, as ``gradcore::<name>``), or None for a function
         whose output shapes are known only by running it."""
         if self._custom is None and self._fake is not None:
             with _export_lock:
@@ -413,6 +412,10 @@ def _export_outputs(outs, gargs) -> tuple:
     return tuple(res)
 
 
+def _ensure_registered(tf: "TorchFunction") -> None:
+    tf.custom_op
+
+
 def _sanitize(name: str) -> str:
     s = _re.sub(r"\W", "_", name).strip("_") or "fn"
     return s if not s[0].isdigit() else f"op_{s}"
@@ -420,7 +423,13 @@ def _sanitize(name: str) -> str:
 
 def _register_custom_op(tf: TorchFunction):
     torch = _torch_mod
-    qualname = f"gradcore::{_sanitize(tf.__name__)}_{next(_custom_counter)}"
+    # the name follows from the op (its label, and for a vjp the arity), not
+    # from the order of registration: a compiled graph that torch.compile
+    # caches on disk calls custom ops by name, in another process too
+    base = _sanitize(tf.__name__)
+    k = _custom_names.get(base, 0)
+    _custom_names[base] = k + 1
+    qualname = f"gradcore::{base}" if k == 0 else f"gradcore::{base}_{k}"
 
     def impl(xs):
         gargs = [_gc_from_torch(x, tf._where()) for x in xs]
@@ -430,7 +439,23 @@ def _register_custom_op(tf: TorchFunction):
     impl.__name__ = qualname.split("::")[1]
     impl.__annotations__ = {"xs": List[torch.Tensor], "return": List[torch.Tensor]}
     cop = torch.library.custom_op(qualname, impl, mutates_args=())
-    cop.register_fake(tf._fake)
+
+    def fake(xs):
+        outs = tf._fake(xs)
+        # the ops of the backward (and of the backward's backward) exist as
+        # soon as the forward is traced: a backward graph that torch.compile
+        # loads from its cache, without tracing it, calls them
+        n = len(xs)
+        vtf = tf._vjp(n, {})
+        if vtf._custom is None:
+            _ensure_registered(vtf)
+        n2 = n + sum(1 for o in outs if o.is_floating_point())
+        vvtf = vtf._vjp(n2, {})
+        if vvtf._custom is None:
+            _ensure_registered(vvtf)
+        return outs
+
+    cop.register_fake(fake)
 
     def setup_context(ctx, inputs, output):
         (xs,) = inputs
@@ -533,6 +558,13 @@ def _build_torch_bits():
     global _torch_bits
     if _torch_bits is not None:
         return _torch_bits
+    with _export_lock:
+        if _torch_bits is None:
+            _torch_bits = _make_torch_bits()
+    return _torch_bits
+
+
+def _make_torch_bits():
     torch = _import_torch()
 
     class Bits:
@@ -651,7 +683,6 @@ def _build_torch_bits():
             return tuple(res)
 
     bits.Autograd = GradcoreFunction
-    _torch_bits = bits
     return bits
 
 
@@ -708,9 +739,11 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
     the caller as the same exception. Positional arguments that are not
     tensors, and keyword arguments, are passed to a function unchanged.
 
-    An op (not a plain function) is also registered, on first use, as the
-    ``torch.library.custom_op`` ``gradcore::<name>_<n>`` with its backward
-    through ``register_autograd`` and its shapes from the op's ``infer``:
+    An op (not a plain function) is also registered as the
+    ``torch.library.custom_op`` ``gradcore::<name>`` (the op's name and
+    parameters; ``_1``, ``_2``... for another op of the same name in this
+    process), with its backward through ``register_autograd`` (custom ops
+    again) and its shapes from the op's ``infer``:
     that form runs under ``torch.compile`` (no graph break) and under the
     profiler (listed by name); ``TorchFunction.custom_op`` is it. A plain
     function is a graph break under ``torch.compile``.
