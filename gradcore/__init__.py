@@ -41,14 +41,14 @@ _kernel_families.install_backward_graphs(_graph.make_backward_graph)
 from .autodiff import Function, GradManager  # noqa: E402
 from .functional import ones_like, zeros_like  # noqa: E402
 from .serialization import load, save  # noqa: E402
-from .interop import from_dlpack  # noqa: E402
+from .interop import from_dlpack, from_torch, to_jax, to_torch  # noqa: E402
 from .forward_mode import jvp, vjp  # noqa: E402
 from . import step_graphs as _step_graphs  # noqa: E402,F401 - gradcore.cuda.graphed's view of tensors
 from .visualization import record_details, visualize  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register_grad_rule",
-           "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError"]
+           "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "to_torch", "from_torch", "to_jax", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError"]
 
 
 def __getattr__(name):

@@ -40,7 +40,7 @@ def _quiet_registry():
         return registry.entries(), registry.failures()
 
 
-CHECK_HELP = """usage: gradcore check DIST [--devices cpu,cuda] [--seed N]
+CHECK_HELP = """usage: gradcore check DIST [--devices cpu,cuda] [--seed N] [--torch]
 
 Run gradcore.testing.check_op on every op the installed distribution DIST
 registers, and check_grad_rule on every grad rule it registers for ops it
@@ -58,6 +58,11 @@ compiler is present. --devices limits the devices checked.
 Statuses: passed; failed; skipped (could not run for a reason outside the
 op author's control: no GPU and no emulator, no nvcc, not requested);
 not applicable (nothing to test: not differentiable, no cuda kernel...).
+
+--torch compares each op's PyTorch form (gradcore.to_torch) with its
+native form instead: values (float64 and float32) and first-order
+gradients (float64) on the same inputs (gradcore.interop.check_torch);
+it needs PyTorch installed.
 
 Exit status 1 when a plugin of DIST failed to load, a check failed, or an
 op had no check run (everything skipped or not applicable); 2 for a usage
@@ -85,6 +90,8 @@ def _parse_check_args(args: List[str]):
 
 def _check(args: List[str]) -> int:
     from . import registry
+    torch_form = "--torch" in args
+    args = [a for a in args if a != "--torch"]
     parsed = _parse_check_args(args)
     if parsed == "help":
         print(CHECK_HELP)
@@ -104,6 +111,8 @@ def _check(args: List[str]) -> int:
         print(f"gradcore check: no ops or grad rules are registered by a distribution or entry point "
               f"named {dist!r}; known: {', '.join(known) or 'none'}", file=sys.stderr)
         return 2
+    if torch_form:
+        return _check_torch(dist, mine, failed, seed)
     from .testing import cuda_for_checks
     with cuda_for_checks(devices is None or "cuda" in devices) as where_cuda:
         report = _check_all(mine, failed, rules, devices, seed)
@@ -113,6 +122,34 @@ def _check(args: List[str]) -> int:
     print(f"\n{dist}: {len(mine)} op(s), {len(rules)} grad rule(s); {len(report.passed)} check(s) passed, "
           f"{len(report.failed)} failed, {n_skip} skipped{' (' + '; '.join(reasons) + ')' if reasons else ''}, "
           f"{len(report.not_applicable)} not applicable; cuda: {where_cuda}; seed {seed}")
+    return 0 if report.ok else 1
+
+
+def _check_torch(dist, mine, failed, seed) -> int:
+    """``gradcore check --torch DIST``: each op's to_torch form against its native form."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        print(f"gradcore check --torch: PyTorch does not import ({exc}); pip install torch", file=sys.stderr)
+        return 2
+    from .interop import check_torch
+    from .testing import CheckReport, CheckResult
+    report = CheckReport()
+    for f in failed:
+        report.results.append(CheckResult(f"<plugin {f.dist}>", "load", "failed", f.error))
+    for e in mine:
+        try:
+            sub = check_torch(e.cls, seed=seed)
+        except Exception as exc:
+            sub = CheckReport([CheckResult(e.name, "torch", "failed", f"{type(exc).__name__}: {exc}")])
+        for r in sub.results:
+            r.op = e.name
+        if not sub.passed and sub.ok:
+            sub.results.append(CheckResult(e.name, "torch", "failed", "no check ran (nothing to compare)"))
+        report.extend(sub)
+    print(report.table())
+    print(f"\n{dist}: {len(mine)} op(s) compared with their PyTorch form; {len(report.passed)} check(s) "
+          f"passed, {len(report.failed)} failed, {len(report.not_applicable)} not applicable; seed {seed}")
     return 0 if report.ok else 1
 
 

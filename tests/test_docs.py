@@ -26,7 +26,8 @@ def test_tutorial_has_code():
     blocks = python_blocks(DOCS / "write-your-first-op.md")
     assert len(blocks) >= 4
     text = "\n".join(blocks)
-    for needle in ("def infer", "def cpu", "cuda_source", "def vjp", "register_op", "check_op", "gradcheck"):
+    for needle in ("def infer", "def cpu", "cuda_source", "def vjp", "register_op", "check_op", "gradcheck",
+                   "gradcore.to_torch(MyCube)", "torch.nn.Module", "torch.optim", "from_torch"):
         assert needle in text, needle
 
 
