@@ -84,11 +84,18 @@ def _mpirun(n):
     return cmd
 
 
+def _env():
+    # os.environ is the snapshot Python took at start: a process that initialised MPI (a singleton
+    # run, in another test of this worker) has Open MPI's variables in its C environment, which an
+    # inherited environment would hand to mpirun (it then exits 1 without a word)
+    return dict(os.environ)
+
+
 def _run(tmp_path, n, cases):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     res = subprocess.run([*_mpirun(n), sys.executable, str(script), str(tmp_path),
-                          ",".join(cases)], capture_output=True, text=True, timeout=600)
+                          ",".join(cases)], capture_output=True, text=True, env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
 
@@ -165,7 +172,7 @@ def test_shapes_that_differ_across_ranks_are_reported_on_every_rank(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text(BAD)
     res = subprocess.run([*_mpirun(2), sys.executable, str(script)], capture_output=True,
-                         text=True, timeout=300)
+                         text=True, env=_env(), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     for r in range(2):
         assert (f"rank {r}: DistributedError: AllReduce(mode='sum'): the ranks passed different shapes or "
@@ -258,7 +265,7 @@ def test_a_sharded_embedding_trains_as_one_process_holding_the_whole_table(tmp_p
                            text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
     sharded = subprocess.run([*_mpirun(2), sys.executable, str(script), str(tmp_path), "2",
-                              "sharded"], capture_output=True, text=True, timeout=300)
+                              "sharded"], capture_output=True, text=True, env=_env(), timeout=300)
     assert sharded.returncode == 0, sharded.stdout[-2000:] + sharded.stderr[-3000:]
     a = json.loads((tmp_path / "whole.json").read_text())
     b = json.loads((tmp_path / "sharded.json").read_text())
@@ -321,8 +328,8 @@ EVENTS = textwrap.dedent(r'''
 def test_the_adjoint_all_to_all_is_posted_before_the_dense_branchs_backward(tmp_path):
     script = tmp_path / "events.py"
     script.write_text(EVENTS)
-    res = subprocess.run([*_mpirun(2), sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([*_mpirun(2), sys.executable, str(script), str(tmp_path)], capture_output=True,
+                         text=True, env=_env(), timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     events = json.loads((tmp_path / "events.json").read_text())
     from gradcore.distributed.functional import COLLECTIVE_PRIORITY
