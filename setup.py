@@ -27,6 +27,9 @@ extensions = [
     Extension("gradcore.cuda._launch", ["gradcore/cuda/_launch.pyx"], extra_compile_args=["-O3"]),
     # cuDNN's per-call functions through C function pointers (gradcore/cuda/cudnn.py)
     Extension("gradcore.cuda._cudnn", ["gradcore/cuda/_cudnn.pyx"], extra_compile_args=["-O3"]),
+    # oneDNN's C API through function pointers, beside the NumPy kernels (gradcore/cpu/onednn.py)
+    Extension("gradcore.cpu._onednn", ["gradcore/cpu/_onednn.pyx"], include_dirs=[np.get_include()],
+              extra_compile_args=["-O3"]),
 ]
 # the generated elementwise functions (plain Python, also importable uncompiled):
 # compiled, F.exp costs no Python frame per call
@@ -37,7 +40,7 @@ plain_extensions = [
 
 setup(
     packages=["gradcore", "gradcore.functional", "gradcore.ops", "gradcore.data", "gradcore.data.transform",
-              "gradcore.cuda", "gradcore.module", "gradcore.distributed"],
+              "gradcore.cuda", "gradcore.cpu", "gradcore.module", "gradcore.distributed"],
     package_dir={"gradcore": "gradcore", "gradcore.ops": "ops"},
     package_data={"gradcore.data": ["*.npz", "*.txt"]},
     # the extensions compile side by side, one per core (pip install -e . included)

@@ -226,6 +226,12 @@ def _doctor(args: List[str]) -> int:
     except Exception as exc:
         line("host memory pool", f"BROKEN: {type(exc).__name__}: {exc}")
         problems.append("the host memory pool does not load (pip install -e . rebuilds it)")
+    # oneDNN: which path the CPU convolutions, pooling and batch norm take, and why
+    try:
+        from .cpu import onednn
+        line("oneDNN (cpu)", onednn.status())
+    except Exception as exc:
+        line("oneDNN (cpu)", f"unknown ({type(exc).__name__}: {exc}); the NumPy kernels run")
     # CUDA
     try:
         import pycuda

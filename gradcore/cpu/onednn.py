@@ -1,0 +1,504 @@
+"""oneDNN for the convolutions, pooling and batch norm on the CPU (issue 25).
+
+The library is the ``onednn-cpu-gomp`` wheel (a dependency of gradcore on
+x86-64 Linux: ``<prefix>/lib/libdnnl.so.3``; docs/cpu.md says why this
+build), else ``$GRADCORE_ONEDNN_LIBRARY`` or the loader path. It has no
+headers: gradcore declares the part of oneDNN's v3 C API it uses in
+``_onednn.pxd``, opens the library with dlopen and calls it through
+function pointers from Cython (``_onednn.pyx``), as cuDNN is called on a
+GPU (``gradcore/cuda/cudnn.py``).
+
+What runs on oneDNN (the ops' cpu kernels ask here first and run their
+NumPy code when the answer is None), float32 only:
+
+- ``conv_forward``, ``conv_backward_data``, ``conv_backward_weights``: 1-d,
+  2-d and 3-d convolutions with stride, padding, dilation and groups (a
+  transposed convolution is the backward data with the roles swapped:
+  ``conv_transpose``);
+- ``pool_forward``/``pool_backward``: max pooling (a window's gradient goes
+  to its first maximum, as PyTorch and gradcore's NumPy path do; a window
+  holding a NaN runs the NumPy path, which propagates it) and average
+  pooling (padding counted or not);
+- ``batch_norm_training``/``batch_norm_inference``/``batch_norm_backward``:
+  the BatchNorm ops of ``gradcore/ops/nn.py``.
+
+Primitives are made once per (direction, shapes, attributes, threads) and
+kept in a bounded LRU cache (``cache_limit``; ``stats()``). Tensors stay
+in NumPy's row-major layout (oneDNN picks its implementations for plain
+nchw/ncdhw), the scratchpad of each run is a NumPy byte array (so it comes
+from gradcore's host memory pool). A configuration oneDNN has no
+implementation for is remembered and runs the NumPy path.
+
+Threads: OpenMP's (``OMP_NUM_THREADS``), or ``set_num_threads(n)``.
+Results are deterministic for a given thread count (oneDNN's CPU kernels
+split work statically; PyTorch's CPU backend gives the same guarantee).
+
+Switches: ``GRADCORE_ONEDNN=0`` in the environment, or ``enabled = False``,
+runs the NumPy kernels everywhere; ``status()`` and ``gradcore doctor`` say
+which path runs and why.
+
+Example::
+
+    import gradcore.cpu.onednn as onednn
+    onednn.status()                 # "in use: oneDNN 3.2.0 (...), 2 threads"
+    y = onednn.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1)   # None: not here
+"""
+from __future__ import annotations
+
+import collections
+import ctypes.util
+import os
+import site
+import sys
+import sysconfig
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+try:
+    from . import _onednn
+except ImportError as exc:        # the extension is not built: the NumPy path runs
+    _onednn = None
+    _import_error = f"gradcore.cpu._onednn does not import ({exc}); pip install -e . builds it"
+else:
+    _import_error = None
+
+_OFF = ("0", "false", "no", "off")
+enabled = os.environ.get("GRADCORE_ONEDNN", "1").strip().lower() not in _OFF
+cache_limit = 512               # primitives kept (least recently used dropped first)
+
+_F32 = np.dtype(np.float32)
+_lock = threading.Lock()
+_cache: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
+_refused: dict = {}             # key -> why oneDNN does not run it
+_stats = {"hits": 0, "misses": 0, "evictions": 0, "refused": 0}
+_path: Optional[str] = None
+_load_error: Optional[str] = None
+_loaded = False
+
+
+# ---------------------------------------------------------------- the library
+def _prefixes() -> List[str]:
+    """Installation prefixes whose ``lib/`` may hold the wheel's libdnnl:
+    this environment's, the user site's, and the ones above each
+    site-packages folder on the path."""
+    found = [sys.prefix, sysconfig.get_paths().get("data", ""), getattr(site, "USER_BASE", "") or ""]
+    try:
+        found += [site.getuserbase()]
+    except Exception:
+        pass
+    roots = list(sys.path)
+    try:
+        roots += site.getsitepackages() + [site.getusersitepackages()]
+    except Exception:
+        pass
+    for root in roots:           # <prefix>/lib/pythonX.Y/site-packages
+        if root and os.path.basename(root) in ("site-packages", "dist-packages"):
+            found.append(os.path.dirname(os.path.dirname(os.path.dirname(root))))
+    return [p for p in dict.fromkeys(found) if p and os.path.isdir(p)]
+
+
+def candidate_paths() -> List[str]:
+    """Where libdnnl may be, most specific first: ``$GRADCORE_ONEDNN_LIBRARY``,
+    the wheel's (``<prefix>/lib/libdnnl.so.3``), the loader path."""
+    found = []
+    explicit = os.environ.get("GRADCORE_ONEDNN_LIBRARY")
+    if explicit:
+        found.append(explicit)
+    for prefix in _prefixes():
+        for name in ("libdnnl.so.3", "libdnnl.so"):
+            path = os.path.join(prefix, "lib", name)
+            if os.path.exists(path):
+                found.append(path)
+    name = ctypes.util.find_library("dnnl")
+    if name:
+        found.append(name)
+    return list(dict.fromkeys(found))
+
+
+def load() -> bool:
+    """Load oneDNN once; True when it is usable (``why_not()`` says why not)."""
+    global _loaded, _path, _load_error
+    if _loaded:
+        return True
+    if _load_error is not None:
+        return False
+    with _lock:
+        if _loaded or _load_error is not None:
+            return _loaded
+        if _onednn is None:
+            _load_error = _import_error
+            return False
+        errors = []
+        for path in candidate_paths():
+            try:
+                _onednn.load(path)
+            except OSError as exc:
+                errors.append(f"{path}: {exc}")
+                continue
+            except Exception as exc:     # engine or stream creation failed
+                errors.append(f"{path}: {type(exc).__name__}: {exc}")
+                continue
+            _path, _loaded = path, True
+            return True
+        _load_error = ("libdnnl was not found: pip install onednn-cpu-gomp==2023.2.0 (gradcore depends on it "
+                       "on x86-64 Linux)" if not errors else "libdnnl does not load: " + "; ".join(errors))
+        return False
+
+
+def version() -> Optional[str]:
+    """The loaded oneDNN's version ("3.2.0"), or None."""
+    if not load():
+        return None
+    major, minor, patch, _ = _onednn.version()
+    return f"{major}.{minor}.{patch}"
+
+
+def library_path() -> Optional[str]:
+    return _path if load() else None
+
+
+def why_not() -> Optional[str]:
+    """None when the CPU kernels run on oneDNN, else why they run NumPy's."""
+    if not enabled:
+        return "switched off (GRADCORE_ONEDNN=0 or gradcore.cpu.onednn.enabled = False)"
+    if not load():
+        return _load_error
+    return None
+
+
+def status() -> str:
+    """Which path the CPU convolutions, pooling and batch norm take, and why."""
+    reason = why_not()
+    if reason is not None:
+        return f"NumPy kernels: oneDNN {reason}"
+    return (f"oneDNN {version()} ({_path}), {num_threads()} threads; NumPy kernels for float64 and "
+            f"for what oneDNN refuses ({len(_refused)} configurations so far)")
+
+
+def set_num_threads(n: int) -> None:
+    """Run oneDNN's primitives on ``n`` threads (0: follow OMP_NUM_THREADS).
+    Example: ``gradcore.cpu.onednn.set_num_threads(1)``."""
+    n = int(n)
+    if n < 0:
+        raise ValueError(f"set_num_threads: n must be >= 0, got {n}")
+    if _onednn is not None:
+        _onednn.set_num_threads(n)
+
+
+def num_threads() -> int:
+    """The threads a oneDNN primitive runs on now (0 when oneDNN is not loaded)."""
+    return _onednn.max_threads() if load() else 0
+
+
+def stats() -> dict:
+    """The primitive cache: ``hits``, ``misses``, ``evictions``, ``refused``
+    (configurations oneDNN has no implementation for), ``size``, ``limit``."""
+    with _lock:
+        return dict(_stats, size=len(_cache), limit=cache_limit)
+
+
+def clear_cache() -> None:
+    """Drop every cached primitive (and the memory of refused configurations)."""
+    with _lock:
+        _cache.clear()
+        _refused.clear()
+
+
+def refused() -> dict:
+    """The configurations oneDNN refused: key -> reason."""
+    with _lock:
+        return dict(_refused)
+
+
+# ---------------------------------------------------------------- the primitive cache
+def _primitive(key: tuple, make):
+    """The cached primitive of ``key`` (made by ``make()`` on a miss), or
+    None where oneDNN has no implementation for it."""
+    key = key + (_onednn.max_threads(),)
+    with _lock:
+        prim = _cache.get(key)
+        if prim is not None:
+            _cache.move_to_end(key)
+            _stats["hits"] += 1
+            return prim
+        if key in _refused:
+            _stats["hits"] += 1
+            return None
+        _stats["misses"] += 1
+    try:
+        prim = make()
+    except _onednn.OnednnError as exc:     # unimplemented, invalid arguments: the NumPy path runs it
+        with _lock:
+            _refused[key] = str(exc)
+            _stats["refused"] += 1
+        return None
+    with _lock:
+        _cache[key] = prim
+        while len(_cache) > max(cache_limit, 0):
+            _cache.popitem(last=False)
+            _stats["evictions"] += 1
+    return prim
+
+
+def _usable(*arrays) -> bool:
+    """oneDNN runs on these arrays: switched on, loaded, float32, none empty."""
+    if not enabled or (not _loaded and not load()):
+        return False
+    for a in arrays:
+        if a.dtype != _F32 or a.size == 0:
+            return False
+    return True
+
+
+def _c(a):
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _tup(v, n) -> Tuple[int, ...]:
+    if isinstance(v, (int, np.integer)):
+        return (int(v),) * n
+    v = tuple(int(i) for i in v)
+    if len(v) != n:
+        raise ValueError(f"expected {n} values, got {v}")
+    return v
+
+
+def _right_pad(size, out, k, s, p, d):
+    """oneDNN's right padding: what makes ``out`` outputs exact (PyTorch's
+    floor rounding leaves part of the right padding unused)."""
+    return (out - 1) * s + (k - 1) * d + 1 - size - p
+
+
+def _out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _conv_geometry(xshape, wshape, yshape, stride, padding, dilation, groups):
+    n = len(xshape) - 2
+    stride, padding, dilation = _tup(stride, n), _tup(padding, n), _tup(dilation, n)
+    pr = tuple(_right_pad(xshape[2 + i], yshape[2 + i], wshape[2 + i], stride[i], padding[i], dilation[i])
+               for i in range(n))
+    wd = tuple(wshape) if groups == 1 else (groups, wshape[0] // groups) + tuple(wshape[1:])
+    return wd, stride, tuple(d - 1 for d in dilation), padding, pr
+
+
+# ---------------------------------------------------------------- convolutions
+def conv_forward(x, w, stride, padding, dilation, groups=1, bias=None, relu=False):
+    """y = conv(x, w) (+ bias per channel, then ReLU) over the trailing
+    spatial axes of x (N, C, *S), w (O, C // groups, *K); None where
+    oneDNN does not run it."""
+    if not _usable(x, w) or (bias is not None and not _usable(bias)) or not 3 <= x.ndim <= 5:
+        return None
+    n = x.ndim - 2
+    st, pd, dl = _tup(stride, n), _tup(padding, n), _tup(dilation, n)
+    yshape = (x.shape[0], w.shape[0]) + tuple(_out(x.shape[2 + i], w.shape[2 + i], st[i], pd[i], dl[i])
+                                               for i in range(n))
+    if min(yshape) < 1:
+        return None
+    wd, st, dil, pl, pr = _conv_geometry(x.shape, w.shape, yshape, st, pd, dl, groups)
+    key = ("conv", 0, x.shape, w.shape, st, pl, dil, groups, bias is not None, bool(relu))
+    prim = _primitive(key, lambda: _onednn.convolution(0, x.shape, wd, yshape, st, dil, pl, pr, bias is not None,
+                                                       bool(relu)))
+    if prim is None:
+        return None
+    y = np.empty(yshape, _F32)
+    if bias is None:
+        prim.run(_c(x), _c(w), y)
+    else:
+        prim.run(_c(x), _c(w), _c(bias.reshape(-1)), y)
+    return y
+
+
+def conv_backward_data(g, w, xshape, stride, padding, dilation, groups=1):
+    """The gradient of conv_forward with respect to x (of shape ``xshape``)
+    from the output gradient g; None where oneDNN does not run it."""
+    xshape = tuple(int(s) for s in xshape)
+    if not _usable(g, w) or not 3 <= g.ndim <= 5 or 0 in xshape:
+        return None
+    wd, st, dil, pl, pr = _conv_geometry(xshape, w.shape, g.shape, stride, padding, dilation, groups)
+    key = ("conv", 1, xshape, w.shape, g.shape, st, pl, dil, groups)
+    prim = _primitive(key, lambda: _onednn.convolution(1, xshape, wd, g.shape, st, dil, pl, pr))
+    if prim is None:
+        return None
+    dx = np.empty(xshape, _F32)
+    prim.run(_c(g), _c(w), dx)
+    return dx
+
+
+def conv_backward_weights(g, x, wshape, stride, padding, dilation, groups=1, bias=False):
+    """The gradient of conv_forward with respect to w (of shape ``wshape``)
+    from the output gradient g (with ``bias``: the pair (dw, dbias));
+    None where oneDNN does not run it."""
+    wshape = tuple(int(s) for s in wshape)
+    if not _usable(g, x) or not 3 <= g.ndim <= 5 or 0 in wshape:
+        return None
+    wd, st, dil, pl, pr = _conv_geometry(x.shape, wshape, g.shape, stride, padding, dilation, groups)
+    key = ("conv", 2, x.shape, wshape, g.shape, st, pl, dil, groups, bool(bias))
+    prim = _primitive(key, lambda: _onednn.convolution(2, x.shape, wd, g.shape, st, dil, pl, pr, bool(bias)))
+    if prim is None:
+        return None
+    dw = np.empty(wshape, _F32)
+    if not bias:
+        prim.run(_c(g), _c(x), dw)
+        return dw
+    db = np.empty((g.shape[1],), _F32)
+    prim.run(_c(g), _c(x), dw, db)
+    return dw, db
+
+
+def conv_transpose(x, w, stride, padding, output_padding, dilation, groups=1):
+    """The transposed convolution of x (N, C_in, *S) with w (C_in, C_out //
+    groups, *K), PyTorch's conv_transpose: the backward data of a
+    convolution with x as its output gradient. None where oneDNN does not
+    run it."""
+    if not 3 <= x.ndim <= 5:
+        return None
+    n = x.ndim - 2
+    st, pd, op, dl = _tup(stride, n), _tup(padding, n), _tup(output_padding, n), _tup(dilation, n)
+    out = tuple((x.shape[2 + i] - 1) * st[i] - 2 * pd[i] + dl[i] * (w.shape[2 + i] - 1) + op[i] + 1
+                for i in range(n))
+    if min(out, default=1) < 1:
+        return None
+    return conv_backward_data(x, w, (x.shape[0], w.shape[1] * groups) + out, st, pd, dl, groups)
+
+
+# ---------------------------------------------------------------- pooling
+_POOL_KINDS = ("max", "average", "average_count_exclude_padding")
+
+
+def _pool_geometry(xshape, kernel, stride, padding):
+    n = len(xshape) - 2
+    k, s, p = _tup(kernel, n), _tup(stride, n), _tup(padding, n)
+    out = tuple(_out(xshape[2 + i], k[i], s[i], p[i], 1) for i in range(n))
+    pr = tuple(_right_pad(xshape[2 + i], out[i], k[i], s[i], p[i], 1) for i in range(n))
+    return tuple(xshape[:2]) + out, k, s, p, pr
+
+
+def pool_forward(x, kind, kernel, stride, padding):
+    """Max or average pooling of x (N, C, *S) (``kind``: "max", "average"
+    counting padding, "average_count_exclude_padding"); None where oneDNN
+    does not run it (max pooling over a NaN: NumPy's path propagates it)."""
+    if kind not in _POOL_KINDS or not _usable(x) or not 3 <= x.ndim <= 5:
+        return None
+    yshape, k, s, p, pr = _pool_geometry(x.shape, kernel, stride, padding)
+    if min(yshape) < 1:
+        return None
+    prim = _primitive(("pool", 1, kind, x.shape, k, s, p), lambda: _onednn.pooling(1, kind, x.shape, yshape, s, k, p,
+                                                                                   pr))
+    if prim is None:
+        return None
+    x = _c(x)
+    y = np.empty(yshape, _F32)
+    prim.run(x, y)
+    if kind == "max" and np.isnan(y.sum()) and np.isnan(x).any():
+        return None      # oneDNN's max drops NaN; NumPy's propagates it (as PyTorch's)
+    return y
+
+
+def pool_backward(g, x, kind, kernel, stride, padding, xshape=None):
+    """The input gradient of pool_forward from g: max pooling routes each
+    window's gradient to its first maximum (needs x), average pooling
+    spreads it (x or ``xshape`` gives the input's shape). None where
+    oneDNN does not run it."""
+    if kind not in _POOL_KINDS or not _usable(g):
+        return None
+    xshape = tuple(x.shape) if x is not None else tuple(int(v) for v in xshape)
+    if not 3 <= len(xshape) <= 5 or 0 in xshape:
+        return None
+    yshape, k, s, p, pr = _pool_geometry(xshape, kernel, stride, padding)
+    if tuple(g.shape) != yshape:
+        return None
+    bwd = _primitive(("pool", 2, kind, xshape, k, s, p), lambda: _onednn.pooling(2, kind, xshape, yshape, s, k, p,
+                                                                                 pr))
+    if bwd is None:
+        return None
+    dx = np.empty(xshape, _F32)
+    if kind != "max":
+        bwd.run(_c(g), dx)
+        return dx
+    if x is None or not _usable(x):
+        return None
+    fwd = _primitive(("pool", 0, kind, xshape, k, s, p), lambda: _onednn.pooling(0, kind, xshape, yshape, s, k, p,
+                                                                                 pr))
+    if fwd is None:
+        return None
+    x = _c(x)
+    y = np.empty(yshape, _F32)
+    ws = np.empty(fwd.workspace_bytes, np.uint8)
+    fwd.run(x, y, ws)            # the argmax of each window, in the workspace
+    if np.isnan(y.sum()) and np.isnan(x).any():
+        return None
+    bwd.run(_c(g), ws, dx)
+    return dx
+
+
+# ---------------------------------------------------------------- batch normalisation
+def _bn_ok(x, *params) -> bool:
+    return _usable(x, *params) and 2 <= x.ndim <= 5 and all(p.size == x.shape[1] for p in params)
+
+
+def _per_channel(a):
+    return _c(a.reshape(-1))
+
+
+def _param_shape(x):
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def batch_norm_training(x, weight, bias, eps):
+    """(y, mean, invstd) of batch normalisation with the batch's statistics
+    over every axis but 1 (mean and invstd shaped (1, C, 1, ...), invstd =
+    1 / sqrt(biased variance + eps)); None where oneDNN does not run it."""
+    if not _bn_ok(x, weight, bias):
+        return None
+    prim = _primitive(("bn", 0, x.shape, float(eps)), lambda: _onednn.batch_norm(0, tuple(x.shape), float(eps)))
+    if prim is None:
+        return None
+    c = x.shape[1]
+    y = np.empty(x.shape, _F32)
+    mean, var = np.empty(c, _F32), np.empty(c, _F32)
+    prim.run(_c(x), _per_channel(weight), _per_channel(bias), y, mean, var)
+    invstd = (1.0 / np.sqrt(var.astype(np.float64) + eps)).astype(_F32)
+    shape = _param_shape(x)
+    return y, mean.reshape(shape), invstd.reshape(shape)
+
+
+def batch_norm_inference(x, mean, var, weight, bias, eps):
+    """(x - mean) / sqrt(var + eps) * weight + bias, per channel; None
+    where oneDNN does not run it."""
+    if not _bn_ok(x, mean, var, weight, bias):
+        return None
+    prim = _primitive(("bn", 1, x.shape, float(eps)), lambda: _onednn.batch_norm(1, tuple(x.shape), float(eps)))
+    if prim is None:
+        return None
+    y = np.empty(x.shape, _F32)
+    prim.run(_c(x), _per_channel(mean), _per_channel(var), _per_channel(weight), _per_channel(bias), y)
+    return y
+
+
+def batch_norm_backward(g, x, weight, mean, invstd, eps):
+    """(dx, dweight, dbias) of batch_norm_training from the output gradient
+    g, with the mean and invstd it returned; None where oneDNN does not
+    run it."""
+    if not _bn_ok(x, weight, mean, invstd) or not _usable(g) or g.shape != x.shape:
+        return None
+    prim = _primitive(("bn", 2, x.shape, float(eps)), lambda: _onednn.batch_norm(2, tuple(x.shape), float(eps)))
+    if prim is None:
+        return None
+    c = x.shape[1]
+    # oneDNN reads the variance: the one whose 1 / sqrt(var + eps) is invstd
+    inv = invstd.reshape(-1).astype(np.float64)
+    var = (1.0 / (inv * inv) - eps).astype(_F32)
+    dx = np.empty(x.shape, _F32)
+    dw, db = np.empty(c, _F32), np.empty(c, _F32)
+    prim.run(_c(x), _per_channel(mean), var, _c(g), _per_channel(weight), dx, dw, db)
+    shape = _param_shape(x)
+    return dx, dw.reshape(shape), db.reshape(shape)
+
+
+__all__ = ["enabled", "cache_limit", "candidate_paths", "load", "version", "library_path", "why_not", "status",
+           "set_num_threads", "num_threads", "stats", "clear_cache", "refused", "conv_forward",
+           "conv_backward_data", "conv_backward_weights", "conv_transpose", "pool_forward", "pool_backward",
+           "batch_norm_training", "batch_norm_inference", "batch_norm_backward"]

@@ -1,0 +1,210 @@
+"""oneDNN's CPU primitives (gradcore/cpu/onednn.py) at the function level:
+against PyTorch (CPU) and against gradcore's NumPy kernels, and the
+binding's cache, switches and fallbacks."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gradcore.cpu import onednn
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+pytestmark = pytest.mark.skipif(onednn.why_not() is not None, reason=f"oneDNN: {onednn.why_not()}")
+
+RTOL, ATOL = 1e-4, 1e-4
+
+
+def rnd(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def close(a, b, rtol=RTOL, atol=ATOL):
+    b = b.detach().numpy() if hasattr(b, "detach") else b
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+def _torch_conv(x, w, stride, padding, dilation, groups):
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.ndim]
+    xt = torch.tensor(x, requires_grad=True)
+    wt = torch.tensor(w, requires_grad=True)
+    y = fn(xt, wt, None, stride, padding, dilation, groups)
+    g = torch.tensor(rnd(*y.shape, seed=7))
+    dx, dw = torch.autograd.grad(y, (xt, wt), g)
+    return y, g.numpy(), dx, dw
+
+
+CONV_CASES = [
+    # x shape, w shape, stride, padding, dilation, groups
+    ((2, 3, 17), (4, 3, 3), 1, 1, 1, 1),
+    ((2, 4, 20), (6, 2, 5), 2, 2, 2, 2),
+    ((2, 3, 9, 11), (5, 3, 3, 3), 1, 1, 1, 1),
+    ((3, 4, 12, 10), (8, 1, 3, 2), (2, 1), (1, 0), (1, 2), 4),          # depthwise-like, asymmetric
+    ((2, 6, 13, 13), (4, 3, 5, 5), 3, 2, 1, 2),                         # stride leaves a remainder
+    ((2, 3, 7, 8, 9), (4, 3, 3, 3, 3), 1, 1, 1, 1),
+    ((1, 4, 9, 8, 7), (6, 2, 2, 3, 2), (2, 1, 2), (1, 1, 0), (1, 2, 1), 2),
+]
+
+
+@pytest.mark.parametrize("xs, ws, stride, padding, dilation, groups", CONV_CASES)
+def test_convolution_three_directions_match_torch(xs, ws, stride, padding, dilation, groups):
+    x, w = rnd(*xs), rnd(*ws, seed=1)
+    y, g, dx, dw = _torch_conv(x, w, stride, padding, dilation, groups)
+    close(onednn.conv_forward(x, w, stride, padding, dilation, groups), y)
+    close(onednn.conv_backward_data(g, w, x.shape, stride, padding, dilation, groups), dx)
+    close(onednn.conv_backward_weights(g, x, w.shape, stride, padding, dilation, groups), dw)
+
+
+def test_convolution_bias_and_relu_fused():
+    x, w, b = rnd(2, 3, 8, 8), rnd(4, 3, 3, 3, seed=1), rnd(4, seed=2)
+    want = F.relu(F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), 1, 1))
+    close(onednn.conv_forward(x, w, 1, 1, 1, 1, bias=b, relu=True), want)
+    g = rnd(2, 4, 8, 8, seed=3)
+    dw, db = onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1, bias=True)
+    close(db, g.sum(axis=(0, 2, 3)))
+
+
+@pytest.mark.parametrize("xs, ws, stride, padding, out_pad, dilation, groups", [
+    ((2, 4, 6, 6), (4, 3, 4, 4), 2, 1, 0, 1, 1),
+    ((2, 4, 5, 7), (4, 2, 3, 3), 2, 1, 1, 1, 2),
+    ((2, 2, 9), (2, 3, 3), 3, 0, 2, 2, 1),
+    ((1, 2, 4, 3, 5), (2, 2, 3, 3, 3), 2, 1, 1, 1, 1),
+])
+def test_transposed_convolution_matches_torch(xs, ws, stride, padding, out_pad, dilation, groups):
+    x, w = rnd(*xs), rnd(*ws, seed=1)
+    fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[x.ndim]
+    want = fn(torch.tensor(x), torch.tensor(w), None, stride, padding, out_pad, groups, dilation)
+    close(onednn.conv_transpose(x, w, stride, padding, out_pad, dilation, groups), want)
+
+
+POOL_CASES = [((2, 3, 8, 8), 2, 2, 0), ((2, 3, 9, 7), 3, 2, 1), ((1, 2, 10, 11), (3, 2), (2, 3), (1, 0)),
+              ((2, 2, 11), 3, 2, 1), ((1, 2, 5, 6, 7), 2, 2, 1)]
+
+
+@pytest.mark.parametrize("xs, k, s, p", POOL_CASES)
+def test_max_pooling_matches_torch_first_maximum_on_ties(xs, k, s, p):
+    # small integers: most windows hold tied maxima
+    x = np.random.default_rng(0).integers(0, 3, xs).astype(np.float32)
+    fn = {3: F.max_pool1d, 4: F.max_pool2d, 5: F.max_pool3d}[x.ndim]
+    xt = torch.tensor(x, requires_grad=True)
+    y = fn(xt, k, s, p)
+    g = rnd(*y.shape, seed=5)
+    (dx,) = torch.autograd.grad(y, xt, torch.tensor(g))
+    close(onednn.pool_forward(x, "max", k, s, p), y)
+    close(onednn.pool_backward(g, x, "max", k, s, p), dx, 0, 0)
+
+
+@pytest.mark.parametrize("xs, k, s, p", POOL_CASES)
+@pytest.mark.parametrize("kind", ["average", "average_count_exclude_padding"])
+def test_average_pooling_matches_torch(xs, k, s, p, kind):
+    x = rnd(*xs)
+    fn = {3: F.avg_pool1d, 4: F.avg_pool2d, 5: F.avg_pool3d}[x.ndim]
+    xt = torch.tensor(x, requires_grad=True)
+    y = fn(xt, k, s, p, count_include_pad=kind == "average")
+    g = rnd(*y.shape, seed=5)
+    (dx,) = torch.autograd.grad(y, xt, torch.tensor(g))
+    close(onednn.pool_forward(x, kind, k, s, p), y)
+    close(onednn.pool_backward(g, None, kind, k, s, p, xshape=x.shape), dx)
+
+
+def test_max_pooling_over_nan_leaves_it_to_numpy():
+    x = rnd(1, 1, 4, 4)
+    x[0, 0, 1, 1] = np.nan
+    assert onednn.pool_forward(x, "max", 2, 2, 0) is None
+    assert onednn.pool_backward(rnd(1, 1, 2, 2), x, "max", 2, 2, 0) is None
+
+
+@pytest.mark.parametrize("shape", [(8, 3, 5, 4), (16, 5), (4, 3, 7), (2, 3, 4, 3, 2)])
+def test_batch_norm_matches_torch(shape):
+    x, w, b = rnd(*shape) * 3 + 1, rnd(shape[1], seed=1), rnd(shape[1], seed=2)
+    pshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+    eps = 1e-5
+    xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    y = F.batch_norm(xt, None, None, wt, bt, training=True, eps=eps)
+    g = rnd(*shape, seed=3)
+    dx, dw, db = torch.autograd.grad(y, (xt, wt, bt), torch.tensor(g))
+    out, mean, invstd = onednn.batch_norm_training(x, w.reshape(pshape), b.reshape(pshape), eps)
+    close(out, y)
+    axes = tuple(i for i in range(len(shape)) if i != 1)
+    close(mean.reshape(-1), x.mean(axis=axes))
+    close(invstd.reshape(-1), 1 / np.sqrt(x.var(axis=axes) + eps), 1e-4, 1e-5)
+    gx, gw, gb = onednn.batch_norm_backward(g, x, w.reshape(pshape), mean, invstd, eps)
+    close(gx, dx)
+    close(gw.reshape(-1), dw, 1e-4, 1e-3)
+    close(gb.reshape(-1), db, 1e-4, 1e-3)
+    m, v = rnd(shape[1], seed=4), np.abs(rnd(shape[1], seed=5)) + 0.5
+    want = F.batch_norm(torch.tensor(x), torch.tensor(m), torch.tensor(v), torch.tensor(w), torch.tensor(b),
+                        training=False, eps=eps)
+    got = onednn.batch_norm_inference(x, *(a.reshape(pshape) for a in (m, v, w, b)), eps)
+    close(got, want)
+
+
+def test_float64_empty_and_unsupported_run_numpy():
+    x, w = rnd(2, 3, 8, 8), rnd(4, 3, 3, 3)
+    assert onednn.conv_forward(x.astype(np.float64), w.astype(np.float64), 1, 1, 1, 1) is None
+    assert onednn.conv_forward(x[:0], w, 1, 1, 1, 1) is None
+    assert onednn.pool_forward(x[:, :0], "max", 2, 2, 0) is None
+    assert onednn.batch_norm_training(x.astype(np.float64), *(np.ones((1, 3, 1, 1)),) * 2, 1e-5) is None
+
+
+def test_primitives_cached_with_statistics():
+    onednn.clear_cache()
+    x, w = rnd(2, 3, 8, 8), rnd(4, 3, 3, 3)
+    before = onednn.stats()
+    y1 = onednn.conv_forward(x, w, 1, 1, 1, 1)
+    mid = onednn.stats()
+    y2 = onednn.conv_forward(x, w, 1, 1, 1, 1)
+    after = onednn.stats()
+    assert mid["misses"] == before["misses"] + 1 and after["hits"] == mid["hits"] + 1
+    assert after["size"] == 1 and after["limit"] == onednn.cache_limit
+    np.testing.assert_array_equal(y1, y2)        # deterministic
+
+
+def test_cache_is_bounded():
+    onednn.clear_cache()
+    old = onednn.cache_limit
+    onednn.cache_limit = 2
+    try:
+        evictions = onednn.stats()["evictions"]
+        for n in (1, 2, 3, 4):
+            onednn.conv_forward(rnd(n, 2, 5, 5), rnd(2, 2, 3, 3), 1, 0, 1, 1)
+        st = onednn.stats()
+        assert st["size"] == 2 and st["evictions"] == evictions + 2
+    finally:
+        onednn.cache_limit = old
+        onednn.clear_cache()
+
+
+def test_switch_off_in_process():
+    x, w = rnd(2, 3, 8, 8), rnd(4, 3, 3, 3)
+    onednn.enabled = False
+    try:
+        assert onednn.conv_forward(x, w, 1, 1, 1, 1) is None
+        assert "switched off" in onednn.status()
+    finally:
+        onednn.enabled = True
+    assert onednn.status().startswith("oneDNN 3.")
+
+
+def test_environment_switch_and_doctor():
+    env = dict(os.environ, GRADCORE_ONEDNN="0")
+    code = "import gradcore.cpu.onednn as o; print(o.status())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "NumPy kernels" in out.stdout and "GRADCORE_ONEDNN=0" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "gradcore.cli", "doctor"], capture_output=True, text=True)
+    assert "oneDNN" in out.stdout
+
+
+def test_thread_setting():
+    onednn.set_num_threads(1)
+    try:
+        assert onednn.num_threads() == 1
+        x, w = rnd(4, 8, 16, 16), rnd(8, 8, 3, 3)
+        y1 = onednn.conv_forward(x, w, 1, 1, 1, 1)
+    finally:
+        onednn.set_num_threads(0)
+    y2 = onednn.conv_forward(x, w, 1, 1, 1, 1)
+    close(y1, y2)
