@@ -94,7 +94,7 @@ def test_max_pooling_matches_torch_first_maximum_on_ties(xs, k, s, p):
     g = rnd(*y.shape, seed=5)
     (dx,) = torch.autograd.grad(y, xt, torch.tensor(g))
     close(onednn.pool_forward(x, "max", k, s, p), y)
-    close(onednn.pool_backward(g, x, "max", k, s, p), dx, 0, 0)
+    close(onednn.pool_backward(g, x, "max", k, s, p), dx, 1e-6, 1e-7)   # overlapping windows: summation order
 
 
 @pytest.mark.parametrize("xs, k, s, p", POOL_CASES)

@@ -389,11 +389,10 @@ def pool_forward(x, kind, kernel, stride, padding):
                                                                                    pr))
     if prim is None:
         return None
-    x = _c(x)
+    if kind == "max" and np.isnan(x.max()):
+        return None      # oneDNN's max drops NaN; NumPy's path propagates it (as PyTorch's)
     y = np.empty(yshape, _F32)
-    prim.run(x, y)
-    if kind == "max" and np.isnan(y.sum()) and np.isnan(x).any():
-        return None      # oneDNN's max drops NaN; NumPy's propagates it (as PyTorch's)
+    prim.run(_c(x), y)
     return y
 
 
@@ -424,12 +423,11 @@ def pool_backward(g, x, kind, kernel, stride, padding, xshape=None):
                                                                                  pr))
     if fwd is None:
         return None
-    x = _c(x)
+    if np.isnan(x.max()):
+        return None      # NaN wins a window on NumPy's path: it routes the gradient there
     y = np.empty(yshape, _F32)
     ws = np.empty(fwd.workspace_bytes, np.uint8)
-    fwd.run(x, y, ws)            # the argmax of each window, in the workspace
-    if np.isnan(y.sum()) and np.isnan(x).any():
-        return None
+    fwd.run(_c(x), y, ws)        # the argmax of each window, in the workspace
     bwd.run(_c(g), ws, dx)
     return dx
 
