@@ -38,6 +38,9 @@ def _torch_conv(x, w, stride, padding, dilation, groups):
 
 
 CONV_CASES = [
+    ((2, 32, 9, 10), (32, 32, 3, 3), 1, 1, 1, 1),                       # channels that fill the blocks
+    ((2, 32, 9, 10), (48, 8, 3, 3), 2, 1, 1, 4),
+    ((2, 16, 5, 6, 7), (16, 16, 3, 3, 3), 1, 1, 1, 1),
     # x shape, w shape, stride, padding, dilation, groups
     ((2, 3, 17), (4, 3, 3), 1, 1, 1, 1),
     ((2, 4, 20), (6, 2, 5), 2, 2, 2, 2),
@@ -49,8 +52,15 @@ CONV_CASES = [
 ]
 
 
+@pytest.fixture(params=["auto", "plain", "blocked"])
+def layout(request, monkeypatch):
+    """Each convolution test in each layout (NumPy's, oneDNN's blocked one with reorders, the rule's choice)."""
+    monkeypatch.setattr(onednn, "conv_layout", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("xs, ws, stride, padding, dilation, groups", CONV_CASES)
-def test_convolution_three_directions_match_torch(xs, ws, stride, padding, dilation, groups):
+def test_convolution_three_directions_match_torch(xs, ws, stride, padding, dilation, groups, layout):
     x, w = rnd(*xs), rnd(*ws, seed=1)
     y, g, dx, dw = _torch_conv(x, w, stride, padding, dilation, groups)
     close(onednn.conv_forward(x, w, stride, padding, dilation, groups), y)
@@ -58,7 +68,7 @@ def test_convolution_three_directions_match_torch(xs, ws, stride, padding, dilat
     close(onednn.conv_backward_weights(g, x, w.shape, stride, padding, dilation, groups), dw)
 
 
-def test_convolution_bias_and_relu_fused():
+def test_convolution_bias_and_relu_fused(layout):
     x, w, b = rnd(2, 3, 8, 8), rnd(4, 3, 3, 3, seed=1), rnd(4, seed=2)
     want = F.relu(F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), 1, 1))
     close(onednn.conv_forward(x, w, 1, 1, 1, 1, bias=b, relu=True), want)
@@ -73,7 +83,7 @@ def test_convolution_bias_and_relu_fused():
     ((2, 2, 9), (2, 3, 3), 3, 0, 2, 2, 1),
     ((1, 2, 4, 3, 5), (2, 2, 3, 3, 3), 2, 1, 1, 1, 1),
 ])
-def test_transposed_convolution_matches_torch(xs, ws, stride, padding, out_pad, dilation, groups):
+def test_transposed_convolution_matches_torch(xs, ws, stride, padding, out_pad, dilation, groups, layout):
     x, w = rnd(*xs), rnd(*ws, seed=1)
     fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[x.ndim]
     want = fn(torch.tensor(x), torch.tensor(w), None, stride, padding, out_pad, groups, dilation)
@@ -148,6 +158,19 @@ def test_float64_empty_and_unsupported_run_numpy():
     assert onednn.conv_forward(x[:0], w, 1, 1, 1, 1) is None
     assert onednn.pool_forward(x[:, :0], "max", 2, 2, 0) is None
     assert onednn.batch_norm_training(x.astype(np.float64), *(np.ones((1, 3, 1, 1)),) * 2, 1e-5) is None
+
+
+def test_blocked_layout_where_the_rule_says(monkeypatch):
+    monkeypatch.setattr(onednn, "conv_layout", "auto")
+    onednn.clear_cache()
+    x, w = rnd(2, 32, 8, 8), rnd(32, 32, 3, 3)
+    onednn.conv_forward(x, w, 1, 1, 1, 1)
+    (prim,) = onednn._cache.values()
+    assert prim.blocked == (0, 1, 2)       # src, weights, dst reordered around the run
+    onednn.clear_cache()
+    onednn.conv_backward_data(rnd(2, 16, 8, 8), rnd(16, 3, 3, 3), (2, 3, 8, 8), 1, 1, 1, 1)
+    (prim,) = onednn._cache.values()
+    assert prim.blocked == ()              # 3 input channels: plain
 
 
 def test_primitives_cached_with_statistics():

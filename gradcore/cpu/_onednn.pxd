@@ -166,6 +166,9 @@ ctypedef dnnl_status_t (*f_bnorm_bwd_pd)(dnnl_primitive_desc_t* pd, dnnl_engine_
 ctypedef dnnl_status_t (*f_matmul_pd)(dnnl_primitive_desc_t* pd, dnnl_engine_t engine, const void* src,
                                       const void* weights, const void* bias, const void* dst,
                                       const void* attr) noexcept nogil
+ctypedef int (*f_md_equal)(const void* lhs, const void* rhs) noexcept nogil
+ctypedef dnnl_status_t (*f_reorder_pd)(dnnl_primitive_desc_t* pd, const void* src, dnnl_engine_t src_engine,
+                                       const void* dst, dnnl_engine_t dst_engine, const void* attr) noexcept nogil
 ctypedef const void* (*f_pd_query_md)(const void* pd, int what, int index) noexcept nogil
 ctypedef dnnl_status_t (*f_pd_query)(const void* pd, int what, int index, void* result) noexcept nogil
 ctypedef dnnl_status_t (*f_primitive_create)(dnnl_primitive_t* primitive, const void* pd) noexcept nogil

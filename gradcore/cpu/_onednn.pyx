@@ -65,6 +65,8 @@ cdef struct Api:
     f_one_handle primitive_destroy
     f_omp_set_num_threads omp_set_num_threads
     f_omp_get_max_threads omp_get_max_threads
+    f_md_equal md_equal
+    f_reorder_pd reorder_pd
 
 cdef Api api
 cdef void* _lib = NULL
@@ -90,7 +92,8 @@ _NAMES = ("dnnl_version", "dnnl_engine_create", "dnnl_stream_create", "dnnl_stre
           "dnnl_batch_normalization_backward_primitive_desc_create", "dnnl_matmul_primitive_desc_create",
           "dnnl_primitive_desc_query_md", "dnnl_primitive_desc_query", "dnnl_primitive_desc_destroy",
           "dnnl_primitive_create", "dnnl_primitive_execute", "dnnl_primitive_destroy",
-          "omp_set_num_threads", "omp_get_max_threads")
+          "omp_set_num_threads", "omp_get_max_threads", "dnnl_memory_desc_equal",
+          "dnnl_reorder_primitive_desc_create")
 
 
 cdef inline void _check(dnnl_status_t status, str what) except *:
@@ -230,21 +233,60 @@ cdef enum:
     MAX_ARGS = 12
 
 
+cdef struct Exec:
+    dnnl_primitive_t prim
+    int nargs
+    int ids[MAX_ARGS]
+    dnnl_memory_t mems[MAX_ARGS]
+    const void* mds[MAX_ARGS]               # owned by the primitive desc
+
+
+cdef dnnl_status_t _exec(Exec* e, void** ptrs, bint mine) noexcept nogil:
+    """Execute ``e`` with data pointers ``ptrs`` (one per argument, the
+    scratchpad last); ``mine``: its cached memory objects are free, else
+    the run makes its own."""
+    cdef dnnl_exec_arg_t args[MAX_ARGS]
+    cdef dnnl_memory_t own[MAX_ARGS]
+    cdef dnnl_status_t status = dnnl_success
+    cdef int i, made = 0
+    for i in range(e.nargs):
+        args[i].arg = e.ids[i]
+        if mine:
+            status = api.memory_set_data_handle(e.mems[i], ptrs[i])
+            args[i].memory = e.mems[i]
+        else:
+            status = api.memory_create(&own[i], e.mds[i], _engine, ptrs[i])
+            if status == dnnl_success:
+                made += 1
+            args[i].memory = own[i]
+        if status != dnnl_success:
+            break
+    if status == dnnl_success:
+        status = api.primitive_execute(e.prim, _stream, e.nargs, args)
+        if status == dnnl_success:
+            status = api.stream_wait(_stream)
+    for i in range(made):
+        api.memory_destroy(own[i])
+    return status
+
+
 cdef class Primitive:
     """A oneDNN primitive with one memory object per execution argument.
 
     ``run(*arrays)`` takes C-contiguous arrays of the described shapes
     (float32; the pooling workspace a byte array of ``workspace_bytes``) in
     the order of ``arg_ids``, sets the memory objects' data pointers and
-    executes on the process's stream without the GIL. Two threads running
-    one Primitive at once: the second makes its own memory objects."""
-    cdef dnnl_primitive_t prim
-    cdef int nargs
-    cdef int ids[MAX_ARGS]
-    cdef dnnl_memory_t mems[MAX_ARGS]
-    cdef const void* mds[MAX_ARGS]           # owned by pd (kept alive here)
-    cdef _Pd pd
+    executes on the process's stream without the GIL. Where the primitive
+    works in a blocked layout (``blocked``), each such argument has a
+    cached reorder primitive: inputs are reordered into a scratch buffer
+    before, outputs out of one after. Two threads running one Primitive at
+    once: the second makes its own memory objects."""
+    cdef Exec ex
+    cdef _Pd pd                              # owns the memory descriptors ex.mds points at
     cdef bint busy
+    cdef list reorders                       # per argument: None, or the reorder into/out of its layout
+    cdef size_t blocked_bytes[MAX_ARGS]
+    cdef bint is_input[MAX_ARGS]
     cdef readonly size_t scratchpad_bytes
     cdef readonly size_t workspace_bytes
     cdef readonly str impl
@@ -252,82 +294,138 @@ cdef class Primitive:
 
     def __dealloc__(self):
         cdef int i
-        for i in range(self.nargs):
-            if self.mems[i] != NULL:
-                api.memory_destroy(self.mems[i])
-        if self.prim != NULL:
-            api.primitive_destroy(self.prim)
+        for i in range(self.ex.nargs):
+            if self.ex.mems[i] != NULL:
+                api.memory_destroy(self.ex.mems[i])
+        if self.ex.prim != NULL:
+            api.primitive_destroy(self.ex.prim)
+
+    @property
+    def blocked(self):
+        """The arguments (indices into ``arg_ids``) held in a blocked layout."""
+        return tuple(i for i, r in enumerate(self.reorders or ()) if r is not None)
 
     def run(self, *arrays):
         cdef int n = len(arrays), i
-        if n != self.nargs - 1:
-            raise ValueError(f"oneDNN {self.impl}: {self.nargs - 1} arrays expected, got {n}")
+        if n != self.ex.nargs - 1:
+            raise ValueError(f"oneDNN {self.impl}: {self.ex.nargs - 1} arrays expected, got {n}")
+        cdef void* user[MAX_ARGS]
         cdef void* ptrs[MAX_ARGS]
+        cdef void* re_ptrs[MAX_ARGS][2]
+        cdef Exec* re_prim[MAX_ARGS]             # borrowed: self.reorders holds them
+        cdef bint re_mine[MAX_ARGS]
+        cdef bint any_reorder = self.reorders is not None
+        keep = []                                # the scratch buffers, alive until the run is done
         for i in range(n):
-            ptrs[i] = cnp.PyArray_DATA(<cnp.ndarray>arrays[i])
-        scratch = None
+            user[i] = ptrs[i] = cnp.PyArray_DATA(<cnp.ndarray>arrays[i])
+            re_prim[i] = NULL
+        if any_reorder:
+            for i in range(n):
+                r = self.reorders[i]
+                if r is None:
+                    continue
+                buf = np.empty(self.blocked_bytes[i], np.uint8)      # from the host pool
+                keep.append(buf)
+                ptrs[i] = cnp.PyArray_DATA(<cnp.ndarray>buf)
+                re_prim[i] = &(<Primitive>r).ex
+                re_mine[i] = not (<Primitive>r).busy
+                (<Primitive>r).busy = True
+                if self.is_input[i]:
+                    re_ptrs[i][0], re_ptrs[i][1] = user[i], ptrs[i]
+                else:
+                    re_ptrs[i][0], re_ptrs[i][1] = ptrs[i], user[i]
         if self.scratchpad_bytes:
             scratch = np.empty(self.scratchpad_bytes, np.uint8)      # from the host pool
+            keep.append(scratch)
             ptrs[n] = cnp.PyArray_DATA(<cnp.ndarray>scratch)
         else:
             ptrs[n] = NULL
-        cdef dnnl_exec_arg_t args[MAX_ARGS]
-        cdef dnnl_memory_t own[MAX_ARGS]
         cdef bint mine = not self.busy
         cdef dnnl_status_t status = dnnl_success
-        cdef int made = 0
+        cdef void* rp[3]
         if mine:
             self.busy = True
         try:
             with nogil:
-                for i in range(self.nargs):
-                    args[i].arg = self.ids[i]
-                    if mine:
-                        status = api.memory_set_data_handle(self.mems[i], ptrs[i])
-                        args[i].memory = self.mems[i]
-                    else:
-                        status = api.memory_create(&own[i], self.mds[i], _engine, ptrs[i])
-                        if status == dnnl_success:
-                            made += 1
-                        args[i].memory = own[i]
-                    if status != dnnl_success:
-                        break
+                if _threads > 0 and api.omp_get_max_threads() != _threads:
+                    api.omp_set_num_threads(_threads)
+                if any_reorder:
+                    for i in range(n):
+                        if re_prim[i] != NULL and self.is_input[i] and status == dnnl_success:
+                            rp[0], rp[1], rp[2] = re_ptrs[i][0], re_ptrs[i][1], NULL
+                            status = _exec(re_prim[i], rp, re_mine[i])
                 if status == dnnl_success:
-                    if _threads > 0 and api.omp_get_max_threads() != _threads:
-                        api.omp_set_num_threads(_threads)
-                    status = api.primitive_execute(self.prim, _stream, self.nargs, args)
-                    if status == dnnl_success:
-                        status = api.stream_wait(_stream)
-                for i in range(made):
-                    api.memory_destroy(own[i])
+                    status = _exec(&self.ex, ptrs, mine)
+                if any_reorder:
+                    for i in range(n):
+                        if re_prim[i] != NULL and not self.is_input[i] and status == dnnl_success:
+                            rp[0], rp[1], rp[2] = re_ptrs[i][0], re_ptrs[i][1], NULL
+                            status = _exec(re_prim[i], rp, re_mine[i])
         finally:
             if mine:
                 self.busy = False
+            if any_reorder:
+                for i in range(n):
+                    if re_prim[i] != NULL and re_mine[i]:
+                        (<Primitive>self.reorders[i]).busy = False
         _check(status, f"execute ({self.impl})")
 
 
-cdef Primitive _primitive(_Pd pd, tuple ids):
+cdef Primitive _primitive(_Pd pd, tuple ids, tuple plain=None, tuple inputs=None):
     """The primitive of ``pd`` with memory objects for ``ids`` (the execution
-    arguments, scratchpad last) described as the primitive desc says."""
+    arguments, scratchpad last) described as the primitive desc says.
+    ``plain``: per argument (but the scratchpad) the dims of the caller's
+    row-major array, or None; where the primitive chose another layout a
+    reorder is made (into it for ``inputs[i]``, out of it otherwise)."""
     cdef Primitive p = Primitive()
     cdef int i
     cdef const char* impl = NULL
+    cdef _Md user
+    cdef _Pd rpd
     p.pd = pd
-    p.nargs = len(ids)
+    p.ex.nargs = len(ids)
     p.arg_ids = ids
     api.pd_query(pd.pd, dnnl_query_impl_info_str, 0, <void*>&impl)
     p.impl = (<bytes>impl).decode() if impl != NULL else "?"
-    for i in range(p.nargs):
-        p.ids[i] = ids[i]
-        p.mds[i] = api.pd_query_md(pd.pd, dnnl_query_exec_arg_md, ids[i])
-        if p.mds[i] == NULL:
+    for i in range(p.ex.nargs):
+        p.ex.ids[i] = ids[i]
+        p.ex.mds[i] = api.pd_query_md(pd.pd, dnnl_query_exec_arg_md, ids[i])
+        if p.ex.mds[i] == NULL:
             raise OnednnError(f"oneDNN {p.impl}: no memory descriptor for argument {ids[i]}")
-        _check(api.memory_create(&p.mems[i], p.mds[i], _engine, NULL), "dnnl_memory_create")
+        _check(api.memory_create(&p.ex.mems[i], p.ex.mds[i], _engine, NULL), "dnnl_memory_create")
     p.scratchpad_bytes = api.md_get_size(api.pd_query_md(pd.pd, dnnl_query_scratchpad_md, 0))
     cdef const void* ws = api.pd_query_md(pd.pd, dnnl_query_workspace_md, 0)
     p.workspace_bytes = api.md_get_size(ws) if ws != NULL else 0
-    _check(api.primitive_create(&p.prim, pd.pd), f"dnnl_primitive_create ({p.impl})")
+    if plain is not None:
+        reorders = [None] * (p.ex.nargs - 1)
+        for i in range(p.ex.nargs - 1):
+            if plain[i] is None:
+                continue
+            user = _plain(plain[i])
+            if api.md_equal(user.md, p.ex.mds[i]):
+                continue
+            rpd = _Pd()
+            p.is_input[i] = inputs[i]
+            p.blocked_bytes[i] = api.md_get_size(p.ex.mds[i])
+            if inputs[i]:
+                _check(api.reorder_pd(&rpd.pd, user.md, _engine, p.ex.mds[i], _engine, NULL), "reorder (in)")
+            else:
+                _check(api.reorder_pd(&rpd.pd, p.ex.mds[i], _engine, user.md, _engine, NULL), "reorder (out)")
+            reorders[i] = _primitive(rpd, (DNNL_ARG_SRC, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD))
+        if any(r is not None for r in reorders):
+            p.reorders = reorders
+    _check(api.primitive_create(&p.ex.prim, pd.pd), f"dnnl_primitive_create ({p.impl})")
     return p
+
+
+cdef _Md _any(tuple dims):
+    """A float32 descriptor of ``dims`` in the layout the primitive prefers."""
+    cdef dnnl_dim_t d[DNNL_MAX_NDIMS]
+    _fill(d, dims)
+    cdef _Md out = _Md()
+    _check(api.md_create_with_tag(&out.md, len(dims), d, dnnl_f32, dnnl_format_tag_any),
+           f"dnnl_memory_desc_create_with_tag {dims}")
+    return out
 
 
 cdef _require():
@@ -336,14 +434,20 @@ cdef _require():
 
 
 def convolution(int direction, tuple src, tuple weights, tuple dst, tuple strides, tuple dilates, tuple pad_l,
-                tuple pad_r, bint bias=False, bint relu=False):
+                tuple pad_r, bint bias=False, bint relu=False, bint blocked=False):
     """A convolution primitive on plain float32 tensors: ``direction`` 0
     forward (args src, weights, [bias], dst), 1 backward data (diff_dst,
     weights, diff_src), 2 backward weights (diff_dst, src, diff_weights,
     [diff_bias]). ``weights`` is (O, I, K...) or, grouped, (G, O/G, I/G,
-    K...); ``dilates`` are oneDNN's (dilation - 1)."""
+    K...); ``dilates`` are oneDNN's (dilation - 1). ``blocked``: the
+    primitive picks the layouts of src, weights and dst (its direct JIT
+    kernels want channel blocks) and reorders to and from NumPy's run with it."""
     _require()
-    cdef _Md s = _plain(src), w = _plain(weights), d = _plain(dst)
+    cdef _Md s, w, d
+    if blocked:
+        s, w, d = _any(src), _any(weights), _any(dst)
+    else:
+        s, w, d = _plain(src), _plain(weights), _plain(dst)
     cdef _Md b = _plain((dst[1],)) if bias else None
     cdef dnnl_dim_t st[DNNL_MAX_NDIMS]
     cdef dnnl_dim_t dl[DNNL_MAX_NDIMS]
@@ -361,18 +465,23 @@ def convolution(int direction, tuple src, tuple weights, tuple dst, tuple stride
         _check(api.conv_fwd_pd(&fwd.pd, _engine, dnnl_forward_training, dnnl_convolution_direct, s.md, w.md,
                                _mdp(b), d.md, st, dl, pl, pr, attr.attr), "forward " + what)
         ids = (DNNL_ARG_SRC, DNNL_ARG_WEIGHTS) + ((DNNL_ARG_BIAS,) if bias else ()) + (DNNL_ARG_DST,)
-        return _primitive(fwd, ids + (DNNL_ARG_SCRATCHPAD,))
+        plain = (src, weights) + ((None,) if bias else ()) + (dst,)
+        return _primitive(fwd, ids + (DNNL_ARG_SCRATCHPAD,), plain if blocked else None,
+                          (True,) * (len(ids) - 1) + (False,))
     _check(api.conv_fwd_pd(&fwd.pd, _engine, dnnl_forward_training, dnnl_convolution_direct, s.md, w.md, _mdp(b),
                            d.md, st, dl, pl, pr, plain_attr.attr), "forward (hint) " + what)
     pd = _Pd()
     if direction == 1:
         _check(api.conv_bwd_data_pd(&pd.pd, _engine, dnnl_convolution_direct, s.md, w.md, d.md, st, dl, pl, pr,
                                     fwd.pd, plain_attr.attr), "backward data " + what)
-        return _primitive(pd, (DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC, DNNL_ARG_SCRATCHPAD))
+        return _primitive(pd, (DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC, DNNL_ARG_SCRATCHPAD),
+                          (dst, weights, src) if blocked else None, (True, True, False))
     _check(api.conv_bwd_weights_pd(&pd.pd, _engine, dnnl_convolution_direct, s.md, w.md, _mdp(b), d.md, st, dl,
                                    pl, pr, fwd.pd, plain_attr.attr), "backward weights " + what)
     ids = (DNNL_ARG_DIFF_DST, DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS) + ((DNNL_ARG_DIFF_BIAS,) if bias else ())
-    return _primitive(pd, ids + (DNNL_ARG_SCRATCHPAD,))
+    plain = (dst, src, weights) + ((None,) if bias else ())
+    return _primitive(pd, ids + (DNNL_ARG_SCRATCHPAD,), plain if blocked else None,
+                      (True, True, False) + ((False,) if bias else ()))
 
 
 _POOL_ALGS = {"max": dnnl_pooling_max, "average": dnnl_pooling_avg_include_padding,

@@ -67,6 +67,10 @@ else:
 _OFF = ("0", "false", "no", "off")
 enabled = os.environ.get("GRADCORE_ONEDNN", "1").strip().lower() not in _OFF
 cache_limit = 512               # primitives kept (least recently used dropped first)
+# the convolutions' layout: "plain" (NumPy's: oneDNN runs im2col + its GEMM), "blocked" (the primitive's
+# channel-blocked layout, its direct JIT kernels, reorders to and from NumPy's around each run), "auto"
+# (blocked where the channels fill its blocks: see _blocked)
+conv_layout = "auto"
 
 _F32 = np.dtype(np.float32)
 _lock = threading.Lock()
@@ -275,6 +279,17 @@ def _out(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def _blocked(direction, cin, groups) -> bool:
+    """Whether a convolution runs in the blocked layout (``conv_layout``).
+    "auto": everywhere but the backward data of a layer with fewer than 16
+    input channels per group (measured in benchmarks/bench_onednn.py: the
+    blocked direct kernels are 2-6x faster than plain im2col + GEMM with
+    the reorders counted, except that one, 2.5x slower on 3 channels)."""
+    if conv_layout != "auto":
+        return conv_layout == "blocked"
+    return direction != 1 or cin // groups >= 16
+
+
 def _conv_geometry(xshape, wshape, yshape, stride, padding, dilation, groups):
     n = len(xshape) - 2
     stride, padding, dilation = _tup(stride, n), _tup(padding, n), _tup(dilation, n)
@@ -298,9 +313,10 @@ def conv_forward(x, w, stride, padding, dilation, groups=1, bias=None, relu=Fals
     if min(yshape) < 1:
         return None
     wd, st, dil, pl, pr = _conv_geometry(x.shape, w.shape, yshape, st, pd, dl, groups)
-    key = ("conv", 0, x.shape, w.shape, st, pl, dil, groups, bias is not None, bool(relu))
+    blk = _blocked(0, x.shape[1], groups)
+    key = ("conv", 0, x.shape, w.shape, st, pl, dil, groups, bias is not None, bool(relu), blk)
     prim = _primitive(key, lambda: _onednn.convolution(0, x.shape, wd, yshape, st, dil, pl, pr, bias is not None,
-                                                       bool(relu)))
+                                                       bool(relu), blk))
     if prim is None:
         return None
     y = np.empty(yshape, _F32)
@@ -318,8 +334,9 @@ def conv_backward_data(g, w, xshape, stride, padding, dilation, groups=1):
     if not _usable(g, w) or not 3 <= g.ndim <= 5 or 0 in xshape:
         return None
     wd, st, dil, pl, pr = _conv_geometry(xshape, w.shape, g.shape, stride, padding, dilation, groups)
-    key = ("conv", 1, xshape, w.shape, g.shape, st, pl, dil, groups)
-    prim = _primitive(key, lambda: _onednn.convolution(1, xshape, wd, g.shape, st, dil, pl, pr))
+    blk = _blocked(1, xshape[1], groups)
+    key = ("conv", 1, xshape, w.shape, g.shape, st, pl, dil, groups, blk)
+    prim = _primitive(key, lambda: _onednn.convolution(1, xshape, wd, g.shape, st, dil, pl, pr, False, False, blk))
     if prim is None:
         return None
     dx = np.empty(xshape, _F32)
@@ -335,8 +352,10 @@ def conv_backward_weights(g, x, wshape, stride, padding, dilation, groups=1, bia
     if not _usable(g, x) or not 3 <= g.ndim <= 5 or 0 in wshape:
         return None
     wd, st, dil, pl, pr = _conv_geometry(x.shape, wshape, g.shape, stride, padding, dilation, groups)
-    key = ("conv", 2, x.shape, wshape, g.shape, st, pl, dil, groups, bool(bias))
-    prim = _primitive(key, lambda: _onednn.convolution(2, x.shape, wd, g.shape, st, dil, pl, pr, bool(bias)))
+    blk = _blocked(2, x.shape[1], groups)
+    key = ("conv", 2, x.shape, wshape, g.shape, st, pl, dil, groups, bool(bias), blk)
+    prim = _primitive(key, lambda: _onednn.convolution(2, x.shape, wd, g.shape, st, dil, pl, pr, bool(bias), False,
+                                                       blk))
     if prim is None:
         return None
     dw = np.empty(wshape, _F32)
@@ -430,6 +449,21 @@ def pool_backward(g, x, kind, kernel, stride, padding, xshape=None):
     fwd.run(_c(x), y, ws)        # the argmax of each window, in the workspace
     bwd.run(_c(g), ws, dx)
     return dx
+
+
+# ---------------------------------------------------------------- matmul (measured, not wired: see docs/cpu.md)
+def matmul(a, b):
+    """a (M, K) @ b (K, N) on oneDNN's matmul primitive, or None. The ops
+    do not call it: NumPy's BLAS is as fast here (benchmarks/bench_onednn.py)."""
+    if not _usable(a, b) or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        return None
+    prim = _primitive(("matmul", a.shape, b.shape), lambda: _onednn.matmul(a.shape, b.shape,
+                                                                            (a.shape[0], b.shape[1])))
+    if prim is None:
+        return None
+    c = np.empty((a.shape[0], b.shape[1]), _F32)
+    prim.run(_c(a), _c(b), c)
+    return c
 
 
 # ---------------------------------------------------------------- batch normalisation

@@ -1,0 +1,182 @@
+"""oneDNN's CPU primitives (gradcore/cpu/onednn.py) at the kernel level,
+side by side with PyTorch (CPU) in one process: forward + backward of the
+issue-25 table's convolution, pooling and batch-norm cases, on one thread
+and on all cores (alternating, repeated, medians of per-round ratios), and
+oneDNN's matmul against NumPy's BLAS on the MLP's shapes.
+
+gradcore's column is the kernels the ops' cpu methods call (forward,
+backward data, backward weights / pooling backward / batch-norm backward),
+without the tape; PyTorch's is its forward and ``torch.autograd.grad``
+with a given output gradient.
+
+    python benchmarks/bench_onednn.py [--repeat 7] [--threads 1,0] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from gradcore.cpu import onednn
+
+try:
+    import torch
+    TF = torch.nn.functional
+except ImportError:
+    torch = None
+
+
+def timed(fn, seconds=0.3):
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        fn()
+        n += 1
+    return (time.perf_counter() - t0) / n
+
+
+def rnd(*shape, seed=0):
+    return (np.random.default_rng(seed).standard_normal(shape) * 0.1).astype(np.float32)
+
+
+def conv_case(xs, ws, stride, padding, transposed=False):
+    x, w = rnd(*xs), rnd(*ws, seed=1)
+    if transposed:
+        y = onednn.conv_transpose(x, w, stride, padding, 0, 1)
+    else:
+        y = onednn.conv_forward(x, w, stride, padding, 1)
+    g = rnd(*y.shape, seed=2)
+
+    def gc_step():
+        if transposed:           # y = backward_data(x, w); dx = forward(g, w); dw = backward_weights(x, g)
+            onednn.conv_transpose(x, w, stride, padding, 0, 1)
+            onednn.conv_forward(g, w, stride, padding, 1)
+            onednn.conv_backward_weights(x, g, w.shape, stride, padding, 1)
+        else:
+            onednn.conv_forward(x, w, stride, padding, 1)
+            onednn.conv_backward_data(g, w, x.shape, stride, padding, 1)
+            onednn.conv_backward_weights(g, x, w.shape, stride, padding, 1)
+
+    xt, wt, gt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True), torch.tensor(g)
+    fn = {(3, False): TF.conv1d, (4, False): TF.conv2d, (5, False): TF.conv3d, (4, True): TF.conv_transpose2d,
+          (5, True): TF.conv_transpose3d}[(x.ndim, transposed)]
+
+    def torch_step():
+        torch.autograd.grad(fn(xt, wt, None, stride, padding), (xt, wt), gt)
+    return gc_step, torch_step
+
+
+def pool_case(xs, kind, k, s):
+    x = rnd(*xs)
+    y = onednn.pool_forward(x, kind, k, s, 0)
+    g = rnd(*y.shape, seed=2)
+
+    def gc_step():
+        onednn.pool_forward(x, kind, k, s, 0)
+        onednn.pool_backward(g, x, kind, k, s, 0)
+    xt, gt = torch.tensor(x, requires_grad=True), torch.tensor(g)
+    fn = TF.max_pool2d if kind == "max" else TF.avg_pool2d
+
+    def torch_step():
+        torch.autograd.grad(fn(xt, k, s), xt, gt)
+    return gc_step, torch_step
+
+
+def bn_case(xs):
+    x = rnd(*xs) * 10 + 1
+    c = xs[1]
+    p = (1, c) + (1,) * (len(xs) - 2)
+    w, b, g = rnd(c, seed=1).reshape(p) + 1, rnd(c, seed=2).reshape(p), rnd(*xs, seed=3)
+
+    def gc_step():
+        _, m, inv = onednn.batch_norm_training(x, w, b, 1e-5)
+        onednn.batch_norm_backward(g, x, w, m, inv, 1e-5)
+    xt, wt, bt, gt = (torch.tensor(a.reshape(-1) if a.ndim == len(xs) and a is not x and a is not g else a,
+                                   requires_grad=a is not g) for a in (x, w.reshape(-1), b.reshape(-1), g))
+
+    def torch_step():
+        torch.autograd.grad(TF.batch_norm(xt, None, None, wt, bt, True, 0.1, 1e-5), (xt, wt, bt), gt)
+    return gc_step, torch_step
+
+
+CASES = {
+    "conv2d N16 C32 32x32 -> 64, 3x3, pad 1": lambda: conv_case((16, 32, 32, 32), (64, 32, 3, 3), 1, 1),
+    "conv2d N32 C3 64x64 -> 16, 5x5, stride 2": lambda: conv_case((32, 3, 64, 64), (16, 3, 5, 5), 2, 0),
+    "conv_transpose2d N16 C64 16x16 -> 32, 4x4, stride 2, pad 1":
+        lambda: conv_case((16, 64, 16, 16), (64, 32, 4, 4), 2, 1, transposed=True),
+    "conv3d N4 C16 16^3 -> 32, 3x3x3, pad 1": lambda: conv_case((4, 16, 16, 16, 16), (32, 16, 3, 3, 3), 1, 1),
+    "max_pool2d N32 C64 32x32, 2x2": lambda: pool_case((32, 64, 32, 32), "max", 2, 2),
+    "avg_pool2d N32 C64 32x32, 2x2": lambda: pool_case((32, 64, 32, 32), "average", 2, 2),
+    "batch_norm training N32 C64 32x32": lambda: bn_case((32, 64, 32, 32)),
+}
+
+MATMUL = [(128, 784, 512), (128, 512, 512), (128, 512, 10), (32, 784, 512), (32, 512, 512)]
+
+
+def set_threads(n):
+    onednn.set_num_threads(n)
+    if torch is not None:
+        torch.set_num_threads(n if n else os.cpu_count())
+
+
+def compare(impls, repeat):
+    times = {k: [] for k in impls}
+    for r in range(repeat):
+        order = list(impls)[r % len(impls):] + list(impls)[:r % len(impls)]
+        for k in order:
+            time.sleep(0.1)      # let the other library's worker threads go idle
+            times[k].append(timed(impls[k]))
+    a, b = list(impls)
+    ratios = [x / y for x, y in zip(times[a], times[b])]
+    return {"median_s": {k: statistics.median(v) for k, v in times.items()},
+            "ratio_median": statistics.median(ratios), "rounds": times}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--threads", default="1,0", help="thread counts to run, 0 = all cores")
+    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if torch is None or onednn.why_not():
+        print(f"needs PyTorch and oneDNN: torch {'absent' if torch is None else 'ok'}, oneDNN {onednn.status()}")
+        return 1
+    print(f"{onednn.status()}; torch {torch.__version__}; load average {os.getloadavg()}")
+    results = {}
+    for n in (int(t) for t in args.threads.split(",")):
+        set_threads(n)
+        label = f"{n} thread{'s' if n != 1 else ''}" if n else f"all cores ({os.cpu_count()})"
+        print(f"--- {label}")
+        for name, make in CASES.items():
+            if args.only not in name:
+                continue
+            gc_step, torch_step = make()
+            res = compare({"gradcore": gc_step, "torch": torch_step}, args.repeat)
+            results[f"{name} [{label}]"] = res
+            med = res["median_s"]
+            print(f"{name}: oneDNN {med['gradcore'] * 1e3:.3f} ms, torch {med['torch'] * 1e3:.3f} ms, "
+                  f"gradcore/torch {res['ratio_median']:.2f}x")
+        if "matmul" in args.only or not args.only:
+            for m, k, nn in MATMUL:
+                a, b = rnd(m, k), rnd(k, nn, seed=1)
+                res = compare({"onednn": lambda: onednn.matmul(a, b), "numpy": lambda: a @ b}, args.repeat)
+                results[f"matmul {m}x{k} @ {k}x{nn} [{label}]"] = res
+                med = res["median_s"]
+                print(f"matmul {m}x{k} @ {k}x{nn}: oneDNN {med['onednn'] * 1e6:.1f} us, NumPy "
+                      f"{med['numpy'] * 1e6:.1f} us, oneDNN/NumPy {res['ratio_median']:.2f}x")
+    set_threads(0)
+    print(f"cache: {onednn.stats()}; load average {os.getloadavg()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
