@@ -52,6 +52,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gradcore import _core, dtypes
+from gradcore.cpu import onednn
 from gradcore.cuda import cudnn
 from gradcore.op import Op, TensorDesc, shape_carrier
 
@@ -355,6 +356,24 @@ class _ConvOp(Op):
                           + tuple(s * st for s, st in zip(ss, stride)), writeable=False)
         return view.reshape(g, cg * prod(kshape), n * prod(out_sp))
 
+    # ------------------------------------------------------------ cpu: oneDNN
+    def _on_onednn(self, a, b, out_shape):
+        """The op on oneDNN (``gradcore/cpu/onednn.py``): (x, w) forward,
+        (g, w) backward_data, (g, x) backward_filter, ``out_shape`` the
+        result's; None where oneDNN does not run it (not loaded, switched
+        off, not float32, more than 3 spatial axes, a configuration it
+        refuses) and the NumPy kernels do."""
+        n = len(out_shape) - 2
+        if n > 3 or a.dtype != b.dtype:
+            return None
+        s, p, d = self._per_axis(n)
+        direction = self.cudnn_direction
+        if direction == "forward":
+            return onednn.conv_forward(a, b, s, p, d, self.groups)
+        if direction == "backward_data":
+            return onednn.conv_backward_data(a, b, out_shape, s, p, d, self.groups)
+        return onednn.conv_backward_weights(a, b, out_shape, s, p, d, self.groups)
+
     # ------------------------------------------------------------ cuda
     def _on_cudnn(self, be, a, b, out_shape):
         """The op on cuDNN: (x, w) forward, (g, w) backward_data, (g, x)
@@ -461,6 +480,9 @@ class Convolution(_ConvOp):
         out_sp = self._check(x.shape, w.shape, (x, w))
         if x.dtype != w.dtype or x.dtype.kind != "f":
             self._dtype(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
+        y = self._on_onednn(x, w, (x.shape[0], w.shape[0]) + out_sp)
+        if y is not None:
+            return y
         n, o, g = x.shape[0], w.shape[0], self.groups
 
         def images(s, e):
@@ -574,6 +596,9 @@ class ConvolutionBackwardData(_ConvGrad):
 
     def cpu(self, g, w, ref):
         out_sp = self._check_grad(g, w, ref)
+        dx = self._on_onednn(g, w, tuple(ref.shape))
+        if dx is not None:
+            return dx
         n, c = ref.shape[:2]
         return _by_images(lambda s, e: self._data(g[s:e], w, (e - s,) + tuple(ref.shape[1:]), out_sp),
                           n, c * prod(w.shape[2:]) * prod(out_sp))
@@ -707,6 +732,9 @@ class ConvolutionBackwardFilter(_ConvGrad):
 
     def cpu(self, g, x, ref):
         out_sp = self._check_grad(g, x, ref)
+        gw = self._on_onednn(g, x, tuple(ref.shape))
+        if gw is not None:
+            return gw
         grp = self.groups
         gw = None
         for s, e in _image_chunks(x.shape[0], x.shape[1] * prod(ref.shape[2:]) * prod(out_sp)):

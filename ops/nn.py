@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cpu import onednn
 from gradcore.cuda import cudnn
 from gradcore.op import Composite, Op, TensorDesc
 
@@ -261,7 +262,8 @@ def _cname(ctype):
 
 # ---------------------------------------------------------------- batch normalisation
 # F.batch_norm with an affine weight and bias runs as these ops: on a GPU
-# through cuDNN (gradcore/cuda/cudnn.py), elsewhere their decompositions (the
+# through cuDNN (gradcore/cuda/cudnn.py), on the CPU through oneDNN
+# (gradcore/cpu/onednn.py) in float32, elsewhere their decompositions (the
 # same math in generic ops) and, on cuda without cuDNN, reductions plus the
 # fused per-element kernels of ``batch_norm_source``. Every order of
 # derivative works: BatchNormTraining's vjp is BatchNormBackward (plus the
@@ -357,6 +359,10 @@ class BatchNormTraining(_BatchNorm):
             dx = term if dx is None else dx + term
         return [dx, dw, db]
 
+    def cpu(self, x, w, b):
+        done = onednn.batch_norm_training(x, w, b, self.eps)
+        return done if done is not None else super().cpu(x, w, b)
+
     def cuda(self, be, x, w, b):
         done = cudnn.batch_norm_training(be, x, w, b, self.eps)
         if done is not None:
@@ -395,6 +401,10 @@ class BatchNormBackward(_BatchNorm):
         dx = (w * invstd) * (g - self._mean_back(db, x) - xhat * self._mean_back(dw, x))
         return dx, dw, db
 
+    def cpu(self, g, x, w, m, invstd):
+        done = onednn.batch_norm_backward(g, x, w, m, invstd, self.eps)
+        return done if done is not None else super().cpu(g, x, w, m, invstd)
+
     def cuda(self, be, g, x, w, m, invstd):
         done = cudnn.batch_norm_backward(be, g, x, w, m, invstd, self.eps)
         if done is not None:
@@ -429,6 +439,10 @@ class BatchNormInference(_BatchNorm):
 
     def decompose(self, x, m, v, w, b):
         return (x - m) / _apply1(Elemwise("sqrt"), v + self.eps) * w + b
+
+    def cpu(self, x, m, v, w, b):
+        done = onednn.batch_norm_inference(x, m, v, w, b, self.eps)
+        return done if done is not None else super().cpu(x, m, v, w, b)
 
     def cuda(self, be, x, m, v, w, b):
         done = cudnn.batch_norm_inference(be, x, m, v, w, b, self.eps)

@@ -26,6 +26,7 @@ from typing import Tuple
 
 import numpy as np
 
+from gradcore.cpu import onednn
 from gradcore.cuda import cudnn
 from gradcore.op import Op, TensorDesc
 
@@ -86,6 +87,16 @@ class _PoolBase(Op):
         return [xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
                 for i in range(kh) for j in range(kw)]
 
+    def _onednn_forward(self, x, kind):
+        """The pooling on oneDNN (gradcore/cpu/onednn.py), or None (the NumPy kernels run)."""
+        return onednn.pool_forward(x, kind, self.kernel_size, self.stride, self.padding)
+
+    def _onednn_backward(self, g, x, kind, xshape=None):
+        """The input gradient on oneDNN from g (and x for max pooling), or None."""
+        if x is not None and x.dtype != g.dtype:
+            return None
+        return onednn.pool_backward(g, x, kind, self.kernel_size, self.stride, self.padding, xshape)
+
     def _cudnn_forward(self, be, x, out, kind):
         """The pooling on cuDNN (gradcore/cuda/cudnn.py), or None."""
         return cudnn.pool_forward(be, x, kind, self.kernel_size, self.stride, self.padding, out.shape)
@@ -145,6 +156,9 @@ class _MaxPoolArgmax(_PoolBase):
         """Offset (row-major in the window) of each window's first maximum,
         NaN winning (as np.argmax): a loop over kernel offsets only."""
         oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
+        y = self._onednn_forward(x, "max")
+        if y is not None:
+            return y
         taps = self._taps(_pad(x, self.padding, -np.inf), (oh, ow))
         m = taps[0].copy()
         for t in taps[1:]:              # propagates NaN
@@ -260,7 +274,8 @@ class MaxPool2dBackward(_MaxPoolArgmax):
         return (TensorDesc(x.shape, g.dtype, g.device),)
 
     def cpu(self, g, x):
-        return self._scatter(g, x)
+        gx = self._onednn_backward(g, x, "max")
+        return gx if gx is not None else self._scatter(g, x)
 
     def cuda(self, be, g, x):
         (out,) = self.infer(_desc(g), _desc(x))
@@ -397,6 +412,9 @@ class AvgPool2d(_AvgBase):
         if x.dtype.kind != "f":
             self._float(TensorDesc(x.shape, x.dtype))
         oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
+        y = self._onednn_forward(x, self.mode)
+        if y is not None:
+            return y
         taps = self._taps(_pad(x, self.padding, 0), (oh, ow))
         out = taps[0].copy()
         for t in taps[1:]:
@@ -453,6 +471,9 @@ class AvgPool2dBackward(_AvgBase):
 
     def cpu(self, g, ref):
         oh, ow = self._check(ref.shape, (TensorDesc(g.shape, g.dtype), TensorDesc(ref.shape, ref.dtype)))
+        gx = self._onednn_backward(g, None, self.mode, ref.shape)
+        if gx is not None:
+            return gx
         n, c = ref.shape[:2]
         kh, kw = self.kernel_size
         share = (g / self._counts(ref.shape, (oh, ow), g.dtype))[..., None, None]
