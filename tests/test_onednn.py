@@ -231,3 +231,97 @@ def test_thread_setting():
         onednn.set_num_threads(0)
     y2 = onednn.conv_forward(x, w, 1, 1, 1, 1)
     close(y1, y2)
+
+
+# ---------------------------------------------------------------- through the ops, on both paths
+import gradcore  # noqa: E402
+import gradcore.functional as GF  # noqa: E402
+from gradcore.autodiff import GradManager  # noqa: E402
+
+from oracle import compare_with_torch  # noqa: E402
+
+OP_CASES = {
+    "conv1d": (lambda x, w: GF.conv1d(x, w, stride=2, padding=1, dilation=2),
+               lambda x, w: F.conv1d(x, w, stride=2, padding=1, dilation=2), [(2, 16, 19), (32, 16, 3)]),
+    "conv2d": (lambda x, w: GF.conv2d(x, w, padding=1), lambda x, w: F.conv2d(x, w, padding=1),
+               [(2, 16, 9, 8), (32, 16, 3, 3)]),
+    "conv2d first layer": (lambda x, w: GF.conv2d(x, w, stride=2), lambda x, w: F.conv2d(x, w, stride=2),
+                           [(2, 3, 11, 12), (8, 3, 5, 5)]),
+    "conv2d grouped": (lambda x, w: GF.conv2d(x, w, padding=1, groups=4),
+                       lambda x, w: F.conv2d(x, w, padding=1, groups=4), [(2, 32, 7, 7), (64, 8, 3, 3)]),
+    "conv3d": (lambda x, w: GF.conv3d(x, w, padding=1), lambda x, w: F.conv3d(x, w, padding=1),
+               [(2, 16, 5, 6, 4), (16, 16, 3, 3, 3)]),
+    "conv_transpose2d": (lambda x, w: GF.conv_transpose2d(x, w, stride=2, padding=1),
+                         lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1),
+                         [(2, 32, 6, 5), (32, 16, 4, 4)]),
+    "max_pool2d": (lambda x: GF.max_pool2d(x, 3, 2, 1), lambda x: F.max_pool2d(x, 3, 2, 1), [(2, 4, 9, 10)]),
+    "avg_pool2d": (lambda x: GF.avg_pool2d(x, 3, 2, 1, mode="average"),
+                   lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=True), [(2, 4, 9, 10)]),
+    "avg_pool2d exclude padding": (lambda x: GF.avg_pool2d(x, 3, 2, 1),
+                                   lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), [(2, 4, 9, 10)]),
+    "batch_norm": (lambda x, w, b: GF.batch_norm(x, None, None, w, b, training=True),
+                   lambda x, w, b: F.batch_norm(x, None, None, w.reshape(-1), b.reshape(-1), training=True),
+                   [(8, 4, 5, 3), (1, 4, 1, 1), (1, 4, 1, 1)]),
+}
+
+
+@pytest.fixture(params=["oneDNN", "NumPy"])
+def path(request, monkeypatch):
+    """The op's cpu kernels on oneDNN, or switched off (GRADCORE_ONEDNN=0's path)."""
+    monkeypatch.setattr(onednn, "enabled", request.param == "oneDNN")
+    return request.param
+
+
+def _count():
+    st = onednn.stats()
+    return st["hits"] + st["misses"]
+
+
+@pytest.mark.parametrize("case", list(OP_CASES))
+def test_ops_match_torch_on_both_paths(case, path):
+    gfn, tfn, shapes = OP_CASES[case]
+    arrays = [rnd(*s, seed=i) for i, s in enumerate(shapes)]
+    before = _count()
+    compare_with_torch(torch, gfn, tfn, arrays, rtol=2e-4, atol=2e-4, need_grads=True)
+    assert (_count() > before) == (path == "oneDNN")
+
+
+def _second_order(gfn, arrays, w1, w2):
+    xs = [gradcore.Tensor(a) for a in arrays]
+    outer = GradManager().attach(xs)
+    with outer:
+        inner = GradManager().attach(xs)
+        with inner:
+            inner.backward((gfn(*xs) * gradcore.Tensor(w1)).sum())
+        firsts = [x.grad for x in xs]
+        for x in xs:
+            x.grad = None
+        outer.backward(sum((g * gradcore.Tensor(w)).sum() for g, w in zip(firsts, w2)))
+    return [np.zeros(x.shape, np.float32) if x.grad is None else x.grad.numpy() for x in xs]
+
+
+@pytest.mark.parametrize("case", ["conv2d", "conv2d first layer", "conv3d", "conv_transpose2d", "max_pool2d",
+                                  "avg_pool2d", "batch_norm"])
+def test_second_order_gradients_unchanged(case, monkeypatch):
+    """The backward ops are ops whose cpu kernels run oneDNN too: a
+    backward-of-backward on the oneDNN path equals the NumPy path's and
+    PyTorch's (float32 throughout)."""
+    gfn, tfn, shapes = OP_CASES[case]
+    arrays = [rnd(*s, seed=i) for i, s in enumerate(shapes)]
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_normal(gfn(*[gradcore.Tensor(a) for a in arrays]).shape).astype(np.float32)
+    w2 = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+    before = _count()
+    ours = _second_order(gfn, arrays, w1, w2)
+    assert _count() > before
+    monkeypatch.setattr(onednn, "enabled", False)
+    numpy_path = _second_order(gfn, arrays, w1, w2)
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    firsts = torch.autograd.grad((tfn(*ts) * torch.tensor(w1)).sum(), ts, create_graph=True)
+    total = sum((g * torch.tensor(w)).sum() for g, w in zip(firsts, w2))
+    theirs = [np.zeros(t.shape) if s is None else s.numpy()
+              for t, s in zip(ts, torch.autograd.grad(total, ts, allow_unused=True))]
+    scale = max(float(np.abs(t).max()) for t in theirs) or 1.0
+    for i, (a, b, c) in enumerate(zip(ours, numpy_path, theirs)):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * scale, err_msg=f"oneDNN vs NumPy, input {i}")
+        np.testing.assert_allclose(a, c, rtol=1e-3, atol=1e-4 * scale, err_msg=f"oneDNN vs torch, input {i}")
