@@ -127,8 +127,11 @@ def test_max_pooling_over_nan_leaves_it_to_numpy():
     assert onednn.pool_backward(rnd(1, 1, 2, 2), x, "max", 2, 2, 0) is None
 
 
-@pytest.mark.parametrize("shape", [(8, 3, 5, 4), (16, 5), (4, 3, 7), (2, 3, 4, 3, 2)])
-def test_batch_norm_matches_torch(shape):
+@pytest.mark.parametrize("shape", [(8, 3, 5, 4), (16, 5), (4, 3, 7), (2, 3, 4, 3, 2), (4, 16, 3, 5), (2, 32, 3, 2, 2),
+                                   (3, 20, 7)])
+@pytest.mark.parametrize("bn_layout", ["auto", "plain", "blocked"])
+def test_batch_norm_matches_torch(shape, bn_layout, monkeypatch):
+    monkeypatch.setattr(onednn, "bn_layout", bn_layout)
     x, w, b = rnd(*shape) * 3 + 1, rnd(shape[1], seed=1), rnd(shape[1], seed=2)
     pshape = (1, shape[1]) + (1,) * (len(shape) - 2)
     eps = 1e-5

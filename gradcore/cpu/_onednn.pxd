@@ -61,8 +61,12 @@ cdef enum:
     dnnl_cpu = 1
     # dnnl_stream_flags_t
     dnnl_stream_in_order = 1
-    # dnnl_format_tag_t (the first entries: undef, any, then the plain tags a, ab, ...)
+    # dnnl_format_tag_t (the first entries: undef, any, then the plain tags a, ab, ...; the
+    # channel-blocked ones nCw16c, nChw16c, nCdhw16c, i.e. aBc16b, aBcd16b, aBcde16b)
     dnnl_format_tag_any = 1
+    dnnl_aBc16b = 56
+    dnnl_aBcd16b = 78
+    dnnl_aBcde16b = 121
     # dnnl_prop_kind_t
     dnnl_forward_training = 64
     dnnl_forward_inference = 96

@@ -524,14 +524,24 @@ def pooling(int direction, str kind, tuple src, tuple dst, tuple strides, tuple 
                       + (DNNL_ARG_DIFF_SRC, DNNL_ARG_SCRATCHPAD))
 
 
-def batch_norm(int kind, tuple shape, float eps):
+cdef _Md _channel_blocked(tuple dims):
+    """A float32 descriptor of (N, C, *spatial) in blocks of 16 channels (nCw16c, nChw16c, nCdhw16c)."""
+    cdef dnnl_dim_t d[DNNL_MAX_NDIMS]
+    _fill(d, dims)
+    cdef int tag = {3: dnnl_aBc16b, 4: dnnl_aBcd16b, 5: dnnl_aBcde16b}[len(dims)]
+    cdef _Md out = _Md()
+    _check(api.md_create_with_tag(&out.md, len(dims), d, dnnl_f32, tag), f"dnnl_memory_desc_create_with_tag {dims}")
+    return out
+
+
+def batch_norm(int kind, tuple shape, float eps, bint blocked=False):
     """A batch normalisation primitive (per channel, axis 1) on plain
     float32 tensors with scale and shift. ``kind`` 0 training forward: args
     src, scale, shift, dst, mean, variance (the batch's, biased); 1
     inference: src, mean, variance, scale, shift, dst; 2 backward: src,
     mean, variance, diff_dst, scale, diff_src, diff_scale, diff_shift."""
     _require()
-    cdef _Md x = _plain(shape)
+    cdef _Md x = _channel_blocked(shape) if blocked else _plain(shape)
     cdef _Attr attr = _Attr(False)
     cdef unsigned flags = dnnl_use_scale | dnnl_use_shift
     cdef _Pd fwd = _Pd(), pd
@@ -540,17 +550,21 @@ def batch_norm(int kind, tuple shape, float eps):
         _check(api.bnorm_fwd_pd(&fwd.pd, _engine, dnnl_forward_inference, x.md, x.md, eps,
                                 flags | dnnl_use_global_stats, attr.attr), "inference " + what)
         return _primitive(fwd, (DNNL_ARG_SRC, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE, DNNL_ARG_SCALE, DNNL_ARG_SHIFT,
-                                DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD))
+                                DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD),
+                          (shape, None, None, None, None, shape) if blocked else None, (True,) * 5 + (False,))
     _check(api.bnorm_fwd_pd(&fwd.pd, _engine, dnnl_forward_training, x.md, x.md, eps, flags, attr.attr),
            "training forward " + what)
     if kind == 0:
         return _primitive(fwd, (DNNL_ARG_SRC, DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_DST, DNNL_ARG_MEAN,
-                                DNNL_ARG_VARIANCE, DNNL_ARG_SCRATCHPAD))
+                                DNNL_ARG_VARIANCE, DNNL_ARG_SCRATCHPAD),
+                          (shape, None, None, shape, None, None) if blocked else None, (True,) * 3 + (False,) * 3)
     pd = _Pd()
     _check(api.bnorm_bwd_pd(&pd.pd, _engine, dnnl_backward, x.md, x.md, x.md, eps, flags, fwd.pd, attr.attr),
            "backward " + what)
     return _primitive(pd, (DNNL_ARG_SRC, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE, DNNL_ARG_DIFF_DST, DNNL_ARG_SCALE,
-                           DNNL_ARG_DIFF_SRC, DNNL_ARG_DIFF_SCALE, DNNL_ARG_DIFF_SHIFT, DNNL_ARG_SCRATCHPAD))
+                           DNNL_ARG_DIFF_SRC, DNNL_ARG_DIFF_SCALE, DNNL_ARG_DIFF_SHIFT, DNNL_ARG_SCRATCHPAD),
+                      (shape, None, None, shape, None, shape, None, None) if blocked else None,
+                      (True,) * 5 + (False,) * 3)
 
 
 def matmul(tuple a, tuple b, tuple c):

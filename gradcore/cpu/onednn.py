@@ -71,6 +71,8 @@ cache_limit = 512               # primitives kept (least recently used dropped f
 # channel-blocked layout, its direct JIT kernels, reorders to and from NumPy's around each run), "auto"
 # (blocked where the channels fill its blocks: see _blocked)
 conv_layout = "auto"
+# batch norm's: "plain" or "blocked" (16-channel blocks, reorders around the run), "auto": see _bn_blocked
+bn_layout = "auto"
 
 _F32 = np.dtype(np.float32)
 _lock = threading.Lock()
@@ -467,6 +469,12 @@ def matmul(a, b):
 
 
 # ---------------------------------------------------------------- batch normalisation
+def _bn_blocked(x) -> bool:
+    if bn_layout != "auto":
+        return bn_layout == "blocked" and 3 <= x.ndim <= 5
+    return 3 <= x.ndim <= 5 and x.shape[1] >= 16
+
+
 def _bn_ok(x, *params) -> bool:
     return _usable(x, *params) and 2 <= x.ndim <= 5 and all(p.size == x.shape[1] for p in params)
 
@@ -485,7 +493,9 @@ def batch_norm_training(x, weight, bias, eps):
     1 / sqrt(biased variance + eps)); None where oneDNN does not run it."""
     if not _bn_ok(x, weight, bias):
         return None
-    prim = _primitive(("bn", 0, x.shape, float(eps)), lambda: _onednn.batch_norm(0, tuple(x.shape), float(eps)))
+    blk = _bn_blocked(x)
+    prim = _primitive(("bn", 0, x.shape, float(eps), blk),
+                      lambda: _onednn.batch_norm(0, tuple(x.shape), float(eps), blk))
     if prim is None:
         return None
     c = x.shape[1]
@@ -502,7 +512,9 @@ def batch_norm_inference(x, mean, var, weight, bias, eps):
     where oneDNN does not run it."""
     if not _bn_ok(x, mean, var, weight, bias):
         return None
-    prim = _primitive(("bn", 1, x.shape, float(eps)), lambda: _onednn.batch_norm(1, tuple(x.shape), float(eps)))
+    blk = _bn_blocked(x)
+    prim = _primitive(("bn", 1, x.shape, float(eps), blk),
+                      lambda: _onednn.batch_norm(1, tuple(x.shape), float(eps), blk))
     if prim is None:
         return None
     y = np.empty(x.shape, _F32)
@@ -516,7 +528,9 @@ def batch_norm_backward(g, x, weight, mean, invstd, eps):
     run it."""
     if not _bn_ok(x, weight, mean, invstd) or not _usable(g) or g.shape != x.shape:
         return None
-    prim = _primitive(("bn", 2, x.shape, float(eps)), lambda: _onednn.batch_norm(2, tuple(x.shape), float(eps)))
+    blk = _bn_blocked(x)
+    prim = _primitive(("bn", 2, x.shape, float(eps), blk),
+                      lambda: _onednn.batch_norm(2, tuple(x.shape), float(eps), blk))
     if prim is None:
         return None
     c = x.shape[1]
