@@ -108,6 +108,8 @@ FAMILY = {
     "conv3d fwd+bwd x(4,16,16,16,16) w(32,16,3,3,3) pad 1":
         (lambda x, w: F.conv3d(x, w, padding=1), lambda x, w: torch.nn.functional.conv3d(x, w, padding=1),
          [(4, 16, 16, 16, 16), (32, 16, 3, 3, 3)]),
+    "max_pool2d fwd+bwd x(32,64,32,32) 2x2":
+        (lambda x: F.max_pool2d(x, 2), lambda x: torch.nn.functional.max_pool2d(x, 2), [(32, 64, 32, 32)]),
     "interpolate bilinear fwd+bwd x(16,32,64,64) -> 128x128":
         (lambda x: F.vision.interpolate(x, size=(128, 128)),
          lambda x: torch.nn.functional.interpolate(x, size=(128, 128), mode="bilinear", align_corners=False),

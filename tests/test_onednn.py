@@ -224,6 +224,36 @@ def test_environment_switch_and_doctor():
     assert "oneDNN" in out.stdout
 
 
+def test_threads_share_a_primitive():
+    """Python threads running one cached primitive at once get the same results."""
+    import threading
+    x, w = rnd(4, 32, 12, 12), rnd(32, 32, 3, 3, seed=1)
+    want = onednn.conv_forward(x, w, 1, 1, 1, 1)
+    outs, errors = [], []
+
+    def work():
+        try:
+            for _ in range(20):
+                outs.append(onednn.conv_forward(x, w, 1, 1, 1, 1))
+        except Exception as exc:       # pragma: no cover - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(outs) == 80
+    for y in outs:
+        np.testing.assert_array_equal(y, want)
+
+
+def test_thread_count_from_the_environment():
+    env = dict(os.environ, GRADCORE_ONEDNN_THREADS="1")
+    code = "import gradcore.cpu.onednn as o; print(o.num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+
+
 def test_thread_setting():
     onednn.set_num_threads(1)
     try:

@@ -29,7 +29,8 @@ nchw/ncdhw), the scratchpad of each run is a NumPy byte array (so it comes
 from gradcore's host memory pool). A configuration oneDNN has no
 implementation for is remembered and runs the NumPy path.
 
-Threads: OpenMP's (``OMP_NUM_THREADS``), or ``set_num_threads(n)``.
+Threads: OpenMP's (``OMP_NUM_THREADS``), or gradcore's setting:
+``set_num_threads(n)`` or ``GRADCORE_ONEDNN_THREADS=n`` (0: OpenMP's).
 Results are deterministic for a given thread count (oneDNN's CPU kernels
 split work statically; PyTorch's CPU backend gives the same guarantee).
 
@@ -147,6 +148,13 @@ def load() -> bool:
                 errors.append(f"{path}: {type(exc).__name__}: {exc}")
                 continue
             _path, _loaded = path, True
+            threads = os.environ.get("GRADCORE_ONEDNN_THREADS")
+            if threads:
+                try:
+                    _onednn.set_num_threads(int(threads))
+                except ValueError:
+                    raise ValueError(f"GRADCORE_ONEDNN_THREADS must be a number of threads, got {threads!r}") \
+                        from None
             return True
         _load_error = ("libdnnl was not found: pip install onednn-cpu-gomp==2023.2.0 (gradcore depends on it "
                        "on x86-64 Linux)" if not errors else "libdnnl does not load: " + "; ".join(errors))
