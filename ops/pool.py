@@ -156,9 +156,6 @@ class _MaxPoolArgmax(_PoolBase):
         """Offset (row-major in the window) of each window's first maximum,
         NaN winning (as np.argmax): a loop over kernel offsets only."""
         oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
-        y = self._onednn_forward(x, "max")
-        if y is not None:
-            return y
         taps = self._taps(_pad(x, self.padding, -np.inf), (oh, ow))
         m = taps[0].copy()
         for t in taps[1:]:              # propagates NaN
@@ -226,6 +223,9 @@ class MaxPool2d(_MaxPoolArgmax):
         if x.dtype.kind != "f":
             self._float(TensorDesc(x.shape, x.dtype))
         oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
+        y = self._onednn_forward(x, "max")
+        if y is not None:
+            return y
         taps = self._taps(_pad(x, self.padding, -np.inf), (oh, ow))
         out = taps[0].copy()
         for t in taps[1:]:              # np.maximum propagates NaN, as np.max

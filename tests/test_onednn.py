@@ -292,6 +292,14 @@ OP_CASES = {
                    lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=True), [(2, 4, 9, 10)]),
     "avg_pool2d exclude padding": (lambda x: GF.avg_pool2d(x, 3, 2, 1),
                                    lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), [(2, 4, 9, 10)]),
+    "conv2d + max_pool2d": (lambda x, w: GF.max_pool2d(GF.conv2d(x, w, padding=1), 2),
+                            lambda x, w: F.max_pool2d(F.conv2d(x, w, padding=1), 2), [(2, 16, 8, 6), (16, 16, 3, 3)]),
+    "conv2d + avg_pool2d + batch_norm": (
+        lambda x, w, a, b: GF.batch_norm(GF.avg_pool2d(GF.conv2d(x, w, padding=1), 2), None, None, a, b,
+                                         training=True),
+        lambda x, w, a, b: F.batch_norm(F.avg_pool2d(F.conv2d(x, w, padding=1), 2, count_include_pad=False), None,
+                                        None, a.reshape(-1), b.reshape(-1), training=True),
+        [(4, 16, 8, 6), (16, 16, 3, 3), (1, 16, 1, 1), (1, 16, 1, 1)]),
     "batch_norm": (lambda x, w, b: GF.batch_norm(x, None, None, w, b, training=True),
                    lambda x, w, b: F.batch_norm(x, None, None, w.reshape(-1), b.reshape(-1), training=True),
                    [(8, 4, 5, 3), (1, 4, 1, 1), (1, 4, 1, 1)]),
@@ -334,7 +342,8 @@ def _second_order(gfn, arrays, w1, w2):
 
 
 @pytest.mark.parametrize("case", ["conv2d", "conv2d first layer", "conv3d", "conv_transpose2d", "max_pool2d",
-                                  "avg_pool2d", "batch_norm"])
+                                  "avg_pool2d", "batch_norm", "conv2d + max_pool2d",
+                                  "conv2d + avg_pool2d + batch_norm"])
 def test_second_order_gradients_unchanged(case, monkeypatch):
     """The backward ops are ops whose cpu kernels run oneDNN too: a
     backward-of-backward on the oneDNN path equals the NumPy path's and
