@@ -1,7 +1,7 @@
 """The module layering (issue 14, item 5; issue 24, item 6): gradcore's
 modules import each other without loops, and the device layer
-(``gradcore.cuda``, ``gradcore.devices``' backends) sits below the engine: it
-imports nothing from ``graph``, ``functional``, ``tensor_methods``, ``op``,
+(``gradcore.cuda``, ``gradcore.cpu``, ``gradcore.devices``' backends) sits
+below the engine: it imports nothing from ``graph``, ``functional``, ``tensor_methods``, ``op``,
 ``core``, ``autodiff`` or the op library. Imports inside functions count: a
 lazy import is still a dependency.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # gradcore's package directories: ``gradcore.ops`` is installed from ops/
 PACKAGES = {"gradcore": ROOT / "gradcore", "gradcore.ops": ROOT / "ops"}
-DEVICE_LAYER = ("gradcore.cuda",)
+DEVICE_LAYER = ("gradcore.cuda", "gradcore.cpu")
 ENGINE = ("gradcore.graph", "gradcore.functional", "gradcore.tensor_methods", "gradcore.op", "gradcore.core",
           "gradcore.autodiff", "gradcore.ops", "gradcore._core", "gradcore.module", "gradcore.optimizer")
 

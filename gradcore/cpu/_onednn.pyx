@@ -1,4 +1,3 @@
-# cython: language_level=3
 """oneDNN's C API through function pointers (the declarations are in
 ``_onednn.pxd``; the Python face, with the cache and the fallbacks, is
 ``gradcore/cpu/onednn.py``).
