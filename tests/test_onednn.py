@@ -367,3 +367,37 @@ def test_second_order_gradients_unchanged(case, monkeypatch):
     for i, (a, b, c) in enumerate(zip(ours, numpy_path, theirs)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * scale, err_msg=f"oneDNN vs NumPy, input {i}")
         np.testing.assert_allclose(a, c, rtol=1e-3, atol=1e-4 * scale, err_msg=f"oneDNN vs torch, input {i}")
+
+
+def test_demo_training_steps_agree_on_both_paths(monkeypatch):
+    """The digits CNN (conv, max pooling) trained 30 SGD steps from one
+    initialisation on oneDNN and on the NumPy kernels: losses and
+    parameters agree to float32 rounding (the paths then drift apart as
+    any two float32 summation orders do)."""
+    import gradcore.optimizer as optim
+    from gradcore.demo import DigitsCNN, load_digits
+    x, y = load_digits()
+
+    def run(on):
+        monkeypatch.setattr(onednn, "enabled", on)
+        gradcore.random.seed(0)
+        np.random.seed(0)
+        model = DigitsCNN()
+        gm = GradManager().attach(model.parameters())
+        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for i in range(30):
+            with gm:
+                loss = GF.cross_entropy(model(gradcore.tensor(x[i * 32:(i + 1) * 32])),
+                                        gradcore.tensor(y[i * 32:(i + 1) * 32]))
+                gm.backward(loss)
+            opt.step().clear_grad()
+            losses.append(float(loss.numpy()))
+        return np.array(losses), [p.numpy().copy() for p in model.parameters()]
+    before = _count()
+    a, pa = run(True)
+    assert _count() > before
+    b, pb = run(False)
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for p, q in zip(pa, pb):
+        np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
