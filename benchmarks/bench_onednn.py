@@ -9,7 +9,12 @@ backward data, backward weights / pooling backward / batch-norm backward),
 without the tape; PyTorch's is its forward and ``torch.autograd.grad``
 with a given output gradient.
 
-    python benchmarks/bench_onednn.py [--repeat 7] [--threads 1,0] [--json PATH]
+    python benchmarks/bench_onednn.py [--repeat 7] [--threads 1,0] [--only TEXT] [--json PATH]
+
+The matmul comparison at one thread needs NumPy's BLAS on one thread too:
+``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/bench_onednn.py
+--threads 1 --only matmul`` (the thread setting here reaches oneDNN and
+PyTorch, not OpenBLAS). Figures: benchmarks/CHANGELOG.md, "oneDNN on the CPU".
 """
 from __future__ import annotations
 
