@@ -254,6 +254,20 @@ def test_thread_count_from_the_environment():
     assert out.stdout.strip() == "1"
 
 
+@pytest.mark.slow
+def test_op_tests_pass_with_onednn_switched_off():
+    """The op library's tests of the families oneDNN runs, again on the NumPy
+    kernels (GRADCORE_ONEDNN=0): the suite runs them on oneDNN, this on
+    both paths (CI runs the README's command, so the second run lives here)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = [os.path.join("tests", "ops", f) for f in ("test_conv.py", "test_conv3d.py", "test_conv_transpose.py",
+                                                       "test_nn.py", "test_boundaries.py")]
+    env = dict(os.environ, GRADCORE_ONEDNN="0")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files], cwd=root,
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
 def test_thread_setting():
     onednn.set_num_threads(1)
     try:

@@ -6,6 +6,9 @@
 # dnnl_common_types.h and dnnl_types.h) and the prototypes of the
 # functions, as function-pointer types (the library is opened with dlopen
 # and each function found with dlsym: nothing links against libdnnl).
+# Cython reads them when it compiles _onednn.pyx. No other module cimports
+# them; gradcore/cpu/onednn.py calls the module's functions from Python.
+# Cython directives: setup.py, for every compiled module at once.
 #
 # Contract:
 # - a handle is an opaque pointer owned by whoever created it: the module
