@@ -268,6 +268,22 @@ def test_op_tests_pass_with_onednn_switched_off():
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
+def test_missing_or_broken_library_runs_numpy():
+    """Where libdnnl is absent or does not load, the ops run their NumPy
+    kernels and the status says why (checked in a child process: the
+    library loads once per process)."""
+    code = ("import numpy as np, gradcore, gradcore.functional as F\n"
+            "import gradcore.cpu.onednn as o\n"
+            "o.candidate_paths = lambda: ['/nonexistent/libdnnl.so.3', o.__file__]\n"
+            "y = F.conv2d(gradcore.tensor(np.ones((1, 2, 4, 4), np.float32)), "
+            "gradcore.tensor(np.ones((3, 2, 3, 3), np.float32)), padding=1)\n"
+            "assert float(y.numpy()[0, 0, 1, 1]) == 18.0 and o.stats()['misses'] == 0\n"
+            "print(o.status())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "NumPy kernels" in out.stdout and "does not load" in out.stdout and "/nonexistent" in out.stdout
+
+
 def test_thread_setting():
     onednn.set_num_threads(1)
     try:
