@@ -29,7 +29,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import _launch, events
+from . import _launch, events, kernels as _kernels
 from ._launch import Kernel, Launcher, pack_params
 from .array import DeviceArray
 from .driver import CudaUnavailable, PyCudaDriver
@@ -422,10 +422,7 @@ _FILL = _Fill()
 
 def fill_source(ctype: str) -> str:
     """CUDA C of ``gc_fill_<type>(T* y, T value, long long n)``: y[:n] = value."""
-    tag = ctype.replace(" ", "_")
-    return (f'extern "C" __global__ void gc_fill_{tag}({ctype}* y, {ctype} value, long long n) {{\n'
-            f'    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n'
-            f'         i += (long long)blockDim.x * gridDim.x) y[i] = value;\n}}\n')
+    return _kernels.Kernel("fill", "T* y, T value, long long n", "y[i] = value;", over="n", index="i").source(ctype)
 
 
 def _weak_scalar(value, dtype):
