@@ -33,11 +33,14 @@ Example::
 """
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Kernel", "source", "kernel_name", "tag"]
+__all__ = ["Kernel", "source", "kernel_name", "kernel_names", "tag"]
+
+_HEADER = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 
 
 def tag(ctype: str) -> str:
@@ -48,6 +51,12 @@ def tag(ctype: str) -> str:
 def kernel_name(name: str, ctype: str, *more: str) -> str:
     """``gc_<name>_<ctype>`` (``_to_<type>`` per further element type)."""
     return "_to_".join([f"gc_{name}_{tag(ctype)}", *map(tag, more)])
+
+
+def kernel_names(source: str) -> list:
+    """The ``extern "C" __global__`` kernels ``source`` defines (a source
+    written by hand included)."""
+    return _HEADER.findall(source)
 
 
 def _block(text: str, pad: str) -> str:

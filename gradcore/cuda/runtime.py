@@ -36,7 +36,6 @@ from .driver import CudaUnavailable, PyCudaDriver
 from .memory import MemoryPool
 
 MAX_DIMS = 8
-_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 
 CTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
           "int16": "short", "int32": "int", "int64": "long long", "uint8": "unsigned char",
@@ -270,7 +269,7 @@ class Backend:
         if k is not None:
             return k
         src = op.cuda_source(ctype) if source is None else source
-        found = _KERNEL.findall(src)
+        found = _kernels.kernel_names(src)
         if name is None:
             if len(found) != 1:
                 raise ValueError(f"{_op_label(op)}: its {ctype} source defines kernels {found}; name one")
