@@ -21,7 +21,6 @@ parameters (``pack_params``).
 from __future__ import annotations
 
 import ctypes
-import re
 import sys
 import threading
 import weakref
