@@ -234,16 +234,19 @@ def _ctc_launch(op, be, lp, targets, il, tl, nll=None, g=None):
 # label of extended position s for sample n, its log prob at t, and whether
 # s may be reached from s - 2
 _CTC_HELPERS = r"""
-static __device__ T gc_ctc_lse(T a, T b) {
+#ifndef GC_CTC_HELPERS
+#define GC_CTC_HELPERS
+template <class V> static __device__ V gc_ctc_lse(V a, V b) {
     if (isinf(a) && a < 0) return b;
     if (isinf(b) && b < 0) return a;
-    T m = a > b ? a : b;
+    V m = a > b ? a : b;
     return m + log(exp(a - m) + exp(b - m));
 }
 #define GC_LAB(s) ((s) % 2 == 0 ? blank : (targets[n * S + (s) / 2] < 0 ? 0 : \
     (targets[n * S + (s) / 2] >= C ? C - 1 : targets[n * S + (s) / 2])))
 #define GC_LP(t, s) lp[((t) * N + n) * C + GC_LAB(s)]
 #define GC_SKIP(s) ((s) >= 2 && GC_LAB(s) != blank && GC_LAB(s) != GC_LAB((s) - 2))
+#endif
 """
 _CTC = Kernel('ctcloss', 'const T* __restrict__ lp, const long long* __restrict__ targets, '
               'const long long* __restrict__ il, const long long* __restrict__ tl, T* __restrict__ nll, '

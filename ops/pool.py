@@ -118,18 +118,20 @@ _POOL_ARGS = "int N, int C, int H, int W, int OH, int OW, int KH, int KW, int SH
 # order (NaN wins) as the CPU kernel finds it; the count an average divides
 # by: the window's non-padding elements when exclude_padding, else KH * KW
 _WINDOW = """
-__device__ __forceinline__ int gc_window_argmax(const T* xc, int oh, int ow, int H, int W, int KH, int KW,
-                                                int SH, int SW, int PH, int PW, T* value)
+#ifndef GC_POOL_WINDOW
+#define GC_POOL_WINDOW
+template <class V> __device__ __forceinline__ int gc_window_argmax(const V* xc, int oh, int ow, int H, int W, int KH,
+                                                                   int KW, int SH, int SW, int PH, int PW, V* value)
 {
     const int h0 = oh * SH - PH, w0 = ow * SW - PW;
-    int best = -1; T m = 0;
+    int best = -1; V m = 0;
     for (int i = 0; i < KH; ++i) {
         const int ih = h0 + i;
         if (ih < 0 || ih >= H) continue;
         for (int j = 0; j < KW; ++j) {
             const int iw = w0 + j;
             if (iw < 0 || iw >= W) continue;
-            const T v = xc[(long long)ih * W + iw];
+            const V v = xc[(long long)ih * W + iw];
             if (best < 0 || (m == m && (v > m || v != v))) { m = v; best = ih * W + iw; }
         }
     }
@@ -142,6 +144,7 @@ __device__ __forceinline__ int gc_window_count(int oh, int ow, int H, int W, int
     const int h0 = oh * SH - PH, w0 = ow * SW - PW;
     return exclude_padding ? (min(h0 + KH, H) - max(h0, 0)) * (min(w0 + KW, W) - max(w0, 0)) : KH * KW;
 }
+#endif
 """
 _WINDOW_ARGS = "H, W, KH, KW, SH, SW, PH, PW"
 # one thread per pooled element (grid-stride loop, launch_n(N*C*OH*OW)) ...

@@ -95,7 +95,12 @@ def _launch(op, be, n, outs, *arrays):
 
 # the kernels: one thread per (batch, hidden) element, n = B * H of them;
 # ``base`` is the element's first gate in (B, k * H), gate k at base + k * H
-_SIGMOID = "__device__ __forceinline__ T gc_sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }"
+_SIGMOID = """
+#ifndef GC_SIGMOID
+#define GC_SIGMOID
+template <class V> __device__ __forceinline__ V gc_sigmoid(V z) { return (V)1 / ((V)1 + exp(-z)); }
+#endif
+"""
 _LSTM = Kernel("lstmcellgates", "const T* __restrict__ gx, const T* __restrict__ gh, const T* __restrict__ c, "
                "T* __restrict__ h2, T* __restrict__ c2, long long n, long long H", """
     const long long base = idx / H * 4 * H + idx % H;

@@ -2,10 +2,11 @@
 from a declaration (its name, its C parameter list, its body).
 
 A kernel is written once, for every element type, in terms of ``T``: the
-source starts with ``typedef <ctype> T;`` (the one place the element type
-enters; a cast's second type is ``U``), then its helpers, then the
-``extern "C" __global__`` function named ``gc_<name>_<ctype>`` (spaces as
-underscores: ``gc_copy_long_long``). The loop that spreads the work comes
+source declares ``typedef <ctype> T;`` (the one place the element type
+enters; a cast's second type is ``U``) in a namespace of its own, so that
+sources of several types share a file, with the ``extern "C" __global__``
+function named ``gc_<name>_<ctype>`` (spaces as underscores:
+``gc_copy_long_long``); helpers (device functions, templates) go first. The loop that spreads the work comes
 from here too: ``over=count`` wraps the body in a grid-stride loop (one
 thread per index ``idx``, any grid covers every index), ``per="block"`` in a
 block loop (one block per index, uniform for ``__syncthreads``); without
@@ -13,15 +14,14 @@ block loop (one block per index, uniform for ``__syncthreads``); without
 text: the body is C, compiled as written.
 
 Sources are built once per op and element type (the kernel cache keys by
-source text), never per call. A kernel family compiles many sources in one
-program, each in a namespace of its own, so every source may define its
-``T`` (``gradcore.cuda.families``).
+source text), never per call.
 
 Example::
 
     >>> COPY = Kernel("copy", "const T* __restrict__ x, T* __restrict__ y, long long n",
     ...               "y[idx] = x[idx];", over="n")
     >>> print(COPY.source("float"))              # doctest: +NORMALIZE_WHITESPACE
+    namespace gc_copy_float_unit {
     typedef float T;
     extern "C" __global__ void gc_copy_float(const T* __restrict__ x, T* __restrict__ y, long long n)
     {
@@ -30,6 +30,8 @@ Example::
             y[idx] = x[idx];
         }
     }
+    }  // namespace gc_copy_float_unit
+    using namespace gc_copy_float_unit;
 """
 from __future__ import annotations
 
@@ -103,9 +105,16 @@ class Kernel:
 
 
 def source(ctype: str, *kernels: Kernel, helpers: str = "", U: Optional[str] = None) -> str:
-    """One CUDA C source: ``typedef ctype T;`` (and ``typedef U U;`` for a
-    kernel between two element types, named ``gc_<name>_<T>_to_<U>``), the
-    ``helpers`` (device functions, written in ``T``), then ``kernels``."""
+    """One CUDA C source: the ``helpers`` (device functions and structs that
+    do not name ``T``: templates, guarded by ``#ifndef`` so that sources put
+    in one file share them), then a namespace of the source's own holding
+    ``typedef ctype T;`` (and ``typedef U U;`` for a kernel between two
+    element types, named ``gc_<name>_<T>_to_<U>``) and ``kernels``, then a
+    using-directive (``extern "C"``: their symbols are the plain names).
+    Sources of any element types may so be put in one file."""
     more = () if U is None else (U,)
-    head = f"typedef {ctype} T;\n" + (f"typedef {U} U;\n" if U is not None else "")
-    return head + (_block(helpers, "") if helpers.strip() else "") + "".join(k.function(ctype, *more) for k in kernels)
+    ns = kernel_name(kernels[0].name, ctype, *more) + kernels[0].suffix + "_unit"
+    return ((_block(helpers, "") if helpers.strip() else "")
+            + f"namespace {ns} {{\ntypedef {ctype} T;\n" + (f"typedef {U} U;\n" if U is not None else "")
+            + "".join(k.function(ctype, *more) for k in kernels)
+            + f"}}  // namespace {ns}\nusing namespace {ns};\n")
