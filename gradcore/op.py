@@ -198,7 +198,7 @@ class OpDescription:
     """
 
     __slots__ = ("cls", "name", "grad_rule", "traced", "devices", "kernels", "params", "arity",
-                 "has_infer", "check", "forward_by_rule")
+                 "has_infer", "check", "forward_by_rule", "elementwise")
 
     def __init__(self, cls):
         self.cls = cls
@@ -231,6 +231,9 @@ class OpDescription:
         self.arity = _forward_arity(cls)
         infer = getattr(cls, "infer", None)
         self.has_infer = infer is not None and infer is not _base_infer and infer is not _decomposed_infer
+        # an op of the elementwise row table: each instance's ``row`` (what
+        # the fused CUDA backward kernels are written from)
+        self.elementwise = hasattr(cls, "row")
         self.check = {a: getattr(cls, a, None) for a in
                       ("domain", "check_shapes", "check_params", "check_gradient", "max_grad_order",
                        "examples")}
@@ -242,6 +245,12 @@ class OpDescription:
         if _core.registered_grad_rule(self.cls) is not None:
             return "registered rule"
         return self.traced
+
+    def row(self, op):
+        """The elementwise row (``gradcore.ops.elemwise.Row``: its CUDA
+        expression, dtypes...) of ``op``, an instance of the described class;
+        None for an op outside the row table."""
+        return op.row if self.elementwise else None
 
     def __repr__(self):
         return (f"OpDescription({self.name}: grad path {self.grad_path}, devices {self.devices}, "

@@ -11,6 +11,7 @@ Example::
 from gradcore import registry as _registry
 from gradcore.cuda import families as _cuda_families
 from gradcore.cuda import runtime as _cuda_runtime
+from gradcore.op import describe as _describe
 
 from .conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, ConvTranspose
 from .elemwise import Elemwise
@@ -72,7 +73,8 @@ def standard_op(name: str):
     """
     from . import elemwise, reduce, shape
     table = {"Cast": shape.Cast, "Broadcast": shape.Broadcast, "Transpose": shape.Transpose,
-             "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise, "CUDA_HELPERS": elemwise.CUDA_HELPERS}
+             "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise, "CUDA_HELPERS": elemwise.CUDA_HELPERS,
+             "describe": _describe}
     return table[name]
 
 

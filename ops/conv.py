@@ -54,6 +54,7 @@ from numpy.lib.stride_tricks import as_strided
 from gradcore import _core, dtypes
 from gradcore.cpu import onednn
 from gradcore.cuda import cudnn
+from gradcore.cuda.kernels import Kernel, kernel_name, source
 from gradcore.op import Op, TensorDesc, shape_carrier
 
 from .linalg import check_cuda_dtype, gemm_rows
@@ -191,13 +192,6 @@ def _launch_direct(op, be, arrays, out, ints):
     return y
 
 
-def _kname(op_name, ctype):
-    return f"gc_{op_name}_{ctype.replace(' ', '_')}"
-
-
-_LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
-         "         idx += (long long)blockDim.x * gridDim.x) {\n")
-
 # the direct kernels' ints: x (N, C, D, H, W), weight (O, C/G, KD, KH, KW),
 # output (N, O, OD, OH, OW), then stride, padding, dilation and groups
 _CONV_ARGS = ("int N, int C, int D, int H, int W, int O, int KD, int KH, int KW, int OD, int OH, int OW, "
@@ -207,10 +201,126 @@ _GEMM_ARGS = ("int C, int D, int H, int W, int KD, int KH, int KW, int OD, int O
               "int SD, int SH, int SW, int PD, int PH, int PW, int DD, int DH, int DW")
 
 
-def _direct_source(name, T, arrays, total, body):
-    return (f"extern \"C\" __global__ void {_kname(name, T)}({arrays}, {_CONV_ARGS})\n{{\n"
-            "    const int CG = C / G, OG = O / G;\n"
-            f"    const long long total = {total};\n" + _LOOP + body + "    }\n}\n")
+# one thread per element written (grid-stride loops)
+_CONV = Kernel('conv', 'const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, ' + _CONV_ARGS, """
+    const int ow = (int)(idx % OW); long long t = idx / OW;
+    const int oh = (int)(t % OH); t /= OH;
+    const int od = (int)(t % OD); t /= OD;
+    const int o = (int)(t % O); const int n = (int)(t / O);
+    const int g = o / OG;
+    T acc = 0;
+    for (int c = 0; c < CG; ++c) {
+        const T* xc = x
+            + ((long long)n * C + (long long)g * CG + c) * D * H * W;
+        const T* wc = w + ((long long)o * CG + c) * KD * KH * KW;
+        for (int a = 0; a < KD; ++a) {
+            const int id = od * SD - PD + a * DD;
+            if (id < 0 || id >= D) continue;
+            for (int i = 0; i < KH; ++i) {
+                const int ih = oh * SH - PH + i * DH;
+                if (ih < 0 || ih >= H) continue;
+                for (int j = 0; j < KW; ++j) {
+                    const int iw = ow * SW - PW + j * DW;
+                    if (iw < 0 || iw >= W) continue;
+                    acc += xc[((long long)id * H + ih) * W + iw]
+                         * wc[(a * KH + i) * KW + j];
+                }
+            }
+        }
+    }
+    y[idx] = acc;""", over='total', setup="""
+    const int CG = C / G, OG = O / G;
+    const long long total = (long long)N * O * OD * OH * OW;""")
+_CONV_BACKWARD_DATA = Kernel('conv_backward_data', 'const T* __restrict__ gy, const T* __restrict__ w, T* __restrict__ gx, ' + _CONV_ARGS, """
+    const int iw = (int)(idx % W); long long t = idx / W;
+    const int ih = (int)(t % H); t /= H;
+    const int id = (int)(t % D); t /= D;
+    const int c = (int)(t % C); const int n = (int)(t / C);
+    const int g = c / CG, cc = c % CG;
+    T acc = 0;
+    for (int a = 0; a < KD; ++a) {
+        const int td = id + PD - a * DD;
+        if (td < 0 || td % SD || td / SD >= OD) continue;
+        const int od = td / SD;
+        for (int i = 0; i < KH; ++i) {
+            const int th = ih + PH - i * DH;
+            if (th < 0 || th % SH || th / SH >= OH) continue;
+            const int oh = th / SH;
+            for (int j = 0; j < KW; ++j) {
+                const int tw = iw + PW - j * DW;
+                if (tw < 0 || tw % SW || tw / SW >= OW) continue;
+                const int ow = tw / SW;
+                for (int k = 0; k < OG; ++k) {
+                    const int o = g * OG + k;
+                    const auto at = (((long long)n * O + o) * OD + od) * OH + oh;
+                    const auto wt = (((long long)o * CG + cc) * KD + a) * KH + i;
+                    acc += gy[at * OW + ow] * w[wt * KW + j];
+                }
+            }
+        }
+    }
+    gx[idx] = acc;""", over='total', setup="""
+    const int CG = C / G, OG = O / G;
+    const long long total = (long long)N * C * D * H * W;""")
+_CONV_BACKWARD_FILTER = Kernel('conv_backward_filter', 'const T* __restrict__ gy, const T* __restrict__ x, T* __restrict__ gw, ' + _CONV_ARGS, """
+    const int j = (int)(idx % KW); long long t = idx / KW;
+    const int i = (int)(t % KH); t /= KH;
+    const int a = (int)(t % KD); t /= KD;
+    const int cc = (int)(t % CG); const int o = (int)(t / CG);
+    const int c = (o / OG) * CG + cc;
+    T acc = 0;
+    for (int n = 0; n < N; ++n) {
+        const T* xc = x + ((long long)n * C + c) * D * H * W;
+        const T* gc = gy + ((long long)n * O + o) * OD * OH * OW;
+        for (int od = 0; od < OD; ++od) {
+            const int id = od * SD - PD + a * DD;
+            if (id < 0 || id >= D) continue;
+            for (int oh = 0; oh < OH; ++oh) {
+                const int ih = oh * SH - PH + i * DH;
+                if (ih < 0 || ih >= H) continue;
+                for (int ow = 0; ow < OW; ++ow) {
+                    const int iw = ow * SW - PW + j * DW;
+                    if (iw < 0 || iw >= W) continue;
+                    acc += gc[((long long)od * OH + oh) * OW + ow]
+                         * xc[((long long)id * H + ih) * W + iw];
+                }
+            }
+        }
+    }
+    gw[idx] = acc;""", over='total', setup="""
+    const int CG = C / G, OG = O / G;
+    const long long total = (long long)O * CG * KD * KH * KW;""")
+_IM2COL = Kernel('im2col', 'const T* __restrict__ x, T* __restrict__ cols, long long n0, long long nb, ' + _GEMM_ARGS, """
+    const long long p = idx % P, t = idx / P, r = t % R, n = n0 + t / R;
+    const int j = (int)(r % KW), i = (int)(r / KW % KH), a = (int)(r / ((long long)KW * KH) % KD);
+    const int c = (int)(r / KK);
+    const int id = (int)(p / ((long long)OH * OW)) * SD - PD + a * DD;
+    const int ih = (int)(p / OW % OH) * SH - PH + i * DH, iw = (int)(p % OW) * SW - PW + j * DW;
+    cols[idx] = (id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W)
+        ? x[(((n * C + c) * D + id) * H + ih) * W + iw] : (T)0;""", over='total', setup="""
+    const long long P = (long long)OD * OH * OW, KK = (long long)KD * KH * KW, R = C * KK;
+    const long long total = nb * R * P;""")
+_COL2IM = Kernel('col2im', 'const T* __restrict__ cols, T* __restrict__ gx, long long n0, long long nb, ' + _GEMM_ARGS, """
+    const int iw = (int)(idx % W), ih = (int)(idx / W % H), id = (int)(idx / ((long long)H * W) % D);
+    const T* col = cols + idx / V * KD * KH * KW * P;   // image and channel
+    T acc = 0;
+    for (int a = 0; a < KD; ++a) {
+        const int td = id + PD - a * DD;
+        if (td < 0 || td % SD || td / SD >= OD) continue;
+        for (int i = 0; i < KH; ++i) {
+            const int th = ih + PH - i * DH;
+            if (th < 0 || th % SH || th / SH >= OH) continue;
+            for (int j = 0; j < KW; ++j) {
+                const int tw = iw + PW - j * DW;
+                if (tw < 0 || tw % SW || tw / SW >= OW) continue;
+                acc += col[((a * KH + i) * KW + j) * P
+                           + ((long long)(td / SD) * OH + th / SH) * OW + tw / SW];
+            }
+        }
+    }
+    gx[n0 * C * V + idx] = acc;""", over='total', setup="""
+    const long long P = (long long)OD * OH * OW, V = (long long)D * H * W;
+    const long long total = nb * C * V;""")
 
 
 def gemm_source(ctype: str = "float") -> str:
@@ -226,43 +336,7 @@ def gemm_source(ctype: str = "float") -> str:
     n0..n0+nb of gx: each element gathers the columns of every tap that
     read it (no atomics).
     """
-    T = ctype
-    return (
-        f"extern \"C\" __global__ void {_kname('im2col', T)}(const {T}* __restrict__ x, {T}* __restrict__ cols, "
-        f"long long n0, long long nb, {_GEMM_ARGS})\n{{\n"
-        "    const long long P = (long long)OD * OH * OW, KK = (long long)KD * KH * KW, R = C * KK;\n"
-        "    const long long total = nb * R * P;\n" + _LOOP +
-        "        const long long p = idx % P, t = idx / P, r = t % R, n = n0 + t / R;\n"
-        "        const int j = (int)(r % KW), i = (int)(r / KW % KH), a = (int)(r / ((long long)KW * KH) % KD);\n"
-        "        const int c = (int)(r / KK);\n"
-        "        const int id = (int)(p / ((long long)OH * OW)) * SD - PD + a * DD;\n"
-        "        const int ih = (int)(p / OW % OH) * SH - PH + i * DH, iw = (int)(p % OW) * SW - PW + j * DW;\n"
-        "        cols[idx] = (id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W)\n"
-        f"            ? x[(((n * C + c) * D + id) * H + ih) * W + iw] : ({T})0;\n"
-        "    }\n}\n"
-        f"extern \"C\" __global__ void {_kname('col2im', T)}(const {T}* __restrict__ cols, {T}* __restrict__ gx, "
-        f"long long n0, long long nb, {_GEMM_ARGS})\n{{\n"
-        "    const long long P = (long long)OD * OH * OW, V = (long long)D * H * W;\n"
-        "    const long long total = nb * C * V;\n" + _LOOP +
-        "        const int iw = (int)(idx % W), ih = (int)(idx / W % H), id = (int)(idx / ((long long)H * W) % D);\n"
-        f"        const {T}* col = cols + idx / V * KD * KH * KW * P;   // image and channel\n"
-        f"        {T} acc = 0;\n"
-        "        for (int a = 0; a < KD; ++a) {\n"
-        "            const int td = id + PD - a * DD;\n"
-        "            if (td < 0 || td % SD || td / SD >= OD) continue;\n"
-        "            for (int i = 0; i < KH; ++i) {\n"
-        "                const int th = ih + PH - i * DH;\n"
-        "                if (th < 0 || th % SH || th / SH >= OH) continue;\n"
-        "                for (int j = 0; j < KW; ++j) {\n"
-        "                    const int tw = iw + PW - j * DW;\n"
-        "                    if (tw < 0 || tw % SW || tw / SW >= OW) continue;\n"
-        "                    acc += col[((a * KH + i) * KW + j) * P\n"
-        "                               + ((long long)(td / SD) * OH + th / SH) * OW + tw / SW];\n"
-        "                }\n"
-        "            }\n"
-        "        }\n"
-        "        gx[n0 * C * V + idx] = acc;\n"
-        "    }\n}\n")
+    return source(ctype, _IM2COL, _COL2IM)
 
 
 # ---------------------------------------------------------------- what the four ops share
@@ -440,7 +514,7 @@ class _ConvOp(Op):
             return x, x.ptr + n0 * (x.size // x.shape[0]) * x.itemsize
         ints, (r, p, _, _) = self._gemm_geometry(x.shape, wshape)
         cols = be.empty((nb, r, p), x.dtype)
-        be.launch_n(be.kernel(self, be.ctype(x.dtype), name=_kname("im2col", be.ctype(x.dtype)),
+        be.launch_n(be.kernel(self, be.ctype(x.dtype), name=kernel_name("im2col", be.ctype(x.dtype)),
                               source=gemm_source(be.ctype(x.dtype))), cols.size, x, cols, n0, nb, *ints)
         return cols, cols.ptr
 
@@ -522,35 +596,8 @@ class Convolution(_ConvOp):
         """``gc_conv_<ctype>(x, w, y, <_CONV_ARGS>)``: one thread per output
         element (``launch_n(N*O*OD*OH*OW)``), a sum over the group's
         channels and the kernel taps."""
-        T = ctype
-        return _direct_source("conv", T, f"const {T}* __restrict__ x, const {T}* __restrict__ w, {T}* __restrict__ y",
-                              "(long long)N * O * OD * OH * OW",
-                              "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
-                              "        const int oh = (int)(t % OH); t /= OH;\n"
-                              "        const int od = (int)(t % OD); t /= OD;\n"
-                              "        const int o = (int)(t % O); const int n = (int)(t / O);\n"
-                              "        const int g = o / OG;\n"
-                              f"        {T} acc = 0;\n"
-                              "        for (int c = 0; c < CG; ++c) {\n"
-                              f"            const {T}* xc = x\n"
-                              "                + ((long long)n * C + (long long)g * CG + c) * D * H * W;\n"
-                              f"            const {T}* wc = w + ((long long)o * CG + c) * KD * KH * KW;\n"
-                              "            for (int a = 0; a < KD; ++a) {\n"
-                              "                const int id = od * SD - PD + a * DD;\n"
-                              "                if (id < 0 || id >= D) continue;\n"
-                              "                for (int i = 0; i < KH; ++i) {\n"
-                              "                    const int ih = oh * SH - PH + i * DH;\n"
-                              "                    if (ih < 0 || ih >= H) continue;\n"
-                              "                    for (int j = 0; j < KW; ++j) {\n"
-                              "                        const int iw = ow * SW - PW + j * DW;\n"
-                              "                        if (iw < 0 || iw >= W) continue;\n"
-                              "                        acc += xc[((long long)id * H + ih) * W + iw]\n"
-                              "                             * wc[(a * KH + i) * KW + j];\n"
-                              "                    }\n"
-                              "                }\n"
-                              "            }\n"
-                              "        }\n"
-                              "        y[idx] = acc;\n")
+        return _CONV.source(ctype)
+
 
 
 class _ConvGrad(_ConvOp):
@@ -667,7 +714,7 @@ class ConvolutionBackwardData(_ConvGrad):
                 gemm_rows(be, out.dtype, k, p, og, w.ptr + grp * og * k * it, g.ptr + (n0 * o + grp * og) * p * it,
                           base + grp * k * p * it, ta=True, stride_a=0, stride_b=o * p, stride_c=r * p, batch=nb)
             if not pointwise:
-                be.launch_n(be.kernel(self, T, name=_kname("col2im", T), source=gemm_source(T)),
+                be.launch_n(be.kernel(self, T, name=kernel_name("col2im", T), source=gemm_source(T)),
                             nb * (gx.size // n), dcols, gx, n0, nb, *ints)
         return gx
 
@@ -680,38 +727,8 @@ class ConvolutionBackwardData(_ConvGrad):
         """``gc_conv_backward_data_<ctype>(gy, w, gx, <_CONV_ARGS>)``: one
         thread per input element (``launch_n(N*C*D*H*W)``), gathering from
         every output it fed (no atomics)."""
-        T = ctype
-        return _direct_source("conv_backward_data", T,
-                              f"const {T}* __restrict__ gy, const {T}* __restrict__ w, {T}* __restrict__ gx",
-                              "(long long)N * C * D * H * W",
-                              "        const int iw = (int)(idx % W); long long t = idx / W;\n"
-                              "        const int ih = (int)(t % H); t /= H;\n"
-                              "        const int id = (int)(t % D); t /= D;\n"
-                              "        const int c = (int)(t % C); const int n = (int)(t / C);\n"
-                              "        const int g = c / CG, cc = c % CG;\n"
-                              f"        {T} acc = 0;\n"
-                              "        for (int a = 0; a < KD; ++a) {\n"
-                              "            const int td = id + PD - a * DD;\n"
-                              "            if (td < 0 || td % SD || td / SD >= OD) continue;\n"
-                              "            const int od = td / SD;\n"
-                              "            for (int i = 0; i < KH; ++i) {\n"
-                              "                const int th = ih + PH - i * DH;\n"
-                              "                if (th < 0 || th % SH || th / SH >= OH) continue;\n"
-                              "                const int oh = th / SH;\n"
-                              "                for (int j = 0; j < KW; ++j) {\n"
-                              "                    const int tw = iw + PW - j * DW;\n"
-                              "                    if (tw < 0 || tw % SW || tw / SW >= OW) continue;\n"
-                              "                    const int ow = tw / SW;\n"
-                              "                    for (int k = 0; k < OG; ++k) {\n"
-                              "                        const int o = g * OG + k;\n"
-                              "                        const auto at = (((long long)n * O + o) * OD + od) * OH + oh;\n"
-                              "                        const auto wt = (((long long)o * CG + cc) * KD + a) * KH + i;\n"
-                              "                        acc += gy[at * OW + ow] * w[wt * KW + j];\n"
-                              "                    }\n"
-                              "                }\n"
-                              "            }\n"
-                              "        }\n"
-                              "        gx[idx] = acc;\n")
+        return _CONV_BACKWARD_DATA.source(ctype)
+
 
 
 class ConvolutionBackwardFilter(_ConvGrad):
@@ -782,35 +799,8 @@ class ConvolutionBackwardFilter(_ConvGrad):
         """``gc_conv_backward_filter_<ctype>(gy, x, gw, <_CONV_ARGS>)``: one
         thread per weight element (``launch_n(O*C/G*KD*KH*KW)``), a
         reduction over N, OD, OH, OW."""
-        T = ctype
-        return _direct_source("conv_backward_filter", T,
-                              f"const {T}* __restrict__ gy, const {T}* __restrict__ x, {T}* __restrict__ gw",
-                              "(long long)O * CG * KD * KH * KW",
-                              "        const int j = (int)(idx % KW); long long t = idx / KW;\n"
-                              "        const int i = (int)(t % KH); t /= KH;\n"
-                              "        const int a = (int)(t % KD); t /= KD;\n"
-                              "        const int cc = (int)(t % CG); const int o = (int)(t / CG);\n"
-                              "        const int c = (o / OG) * CG + cc;\n"
-                              f"        {T} acc = 0;\n"
-                              "        for (int n = 0; n < N; ++n) {\n"
-                              f"            const {T}* xc = x + ((long long)n * C + c) * D * H * W;\n"
-                              f"            const {T}* gc = gy + ((long long)n * O + o) * OD * OH * OW;\n"
-                              "            for (int od = 0; od < OD; ++od) {\n"
-                              "                const int id = od * SD - PD + a * DD;\n"
-                              "                if (id < 0 || id >= D) continue;\n"
-                              "                for (int oh = 0; oh < OH; ++oh) {\n"
-                              "                    const int ih = oh * SH - PH + i * DH;\n"
-                              "                    if (ih < 0 || ih >= H) continue;\n"
-                              "                    for (int ow = 0; ow < OW; ++ow) {\n"
-                              "                        const int iw = ow * SW - PW + j * DW;\n"
-                              "                        if (iw < 0 || iw >= W) continue;\n"
-                              "                        acc += gc[((long long)od * OH + oh) * OW + ow]\n"
-                              "                             * xc[((long long)id * H + ih) * W + iw];\n"
-                              "                    }\n"
-                              "                }\n"
-                              "            }\n"
-                              "        }\n"
-                              "        gw[idx] = acc;\n")
+        return _CONV_BACKWARD_FILTER.source(ctype)
+
 
 
 # ---------------------------------------------------------------- transposed convolution

@@ -21,6 +21,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
 
 
@@ -230,27 +231,13 @@ def cuda_source(row: Row, ctype: str = "float") -> str:
     scalar) or the size of a trailing part of the output's shape (a bias);
     the launcher expands inputs that broadcast otherwise, and casts them to
     ``ctype`` (a where's condition to bool; a predicate's output is bool)."""
-    n = _arity(row)
-    params = []
-    for i in range(n):
-        t = "bool" if (i == 0 and row.mode == "where") else ctype
-        params.append(f"const {t}* __restrict__ in{i}, long long n{i}")
-    out_t = "bool" if row.out_dtype == "bool" else ctype
-    loads = "\n".join(f"        const {('bool' if (i == 0 and row.mode == 'where') else 'T')} {_ARGS[i]} = "
-                      f"in{i}[n{i} == n ? i : n{i} == 1 ? 0 : i % n{i}];"
-                      for i in range(n))
-    return (
-        CUDA_HELPERS +
-        f"typedef {ctype} T;\n"
-        f"extern \"C\" __global__ void gc_{row.mode}_{ctype.replace(' ', '_')}("
-        f"{', '.join(params)}, {out_t}* __restrict__ out, long long n)\n"
-        "{\n"
-        "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
-        "         i += (long long)blockDim.x * gridDim.x) {\n"
-        f"{loads}\n"
-        f"        out[i] = ({out_t})({row.cuda});\n"
-        "    }\n"
-        "}\n")
+    types = ["bool" if (k == 0 and row.mode == "where") else "T" for k in range(_arity(row))]
+    out_t = "bool" if row.out_dtype == "bool" else "T"
+    params = [f"const {t}* __restrict__ in{k}, long long n{k}" for k, t in enumerate(types)]
+    loads = [f"const {t} {_ARGS[k]} = in{k}[n{k} == n ? i : n{k} == 1 ? 0 : i % n{k}];" for k, t in enumerate(types)]
+    return Kernel(row.mode, ", ".join(params + [f"{out_t}* __restrict__ out", "long long n"]),
+                  "\n".join(loads + [f"out[i] = ({out_t})({row.cuda});"]), over="n", index="i"
+                  ).source(ctype, helpers=CUDA_HELPERS)
 
 
 # ---- the namespace derivative expressions are evaluated in

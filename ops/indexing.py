@@ -15,6 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gradcore import _core
+from gradcore.cuda.kernels import Kernel
 from gradcore.op import IndexOpError, Op, OpError, TensorDesc  # noqa: F401 (IndexOpError: here too)
 
 from .shape import _DIMS, SumToLike
@@ -241,16 +242,13 @@ class Subtensor(Op):
         return [_apply1(SubtensorGrad(self.spec), grads[0], x, *idx)] + [None] * len(idx)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
         if not _has_arrays(self.spec):
-            return _strided_source("subtensor", T, "y = x[index] for a basic index: a strided view of x (src) "
+            return _strided_source("subtensor", ctype, "y = x[index] for a basic index: a strided view of x (src) "
                                    "copied into contiguous y (dst)")
-        return (f"extern \"C\" __global__ void {_kname('subtensor', T)}(const {T}* __restrict__ x, "
-                f"const long long* __restrict__ offsets, {T}* __restrict__ y, long long total)\n{{\n"
-                "    // y = x[index]: offsets[i] is the flat element offset in contiguous x of y's\n"
-                "    // element i, computed by the backend on the host from the index expression\n" + _LOOP +
-                "        y[idx] = x[offsets[idx]];\n"
-                "    }\n}\n")
+        # y = x[index]: offsets[i] is the flat element offset in contiguous x of y's
+        # element i, computed by the backend on the host from the index expression
+        return Kernel("subtensor", "const T* __restrict__ x, const long long* __restrict__ offsets, "
+                      "T* __restrict__ y, long long total", "y[idx] = x[offsets[idx]];", over="total").source(ctype)
 
     def cuda(self, be, x, *idx):
         self.infer(*_descs(x, *idx))
@@ -296,17 +294,14 @@ class SubtensorGrad(Op):
         return [_apply1(Subtensor(self.spec), grads[0], *idx), None] + [None] * len(idx)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
         if not _has_arrays(self.spec):
             # basic indexing never selects an element twice: a plain strided store will do
-            return _strided_source("subtensor_grad", T, "y (ref's shape, zero-filled by the backend first)[index] "
-                                   "= g: contiguous g (src, or broadcast: stride 0) stored through the view (dst)")
-        return (f"extern \"C\" __global__ void {_kname('subtensor_grad', T)}(const {T}* __restrict__ g, "
-                f"const long long* __restrict__ offsets, {T}* y, long long total)\n{{\n"
-                "    // y (contiguous, ref's shape) zero-filled by the backend first; offsets as for\n"
-                "    // Subtensor (one per element of g); repeated offsets accumulate\n" + _LOOP +
-                "        atomicAdd(y + offsets[idx], g[idx]);\n"
-                "    }\n}\n")
+            return _strided_source("subtensor_grad", ctype, "y (ref's shape, zero-filled by the backend first)"
+                                   "[index] = g: contiguous g (src, or broadcast: stride 0) stored through the view (dst)")
+        # y (contiguous, ref's shape) zero-filled by the backend first; offsets as for
+        # Subtensor (one per element of g); repeated offsets accumulate
+        return Kernel("subtensor_grad", "const T* __restrict__ g, const long long* __restrict__ offsets, T* y, "
+                      "long long total", "atomicAdd(y + offsets[idx], g[idx]);", over="total").source(ctype)
 
     def cuda(self, be, g, ref, *idx):
         # ref is shape-only (no device memory): only its shape is read
@@ -370,18 +365,15 @@ class SetSubtensor(Op):
         return [dx, dv] + [None] * len(idx)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
         if not _has_arrays(self.spec):
-            return _strided_source("set_subtensor", T, "y (a copy of x, made by the backend first)[index] = value: "
-                                   "value (src, broadcast: stride 0) stored through the view (dst)")
-        return (f"extern \"C\" __global__ void {_kname('set_subtensor', T)}(const {T}* __restrict__ value, "
-                "const long long* __restrict__ offsets, const long long* __restrict__ vpos, "
-                f"{T}* __restrict__ y, long long total)\n{{\n"
-                "    // y holds a copy of x already (the backend copies first); y[offsets[i]] =\n"
-                "    // value[vpos[i]]: vpos is value's flat offset under broadcasting to the indexed\n"
-                "    // shape; the host keeps only the last write of a repeated offset (NumPy's rule)\n" + _LOOP +
-                "        y[offsets[idx]] = value[vpos[idx]];\n"
-                "    }\n}\n")
+            return _strided_source("set_subtensor", ctype, "y (a copy of x, made by the backend first)[index] = "
+                                   "value: value (src, broadcast: stride 0) stored through the view (dst)")
+        # y holds a copy of x already (the backend copies first); y[offsets[i]] =
+        # value[vpos[i]]: vpos is value's flat offset under broadcasting to the indexed
+        # shape; the host keeps only the last write of a repeated offset (NumPy's rule)
+        return Kernel("set_subtensor", "const T* __restrict__ value, const long long* __restrict__ offsets, "
+                      "const long long* __restrict__ vpos, T* __restrict__ y, long long total",
+                      "y[offsets[idx]] = value[vpos[idx]];", over="total").source(ctype)
 
     def cuda(self, be, x, value, *idx):
         self.infer(*_descs(x, value, *idx))
@@ -452,17 +444,14 @@ class IndexingOneHot(Op):
         return [_apply1(IndexingOneHotGrad(self.axis, self.keepdims), grads[0], x, index), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (f"extern \"C\" __global__ void {_kname('indexing_one_hot', T)}(const {T}* __restrict__ x, "
-                f"const int* __restrict__ index, {T}* __restrict__ y, long long outer, long long n, "
-                "long long inner)\n{\n"
-                f"    // axis {self.axis}: x viewed as (outer, n, inner); index and y (keepdims or not)\n"
-                "    // as (outer, inner); an index out of range gives 0 (the host checks bounds)\n"
-                "    const long long total = outer * inner;\n" + _LOOP +
-                "        long long k = index[idx];\n"
-                "        if (k < 0) k += n;\n"
-                f"        y[idx] = (k >= 0 && k < n) ? x[((idx / inner) * n + k) * inner + idx % inner] : ({T})0;\n"
-                "    }\n}\n")
+        # x viewed as (outer, n, inner); index and y (keepdims or not) as (outer,
+        # inner); an index out of range gives 0 (the host checks bounds)
+        return Kernel("indexing_one_hot", "const T* __restrict__ x, const int* __restrict__ index, "
+                      "T* __restrict__ y, long long outer, long long n, long long inner", """
+            long long k = index[idx];
+            if (k < 0) k += n;
+            y[idx] = (k >= 0 && k < n) ? x[((idx / inner) * n + k) * inner + idx % inner] : (T)0;""",
+                      over="total", setup="const long long total = outer * inner;").source(ctype)
 
     def cuda(self, be, x, index):
         (out,) = self.infer(*_descs(x, index))
@@ -522,19 +511,15 @@ class IndexingOneHotGrad(Op):
         return [_apply1(IndexingOneHot(self.axis, self.keepdims), grads[0], inputs[2]), None, None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (f"extern \"C\" __global__ void {_kname('indexing_one_hot_grad', T)}(const {T}* __restrict__ g, "
-                f"const int* __restrict__ index, {T}* __restrict__ y, long long outer, long long n, "
-                "long long inner)\n{\n"
-                f"    // axis {self.axis}: y (ref's shape) viewed as (outer, n, inner), written whole;\n"
-                "    // g and index as (outer, inner)\n"
-                "    const long long total = outer * n * inner;\n" + _LOOP +
-                "        const long long i = idx % inner; const long long t = idx / inner;\n"
-                "        const long long j = t % n; const long long r = (t / n) * inner + i;\n"
-                "        long long k = index[r];\n"
-                "        if (k < 0) k += n;\n"
-                f"        y[idx] = k == j ? g[r] : ({T})0;\n"
-                "    }\n}\n")
+        # y (ref's shape) viewed as (outer, n, inner), written whole; g and index as (outer, inner)
+        return Kernel("indexing_one_hot_grad", "const T* __restrict__ g, const int* __restrict__ index, "
+                      "T* __restrict__ y, long long outer, long long n, long long inner", """
+            const long long i = idx % inner; const long long t = idx / inner;
+            const long long j = t % n; const long long r = (t / n) * inner + i;
+            long long k = index[r];
+            if (k < 0) k += n;
+            y[idx] = k == j ? g[r] : (T)0;""", over="total", setup="const long long total = outer * n * inner;"
+                      ).source(ctype)
 
     def cuda(self, be, g, ref, index):
         # ref is shape-only. The index is not range-checked again: it is the one
@@ -553,31 +538,22 @@ class IndexingOneHotGrad(Op):
 # row for TopK); index arrays are int32 (``const int*``); arbitrary ranks
 # (up to GC_MAX_DIMS) are passed as ``gc_dims`` structs by value; the op's
 # attributes that do not depend on the rank are compiled in as constants.
-_LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
-         "         idx += (long long)blockDim.x * gridDim.x) {\n")
-
-
-def _strided_source(op_name, T, what):
-    """A copy between two strided views: one thread per element of ``shape``."""
-    return (_DIMS +
-            f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ src, {T}* __restrict__ dst, "
-            "gc_dims shape, gc_dims sstr, long long sbase, gc_dims dstr, long long dbase)\n{\n"
-            f"    // {what}.\n"
-            "    // For each coordinate c of shape: dst[dbase + c . dstr] = src[sbase + c . sstr]; element\n"
-            "    // strides (negative for negative steps, 0 where src is broadcast), computed on the host\n"
-            "    long long total = 1;\n"
-            "    for (int d = 0; d < shape.n; ++d) total *= shape.d[d];\n" + _LOOP +
-            "        long long t = idx, s = sbase, o = dbase;\n"
-            "        for (int d = shape.n - 1; d >= 0; --d) {\n"
-            "            const long long c = t % shape.d[d]; t /= shape.d[d];\n"
-            "            s += c * sstr.d[d]; o += c * dstr.d[d];\n"
-            "        }\n"
-            "        dst[o] = src[s];\n"
-            "    }\n}\n")
-
-
-def _kname(op_name, ctype):
-    return f"gc_{op_name}_{ctype.replace(' ', '_')}"
+def _strided_source(op_name, ctype, what):
+    """A copy between two strided views: one thread per element of ``shape``.
+    For each coordinate c of shape: dst[dbase + c . dstr] = src[sbase + c .
+    sstr]; element strides (negative for negative steps, 0 where src is
+    broadcast), computed on the host."""
+    return Kernel(op_name, "const T* __restrict__ src, T* __restrict__ dst, gc_dims shape, gc_dims sstr, "
+                  "long long sbase, gc_dims dstr, long long dbase", """
+        long long t = idx, s = sbase, o = dbase;
+        for (int d = shape.n - 1; d >= 0; --d) {
+            const long long c = t % shape.d[d]; t /= shape.d[d];
+            s += c * sstr.d[d]; o += c * dstr.d[d];
+        }
+        dst[o] = src[s];""", over="total", setup=f"""
+        // {what}
+        long long total = 1;
+        for (int d = 0; d < shape.n; ++d) total *= shape.d[d];""").source(ctype, helpers=_DIMS)
 
 
 def _validate(op, *arrays):
@@ -626,38 +602,45 @@ def _checked_index(op, index, n, ax, arrays):
 
 
 # the element offset of index coordinates in x (the axis coordinate replaced)
-_GATHER_BODY = (
-    "        long long t = idx, off = 0, stride = 1;\n"
-    "        bool ok = true;\n"
-    "        for (int d = is.n - 1; d >= 0; --d) {\n"
-    "            long long c = t % is.d[d]; t /= is.d[d];\n"
-    "            if (d == axis) {\n"
-    "                c = index[idx];\n"
-    "                if (c < 0) c += xs.d[d];\n"
-    "                ok = ok && c >= 0 && c < xs.d[d];\n"
-    "            }\n"
-    "            off += c * stride; stride *= xs.d[d];\n"
-    "        }\n")
+_GATHER_BODY = """
+long long t = idx, off = 0, stride = 1;
+bool ok = true;
+for (int d = is.n - 1; d >= 0; --d) {
+    long long c = t % is.d[d]; t /= is.d[d];
+    if (d == axis) {
+        c = index[idx];
+        if (c < 0) c += xs.d[d];
+        ok = ok && c >= 0 && c < xs.d[d];
+    }
+    off += c * stride; stride *= xs.d[d];
+}
+"""
 
 # for one x element: walk the index entries that could point at it (same
-# coordinates outside the axis); `hit` runs for each one that does
-_SCAN_BODY = (
-    "        long long t = idx, ioff = 0, istride = 1, istride_ax = 1, cax = 0;\n"
-    "        bool inside = true;\n"
-    "        for (int d = xs.n - 1; d >= 0; --d) {\n"
-    "            const long long c = t % xs.d[d]; t /= xs.d[d];\n"
-    "            if (d == axis) { cax = c; istride_ax = istride; }\n"
-    "            else { inside = inside && c < is.d[d]; ioff += c * istride; }\n"
-    "            istride *= is.d[d];\n"
-    "        }\n"
-    "        if (inside) {\n"
-    "            for (long long k = 0; k < is.d[axis]; ++k) {\n"
-    "                const long long p = ioff + k * istride_ax;\n"
-    "                long long v = index[p];\n"
-    "                if (v < 0) v += xs.d[axis];\n"
-    "                if (v == cax) { HIT }\n"
-    "            }\n"
-    "        }\n")
+# coordinates outside the axis); ``hit`` runs for each one that does
+def _scan_body(hit: str) -> str:
+    return f"""
+long long t = idx, ioff = 0, istride = 1, istride_ax = 1, cax = 0;
+bool inside = true;
+for (int d = xs.n - 1; d >= 0; --d) {{
+    const long long c = t % xs.d[d]; t /= xs.d[d];
+    if (d == axis) {{ cax = c; istride_ax = istride; }}
+    else {{ inside = inside && c < is.d[d]; ioff += c * istride; }}
+    istride *= is.d[d];
+}}
+if (inside) {{
+    for (long long k = 0; k < is.d[axis]; ++k) {{
+        const long long p = ioff + k * istride_ax;
+        long long v = index[p];
+        if (v < 0) v += xs.d[axis];
+        if (v == cax) {{ {hit} }}
+    }}
+}}
+"""
+
+
+_TOTAL_OF_IS = "long long total = 1;\nfor (int d = 0; d < is.n; ++d) total *= is.d[d];"
+_TOTAL_OF_XS = "long long total = 1;\nfor (int d = 0; d < xs.n; ++d) total *= xs.d[d];"
 
 
 class Gather(Op):
@@ -695,14 +678,9 @@ class Gather(Op):
         return [_apply1(GatherGrad(self.axis), grads[0], x, index), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (_DIMS +
-                f"extern \"C\" __global__ void {_kname('gather', T)}(const {T}* __restrict__ x, "
-                f"const int* __restrict__ index, {T}* __restrict__ y, gc_dims xs, gc_dims is, int axis)\n{{\n"
-                "    long long total = 1;\n"
-                "    for (int d = 0; d < is.n; ++d) total *= is.d[d];\n" + _LOOP + _GATHER_BODY +
-                f"        y[idx] = ok ? x[off] : ({T})0;\n"
-                "    }\n}\n")
+        return Kernel("gather", "const T* __restrict__ x, const int* __restrict__ index, T* __restrict__ y, "
+                      "gc_dims xs, gc_dims is, int axis", _GATHER_BODY + "y[idx] = ok ? x[off] : (T)0;",
+                      over="total", setup=_TOTAL_OF_IS).source(ctype, helpers=_DIMS)
 
     def cuda(self, be, x, index):
         _validate(self, x, index)
@@ -755,18 +733,11 @@ class GatherGrad(Op):
         return [_apply1(Gather(self.axis), grads[0], inputs[2]), None, None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (_DIMS +
-                f"extern \"C\" __global__ void {_kname('gather_grad', T)}(const {T}* __restrict__ g, "
-                f"const int* __restrict__ index, {T}* __restrict__ y, gc_dims xs, gc_dims is, int axis)\n{{\n"
-                "    // one thread per output element, summing every index entry that points at it:\n"
-                "    // deterministic, no atomics\n"
-                "    long long total = 1;\n"
-                "    for (int d = 0; d < xs.n; ++d) total *= xs.d[d];\n" + _LOOP +
-                f"        {T} acc = 0;\n" +
-                _SCAN_BODY.replace("HIT", "acc += g[p];") +
-                "        y[idx] = acc;\n"
-                "    }\n}\n")
+        # one thread per output element, summing every index entry that points at it:
+        # deterministic, no atomics
+        return Kernel("gather_grad", "const T* __restrict__ g, const int* __restrict__ index, T* __restrict__ y, "
+                      "gc_dims xs, gc_dims is, int axis", "T acc = 0;" + _scan_body("acc += g[p];") + "y[idx] = acc;",
+                      over="total", setup=_TOTAL_OF_XS).source(ctype, helpers=_DIMS)
 
     def cuda(self, be, g, ref, index):
         # ref is shape-only. The index is the one Gather checked (or Sort / TopK
@@ -825,18 +796,11 @@ class Scatter(Op):
         return [dx, None, _apply1(Gather(self.axis), g, index)]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (_DIMS +
-                f"extern \"C\" __global__ void {_kname('scatter', T)}(const {T}* __restrict__ x, "
-                f"const int* __restrict__ index, const {T}* __restrict__ src, {T}* __restrict__ y, "
-                "gc_dims xs, gc_dims is, int axis)\n{\n"
-                "    // one thread per output element: the last index entry pointing at it wins\n"
-                "    long long total = 1;\n"
-                "    for (int d = 0; d < xs.n; ++d) total *= xs.d[d];\n" + _LOOP +
-                f"        {T} v_out = x[idx];\n" +
-                _SCAN_BODY.replace("HIT", "v_out = src[p];") +
-                "        y[idx] = v_out;\n"
-                "    }\n}\n")
+        # one thread per output element: the last index entry pointing at it wins
+        return Kernel("scatter", "const T* __restrict__ x, const int* __restrict__ index, const T* __restrict__ src, "
+                      "T* __restrict__ y, gc_dims xs, gc_dims is, int axis",
+                      "T v_out = x[idx];" + _scan_body("v_out = src[p];") + "y[idx] = v_out;",
+                      over="total", setup=_TOTAL_OF_XS).source(ctype, helpers=_DIMS)
 
     def cuda(self, be, x, index, source):
         _validate(self, x, index, source)
@@ -898,22 +862,18 @@ class Sort(Op):
         """``gc_sort_<ctype>(x, y, ind, long long rows, int n, int desc)``:
         x as (rows, n); one thread per element (grid-stride loop,
         ``launch_n(rows*n)``): its rank in its row is where it goes."""
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('sort', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, int* __restrict__ ind, long long rows, int n, int desc)\n{{\n"
-            "    const long long total = rows * n;\n" + _LOOP +
-            "        const int i = (int)(idx % n);\n"
-            f"        const {T}* row = x + (idx - i);\n"
-            f"        const {T} v = row[i];\n"
-            "        int rank = 0;\n"
-            "        for (int j = 0; j < n; ++j) {\n"
-            f"            const {T} u = row[j];\n"
-            f"            if {_RANK_CMP} ++rank;\n"
-            "        }\n"
-            "        y[idx - i + rank] = v;\n"
-            "        ind[idx - i + rank] = i;\n"
-            "    }\n}\n")
+        return Kernel("sort", "const T* __restrict__ x, T* __restrict__ y, int* __restrict__ ind, long long rows, "
+                      "int n, int desc", f"""
+            const int i = (int)(idx % n);
+            const T* row = x + (idx - i);
+            const T v = row[i];
+            int rank = 0;
+            for (int j = 0; j < n; ++j) {{
+                const T u = row[j];
+                if {_RANK_CMP} ++rank;
+            }}
+            y[idx - i + rank] = v;
+            ind[idx - i + rank] = i;""", over="total", setup="const long long total = rows * n;").source(ctype)
 
     def cuda(self, be, x):
         _validate(self, x)
@@ -975,33 +935,27 @@ class TopK(Op):
         ``TOPK_MODES``; y and ind (rows, k), or (rows,) for "kth_only". One
         thread per row (grid-stride loop, ``launch_n(rows)``): each
         element's rank, O(n^2), in index order."""
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('topk', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, int* __restrict__ ind, long long rows, int n, int k, int mode, int desc)\n{{\n"
-            f"    const bool kth_only = mode == {TOPK_MODES.index('kth_only')}, "
-            f"no_sort = mode == {TOPK_MODES.index('no_sort')};\n"
-            "    const long long total = rows;\n" + _LOOP +
-            "        const long long r = idx;\n"
-            f"        const {T}* row = x + r * n;\n"
-            f"        {T}* yr = y + r * (kth_only ? 1 : k);\n"
-            "        int* ir = ind + r * (kth_only ? 1 : k);\n"
-            "        int pos = 0;   // no_sort: the next slot, in index order\n"
-            "        for (int i = 0; i < n; ++i) {\n"
-            f"            const {T} v = row[i];\n"
-            "            int rank = 0;\n"
-            "            for (int j = 0; j < n; ++j) {\n"
-            f"                const {T} u = row[j];\n"
-            f"                if {_RANK_CMP} ++rank;\n"
-            "            }\n"
-            "            if (kth_only) {\n"
-            "                if (rank == k - 1) { yr[0] = v; ir[0] = i; }\n"
-            "            } else if (rank < k) {\n"
-            "                const int at = no_sort ? pos++ : rank;\n"
-            "                yr[at] = v; ir[at] = i;\n"
-            "            }\n"
-            "        }\n"
-            "    }\n}\n")
+        return Kernel("topk", "const T* __restrict__ x, T* __restrict__ y, int* __restrict__ ind, long long rows, "
+                      "int n, int k, int mode, int desc", f"""
+            const T* row = x + r * n;
+            T* yr = y + r * (kth_only ? 1 : k);
+            int* ir = ind + r * (kth_only ? 1 : k);
+            int pos = 0;   // no_sort: the next slot, in index order
+            for (int i = 0; i < n; ++i) {{
+                const T v = row[i];
+                int rank = 0;
+                for (int j = 0; j < n; ++j) {{
+                    const T u = row[j];
+                    if {_RANK_CMP} ++rank;
+                }}
+                if (kth_only) {{
+                    if (rank == k - 1) {{ yr[0] = v; ir[0] = i; }}
+                }} else if (rank < k) {{
+                    const int at = no_sort ? pos++ : rank;
+                    yr[at] = v; ir[at] = i;
+                }}
+            }}""", over="rows", index="r", setup=f"const bool kth_only = mode == {TOPK_MODES.index('kth_only')}, "
+                      f"no_sort = mode == {TOPK_MODES.index('no_sort')};").source(ctype)
 
     def cuda(self, be, x):
         (vd, idd) = self.infer(*_descs(x))

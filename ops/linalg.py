@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
 
 
@@ -109,38 +110,34 @@ class MatrixMul(Op):
         block (GC_TILE, GC_TILE), grid (ceil(N / GC_TILE), ceil(M / GC_TILE),
         min(batch, 65535)); the kernel loops over the batch with gridDim.z.
         """
-        T = ctype
         from .shape import _DIMS
-        return (_DIMS + "#ifndef GC_TILE\n#define GC_TILE 16\n#endif\n"
-                f'extern "C" __global__ void gc_matmul_{T.replace(" ", "_")}(const {T}* __restrict__ a, '
-                f"const {T}* __restrict__ b, {T}* __restrict__ c, long long M, long long N, long long K, "
-                "gc_dims bs, gc_dims as, gc_dims bst)\n{\n"
-                "    // c = op(a) @ op(b): a stored (M, K), or (K, M) when TA; b (K, N), or (N, K) when TB\n"
-                f"    const bool TA = {'true' if self.transpose_a else 'false'}, "
-                f"TB = {'true' if self.transpose_b else 'false'};\n"
-                f"    __shared__ {T} As[GC_TILE][GC_TILE], Bs[GC_TILE][GC_TILE + 1];\n"
-                "    const int tx = threadIdx.x, ty = threadIdx.y;\n"
-                "    const long long i = blockIdx.y * (long long)GC_TILE + ty, j = blockIdx.x * (long long)GC_TILE + tx;\n"
-                "    long long batch = 1;\n"
-                "    for (int d = 0; d < bs.n; ++d) batch *= bs.d[d];\n"
-                "    for (long long z = blockIdx.z; z < batch; z += gridDim.z) {\n"
-                "        long long t = z, ao = 0, bo = 0;\n"
-                "        for (int d = bs.n - 1; d >= 0; --d) {\n"
-                "            const long long q = t % bs.d[d]; t /= bs.d[d];\n"
-                "            ao += q * as.d[d]; bo += q * bst.d[d];\n"
-                "        }\n"
-                f"        const {T}* A = a + ao; const {T}* B = b + bo;\n"
-                f"        {T} acc = 0;\n"
-                "        for (long long k0 = 0; k0 < K; k0 += GC_TILE) {\n"
-                "            const long long ka = k0 + tx, kb = k0 + ty;\n"
-                f"            As[ty][tx] = (i < M && ka < K) ? (TA ? A[ka * M + i] : A[i * K + ka]) : ({T})0;\n"
-                f"            Bs[ty][tx] = (kb < K && j < N) ? (TB ? B[j * K + kb] : B[kb * N + j]) : ({T})0;\n"
-                "            __syncthreads();\n"
-                "            for (int kk = 0; kk < GC_TILE; ++kk) acc += As[ty][kk] * Bs[kk][tx];\n"
-                "            __syncthreads();\n"
-                "        }\n"
-                "        if (i < M && j < N) c[(z * M + i) * N + j] = acc;\n"
-                "    }\n}\n")
+        # c = op(a) @ op(b): a stored (M, K), or (K, M) when TA; b (K, N), or (N, K) when TB
+        return Kernel("matmul", "const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, long long M, "
+                      "long long N, long long K, gc_dims bs, gc_dims as, gc_dims bst", f"""
+            const bool TA = {'true' if self.transpose_a else 'false'}, TB = {'true' if self.transpose_b else 'false'};
+            __shared__ T As[GC_TILE][GC_TILE], Bs[GC_TILE][GC_TILE + 1];
+            const int tx = threadIdx.x, ty = threadIdx.y;
+            const long long i = blockIdx.y * (long long)GC_TILE + ty, j = blockIdx.x * (long long)GC_TILE + tx;
+            long long batch = 1;
+            for (int d = 0; d < bs.n; ++d) batch *= bs.d[d];
+            for (long long z = blockIdx.z; z < batch; z += gridDim.z) {{
+                long long t = z, ao = 0, bo = 0;
+                for (int d = bs.n - 1; d >= 0; --d) {{
+                    const long long q = t % bs.d[d]; t /= bs.d[d];
+                    ao += q * as.d[d]; bo += q * bst.d[d];
+                }}
+                const T* A = a + ao; const T* B = b + bo;
+                T acc = 0;
+                for (long long k0 = 0; k0 < K; k0 += GC_TILE) {{
+                    const long long ka = k0 + tx, kb = k0 + ty;
+                    As[ty][tx] = (i < M && ka < K) ? (TA ? A[ka * M + i] : A[i * K + ka]) : (T)0;
+                    Bs[ty][tx] = (kb < K && j < N) ? (TB ? B[j * K + kb] : B[kb * N + j]) : (T)0;
+                    __syncthreads();
+                    for (int kk = 0; kk < GC_TILE; ++kk) acc += As[ty][kk] * Bs[kk][tx];
+                    __syncthreads();
+                }}
+                if (i < M && j < N) c[(z * M + i) * N + j] = acc;
+            }}""").source(ctype, helpers=_DIMS + "#ifndef GC_TILE\n#define GC_TILE 16\n#endif\n")
 
 
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -201,17 +198,15 @@ def direct_matmul_source(ctype: str) -> str:
     contiguous matrices ``sa``/``sb`` elements apart (0: one matrix for the
     whole batch), a stored (M, K) or (K, M) when ``ta``, b (K, N) or (N, K)
     when ``tb``. One thread per element of c (grid-stride loop)."""
-    T = ctype
-    return (f'extern "C" __global__ void gc_matmul_direct_{T.replace(" ", "_")}(const {T}* __restrict__ a, '
-            f"const {T}* __restrict__ b, {T}* __restrict__ c, long long M, long long N, long long K, "
-            "long long batch, long long sa, long long sb, int ta, int tb)\n{\n"
-            "    const long long total = batch * M * N;\n"
-            "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
-            "         idx += (long long)blockDim.x * gridDim.x) {\n"
-            "        const long long j = idx % N, t = idx / N, i = t % M, z = t / M;\n"
-            f"        const {T}* A = a + z * sa; const {T}* B = b + z * sb;\n"
-            f"        {T} acc = 0;\n"
-            "        for (long long q = 0; q < K; ++q)\n"
-            f"            acc = ({T})(acc + (ta ? A[q * M + i] : A[i * K + q]) * (tb ? B[j * K + q] : B[q * N + j]));\n"
-            "        c[idx] = acc;\n"
-            "    }\n}\n")
+    return _MATMUL_DIRECT.source(ctype)
+
+
+_MATMUL_DIRECT = Kernel("matmul_direct", "const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, "
+                        "long long M, long long N, long long K, long long batch, long long sa, long long sb, int ta, "
+                        "int tb", """
+    const long long j = idx % N, t = idx / N, i = t % M, z = t / M;
+    const T* A = a + z * sa; const T* B = b + z * sb;
+    T acc = 0;
+    for (long long q = 0; q < K; ++q)
+        acc = (T)(acc + (ta ? A[q * M + i] : A[i * K + q]) * (tb ? B[j * K + q] : B[q * N + j]));
+    c[idx] = acc;""", over="total", setup="const long long total = batch * M * N;")

@@ -30,12 +30,9 @@ import numpy as np
 
 from gradcore._core import apply
 from gradcore.op import Op, TensorDesc
+from gradcore.cuda.kernels import Kernel
 
 __all__ = ["CTCLoss", "CTCLossGrad"]
-
-
-def _cname(ctype: str) -> str:
-    return ctype.replace(" ", "_")
 
 
 def _check(op, lp, targets, il, tl, *more):
@@ -233,79 +230,84 @@ def _ctc_launch(op, be, lp, targets, il, tl, nll=None, g=None):
     return out
 
 
-def _ctc_source(T: str, backward: bool) -> str:
-    c = _cname(T)
-    lse = (f"static __device__ {T} gc_ctc_lse{'g' if backward else ''}_{c}({T} a, {T} b) {{\n"
-           f"    if (isinf(a) && a < 0) return b;\n    if (isinf(b) && b < 0) return a;\n"
-           f"    {T} m = a > b ? a : b;\n    return m + log(exp(a - m) + exp(b - m));\n}}\n")
-    L = f"gc_ctc_lse{'g' if backward else ''}_{c}"
-    # the label of extended position s for sample n, and its log prob at t
-    common = (
-        "    const long long n = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
-        "    if (n >= N) return;\n"
-        f"    const {T} NEG = -INFINITY;\n"
-        "    long long Tn = il[n] < 0 ? 0 : (il[n] > T ? T : il[n]);\n"
-        "    long long Sn = tl[n] < 0 ? 0 : (tl[n] > S ? S : tl[n]);\n"
-        "    const long long Ln = 2 * Sn + 1, LL = 2 * S + 1;\n"
-        "#define GC_LAB(s) ((s) % 2 == 0 ? blank : (targets[n * S + (s) / 2] < 0 ? 0 : "
-        "(targets[n * S + (s) / 2] >= C ? C - 1 : targets[n * S + (s) / 2])))\n"
-        "#define GC_LP(t, s) lp[((t) * N + n) * C + GC_LAB(s)]\n"
-        "#define GC_SKIP(s) ((s) >= 2 && GC_LAB(s) != blank && GC_LAB(s) != GC_LAB((s) - 2))\n")
-    if not backward:
-        return (lse + f'extern "C" __global__ void gc_ctcloss_{c}(const {T}* __restrict__ lp, '
-                "const long long* __restrict__ targets, const long long* __restrict__ il, "
-                f"const long long* __restrict__ tl, {T}* __restrict__ nll, {T}* __restrict__ work, "
-                "long long T, long long N, long long C, long long S, long long blank)\n{\n" + common +
-                f"    {T}* a0 = work + n * 2 * LL; {T}* a1 = a0 + LL;\n"
-                "    if (Tn == 0) { nll[n] = Sn == 0 ? 0 : INFINITY; return; }\n"
-                "    for (long long s = 0; s < Ln; ++s) a0[s] = s < 2 ? GC_LP(0, s) : NEG;\n"
-                "    for (long long t = 1; t < Tn; ++t) {\n"
-                "        for (long long s = 0; s < Ln; ++s) {\n"
-                f"            {T} v = a0[s];\n"
-                f"            if (s >= 1) v = {L}(v, a0[s - 1]);\n"
-                f"            if (GC_SKIP(s)) v = {L}(v, a0[s - 2]);\n"
-                "            a1[s] = v + GC_LP(t, s);\n"
-                "        }\n"
-                f"        {T}* tmp = a0; a0 = a1; a1 = tmp;\n"
-                "    }\n"
-                f"    {T} ll = a0[Ln - 1];\n"
-                f"    if (Sn > 0) ll = {L}(ll, a0[Ln - 2]);\n"
-                "    nll[n] = -ll;\n"
-                "#undef GC_LAB\n#undef GC_LP\n#undef GC_SKIP\n}\n")
-    return (lse + f'extern "C" __global__ void gc_ctclossgrad_{c}(const {T}* __restrict__ lp, '
-            "const long long* __restrict__ targets, const long long* __restrict__ il, "
-            f"const long long* __restrict__ tl, const {T}* __restrict__ nll, const {T}* __restrict__ g, "
-            f"{T}* __restrict__ grad, {T}* __restrict__ work, long long T, long long N, long long C, "
-            "long long S, long long blank)\n{\n" + common +
-            "    for (long long t = 0; t < T; ++t) for (long long k = 0; k < C; ++k) grad[(t * N + n) * C + k] = 0;\n"
-            f"    const {T} total = nll[n];\n"
-            "    if (Tn == 0 || isinf(total) || isnan(total)) return;\n"
-            f"    {T}* alpha = work + n * (T + 2) * LL;\n"
-            f"    {T}* b0 = alpha + T * LL; {T}* b1 = b0 + LL;\n"
-            "    for (long long s = 0; s < Ln; ++s) alpha[s] = s < 2 ? GC_LP(0, s) : NEG;\n"
-            "    for (long long t = 1; t < Tn; ++t)\n"
-            "        for (long long s = 0; s < Ln; ++s) {\n"
-            f"            {T} v = alpha[(t - 1) * LL + s];\n"
-            f"            if (s >= 1) v = {L}(v, alpha[(t - 1) * LL + s - 1]);\n"
-            f"            if (GC_SKIP(s)) v = {L}(v, alpha[(t - 1) * LL + s - 2]);\n"
-            "            alpha[t * LL + s] = v + GC_LP(t, s);\n"
-            "        }\n"
-            "    for (long long s = 0; s < Ln; ++s) b0[s] = (s == Ln - 1 || (Sn > 0 && s == Ln - 2)) ? "
-            "GC_LP(Tn - 1, s) : NEG;\n"
-            "    for (long long t = Tn - 1; t >= 0; --t) {\n"
-            "        if (t < Tn - 1) {\n"
-            "            for (long long s = 0; s < Ln; ++s) {\n"
-            f"                {T} v = b0[s];\n"
-            f"                if (s + 1 < Ln) v = {L}(v, b0[s + 1]);\n"
-            f"                if (s + 2 < Ln && GC_SKIP(s + 2)) v = {L}(v, b0[s + 2]);\n"
-            "                b1[s] = v + GC_LP(t, s);\n"
-            "            }\n"
-            f"            {T}* tmp = b0; b0 = b1; b1 = tmp;\n"
-            "        }\n"
-            "        for (long long s = 0; s < Ln; ++s) {\n"
-            f"            const {T} ab = alpha[t * LL + s] + b0[s];\n"
-            "            if (isinf(ab)) continue;\n"
-            "            grad[(t * N + n) * C + GC_LAB(s)] -= g[n] * exp(ab - GC_LP(t, s) + total);\n"
-            "        }\n"
-            "    }\n"
-            "#undef GC_LAB\n#undef GC_LP\n#undef GC_SKIP\n}\n")
+# the CTC kernels: one thread per sample n (a grid-stride loop over N); the
+# label of extended position s for sample n, its log prob at t, and whether
+# s may be reached from s - 2
+_CTC_HELPERS = r"""
+#ifndef GC_CTC_HELPERS
+#define GC_CTC_HELPERS
+template <class V> static __device__ V gc_ctc_lse(V a, V b) {
+    if (isinf(a) && a < 0) return b;
+    if (isinf(b) && b < 0) return a;
+    V m = a > b ? a : b;
+    return m + log(exp(a - m) + exp(b - m));
+}
+#define GC_LAB(s) ((s) % 2 == 0 ? blank : (targets[n * S + (s) / 2] < 0 ? 0 : \
+    (targets[n * S + (s) / 2] >= C ? C - 1 : targets[n * S + (s) / 2])))
+#define GC_LP(t, s) lp[((t) * N + n) * C + GC_LAB(s)]
+#define GC_SKIP(s) ((s) >= 2 && GC_LAB(s) != blank && GC_LAB(s) != GC_LAB((s) - 2))
+#endif
+"""
+_CTC = Kernel('ctcloss', 'const T* __restrict__ lp, const long long* __restrict__ targets, '
+              'const long long* __restrict__ il, const long long* __restrict__ tl, T* __restrict__ nll, '
+              'T* __restrict__ work, long long Tmax, long long N, long long C, long long S, long long blank', """
+    const T NEG = -INFINITY;
+    long long Tn = il[n] < 0 ? 0 : (il[n] > Tmax ? Tmax : il[n]);
+    long long Sn = tl[n] < 0 ? 0 : (tl[n] > S ? S : tl[n]);
+    const long long Ln = 2 * Sn + 1, LL = 2 * S + 1;
+    T* a0 = work + n * 2 * LL; T* a1 = a0 + LL;
+    if (Tn == 0) { nll[n] = Sn == 0 ? 0 : INFINITY; continue; }
+    for (long long s = 0; s < Ln; ++s) a0[s] = s < 2 ? GC_LP(0, s) : NEG;
+    for (long long t = 1; t < Tn; ++t) {
+        for (long long s = 0; s < Ln; ++s) {
+            T v = a0[s];
+            if (s >= 1) v = gc_ctc_lse(v, a0[s - 1]);
+            if (GC_SKIP(s)) v = gc_ctc_lse(v, a0[s - 2]);
+            a1[s] = v + GC_LP(t, s);
+        }
+        T* tmp = a0; a0 = a1; a1 = tmp;
+    }
+    T ll = a0[Ln - 1];
+    if (Sn > 0) ll = gc_ctc_lse(ll, a0[Ln - 2]);
+    nll[n] = -ll;""", over="N", index="n")
+_CTC_GRAD = Kernel('ctclossgrad', 'const T* __restrict__ lp, const long long* __restrict__ targets, '
+                   'const long long* __restrict__ il, const long long* __restrict__ tl, const T* __restrict__ nll, '
+                   'const T* __restrict__ g, T* __restrict__ grad, T* __restrict__ work, long long Tmax, '
+                   'long long N, long long C, long long S, long long blank', """
+    const T NEG = -INFINITY;
+    long long Tn = il[n] < 0 ? 0 : (il[n] > Tmax ? Tmax : il[n]);
+    long long Sn = tl[n] < 0 ? 0 : (tl[n] > S ? S : tl[n]);
+    const long long Ln = 2 * Sn + 1, LL = 2 * S + 1;
+    for (long long t = 0; t < Tmax; ++t) for (long long k = 0; k < C; ++k) grad[(t * N + n) * C + k] = 0;
+    const T total = nll[n];
+    if (Tn == 0 || isinf(total) || isnan(total)) continue;
+    T* alpha = work + n * (Tmax + 2) * LL;
+    T* b0 = alpha + Tmax * LL; T* b1 = b0 + LL;
+    for (long long s = 0; s < Ln; ++s) alpha[s] = s < 2 ? GC_LP(0, s) : NEG;
+    for (long long t = 1; t < Tn; ++t)
+        for (long long s = 0; s < Ln; ++s) {
+            T v = alpha[(t - 1) * LL + s];
+            if (s >= 1) v = gc_ctc_lse(v, alpha[(t - 1) * LL + s - 1]);
+            if (GC_SKIP(s)) v = gc_ctc_lse(v, alpha[(t - 1) * LL + s - 2]);
+            alpha[t * LL + s] = v + GC_LP(t, s);
+        }
+    for (long long s = 0; s < Ln; ++s) b0[s] = (s == Ln - 1 || (Sn > 0 && s == Ln - 2)) ? GC_LP(Tn - 1, s) : NEG;
+    for (long long t = Tn - 1; t >= 0; --t) {
+        if (t < Tn - 1) {
+            for (long long s = 0; s < Ln; ++s) {
+                T v = b0[s];
+                if (s + 1 < Ln) v = gc_ctc_lse(v, b0[s + 1]);
+                if (s + 2 < Ln && GC_SKIP(s + 2)) v = gc_ctc_lse(v, b0[s + 2]);
+                b1[s] = v + GC_LP(t, s);
+            }
+            T* tmp = b0; b0 = b1; b1 = tmp;
+        }
+        for (long long s = 0; s < Ln; ++s) {
+            const T ab = alpha[t * LL + s] + b0[s];
+            if (isinf(ab)) continue;
+            grad[(t * N + n) * C + GC_LAB(s)] -= g[n] * exp(ab - GC_LP(t, s) + total);
+        }
+    }""", over="N", index="n")
+
+def _ctc_source(ctype: str, backward: bool) -> str:
+    return (_CTC_GRAD if backward else _CTC).source(ctype, helpers=_CTC_HELPERS)

@@ -10,6 +10,7 @@ import numpy as np
 from gradcore import _core, dtypes
 from gradcore.cpu import onednn
 from gradcore.cuda import cudnn
+from gradcore.cuda.kernels import Kernel, kernel_name, source
 from gradcore.op import Composite, Op, TensorDesc
 
 from .elemwise import Elemwise
@@ -179,47 +180,42 @@ _ROW_KINDS = {
 _ROW_NAMES = {"LogSoftmax": "log_softmax", "Softmax": "softmax", "LogSumExp": "logsumexp"}
 
 
-def _row_source(kind: str, T: str, per: str = "both") -> str:
+def _row_source(kind: str, ctype: str, per: str = "both") -> str:
     """The two kernels of a row op (softmax, log_softmax, logsumexp), or
     (``per`` "thread" / "block") one of them, as the source of a module of
     its own (the host emulator runs the first in one pass, without fibers):
-    a thread per row (``gc_<kind>_<T>``, any inner) and a block per row
-    (``gc_<kind>_rows_<T>``, inner 1). Each: m = the row's max, s =
+    a thread per row (``gc_<kind>_<ctype>``, any inner) and a block per row
+    (``gc_<kind>_rows_<ctype>``, inner 1). Each: m = the row's max, s =
     sum(exp(x - m)), ls = log(s), then the write."""
     if per == "both":
-        return _row_source(kind, T, "thread") + _row_source(kind, T, "block")
+        return _row_source(kind, ctype, "thread") + _row_source(kind, ctype, "block")
     shift, thread_write, block_write = _ROW_KINDS[kind]
     if per == "thread":
-        return (f'extern "C" __global__ void gc_{kind}_{_cname(T)}(const {T}* __restrict__ x, '
-                f"{T}* __restrict__ y, long long outer, long long n, long long inner)\n{{\n"
-                "    const long long total = outer * inner;\n"
-                "    if (n <= 0) return;\n" + _ROWS +
-                "        const long long base = (idx / inner) * n * inner + idx % inner;\n"
-                f"        const {T}* p = x + base;\n"
-                f"        {T} m = p[0], s = 0;\n"
-                "        for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;\n"
-                f"        m = {shift};\n"
-                "        for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);\n"
-                f"        const {T} ls = log(s);\n"
-                f"        {thread_write}\n"
-                "    }\n}\n")
-    return (BLOCK_REDUCE +
-            f'extern "C" __global__ void gc_{kind}_rows_{_cname(T)}(const {T}* __restrict__ x, '
-            f"{T}* __restrict__ y, long long rows, long long n)\n{{\n"
-            f"    __shared__ {T} scratch[32];\n"
-            "    if (n <= 0) return;\n"
-            "    for (long long idx = blockIdx.x; idx < rows; idx += gridDim.x) {   // uniform per block\n"
-            "        const long long base = idx * n;\n"
-            f"        const {T}* p = x + base;\n"
-            f"        {T} m = p[0], s = 0;\n"
-            "        for (long long k = threadIdx.x; k < n; k += blockDim.x) m = p[k] > m ? p[k] : m;\n"
-            "        m = gc_block_reduce(m, scratch, gc_op_max());\n"
-            f"        m = {shift};\n"
-            "        for (long long k = threadIdx.x; k < n; k += blockDim.x) s += exp(p[k] - m);\n"
-            "        s = gc_block_reduce(s, scratch, gc_op_sum());\n"
-            f"        const {T} ls = log(s);\n"
-            f"        {block_write}\n"
-            "    }\n}\n")
+        return Kernel(kind, "const T* __restrict__ x, T* __restrict__ y, long long outer, long long n, long long inner",
+                      f"""
+            const long long base = (idx / inner) * n * inner + idx % inner;
+            const T* p = x + base;
+            T m = p[0], s = 0;
+            for (long long k = 1; k < n; ++k) m = p[k * inner] > m ? p[k * inner] : m;
+            m = {shift};
+            for (long long k = 0; k < n; ++k) s += exp(p[k * inner] - m);
+            const T ls = log(s);
+            {thread_write}""", over="total", setup="""
+            const long long total = outer * inner;
+            if (n <= 0) return;""").source(ctype)
+    return Kernel(f"{kind}_rows", "const T* __restrict__ x, T* __restrict__ y, long long rows, long long n", f"""
+        const long long base = idx * n;
+        const T* p = x + base;
+        T m = p[0], s = 0;
+        for (long long k = threadIdx.x; k < n; k += blockDim.x) m = p[k] > m ? p[k] : m;
+        m = gc_block_reduce(m, scratch, gc_op_max());
+        m = {shift};
+        for (long long k = threadIdx.x; k < n; k += blockDim.x) s += exp(p[k] - m);
+        s = gc_block_reduce(s, scratch, gc_op_sum());
+        const T ls = log(s);
+        {block_write}""", over="rows", per="block", setup="""
+        __shared__ T scratch[32];
+        if (n <= 0) return;""").source(ctype, helpers=BLOCK_REDUCE)
 
 
 def _launch_rows(op, be, x):
@@ -239,7 +235,7 @@ def _launch_rows(op, be, x):
     n = x.shape[axis] if x.ndim else 1
     inner = int(math.prod(x.shape[axis + 1:]))
     ctype = be.ctype(x.dtype)
-    kind, c = _ROW_NAMES[op.name], _cname(ctype)
+    kind = _ROW_NAMES[op.name]
     if outer * inner == 0:
         return y
     if inner == 1 and n > SHORT_AXIS:    # a block per row
@@ -249,15 +245,6 @@ def _launch_rows(op, be, x):
         be.launch_n(be.kernel(op, ctype, source=_row_source(kind, ctype, "thread")), outer * inner, x, y, outer, n,
                     inner)
     return y
-
-
-# grid-stride loop of the CUDA kernels above: one thread per row
-_ROWS = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
-         "         idx += (long long)blockDim.x * gridDim.x) {\n")
-
-
-def _cname(ctype):
-    return ctype.replace(" ", "_")
 
 
 # ---------------------------------------------------------------- batch normalisation
@@ -416,7 +403,7 @@ class BatchNormBackward(_BatchNorm):
         c, s = _bn_channels(x)
         dx = be.empty(x.shape, x.dtype)
         T = be.ctype(x.dtype)
-        kernel = be.kernel(self, T, name=f"gc_batch_norm_grad_input_{_cname(T)}", source=batch_norm_source(T))
+        kernel = be.kernel(self, T, name=kernel_name("batch_norm_grad_input", T), source=batch_norm_source(T))
         be.launch_n(kernel, dx.size, g, x, w, m, invstd, dw, db, dx, dx.size, c, s, max(_bn_count(x), 1))
         return dx, dw, db
 
@@ -463,7 +450,7 @@ def _bn_apply(op, be, x, m, invstd, w, b):
     c, s = _bn_channels(x)
     y = be.empty(x.shape, x.dtype)
     T = be.ctype(x.dtype)
-    kernel = be.kernel(op, T, name=f"gc_batch_norm_apply_{_cname(T)}", source=batch_norm_source(T))
+    kernel = be.kernel(op, T, name=kernel_name("batch_norm_apply", T), source=batch_norm_source(T))
     be.launch_n(kernel, y.size, x, m, invstd, w, b, y, y.size, c, s)
     return y
 
@@ -478,20 +465,18 @@ def batch_norm_source(ctype: str = "float") -> str:
     ``gc_batch_norm_grad_input_<ctype>(g, x, w, mean, invstd, dw, db, dx, n, C, S, M)``:
     dx = w[c] * invstd[c] * (g - (db[c] + xhat * dw[c]) / M), xhat = (x - mean[c]) * invstd[c].
     """
-    T, tag = ctype, _cname(ctype)
-    return (f'extern "C" __global__ void gc_batch_norm_apply_{tag}(const {T}* __restrict__ x, '
-            f"const {T}* __restrict__ mean, const {T}* __restrict__ invstd, const {T}* __restrict__ w, "
-            f"const {T}* __restrict__ b, {T}* __restrict__ y, long long total, long long C, long long S)\n{{\n"
-            + _ROWS +
-            "        const long long c = idx / S % C;\n"
-            "        y[idx] = (x[idx] - mean[c]) * invstd[c] * w[c] + b[c];\n"
-            "    }\n}\n"
-            f'extern "C" __global__ void gc_batch_norm_grad_input_{tag}(const {T}* __restrict__ g, '
-            f"const {T}* __restrict__ x, const {T}* __restrict__ w, const {T}* __restrict__ mean, "
-            f"const {T}* __restrict__ invstd, const {T}* __restrict__ dw, const {T}* __restrict__ db, "
-            f"{T}* __restrict__ dx, long long total, long long C, long long S, long long M)\n{{\n"
-            + _ROWS +
-            "        const long long c = idx / S % C;\n"
-            f"        const {T} xhat = (x[idx] - mean[c]) * invstd[c];\n"
-            f"        dx[idx] = w[c] * invstd[c] * (g[idx] - (db[c] + xhat * dw[c]) / ({T})M);\n"
-            "    }\n}\n")
+    return source(ctype, _BN_APPLY, _BN_GRAD_INPUT)
+
+
+_BN_APPLY = Kernel("batch_norm_apply", "const T* __restrict__ x, const T* __restrict__ mean, "
+                   "const T* __restrict__ invstd, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y, "
+                   "long long total, long long C, long long S", """
+    const long long c = idx / S % C;
+    y[idx] = (x[idx] - mean[c]) * invstd[c] * w[c] + b[c];""", over="total")
+_BN_GRAD_INPUT = Kernel("batch_norm_grad_input", "const T* __restrict__ g, const T* __restrict__ x, "
+                        "const T* __restrict__ w, const T* __restrict__ mean, const T* __restrict__ invstd, "
+                        "const T* __restrict__ dw, const T* __restrict__ db, T* __restrict__ dx, long long total, "
+                        "long long C, long long S, long long M", """
+    const long long c = idx / S % C;
+    const T xhat = (x[idx] - mean[c]) * invstd[c];
+    dx[idx] = w[c] * invstd[c] * (g[idx] - (db[c] + xhat * dw[c]) / (T)M);""", over="total")

@@ -28,9 +28,10 @@ import numpy as np
 
 from gradcore.cpu import onednn
 from gradcore.cuda import cudnn
+from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
 
-from .conv import _LOOP, _apply1, _col2im, _desc, _kname, _launch_direct, _offset_slices, _out_size, _pad
+from .conv import _apply1, _col2im, _desc, _launch_direct, _offset_slices, _out_size, _pad
 from .reduce import op_int
 
 AVG_MODES = ("average_count_exclude_padding", "average")
@@ -123,22 +124,75 @@ class _PoolBase(Op):
 _POOL_ARGS = "int N, int C, int H, int W, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW"
 
 
-# the argmax of a window, first maximum in row-major order (NaN wins), as the CPU kernel does
-def _cuda_argmax(T, ind="        "):
-    lines = [
-        "const int h0 = oh * SH - PH, w0 = ow * SW - PW;",
-        f"int best = -1; {T} m = 0;",
-        "for (int i = 0; i < KH; ++i) {",
-        "    const int ih = h0 + i;",
-        "    if (ih < 0 || ih >= H) continue;",
-        "    for (int j = 0; j < KW; ++j) {",
-        "        const int iw = w0 + j;",
-        "        if (iw < 0 || iw >= W) continue;",
-        f"        const {T} v = xc[(long long)ih * W + iw];",
-        "        if (best < 0 || (m == m && (v > m || v != v))) { m = v; best = ih * W + iw; }",
-        "    }",
-        "}"]
-    return "".join(ind + line + "\n" for line in lines)
+# device functions of the pooling kernels: the argmax of a window (its flat
+# index in the image, its value in *value), the first maximum in row-major
+# order (NaN wins) as the CPU kernel finds it; the count an average divides
+# by: the window's non-padding elements when exclude_padding, else KH * KW
+_WINDOW = """
+#ifndef GC_POOL_WINDOW
+#define GC_POOL_WINDOW
+template <class V> __device__ __forceinline__ int gc_window_argmax(const V* xc, int oh, int ow, int H, int W, int KH,
+                                                                   int KW, int SH, int SW, int PH, int PW, V* value)
+{
+    const int h0 = oh * SH - PH, w0 = ow * SW - PW;
+    int best = -1; V m = 0;
+    for (int i = 0; i < KH; ++i) {
+        const int ih = h0 + i;
+        if (ih < 0 || ih >= H) continue;
+        for (int j = 0; j < KW; ++j) {
+            const int iw = w0 + j;
+            if (iw < 0 || iw >= W) continue;
+            const V v = xc[(long long)ih * W + iw];
+            if (best < 0 || (m == m && (v > m || v != v))) { m = v; best = ih * W + iw; }
+        }
+    }
+    *value = m;
+    return best;
+}
+__device__ __forceinline__ int gc_window_count(int oh, int ow, int H, int W, int KH, int KW, int SH, int SW,
+                                               int PH, int PW, int exclude_padding)
+{
+    const int h0 = oh * SH - PH, w0 = ow * SW - PW;
+    return exclude_padding ? (min(h0 + KH, H) - max(h0, 0)) * (min(w0 + KW, W) - max(w0, 0)) : KH * KW;
+}
+#endif
+"""
+_WINDOW_ARGS = "H, W, KH, KW, SH, SW, PH, PW"
+# one thread per pooled element (grid-stride loop, launch_n(N*C*OH*OW)) ...
+_PER_POOLED = ("const long long total = (long long)N * C * OH * OW;",
+               "const int ow = (int)(idx % OW); long long t = idx / OW;\n"
+               "const int oh = (int)(t % OH); const long long nc = t / OH;\n")
+# ... or per input element (launch_n(N*C*H*W)), over the windows that hold it
+_PER_INPUT = ("const long long total = (long long)N * C * H * W;",
+              "const int xw = (int)(idx % W); long long t = idx / W;\n"
+              "const int xh = (int)(t % H); const long long nc = t / H;\n"
+              "const int oh_lo = max(0, (xh + PH - KH + SH) / SH), oh_hi = min(OH - 1, (xh + PH) / SH);\n"
+              "const int ow_lo = max(0, (xw + PW - KW + SW) / SW), ow_hi = min(OW - 1, (xw + PW) / SW);\n"
+              "T acc = 0;\n")
+
+
+def _pool_kernel(name, arrays, args, per, body):
+    return Kernel(name, arrays + args, per[1] + body, over="total", setup=per[0])
+
+
+_MAX_POOL = _pool_kernel("max_pool2d", "const T* __restrict__ x, T* __restrict__ y, ", _POOL_ARGS, _PER_POOLED, f"""\
+T m;
+gc_window_argmax(x + nc * H * W, oh, ow, {_WINDOW_ARGS}, &m);
+y[idx] = m;""")
+_MAX_POOL_BACKWARD = _pool_kernel(
+    "max_pool2d_backward", "const T* __restrict__ gy, const T* __restrict__ x, T* __restrict__ gx, ", _POOL_ARGS,
+    _PER_INPUT, f"""\
+T m;
+for (int oh = oh_lo; oh <= oh_hi; ++oh)
+    for (int ow = ow_lo; ow <= ow_hi; ++ow)
+        if (gc_window_argmax(x + nc * H * W, oh, ow, {_WINDOW_ARGS}, &m) == xh * W + xw)
+            acc += gy[(nc * OH + oh) * OW + ow];
+gx[idx] = acc;""")
+_MAX_POOL_GATHER = _pool_kernel(
+    "max_pool2d_gather", "const T* __restrict__ gg, const T* __restrict__ x, T* __restrict__ y, ", _POOL_ARGS,
+    _PER_POOLED, f"""\
+T m;
+y[idx] = gg[nc * H * W + gc_window_argmax(x + nc * H * W, oh, ow, {_WINDOW_ARGS}, &m)];""")
 
 
 class _MaxPoolArgmax(_PoolBase):
@@ -245,17 +299,8 @@ class MaxPool2d(_MaxPoolArgmax):
         """``gc_max_pool2d_<ctype>(x, y, <_POOL_ARGS>)``: one thread per
         pooled element (grid-stride loop, ``launch_n(N*C*OH*OW)``): its
         window's first maximum (NaN wins)."""
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('max_pool2d', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, {_POOL_ARGS})\n{{\n" +
-            "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
-            "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
-            "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
-            f"        const {T}* xc = x + nc * H * W;\n"
-            + _cuda_argmax(T) +
-            "        y[idx] = m;\n"
-            "    }\n}\n")
+        return _MAX_POOL.source(ctype, helpers=_WINDOW)
+
 
 
 class MaxPool2dBackward(_MaxPoolArgmax):
@@ -291,25 +336,8 @@ class MaxPool2dBackward(_MaxPoolArgmax):
         """``gc_max_pool2d_backward_<ctype>(gy, x, gx, <_POOL_ARGS>)``: one
         thread per input element (grid-stride loop, ``launch_n(N*C*H*W)``),
         summing gy over the windows whose argmax it is (no atomics)."""
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('max_pool2d_backward', T)}(const {T}* __restrict__ gy, "
-            f"const {T}* __restrict__ x, {T}* __restrict__ gx, {_POOL_ARGS})\n{{\n" +
-            "    const long long total = (long long)N * C * H * W;\n" + _LOOP +
-            "        const int xw = (int)(idx % W); long long t = idx / W;\n"
-            "        const int xh = (int)(t % H); const long long nc = t / H;\n"
-            f"        const {T}* xc = x + nc * H * W;\n"
-            f"        {T} acc = 0;\n"
-            "        const int oh_lo = max(0, (xh + PH - KH + SH) / SH), oh_hi = min(OH - 1, (xh + PH) / SH);\n"
-            "        const int ow_lo = max(0, (xw + PW - KW + SW) / SW), ow_hi = min(OW - 1, (xw + PW) / SW);\n"
-            "        for (int oh = oh_lo; oh <= oh_hi; ++oh) {\n"
-            "            for (int ow = ow_lo; ow <= ow_hi; ++ow) {\n"
-            + _cuda_argmax(T, " " * 16) +
-            "                if (best == xh * W + xw) acc += gy[(nc * OH + oh) * OW + ow];\n"
-            "            }\n"
-            "        }\n"
-            "        gx[idx] = acc;\n"
-            "    }\n}\n")
+        return _MAX_POOL_BACKWARD.source(ctype, helpers=_WINDOW)
+
 
 
 class MaxPool2dGather(_MaxPoolArgmax):
@@ -343,17 +371,8 @@ class MaxPool2dGather(_MaxPoolArgmax):
         """``gc_max_pool2d_gather_<ctype>(gg, x, y, <_POOL_ARGS>)``: one
         thread per pooled element (grid-stride loop, ``launch_n(N*C*OH*OW)``):
         gg at its window's argmax of x."""
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('max_pool2d_gather', T)}(const {T}* __restrict__ gg, "
-            f"const {T}* __restrict__ x, {T}* __restrict__ y, {_POOL_ARGS})\n{{\n" +
-            "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
-            "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
-            "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
-            f"        const {T}* xc = x + nc * H * W;\n"
-            + _cuda_argmax(T) +
-            "        y[idx] = gg[nc * H * W + best];\n"
-            "    }\n}\n")
+        return _MAX_POOL_GATHER.source(ctype, helpers=_WINDOW)
+
 
 
 class _AvgBase(_PoolBase):
@@ -388,10 +407,20 @@ class _AvgBase(_PoolBase):
 
 # the average pooling kernels take one more int after _POOL_ARGS
 _AVG_ARGS = _POOL_ARGS + ", int exclude_padding"
-_CUDA_COUNT = (
-    "{ind}const int h0 = oh * SH - PH, w0 = ow * SW - PW;\n"
-    "{ind}const int cnt = exclude_padding\n"
-    "{ind}    ? (min(h0 + KH, H) - max(h0, 0)) * (min(w0 + KW, W) - max(w0, 0)) : KH * KW;\n")
+_AVG_POOL = _pool_kernel("avg_pool2d", "const T* __restrict__ x, T* __restrict__ y, ", _AVG_ARGS, _PER_POOLED, f"""\
+const T* xc = x + nc * H * W;
+const int h0 = oh * SH - PH, w0 = ow * SW - PW;
+T acc = 0;
+for (int ih = max(h0, 0); ih < min(h0 + KH, H); ++ih)
+    for (int iw = max(w0, 0); iw < min(w0 + KW, W); ++iw)
+        acc += xc[(long long)ih * W + iw];
+y[idx] = acc / (T)gc_window_count(oh, ow, {_WINDOW_ARGS}, exclude_padding);""")
+_AVG_POOL_BACKWARD = _pool_kernel(
+    "avg_pool2d_backward", "const T* __restrict__ gy, T* __restrict__ gx, ", _AVG_ARGS, _PER_INPUT, f"""\
+for (int oh = oh_lo; oh <= oh_hi; ++oh)
+    for (int ow = ow_lo; ow <= ow_hi; ++ow)
+        acc += gy[(nc * OH + oh) * OW + ow] / (T)gc_window_count(oh, ow, {_WINDOW_ARGS}, exclude_padding);
+gx[idx] = acc;""")
 
 
 class AvgPool2d(_AvgBase):
@@ -436,21 +465,8 @@ class AvgPool2d(_AvgBase):
         one thread per pooled element (grid-stride loop,
         ``launch_n(N*C*OH*OW)``): its window's sum over its count (the
         non-padding elements when ``exclude_padding``, else KH*KW)."""
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('avg_pool2d', T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, {_AVG_ARGS})\n{{\n" +
-            "    const long long total = (long long)N * C * OH * OW;\n" + _LOOP +
-            "        const int ow = (int)(idx % OW); long long t = idx / OW;\n"
-            "        const int oh = (int)(t % OH); const long long nc = t / OH;\n"
-            f"        const {T}* xc = x + nc * H * W;\n"
-            + _CUDA_COUNT.format(ind="        ") +
-            f"        {T} acc = 0;\n"
-            "        for (int ih = max(h0, 0); ih < min(h0 + KH, H); ++ih)\n"
-            "            for (int iw = max(w0, 0); iw < min(w0 + KW, W); ++iw)\n"
-            "                acc += xc[(long long)ih * W + iw];\n"
-            f"        y[idx] = acc / ({T})cnt;\n"
-            "    }\n}\n")
+        return _AVG_POOL.source(ctype, helpers=_WINDOW)
+
 
 
 class AvgPool2dBackward(_AvgBase):
@@ -493,24 +509,8 @@ class AvgPool2dBackward(_AvgBase):
         """``gc_avg_pool2d_backward_<ctype>(gy, gx, <_POOL_ARGS>, int
         exclude_padding)``: one thread per input element (grid-stride loop,
         ``launch_n(N*C*H*W)``), summing each window's gy / count it is in."""
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('avg_pool2d_backward', T)}(const {T}* __restrict__ gy, "
-            f"{T}* __restrict__ gx, {_AVG_ARGS})\n{{\n" +
-            "    const long long total = (long long)N * C * H * W;\n" + _LOOP +
-            "        const int xw = (int)(idx % W); long long t = idx / W;\n"
-            "        const int xh = (int)(t % H); const long long nc = t / H;\n"
-            f"        {T} acc = 0;\n"
-            "        const int oh_lo = max(0, (xh + PH - KH + SH) / SH), oh_hi = min(OH - 1, (xh + PH) / SH);\n"
-            "        const int ow_lo = max(0, (xw + PW - KW + SW) / SW), ow_hi = min(OW - 1, (xw + PW) / SW);\n"
-            "        for (int oh = oh_lo; oh <= oh_hi; ++oh) {\n"
-            "            for (int ow = ow_lo; ow <= ow_hi; ++ow) {\n"
-            + _CUDA_COUNT.format(ind="                ") +
-            f"                acc += gy[(nc * OH + oh) * OW + ow] / ({T})cnt;\n"
-            "            }\n"
-            "        }\n"
-            "        gx[idx] = acc;\n"
-            "    }\n}\n")
+        return _AVG_POOL_BACKWARD.source(ctype, helpers=_WINDOW)
+
 
 
 POOL_OPS = [MaxPool2d, MaxPool2dBackward, MaxPool2dGather, AvgPool2d, AvgPool2dBackward]

@@ -9,6 +9,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc, broadcast_view
 
 from .elemwise import Elemwise
@@ -155,70 +156,54 @@ class Reduce(Op):
         integer inputs to the output dtype first."""
         return "".join(self.kernel_source(ctype, kind) for kind in ("thread", "rows", "cols"))
 
-    def kernel_source(self, T: str, kind: str) -> str:
+    def kernel_source(self, ctype: str, kind: str) -> str:
         """The source of one of ``cuda_source``'s kernels: kind "thread",
         "rows" or "cols"."""
         init, combine, final = _MODES[self.mode]
-        final = final.replace("T", T)
-        tag = f"{self.mode}_{T.replace(' ', '_')}"
         if kind == "thread":
-            return (COMBINE +
-                    f'extern "C" __global__ void gc_reduce_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
-                    "long long outer, long long n, long long inner, long long parts, long long count)\n{\n"
-                    "    const long long chunk = (n + parts - 1) / parts, total = outer * parts * inner;\n"
-                    "    (void)count;\n"
-                    "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
-                    "         idx += (long long)blockDim.x * gridDim.x) {\n"
-                    "        const long long i = idx % inner, r = idx / inner;\n"
-                    "        const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
-                    f"        const {T}* q = x + (r / parts) * n * inner + i;\n"
-                    f"        {T} acc = ({T})({init.format(first='q[lo * inner]')});\n"
-                    f"        for (long long k = lo; k < hi; ++k) acc = {combine}()(acc, q[k * inner]);\n"
-                    f"        y[idx] = {final};\n"
-                    "    }\n}\n")
+            return Kernel(f"reduce_{self.mode}", _REDUCE_PARAMS, f"""
+                const long long i = idx % inner, r = idx / inner;
+                const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n, s = inner;
+                const T* q = x + (r / parts) * n * inner + i;
+                T acc = (T)({init});
+                for (long long k = lo; k < hi; ++k) acc = {combine}()(acc, q[k * inner]);
+                y[idx] = {final};""", over="total", setup="""
+                const long long chunk = (n + parts - 1) / parts, total = outer * parts * inner;
+                (void)count;""").source(ctype, helpers=COMBINE)
         if kind == "rows":
-            return (BLOCK_REDUCE +
-                f'extern "C" __global__ void gc_reduce_rows_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
-                "long long rows, long long n, long long parts, long long count)\n{\n"
-                f"    __shared__ {T} scratch[32];\n"
-                "    const long long chunk = (n + parts - 1) / parts;\n"
-                "    (void)count;\n"
-                "    for (long long r = blockIdx.x; r < rows * parts; r += gridDim.x) {   // uniform per block\n"
-                "        const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
-                f"        const {T}* q = x + (r / parts) * n;\n"
-                f"        {T} acc = ({T})({init.format(first='q[lo]')});\n"
-                "#pragma unroll 4\n"     # several loads in flight per thread (a GPU's bandwidth needs them)
-                "        for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) acc = "
-                f"{combine}()(acc, q[k]);\n"
-                f"        acc = gc_block_reduce(acc, scratch, {combine}());\n"
-                f"        if (threadIdx.x == 0) y[r] = {final};\n"
-                "    }\n}\n")
-        return (BLOCK_REDUCE +
-                f'extern "C" __global__ void gc_reduce_cols_{tag}(const {T}* __restrict__ x, {T}* __restrict__ y, '
-                "long long outer, long long n, long long inner, long long parts, long long count)\n{\n"
-                f"    __shared__ {T} scratch[GC_COLS_Y][33];\n"
-                "    const long long chunk = (n + parts - 1) / parts, strips = (inner + 31) / 32;\n"
-                "    (void)count;\n"
-                "    for (long long t = blockIdx.x; t < outer * parts * strips; t += gridDim.x) {\n"
-                "        const long long i = (t % strips) * 32 + threadIdx.x, r = t / strips;\n"
-                "        const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n;\n"
-                f"        const {T}* q = x + (r / parts) * n * inner + i;\n"
-                f"        {T} acc = ({T})0;\n"
-                "        if (i < inner) {\n"
-                f"            acc = ({T})({init.format(first='q[lo * inner]')});\n"
-                "#pragma unroll 4\n"
-                "            for (long long k = lo + threadIdx.y; k < hi; k += blockDim.y) acc = "
-                f"{combine}()(acc, q[k * inner]);\n"
-                "        }\n"
-                "        scratch[threadIdx.y][threadIdx.x] = acc;\n"
-                "        __syncthreads();\n"
-                "        if (threadIdx.y == 0 && i < inner) {\n"
-                "            for (unsigned j = 1; j < blockDim.y; ++j) acc = "
-                f"{combine}()(acc, scratch[j][threadIdx.x]);\n"
-                f"            y[r * inner + i] = {final};\n"
-                "        }\n"
-                "        __syncthreads();     // scratch is read before the next strip writes it\n"
-                "    }\n}\n")
+            return Kernel(f"reduce_rows_{self.mode}", "const T* __restrict__ x, T* __restrict__ y, "
+                          "long long rows, long long n, long long parts, long long count", f"""
+                const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n, s = 1;
+                const T* q = x + (r / parts) * n;
+                T acc = (T)({init});
+                #pragma unroll 4
+                for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) acc = {combine}()(acc, q[k]);
+                acc = gc_block_reduce(acc, scratch, {combine}());
+                if (threadIdx.x == 0) y[r] = {final};""", over="rows * parts", index="r", per="block", setup="""
+                __shared__ T scratch[32];
+                const long long chunk = (n + parts - 1) / parts;
+                (void)count;""").source(ctype, helpers=BLOCK_REDUCE)
+        return Kernel(f"reduce_cols_{self.mode}", _REDUCE_PARAMS, f"""
+            const long long i = (t % strips) * 32 + threadIdx.x, r = t / strips;
+            const long long lo = (r % parts) * chunk, hi = lo + chunk < n ? lo + chunk : n, s = inner;
+            const T* q = x + (r / parts) * n * inner + i;
+            T acc = (T)0;
+            if (i < inner) {{
+                acc = (T)({init});
+            #pragma unroll 4
+                for (long long k = lo + threadIdx.y; k < hi; k += blockDim.y) acc = {combine}()(acc, q[k * inner]);
+            }}
+            scratch[threadIdx.y][threadIdx.x] = acc;
+            __syncthreads();
+            if (threadIdx.y == 0 && i < inner) {{
+                for (unsigned j = 1; j < blockDim.y; ++j) acc = {combine}()(acc, scratch[j][threadIdx.x]);
+                y[r * inner + i] = {final};
+            }}
+            __syncthreads();     // scratch is read before the next strip writes it""",
+                      over="outer * parts * strips", index="t", per="block", setup="""
+            __shared__ T scratch[GC_COLS_Y][33];
+            const long long chunk = (n + parts - 1) / parts, strips = (inner + 31) / 32;
+            (void)count;""").source(ctype, helpers=BLOCK_REDUCE)
 
     def cuda(self, be, x):
         (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
@@ -254,9 +239,11 @@ _MODES = {
     "sum": ("0", "gc_op_sum", "acc"),
     "mean": ("0", "gc_op_sum", "acc / (T)count"),
     "prod": ("1", "gc_op_prod", "acc"),
-    "max": ("lo < hi ? {first} : 0", "gc_op_max", "acc"),
-    "min": ("lo < hi ? {first} : 0", "gc_op_min", "acc"),
+    "max": ("lo < hi ? q[lo * s] : 0", "gc_op_max", "acc"),
+    "min": ("lo < hi ? q[lo * s] : 0", "gc_op_min", "acc"),
 }
+_REDUCE_PARAMS = ("const T* __restrict__ x, T* __restrict__ y, long long outer, long long n, long long inner, "
+                  "long long parts, long long count")
 
 # the combining functors (plain device code: any kernel may use them)
 COMBINE = r"""
@@ -409,26 +396,20 @@ class BroadcastBack(Op):
         with keepdims (1 on each reduced axis, same rank as ys; without
         keepdims the layout is the same). One thread per element of y; a
         mean divides by the number of elements reduced (size(y) / size(g))."""
-        T = ctype
-        name = f"gc_broadcast_back{'_mean' if self.mean else ''}_{T.replace(' ', '_')}"
         from .shape import _DIMS
-        return (_DIMS +
-                f'extern "C" __global__ void {name}(const {T}* __restrict__ g, {T}* __restrict__ y, '
-                "gc_dims gs, gc_dims ys)\n{\n"
-                "    long long total = 1, gsize = 1;\n"
-                "    for (int d = 0; d < ys.n; ++d) { total *= ys.d[d]; gsize *= gs.d[d]; }\n"
-                "    const long long count = gsize > 0 ? total / gsize : 1;\n"
-                "    (void)count;\n"
-                "    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
-                "         idx += (long long)blockDim.x * gridDim.x) {\n"
-                "        long long t = idx, off = 0, stride = 1;   // g's offset: the kept coordinates\n"
-                "        for (int d = ys.n - 1; d >= 0; --d) {\n"
-                "            const long long c = t % ys.d[d]; t /= ys.d[d];\n"
-                "            if (gs.d[d] != 1) off += c * stride;\n"
-                "            stride *= gs.d[d];\n"
-                "        }\n"
-                f"        y[idx] = {f'g[off] / ({T})count' if self.mean else 'g[off]'};\n"
-                "    }\n}\n")
+        return Kernel("broadcast_back_mean" if self.mean else "broadcast_back",
+                      "const T* __restrict__ g, T* __restrict__ y, gc_dims gs, gc_dims ys", f"""
+            long long t = idx, off = 0, stride = 1;   // g's offset: the kept coordinates
+            for (int d = ys.n - 1; d >= 0; --d) {{
+                const long long c = t % ys.d[d]; t /= ys.d[d];
+                if (gs.d[d] != 1) off += c * stride;
+                stride *= gs.d[d];
+            }}
+            y[idx] = {'g[off] / (T)count' if self.mean else 'g[off]'};""", over="total", setup="""
+            long long total = 1, gsize = 1;
+            for (int d = 0; d < ys.n; ++d) { total *= ys.d[d]; gsize *= gs.d[d]; }
+            const long long count = gsize > 0 ? total / gsize : 1;
+            (void)count;""").source(ctype, helpers=_DIMS)
 
     def cuda(self, be, g, ref):
         (out,) = self.infer(TensorDesc(g.shape, g.dtype, "cuda"), TensorDesc(ref.shape, ref.dtype, "cuda"))
@@ -479,21 +460,16 @@ class ArgReduce(Op):
         of ``rows`` elements; one thread per output. Ties and NaN as in
         NumPy: the first extreme element, the first NaN."""
         cmp = ">" if self.mode == "argmax" else "<"
-        return (f'extern "C" __global__ void gc_{self.mode}_{ctype.replace(" ", "_")}('
-                f"const {ctype}* __restrict__ x, int* __restrict__ out, long long rows, long long n, "
-                "long long inner)\n"
-                "{\n"
-                "    // one thread per (outer, inner) position; reduce over n strided by inner\n"
-                "    long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
-                "    if (r >= rows) return;\n"
-                "    const long long base = (r / inner) * n * inner + r % inner;\n"
-                f"    {ctype} best = x[base]; int at = 0;\n"
-                "    for (long long k = 1; k < n && best == best; ++k) {   // stop at a NaN\n"
-                f"        {ctype} v = x[base + k * inner];\n"
-                f"        if (v {cmp} best || v != v) {{ best = v; at = (int)k; }}\n"
-                "    }\n"
-                "    out[r] = at;\n"
-                "}\n")
+        # one thread per (outer, inner) position; reduce over n strided by inner
+        return Kernel(self.mode, "const T* __restrict__ x, int* __restrict__ out, long long rows, long long n, "
+                      "long long inner", f"""
+            const long long base = (r / inner) * n * inner + r % inner;
+            T best = x[base]; int at = 0;
+            for (long long k = 1; k < n && best == best; ++k) {{   // stop at a NaN
+                T v = x[base + k * inner];
+                if (v {cmp} best || v != v) {{ best = v; at = (int)k; }}
+            }}
+            out[r] = at;""", over="rows", index="r").source(ctype)
 
     def cuda(self, be, x):
         (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
@@ -537,21 +513,16 @@ class CumSum(Op):
         contiguous as (rows / inner, n, inner); one thread per (outer, inner)
         position scans its n elements (from the end when reversed). The
         launcher casts x to the output dtype first."""
-        name = "gc_cumsum_rev" if self.reverse else "gc_cumsum"
         k = "n - 1 - k" if self.reverse else "k"
-        return (f'extern "C" __global__ void {name}_{ctype.replace(" ", "_")}(const {ctype}* __restrict__ x, '
-                f"{ctype}* __restrict__ out, long long rows, long long n, long long inner)\n"
-                "{\n"
-                "    long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
-                "    if (r >= rows) return;\n"
-                "    const long long base = (r / inner) * n * inner + r % inner;\n"
-                f"    {ctype} acc = 0;\n"
-                "    for (long long k = 0; k < n; ++k) {\n"
-                f"        const long long j = base + ({k}) * inner;\n"
-                "        acc += x[j];\n"
-                "        out[j] = acc;\n"
-                "    }\n"
-                "}\n")
+        return Kernel("cumsum_rev" if self.reverse else "cumsum",
+                      "const T* __restrict__ x, T* __restrict__ out, long long rows, long long n, long long inner", f"""
+            const long long base = (r / inner) * n * inner + r % inner;
+            T acc = 0;
+            for (long long k = 0; k < n; ++k) {{
+                const long long j = base + ({k}) * inner;
+                acc += x[j];
+                out[j] = acc;
+            }}""", over="rows", index="r").source(ctype)
 
     def cuda(self, be, x):
         (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))

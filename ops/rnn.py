@@ -31,6 +31,7 @@ import numpy as np
 
 from gradcore._core import apply
 from gradcore.op import Op, TensorDesc
+from gradcore.cuda.kernels import Kernel
 
 from .elemwise import Elemwise
 from .shape import Concat, Split
@@ -54,10 +55,6 @@ def _tanh(x):
 def _np_sigmoid(x):
     with np.errstate(over="ignore"):
         return 1.0 / (1.0 + np.exp(-x))
-
-
-def _cname(ctype: str) -> str:
-    return ctype.replace(" ", "_")
 
 
 def _check_cell(op, gates, what, *descs, k):
@@ -96,13 +93,61 @@ def _launch(op, be, n, outs, *arrays):
     return ys[0] if len(ys) == 1 else tuple(ys)
 
 
-_HEAD = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;\n"
-         "         idx += (long long)blockDim.x * gridDim.x) {\n"
-         "        const long long b = idx / H, j = idx % H;\n")
-
-
-def _sig_c(T, x):
-    return f"(({T})1 / (({T})1 + exp(-({x}))))"
+# the kernels: one thread per (batch, hidden) element, n = B * H of them;
+# ``base`` is the element's first gate in (B, k * H), gate k at base + k * H
+_SIGMOID = """
+#ifndef GC_SIGMOID
+#define GC_SIGMOID
+template <class V> __device__ __forceinline__ V gc_sigmoid(V z) { return (V)1 / ((V)1 + exp(-z)); }
+#endif
+"""
+_LSTM = Kernel("lstmcellgates", "const T* __restrict__ gx, const T* __restrict__ gh, const T* __restrict__ c, "
+               "T* __restrict__ h2, T* __restrict__ c2, long long n, long long H", """
+    const long long base = idx / H * 4 * H + idx % H;
+    const T i = gc_sigmoid(gx[base] + gh[base]);
+    const T f = gc_sigmoid(gx[base + H] + gh[base + H]);
+    const T g = tanh(gx[base + 2 * H] + gh[base + 2 * H]);
+    const T o = gc_sigmoid(gx[base + 3 * H] + gh[base + 3 * H]);
+    const T cn = f * c[idx] + i * g;
+    c2[idx] = cn;
+    h2[idx] = o * tanh(cn);""", over="n")
+_LSTM_BACKWARD = Kernel("lstmcellgatesbackward", "const T* __restrict__ gx, const T* __restrict__ gh, "
+                        "const T* __restrict__ c, const T* __restrict__ dh, const T* __restrict__ dc, "
+                        "T* __restrict__ dz, T* __restrict__ dcp, long long n, long long H", """
+    const long long base = idx / H * 4 * H + idx % H;
+    const T i = gc_sigmoid(gx[base] + gh[base]);
+    const T f = gc_sigmoid(gx[base + H] + gh[base + H]);
+    const T g = tanh(gx[base + 2 * H] + gh[base + 2 * H]);
+    const T o = gc_sigmoid(gx[base + 3 * H] + gh[base + 3 * H]);
+    const T tc = tanh(f * c[idx] + i * g);
+    const T dct = dc[idx] + dh[idx] * o * ((T)1 - tc * tc);
+    dz[base] = dct * g * i * ((T)1 - i);
+    dz[base + H] = dct * c[idx] * f * ((T)1 - f);
+    dz[base + 2 * H] = dct * i * ((T)1 - g * g);
+    dz[base + 3 * H] = dh[idx] * tc * o * ((T)1 - o);
+    dcp[idx] = dct * f;""", over="n")
+_GRU = Kernel("grucellgates", "const T* __restrict__ gx, const T* __restrict__ gh, const T* __restrict__ h, "
+              "T* __restrict__ h2, long long n, long long H", """
+    const long long base = idx / H * 3 * H + idx % H;
+    const T r = gc_sigmoid(gx[base] + gh[base]);
+    const T z = gc_sigmoid(gx[base + H] + gh[base + H]);
+    const T nn = tanh(gx[base + 2 * H] + r * gh[base + 2 * H]);
+    h2[idx] = ((T)1 - z) * nn + z * h[idx];""", over="n")
+_GRU_BACKWARD = Kernel("grucellgatesbackward", "const T* __restrict__ gx, const T* __restrict__ gh, "
+                       "const T* __restrict__ h, const T* __restrict__ dh, T* __restrict__ dgx, T* __restrict__ dgh, "
+                       "T* __restrict__ dhp, long long n, long long H", """
+    const long long base = idx / H * 3 * H + idx % H;
+    const T r = gc_sigmoid(gx[base] + gh[base]);
+    const T z = gc_sigmoid(gx[base + H] + gh[base + H]);
+    const T ghn = gh[base + 2 * H];
+    const T nn = tanh(gx[base + 2 * H] + r * ghn);
+    const T d = dh[idx];
+    const T dan = d * ((T)1 - z) * ((T)1 - nn * nn);
+    const T dar = dan * ghn * r * ((T)1 - r);
+    const T daz = d * (h[idx] - nn) * z * ((T)1 - z);
+    dgx[base] = dar; dgx[base + H] = daz; dgx[base + 2 * H] = dan;
+    dgh[base] = dar; dgh[base + H] = daz; dgh[base + 2 * H] = dan * r;
+    dhp[idx] = d * z;""", over="n")
 
 
 # ---------------------------------------------------------------- LSTM
@@ -147,19 +192,8 @@ class LSTMCellGates(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_lstmcellgates_<ctype>(gx, gh, c, h2, c2, n, H)``: one thread
         per (batch, hidden) element, n = B * H."""
-        T = ctype
-        z = "gx[b * 4 * H + {k} * H + j] + gh[b * 4 * H + {k} * H + j]"
-        return (f'extern "C" __global__ void gc_lstmcellgates_{_cname(T)}(const {T}* __restrict__ gx, '
-                f"const {T}* __restrict__ gh, const {T}* __restrict__ c, {T}* __restrict__ h2, "
-                f"{T}* __restrict__ c2, long long n, long long H)\n{{\n" + _HEAD +
-                f"        const {T} i = {_sig_c(T, z.format(k=0))};\n"
-                f"        const {T} f = {_sig_c(T, z.format(k=1))};\n"
-                f"        const {T} g = tanh({z.format(k=2)});\n"
-                f"        const {T} o = {_sig_c(T, z.format(k=3))};\n"
-                f"        const {T} cn = f * c[idx] + i * g;\n"
-                "        c2[idx] = cn;\n"
-                "        h2[idx] = o * tanh(cn);\n"
-                "    }\n}\n")
+        return _LSTM.source(ctype, helpers=_SIGMOID)
+
 
 
 class LSTMCellGatesBackward(Op):
@@ -208,25 +242,8 @@ class LSTMCellGatesBackward(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_lstmcellgatesbackward_<ctype>(gx, gh, c, dh, dc, dz, dcp, n, H)``:
         one thread per (batch, hidden) element, n = B * H."""
-        T = ctype
-        z = "gx[b * 4 * H + {k} * H + j] + gh[b * 4 * H + {k} * H + j]"
-        return (f'extern "C" __global__ void gc_lstmcellgatesbackward_{_cname(T)}(const {T}* __restrict__ gx, '
-                f"const {T}* __restrict__ gh, const {T}* __restrict__ c, const {T}* __restrict__ dh, "
-                f"const {T}* __restrict__ dc, {T}* __restrict__ dz, {T}* __restrict__ dcp, long long n, "
-                "long long H)\n{\n" + _HEAD +
-                f"        const {T} i = {_sig_c(T, z.format(k=0))};\n"
-                f"        const {T} f = {_sig_c(T, z.format(k=1))};\n"
-                f"        const {T} g = tanh({z.format(k=2)});\n"
-                f"        const {T} o = {_sig_c(T, z.format(k=3))};\n"
-                f"        const {T} tc = tanh(f * c[idx] + i * g);\n"
-                f"        const {T} dct = dc[idx] + dh[idx] * o * (({T})1 - tc * tc);\n"
-                "        const long long base = b * 4 * H + j;\n"
-                f"        dz[base] = dct * g * i * (({T})1 - i);\n"
-                f"        dz[base + H] = dct * c[idx] * f * (({T})1 - f);\n"
-                f"        dz[base + 2 * H] = dct * i * (({T})1 - g * g);\n"
-                f"        dz[base + 3 * H] = dh[idx] * tc * o * (({T})1 - o);\n"
-                "        dcp[idx] = dct * f;\n"
-                "    }\n}\n")
+        return _LSTM_BACKWARD.source(ctype, helpers=_SIGMOID)
+
 
 
 # ---------------------------------------------------------------- GRU
@@ -264,16 +281,8 @@ class GRUCellGates(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_grucellgates_<ctype>(gx, gh, h, h2, n, H)``: one thread per
         (batch, hidden) element, n = B * H."""
-        T = ctype
-        a = "b * 3 * H + {k} * H + j"
-        return (f'extern "C" __global__ void gc_grucellgates_{_cname(T)}(const {T}* __restrict__ gx, '
-                f"const {T}* __restrict__ gh, const {T}* __restrict__ h, {T}* __restrict__ h2, "
-                "long long n, long long H)\n{\n" + _HEAD +
-                f"        const {T} r = {_sig_c(T, 'gx[' + a.format(k=0) + '] + gh[' + a.format(k=0) + ']')};\n"
-                f"        const {T} z = {_sig_c(T, 'gx[' + a.format(k=1) + '] + gh[' + a.format(k=1) + ']')};\n"
-                f"        const {T} nn = tanh(gx[{a.format(k=2)}] + r * gh[{a.format(k=2)}]);\n"
-                f"        h2[idx] = (({T})1 - z) * nn + z * h[idx];\n"
-                "    }\n}\n")
+        return _GRU.source(ctype, helpers=_SIGMOID)
+
 
 
 class GRUCellGatesBackward(Op):
@@ -322,21 +331,5 @@ class GRUCellGatesBackward(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_grucellgatesbackward_<ctype>(gx, gh, h, dh, dgx, dgh, dhp, n, H)``:
         one thread per (batch, hidden) element, n = B * H."""
-        T = ctype
-        return (f'extern "C" __global__ void gc_grucellgatesbackward_{_cname(T)}(const {T}* __restrict__ gx, '
-                f"const {T}* __restrict__ gh, const {T}* __restrict__ h, const {T}* __restrict__ dh, "
-                f"{T}* __restrict__ dgx, {T}* __restrict__ dgh, {T}* __restrict__ dhp, long long n, "
-                "long long H)\n{\n" + _HEAD +
-                "        const long long base = b * 3 * H + j;\n"
-                f"        const {T} r = {_sig_c(T, 'gx[base] + gh[base]')};\n"
-                f"        const {T} z = {_sig_c(T, 'gx[base + H] + gh[base + H]')};\n"
-                f"        const {T} ghn = gh[base + 2 * H];\n"
-                f"        const {T} nn = tanh(gx[base + 2 * H] + r * ghn);\n"
-                f"        const {T} d = dh[idx];\n"
-                f"        const {T} dan = d * (({T})1 - z) * (({T})1 - nn * nn);\n"
-                f"        const {T} dar = dan * ghn * r * (({T})1 - r);\n"
-                f"        const {T} daz = d * (h[idx] - nn) * z * (({T})1 - z);\n"
-                "        dgx[base] = dar; dgx[base + H] = daz; dgx[base + 2 * H] = dan;\n"
-                "        dgh[base] = dar; dgh[base + H] = daz; dgh[base + 2 * H] = dan * r;\n"
-                "        dhp[idx] = d * z;\n"
-                "    }\n}\n")
+        return _GRU_BACKWARD.source(ctype, helpers=_SIGMOID)
+

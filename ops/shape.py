@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cuda.kernels import Kernel, source
 from gradcore.op import Op, OpError, TensorDesc
 
 
@@ -141,46 +142,18 @@ class Transpose(Op):
         cols)``: x (batch, rows, cols) to y (batch, cols, rows) through 32 x 32
         tiles in shared memory, so that reads and writes are both coalesced
         (the swap of the last two axes, after merging)."""
-        return self.plain_source(ctype) + self.tiled_source(ctype)
+        return source(ctype, _TRANSPOSE, _TRANSPOSE_TILED, helpers=_DIMS)
 
     @staticmethod
-    def plain_source(T: str) -> str:
-        """The source of ``gc_transpose_<T>`` alone (its own module: the host
+    def plain_source(ctype: str) -> str:
+        """The source of ``gc_transpose_<ctype>`` alone (its own module: the host
         emulator runs it in one pass, without fibers)."""
-        return (_DIMS +
-                f"extern \"C\" __global__ void {_kname('transpose', T)}(const {T}* __restrict__ x, "
-                f"{T}* __restrict__ y, gc_dims xs, gc_dims perm)\n{{\n"
-                "    const int ND = xs.n;\n"
-                "    long long xstr[GC_MAX_DIMS], total = 1;     // x's element strides\n"
-                "    for (int d = ND - 1; d >= 0; --d) { xstr[d] = total; total *= xs.d[d]; }\n" + _LOOP +
-                "        long long t = idx, off = 0;\n"
-                "        for (int d = ND - 1; d >= 0; --d) {     // y's axis d is x's axis perm.d[d]\n"
-                "            const long long n = xs.d[perm.d[d]];\n"
-                "            off += (t % n) * xstr[perm.d[d]]; t /= n;\n"
-                "        }\n"
-                "        y[idx] = x[off];\n"
-                "    }\n}\n")
+        return _TRANSPOSE.source(ctype, helpers=_DIMS)
 
     @staticmethod
-    def tiled_source(T: str) -> str:
-        """The source of ``gc_transpose_tiled_<T>`` alone."""
-        return (f"extern \"C\" __global__ void {_kname('transpose_tiled', T)}(const {T}* __restrict__ x, "
-                f"{T}* __restrict__ y, long long batch, long long rows, long long cols)\n{{\n"
-                f"    __shared__ {T} tile[32][33];          // 33: a column of the tile spans all banks\n"
-                "    const long long tr = (rows + 31) / 32, tc = (cols + 31) / 32;\n"
-                "    for (long long t = blockIdx.x; t < batch * tr * tc; t += gridDim.x) {   // uniform per block\n"
-                "        const long long b = t / (tr * tc), r0 = (t / tc) % tr * 32, c0 = t % tc * 32;\n"
-                "        for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {\n"
-                "            const long long r = r0 + j, c = c0 + threadIdx.x;\n"
-                "            if (r < rows && c < cols) tile[j][threadIdx.x] = x[(b * rows + r) * cols + c];\n"
-                "        }\n"
-                "        __syncthreads();\n"
-                "        for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {\n"
-                "            const long long c = c0 + j, r = r0 + threadIdx.x;\n"
-                "            if (r < rows && c < cols) y[(b * cols + c) * rows + r] = tile[threadIdx.x][j];\n"
-                "        }\n"
-                "        __syncthreads();     // the tile is read before the next one is written\n"
-                "    }\n}\n")
+    def tiled_source(ctype: str) -> str:
+        """The source of ``gc_transpose_tiled_<ctype>`` alone."""
+        return _TRANSPOSE_TILED.source(ctype)
 
     def cuda(self, be, x):
         (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
@@ -229,7 +202,7 @@ class Broadcast(Op):
         return [grads[0]]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _broadcast_source("broadcast", ctype, ", gc_dims ys", _RUNTIME_OUT)
+        return _broadcast_source("broadcast", ctype, "the op's shape")
 
     def cuda(self, be, x):
         return _broadcast(be, self, x, self.shape)
@@ -252,11 +225,7 @@ class BroadcastToLike(Op):
         return [grads[0], None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _broadcast_source(
-            "broadcast_to_like", ctype, ", gc_dims ys",
-            "    const int ND = ys.n; const long long* OUT = ys.d;   // ref's shape\n"
-            "    long long total = 1;\n"
-            "    for (int d = 0; d < ND; ++d) total *= OUT[d];\n")
+        return _broadcast_source("broadcast_to_like", ctype, "ref's shape")
 
     def cuda(self, be, x, ref):
         return _broadcast(be, self, x, ref.shape)      # ref may be shape-only: its shape is all we read
@@ -347,11 +316,8 @@ class ZerosLike(Op):
         return [None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        T = ctype
-        return (f"extern \"C\" __global__ void {_kname('zeros_like', T)}({T}* __restrict__ y, long long total)\n{{\n"
-                "    // y: total contiguous elements (ref is not passed)\n" + _LOOP +
-                f"        y[idx] = ({T})0;\n"
-                "    }\n}\n")
+        # y: total contiguous elements (ref is not passed)
+        return Kernel("zeros_like", "T* __restrict__ y, long long total", "y[idx] = (T)0;", over="total").source(ctype)
 
     def cuda(self, be, ref):
         return be.zeros(ref.shape, ref.dtype)      # a memset; ref may be shape-only
@@ -455,13 +421,8 @@ class Cast(Op):
             if self.dtype.name not in CUDA_CTYPES:
                 raise ValueError(f"Cast: no CUDA C type for {self.dtype}")
             to_ctype = CUDA_CTYPES[self.dtype.name]
-        T, U = ctype, to_ctype
-        name = f"gc_cast_{T}_to_{U}".replace(" ", "_")
-        return (f"extern \"C\" __global__ void {name}(const {T}* __restrict__ x, {U}* __restrict__ y, "
-                "long long total)\n{\n"
-                "    // x, y: total contiguous elements\n" + _LOOP +
-                f"        y[idx] = ({U})x[idx];\n"
-                "    }\n}\n")
+        return Kernel("cast", "const T* __restrict__ x, U* __restrict__ y, long long total",
+                      "y[idx] = (U)x[idx];", over="total").source(ctype, U=to_ctype)
 
 
 _cast_op = None
@@ -507,8 +468,7 @@ class Copy(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_copy_<ctype>(x, y, total)``: a device-to-device copy of
         contiguous arrays (host <-> device copies are driver memcpys)."""
-        return (f"extern \"C\" __global__ void {_kname('copy', ctype)}(const {ctype}* __restrict__ x, "
-                f"{ctype}* __restrict__ y, long long total)\n{{\n" + _LOOP + "        y[idx] = x[idx];\n    }\n}\n")
+        return _copy_source("copy", ctype, "a device-to-device copy")
 
 
 class Identity(Op):
@@ -638,14 +598,6 @@ class SplitLike(Op):
 # CUDA kernels of the copy ops below: one thread per output element
 # (grid-stride loop); the caller collapses the shape to (outer, axis, inner)
 # and passes it as integer arguments after the pointers.
-_LOOP = ("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;\n"
-         "         idx += (long long)blockDim.x * gridDim.x) {\n")
-
-
-def _kname(op_name, ctype):
-    return f"gc_{op_name}_{ctype.replace(' ', '_')}"
-
-
 def _split_sizes(sections, n):
     """Piece sizes along an axis of length ``n``: ``sections`` is a number of
     parts (np.array_split / MegEngine: the first ``n % parts`` pieces are one
@@ -832,6 +784,35 @@ CUDA_CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "
 _DIMS = ("#ifndef GC_DIMS_DEFINED\n#define GC_DIMS_DEFINED\n#define GC_MAX_DIMS 8\n"
          "struct gc_dims { int n; long long d[GC_MAX_DIMS]; };\n#endif\n")
 
+# y = x.transpose(perm): one thread per y element
+_TRANSPOSE = Kernel("transpose", "const T* __restrict__ x, T* __restrict__ y, gc_dims xs, gc_dims perm", """
+    long long t = idx, off = 0;
+    for (int d = ND - 1; d >= 0; --d) {     // y's axis d is x's axis perm.d[d]
+        const long long n = xs.d[perm.d[d]];
+        off += (t % n) * xstr[perm.d[d]]; t /= n;
+    }
+    y[idx] = x[off];""", over="total", setup="""
+    const int ND = xs.n;
+    long long xstr[GC_MAX_DIMS], total = 1;     // x's element strides
+    for (int d = ND - 1; d >= 0; --d) { xstr[d] = total; total *= xs.d[d]; }""")
+# (batch, rows, cols) to (batch, cols, rows) through 32 x 32 tiles: a block per tile
+_TRANSPOSE_TILED = Kernel("transpose_tiled", "const T* __restrict__ x, T* __restrict__ y, long long batch, "
+                          "long long rows, long long cols", """
+    const long long b = t / (tr * tc), r0 = (t / tc) % tr * 32, c0 = t % tc * 32;
+    for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {
+        const long long r = r0 + j, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[j][threadIdx.x] = x[(b * rows + r) * cols + c];
+    }
+    __syncthreads();
+    for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {
+        const long long c = c0 + j, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) y[(b * cols + c) * rows + r] = tile[threadIdx.x][j];
+    }
+    __syncthreads();     // the tile is read before the next one is written""",
+                          over="batch * tr * tc", index="t", per="block", setup="""
+    __shared__ T tile[32][33];          // 33: a column of the tile spans all banks
+    const long long tr = (rows + 31) / 32, tc = (cols + 31) / 32;""")
+
 
 def _prod(shape) -> int:
     return int(math.prod(shape))
@@ -901,30 +882,23 @@ def _sum_to(be, op, x, shape):
     return y
 
 
-def _copy_source(op_name, T, what):
-    return (f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, long long total)\n{{\n"
-            f"    // {what}: a contiguous copy of total elements\n" + _LOOP +
-            "        y[idx] = x[idx];\n"
-            "    }\n}\n")
+def _copy_source(op_name, ctype, what):
+    return Kernel(op_name, "const T* __restrict__ x, T* __restrict__ y, long long total",
+                  f"y[idx] = x[idx];   // {what}: a contiguous copy of total elements", over="total").source(ctype)
 
 
-def _piece_source(op_name, T, scatter, what):
-    """``gc_<op_name>_<T>(x, y, outer, n, offset, len, inner)`` (long longs
-    after the pointers): copies one piece (outer, len, inner) into
+def _piece_source(op_name, ctype, scatter, what):
+    """``gc_<op_name>_<ctype>(x, y, outer, n, offset, len, inner)`` (long
+    longs after the pointers): copies one piece (outer, len, inner) into
     (``scatter``) or out of the big array (outer, n, inner), at ``offset``
     along its middle axis. One thread per piece element, grid-stride loop."""
     big = "(o * n + offset + j) * inner + i"
-    body = f"y[{big}] = x[idx];" if scatter else f"y[idx] = x[{big}];"
-    return (f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, long long outer, long long n, long long offset, long long len, "
-            "long long inner)\n{\n"
-            f"    // {what}\n"
-            "    const long long total = outer * len * inner;\n" + _LOOP +
-            "        const long long i = idx % inner; const long long t = idx / inner;\n"
-            "        const long long j = t % len; const long long o = t / len;\n"
-            f"        {body}\n"
-            "    }\n}\n")
+    return Kernel(op_name, "const T* __restrict__ x, T* __restrict__ y, long long outer, long long n, "
+                  "long long offset, long long len, long long inner", f"""
+        const long long i = idx % inner; const long long t = idx / inner;
+        const long long j = t % len; const long long o = t / len;
+        {f"y[{big}] = x[idx];" if scatter else f"y[idx] = x[{big}];"}   // {what}""",
+                  over="total", setup="const long long total = outer * len * inner;").source(ctype)
 
 
 def _pieces(be, op, big, axis, pieces, lengths, scatter):
@@ -951,60 +925,51 @@ def _view(op, *arrays):
     return arrays[0].reshape(out.shape)
 
 
-# the output shape as a kernel argument (one kernel for every shape)
-_RUNTIME_OUT = ("    const int ND = ys.n; const long long* OUT = ys.d;\n"
-                "    long long total = 1;\n    for (int d = 0; d < ND; ++d) total *= OUT[d];\n")
+def _broadcast_source(op_name, ctype, what):
+    """y (shape ys, contiguous) = x broadcast: x contiguous of shape xs,
+    right-aligned to ys (size-1 and missing axes repeat)."""
+    return Kernel(op_name, "const T* __restrict__ x, T* __restrict__ y, gc_dims xs, gc_dims ys", """
+        long long t = idx, off = 0, stride = 1;
+        for (int d = ND - 1; d >= 0; --d) {
+            const long long c = t % OUT[d]; t /= OUT[d];
+            const int j = d - (ND - xs.n);           // x's axis under y's axis d
+            if (j >= 0) { if (xs.d[j] != 1) off += c * stride; stride *= xs.d[j]; }
+        }
+        y[idx] = x[off];""", over="total", setup=f"""
+        const int ND = ys.n; const long long* OUT = ys.d;   // {what}
+        long long total = 1;
+        for (int d = 0; d < ND; ++d) total *= OUT[d];""").source(ctype, helpers=_DIMS)
 
 
-def _broadcast_source(op_name, T, extra_params, shape_decl):
-    """y (shape OUT of rank ND, contiguous) = x broadcast: x contiguous of
-    shape xs, right-aligned to OUT (size-1 and missing axes repeat)."""
-    return (_DIMS +
-            f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, gc_dims xs{extra_params})\n{{\n"
-            "    // x: contiguous, shape xs right-aligned to OUT; y: contiguous, shape OUT\n" + shape_decl + _LOOP +
-            "        long long t = idx, off = 0, stride = 1;\n"
-            "        for (int d = ND - 1; d >= 0; --d) {\n"
-            "            const long long c = t % OUT[d]; t /= OUT[d];\n"
-            "            const int j = d - (ND - xs.n);           // x's axis under y's axis d\n"
-            "            if (j >= 0) { if (xs.d[j] != 1) off += c * stride; stride *= xs.d[j]; }\n"
-            "        }\n"
-            "        y[idx] = x[off];\n"
-            "    }\n}\n")
-
-
-def _sum_to_source(op_name, T, what):
-    """``gc_<op_name>_<T>(x, y, xs, ys)``: y (shape ys, ``what``) = x (shape
-    xs) summed over its broadcast axes: x's leading axes, and those where ys
-    (right-aligned) has 1 and x more. One thread per output element loops
-    over every x element that maps to it (grid-stride loop)."""
-    return (_DIMS +
-            f"extern \"C\" __global__ void {_kname(op_name, T)}(const {T}* __restrict__ x, "
-            f"{T}* __restrict__ y, gc_dims xs, gc_dims ys)\n{{\n"
-            f"    // x: contiguous of shape xs; y: contiguous, shape ys ({what}) right-aligned to xs\n"
-            "    const int NY = ys.n; const long long* YS = ys.d;\n"
-            "    const int lead = xs.n - NY;\n"
-            "    bool summed[GC_MAX_DIMS];\n"
-            "    long long total = 1, count = 1;\n"
-            "    for (int d = 0; d < NY; ++d) total *= YS[d];\n"
-            "    for (int d = 0; d < xs.n; ++d) {\n"
-            "        summed[d] = d < lead || (YS[d - lead] == 1 && xs.d[d] != 1);\n"
-            "        if (summed[d]) count *= xs.d[d];\n"
-            "    }\n" + _LOOP +
-            "        long long t = idx, base = 0, stride = 1;   // x offset of the kept coordinates\n"
-            "        for (int d = xs.n - 1; d >= lead; --d) {\n"
-            "            const long long c = t % YS[d - lead]; t /= YS[d - lead];\n"
-            "            if (!summed[d]) base += c * stride;\n"
-            "            stride *= xs.d[d];\n"
-            "        }\n"
-            f"        {T} acc = 0;\n"
-            "        for (long long r = 0; r < count; ++r) {  // r: coordinates over the summed axes\n"
-            "            long long u = r, off = base, s = 1;\n"
-            "            for (int d = xs.n - 1; d >= 0; --d) {\n"
-            "                if (summed[d]) { off += (u % xs.d[d]) * s; u /= xs.d[d]; }\n"
-            "                s *= xs.d[d];\n"
-            "            }\n"
-            "            acc += x[off];\n"
-            "        }\n"
-            "        y[idx] = acc;\n"
-            "    }\n}\n")
+def _sum_to_source(op_name, ctype, what):
+    """``gc_<op_name>_<ctype>(x, y, xs, ys)``: y (shape ys, ``what``) = x
+    (shape xs) summed over its broadcast axes: x's leading axes, and those
+    where ys (right-aligned) has 1 and x more. One thread per output element
+    loops over every x element that maps to it (grid-stride loop)."""
+    return Kernel(op_name, "const T* __restrict__ x, T* __restrict__ y, gc_dims xs, gc_dims ys", """
+        long long t = idx, base = 0, stride = 1;   // x offset of the kept coordinates
+        for (int d = xs.n - 1; d >= lead; --d) {
+            const long long c = t % YS[d - lead]; t /= YS[d - lead];
+            if (!summed[d]) base += c * stride;
+            stride *= xs.d[d];
+        }
+        T acc = 0;
+        for (long long r = 0; r < count; ++r) {  // r: coordinates over the summed axes
+            long long u = r, off = base, s = 1;
+            for (int d = xs.n - 1; d >= 0; --d) {
+                if (summed[d]) { off += (u % xs.d[d]) * s; u /= xs.d[d]; }
+                s *= xs.d[d];
+            }
+            acc += x[off];
+        }
+        y[idx] = acc;""", over="total", setup=f"""
+        // x: contiguous of shape xs; y: contiguous, shape ys ({what}) right-aligned to xs
+        const int NY = ys.n; const long long* YS = ys.d;
+        const int lead = xs.n - NY;
+        bool summed[GC_MAX_DIMS];
+        long long total = 1, count = 1;
+        for (int d = 0; d < NY; ++d) total *= YS[d];
+        for (int d = 0; d < xs.n; ++d) {{
+            summed[d] = d < lead || (YS[d - lead] == 1 && xs.d[d] != 1);
+            if (summed[d]) count *= xs.d[d];
+        }}""").source(ctype, helpers=_DIMS)

@@ -30,8 +30,8 @@ import numpy as np
 
 from gradcore import _core
 from gradcore.op import Op, TensorDesc
+from gradcore.cuda.kernels import Kernel
 
-from .conv import _LOOP, _kname
 from .linalg import check_cuda_dtype
 from .reduce import op_int
 
@@ -84,6 +84,22 @@ def _row_taps(a):
     order = np.argsort(~nz, axis=1, kind="stable")[:, :k]      # each row's nonzero columns first
     weights = np.take_along_axis(a, order, 1)
     return np.where(weights != 0, order, 0), weights
+
+
+_RESIZE = Kernel("resize2d", "const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ hstart, "
+                 "const int* __restrict__ hcol, const T* __restrict__ hval, const int* __restrict__ wstart, "
+                 "const int* __restrict__ wcol, const T* __restrict__ wval, long long NC, int H, int W, int OH, int OW", """
+    const int q = (int)(idx % OW); long long t = idx / OW;
+    const int p = (int)(t % OH); const long long nc = t / OH;
+    const T* xc = x + nc * H * W;
+    T acc = 0;
+    for (int a = hstart[p]; a < hstart[p + 1]; ++a) {
+        T row = 0;
+        for (int b = wstart[q]; b < wstart[q + 1]; ++b)
+            row += wval[b] * xc[(long long)hcol[a] * W + wcol[b]];
+        acc += hval[a] * row;
+    }
+    y[idx] = acc;""", over="total", setup="const long long total = NC * OH * OW;")
 
 
 class _InterpBase(Op):
@@ -153,25 +169,7 @@ class _InterpBase(Op):
         nonzeros of its row p of the height matrix (``hstart[p]`` ..
         ``hstart[p+1]``, columns ``hcol``, weights ``hval``) and its row q
         of the width matrix."""
-        T = ctype
-        return (
-            f"extern \"C\" __global__ void {_kname('resize2d', T)}(const {T}* __restrict__ x, {T}* __restrict__ y, "
-            f"const int* __restrict__ hstart, const int* __restrict__ hcol, const {T}* __restrict__ hval, "
-            f"const int* __restrict__ wstart, const int* __restrict__ wcol, const {T}* __restrict__ wval, "
-            "long long NC, int H, int W, int OH, int OW)\n{\n"
-            "    const long long total = NC * OH * OW;\n" + _LOOP +
-            "        const int q = (int)(idx % OW); long long t = idx / OW;\n"
-            "        const int p = (int)(t % OH); const long long nc = t / OH;\n"
-            f"        const {T}* xc = x + nc * H * W;\n"
-            f"        {T} acc = 0;\n"
-            "        for (int a = hstart[p]; a < hstart[p + 1]; ++a) {\n"
-            f"            {T} row = 0;\n"
-            "            for (int b = wstart[q]; b < wstart[q + 1]; ++b)\n"
-            "                row += wval[b] * xc[(long long)hcol[a] * W + wcol[b]];\n"
-            "            acc += hval[a] * row;\n"
-            "        }\n"
-            "        y[idx] = acc;\n"
-            "    }\n}\n")
+        return _RESIZE.source(ctype)
 
 
 class Interpolate(_InterpBase):

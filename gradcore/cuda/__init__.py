@@ -17,6 +17,9 @@
   stay full float32 (PyTorch's defaults; docs/cuda.md, "Precision").
 - ``cache``: the nvcc/PTX kernel cache (memory and disk); ``fusion``: one
   fused kernel for an all-elementwise backward graph.
+- ``kernels``: the kernel builder (``Kernel(name, params, body, over=...)``):
+  the ``extern "C" __global__`` header, the element type ``T`` and the
+  grid-stride or block loop of every kernel, written in one place.
 
 An op runs on ``cuda`` through its ``cuda(be, *arrays)`` launcher, next to
 its ``cpu`` kernel and ``cuda_source`` in ``gradcore/ops``.

@@ -37,8 +37,8 @@ import numpy as np
 from . import emulator_blocks as blocks
 from .cache import KernelCompileError, default_directory, parse_errors
 from .driver import CudaUnavailable
+from .kernels import kernel_names
 
-_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 
 PRELUDE = r"""
 // ---- gradcore host emulation of CUDA C (gradcore/cuda/emulator.py)
@@ -190,7 +190,7 @@ class HostDriver:
 
     # ---------------------------------------------------------------- kernels
     def load(self, name: str, source: str):
-        kernels = _KERNEL.findall(source)
+        kernels = kernel_names(source)
         cooperative = blocks.is_cooperative(source)
         if cooperative:       # threads that wait for each other: blocks of fibers
             full = (PRELUDE + blocks.PRELUDE + "#line 1\n" + blocks.rewrite_dynamic_shared(source) + "\n" +

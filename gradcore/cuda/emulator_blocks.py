@@ -64,7 +64,7 @@ def rewrite_dynamic_shared(source: str) -> str:
 
 
 # the block scheduler: compiled once per machine into its own library
-RUNTIME = r"""
+RUNTIME = f"#define SHARED_LIMIT {SHARED_LIMIT}\n" + r"""
 // ---- gradcore host emulator: block-cooperative fibers (gradcore/cuda/emulator_blocks.py)
 #include <csetjmp>
 #include <cstdarg>
@@ -381,7 +381,7 @@ extern "C" int gc_emu_run_blocks(void (*fn)(void*), void* arg, const unsigned* g
     }
     return 0;
 }
-""".replace("SHARED_LIMIT", str(SHARED_LIMIT))
+"""
 
 # the prelude of a cooperative kernel module (after the emulator's common prelude)
 PRELUDE = r"""

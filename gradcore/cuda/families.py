@@ -22,14 +22,14 @@ already took is left out (it compiles on its own when needed).
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .kernels import kernel_names, tag
+
 __all__ = ["Family", "install", "installed", "family_names", "program", "family_of", "kernel_names", "combine"]
 
-_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 CTYPES = ("float", "double", "signed char", "short", "int", "long long", "unsigned char", "unsigned short",
           "unsigned int", "unsigned long long", "bool")
 
@@ -53,12 +53,7 @@ class Family:
 
     @property
     def label(self) -> str:
-        return f"{self.family}-{self.ctype.replace(' ', '_')}"
-
-
-def kernel_names(source: str) -> List[str]:
-    """The ``extern "C" __global__`` kernels ``source`` defines."""
-    return _KERNEL.findall(source)
+        return f"{self.family}-{tag(self.ctype)}"
 
 
 def combine(sources: Sequence[str], title: str = "") -> Tuple[str, Tuple[str, ...], Tuple[str, ...]]:

@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ._launch import FusedRunner
+from .kernels import Kernel, kernel_name
 
 __all__ = ["FusedKernel", "KernelParam", "KernelOutput", "fuse_elementwise", "ctype_of"]
 
 _CTYPES = {"float32": "float", "float64": "double", "float16": "__half", "bool": "bool"}
-_IDENT = re.compile(r"\b([xyzT])\b")
 # ops that are the identity (or zero) when every value has the output's shape
 _SAME_SHAPE_IDENTITY = ("SumToLike", "BroadcastToLike", "ReshapeLike", "Identity", "StopGradient")
 
@@ -141,7 +140,7 @@ def _structure(graph, ctype: str, same_shape: bool) -> Optional[str]:
 
 def _op_label(op) -> str:
     label = getattr(op, "mode", None) or getattr(op, "name", "") or type(op).__name__
-    return re.sub(r"[^0-9A-Za-z_]", "_", str(label))[:24]
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in str(label))[:24]
 
 
 def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = False) -> Optional[FusedKernel]:
@@ -160,7 +159,7 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
     keeps a non-elementwise node and is not fused.)
     """
     from .runtime import standard_op
-    Elemwise = standard_op("Elemwise")
+    describe = standard_op("describe")          # gradcore.op.describe: an Elemwise op's row
 
     if ctype is None:
         floats = {np.dtype(d.dtype) for d in graph.descs if np.dtype(d.dtype).kind == "f"}
@@ -200,24 +199,24 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
 
     try:
         for node in graph.nodes:
-            if isinstance(node.op, Elemwise) and len(node.outs) == 1:
+            row = describe(node.op).row(node.op)
+            if row is not None and len(node.outs) == 1:
                 out = node.outs[0]
                 t = vtype(out)
                 if t is None:
                     return None
-                row = node.op.row
                 args = [ref(a) for a in node.args]
                 arg_types = [vtype(a) if isinstance(a, int) else ctype_of(a.dtype, ctype) if a.dtype is not None else ctype
                              for a in node.args]
                 if any(at is None for at in arg_types):
                     return None
-                # T in a row's expression is the node's element type: the
-                # output's, or for a predicate its first non-bool argument's
+                # the row's expression reads x, y, z and its element type T
+                # (the output's, or for a predicate its first non-bool
+                # argument's): bound as locals of a block of its own
                 node_t = t if t != "bool" else next((at for at in arg_types if at != "bool"), ctype)
-                names = dict(zip("xyz", args))
-                names["T"] = node_t
-                expr = _IDENT.sub(lambda m: names.get(m.group(1), m.group(1)), row.cuda)
-                body.append(f"        const {t} v{out} = ({t})({expr});   // {node.op._name()}")
+                binds = "".join(f" const {at} {name} = {a};" for name, at, a in zip("xyz", arg_types, args))
+                body += [f"{t} v{out};   // {node.op._name()}",
+                         f"{{ typedef {node_t} T;{binds} v{out} = ({t})({row.cuda}); }}"]
             elif same_shape and getattr(node.op, "name", None) in _SAME_SHAPE_IDENTITY and len(node.outs) == 1:
                 src = node.args[0]
                 if not isinstance(src, int):
@@ -239,7 +238,7 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
             if t is None or t == "bool":
                 return None
             outputs.append(KernelOutput(f"d{i}", i, v, t))
-            out_lines.append(f"        d{i}[i] = {ref(v)};")
+            out_lines.append(f"d{i}[i] = {ref(v)};")
     except _Unfusable:
         return None
 
@@ -259,21 +258,16 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
 
     structure = _structure(graph, ctype, same_shape)
     digest = hashlib.sha256(structure.encode()).hexdigest()[:16]
-    name = f"gc_bwd_{_op_label(graph.op)}_{ctype.replace(' ', '_')}_{digest}"
-    loads = [f"        const {p.ctype} v{p.vid} = {p.name}[i];" for p in inputs]
+    label = f"bwd_{_op_label(graph.op)}"
+    loads = [f"const {p.ctype} v{p.vid} = {p.name}[i];" for p in inputs]
     params = ([f"const {p.ctype}* __restrict__ {p.name}" for p in inputs]
               + [f"{o.ctype}* __restrict__ {o.name}" for o in outputs] + ["long long n"])
-    from .runtime import standard_op
-    CUDA_HELPERS = standard_op("CUDA_HELPERS")      # the rows' helper functions (gc_pow, ...)
-    source = CUDA_HELPERS + (
-        f"// fused backward of {graph.op!r} ({len(graph.nodes)} nodes, {ctype})\n"
-        f"extern \"C\" __global__ void {name}({', '.join(params)})\n"
-        "{\n"
-        "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
-        "         i += (long long)blockDim.x * gridDim.x) {\n"
-        + "".join(line + "\n" for line in loads + body + out_lines)
-        + "    }\n"
-        "}\n")
+    kernel = Kernel(label, ", ".join(params), "\n".join(loads + body + out_lines), over="n", index="i",
+                    suffix=f"_{digest}")
+    name = kernel_name(label, ctype) + kernel.suffix
+    # the rows' helper functions (gc_pow, ...)
+    source = f"// fused backward of {graph.op!r} ({len(graph.nodes)} nodes, {ctype})\n" + kernel.source(
+        ctype, helpers=standard_op("CUDA_HELPERS"))
     return FusedKernel(name, source, tuple(inputs), tuple(outputs), ctype, len(graph.nodes), structure)
 
 

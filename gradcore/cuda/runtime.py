@@ -21,7 +21,6 @@ parameters (``pack_params``).
 from __future__ import annotations
 
 import ctypes
-import re
 import sys
 import threading
 import weakref
@@ -29,14 +28,13 @@ from typing import Optional
 
 import numpy as np
 
-from . import _launch, events
+from . import _launch, events, kernels as _kernels
 from ._launch import Kernel, Launcher, pack_params
 from .array import DeviceArray
 from .driver import CudaUnavailable, PyCudaDriver
 from .memory import MemoryPool
 
 MAX_DIMS = 8
-_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 
 CTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
           "int16": "short", "int32": "int", "int64": "long long", "uint8": "unsigned char",
@@ -270,7 +268,7 @@ class Backend:
         if k is not None:
             return k
         src = op.cuda_source(ctype) if source is None else source
-        found = _KERNEL.findall(src)
+        found = _kernels.kernel_names(src)
         if name is None:
             if len(found) != 1:
                 raise ValueError(f"{_op_label(op)}: its {ctype} source defines kernels {found}; name one")
@@ -422,10 +420,7 @@ _FILL = _Fill()
 
 def fill_source(ctype: str) -> str:
     """CUDA C of ``gc_fill_<type>(T* y, T value, long long n)``: y[:n] = value."""
-    tag = ctype.replace(" ", "_")
-    return (f'extern "C" __global__ void gc_fill_{tag}({ctype}* y, {ctype} value, long long n) {{\n'
-            f'    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n'
-            f'         i += (long long)blockDim.x * gridDim.x) y[i] = value;\n}}\n')
+    return _kernels.Kernel("fill", "T* y, T value, long long n", "y[i] = value;", over="n", index="i").source(ctype)
 
 
 def _weak_scalar(value, dtype):

@@ -239,7 +239,8 @@ def test_every_elementwise_backward_fuses():
 
 def test_bool_intermediates_are_typed_bool():
     k = fuse_elementwise(_graph(Elemwise("relu"), ("T",), (True,), "float"), "float")
-    assert re.search(r"const bool v\d+ = \(bool\)\(v\d+ > ", k.source)
+    # the comparison's value is a bool, its operands of the node's element type
+    assert re.search(r"bool v(\d+);.*\n.*typedef float T; const float x = v\d+; .* v\1 = \(bool\)\(x > ", k.source)
     k = fuse_elementwise(_graph(Elemwise("where"), ("bool", "T", "T"), (False, True, True), "double"), "double")
     assert "const bool* __restrict__ s0" in k.source
     assert [(p.role, p.ctype) for p in k.inputs] == [("input", "bool"), ("grad", "double")]

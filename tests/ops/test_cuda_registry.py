@@ -112,14 +112,6 @@ def test_every_standard_op_has_instances_here():
     assert modes == {r.mode for r in ew.TABLE}
 
 
-def _isolated(src, ctype):
-    # an elementwise row's `typedef T` would clash between rows and ctypes:
-    # a macro instead, undefined after the kernel (extern "C" names stay global)
-    if f"typedef {ctype} T;\n" in src:
-        src = src.replace(f"typedef {ctype} T;\n", f"#define T {ctype}\n", 1) + "#undef T\n"
-    return src
-
-
 def _translation_unit(ctypes_=CTYPES):
     """(source, kernel names): every instance's source for every ctype;
     a variant whose kernel names are taken already is renamed apart."""
@@ -141,7 +133,7 @@ def _translation_unit(ctypes_=CTYPES):
                 for n in found:
                     assert n not in seen, f"kernel {n} defined twice"
                     seen[n] = src
-                parts.append(_isolated(src, T))
+                parts.append(src)     # each source declares its T in a namespace of its own
                 names.extend(found)
     return "\n".join(parts), names
 

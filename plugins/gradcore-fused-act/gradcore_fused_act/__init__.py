@@ -27,6 +27,7 @@ import numpy as np
 
 import gradcore.functional as F
 from gradcore.core import apply
+from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
 
 __all__ = ["FusedBiasGelu", "fused_bias_gelu", "register"]
@@ -70,16 +71,11 @@ class FusedBiasGelu(Op):
         """``gc_fused_bias_gelu_<ctype>(x, bias, y, n, c)``: x and y
         contiguous with n elements, bias of c elements broadcast along x's
         last axis; a grid-stride loop, one element per thread."""
-        T = ctype
-        return (f'extern "C" __global__ void gc_fused_bias_gelu_{T.replace(" ", "_")}('
-                f"const {T}* __restrict__ x, const {T}* __restrict__ bias, {T}* __restrict__ y, "
-                "long long n, long long c)\n{\n"
-                "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
-                "         i += (long long)blockDim.x * gridDim.x) {\n"
-                f"        const {T} h = x[i] + bias[i % c];\n"
-                f"        const {T} u = ({T}){_K!r} * (h + ({T}){_C!r} * h * h * h);\n"
-                f"        y[i] = ({T})0.5 * h * (({T})1 + tanh(u));\n"
-                "    }\n}\n")
+        return Kernel("fused_bias_gelu", "const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y, "
+                      "long long n, long long c", f"""
+            const T h = x[i] + bias[i % c];
+            const T u = (T){_K!r} * (h + (T){_C!r} * h * h * h);
+            y[i] = (T)0.5 * h * ((T)1 + tanh(u));""", over="n", index="i").source(ctype)
 
     def cuda(self, be, x, bias):
         """The launcher (device arrays in and out): one grid-stride launch."""
