@@ -15,7 +15,18 @@ import pytest
 import gradcore as gc
 from gradcore.cuda import dlpack
 
-from conftest import gpu_unavailable_reason
+
+
+def gpu_unavailable_reason():
+    """None where PyCUDA finds a GPU, else why not (``conftest`` is not importable by name:
+    tests/ops has one too)."""
+    from gradcore.cuda.driver import CudaUnavailable, PyCudaDriver
+    try:
+        PyCudaDriver()
+        return None
+    except CudaUnavailable as exc:
+        return str(exc)
+
 
 
 def _write(t, values):
