@@ -90,6 +90,7 @@ def _const_for(x, tensors, device):
 _scalars = {}
 # the cached device scalars belong to one backend: dropped when it changes
 _device_events.subscribe("backend_changed", _scalars.clear)
+_device_events.subscribe("backend_changed", _core._clear_scalar_cache)
 
 
 def _device_scalar(x, dtype, device):
@@ -393,6 +394,7 @@ def install():
     from gradcore.ops.elemwise import Elemwise, modes
     _core._install_hooks(
         slow_apply=slow_apply,
+        device_scalar=_device_scalar,
         backward_graph=graph._core_backward_graph,
         sum_to=_sum_to,
         add_op=Elemwise("add"),
