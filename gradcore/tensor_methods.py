@@ -102,7 +102,11 @@ def _device_scalar(x, dtype, device):
         from . import devices
         if len(_scalars) > 1024:
             _scalars.clear()
-        arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device, constant=True)
+        be = devices.require_cuda() if device == "cuda" else None
+        if be is not None and hasattr(be, "constant_scalar"):
+            arr = _scalars[key] = be.constant_scalar(x, dtype)
+        else:
+            arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device, constant=True)
     return arr
 
 
