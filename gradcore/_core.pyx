@@ -1587,7 +1587,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
 
     cdef tuple in_shapes = None
     cdef Py_ssize_t nout = 1 if outs is None else len(outs)
-    if by_rule or (cb.reduce_broadcast and _needs_reduction(args, out0)):
+    if by_rule or (cb.reduce_broadcast and _needs_reduction(args, out0, cb.input_has_grad if one_key else None)):
         in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
     out_meta = None
     if nout > 1:
@@ -1713,9 +1713,11 @@ cdef int _link(GradFn node, GradKey key) except -1:
     return 0
 
 
-cdef bint _needs_reduction(tuple args, object out):
+cdef bint _needs_reduction(tuple args, object out, tuple has_grad):
     """Whether some input's shape differs from the output's (so its
-    gradient must be summed down in the backward)."""
+    gradient must be summed down in the backward). ``has_grad``: the inputs
+    that get a gradient (the others, a scalar operand's 0-d constant, need
+    no reduction), or None for all."""
     cdef Tensor t
     cdef object od = (<Tensor>out)._data
     cdef cnp.ndarray a, o
@@ -1725,8 +1727,11 @@ cdef bint _needs_reduction(tuple args, object out):
     cdef int nd = cnp.PyArray_NDIM(o)
     cdef cnp.npy_intp* odims = cnp.PyArray_DIMS(o)
     cdef int k
-    for x in args:
-        t = <Tensor>x
+    cdef Py_ssize_t j
+    for j in range(len(args)):
+        if has_grad is not None and not has_grad[j]:
+            continue
+        t = <Tensor>args[j]
         if type(t._data) is not _ndarray:
             return True
         a = <cnp.ndarray>t._data

@@ -258,8 +258,8 @@ class GradManager:
         except Exception:       # interpreter shutdown
             pass
 
-    def __enter__(self) -> "GradManager":
-        return self.record()
+    # `with gm:` is record() itself, which returns the manager: no frame more
+    __enter__ = record
 
     def __exit__(self, *exc) -> None:
         if self._key is None:
