@@ -743,12 +743,22 @@ cdef class FusedRunner:
         if shape is None:
             return False
         expanded = list(params)
+        cache = None
         for j in range(n):
             p = params[j]
             if p.shape is not shape and p.shape != shape:
-                e = be.expanded_constant(p, shape)
-                if e is None:
-                    return False
+                # the backend's cache read here (no Python frame when warm)
+                if cache is None:
+                    cache = getattr(be, "_expanded", None)
+                    if type(cache) is not dict:
+                        return False        # a backend without expanded constants
+                got = cache.get((id(p), shape))
+                if got is not None and (<tuple>got)[0] is p:
+                    e = (<tuple>got)[1]
+                else:
+                    e = be.expanded_constant(p, shape)
+                    if e is None:
+                        return False
                 expanded[j] = e
         for j in range(n):
             p = expanded[j]
