@@ -1142,8 +1142,9 @@ cdef tuple _apply(op, tuple args):
 # float16 tensors, mixed dtypes, a float32 overflow, symbolic tensors) takes
 # the slow path. The constants are kept in a small direct-mapped table: a
 # slot is invalidated, then its key, then its object written, then marked
-# valid, so a thread switch inside the object's release (the only point
-# where one can happen) leaves no slot whose key and object disagree.
+# valid, with the slot's previous object held until then (its release is
+# the only point where another thread could run), so no thread sees a slot
+# whose key and object disagree.
 DEF _SC_SIZE = 64
 cdef unsigned long long _sc_bits[_SC_SIZE]
 cdef int _sc_tag[_SC_SIZE]          # typenum * 4 + device code * 2 + is_int; -1 invalid
@@ -1207,10 +1208,15 @@ cdef object _scalar_const(object x, int tn, int devcode, object device):
         obj = arr
     else:
         obj = _h_device_scalar(x, cnp.PyArray_DescrFromType(tn), device)
+    # the slot's old object is held here until the slot is whole: the store
+    # below does not release it, so no finalizer (no other thread) runs
+    # between the writes
+    old = _sc_obj[k]
     _sc_tag[k] = -1
     _sc_bits[k] = b.u
     _sc_obj[k] = obj
     _sc_tag[k] = tag
+    del old
     return obj
 
 
