@@ -548,6 +548,13 @@ def build_cases(args):
         impls.append(ScalarTorch(xs))
     cases.append(Case("scalar", "(b) y = sum(x*x), one element", impls, "us/call", 1e6,
                       rtol=1e-6, split=False))
+    # the same fixed cost on 16 floats (issue 25, item 5)
+    xs16 = np.linspace(0.5, 2.0, 16).astype(np.float32)
+    impls = [ScalarGradcore(xs16), ScalarNumpy(xs16)]
+    if torch is not None:
+        impls.append(ScalarTorch(xs16))
+    cases.append(Case("fixed16", "(b') y = sum(x*x), 16 elements", impls, "us/call", 1e6,
+                      rtol=1e-6, split=False))
     for batch in (128, 32):
         params, x, y = mlp_data(batch)
         impls = [MlpGradcore(params, x, y), MlpNumpy(params, x, y), MlpNumpyPooled(params, x, y)]
@@ -746,7 +753,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="3 rounds of ~0.05 s measurements")
     p.add_argument("--target-time", type=float, default=None,
                    help="seconds per measurement of one implementation (default 0.25, quick 0.05)")
-    p.add_argument("--only", nargs="*", choices=["chain", "scalar", "mlp128", "mlp32", "gemm128", "gemm32"],
+    p.add_argument("--only", nargs="*", choices=["chain", "scalar", "fixed16", "mlp128", "mlp32", "gemm128", "gemm32"],
                    help="run only these cases")
     p.add_argument("--no-gc", action="store_true",
                    help="disable Python's cyclic GC while timing (default: enabled, as in real use)")

@@ -65,6 +65,7 @@ import numpy as np
 from weakref import ref as _weakref
 import threading as _threading
 from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 cnp.import_array()
 
@@ -96,22 +97,23 @@ cdef object _h_describe = None        # (op or class) -> its OpDescription (grad
 cdef object _h_promote = None         # (op, args) -> (op, args cast by the dtype rules)
 cdef dict _operator_ops = {}
 # the hottest operator ops, read without a dict lookup per call
-cdef object _op_add = None, _op_sub = None, _op_mul = None, _op_div = None
+cdef object _op_add = None, _op_sub = None, _op_mul = None, _op_div = None, _op_pow = None
 
 
 cdef void _set_hot_ops():
-    global _op_add, _op_sub, _op_mul, _op_div
+    global _op_add, _op_sub, _op_mul, _op_div, _op_pow
     _op_add = _operator_ops.get("add")
     _op_sub = _operator_ops.get("sub")
     _op_mul = _operator_ops.get("mul")
     _op_div = _operator_ops.get("div")
+    _op_pow = _operator_ops.get("pow")
 
 
 def _install_hooks(**hooks):
     """Called once by gradcore's Python modules to plug their parts in."""
     global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
     global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array, _h_promote
-    global _h_infer_check, _h_describe
+    global _h_infer_check, _h_describe, _h_device_scalar
     for name, fn in hooks.items():
         if name == "slow_apply": _h_slow_apply = fn
         elif name == "backward_graph": _h_backward_graph = fn
@@ -124,6 +126,7 @@ def _install_hooks(**hooks):
         elif name == "infer_check": _h_infer_check = fn
         elif name == "describe": _h_describe = fn
         elif name == "promote": _h_promote = fn
+        elif name == "device_scalar": _h_device_scalar = fn
         elif name == "operator_ops":
             _operator_ops.update(fn)
             _set_hot_ops()
@@ -457,8 +460,8 @@ cdef class Tensor:
     def __rmul__(self, other): return _apply1(_op_mul, (other, self))
     def __truediv__(self, other): return _apply1(_op_div, (self, other))
     def __rtruediv__(self, other): return _apply1(_op_div, (other, self))
-    def __pow__(self, other, mod=None): return _binary("pow", self, other)
-    def __rpow__(self, other, mod=None): return _binary("pow", other, self)
+    def __pow__(self, other, mod=None): return _apply1(_op_pow, (self, other))
+    def __rpow__(self, other, mod=None): return _apply1(_op_pow, (other, self))
     def __matmul__(self, other): return _h_getattr("matmul")(self, other)
     def __rmatmul__(self, other): return _h_getattr("matmul")(other, self)
     def __floordiv__(self, other): return _binary("floor_div", self, other)
@@ -1134,16 +1137,159 @@ cdef tuple _apply(op, tuple args):
     return <tuple>_dispatch(op, args, False)
 
 
+# ---------------------------------------------------------------- Python scalars
+# A Python float or int operand of float32/float64 tensors (``x * 0.5``,
+# ``1 - x``, ``x ** 2``) is converted here, in C, to what the slow path
+# (tensor_methods._const_for) makes of it: a 0-d array of the tensors' dtype
+# (scalars are weak), on the cpu read-only and shared, on a device the
+# backend's cached constant. Everything else (bool, NumPy scalars, integer or
+# float16 tensors, mixed dtypes, a float32 overflow, symbolic tensors) takes
+# the slow path. The constants are kept in a small direct-mapped table: a
+# slot is invalidated, then its key, then its object written, then marked
+# valid, with the slot's previous object held until then (its release is
+# the only point where another thread could run), so no thread sees a slot
+# whose key and object disagree.
+DEF _SC_SIZE = 64
+cdef unsigned long long _sc_bits[_SC_SIZE]
+cdef int _sc_tag[_SC_SIZE]          # typenum * 4 + device code * 2 + is_int; -1 invalid
+cdef list _sc_obj = [None] * _SC_SIZE
+cdef object _h_device_scalar = None  # (value, dtype, device) -> constant device array
+for _i in range(_SC_SIZE):
+    _sc_tag[_i] = -1
+
+
+def _clear_scalar_cache():
+    """Forget the cached scalar constants (the backend changed)."""
+    cdef int i
+    for i in range(_SC_SIZE):
+        _sc_tag[i] = -1
+    for i in range(_SC_SIZE):
+        _sc_obj[i] = None
+
+
+cdef union _DoubleBits:
+    double d
+    unsigned long long u
+    long long i
+
+
+cdef object _scalar_const(object x, int tn, int devcode, object device):
+    """The constant array for the Python float/int ``x`` among tensors of
+    type number ``tn`` on ``device``, or None for the slow path."""
+    cdef _DoubleBits b
+    cdef int is_int
+    cdef int overflow = 0
+    cdef double v
+    cdef long long iv
+    if type(x) is float:
+        v = <double>x
+        b.d = v
+        is_int = 0
+        if tn == cnp.NPY_FLOAT and v == v and (v > 3.4028234663852886e38 or v < -3.4028234663852886e38) \
+                and v - v == 0.0:
+            return None         # NumPy warns of the overflow: the slow path does that
+    else:
+        iv = PyLong_AsLongLongAndOverflow(x, &overflow)
+        if overflow:
+            return None
+        b.i = iv
+        v = <double>iv
+        is_int = 1
+    cdef int tag = tn * 4 + devcode * 2 + is_int
+    cdef unsigned long long h = (b.u ^ (b.u >> 29) ^ (b.u >> 47)) * 0x9E3779B97F4A7C15ULL
+    cdef int k = <int>((h >> 58) ^ <unsigned long long>tag) & (_SC_SIZE - 1)
+    if _sc_tag[k] == tag and _sc_bits[k] == b.u:
+        return _sc_obj[k]
+    cdef cnp.ndarray arr
+    if devcode == 0:
+        arr = cnp.PyArray_EMPTY(0, NULL, tn, 0)
+        # an int as NumPy converts it: to a double, then to the dtype
+        if tn == cnp.NPY_FLOAT:
+            (<float*>cnp.PyArray_DATA(arr))[0] = <float>v
+        else:
+            (<double*>cnp.PyArray_DATA(arr))[0] = v
+        cnp.PyArray_CLEARFLAGS(arr, cnp.NPY_ARRAY_WRITEABLE)
+        obj = arr
+    else:
+        obj = _h_device_scalar(x, cnp.PyArray_DescrFromType(tn), device)
+    # the slot's old object is held here until the slot is whole: the store
+    # below does not release it, so no finalizer (no other thread) runs
+    # between the writes
+    old = _sc_obj[k]
+    _sc_tag[k] = -1
+    _sc_bits[k] = b.u
+    _sc_obj[k] = obj
+    _sc_tag[k] = tag
+    del old
+    return obj
+
+
+cdef tuple _with_scalars(tuple args):
+    """``args`` with its Python float/int operands made constant Tensors,
+    or None when the slow path must convert them."""
+    cdef Py_ssize_t n = len(args)
+    cdef Py_ssize_t i
+    cdef int tn = -1
+    cdef int devcode
+    cdef Tensor t
+    device = None
+    for i in range(n):
+        a = args[i]
+        if type(a) is Tensor or isinstance(a, Tensor):
+            t = <Tensor>a
+            if tn == -1:
+                tn = _dtype_num(t._data)
+                if tn != cnp.NPY_FLOAT and tn != cnp.NPY_DOUBLE:
+                    return None
+                device = t._device
+            elif _dtype_num(t._data) != tn:
+                return None
+        elif type(a) is not float and type(a) is not int:
+            return None
+    if tn == -1:
+        return None
+    if device is CPU:
+        devcode = 0
+    elif device is CUDA or device == CUDA:
+        if _h_device_scalar is None:
+            return None
+        devcode = 1
+    elif device == CPU:
+        devcode = 0
+    else:
+        return None
+    cdef tuple res = PyTuple_New(n)
+    for i in range(n):
+        a = args[i]
+        if type(a) is float or type(a) is int:
+            c = _scalar_const(a, tn, devcode, device)
+            if c is None:
+                return None
+            a = _wrap(c, device)
+        Py_INCREF(a)
+        PyTuple_SET_ITEM(res, i, a)
+    return res
+
+
 cdef object _dispatch(op, tuple args, bint one):
     """The outputs of ``op`` on ``args``: a tuple, or the first output
     itself when ``one`` (then a recorded single-output op makes no tuple)."""
     cdef Py_ssize_t n = len(args)
     cdef Py_ssize_t i
+    cdef tuple conv
     if n == 0:
         return _first(_h_slow_apply(op, args), one)
     for i in range(n):
         if type(args[i]) is not Tensor and not isinstance(args[i], Tensor):
-            return _first(_h_slow_apply(op, args), one)
+            # Python scalars among float tensors: converted in C (an op whose
+            # forward is its rule refuses non-Tensors on the slow path)
+            conv = None
+            if isinstance(op, OpBase) and _rule_kind(op) != 2:
+                conv = _with_scalars(args)
+            if conv is None:
+                return _first(_h_slow_apply(op, args), one)
+            args = conv
+            break
     if _needs_promotion(op, args):
         # the dtype rules (gradcore.dtypes): the op casts its inputs (recorded
         # casts, so each input's gradient comes back in its own dtype) or
@@ -1451,7 +1597,7 @@ cdef object _record(op, tuple args, object device, object keys, bint one):
 
     cdef tuple in_shapes = None
     cdef Py_ssize_t nout = 1 if outs is None else len(outs)
-    if by_rule or (cb.reduce_broadcast and _needs_reduction(args, out0)):
+    if by_rule or (cb.reduce_broadcast and _needs_reduction(args, out0, cb.input_has_grad if one_key else None)):
         in_shapes = tuple([(<Tensor>a)._data.shape for a in args])
     out_meta = None
     if nout > 1:
@@ -1626,9 +1772,11 @@ cdef int _link(GradFn node, GradKey key) except -1:
     return 0
 
 
-cdef bint _needs_reduction(tuple args, object out):
+cdef bint _needs_reduction(tuple args, object out, tuple has_grad):
     """Whether some input's shape differs from the output's (so its
-    gradient must be summed down in the backward)."""
+    gradient must be summed down in the backward). ``has_grad``: the inputs
+    that get a gradient (the others, a scalar operand's 0-d constant, need
+    no reduction), or None for all."""
     cdef Tensor t
     cdef object od = (<Tensor>out)._data
     cdef cnp.ndarray a, o
@@ -1638,8 +1786,11 @@ cdef bint _needs_reduction(tuple args, object out):
     cdef int nd = cnp.PyArray_NDIM(o)
     cdef cnp.npy_intp* odims = cnp.PyArray_DIMS(o)
     cdef int k
-    for x in args:
-        t = <Tensor>x
+    cdef Py_ssize_t j
+    for j in range(len(args)):
+        if has_grad is not None and not has_grad[j]:
+            continue
+        t = <Tensor>args[j]
         if type(t._data) is not _ndarray:
             return True
         a = <cnp.ndarray>t._data

@@ -267,8 +267,15 @@ class GradManager:
             self._key = key
             self._recording = True
             self._gradients = {}
+            attach = key.attach
             for spec in list(self._attach_specs.values()):
-                self._do_record(spec)
+                on_grad = spec.on_grad
+                if on_grad is None:
+                    self._do_record(spec)
+                    continue
+                tensor = spec.tensor()      # (the callback is made once per spec)
+                if tensor is not None:
+                    attach(tensor, on_grad)
         return self
 
     def release(self) -> None:
@@ -307,8 +314,8 @@ class GradManager:
         except Exception:       # interpreter shutdown
             pass
 
-    def __enter__(self) -> "GradManager":
-        return self.record()
+    # `with gm:` is record() itself, which returns the manager: no frame more
+    __enter__ = record
 
     def __exit__(self, *exc) -> None:
         if self._key is None:
@@ -341,7 +348,11 @@ class GradManager:
             self._backward_thread = _get_ident()
             key = self._key
         try:
-            ys, dys = self._checked_outputs(key, y, dy)
+            if dy is None and isinstance(y, Tensor) and key.tracks(y):
+                # the common call: one output of this recording, ones as its gradient
+                ys, dys = [y], [None]
+            else:
+                ys, dys = self._checked_outputs(key, y, dy)
         except _ForeignBackward as exc:
             # refused before anything ran: the recording belongs to its
             # owner thread, whose own backward must still work

@@ -90,6 +90,7 @@ def _const_for(x, tensors, device):
 _scalars = {}
 # the cached device scalars belong to one backend: dropped when it changes
 _device_events.subscribe("backend_changed", _scalars.clear)
+_device_events.subscribe("backend_changed", _core._clear_scalar_cache)
 
 
 def _device_scalar(x, dtype, device):
@@ -101,7 +102,11 @@ def _device_scalar(x, dtype, device):
         from . import devices
         if len(_scalars) > 1024:
             _scalars.clear()
-        arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device, constant=True)
+        be = devices.require_cuda() if device == "cuda" else None
+        if be is not None and hasattr(be, "constant_scalar"):
+            arr = _scalars[key] = be.constant_scalar(x, dtype)
+        else:
+            arr = _scalars[key] = devices.to_device(np.asarray(x, dtype), device, constant=True)
     return arr
 
 
@@ -393,6 +398,7 @@ def install():
     from gradcore.ops.elemwise import Elemwise, modes
     _core._install_hooks(
         slow_apply=slow_apply,
+        device_scalar=_device_scalar,
         backward_graph=graph._core_backward_graph,
         sum_to=_sum_to,
         add_op=Elemwise("add"),

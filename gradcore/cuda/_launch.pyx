@@ -694,9 +694,11 @@ cdef class FusedRunner:
                 p = params[j]
                 if p.dtype is not self.param_dtypes[j] and p.dtype != self.param_dtypes[j]:
                     params[j] = be.cast(p, self.param_dtypes[j])
-        else:
+        elif not self._expand_constants(be, params):
             shape = tuple(np.broadcast_shapes(*[(<DeviceArrayBase>q).shape for q in params]))
             params = [be.broadcast_to(be.cast(q, dt), shape) for q, dt in zip(params, self.param_dtypes)]
+        else:
+            shape = (<DeviceArrayBase>params[0]).shape
         size = (<DeviceArrayBase>params[0]).size
         outs = [_new_array(self.last_pool, be, shape, dt, size, size * (<object>dt).itemsize)
                 for dt in self.out_dtypes]
@@ -721,6 +723,49 @@ cdef class FusedRunner:
             j0 = self.grad_order[0]
             return None if j0 is None else outs[j0]
         return tuple([None if k is None else outs[k] for k in self.grad_order])
+
+    cdef bint _expand_constants(self, be, list params) except -1:
+        """The parameters of a Python scalar's operand (``x * 0.5``: a 0-d
+        constant beside arrays of one shape) replaced in place by the
+        constant expanded to that shape, cached by the backend
+        (``Backend.expanded_constant``), and the others cast as on the
+        same-shape path: True; False (params untouched) for any other mix."""
+        cdef Py_ssize_t j, n = len(params)
+        cdef DeviceArrayBase p
+        shape = None
+        for j in range(n):
+            p = params[j]
+            if p.size != 1 or len(p.shape) != 0:
+                if shape is None:
+                    shape = p.shape
+                elif p.shape is not shape and p.shape != shape:
+                    return False
+        if shape is None:
+            return False
+        expanded = list(params)
+        cache = None
+        for j in range(n):
+            p = params[j]
+            if p.shape is not shape and p.shape != shape:
+                # the backend's cache read here (no Python frame when warm)
+                if cache is None:
+                    cache = getattr(be, "_expanded", None)
+                    if type(cache) is not dict:
+                        return False        # a backend without expanded constants
+                got = cache.get((id(p), shape))
+                if got is not None and (<tuple>got)[0] is p:
+                    e = (<tuple>got)[1]
+                else:
+                    e = be.expanded_constant(p, shape)
+                    if e is None:
+                        return False
+                expanded[j] = e
+        for j in range(n):
+            p = expanded[j]
+            if p.dtype is not self.param_dtypes[j] and p.dtype != self.param_dtypes[j]:
+                expanded[j] = be.cast(p, self.param_dtypes[j])
+        params[:] = expanded
+        return True
 
     cdef _bind(self, be):
         k = self.compiled.get(be)

@@ -21,6 +21,7 @@ parameters (``pack_params``).
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 import threading
 import weakref
@@ -73,6 +74,8 @@ class Backend:
         self._modules = {}
         self._seeds = {}
         self._scalars = {}
+        self._consts = {}        # id -> (array, value): Python-scalar operands (constant_scalar)
+        self._expanded = {}      # (id, shape) -> (constant, its value expanded to shape)
         self._extents = {}
         self._blas_entry = None
         self._blas_tf32 = False             # cuBLAS's default math: no TF32
@@ -132,6 +135,43 @@ class Backend:
         capture recorded their fill kernels and never ran them)."""
         self._scalars.clear()
         self._seeds.clear()
+        self._expanded.clear()
+
+    def constant_scalar(self, value, dtype) -> DeviceArray:
+        """A 0-d constant of the Python scalar ``value`` (an op's operand, as
+        ``x * 0.5``: uploaded once, never written, kept by the caller's
+        cache), registered so that a fused backward can read it expanded
+        (``expanded_constant``) instead of broadcasting it per call."""
+        out = self.to_device(np.asarray(value, dtype), constant=True)
+        if len(self._consts) > 4096:
+            self._consts.clear()
+            self._expanded.clear()
+        self._consts[id(out)] = (out, value)
+        return out
+
+    def expanded_constant(self, x, shape):
+        """``x`` expanded to ``shape`` when ``x`` is a ``constant_scalar``:
+        filled once per (constant, shape) and shared (never written: kernels
+        only read their inputs), or None. Not made inside a CUDA-graph
+        capture (a fill recorded there runs only at replay), nor for large
+        shapes (their broadcast costs little next to the kernel)."""
+        entry = self._consts.get(id(x))
+        if entry is None or entry[0] is not x:
+            return None
+        key = (id(x), shape)
+        got = self._expanded.get(key)
+        if got is not None and got[0] is x:
+            return got[1]
+        if self.capture is not None:
+            return None
+        size = math.prod(shape)
+        if size > 65536:
+            return None
+        if len(self._expanded) > 256:
+            self._expanded.clear()
+        out = self.full(shape, entry[1], x.dtype)
+        self._expanded[key] = (x, out)
+        return out
 
     def to_device(self, host, dtype=None, constant: bool = False) -> DeviceArray:
         """A device copy of ``host``. ``constant``: a value the caller keeps for

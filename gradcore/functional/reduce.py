@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._core import Tensor, apply as _apply
+from .._core import Tensor, apply as _apply, apply1 as _apply1
 from ..op import OpError
 from ..ops.reduce import ArgReduce, CumSum, Reduce
 from ._args import _axis_in, _axis_key, _int_or_err, _named, _t
@@ -22,6 +22,9 @@ from .shape import astype
 
 # one op instance per distinct attributes: the per-op caches stay warm
 _Reduce, _ArgReduce, _CumSum = (Reduce, ArgReduce, CumSum)
+# the commonest reductions (a loss's ``F.sum(x)``, ``F.mean(x)``): one call
+# into the core, no op lookup, no helper frame
+_SUM_ALL, _MEAN_ALL = Reduce("sum", None, False), Reduce("mean", None, False)
 
 
 class AxisError(OpError, AssertionError):
@@ -49,6 +52,8 @@ def sum(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
         >>> F.sum(gc.tensor([[1.0, 2.0], [3.0, 4.0]]), axis=1).numpy()
         array([3., 7.], dtype=float32)
     """
+    if axis is None and keepdims is False and isinstance(inp, Tensor):
+        return _apply1(_SUM_ALL, inp)
     x = _reduce_input("sum", inp, axis)
     return _apply(_Reduce("sum", _axis_key(axis), bool(keepdims)), x)[0]
 
@@ -61,6 +66,8 @@ def mean(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
         >>> F.mean(gc.tensor([[1.0, 2.0], [3.0, 4.0]]), axis=1).numpy()
         array([1.5, 3.5], dtype=float32)
     """
+    if axis is None and keepdims is False and isinstance(inp, Tensor):
+        return _apply1(_MEAN_ALL, inp)
     x = _reduce_input("mean", inp, axis)
     return _apply(_Reduce("mean", _axis_key(axis), bool(keepdims)), x)[0]
 
