@@ -195,6 +195,25 @@ T m;
 y[idx] = gg[nc * H * W + gc_window_argmax(x + nc * H * W, oh, ow, {_WINDOW_ARGS}, &m)];""")
 
 
+class _PoolForward(_PoolBase):
+    """What the two forward poolings share: the output's description, and the
+    checks then oneDNN before their own NumPy kernel."""
+
+    def infer(self, x):
+        dtype = self._float(x)
+        if x.shape is None:
+            return (TensorDesc(None, dtype, x.device),)
+        oh, ow = self._check(x.shape, (x,))
+        return (TensorDesc(x.shape[:2] + (oh, ow), dtype, x.device),)
+
+    def _forward_checked(self, x, mode):
+        """(OH, OW, oneDNN's result or None) for input array ``x``."""
+        if x.dtype.kind != "f":
+            self._float(TensorDesc(x.shape, x.dtype))
+        oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
+        return oh, ow, self._onednn_forward(x, mode)
+
+
 class _MaxPoolArgmax(_PoolBase):
     """Shared by the max-pooling ops: index of each window's maximum."""
 
@@ -261,23 +280,13 @@ class _MaxPoolArgmax(_PoolBase):
         return out
 
 
-class MaxPool2d(_MaxPoolArgmax):
+class MaxPool2d(_MaxPoolArgmax, _PoolForward):
     """Max over KH x KW windows (padding never wins: it counts as -inf)."""
     name = "MaxPool2d"
     check_params = ({"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1})
 
-    def infer(self, x):
-        dtype = self._float(x)
-        if x.shape is None:
-            return (TensorDesc(None, dtype, x.device),)
-        oh, ow = self._check(x.shape, (x,))
-        return (TensorDesc(x.shape[:2] + (oh, ow), dtype, x.device),)
-
     def cpu(self, x):
-        if x.dtype.kind != "f":
-            self._float(TensorDesc(x.shape, x.dtype))
-        oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
-        y = self._onednn_forward(x, "max")
+        oh, ow, y = self._forward_checked(x, "max")
         if y is not None:
             return y
         taps = self._taps(_pad(x, self.padding, -np.inf), (oh, ow))
@@ -423,25 +432,15 @@ for (int oh = oh_lo; oh <= oh_hi; ++oh)
 gx[idx] = acc;""")
 
 
-class AvgPool2d(_AvgBase):
+class AvgPool2d(_AvgBase, _PoolForward):
     """Mean over KH x KW windows; ``mode`` "average_count_exclude_padding"
     (MegEngine's default) divides by the number of non-padding elements,
     "average" by KH * KW."""
     name = "AvgPool2d"
     check_params = ({"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1})
 
-    def infer(self, x):
-        dtype = self._float(x)
-        if x.shape is None:
-            return (TensorDesc(None, dtype, x.device),)
-        oh, ow = self._check(x.shape, (x,))
-        return (TensorDesc(x.shape[:2] + (oh, ow), dtype, x.device),)
-
     def cpu(self, x):
-        if x.dtype.kind != "f":
-            self._float(TensorDesc(x.shape, x.dtype))
-        oh, ow = self._check(x.shape, (TensorDesc(x.shape, x.dtype),))
-        y = self._onednn_forward(x, self.mode)
+        oh, ow, y = self._forward_checked(x, self.mode)
         if y is not None:
             return y
         taps = self._taps(_pad(x, self.padding, 0), (oh, ow))
