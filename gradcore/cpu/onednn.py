@@ -497,6 +497,14 @@ def _per_channel(a):
     return _c(a.reshape(-1))
 
 
+def _bn_primitive(kind: int, x, eps):
+    """The cached batch-norm primitive of ``kind`` (0 training, 1 inference,
+    2 backward) for ``x``'s shape, or None where oneDNN refuses it."""
+    blk = _bn_blocked(x)
+    return _primitive(("bn", kind, x.shape, float(eps), blk),
+                      lambda: _onednn.batch_norm(kind, tuple(x.shape), float(eps), blk))
+
+
 def _param_shape(x):
     return (1, x.shape[1]) + (1,) * (x.ndim - 2)
 
@@ -507,9 +515,7 @@ def batch_norm_training(x, weight, bias, eps):
     1 / sqrt(biased variance + eps)); None where oneDNN does not run it."""
     if not _bn_ok(x, weight, bias):
         return None
-    blk = _bn_blocked(x)
-    prim = _primitive(("bn", 0, x.shape, float(eps), blk),
-                      lambda: _onednn.batch_norm(0, tuple(x.shape), float(eps), blk))
+    prim = _bn_primitive(0, x, eps)
     if prim is None:
         return None
     c = x.shape[1]
@@ -526,9 +532,7 @@ def batch_norm_inference(x, mean, var, weight, bias, eps):
     where oneDNN does not run it."""
     if not _bn_ok(x, mean, var, weight, bias):
         return None
-    blk = _bn_blocked(x)
-    prim = _primitive(("bn", 1, x.shape, float(eps), blk),
-                      lambda: _onednn.batch_norm(1, tuple(x.shape), float(eps), blk))
+    prim = _bn_primitive(1, x, eps)
     if prim is None:
         return None
     y = np.empty(x.shape, _F32)
@@ -542,9 +546,7 @@ def batch_norm_backward(g, x, weight, mean, invstd, eps):
     run it."""
     if not _bn_ok(x, weight, mean, invstd) or not _usable(g) or g.shape != x.shape:
         return None
-    blk = _bn_blocked(x)
-    prim = _primitive(("bn", 2, x.shape, float(eps), blk),
-                      lambda: _onednn.batch_norm(2, tuple(x.shape), float(eps), blk))
+    prim = _bn_primitive(2, x, eps)
     if prim is None:
         return None
     c = x.shape[1]

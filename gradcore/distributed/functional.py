@@ -193,13 +193,7 @@ class AllGather(_Collective):
         self.axis = int(axis)
 
     def infer(self, x):
-        self._check_dtype(x)
-        if x.shape is None:
-            return (TensorDesc(None, x.dtype, x.device),)
-        axis = _axis(self, x, self.axis)
-        shape = list(x.shape)
-        shape[axis] *= _world_size()
-        return (TensorDesc(tuple(shape), x.dtype, x.device),)
+        return _resized(self, x, grow=self.axis)
 
     def cpu(self, x):
         comm = _comm(repr(self))
@@ -220,16 +214,7 @@ class ReduceScatterSum(_Collective):
         self.axis = int(axis)
 
     def infer(self, x):
-        self._check_dtype(x)
-        if x.shape is None:
-            return (TensorDesc(None, x.dtype, x.device),)
-        axis, size = _axis(self, x, self.axis), _world_size()
-        if x.shape[axis] % size:
-            raise self.error(f"axis {self.axis} has {x.shape[axis]} elements, not a multiple of the "
-                             f"{size} ranks", x)
-        shape = list(x.shape)
-        shape[axis] //= size
-        return (TensorDesc(tuple(shape), x.dtype, x.device),)
+        return _resized(self, x, shrink=self.axis)
 
     def cpu(self, x):
         comm = _comm(repr(self))
@@ -251,17 +236,7 @@ class AllToAll(_Collective):
         self.split_axis, self.concat_axis = int(split_axis), int(concat_axis)
 
     def infer(self, x):
-        self._check_dtype(x)
-        if x.shape is None:
-            return (TensorDesc(None, x.dtype, x.device),)
-        s, c, size = _axis(self, x, self.split_axis), _axis(self, x, self.concat_axis), _world_size()
-        if x.shape[s] % size:
-            raise self.error(f"split_axis {self.split_axis} has {x.shape[s]} elements, not a multiple of "
-                             f"the {size} ranks", x)
-        shape = list(x.shape)
-        shape[s] //= size
-        shape[c] *= size
-        return (TensorDesc(tuple(shape), x.dtype, x.device),)
+        return _resized(self, x, shrink=self.split_axis, grow=self.concat_axis)
 
     def cpu(self, x):
         comm = _comm(repr(self))
@@ -430,6 +405,24 @@ class RemoteRecv(_Collective):
         # the token's gradient (zeros of its shape) depends on the send, so the send runs
         sent = RemoteSend(self.src)(grads[0])
         return (sent.sum().astype(inputs[0].dtype) + inputs[0] * 0, None)
+
+
+def _resized(op, x, shrink: Optional[int] = None, grow: Optional[int] = None) -> tuple:
+    """``x``'s description with axis ``shrink`` divided by the number of ranks (which it must be
+    a multiple of) and axis ``grow`` multiplied by it: the output of a split and/or concatenation
+    over the ranks."""
+    op._check_dtype(x)
+    if x.shape is None:
+        return (TensorDesc(None, x.dtype, x.device),)
+    size, shape = _world_size(), list(x.shape)
+    if shrink is not None:
+        s = _axis(op, x, shrink)
+        if shape[s] % size:
+            raise op.error(f"axis {shrink} has {shape[s]} elements, not a multiple of the {size} ranks", x)
+        shape[s] //= size
+    if grow is not None:
+        shape[_axis(op, x, grow)] *= size
+    return (TensorDesc(tuple(shape), x.dtype, x.device),)
 
 
 def _axis(op, x, axis: int) -> int:
