@@ -21,7 +21,9 @@ graph and replayed, against eager), ``nvrtc_cache`` (the disk cache across
 two processes: the second compiles nothing), ``tests`` (``tests/cuda`` with
 ``-n`` workers), ``demo`` (the demo on cuda from an empty kernel cache and on
 the cpu: times and accuracies), ``bench`` (``benchmarks/bench_cuda.py``, with
-PyTorch CUDA eager side by side).
+PyTorch CUDA eager side by side), ``profile`` (per model step: the host's
+time to queue it against the synchronised time, launches per step, the
+hottest functions by cProfile; ``import gradcore``'s slowest modules).
 
 Results: ``$OUT/gpu_check.json`` (``{"steps": {name: {"ok", "seconds", ...figures}}}``),
 ``$OUT/gpu_check.log`` (everything printed), ``$OUT/tests_cuda.xml``,
@@ -56,6 +58,7 @@ STEPS = {
     "tests": (200, "tests/cuda in parallel"),
     "demo": (90, "the demo on cuda (empty kernel cache) and on the cpu"),
     "bench": (240, "benchmarks/bench_cuda.py, PyTorch CUDA eager side by side"),
+    "profile": (90, "where a step's time goes: host enqueue against synchronised, launches, cProfile, import"),
 }
 
 
@@ -201,10 +204,8 @@ def main(argv=None) -> int:
     unknown = [s for s in chosen if s not in STEPS]
     if unknown:
         ap.error(f"unknown steps {unknown}; the steps: {', '.join(STEPS)}")
-    kernel_cache = Path(tempfile.gettempdir()) / "gpu_check_kernels"     # not under $OUT: it would travel back
-    if kernel_cache.exists():
-        shutil.rmtree(kernel_cache)
-    kernel_cache.mkdir(parents=True)
+    # empty, of this run only (two runs side by side must not share it), not under $OUT (it would travel back)
+    kernel_cache = Path(tempfile.mkdtemp(prefix="gpu_check_kernels_"))
     for name in STEPS:
         if name not in chosen:
             continue
@@ -247,6 +248,7 @@ def main(argv=None) -> int:
         if name == "setup" and not result.get("ok"):
             rec.say("[gpu_check] setup failed: nothing else can run")
             break
+    shutil.rmtree(kernel_cache, ignore_errors=True)
     rec.data["total_seconds"] = round(time.monotonic() - t_start, 1)
     rec.save()
     failed = [n for n, r in rec.data["steps"].items() if r.get("ok") is False]
@@ -607,8 +609,124 @@ def step_bench(kind, result, save, args):
         result["figures"] = json.loads(js.read_text())
 
 
+def _profile_cases(kind):
+    """name -> (gradcore step, PyTorch step or None): the steps whose time the ``profile`` step splits."""
+    import bench_cuda
+    import bench_models
+    torch_ok = False
+    if kind == "gpu":
+        try:
+            import torch
+            torch_ok = torch.cuda.is_available()
+        except ImportError:
+            pass
+    small = kind == "emulator"
+    conv = dict(n=2, c=8, h=8, w=8, o=8, k=3) if small else dict(n=32, c=128, h=28, w=28, o=128, k=3)
+    cases = {
+        "tiny op forward + backward": (bench_cuda.tiny_op_cases("cuda")["forward + backward"],
+                                       bench_cuda.torch_tiny_op_cases()["forward + backward"] if torch_ok else None),
+        "MLP 784-512-512-10 batch 32": (bench_cuda.gc_mlp(32 if not small else 4),
+                                        bench_cuda.torch_mlp(32) if torch_ok else None),
+        "MLP 784-512-512-10 batch 128": (bench_cuda.gc_mlp(128 if not small else 4),
+                                         bench_cuda.torch_mlp(128) if torch_ok else None),
+        "conv2d %dx%dx%dx%d * %dx3x3 fwd+bwd" % (conv["n"], conv["c"], conv["h"], conv["w"], conv["o"]):
+            (bench_models.gc_conv("cuda", conv), bench_models.torch_conv("cuda", conv) if torch_ok else None),
+    }
+    return cases
+
+
+def _split_time(step, sync, n):
+    """(host seconds to queue a step, seconds per step synchronised) over ``n`` steps."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    t1 = time.perf_counter()
+    sync()
+    t2 = time.perf_counter()
+    return (t1 - t0) / n, (t2 - t0) / n
+
+
+def step_profile(kind, result, save, args):
+    """Per model step: the host's time to queue it against the synchronised time
+    (host-bound when they are close), launches and cuDNN calls per step, the
+    hottest functions (cProfile, by own time); then ``import gradcore``'s
+    slowest modules (``python -X importtime``)."""
+    import cProfile
+    import io
+    import pstats
+    be = _backend(kind)
+    sync_torch = None
+    if kind == "gpu":
+        try:
+            import torch
+            sync_torch = torch.cuda.synchronize
+        except ImportError:
+            pass
+    n = 200 if kind == "gpu" else 5
+    result["cases"] = {}
+    for name, (gc_step, torch_step) in _profile_cases(kind).items():
+        entry = result["cases"][name] = {}
+        for _ in range(3):
+            gc_step()
+        launches = be.launcher.launches
+        gc_step()
+        entry["launches_per_step"] = be.launcher.launches - launches
+        splits = [_split_time(gc_step, be.synchronize, n) for _ in range(3)]
+        entry["gradcore_host_s"], entry["gradcore_step_s"] = min(splits, key=lambda s: s[1])
+        if torch_step is not None:
+            for _ in range(3):
+                torch_step()
+            splits = [_split_time(torch_step, sync_torch, n) for _ in range(3)]
+            entry["torch_host_s"], entry["torch_step_s"] = min(splits, key=lambda s: s[1])
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(n):
+            gc_step()
+        be.synchronize()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(22)
+        entry["cprofile"] = text.getvalue()[-5000:]
+        figures = {k: (round(v * 1e6, 1) if k.endswith("_s") else v) for k, v in entry.items() if k != "cprofile"}
+        print(f"  {name} (us): {figures}\n{entry['cprofile']}", flush=True)
+        save()
+    from gradcore.cuda import cudnn
+    ctx = cudnn.context(be)
+    if ctx is not None and ctx is not False:
+        # the algorithms cuDNN's heuristics chose, then the conv step with them timed (cudnnFind*)
+        result["cudnn_algorithms"] = {repr(k[:4]): v for k, v in getattr(ctx, "algorithms", {}).items()}
+        conv_name = [k for k in result["cases"] if k.startswith("conv2d")][0]
+        cudnn.benchmark = True
+        try:
+            step = _profile_cases(kind)[conv_name][0]
+            for _ in range(3):
+                step()
+            host, total = min((_split_time(step, be.synchronize, n) for _ in range(3)), key=lambda s: s[1])
+            result["cases"][conv_name]["gradcore_benchmark_algorithms_step_s"] = total
+            result["cudnn_algorithms_timed"] = {repr(k[:4]): v for k, v in ctx.algorithms.items() if k[7]}
+        finally:
+            cudnn.benchmark = False
+        print(f"  cuDNN algorithms (heuristics): {result['cudnn_algorithms']}\n  timed: "
+              f"{result.get('cudnn_algorithms_timed')}; the conv step with them: {total * 1e6:.1f} us", flush=True)
+        save()
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import gradcore"], capture_output=True,
+                          text=True, timeout=60, cwd=tempfile.gettempdir())
+    rows = []
+    for line in proc.stderr.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[0].strip().split()[-1].isdigit():
+            rows.append((int(parts[0].split()[-1]), int(parts[1]), parts[2].strip()))
+    rows.sort(reverse=True)
+    result["import_total_us"] = max((r[1] for r in rows), default=None)
+    result["import_slowest_self_us"] = [[own, name] for own, _, name in rows[:20]]
+    print(f"  import gradcore: {result['import_total_us']} us; slowest (own us): {result['import_slowest_self_us']}",
+          flush=True)
+
+
 STEP_FUNCTIONS = {"info": step_info, "smoke": step_smoke, "cudnn": step_cudnn, "graphs": step_graphs,
-                  "nvrtc_cache": step_nvrtc_cache, "tests": step_tests, "demo": step_demo, "bench": step_bench}
+                  "nvrtc_cache": step_nvrtc_cache, "tests": step_tests, "demo": step_demo, "bench": step_bench,
+                  "profile": step_profile}
 
 
 if __name__ == "__main__":

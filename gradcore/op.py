@@ -43,7 +43,7 @@ class TensorDesc:
     __slots__ = ("shape", "dtype", "device")
 
     def __init__(self, shape: Optional[Sequence[int]], dtype: Any = "float32", device: str = "cpu"):
-        self.shape = None if shape is None else tuple(int(s) for s in shape)
+        self.shape = None if shape is None else tuple(map(int, shape))
         self.dtype = np.dtype(dtype)
         self.device = str(device)
 
@@ -443,6 +443,32 @@ class Op(_core.OpBase, metaclass=_op_intern.OpMeta):
         return OpError(f"{self._name()}: {message}{suffix}")
 
     infer = _base_infer
+
+    def infer_arrays(self, *arrays, device: str = "cuda") -> tuple:
+        """``infer`` on the descriptors of ``arrays`` (anything with ``shape``
+        and ``dtype``: device arrays, NumPy arrays), remembered per op for
+        their shapes and dtypes: a launcher learns its outputs' shapes
+        without checking the same inputs again on every call (the checks
+        ran once; bad inputs still raise each time, since only accepted
+        ones are remembered).
+
+        Example::
+
+            def cuda(self, be, x, w):
+                (out,) = self.infer_arrays(x, w)
+                y = be.empty(out.shape, out.dtype)
+        """
+        key = (device,) + tuple([(a.shape, a.dtype) for a in arrays])
+        memo = self.__dict__.get("_infer_memo")     # ops are immutable: a cache beside the attributes
+        if memo is None:
+            memo = self.__dict__["_infer_memo"] = {}
+        found = memo.get(key)
+        if found is None:
+            found = tuple(self.infer(*[TensorDesc(a.shape, a.dtype, device) for a in arrays]))
+            if len(memo) >= 256:
+                memo.clear()
+            memo[key] = found
+        return found
 
 
 def function(op_class: type, name: Optional[str] = None) -> Callable:

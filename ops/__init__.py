@@ -71,11 +71,15 @@ def standard_op(name: str):
         >>> standard_op("Cast") is Cast
         True
     """
-    from . import elemwise, reduce, shape
-    table = {"Cast": shape.Cast, "Broadcast": shape.Broadcast, "Transpose": shape.Transpose,
-             "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise, "CUDA_HELPERS": elemwise.CUDA_HELPERS,
-             "describe": _describe}
-    return table[name]
+    if not _STANDARD:       # filled on first use: the families import this package
+        from . import elemwise, reduce, shape
+        _STANDARD.update({"Cast": shape.Cast, "Broadcast": shape.Broadcast, "Transpose": shape.Transpose,
+                          "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise,
+                          "CUDA_HELPERS": elemwise.CUDA_HELPERS, "describe": _describe})
+    return _STANDARD[name]
+
+
+_STANDARD: dict = {}
 
 
 # the layers below learn of the op library through hooks (they import nothing

@@ -46,6 +46,7 @@ Kernels:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from math import prod
 import numpy as np
@@ -173,10 +174,6 @@ def _gemm(a, b, groups):
 CUDA_GEMM = True
 CUDA_CHUNK_ELEMS = 1 << 25
 _GEMM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _desc(a):
-    return TensorDesc(a.shape, a.dtype, "cuda")
 
 
 def _use_gemm(dtype):
@@ -323,6 +320,7 @@ _COL2IM = Kernel('col2im', 'const T* __restrict__ cols, T* __restrict__ gx, long
     const long long total = nb * C * V;""")
 
 
+@functools.lru_cache(maxsize=None)      # built once per type: launchers ask on every call
 def gemm_source(ctype: str = "float") -> str:
     """The convolutions' im2col kernels for the GEMM path, shapes and
     attributes as arguments (``_GEMM_ARGS``); one thread per element
@@ -366,8 +364,15 @@ class _ConvOp(Op):
             setattr(self, a, self._per_axis(self._axes, (a,))[0])
 
     def _per_axis(self, n, names=("stride", "padding", "dilation")):
-        """The attributes ``names`` as n-tuples."""
-        return tuple(v if isinstance(v, tuple) else (v,) * n for v in (getattr(self, a) for a in names))
+        """The attributes ``names`` as n-tuples (remembered: every launch asks)."""
+        memo = self.__dict__.get("_per_axis_memo")      # ops are immutable: a cache beside the attributes
+        if memo is None:
+            memo = self.__dict__["_per_axis_memo"] = {}
+        found = memo.get((n, names))
+        if found is None:
+            found = memo[(n, names)] = tuple(v if isinstance(v, tuple) else (v,) * n
+                                             for v in (getattr(self, a) for a in names))
+        return found
 
     def _attrs(self):
         return self.stride, self.padding, self.dilation, self.groups
@@ -572,7 +577,7 @@ class Convolution(_ConvOp):
                 _apply1(ConvolutionBackwardFilter(*self._attrs()), g, x, w)]
 
     def cuda(self, be, x, w):
-        (out,) = self.infer(_desc(x), _desc(w))
+        (out,) = self.infer_arrays(x, w)
         if 0 in out.shape or x.shape[1] == 0:      # no outputs, or sums over no channels
             return be.zeros(out.shape, out.dtype)
         y = self._on_cudnn(be, x, w, out.shape)
@@ -692,7 +697,7 @@ class ConvolutionBackwardData(_ConvGrad):
         return out.reshape((c, n) + padded)[crop].swapaxes(0, 1)
 
     def cuda(self, be, g, w, ref):
-        (out,) = self.infer(_desc(g), _desc(w), _desc(ref))
+        (out,) = self.infer_arrays(g, w, ref)
         if 0 in out.shape or w.shape[0] == 0:      # nothing to fill, or no outputs fed by it
             return be.zeros(out.shape, out.dtype)
         gx = self._on_cudnn(be, g, w, ref.shape)
@@ -763,7 +768,7 @@ class ConvolutionBackwardFilter(_ConvGrad):
         return np.ascontiguousarray(gw).reshape(ref.shape)
 
     def cuda(self, be, g, x, ref):
-        (out,) = self.infer(_desc(g), _desc(x), _desc(ref))
+        (out,) = self.infer_arrays(g, x, ref)
         if 0 in out.shape or x.shape[0] == 0:      # no weights, or a sum over no images
             return be.zeros(out.shape, out.dtype)
         gw = self._on_cudnn(be, g, x, ref.shape)
@@ -863,7 +868,7 @@ class ConvTranspose(_ConvOp):
         return self._data_op().cpu(x, w, shape_carrier(np.broadcast_to(np.zeros((), out.dtype), out.shape)))
 
     def cuda(self, be, x, w):
-        (out,) = self.infer(_desc(x), _desc(w))
+        (out,) = self.infer_arrays(x, w)
         return self._data_op().cuda(be, x, w, be.shape_only(out.shape, out.dtype))
 
     def vjp(self, inputs, outputs, grads):

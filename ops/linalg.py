@@ -7,6 +7,7 @@ bool products, which cuBLAS lacks, run on a direct kernel
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -73,7 +74,7 @@ class MatrixMul(Op):
         return [mm(b, g, True, True), mm(g, a, True, True)]
 
     def cuda(self, be, a, b):
-        (out,) = self.infer(TensorDesc(a.shape, a.dtype, "cuda"), TensorDesc(b.shape, b.dtype, "cuda"))
+        (out,) = self.infer_arrays(a, b)
         dtype, bs = out.dtype, out.shape[:-2]
         m, n = out.shape[-2:]
         k = a.shape[-2] if self.transpose_a else a.shape[-1]
@@ -191,6 +192,7 @@ def gemm_rows(be, dtype, m, n, k, a, b, c, *, ta=False, tb=False, lda=None, ldb=
     be.gemm(tb, ta, n, m, k, 1.0, b, ldb, stride_b, a, lda, stride_a, beta, c, ldc, stride_c, batch, dtype)
 
 
+@functools.lru_cache(maxsize=None)      # built once per type: launchers ask on every call
 def direct_matmul_source(ctype: str) -> str:
     """``gc_matmul_direct_<ctype>(a, b, c, M, N, K, batch, sa, sb, ta, tb)``:
     the products cuBLAS has no GEMM for (integers, bool), accumulated in the

@@ -3,6 +3,7 @@ logsumexp (declared by decomposition only: its backward graph is derived),
 batch normalisation (training, its backward, inference: cuDNN on a GPU)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -180,6 +181,7 @@ _ROW_KINDS = {
 _ROW_NAMES = {"LogSoftmax": "log_softmax", "Softmax": "softmax", "LogSumExp": "logsumexp"}
 
 
+@functools.lru_cache(maxsize=None)      # built once per kind and type: launchers ask on every call
 def _row_source(kind: str, ctype: str, per: str = "both") -> str:
     """The two kernels of a row op (softmax, log_softmax, logsumexp), or
     (``per`` "thread" / "block") one of them, as the source of a module of
@@ -455,6 +457,7 @@ def _bn_apply(op, be, x, m, invstd, w, b):
     return y
 
 
+@functools.lru_cache(maxsize=None)      # built once per type: launchers ask on every call
 def batch_norm_source(ctype: str = "float") -> str:
     """The batch-norm ops' per-element kernels (one thread per element,
     grid-stride; x viewed as (N, C, S), per-channel arrays of C):

@@ -31,7 +31,7 @@ from gradcore.cuda import cudnn
 from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
 
-from .conv import _apply1, _col2im, _desc, _launch_direct, _offset_slices, _out_size, _pad
+from .conv import _apply1, _col2im, _launch_direct, _offset_slices, _out_size, _pad
 from .reduce import op_int
 
 AVG_MODES = ("average_count_exclude_padding", "average")
@@ -300,7 +300,7 @@ class MaxPool2d(_MaxPoolArgmax, _PoolForward):
         return [_apply1(MaxPool2dBackward(self.kernel_size, self.stride, self.padding), g, x)]
 
     def cuda(self, be, x):
-        (out,) = self.infer(_desc(x))
+        (out,) = self.infer_arrays(x)
         y = self._cudnn_forward(be, x, out, "max")
         return y if y is not None else self._cuda_run(be, [x], out, x.shape, out.shape)
 
@@ -332,7 +332,7 @@ class MaxPool2dBackward(_MaxPoolArgmax):
         return gx if gx is not None else self._scatter(g, x)
 
     def cuda(self, be, g, x):
-        (out,) = self.infer(_desc(g), _desc(x))
+        (out,) = self.infer_arrays(g, x)
         gx = self._cudnn_backward(be, g, x, out, "max")
         return gx if gx is not None else self._cuda_argmax_run(be, g, x, out, g.shape)
 
@@ -369,7 +369,7 @@ class MaxPool2dGather(_MaxPoolArgmax):
         return self._gather(gg, x)
 
     def cuda(self, be, gg, x):
-        (out,) = self.infer(_desc(gg), _desc(x))
+        (out,) = self.infer_arrays(gg, x)
         return self._cuda_argmax_run(be, gg, x, out, out.shape)
 
     def vjp(self, inputs, outputs, grads):
@@ -455,7 +455,7 @@ class AvgPool2d(_AvgBase, _PoolForward):
         return [_apply1(AvgPool2dBackward(self.kernel_size, self.stride, self.padding, self.mode), g, x)]
 
     def cuda(self, be, x):
-        (out,) = self.infer(_desc(x))
+        (out,) = self.infer_arrays(x)
         y = self._cudnn_forward(be, x, out, self.mode)
         return y if y is not None else self._cuda_run(be, [x], out, x.shape, out.shape)
 
@@ -500,7 +500,7 @@ class AvgPool2dBackward(_AvgBase):
         return [_apply1(AvgPool2d(self.kernel_size, self.stride, self.padding, self.mode), gg), None]
 
     def cuda(self, be, g, ref):
-        (out,) = self.infer(_desc(g), _desc(ref))
+        (out,) = self.infer_arrays(g, ref)
         gx = self._cudnn_backward(be, g, None, out, self.mode)
         return gx if gx is not None else self._cuda_run(be, [g], out, ref.shape, g.shape)
 

@@ -156,6 +156,7 @@ class Reduce(Op):
         integer inputs to the output dtype first."""
         return "".join(self.kernel_source(ctype, kind) for kind in ("thread", "rows", "cols"))
 
+    @functools.lru_cache(maxsize=None)      # built once per op, type and kind: launchers ask on every call
     def kernel_source(self, ctype: str, kind: str) -> str:
         """The source of one of ``cuda_source``'s kernels: kind "thread",
         "rows" or "cols"."""
@@ -206,7 +207,7 @@ class Reduce(Op):
             (void)count;""").source(ctype, helpers=BLOCK_REDUCE)
 
     def cuda(self, be, x):
-        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        (out,) = self.infer_arrays(x)
         axes = range(x.ndim) if self.axis is None or x.ndim == 0 else {a % x.ndim for a in self.axis}
         count = int(math.prod([x.shape[a] for a in axes]))
         # size-1 axes do not change the layout: drop them, then reduce each run
@@ -412,7 +413,7 @@ class BroadcastBack(Op):
             (void)count;""").source(ctype, helpers=_DIMS)
 
     def cuda(self, be, g, ref):
-        (out,) = self.infer(TensorDesc(g.shape, g.dtype, "cuda"), TensorDesc(ref.shape, ref.dtype, "cuda"))
+        (out,) = self.infer_arrays(g, ref)
         shape = out.shape
         axes = range(len(shape)) if self.axis is None else {a % len(shape) for a in self.axis} if shape else ()
         kept = tuple(1 if i in axes else s for i, s in enumerate(shape))
@@ -472,7 +473,7 @@ class ArgReduce(Op):
             out[r] = at;""", over="rows", index="r").source(ctype)
 
     def cuda(self, be, x):
-        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        (out,) = self.infer_arrays(x)
         if self.axis is None:
             outer, n, inner = 1, x.size, 1
         else:
@@ -525,7 +526,7 @@ class CumSum(Op):
             }}""", over="rows", index="r").source(ctype)
 
     def cuda(self, be, x):
-        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        (out,) = self.infer_arrays(x)
         x = be.cast(x, out.dtype)
         y = be.empty(out.shape, out.dtype)
         if x.ndim == 0:

@@ -3,6 +3,7 @@ the "like" helpers backward graphs use (their reference input is read only
 for its shape, so backward graphs keep a shape carrier instead of it)."""
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from typing import Optional, Sequence
@@ -145,18 +146,20 @@ class Transpose(Op):
         return source(ctype, _TRANSPOSE, _TRANSPOSE_TILED, helpers=_DIMS)
 
     @staticmethod
+    @functools.lru_cache(maxsize=None)      # built once per type: launchers ask on every call
     def plain_source(ctype: str) -> str:
         """The source of ``gc_transpose_<ctype>`` alone (its own module: the host
         emulator runs it in one pass, without fibers)."""
         return _TRANSPOSE.source(ctype, helpers=_DIMS)
 
     @staticmethod
+    @functools.lru_cache(maxsize=None)
     def tiled_source(ctype: str) -> str:
         """The source of ``gc_transpose_tiled_<ctype>`` alone."""
         return _TRANSPOSE_TILED.source(ctype)
 
     def cuda(self, be, x):
-        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        (out,) = self.infer_arrays(x)
         shape, perm = _merge_axes(x.shape, self.perm)
         if perm == tuple(range(len(perm))):     # the order of the elements is unchanged
             return x.reshape(out.shape)
@@ -666,7 +669,7 @@ class Split(Op):
                              "    // (outer, n, inner) around the axis and y as (outer, len, inner)")
 
     def cuda(self, be, x):
-        outs = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        outs = self.infer_arrays(x)
         if len(outs) == 1:
             return x
         ax = self.axis % x.ndim
@@ -763,7 +766,7 @@ class Unstack(Op):
                              "    // (outer, n, inner) around the axis and y as (outer, 1, inner)")
 
     def cuda(self, be, x):
-        outs = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        outs = self.infer_arrays(x)
         ax = self.axis % x.ndim
         ys = [be.empty(o.shape, o.dtype) for o in outs]
         _pieces(be, self, x, ax, ys, [1] * self.n, scatter=False)

@@ -194,7 +194,7 @@ class Interpolate(_InterpBase):
         return self._separable(x, ah, aw)
 
     def cuda(self, be, x):
-        (out,) = self.infer(TensorDesc(x.shape, x.dtype, "cuda"))
+        (out,) = self.infer_arrays(x)
         ah, aw = self._matrices(x.shape[2:], x.dtype)
         return self._cuda_run(be, x, out, ah, aw)
 
@@ -229,7 +229,7 @@ class InterpolateBackward(_InterpBase):
         return self._separable(g, ah.T, aw.T)
 
     def cuda(self, be, g, ref):
-        (out,) = self.infer(TensorDesc(g.shape, g.dtype, "cuda"), TensorDesc(ref.shape, ref.dtype, "cuda"))
+        (out,) = self.infer_arrays(g, ref)
         ah, aw = self._matrices(ref.shape[2:], g.dtype)
         return self._cuda_run(be, g, out, np.ascontiguousarray(ah.T), np.ascontiguousarray(aw.T))
 

@@ -267,6 +267,7 @@ class Context:
         self._convs: Dict[tuple, int] = {}
         self._pools: Dict[tuple, int] = {}
         self.algorithms: Dict[tuple, Optional[Tuple[int, int, int]]] = {}   # key -> (algo, workspace, math) | None
+        self.plans: Dict[tuple, object] = {}                                 # a call's key -> _ConvPlan | None
         self.refused: Dict[tuple, str] = {}                                  # key -> why, for doctor
         self.calls: Dict[str, int] = {}
         self.fallbacks = 0
@@ -475,45 +476,91 @@ def conv_backward_filter(be, g, x, wshape, attrs):
     return _convolution(be, "backward_filter", x, g, tuple(wshape), attrs, xshape=x.shape, wshape=tuple(wshape))
 
 
+class _ConvPlan:
+    """One convolution configuration, ready to run: the call's address, its
+    descriptors, algorithm and workspace, the output's shape. Made once per
+    (direction, shapes, attributes, dtype, switches); the per-call path only
+    allocates the output and the workspace and makes the call."""
+    __slots__ = ("key", "function", "double", "a_desc", "b_desc", "conv", "algo", "size", "out_desc",
+                 "out_shape", "what")
+
+
 def _convolution(be, direction, a, b, out_shape, attrs, xshape, wshape):
     dtype = a.dtype
-    ctx = _usable(be, dtype, a, b)
-    if ctx is None or b.dtype != dtype or 0 in out_shape or 0 in a.shape or 0 in b.shape:
+    ctx = _usable(be, dtype)
+    if ctx is None:
         return None
-    math = _math(dtype)
-    key = (direction, tuple(xshape), tuple(wshape), attrs, dtype, math, bool(deterministic), bool(benchmark),
-           int(workspace_limit))
-    lib = ctx.lib
-    plan = ctx.algorithms.get(key, False)
-    if plan is None:                    # refused before
-        ctx.fallbacks += 1
-        return None
-    descs = _conv_descriptors(ctx, direction, a, b, out_shape, attrs, dtype, math)
-    out = be.empty(out_shape, dtype)
+    key = (direction, a.shape, b.shape, out_shape, attrs, dtype, _math(dtype), bool(deterministic),
+           bool(benchmark), int(workspace_limit))
+    plan = ctx.plans.get(key, False)
     if plan is False:
-        plan = ctx.algorithms[key] = _choose(ctx, be, direction, key, descs, a, b, out)
-    if plan is None:
-        ctx.fallbacks += 1
+        plan = ctx.plans[key] = _conv_plan(ctx, be, key, a, b, xshape, wshape)
+    if plan is None or plan is _NOT_FOR_CUDNN:
+        if plan is None:
+            ctx.fallbacks += 1
         return None
-    algo, size, algo_math = plan
-    conv = descs[2] if algo_math == math else ctx.convolution(attrs, dtype, algo_math)
-    workspace = be.pool.malloc(size) if size else None      # alive until the call is queued (stream order)
-    status = _cudnn.convolution(lib.address[_CONV_FUNCTIONS[direction][3]], ctx.handle, dtype == np.float64,
-                                descs[0], a.ptr, descs[1], b.ptr, conv, algo,
-                                int(workspace) if workspace is not None else 0, size, descs[3], out.ptr)
+    out = be.empty(plan.out_shape, dtype)
+    workspace = be.pool.malloc(plan.size) if plan.size else None    # alive until the call is queued (stream order)
+    status = _cudnn.convolution(plan.function, ctx.handle, plan.double, plan.a_desc, a.ptr, plan.b_desc, b.ptr,
+                                plan.conv, plan.algo, int(workspace) if workspace is not None else 0, plan.size,
+                                plan.out_desc, out.ptr)
     del workspace
     if status != SUCCESS:
-        if 3000 <= status < 4000:       # NOT_SUPPORTED_*: this configuration runs the other path from now on
-            ctx.algorithms[key] = None
-            ctx.refused[key] = f"{_CONV_FUNCTIONS[direction][3]}: {lib.error_string(status)}"
-            ctx.fallbacks += 1
-            return None
-        lib.check(status, f"{_CONV_FUNCTIONS[direction][3]} (x {tuple(xshape)}, w {tuple(wshape)}, "
-                          f"stride {attrs[0]}, padding {attrs[1]}, dilation {attrs[2]}, groups {attrs[3]}, "
-                          f"{dtype}, algorithm {algo})")
+        return _conv_failed(ctx, plan, status)
     be.written(out)
-    ctx.count("conv_" + direction)
+    calls = ctx.calls
+    calls[plan.what] = calls.get(plan.what, 0) + 1
     return out
+
+
+_NOT_FOR_CUDNN = object()      # a configuration cuDNN is not asked about (empty, too large, mixed dtypes)
+
+
+def _conv_plan(ctx, be, key, a, b, xshape, wshape):
+    """The plan of ``key`` (see ``_convolution``); None where cuDNN refused
+    the configuration, ``_NOT_FOR_CUDNN`` where it is not asked."""
+    direction, _, _, out_shape, attrs, dtype, math = key[:7]
+    if b.dtype != dtype or 0 in out_shape or 0 in a.shape or 0 in b.shape:
+        return _NOT_FOR_CUDNN
+    for shape in (a.shape, b.shape, out_shape):         # the legacy API counts elements (and dimensions) in int
+        if np.prod(shape, dtype=np.float64) > _INT32_MAX or max(shape, default=0) > _INT32_MAX:
+            return _NOT_FOR_CUDNN
+    # the algorithm choice is per configuration (the shapes of x and w; the output's follows)
+    choice_key = (direction, tuple(xshape), tuple(wshape), attrs, dtype, math) + key[7:]
+    algorithm = ctx.algorithms.get(choice_key, False)
+    if algorithm is None:                   # refused before
+        return None
+    descs = _conv_descriptors(ctx, direction, a, b, out_shape, attrs, dtype, math)
+    if algorithm is False:
+        out = be.empty(out_shape, dtype)
+        algorithm = ctx.algorithms[choice_key] = _choose(ctx, be, direction, choice_key, descs, a, b, out)
+        if algorithm is None:
+            return None
+    algo, size, algo_math = algorithm
+    plan = _ConvPlan()
+    plan.key, plan.what = choice_key, "conv_" + direction
+    plan.function, plan.double = ctx.lib.address[_CONV_FUNCTIONS[direction][3]], dtype == np.float64
+    plan.a_desc, plan.b_desc, plan.out_desc = descs[0], descs[1], descs[3]
+    plan.conv = descs[2] if algo_math == math else ctx.convolution(attrs, dtype, algo_math)
+    plan.algo, plan.size, plan.out_shape = algo, size, tuple(out_shape)
+    return plan
+
+
+def _conv_failed(ctx, plan, status):
+    """A convolution call returned ``status``: NOT_SUPPORTED_* makes its
+    configuration run the other path from now on (None); anything else raises."""
+    direction, xshape, wshape, attrs, dtype = plan.key[:5]
+    name = _CONV_FUNCTIONS[direction][3]
+    if 3000 <= status < 4000:
+        ctx.algorithms[plan.key] = None
+        ctx.refused[plan.key] = f"{name}: {ctx.lib.error_string(status)}"
+        for k, p in list(ctx.plans.items()):
+            if p is plan:
+                ctx.plans[k] = None
+        ctx.fallbacks += 1
+        return None
+    ctx.lib.check(status, f"{name} (x {tuple(xshape)}, w {tuple(wshape)}, stride {attrs[0]}, padding {attrs[1]}, "
+                          f"dilation {attrs[2]}, groups {attrs[3]}, {dtype}, algorithm {plan.algo})")
 
 
 def _conv_descriptors(ctx, direction, a, b, out_shape, attrs, dtype, math):
@@ -711,6 +758,7 @@ def clear_cache(be=None) -> None:
     for b, ctx in list(_contexts.items()):
         if isinstance(ctx, Context) and (be is None or b is be):
             ctx.algorithms.clear()
+            ctx.plans.clear()
             ctx.refused.clear()
 
 

@@ -35,6 +35,7 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import re
 import textwrap
 from dataclasses import dataclass
@@ -104,6 +105,10 @@ class Kernel:
         return source(ctype, self, helpers=helpers, U=U)
 
 
+# memoised: a launcher may declare its kernel on every call; the text is
+# built once and the same string returned after (the kernel cache keys by it,
+# and a string's hash is computed once)
+@functools.lru_cache(maxsize=None)
 def source(ctype: str, *kernels: Kernel, helpers: str = "", U: Optional[str] = None) -> str:
     """One CUDA C source: the ``helpers`` (device functions and structs that
     do not name ``T``: templates, guarded by ``#ifndef`` so that sources put

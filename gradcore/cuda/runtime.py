@@ -21,6 +21,7 @@ parameters (``pack_params``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import sys
 import threading
@@ -458,6 +459,7 @@ class _Fill:
 _FILL = _Fill()
 
 
+@functools.lru_cache(maxsize=None)      # built once per type: launchers ask on every call
 def fill_source(ctype: str) -> str:
     """CUDA C of ``gc_fill_<type>(T* y, T value, long long n)``: y[:n] = value."""
     return _kernels.Kernel("fill", "T* y, T value, long long n", "y[i] = value;", over="n", index="i").source(ctype)
