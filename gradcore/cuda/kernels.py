@@ -25,6 +25,7 @@ Example::
     typedef float T;
     extern "C" __global__ void gc_copy_float(const T* __restrict__ x, T* __restrict__ y, long long n)
     {
+        #pragma unroll 1
         for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;
              idx += (long long)blockDim.x * gridDim.x) {
             y[idx] = x[idx];
@@ -90,10 +91,14 @@ class Kernel:
         if self.over is None:
             return head + _block(self.body, "    ") + "}\n"
         i = self.index
+        # not unrolled: a launch covers its work in about one pass, and the unrolled
+        # loop's trip count costs a 64-bit division per thread (more than a memory-bound body)
         if self.per == "block":
-            loop = f"    for (long long {i} = blockIdx.x; {i} < {self.over}; {i} += gridDim.x) {{   // uniform per block\n"
+            loop = ("    #pragma unroll 1\n"
+                    f"    for (long long {i} = blockIdx.x; {i} < {self.over}; {i} += gridDim.x) {{   // uniform per block\n")
         elif self.per == "thread":
-            loop = (f"    for (long long {i} = blockIdx.x * (long long)blockDim.x + threadIdx.x; {i} < {self.over};\n"
+            loop = ("    #pragma unroll 1\n"
+                    f"    for (long long {i} = blockIdx.x * (long long)blockDim.x + threadIdx.x; {i} < {self.over};\n"
                     f"         {i} += (long long)blockDim.x * gridDim.x) {{\n")
         else:
             raise ValueError(f"Kernel {self.name}: per must be 'thread' or 'block', got {self.per!r}")

@@ -62,7 +62,8 @@ def test_a_declaration_gives_the_header_the_type_and_the_loop():
     assert "        y[i] = a * x[i];\n" in src
     block = Kernel("rows", "const T* x, long long rows", "__syncthreads();", over="rows", per="block",
                    setup="__shared__ T s[32];").source("float")
-    assert "    __shared__ T s[32];\n    for (long long idx = blockIdx.x; idx < rows; idx += gridDim.x)" in block
+    assert ("    __shared__ T s[32];\n    #pragma unroll 1\n"
+            "    for (long long idx = blockIdx.x; idx < rows; idx += gridDim.x)") in block
     whole = Kernel("one", "T* y", "y[0] = (T)1;").source("double")
     assert "{\n    y[0] = (T)1;\n}\n" in whole
     cast = Kernel("cast", "const T* x, U* y, long long n", "y[idx] = (U)x[idx];", over="n").source("float", U="int")
