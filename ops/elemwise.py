@@ -377,7 +377,12 @@ class Elemwise(Op):
     def cuda_source(self, ctype: str = "float") -> str:
         return cuda_source(self.row, ctype)
 
-    def cuda(self, be, *xs):
+    def cuda(self, be, *xs, out=None):
+        """The kernel on device arrays ``xs`` into a new array, or into
+        ``out`` (an array of the result's shape and dtype that the kernel may
+        write while it reads the inputs: each element is read and written by
+        one thread, so ``out`` may be an input itself, not an overlapping
+        view of one; the caller checks)."""
         # the plan (output, C type, per-input cast and broadcast, kernel)
         # depends only on the input shapes and dtypes: made once per signature
         key = (be,) + tuple([(x.shape, x.dtype) for x in xs])
@@ -398,9 +403,16 @@ class Elemwise(Op):
             if expand:
                 x = be.broadcast_to(x, out_shape)
             args += [x, x.size]
-        y = be.empty(out_shape, out_dtype)
+        if out is not None and out.shape == out_shape and out.dtype == out_dtype:
+            y = out
+            be.written(y)
+        else:
+            y = be.empty(out_shape, out_dtype)
         if size:
             be.launch_n(kernel, size, *args, y, size)
+        if out is not None and y is not out:
+            be.copy_into(out, y)         # another shape or dtype: NumPy's casting rules apply there
+            return out
         return y
 
     def _cuda_plan(self, be, xs):

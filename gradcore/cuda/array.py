@@ -190,10 +190,17 @@ class DeviceArray(DeviceArrayBase):
     def __pow__(self, o): return self._binary("pow", o)
     def __neg__(self): return self.backend.elementwise("neg", self)
 
-    # in place: the result is written into this array's buffer (optimizers)
+    # in place: the result is written into this array's buffer (optimizers), by
+    # the kernel itself unless the other operand overlaps this buffer otherwise
+    # than element for element (then through a new array, as NumPy buffers)
     def _inplace(self, mode, other):
-        res = self.backend.elementwise(mode, self, other)
-        self.backend.copy_into(self, res)
+        be = self.backend
+        if isinstance(other, DeviceArray) and other.nbytes and self.nbytes and not (
+                other.ptr == self.ptr and other.shape == self.shape and other.dtype == self.dtype) and \
+                other.ptr < self.ptr + self.nbytes and self.ptr < other.ptr + other.nbytes:
+            be.copy_into(self, be.elementwise(mode, self, other))
+            return self
+        be.elementwise(mode, self, other, out=self)
         return self
 
     def __iadd__(self, o): return self._inplace("add", o)

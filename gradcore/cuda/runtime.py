@@ -398,13 +398,17 @@ class Backend:
             kernel = self.kernel(_FILL, ctype, source=fill_source(ctype))
             self.launch_n(kernel, x.size, x, x.dtype.type(value), x.size)
 
-    def elementwise(self, mode: str, *operands) -> DeviceArray:
+    def elementwise(self, mode: str, *operands, out: Optional[DeviceArray] = None) -> DeviceArray:
         """An ``Elemwise(mode)`` on device arrays and Python/NumPy scalars
-        (scalars take the array's dtype, as NumPy's weak scalars do)."""
+        (scalars take the array's dtype, as NumPy's weak scalars do); with
+        ``out``, written into it (which may be one of the operands, as
+        ``a += b`` does; not a view overlapping one in another way)."""
         Elemwise = standard_op("Elemwise")
         like = next(o for o in operands if isinstance(o, DeviceArray))
         arrays = [o if isinstance(o, DeviceArray) else self._operand(o, like.dtype) for o in operands]
-        return Elemwise(mode).cuda(self, *arrays)
+        if out is None:
+            return Elemwise(mode).cuda(self, *arrays)
+        return Elemwise(mode).cuda(self, *arrays, out=out)
 
     def _operand(self, value, like_dtype) -> DeviceArray:
         host = _weak_scalar(value, like_dtype)

@@ -126,6 +126,40 @@ def test_device_arrays(cuda):
     assert (a.get() == 3).all()
 
 
+def test_in_place_updates_write_into_the_array_without_a_copy(cuda):
+    # what optimizers do (buf *= m; buf += g; p -= lr * g): one kernel into
+    # the array itself, no temporary and no device-to-device copy
+    rng = np.random.default_rng(0)
+    a_host, b_host = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal((3, 5)).astype(np.float32)
+    a, b = cuda.to_device(a_host), cuda.to_device(b_host)
+    cuda.scalar(0.5, np.float32)            # the constant is filled once per process, before
+    ptr, launches, dtod = a.ptr, cuda.launcher.launches, cuda.copies["dtod"]
+    a *= 0.5
+    a += b
+    a -= a                                  # the operand is the array itself: element for element, still safe
+    a += b
+    assert a.ptr == ptr and cuda.launcher.launches - launches == 4 and cuda.copies["dtod"] == dtod
+    np.testing.assert_allclose(a.get(), b_host, rtol=1e-6)
+    c = cuda.to_device(np.ones(5, np.float32))
+    a += c                                  # broadcast operand
+    a *= np.float64(2.0)                    # a NumPy scalar takes the array's dtype (weak)
+    np.testing.assert_allclose(a.get(), (b_host + 1) * 2, rtol=1e-6)
+    assert a.dtype == np.float32 and a.ptr == ptr
+
+
+def test_in_place_updates_with_an_overlapping_view_read_the_old_values(cuda):
+    # x[1:] += x[:-1] in NumPy reads the values before the update: a view
+    # overlapping the target at another offset goes through a new array
+    host = np.arange(6, dtype=np.float32)
+    x = cuda.to_device(host)
+    head = DeviceArray(cuda, (5,), np.float32, block=x._block, offset=0)
+    tail = DeviceArray(cuda, (5,), np.float32, block=x._block, offset=4)
+    tail += head
+    expected = host.copy()
+    expected[1:] += host[:-1].copy()
+    np.testing.assert_array_equal(x.get(), expected)
+
+
 def test_freed_device_memory_goes_back_to_the_pool(cuda):
     (gc.Tensor(np.ones(3, np.float32), device="cuda") * 2 + 1).sum()   # caches the scalar constants
     before = cuda.pool.stats()
