@@ -207,6 +207,25 @@ class Reduce(Op):
             (void)count;""").source(ctype, helpers=BLOCK_REDUCE)
 
     def cuda(self, be, x):
+        # the launches depend only on the input's shape and dtype: planned once per signature
+        plans = self.__dict__.get("_cuda_plans")        # ops are immutable: a cache beside the attributes
+        if plans is None:
+            plans = self.__dict__["_cuda_plans"] = {}
+        key = (be, x.shape, x.dtype, _SERIAL, _PARALLEL)        # the splitting knobs shape the plan too
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) > 1024:
+                plans.clear()
+            plan = plans[key] = self._cuda_plan(be, x)
+        out_shape, out_dtype, stages = plan
+        y = be.cast(x, out_dtype)
+        if stages is None:
+            return (y.copy() if y is x else y).reshape(out_shape)
+        return _run_stages(be, y, stages).reshape(out_shape)
+
+    def _cuda_plan(self, be, x):
+        """(output shape, output dtype, the launches: ``_reduce_stages``'s, None
+        when nothing is reduced)."""
         (out,) = self.infer_arrays(x)
         axes = range(x.ndim) if self.axis is None or x.ndim == 0 else {a % x.ndim for a in self.axis}
         count = int(math.prod([x.shape[a] for a in axes]))
@@ -220,16 +239,15 @@ class Reduce(Op):
                 runs[-1][1] = i + 1
             elif red:
                 runs.append([i, i + 1])
-        y = be.cast(x, out.dtype)
         if not runs:
-            return (y.copy() if y is x else y).reshape(out.shape)
-        sizes = [s for s, _ in dims]
+            return tuple(out.shape), out.dtype, None
+        sizes, stages, ctype = [s for s, _ in dims], [], be.ctype(out.dtype)
         for k, (a, b) in enumerate(reversed(runs)):
             last = k == len(runs) - 1
             mode = self.mode if last or self.mode != "mean" else "sum"
-            y = _reduce_run(be, mode, y, _prod(sizes[:a]), _prod(sizes[a:b]), _prod(sizes[b:]), count)
+            stages += _reduce_stages(be, mode, ctype, _prod(sizes[:a]), _prod(sizes[a:b]), _prod(sizes[b:]), count)
             del sizes[a:b]
-        return y.reshape(out.shape)
+        return tuple(out.shape), out.dtype, tuple(stages)
 
 
 # (initial value of a thread's accumulator, combining functor, final value).
@@ -322,30 +340,47 @@ def row_threads(n: int) -> int:
     return t
 
 
-def _reduce_run(be, mode, x, outer, n, inner, count):
-    """x (contiguous, outer * n * inner elements) reduced over n: a flat
-    array of outer * inner elements."""
+def _reduce_stages(be, mode, ctype, outer, n, inner, count) -> list:
+    """The launches reducing a contiguous (outer, n, inner) array over n into
+    a flat array of outer * inner elements: (kernel, grid or None for
+    ``launch_n``, block, output size, the kernel's int arguments after x and
+    y) per pass; a long axis over few outputs is split into parts, summed by
+    a further pass."""
     units = outer * -(-inner // 32) if inner > 1 else outer      # blocks' worth of outputs
     parts = 1
     if n > _SERIAL and units < _PARALLEL:
         parts = min(-(-n // _SERIAL), -(-_PARALLEL // max(units, 1)))
         parts = -(-n // -(-n // parts))                 # every part non-empty
     stage = "sum" if mode == "mean" and parts > 1 else mode    # a mean's partials are sums
-    y = be.empty((outer * parts * inner,), x.dtype)
-    if y.size:
-        op, ctype = _reducer(stage), be.ctype(x.dtype)
-        chunk = -(-n // parts)
-        if chunk <= SHORT_AXIS:         # a thread per output (adjacent outputs on adjacent threads)
-            be.launch_n(be.kernel(op, ctype, source=op.kernel_source(ctype, "thread")), y.size,
-                        x, y, outer, n, inner, parts, count)
-        elif inner == 1:            # a block per row
-            be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "rows")),
-                      (min(outer * parts, MAX_BLOCKS),), (row_threads(chunk),), x, y, outer, n, parts, count)
-        else:                       # 32 x 8 column tiles
-            blocks = outer * parts * -(-inner // 32)
-            be.launch(be.kernel(op, ctype, source=op.kernel_source(ctype, "cols")), (min(blocks, MAX_BLOCKS),),
-                      (32, 8), x, y, outer, n, inner, parts, count)
-    return y if parts == 1 else _reduce_run(be, mode, y, outer, parts, inner, count)
+    size = outer * parts * inner
+    op, chunk = _reducer(stage), -(-n // parts)
+    if size == 0:               # nothing to write (no kernel compiled for it)
+        launch = (None, None, None, 0, ())
+    elif chunk <= SHORT_AXIS:         # a thread per output (adjacent outputs on adjacent threads)
+        launch = (be.kernel(op, ctype, source=op.kernel_source(ctype, "thread")), None, None, size,
+                  (outer, n, inner, parts, count))
+    elif inner == 1:            # a block per row
+        launch = (be.kernel(op, ctype, source=op.kernel_source(ctype, "rows")), (min(outer * parts, MAX_BLOCKS),),
+                  (row_threads(chunk),), size, (outer, n, parts, count))
+    else:                       # 32 x 8 column tiles
+        blocks = outer * parts * -(-inner // 32)
+        launch = (be.kernel(op, ctype, source=op.kernel_source(ctype, "cols")), (min(blocks, MAX_BLOCKS),),
+                  (32, 8), size, (outer, n, inner, parts, count))
+    rest = [] if parts == 1 else _reduce_stages(be, mode, ctype, outer, parts, inner, count)
+    return [launch] + rest
+
+
+def _run_stages(be, x, stages):
+    """Run ``_reduce_stages``' launches on ``x``: the last pass's output."""
+    for kernel, grid, block, size, ints in stages:
+        y = be.empty((size,), x.dtype)
+        if size:
+            if grid is None:
+                be.launch_n(kernel, size, x, y, *ints)
+            else:
+                be.launch(kernel, grid, block, x, y, *ints)
+        x = y
+    return x
 
 
 class ExactDtypeReduce(Reduce):
