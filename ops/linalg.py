@@ -74,6 +74,50 @@ class MatrixMul(Op):
         return [mm(b, g, True, True), mm(g, a, True, True)]
 
     def cuda(self, be, a, b):
+        # the common case (float operands of the result's dtype, no broadcast
+        # copy) is one cuBLAS call whose arguments depend only on the shapes:
+        # planned once per signature
+        plans = self.__dict__.get("_cuda_plans")        # ops are immutable: a cache beside the attributes
+        if plans is None:
+            plans = self.__dict__["_cuda_plans"] = {}
+        key = (be, a.shape, a.dtype, b.shape, b.dtype)
+        plan = plans.get(key, False)
+        if plan is False:
+            if len(plans) > 1024:
+                plans.clear()
+            plan = plans[key] = self._gemm_plan(a, b)
+        if plan is None:
+            return self._cuda_general(be, a, b)
+        out_shape, dtype, args = plan
+        c = be.empty(out_shape, dtype)
+        ta, tb, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch = args
+        be.gemm(tb, ta, n, m, k, 1.0, b.ptr, ldb, stride_b, a.ptr, lda, stride_a, 0.0, c.ptr, ldc, stride_c, batch,
+                dtype)
+        return c
+
+    def _gemm_plan(self, a, b):
+        """(output shape, dtype, ``gemm_rows``' arguments) when the product of
+        arrays shaped and typed as ``a`` and ``b`` is one cuBLAS call on them
+        as they are; None otherwise (``_cuda_general`` runs it)."""
+        (out,) = self.infer_arrays(a, b)
+        dtype, bs = out.dtype, out.shape[:-2]
+        m, n = out.shape[-2:]
+        k = a.shape[-2] if self.transpose_a else a.shape[-1]
+        if dtype not in _BLAS_DTYPES or a.dtype != dtype or b.dtype != dtype or 0 in out.shape or k == 0:
+            return None
+        batch = int(math.prod(bs))
+        sa, sb = (_batch_stride(x, bs) for x in (a, b))
+        if sa is None or sb is None:            # a broadcast copy first
+            return None
+        if sb == 0 and sa and not self.transpose_a:
+            m, batch = m * batch, 1      # one shared b: the batch is just more rows of a
+        ta, tb = self.transpose_a, self.transpose_b
+        lda, ldb, ldc = max(1, m if ta else k), max(1, k if tb else n), max(1, n)
+        if max(m, n, k, lda, ldb, ldc, batch) > _INT32_MAX:
+            return None                         # gemm_rows says why
+        return tuple(out.shape), dtype, (ta, tb, m, n, k, lda, ldb, ldc, sa, sb, m * n, batch)
+
+    def _cuda_general(self, be, a, b):
         (out,) = self.infer_arrays(a, b)
         dtype, bs = out.dtype, out.shape[:-2]
         m, n = out.shape[-2:]
@@ -151,6 +195,16 @@ def check_cuda_dtype(op, dtype):
     dtype = np.dtype(dtype)
     if dtype == np.float16 or dtype.kind == "c":
         raise TypeError(f"{op._name()}: cuda has no {dtype} kernels; cast the inputs to float32 or float64")
+
+
+def _batch_stride(x, batch_shape):
+    """``x``'s stride between matrices in a batched product over
+    ``batch_shape`` (see ``_batch_operand``), or None when it needs a
+    broadcast copy."""
+    own = int(math.prod(x.shape[:-2]))
+    if own == int(math.prod(batch_shape)):
+        return x.shape[-2] * x.shape[-1]
+    return 0 if own == 1 else None
 
 
 def _batch_operand(be, x, batch_shape):
