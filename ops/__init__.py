@@ -20,7 +20,7 @@ from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, S
 from .linalg import MatrixMul
 from .pool import AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, MaxPool2dGather
 from .nn import BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
-from .loss import CTCLoss, CTCLossGrad
+from .loss import CrossEntropy, CrossEntropyGrad, CTCLoss, CTCLossGrad
 from .rnn import GRUCellGates, GRUCellGatesBackward, LSTMCellGates, LSTMCellGatesBackward
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
 from .vision import Interpolate, InterpolateBackward
@@ -37,7 +37,8 @@ STANDARD_OPS = [
     MaxPool2d, MaxPool2dBackward, MaxPool2dGather, AvgPool2d, AvgPool2dBackward, Interpolate, InterpolateBackward,
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
     BatchNormTraining, BatchNormBackward, BatchNormInference,
-    LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward, CTCLoss, CTCLossGrad,
+    LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward, CrossEntropy, CrossEntropyGrad,
+    CTCLoss, CTCLossGrad,
 ]
 
 

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from . import conv, elemwise, indexing, linalg, nn, pool, reduce, shape, vision
+from . import conv, elemwise, indexing, linalg, loss, nn, pool, reduce, shape, vision
 
 __all__ = ["FAMILIES", "family_sources", "install_backward_graphs"]
 
@@ -136,9 +136,12 @@ def _indexing(ctype: str) -> List[str]:
 def _nn(ctype: str) -> List[str]:
     if ctype not in _FLOAT:         # softmax and logsumexp are float ops
         return []
-    # softmax, log_softmax, logsumexp: a thread per row or a block per row,
+    # softmax, log_softmax, logsumexp and the fused cross-entropy (forward and
+    # gradient, int32 and int64 labels): a thread per row or a block per row,
     # each the source of a module of its own; batch norm's kernels
     rows = [nn._row_source(kind, ctype, per) for kind in nn._ROW_NAMES.values() for per in ("thread", "block")]
+    rows += [loss._ce_source(kind, ctype, label, per) for kind in loss._CE_KINDS for label in loss._CE_SUFFIX
+             for per in ("thread", "block")]
     return rows + [nn.batch_norm_source(ctype)]
 
 

@@ -1,5 +1,18 @@
-"""Loss ops: the connectionist temporal classification loss (``F.nn.ctc_loss``).
+"""Loss ops: the fused cross-entropy of ``F.cross_entropy`` and the
+connectionist temporal classification loss (``F.nn.ctc_loss``).
 
+- ``CrossEntropy(axis, label_smooth)``: (pred float, label int) -> the
+  per-sample negative log likelihood of the softmax of ``pred`` along
+  ``axis`` at ``label`` (pred's shape without ``axis``), MegEngine's label
+  smoothing included: ``lse(z) - (1 - a) * z[label] - a * mean(z)`` with
+  ``z = pred - max(pred)``, ``a = label_smooth``. One kernel (a thread or a
+  block per row) where log_softmax, indexing_one_hot and a negation took
+  three;
+- ``CrossEntropyGrad(axis, label_smooth)``: (pred, label, g) -> ``(softmax(pred)
+  - (1 - a) * onehot(label) - a / n) * g`` broadcast along ``axis``: one
+  kernel. A Composite: its decomposition is the same math in existing ops
+  (Softmax, IndexingOneHotGrad, BroadcastBack), so its own backward, and
+  every higher order, is derived;
 - ``CTCLoss(blank)``: (log_probs (T, N, C), targets (N, S) int, input_lengths
   (N,) int, target_lengths (N,) int) -> nll (N,), the negative log
   likelihood of each target sequence (the alpha recursion in log space;
@@ -9,7 +22,7 @@
   ``-g[n] * sum over s with l'(s) = c of exp(alpha + beta - lp + nll)`` for
   t < input_length, 0 elsewhere and for a sample whose nll is infinite.
 
-This is the true gradient with respect to ``log_probs``; PyTorch's
+CTCLoss's gradient is the true gradient with respect to ``log_probs``; PyTorch's
 ``ctc_loss`` returns ``exp(log_probs)`` plus this, the gradient with respect to
 the logits of a log_softmax, which agrees once chained through a
 log_softmax (the usual case, tested). As in PyTorch there is no second
@@ -26,14 +39,339 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from gradcore._core import apply
-from gradcore.op import Op, TensorDesc
+from gradcore.op import Composite, IndexOpError, Op, TensorDesc
 from gradcore.cuda.kernels import Kernel
 
-__all__ = ["CTCLoss", "CTCLossGrad"]
+from .indexing import IndexingOneHot, IndexingOneHotGrad, _index32
+from .linalg import check_cuda_dtype
+from .nn import LogSoftmax, Softmax
+from .reduce import BLOCK_REDUCE, MAX_BLOCKS, SHORT_AXIS, BroadcastBack, Reduce, op_int, row_threads
 
+__all__ = ["CrossEntropy", "CrossEntropyGrad", "CTCLoss", "CTCLossGrad"]
+
+
+
+# ---------------------------------------------------------------- cross-entropy
+# F.cross_entropy on logits runs as CrossEntropy (then its reduction);
+# CrossEntropy's vjp is CrossEntropyGrad, whose own backward is derived from
+# its decomposition, so gradients of every order are right. Both view pred as
+# (outer, n, inner) around the class axis, and label, the loss and its
+# gradient g as (outer, inner): one row of n classes per sample.
+def _smoothing(op_name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
+        raise TypeError(f"{op_name}: label_smooth must be a number, got {v!r}")
+    return float(v)
+
+
+def _ce_check(op, pred, label, g=None):
+    """The shape inference of both ops: pred's shape without the class axis
+    (None while traced), after their checks."""
+    descs = (pred, label) if g is None else (pred, label, g)
+    if pred.dtype.kind != "f":
+        raise op.error(f"pred must be floating-point (class scores), got {pred.dtype}", *descs)
+    if label.dtype.kind not in "iu":
+        raise op.error(f"label must be an integer tensor (class indices), got {label.dtype}", *descs)
+    if g is not None and g.dtype.kind != "f":
+        raise op.error(f"the gradient must be floating-point, got {g.dtype}", *descs)
+    if pred.shape is None:
+        return None
+    if pred.ndim == 0:
+        raise op.error("pred needs a class axis, got a 0-d tensor", *descs)
+    if not -pred.ndim <= op.axis < pred.ndim:
+        raise op.error(f"axis {op.axis} is out of range for {pred.ndim} dimensions", *descs)
+    ax = op.axis % pred.ndim
+    want = pred.shape[:ax] + pred.shape[ax + 1:]
+    for what, d in (("label", label), ("the gradient", g)):
+        if d is not None and d.shape is not None and tuple(d.shape) != want:
+            raise op.error(f"{what} must have shape {want} (pred's without the class axis {ax}), "
+                           f"got {tuple(d.shape)}", *descs)
+    return want
+
+
+def _ce_check_labels(op, labels, pred_shape, ax, label_shape):
+    """A label out of [0, n) is an IndexError naming the op (indexing would
+    count a negative one from the end, NumPy's rule, and score the wrong class
+    silently). ``labels``: the labels, or on cuda their [min, max]."""
+    n = pred_shape[ax]
+    if labels.size and (labels.min() < 0 or labels.max() >= n):
+        bad = labels.min() if labels.min() < 0 else labels.max()
+        raise IndexOpError(f"{op._name()}: label {bad} out of range for {n} classes along axis {ax} "
+                           f"(labels are class indices in [0, {n})) (input shapes: {tuple(pred_shape)}, "
+                           f"{tuple(label_shape)})")
+
+
+def _ce_prepare(op, pred, label, g=None):
+    """(axis, z = pred - its max along the axis or None when pred is empty,
+    the labels as an index along the axis) for the NumPy kernels."""
+    ax = op.axis % pred.ndim
+    want = pred.shape[:ax] + pred.shape[ax + 1:]
+    if label.shape != want or (g is not None and np.shape(g) != want):   # take_along_axis would broadcast
+        raise op.error(f"label (and the gradient) must have shape {want}", *(
+            TensorDesc(a.shape, a.dtype) for a in ((pred, label) if g is None else (pred, label, g))))
+    _ce_check_labels(op, label, pred.shape, ax, label.shape)
+    index = np.expand_dims(label.astype(np.intp, copy=False), ax)
+    if pred.size == 0:
+        return ax, None, index
+    return ax, pred - np.max(pred, axis=ax, keepdims=True), index
+
+
+class CrossEntropy(Op):
+    """(pred, label) -> the per-sample cross-entropy of the logits ``pred``
+    along ``axis`` against the class indices ``label`` (pred's shape without
+    ``axis``; a label in [0, n), else an IndexError), with MegEngine's label
+    smoothing: what ``F.cross_entropy(pred, label, axis,
+    label_smooth=label_smooth, reduction="none")`` returns.
+
+    Example::
+
+        >>> import gradcore as gc
+        >>> (nll,) = apply(CrossEntropy(1), gc.tensor([[0.0, 0.0], [0.0, 1.0]]), gc.tensor([0, 1]))
+        >>> [round(v, 4) for v in nll.numpy().tolist()]          # log 2, log(1 + 1/e)
+        [0.6931, 0.3133]
+    """
+    name = "CrossEntropy"
+    attrs = ("axis", "label_smooth")
+    devices = ("cpu", "cuda")
+
+    def __init__(self, axis: int = 1, label_smooth: float = 0.0):
+        self.axis = op_int("CrossEntropy", "axis", axis)
+        self.label_smooth = _smoothing("CrossEntropy", label_smooth)
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: (N, C); (N, C, d)
+        with label smoothing; the class axis last and long (a block per row
+        on cuda)."""
+        rng = np.random.default_rng(0)
+        return [(cls(1), [rng.standard_normal((3, 4)), np.array([0, 3, 1])]),
+                (cls(1, 0.1), [rng.standard_normal((2, 3, 2)), np.array([[2, 0], [1, 1]])]),
+                (cls(-1), [rng.standard_normal((2, 40)), np.array([39, 5])])]
+
+    def infer(self, pred, label):
+        return (TensorDesc(_ce_check(self, pred, label), pred.dtype, pred.device),)
+
+    def cpu(self, pred, label):
+        ax, z, index = _ce_prepare(self, pred, label)
+        if z is None:
+            return np.zeros(label.shape, pred.dtype)
+        a = self.label_smooth
+        nll = np.log(np.sum(np.exp(z), axis=ax)) - np.squeeze(np.take_along_axis(z, index, ax), ax) * (1 - a)
+        if a:       # only then: a class scored -inf (masked) would give 0 * -inf
+            nll -= np.mean(z, axis=ax) * a
+        return nll.astype(pred.dtype, copy=False)
+
+    def vjp(self, inputs, outputs, grads):
+        (pred, label), (g,) = inputs, grads
+        return [apply(CrossEntropyGrad(self.axis, self.label_smooth), pred, label, g)[0], None]
+
+    def decompose(self, pred, label):
+        """The same math in the ops F.cross_entropy composed before this op
+        (a reference for the tests; the vjp above is what backward uses)."""
+        logp = apply(LogSoftmax(self.axis), pred)[0]
+        picked = apply(IndexingOneHot(self.axis), logp, label)[0]
+        if not self.label_smooth:
+            return -picked
+        a = self.label_smooth
+        return picked * (a - 1.0) - apply(Reduce("mean", self.axis), logp)[0] * a
+
+    def cuda(self, be, pred, label):
+        return _ce_launch(self, be, pred, label)
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_cross_entropy_<ctype>_<i32|i64>(x, label, y, outer, n, inner,
+        smooth)``: x contiguous, viewed as (outer, n, inner) around the axis;
+        label (int32 or int64) and y as (outer, inner); a thread per row
+        (adjacent threads on adjacent columns): a max pass, a pass summing
+        exp(z) (and z, when smoothing), a write. And
+        ``gc_cross_entropy_rows_<ctype>_<i32|i64>(x, label, y, rows, n,
+        smooth)`` for inner 1: a block per row, block reductions. A label
+        out of range (the host checks first) gives NaN, reading nothing."""
+        return _ce_source("cross_entropy", ctype)
+
+
+class CrossEntropyGrad(Composite):
+    """(pred, label, g) -> the gradient of ``sum(g * CrossEntropy(axis,
+    label_smooth)(pred, label))`` with respect to pred: ``(softmax(pred) -
+    (1 - a) * onehot(label) - a / n) * g`` with g broadcast along ``axis``.
+    One kernel; its backward is derived from ``decompose`` (so every order
+    of gradient of the cross-entropy is right). The label gets no gradient.
+
+    Example::
+
+        >>> import gradcore as gc
+        >>> (d,) = apply(CrossEntropyGrad(1), gc.tensor([[0.0, 0.0]]), gc.tensor([1]), gc.tensor([2.0]))
+        >>> d.numpy().tolist()                     # (softmax - onehot) * g
+        [[1.0, -1.0]]
+    """
+    name = "CrossEntropyGrad"
+    attrs = ("axis", "label_smooth")
+    devices = ("cpu", "cuda")
+
+    def __init__(self, axis: int = 1, label_smooth: float = 0.0):
+        self.axis = op_int("CrossEntropyGrad", "axis", axis)
+        self.label_smooth = _smoothing("CrossEntropyGrad", label_smooth)
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: CrossEntropy's, with a g."""
+        rng = np.random.default_rng(1)
+        out = []
+        for op, (pred, label) in CrossEntropy.examples():
+            out.append((cls(op.axis, op.label_smooth), [pred, label, rng.standard_normal(label.shape)]))
+        return out
+
+    def infer(self, pred, label, g):
+        _ce_check(self, pred, label, g)
+        return (TensorDesc(pred.shape, pred.dtype, pred.device),)
+
+    def cpu(self, pred, label, g):
+        ax, z, index = _ce_prepare(self, pred, label, g)
+        if z is None:
+            return np.zeros(pred.shape, pred.dtype)
+        a = self.label_smooth
+        d = np.exp(z)
+        d /= np.sum(d, axis=ax, keepdims=True)
+        np.put_along_axis(d, index, np.take_along_axis(d, index, ax) - (1 - a), ax)
+        if a:
+            d -= a / pred.shape[ax]
+        d *= np.expand_dims(g, ax)
+        return d.astype(pred.dtype, copy=False)
+
+    def decompose(self, pred, label, g):
+        # softmax * g - (1 - a) * onehot * g - a * g / n, g spread along the axis
+        spread = apply(BroadcastBack((self.axis,), False), g, pred)[0]
+        d = apply(Softmax(self.axis), pred)[0] * spread
+        onehot = apply(IndexingOneHotGrad(self.axis, False), g, pred, label)[0]
+        a = self.label_smooth
+        if not a:
+            return d - onehot
+        return d - onehot * (1.0 - a) - apply(BroadcastBack((self.axis,), False, True), g, pred)[0] * a
+
+    def cuda(self, be, pred, label, g):
+        return _ce_launch(self, be, pred, label, g)
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_cross_entropy_grad_<ctype>_<i32|i64>(x, label, g, dx, outer,
+        n, inner, smooth)``: as CrossEntropy's, a thread per row writing its
+        row of dx; and ``gc_cross_entropy_grad_rows_...(x, label, g, dx,
+        rows, n, smooth)``, a block per row."""
+        return _ce_source("cross_entropy_grad", ctype)
+
+
+# the label types the kernels read as they are (others are cast to int32 first)
+_CE_LABELS = {np.dtype("int32"): "int", np.dtype("int64"): "long long"}
+
+
+def _ce_launch(op, be, pred, label, g=None):
+    """Run ``op``'s kernel (a block per row when the class axis is last and
+    longer than SHORT_AXIS, else a thread per row) into a new array."""
+    (out,) = op.infer_arrays(pred, label) if g is None else op.infer_arrays(pred, label, g)
+    check_cuda_dtype(op, pred.dtype)
+    ax = op.axis % pred.ndim
+    outer, n, inner = int(math.prod(pred.shape[:ax])), pred.shape[ax], int(math.prod(pred.shape[ax + 1:]))
+    # as on the cpu, a label out of range raises: checked on the labels' [min,
+    # max], read back once per content (a step reusing its labels copies nothing)
+    _ce_check_labels(op, be.index_extent(label), pred.shape, ax, label.shape)
+    lab = _CE_LABELS.get(label.dtype)
+    if lab is None:                 # in range: no value wraps
+        label, lab = _index32(be, label), "int"
+    y = be.empty(out.shape, out.dtype)
+    if outer * inner == 0:
+        return y
+    ctype = be.ctype(pred.dtype)
+    kind = "cross_entropy" if g is None else "cross_entropy_grad"
+    ins = (pred, label) if g is None else (pred, label, be.cast(g, pred.dtype))
+    smooth = np.float64(op.label_smooth)
+    if inner == 1 and n > SHORT_AXIS:    # a block per row
+        kernel = be.kernel(op, ctype, source=_ce_source(kind, ctype, lab, "block"))
+        be.launch(kernel, (min(outer, MAX_BLOCKS),), (row_threads(n),), *ins, y, outer, n, smooth)
+    else:                               # a thread per row
+        kernel = be.kernel(op, ctype, source=_ce_source(kind, ctype, lab, "thread"))
+        be.launch_n(kernel, outer * inner, *ins, y, outer, n, inner, smooth)
+    return y
+
+
+# per kernel: (its output parameters, a thread per row: the write for a label
+# out of range and the write, a block per row: the same)
+_CE_KINDS = {
+    "cross_entropy": (
+        "T* __restrict__ y",
+        "y[idx] = (T)nan(\"\");",
+        """
+        T nll = log(s) - (1 - a) * (p[k * inner] - m);
+        if (smooth != 0) nll -= a * zs / (T)n;      // only then: a masked class (-inf) would give 0 * -inf
+        y[idx] = nll;""",
+        "if (threadIdx.x == 0) y[idx] = (T)nan(\"\");",
+        """
+        if (threadIdx.x == 0) {
+            T nll = log(s) - (1 - a) * (p[k] - m);
+            if (smooth != 0) nll -= a * zs / (T)n;
+            y[idx] = nll;
+        }"""),
+    "cross_entropy_grad": (
+        "const T* __restrict__ g, T* __restrict__ dx",
+        "for (long long j = 0; j < n; ++j) dx[base + j * inner] = (T)nan(\"\");",
+        """
+        const T ls = log(s), gi = g[idx], off = a / (T)n;
+        for (long long j = 0; j < n; ++j)
+            dx[base + j * inner] = (exp((p[j * inner] - m) - ls) - (j == k ? 1 - a : (T)0) - off) * gi;""",
+        "for (long long j = threadIdx.x; j < n; j += blockDim.x) dx[base + j] = (T)nan(\"\");",
+        """
+        const T ls = log(s), gi = g[idx], off = a / (T)n;
+        for (long long j = threadIdx.x; j < n; j += blockDim.x)
+            dx[base + j] = (exp((p[j] - m) - ls) - (j == k ? 1 - a : (T)0) - off) * gi;"""),
+}
+_CE_SUFFIX = {"int": "_i32", "long long": "_i64"}
+
+
+@functools.lru_cache(maxsize=None)      # built once per kind and types: launchers ask on every call
+def _ce_source(kind: str, ctype: str, label: str = "", per: str = "") -> str:
+    """The cross-entropy kernel ``kind`` for element type ``ctype``, labels
+    of C type ``label`` ("int" or "long long"), a thread (``per`` "thread")
+    or a block ("block") per row, as the source of a module of its own (the
+    host emulator runs a thread-per-row kernel in one pass, without fibers);
+    without ``label`` and ``per``, all four. Each: m = the row's max, s =
+    sum(exp(x - m)) (and zs = sum(x - m) when smoothing), then the write;
+    a label out of [0, n) writes NaN and reads nothing."""
+    if not label or not per:
+        return "".join(_ce_source(kind, ctype, lab, p) for lab in _CE_SUFFIX for p in ("thread", "block"))
+    outs, thread_bad, thread_write, block_bad, block_write = _CE_KINDS[kind]
+    ins = f"const T* __restrict__ x, const {label}* __restrict__ label, {outs}"
+    if per == "thread":
+        return Kernel(kind, f"{ins}, long long outer, long long n, long long inner, double smooth", f"""
+            const long long base = (idx / inner) * n * inner + idx % inner;
+            const T* p = x + base;
+            const long long k = label[idx];
+            if (k < 0 || k >= n) {{ {thread_bad} continue; }}
+            const T a = (T)smooth;
+            T m = p[0], s = 0, zs = 0;
+            for (long long j = 1; j < n; ++j) m = p[j * inner] > m ? p[j * inner] : m;
+            for (long long j = 0; j < n; ++j) {{ const T z = p[j * inner] - m; s += exp(z); zs += z; }}
+            {thread_write}""", over="total", suffix=_CE_SUFFIX[label],
+                      setup="const long long total = outer * inner;").source(ctype)
+    return Kernel(f"{kind}_rows", f"{ins}, long long rows, long long n, double smooth", f"""
+        const long long base = idx * n;
+        const T* p = x + base;
+        const long long k = label[idx];
+        if (k < 0 || k >= n) {{ {block_bad} continue; }}      // uniform per block
+        const T a = (T)smooth;
+        T m = p[0], s = 0, zs = 0;
+        for (long long j = threadIdx.x; j < n; j += blockDim.x) m = p[j] > m ? p[j] : m;
+        m = gc_block_reduce(m, scratch, gc_op_max());
+        for (long long j = threadIdx.x; j < n; j += blockDim.x) {{ const T z = p[j] - m; s += exp(z); zs += z; }}
+        s = gc_block_reduce(s, scratch, gc_op_sum());
+        if (smooth != 0) zs = gc_block_reduce(zs, scratch, gc_op_sum());   // uniform: an argument
+        {block_write}""", over="rows", per="block", suffix=_CE_SUFFIX[label],
+                  setup="__shared__ T scratch[32];").source(ctype, helpers=BLOCK_REDUCE)
+
+
+# ---------------------------------------------------------------- CTC
 
 def _check(op, lp, targets, il, tl, *more):
     if lp.dtype.kind != "f":

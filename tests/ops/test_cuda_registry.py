@@ -88,6 +88,8 @@ def _instances():
         "LSTMCellGatesBackward": [rnn.LSTMCellGatesBackward()],
         "GRUCellGates": [rnn.GRUCellGates()],
         "GRUCellGatesBackward": [rnn.GRUCellGatesBackward()],
+        "CrossEntropy": [loss.CrossEntropy(1)],
+        "CrossEntropyGrad": [loss.CrossEntropyGrad(1)],
         "CTCLoss": [loss.CTCLoss(0)],
         "CTCLossGrad": [loss.CTCLossGrad(0)],
     }

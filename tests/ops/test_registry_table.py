@@ -126,6 +126,11 @@ def _cases():
         "GRUCellGates": [(rnn.GRUCellGates(), [f(2, 9), f(2, 9), f(2, 3)], None)],
         "GRUCellGatesBackward": [(rnn.GRUCellGatesBackward(), [f(1, 6), f(1, 6), f(1, 2), f(1, 2)], None)],
         "CTCLoss": [(loss.CTCLoss(0), [f(5, 2, 3), i([[1, 1], [2, 0]]), i([5, 4]), i([2, 1])], [0])],
+        "CrossEntropy": [(loss.CrossEntropy(1), [f(3, 4), i([0, 3, 1])], [0]),
+                         (loss.CrossEntropy(-1, 0.2), [f(2, 1, 3), i([[2], [0]])], [0]),
+                         (loss.CrossEntropy(0), [f(2, 3), i([1, 0, 1])], [0])],
+        "CrossEntropyGrad": [(loss.CrossEntropyGrad(1), [f(3, 4), i([0, 3, 1]), f(3)], [0, 2]),
+                             (loss.CrossEntropyGrad(0, 0.1), [f(2, 3), i([1, 0, 1]), f(3)], [0, 2])],
     }
     return c
 
