@@ -17,6 +17,7 @@ import numpy as np
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError
+from ..ops.loss import CrossEntropy as _CrossEntropy
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
 from .elemwise import _float_pair, clip, where
@@ -464,11 +465,23 @@ def _pad_widths(name: str, pad_width, ndim: int) -> list:
 def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
                   label_smooth: float = 0.0, reduction: str = "mean"):
     """Cross-entropy of class scores ``pred`` (logits by default) against
-    integer ``label``, MegEngine's ``F.nn.cross_entropy``.
+    integer ``label``, MegEngine's ``F.nn.cross_entropy``: per sample
+    ``-log softmax(pred)[label]`` along ``axis``, with ``label_smooth`` a
+    mixes in ``-mean(log softmax(pred))``: ``(1 - a) * nll - a * mean``;
+    then ``reduction`` ("mean", "sum" or "none").
+
+    Logits run as one fused op, ``CrossEntropy`` (ops/loss.py; label
+    smoothing included), and its gradient as one more; probabilities
+    (``with_logits=False``) and integer scores take the composed path
+    (log, indexing_one_hot, negation). Labels must be in [0, n): out of
+    range is an IndexError (on cuda too, from the labels' range, read once
+    per content), a negative one on the cpu a ValueError.
 
     Example::
 
         >>> loss = F.cross_entropy(logits, labels)
+        >>> round(F.cross_entropy(gc.tensor([[0.0, 0.0]]), gc.tensor([1])).item(), 4)     # log 2
+        0.6931
     """
     pred = _t(pred)
     label = _on(label, pred)
@@ -482,9 +495,15 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
         raise ValueError(f"cross_entropy: label must have one dimension less than pred, "
                          f"got shapes {pred.shape} and {label.shape}")
     if pred.shape is not None:
-        _axis_in("cross_entropy", axis, pred.ndim)
+        axis = _axis_in("cross_entropy", axis, pred.ndim)
     if isinstance(label_smooth, bool) or not isinstance(label_smooth, (int, float, np.number)):
         raise TypeError(f"cross_entropy: label_smooth must be a number, got {label_smooth!r}")
+    if with_logits and pred.dtype.kind == "f":
+        try:
+            nll = _apply(_CrossEntropy(axis, label_smooth), pred, label)[0]
+        except (OpError, IndexError) as exc:     # a label out of range, a shape
+            raise _named("cross_entropy", exc) from exc
+        return _reduce_loss("cross_entropy", nll, reduction)
     logp = log_softmax(pred, axis) if with_logits else log(pred)
     try:
         nll = -indexing_one_hot(logp, label, axis)
