@@ -94,13 +94,13 @@ def _ce_check(op, pred, label, g=None):
     return want
 
 
-def _ce_check_labels(op, labels, pred_shape, ax, label_shape):
+def _ce_check_labels(op, lo, hi, pred_shape, ax, label_shape):
     """A label out of [0, n) is an IndexError naming the op (indexing would
     count a negative one from the end, NumPy's rule, and score the wrong class
-    silently). ``labels``: the labels, or on cuda their [min, max]."""
+    silently). ``lo``, ``hi``: the labels' least and greatest (None: no labels)."""
     n = pred_shape[ax]
-    if labels.size and (labels.min() < 0 or labels.max() >= n):
-        bad = labels.min() if labels.min() < 0 else labels.max()
+    if lo is not None and (lo < 0 or hi >= n):
+        bad = lo if lo < 0 else hi
         raise IndexOpError(f"{op._name()}: label {bad} out of range for {n} classes along axis {ax} "
                            f"(labels are class indices in [0, {n})) (input shapes: {tuple(pred_shape)}, "
                            f"{tuple(label_shape)})")
@@ -114,7 +114,8 @@ def _ce_prepare(op, pred, label, g=None):
     if label.shape != want or (g is not None and np.shape(g) != want):   # take_along_axis would broadcast
         raise op.error(f"label (and the gradient) must have shape {want}", *(
             TensorDesc(a.shape, a.dtype) for a in ((pred, label) if g is None else (pred, label, g))))
-    _ce_check_labels(op, label, pred.shape, ax, label.shape)
+    if label.size:
+        _ce_check_labels(op, label.min(), label.max(), pred.shape, ax, label.shape)
     index = np.expand_dims(label.astype(np.intp, copy=False), ax)
     if pred.size == 0:
         return ax, None, index
@@ -137,11 +138,13 @@ class CrossEntropy(Op):
     """
     name = "CrossEntropy"
     attrs = ("axis", "label_smooth")
+    derived = ("_smooth",)      # label_smooth as the kernels' double argument
     devices = ("cpu", "cuda")
 
     def __init__(self, axis: int = 1, label_smooth: float = 0.0):
         self.axis = op_int("CrossEntropy", "axis", axis)
         self.label_smooth = _smoothing("CrossEntropy", label_smooth)
+        self._smooth = np.float64(self.label_smooth)      # the kernels' argument
 
     @classmethod
     def examples(cls):
@@ -211,11 +214,13 @@ class CrossEntropyGrad(Composite):
     """
     name = "CrossEntropyGrad"
     attrs = ("axis", "label_smooth")
+    derived = ("_smooth",)
     devices = ("cpu", "cuda")
 
     def __init__(self, axis: int = 1, label_smooth: float = 0.0):
         self.axis = op_int("CrossEntropyGrad", "axis", axis)
         self.label_smooth = _smoothing("CrossEntropyGrad", label_smooth)
+        self._smooth = np.float64(self.label_smooth)      # the kernels' argument
 
     @classmethod
     def examples(cls):
@@ -271,30 +276,58 @@ _CE_LABELS = {np.dtype("int32"): "int", np.dtype("int64"): "long long"}
 def _ce_launch(op, be, pred, label, g=None):
     """Run ``op``'s kernel (a block per row when the class axis is last and
     longer than SHORT_AXIS, else a thread per row) into a new array."""
+    key = (pred.shape, pred.dtype, label.dtype) if g is None else (pred.shape, pred.dtype, label.dtype, g.shape)
+    plans = op.__dict__.get("_plans")      # ops are immutable: a cache beside the attributes
+    plan = None if plans is None else plans.get(key)
+    if plan is None:
+        plan = _ce_plan(op, be, pred, label, g)
+        if plans is None:
+            plans = op.__dict__["_plans"] = {}
+        if len(plans) >= 256:
+            plans.clear()
+        plans[key] = plan
+    out_shape, ax, outer, n, inner, ctype, source, grid, block = plan
+    if g is None:
+        # as on the cpu, a label out of range raises: checked on the labels'
+        # [min, max], read back once per content (a step reusing its labels
+        # copies nothing). CrossEntropyGrad's labels are the forward's,
+        # checked there; in the kernels a label out of range only gives NaN
+        extent = be.index_extent(label).tolist()
+        if extent:
+            _ce_check_labels(op, extent[0], extent[1], pred.shape, ax, label.shape)
+    if label.dtype not in _CE_LABELS:      # other integers as int32 (in range: no value wraps)
+        label = _index32(be, label)
+    y = be.empty(out_shape, pred.dtype)
+    if outer * inner == 0:
+        return y
+    kernel = be.kernel(op, ctype, source=source)
+    if g is None:
+        args = (pred, label, y)
+    else:
+        args = (pred, label, g if g.dtype == pred.dtype else be.cast(g, pred.dtype), y)
+    if block:
+        be.launch(kernel, grid, block, *args, outer, n, op._smooth)
+    else:
+        be.launch_n(kernel, outer * inner, *args, outer, n, inner, op._smooth)
+    return y
+
+
+def _ce_plan(op, be, pred, label, g):
+    """What ``_ce_launch`` needs for inputs of these shapes and dtypes,
+    worked out (and the inputs checked) once: (output shape, axis, outer, n,
+    inner, element C type, kernel source, grid and block of a block per row
+    or None)."""
     (out,) = op.infer_arrays(pred, label) if g is None else op.infer_arrays(pred, label, g)
     check_cuda_dtype(op, pred.dtype)
     ax = op.axis % pred.ndim
     outer, n, inner = int(math.prod(pred.shape[:ax])), pred.shape[ax], int(math.prod(pred.shape[ax + 1:]))
-    # as on the cpu, a label out of range raises: checked on the labels' [min,
-    # max], read back once per content (a step reusing its labels copies nothing)
-    _ce_check_labels(op, be.index_extent(label), pred.shape, ax, label.shape)
-    lab = _CE_LABELS.get(label.dtype)
-    if lab is None:                 # in range: no value wraps
-        label, lab = _index32(be, label), "int"
-    y = be.empty(out.shape, out.dtype)
-    if outer * inner == 0:
-        return y
     ctype = be.ctype(pred.dtype)
     kind = "cross_entropy" if g is None else "cross_entropy_grad"
-    ins = (pred, label) if g is None else (pred, label, be.cast(g, pred.dtype))
-    smooth = np.float64(op.label_smooth)
-    if inner == 1 and n > SHORT_AXIS:    # a block per row
-        kernel = be.kernel(op, ctype, source=_ce_source(kind, ctype, lab, "block"))
-        be.launch(kernel, (min(outer, MAX_BLOCKS),), (row_threads(n),), *ins, y, outer, n, smooth)
-    else:                               # a thread per row
-        kernel = be.kernel(op, ctype, source=_ce_source(kind, ctype, lab, "thread"))
-        be.launch_n(kernel, outer * inner, *ins, y, outer, n, inner, smooth)
-    return y
+    lab = _CE_LABELS.get(label.dtype, "int")
+    if inner == 1 and n > SHORT_AXIS:      # a block per row
+        source = _ce_source(kind, ctype, lab, "block")
+        return out.shape, ax, outer, n, inner, ctype, source, (min(outer, MAX_BLOCKS),), (row_threads(n),)
+    return out.shape, ax, outer, n, inner, ctype, _ce_source(kind, ctype, lab, "thread"), None, None
 
 
 # per kernel: (its output parameters, a thread per row: the write for a label
