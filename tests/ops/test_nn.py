@@ -1,7 +1,8 @@
 """nn ops: log_softmax (hand-written VJP), logsumexp (declared only by its
-decomposition: the backward graph is derived), softmax, cross_entropy and
-linear. Values and gradients against PyTorch, first and second order
-gradients against finite differences."""
+decomposition: the backward graph is derived), softmax, cross_entropy (the
+fused CrossEntropy op of ops/loss.py and its gradient op) and linear.
+Values and gradients against PyTorch, first and second order gradients
+against finite differences."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 import gradcore
 import gradcore.functional as F
 from gradcore.core import TensorDesc, make_backward_graph
-from gradcore.ops import LogSoftmax, LogSumExp
-from gradcore.testing import gradgradcheck
+from gradcore.core import apply
+from gradcore.ops import CrossEntropy, CrossEntropyGrad, LogSoftmax, LogSumExp
+from gradcore.testing import check_op, gradgradcheck
 
 AXES = [((5,), 0), ((3, 4), -1), ((3, 4), 0), ((2, 3, 2), 1), ((1, 1), -1), ((2, 1), 1)]
 AX_PARAMS = [pytest.param(s, a, id=f"{list(s)}-ax{a}".replace(" ", "")) for s, a in AXES]
@@ -148,6 +150,156 @@ def test_float_labels_holding_class_indices_are_accepted(rng, torch):
     picked = F.indexing_one_hot(gradcore.Tensor(logits), gradcore.Tensor(labels.astype(np.float64)))
     np.testing.assert_array_equal(picked.numpy(), logits[np.arange(4), labels])
 
+
+
+# ---- the fused cross-entropy ops (ops/loss.py)
+# pred shape, class axis: (N, C), (N, C, d1, d2) with MegEngine's default axis
+# 1, the class axis last, first, and in the middle of a 4-d input
+CE_LAYOUTS = [((5, 4), 1), ((2, 3, 4, 2), 1), ((3, 2, 6), -1), ((4, 3), 0), ((2, 2, 3, 5), 2)]
+CE_LAYOUT_IDS = [f"{list(s)}-ax{a}".replace(" ", "") for s, a in CE_LAYOUTS]
+
+
+def _ce_labels(shape, axis, rng, dtype=np.int64):
+    ax = axis % len(shape)
+    return rng.integers(0, shape[ax], shape[:ax] + shape[ax + 1:]).astype(dtype)
+
+
+def _torch_ce_along(torch, axis, reduction, label_smooth):
+    """PyTorch's cross_entropy with the classes on ``axis`` (moved to 1, where
+    PyTorch wants them; the other axes keep their order, as the label's)."""
+    return lambda p, y: tnn(torch).cross_entropy(torch.movedim(p, axis, 1), y, reduction=reduction,
+                                                 label_smoothing=label_smooth)
+
+
+@pytest.mark.parametrize("shape, axis", CE_LAYOUTS, ids=CE_LAYOUT_IDS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smooth", [0.0, 0.15])
+def test_cross_entropy_layouts_vs_torch(shape, axis, reduction, label_smooth, rng, h, torch):
+    pred, label = rng.standard_normal(shape) * 2, _ce_labels(shape, axis, rng)
+    fn = lambda p, y: F.cross_entropy(p, y, axis=axis, label_smooth=label_smooth, reduction=reduction)
+    h.compare(torch, fn, _torch_ce_along(torch, axis, reduction, label_smooth), [pred, label],
+              rtol=1e-10, atol=1e-12, need_grads=True)
+
+
+@pytest.mark.parametrize("shape, axis", CE_LAYOUTS, ids=CE_LAYOUT_IDS)
+@pytest.mark.parametrize("label_smooth", [0.0, 0.2])
+def test_cross_entropy_grads_of_both_orders(shape, axis, label_smooth, rng, h):
+    """First and second order against float64 finite differences."""
+    pred, label = rng.standard_normal(shape), gradcore.Tensor(_ce_labels(shape, axis, rng))
+    h.check_grads(lambda p: F.cross_entropy(p, label, axis=axis, label_smooth=label_smooth, reduction="sum"),
+                  [pred])
+
+
+@pytest.mark.parametrize("label_smooth", [0.0, 0.1])
+def test_cross_entropy_second_order_vs_torch(label_smooth, rng, torch):
+    """d/dx sum(v * d/dx cross_entropy(x)) on (N, C, d1, d2) against torch's
+    double backward (the third order goes through the derived backward too)."""
+    shape, axis = (2, 3, 2, 2), 1
+    x, label = rng.standard_normal(shape), _ce_labels(shape, axis, rng)
+    v = rng.standard_normal(shape)
+    xt = torch.tensor(x, requires_grad=True)
+    (gt,) = torch.autograd.grad(tnn(torch).cross_entropy(xt, torch.tensor(label), label_smoothing=label_smooth),
+                                xt, create_graph=True)
+    (ggt,) = torch.autograd.grad((gt * torch.tensor(v)).sum(), xt)
+    xg = gradcore.Tensor(x)
+    outer = gradcore.GradManager().attach([xg])
+    with outer:
+        inner = gradcore.GradManager().attach([xg])
+        with inner:
+            inner.backward(F.cross_entropy(xg, gradcore.Tensor(label), label_smooth=label_smooth))
+        g = xg.grad
+        xg.grad = None
+        outer.backward(F.sum(g * gradcore.Tensor(v)))
+    np.testing.assert_allclose(g.numpy(), gt.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(xg.grad.numpy(), ggt.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [CrossEntropy, CrossEntropyGrad])
+def test_cross_entropy_ops_pass_check_op(cls):
+    """Their examples() (what ``gradcore check`` runs): values, float32 vs
+    float64, infer, first and second order gradients, bad shapes."""
+    check_op(cls).raise_on_failure()
+
+
+def test_cross_entropy_runs_as_one_op_and_its_backward_as_one_more():
+    d = TensorDesc((4, 3), "float64", "cpu")
+    label = TensorDesc((4,), "int64", "cpu")
+    graph, save, has = make_backward_graph(CrossEntropy(1), [d, label], [True, False], [True])
+    assert [type(op) for op in graph.ops] == [CrossEntropyGrad]
+    assert has == [True, False]
+    assert save == [True, True, False, True]      # pred, label and the output grad; not the loss
+    # the gradient op's own backward is derived from its decomposition
+    assert not hasattr(CrossEntropyGrad, "vjp") and hasattr(CrossEntropyGrad, "decompose")
+    graph, _, has = make_backward_graph(CrossEntropyGrad(1), [d, label, TensorDesc((4,), "float64", "cpu")],
+                                        [True, False, True], [True])
+    assert has == [True, False, True]
+    assert graph.ops and CrossEntropyGrad not in {type(op) for op in graph.ops}
+
+
+@pytest.mark.parametrize("label_smooth", [0.0, 0.3])
+@pytest.mark.parametrize("shape, axis", CE_LAYOUTS, ids=CE_LAYOUT_IDS)
+def test_cross_entropy_kernels_match_their_decompositions(shape, axis, label_smooth, rng):
+    pred, label = rng.standard_normal(shape), _ce_labels(shape, axis, rng)
+    g = rng.standard_normal(label.shape)
+    op, grad_op = CrossEntropy(axis, label_smooth), CrossEntropyGrad(axis, label_smooth)
+    p, y, gt = gradcore.Tensor(pred), gradcore.Tensor(label), gradcore.Tensor(g)
+    np.testing.assert_allclose(apply(op, p, y)[0].numpy(), op.decompose(p, y).numpy(), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(apply(grad_op, p, y, gt)[0].numpy(), grad_op.decompose(p, y, gt).numpy(),
+                               rtol=1e-12, atol=1e-13)
+
+
+def test_cross_entropy_of_masked_logits_is_finite(h, torch):
+    """Classes scored -inf (masked) get probability 0: a finite loss and
+    gradient, as PyTorch's (no 0 * -inf from the smoothing term when there
+    is none)."""
+    x = np.array([[0.5, -np.inf, 1.0], [-np.inf, 2.0, 0.0]])
+    label = np.array([2, 1])
+    h.compare(torch, lambda p, y: F.cross_entropy(p, y, reduction="none"),
+              lambda p, y: tnn(torch).cross_entropy(p, y, reduction="none"), [x, label], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.int16])
+def test_cross_entropy_label_dtypes(dtype, rng, torch):
+    pred, label = rng.standard_normal((6, 4)), rng.integers(0, 4, 6)
+    expect = tnn(torch).cross_entropy(torch.tensor(pred), torch.tensor(label)).item()
+    assert F.cross_entropy(gradcore.Tensor(pred), gradcore.Tensor(label.astype(dtype))).item() == \
+        pytest.approx(expect, rel=1e-12)
+
+
+def test_cross_entropy_of_integer_scores_takes_the_composed_path(torch):
+    scores, label = np.array([[1, 3, 0], [2, 2, 5]], np.int32), np.array([1, 2])
+    expect = tnn(torch).cross_entropy(torch.tensor(scores, dtype=torch.float64), torch.tensor(label)).item()
+    assert F.cross_entropy(gradcore.Tensor(scores), gradcore.Tensor(label)).item() == pytest.approx(expect, rel=1e-6)
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_cross_entropy_label_out_of_range_names_the_function_and_shapes(record):
+    pred = gradcore.Tensor(np.zeros((3, 4)))
+    gm = gradcore.GradManager().attach([pred])
+    if record:
+        gm.record()
+    try:
+        with pytest.raises(IndexError, match=r"^cross_entropy: CrossEntropy\(axis=1, label_smooth=0.0\): label 4 "
+                                             r"out of range for 4 classes along axis 1 .*\(3, 4\), \(3,\)"):
+            F.cross_entropy(pred, gradcore.Tensor(np.array([0, 4, 2])))
+    finally:
+        gm.release()
+
+
+def test_cross_entropy_op_errors_name_it():
+    pred, label = gradcore.Tensor(np.zeros((3, 4))), gradcore.Tensor(np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"CrossEntropy\(axis=1.*pred must be floating-point"):
+        apply(CrossEntropy(1), gradcore.Tensor(np.zeros((3, 4), np.int32)), label)
+    with pytest.raises(ValueError, match=r"CrossEntropy\(axis=1.*label must be an integer tensor"):
+        apply(CrossEntropy(1), pred, gradcore.Tensor(np.zeros(3)))
+    with pytest.raises(ValueError, match=r"CrossEntropy\(axis=2.*axis 2 is out of range for 2 dimensions"):
+        apply(CrossEntropy(2), pred, label)
+    with pytest.raises(IndexError, match=r"CrossEntropy\(axis=1.*label -1 out of range"):
+        apply(CrossEntropy(1), pred, gradcore.Tensor(np.array([0, -1, 2])))
+    with pytest.raises(ValueError, match=r"CrossEntropyGrad\(axis=1.*the gradient must have shape \(3,\)"):
+        apply(CrossEntropyGrad(1), pred, label, gradcore.Tensor(np.zeros(4)))
+    with pytest.raises(TypeError, match="CrossEntropy: label_smooth must be a number"):
+        CrossEntropy(1, "0.1")
 
 # ---- linear
 LIN_CASES = [
