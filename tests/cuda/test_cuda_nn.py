@@ -1,6 +1,7 @@
-"""log_softmax, softmax, logsumexp and cross_entropy on cuda, and the
-functional layers built from ops (batch_norm, dropout): cpu vs cuda, first
-and second order."""
+"""log_softmax, softmax, logsumexp and cross_entropy (the fused
+CrossEntropy op and its gradient op) on cuda, and the functional layers
+built from ops (batch_norm, dropout): cpu vs cuda, first and second order;
+the launches a cross-entropy costs."""
 from __future__ import annotations
 
 import numpy as np
@@ -92,6 +93,114 @@ def test_cross_entropy_spatial_and_probabilities(cuda, matches_cpu):
     matches_cpu(lambda p, lab: F.cross_entropy(p, lab), [_x((2, 3, 3)), labels])
     probs = F.softmax(gc.Tensor(_x((4, 3)))).numpy()
     matches_cpu(lambda p, lab: F.cross_entropy(p, lab, with_logits=False), [probs, np.array([0, 1, 2, 1])])
+
+
+# pred shape, class axis, label dtype: MegEngine's default axis on (N, C) and (N,
+# C, d1, d2) (a thread per row, adjacent threads on adjacent columns), the
+# class axis first, last and long (a block per row), a row longer than a block
+CE_LAYOUTS = [((6, 5), 1, np.int32), ((2, 3, 4, 2), 1, np.int64), ((4, 3), 0, np.uint8),
+              ((3, 2, 40), -1, np.int32), ((2, 300), 1, np.int64), ((2, 2, 3, 5), 2, np.int16)]
+CE_IDS = [f"{list(s)}-axis{a}-{np.dtype(d).name}".replace(" ", "") for s, a, d in CE_LAYOUTS]
+
+
+def _ce_labels(shape, axis, dtype, seed=1):
+    ax = axis % len(shape)
+    return np.random.default_rng(seed).integers(0, shape[ax], shape[:ax] + shape[ax + 1:]).astype(dtype)
+
+
+@pytest.mark.parametrize("shape, axis, label_dtype", CE_LAYOUTS, ids=CE_IDS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smooth", [0.0, 0.2])
+def test_cross_entropy_layouts(cuda, matches_cpu, shape, axis, label_dtype, reduction, label_smooth):
+    matches_cpu(lambda p, lab: F.cross_entropy(p, lab, axis=axis, label_smooth=label_smooth, reduction=reduction),
+                [_x(shape), _ce_labels(shape, axis, label_dtype)])
+
+
+@pytest.mark.parametrize("shape, axis", [((3, 5), 1), ((3, 70), 1)], ids=["thread-per-row", "block-per-row"])
+def test_cross_entropy_float64_large_and_masked_logits(cuda, matches_cpu, shape, axis):
+    x = _x(shape, np.float64) * 300             # exp overflows without the max shift
+    x[:, 2] = -np.inf                            # a masked class: probability 0, no NaN
+    labels = np.array([0, 1, 3])
+    matches_cpu(lambda p, lab: F.cross_entropy(p, lab, reduction="none"), [x, labels], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape, axis", [((4, 5), 1), ((2, 40), 1), ((2, 3, 2), 1)])
+@pytest.mark.parametrize("label_smooth", [0.0, 0.1])
+def test_cross_entropy_ops_directly(cuda, shape, axis, label_smooth):
+    """The two ops' kernels against their NumPy kernels, float64."""
+    from gradcore.core import apply
+    from gradcore.ops import CrossEntropy, CrossEntropyGrad
+    x, labels = _x(shape, np.float64), _ce_labels(shape, axis, np.int64)
+    g = _x(labels.shape, np.float64, seed=2)
+    for op, ins in ((CrossEntropy(axis, label_smooth), (x, labels)),
+                    (CrossEntropyGrad(axis, label_smooth), (x, labels, g))):
+        (got,) = apply(op, *[gc.Tensor(a, device="cuda") for a in ins])
+        assert got.device == "cuda"
+        np.testing.assert_allclose(got.numpy(), op.cpu(*ins), rtol=1e-12, atol=1e-14)
+
+
+def test_cross_entropy_labels_out_of_range_raise_as_on_cpu(cuda):
+    for device in ("cpu", "cuda"):
+        x = gc.Tensor(_x((3, 4)), device=device)
+        with pytest.raises(IndexError, match=r"^cross_entropy: CrossEntropy\(axis=1, label_smooth=0.0\): label 4 "
+                                             r"out of range for 4 classes .*\(3, 4\), \(3,\)"):
+            F.cross_entropy(x, gc.Tensor(np.array([0, 4, 1], np.int32), device=device))
+    # negative labels: a ValueError on the cpu (checked first), an IndexError from the op on cuda
+    with pytest.raises(IndexError, match=r"^cross_entropy: CrossEntropy.*label -1 out of range"):
+        F.cross_entropy(gc.Tensor(_x((3, 4)), device="cuda"), gc.Tensor(np.array([0, -1, 1]), device="cuda"))
+
+
+def test_cross_entropy_grad_kernels_give_nan_for_a_label_out_of_range(cuda):
+    """The gradient's labels are the forward's (range-checked there); given
+    one out of range directly, the kernels read nothing out of bounds: that
+    row is NaN, the others right."""
+    from gradcore.core import apply
+    from gradcore.ops import CrossEntropyGrad
+    for shape in ((3, 4), (3, 50)):
+        x, labels, g = _x(shape, np.float64), np.array([0, 9999, 1]), np.ones(3)
+        (got,) = apply(CrossEntropyGrad(1), *[gc.Tensor(a, device="cuda") for a in (x, labels, g)])
+        got = got.numpy()
+        assert np.isnan(got[1]).all()
+        ok = np.array([0, 2])
+        np.testing.assert_allclose(got[ok], CrossEntropyGrad(1).cpu(x[ok], labels[ok], g[ok]), rtol=1e-12)
+
+
+def test_cross_entropy_costs_two_launches_each_way(cuda):
+    """A (32, 10) batch with reduction "mean": the fused op and the mean
+    forward; the mean's backward and the fused gradient backward (the
+    composition took 4 and 7)."""
+    from gradcore.autodiff import GradManager
+    from gradcore.cuda import runtime
+    rng = np.random.default_rng(0)
+    x = gc.Parameter(rng.standard_normal((32, 10)).astype(np.float32), device="cuda")
+    y = gc.Tensor(rng.integers(0, 10, 32).astype(np.int32), device="cuda")
+    gm, launcher = GradManager().attach([x]), runtime.backend().launcher
+    for _ in range(2):          # the second step: kernels loaded, the labels' range known
+        with gm:
+            n0 = launcher.launches
+            loss = F.cross_entropy(x, y)
+            n1 = launcher.launches
+            gm.backward(loss)
+            n2 = launcher.launches
+        x.grad = None
+    assert n1 - n0 <= 2, f"forward: {n1 - n0} launches"
+    assert n2 - n1 <= 2, f"backward: {n2 - n1} launches"
+
+
+def test_cross_entropy_kernel_sources_are_built_once(cuda):
+    from gradcore.ops import loss
+    x = gc.Parameter(_x((8, 5)), device="cuda")
+    y = gc.Tensor(np.arange(8) % 5, device="cuda")
+    gm = gc.GradManager().attach([x])
+
+    def step():
+        with gm:
+            gm.backward(F.cross_entropy(x, y, label_smooth=0.1))
+        x.grad = None
+    step()
+    built = loss._ce_source.cache_info().misses
+    step()
+    assert loss._ce_source.cache_info().misses == built
 
 
 # ---------------------------------------------------------------- functional layers made of ops
