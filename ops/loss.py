@@ -107,19 +107,25 @@ def _ce_check_labels(op, lo, hi, pred_shape, ax, label_shape):
 
 
 def _ce_prepare(op, pred, label, g=None):
-    """(axis, z = pred - its max along the axis or None when pred is empty,
-    the labels as an index along the axis) for the NumPy kernels."""
-    ax = op.axis % pred.ndim
-    want = pred.shape[:ax] + pred.shape[ax + 1:]
-    if label.shape != want or (g is not None and np.shape(g) != want):   # take_along_axis would broadcast
+    """For the NumPy kernels, pred viewed as (outer, n, inner) around the
+    class axis: (z = that view minus its max along n, or None when pred is
+    empty; the index of each sample's label class in z, a tuple for fancy
+    indexing; n, inner)."""
+    shape = pred.shape
+    ax = op.axis % len(shape)
+    want = shape[:ax] + shape[ax + 1:]
+    if label.shape != want or (g is not None and np.shape(g) != want):    # indexing would broadcast
         raise op.error(f"label (and the gradient) must have shape {want}", *(
             TensorDesc(a.shape, a.dtype) for a in ((pred, label) if g is None else (pred, label, g))))
     if label.size:
-        _ce_check_labels(op, label.min(), label.max(), pred.shape, ax, label.shape)
-    index = np.expand_dims(label.astype(np.intp, copy=False), ax)
+        _ce_check_labels(op, label.min(), label.max(), shape, ax, label.shape)
+    outer, n, inner = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1:])
     if pred.size == 0:
-        return ax, None, index
-    return ax, pred - np.max(pred, axis=ax, keepdims=True), index
+        return None, None, n, inner
+    x = pred.reshape(outer, n, inner)
+    # plain fancy indexing, not take/put_along_axis (several times slower on small batches)
+    picked = (np.arange(outer)[:, None], label.reshape(outer, inner), np.arange(inner)[None, :])
+    return x - x.max(axis=1, keepdims=True), picked, n, inner
 
 
 class CrossEntropy(Op):
@@ -160,14 +166,15 @@ class CrossEntropy(Op):
         return (TensorDesc(_ce_check(self, pred, label), pred.dtype, pred.device),)
 
     def cpu(self, pred, label):
-        ax, z, index = _ce_prepare(self, pred, label)
+        z, picked, n, inner = _ce_prepare(self, pred, label)
         if z is None:
             return np.zeros(label.shape, pred.dtype)
         a = self.label_smooth
-        nll = np.log(np.sum(np.exp(z), axis=ax)) - np.squeeze(np.take_along_axis(z, index, ax), ax) * (1 - a)
+        nll = -z[picked] if not a else z[picked] * (a - 1)
         if a:       # only then: a class scored -inf (masked) would give 0 * -inf
-            nll -= np.mean(z, axis=ax) * a
-        return nll.astype(pred.dtype, copy=False)
+            nll -= z.mean(axis=1) * a
+        nll += np.log(np.exp(z, out=z).sum(axis=1))          # z is ours: exp in place
+        return nll.reshape(label.shape).astype(pred.dtype, copy=False)
 
     def vjp(self, inputs, outputs, grads):
         (pred, label), (g,) = inputs, grads
@@ -236,17 +243,17 @@ class CrossEntropyGrad(Composite):
         return (TensorDesc(pred.shape, pred.dtype, pred.device),)
 
     def cpu(self, pred, label, g):
-        ax, z, index = _ce_prepare(self, pred, label, g)
+        z, picked, n, inner = _ce_prepare(self, pred, label, g)
         if z is None:
             return np.zeros(pred.shape, pred.dtype)
         a = self.label_smooth
-        d = np.exp(z)
-        d /= np.sum(d, axis=ax, keepdims=True)
-        np.put_along_axis(d, index, np.take_along_axis(d, index, ax) - (1 - a), ax)
+        g = np.reshape(g, (-1, 1, inner))
+        d = np.exp(z, out=z)                            # z is ours: in place
+        d *= g / d.sum(axis=1, keepdims=True)           # softmax * g in one pass
+        d[picked] -= g[:, 0, :] if not a else g[:, 0, :] * (1 - a)   # one label per row: no repeats
         if a:
-            d -= a / pred.shape[ax]
-        d *= np.expand_dims(g, ax)
-        return d.astype(pred.dtype, copy=False)
+            d -= g * (a / n)
+        return d.reshape(pred.shape).astype(pred.dtype, copy=False)
 
     def decompose(self, pred, label, g):
         # softmax * g - (1 - a) * onehot * g - a * g / n, g spread along the axis
