@@ -232,7 +232,8 @@ _UNARY = {
     "tanh": F.tanh, "sigmoid": F.sigmoid, "mul_const": lambda h: h * 2, "add_const": lambda h: h + 1,
     "neg": lambda h: -h, "softmax": lambda h: F.softmax(h, 1),
     "log_softmax": lambda h: F.log_softmax(h, 1),
-    "cross_entropy": lambda h: F.cross_entropy(h, gc_.Tensor(_LABELS)),
+    "cross_entropy_of_probabilities": lambda h: F.cross_entropy(F.softmax(h, 1), gc_.Tensor(_LABELS),
+                                                                with_logits=False),
     "indexing_one_hot": lambda h: F.indexing_one_hot(h, gc_.Tensor(_LABELS), 1),
     "concat": lambda h: F.concat([h, h]), "pad": lambda h: F.pad(h, ((1, 1), (0, 0))),
 }
@@ -251,6 +252,25 @@ def test_an_intermediate_no_backward_needs_is_freed_when_dropped(name, no_gc):
         assert rd() is None, "the intermediate's data is kept, but no backward reads it"
         gm.backward(y.sum())
     assert w.grad is not None
+
+
+def test_cross_entropy_keeps_its_logits_and_nothing_else(no_gc):
+    """The fused CrossEntropy's backward recomputes the softmax from the
+    logits: they are what it keeps (the composition kept log_softmax's
+    output, of the same size), until the backward has run."""
+    w, x = _inputs()
+    gm = GradManager().attach([w])
+    with gm:
+        h = x * w[2]
+        rh, rd = weakref.ref(h), weakref.ref(h._data)
+        loss = F.cross_entropy(h, gc_.Tensor(_LABELS))
+        del h
+        assert rh() is None, "the logits' Tensor is kept while recording"
+        assert rd() is not None, "the backward reads the logits"
+        gm.backward(loss)
+    assert rd() is None, "the logits are kept after the backward"
+    assert w.grad is not None
+    _assert_clean()
 
 
 def test_second_and_third_order_keep_nothing(no_gc):
