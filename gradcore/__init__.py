@@ -40,8 +40,6 @@ from .ops import kernel_families as _kernel_families  # noqa: E402
 _kernel_families.install_backward_graphs(_graph.make_backward_graph)
 from .autodiff import Function, GradManager  # noqa: E402
 from .functional import ones_like, zeros_like  # noqa: E402
-from .serialization import load, save  # noqa: E402
-from .interop import from_dlpack, from_torch, to_jax, to_torch  # noqa: E402
 from .forward_mode import jvp, vjp  # noqa: E402
 from . import step_graphs as _step_graphs  # noqa: E402,F401 - gradcore.cuda.graphed's view of tensors
 from .visualization import record_details, visualize  # noqa: E402
@@ -51,9 +49,23 @@ __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register
            "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "to_torch", "from_torch", "to_jax", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError"]
 
 
+# functions whose modules load on first use (a third of a warm start on a GPU
+# machine is ``import gradcore``): name -> the submodule defining it
+_LAZY_FUNCTIONS = {"save": "serialization", "load": "serialization", "from_dlpack": "interop",
+                   "from_torch": "interop", "to_torch": "interop", "to_jax": "interop"}
+
+
 def __getattr__(name):
-    # heavier submodules load on first use
+    # heavier submodules, and the functions above, load on first use
     import importlib
     if name in ("module", "optimizer", "core", "testing", "autodiff", "registry", "graph", "ops"):
         return importlib.import_module(f"gradcore.{name}")
+    if name in _LAZY_FUNCTIONS:
+        value = getattr(importlib.import_module(f"gradcore.{_LAZY_FUNCTIONS[name]}"), name)
+        globals()[name] = value        # found directly from now on
+        return value
     raise AttributeError(f"module 'gradcore' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_FUNCTIONS))
