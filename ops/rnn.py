@@ -27,9 +27,12 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from gradcore._core import apply
+from gradcore.cpu import blas
 from gradcore.op import Composite, Op, TensorDesc
 from gradcore.cuda.kernels import Kernel
 
@@ -343,6 +346,19 @@ class GRUCellGatesBackward(Op):
 # computes the recurrent weight's gradient as ONE GEMM over every step,
 # sum_t dz_t^T h_{t-1} = dZ^T (T*B, 4H) @ H_prev (T*B, H), where a chain of
 # per-step ops made T small GEMMs and T accumulations.
+# the per-step GEMMs of a layer op run on one BLAS thread when they are at
+# most this many multiply-adds (B * 4H * H; LSTM(256, 256) at batch 32 is
+# 2^23): a chain of small products joins its threads once per step, which
+# costs far more than the split gains where the cores are busy with other
+# work (gradcore/cpu/blas.py gives the measurements). 0: never
+SMALL_GEMM = 1 << 24
+
+
+def _step_scope(B: int, G: int, H: int):
+    """The BLAS scope of a layer op's per-step products (see SMALL_GEMM)."""
+    return blas.single_threaded() if B * G * H <= SMALL_GEMM else contextlib.nullcontext()
+
+
 def _layer_steps(T: int, reverse: bool):
     """The order the recurrence visits the time steps."""
     return range(T - 1, -1, -1) if reverse else range(T)
@@ -390,7 +406,7 @@ def _lstm_layer_cpu(reverse, gx, h0, c0, w):
     wt = np.ascontiguousarray(w.T)
     tmp = np.empty((B, H), dt)
     h, c = h0, c0
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"), _step_scope(B, G, H):
         for t in _layer_steps(T, reverse):
             z = gates[t]
             np.matmul(h, wt, out=z)
@@ -420,38 +436,39 @@ def _lstm_layer_backward_cpu(reverse, h0, c0, w, hs, cs, gates, dhs, dcs, dgates
     tc, a = np.empty((B, H), dt), np.empty((B, H), dt)
     s = np.empty((B, G), dt)
     order = list(_layer_steps(T, reverse))
-    for k in range(T - 1, -1, -1):            # the recurrence's steps, last first
-        t = order[k]
-        cp = c0 if k == 0 else cs[order[k - 1]]
-        if k == T - 1:
-            dh[...] = dhs[t]
-        else:
-            dh += dhs[t]                          # dh held the carry from step k + 1
-        i, f, g, o = (gates[t][:, j * H:(j + 1) * H] for j in range(4))
-        np.tanh(cs[t], out=tc)
-        # dc += dcs + dh * o * (1 - tanh(c)^2)
-        dc += dcs[t]
-        np.multiply(tc, tc, out=a)
-        np.subtract(1, a, out=a)
-        a *= o
-        a *= dh
-        dc += a
-        # the gradients of the activated gates, then through the activations
-        d = dz[t]
-        np.multiply(dc, g, out=d[:, :H])
-        np.multiply(dc, cp, out=d[:, H:2 * H])
-        np.multiply(dc, i, out=d[:, 2 * H:3 * H])
-        np.multiply(dh, tc, out=d[:, 3 * H:])
-        d += dgates[t]
-        np.subtract(1, gates[t], out=s)
-        s *= gates[t]                             # a * (1 - a): the sigmoids' derivative
-        sg = s[:, 2 * H:3 * H]
-        np.multiply(g, g, out=sg)
-        np.subtract(1, sg, out=sg)                # 1 - g^2: tanh's
-        d *= s
-        dc *= f
-        np.matmul(d, w, out=dh)                   # the carry into step k - 1 (dh0 after the first)
-    dw = _dw_cpu(reverse, dz, h0, hs)
+    with _step_scope(B, G, H):
+        for k in range(T - 1, -1, -1):        # the recurrence's steps, last first
+            t = order[k]
+            cp = c0 if k == 0 else cs[order[k - 1]]
+            if k == T - 1:
+                dh[...] = dhs[t]
+            else:
+                dh += dhs[t]                      # dh held the carry from step k + 1
+            i, f, g, o = (gates[t][:, j * H:(j + 1) * H] for j in range(4))
+            np.tanh(cs[t], out=tc)
+            # dc += dcs + dh * o * (1 - tanh(c)^2)
+            dc += dcs[t]
+            np.multiply(tc, tc, out=a)
+            np.subtract(1, a, out=a)
+            a *= o
+            a *= dh
+            dc += a
+            # the gradients of the activated gates, then through the activations
+            d = dz[t]
+            np.multiply(dc, g, out=d[:, :H])
+            np.multiply(dc, cp, out=d[:, H:2 * H])
+            np.multiply(dc, i, out=d[:, 2 * H:3 * H])
+            np.multiply(dh, tc, out=d[:, 3 * H:])
+            d += dgates[t]
+            np.subtract(1, gates[t], out=s)
+            s *= gates[t]                         # a * (1 - a): the sigmoids' derivative
+            sg = s[:, 2 * H:3 * H]
+            np.multiply(g, g, out=sg)
+            np.subtract(1, sg, out=sg)            # 1 - g^2: tanh's
+            d *= s
+            dc *= f
+            np.matmul(d, w, out=dh)               # the carry into step k - 1 (dh0 after the first)
+    dw = _dw_cpu(reverse, dz, h0, hs)        # one large product: every thread
     return dz, dh, dc, dw
 
 
