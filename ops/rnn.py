@@ -350,7 +350,10 @@ class GRUCellGatesBackward(Op):
 # most this many multiply-adds (B * 4H * H; LSTM(256, 256) at batch 32 is
 # 2^23): a chain of small products joins its threads once per step, which
 # costs far more than the split gains where the cores are busy with other
-# work (gradcore/cpu/blas.py gives the measurements). 0: never
+# work (gradcore/cpu/blas.py gives the measurements; at batch 128, 2^25, one
+# thread was 3x faster too at load 5). Larger products keep every thread:
+# the join costs less next to their work and threads gain more on a quiet
+# machine (a judgment: not measured quiet here). 0: never
 SMALL_GEMM = 1 << 24
 
 
