@@ -1,7 +1,10 @@
 """LSTM(256, 256) over 32 steps at batch 32, forward + backward on CPU:
-gradcore's M.LSTM (a matrix product and one fused LSTMCellGates op per step)
-side by side with PyTorch's nn.LSTM, same weights, float32, in one process,
-alternating runs, medians. Target (issue 28): at most 1.5x PyTorch.
+gradcore's M.LSTM (the input projection of every step as one matrix
+product, the recurrence as one LSTMLayer op, its backward as one op) side
+by side with PyTorch's nn.LSTM, same weights, float32, in one process,
+alternating runs, medians. Target (issue 28): at most 1.5x PyTorch. The
+machine's load average (1 minute) before and after is printed and saved:
+on a shared machine, threads contend with other work.
 
     python benchmarks/bench_rnn.py [--reps 30] [--threads N] [--json out.json]
 """
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -60,6 +64,7 @@ def main(argv=None) -> dict:
         run_gc()
         run_torch()
     tg, tt = [], []
+    load_before = os.getloadavg()[0]
     for _ in range(args.reps):
         t0 = time.perf_counter()
         run_gc()
@@ -70,11 +75,13 @@ def main(argv=None) -> dict:
         tt.append(t2 - t1)
     res = {"case": f"LSTM({H},{H}) T={T} B={B} fwd+bwd float32 cpu",
            "gradcore_ms": 1e3 * statistics.median(tg), "torch_ms": 1e3 * statistics.median(tt),
-           "torch_threads": torch.get_num_threads(), "reps": args.reps}
+           "torch_threads": torch.get_num_threads(), "reps": args.reps,
+           "loadavg": [load_before, os.getloadavg()[0]]}
     res["ratio"] = res["gradcore_ms"] / res["torch_ms"]
     print(f"{res['case']}: gradcore {res['gradcore_ms']:.2f} ms, torch {res['torch_ms']:.2f} ms "
           f"(median of {args.reps}, alternating; torch threads {res['torch_threads']}): "
-          f"{res['ratio']:.2f}x PyTorch (target <= 1.5x)")
+          f"{res['ratio']:.2f}x PyTorch (target <= 1.5x); load average {load_before:.2f} -> "
+          f"{res['loadavg'][1]:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

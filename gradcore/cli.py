@@ -232,6 +232,12 @@ def _doctor(args: List[str]) -> int:
         line("oneDNN (cpu)", onednn.status())
     except Exception as exc:
         line("oneDNN (cpu)", f"unknown ({type(exc).__name__}: {exc}); the NumPy kernels run")
+    # the BLAS scope of the recurrent layers' small per-step products
+    try:
+        from .cpu import blas
+        line("BLAS scope", blas.status())
+    except Exception as exc:
+        line("BLAS scope", f"unknown ({type(exc).__name__}: {exc}); NumPy's BLAS threads are left alone")
     # CUDA
     try:
         import pycuda

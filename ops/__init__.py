@@ -21,7 +21,8 @@ from .linalg import MatrixMul
 from .pool import AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, MaxPool2dGather
 from .nn import BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from .loss import CrossEntropy, CrossEntropyGrad, CTCLoss, CTCLossGrad
-from .rnn import GRUCellGates, GRUCellGatesBackward, LSTMCellGates, LSTMCellGatesBackward
+from .rnn import (GRUCellGates, GRUCellGatesBackward, LSTMCellGates, LSTMCellGatesBackward, LSTMLayer,
+                  LSTMLayerBackward)
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
 from .vision import Interpolate, InterpolateBackward
 from .shape import (Broadcast, BroadcastToLike, Cast, Concat, Copy, ExpandDims, Identity, Reshape,
@@ -38,7 +39,7 @@ STANDARD_OPS = [
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
     BatchNormTraining, BatchNormBackward, BatchNormInference,
     LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward, CrossEntropy, CrossEntropyGrad,
-    CTCLoss, CTCLossGrad,
+    CTCLoss, CTCLossGrad, LSTMLayer, LSTMLayerBackward,
 ]
 
 

@@ -27,16 +27,20 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from gradcore._core import apply
-from gradcore.op import Op, TensorDesc
+from gradcore.cpu import blas
+from gradcore.op import Composite, Op, TensorDesc
 from gradcore.cuda.kernels import Kernel
 
 from .elemwise import Elemwise
 from .shape import Concat, Split
 
-__all__ = ["LSTMCellGates", "LSTMCellGatesBackward", "GRUCellGates", "GRUCellGatesBackward"]
+__all__ = ["LSTMCellGates", "LSTMCellGatesBackward", "GRUCellGates", "GRUCellGatesBackward", "LSTMLayer",
+           "LSTMLayerBackward"]
 
 
 def _ap(op, *xs):
@@ -333,3 +337,396 @@ class GRUCellGatesBackward(Op):
         one thread per (batch, hidden) element, n = B * H."""
         return _GRU_BACKWARD.source(ctype, helpers=_SIGMOID)
 
+
+
+# ---------------------------------------------------------------- LSTM, a whole layer
+# One op for the recurrence of a whole sequence: the tape holds one node
+# per layer and direction instead of ~10 per step, the per-step work runs in
+# preallocated (T, B, ...) buffers with no op dispatch, and the backward
+# computes the recurrent weight's gradient as ONE GEMM over every step,
+# sum_t dz_t^T h_{t-1} = dZ^T (T*B, 4H) @ H_prev (T*B, H), where a chain of
+# per-step ops made T small GEMMs and T accumulations.
+# the per-step GEMMs of a layer op run on one BLAS thread when they are at
+# most this many multiply-adds (B * 4H * H; LSTM(256, 256) at batch 32 is
+# 2^23): a chain of small products joins its threads once per step, which
+# costs far more than the split gains where the cores are busy with other
+# work (gradcore/cpu/blas.py gives the measurements; at batch 128, 2^25, one
+# thread was 3x faster too at load 5). Larger products keep every thread:
+# the join costs less next to their work and threads gain more on a quiet
+# machine (a judgment: not measured quiet here). 0: never
+SMALL_GEMM = 1 << 24
+
+
+def _step_scope(B: int, G: int, H: int):
+    """The BLAS scope of a layer op's per-step products (see SMALL_GEMM)."""
+    return blas.single_threaded() if B * G * H <= SMALL_GEMM else contextlib.nullcontext()
+
+
+def _layer_steps(T: int, reverse: bool):
+    """The order the recurrence visits the time steps."""
+    return range(T - 1, -1, -1) if reverse else range(T)
+
+
+def _check_layer(op, descs, what):
+    """One floating-point dtype; (T, B, 4H) sequences with T = op.steps and
+    (B, H) states for the shapes named in ``what``: a list of "seq4", "seq",
+    "state" or "w" per input."""
+    for d in descs:
+        if d.dtype.kind != "f" or d.dtype != descs[0].dtype:
+            raise op.error("needs inputs of one floating-point dtype, got "
+                           + ", ".join(str(x.dtype) for x in descs), *descs)
+    if any(d.shape is None for d in descs):
+        return
+    seq4 = next((d for d, k in zip(descs, what) if k == "seq4"), None)
+    if seq4.ndim != 3 or seq4.shape[0] != op.steps or seq4.shape[2] % 4:
+        raise op.error(f"the gates must be (steps={op.steps}, batch, 4 * hidden), got {seq4.shape}", *descs)
+    T, B, G = seq4.shape
+    H = G // 4
+    want = {"seq4": (T, B, G), "seq": (T, B, H), "state": (B, H), "w": (G, H)}
+    names = {"seq4": "(steps, batch, 4 * hidden)", "seq": "(steps, batch, hidden)", "state": "(batch, hidden)",
+             "w": "(4 * hidden, hidden)"}
+    for i, (d, k) in enumerate(zip(descs, what)):
+        if tuple(d.shape) != want[k]:
+            raise op.error(f"input {i} must be {names[k]} = {want[k]}, got {d.shape}", *descs)
+
+
+def _sigmoid_(x):
+    """x := sigmoid(x) in place (overflow of exp(-x) gives the right 0)."""
+    np.negative(x, out=x)
+    np.exp(x, out=x)
+    x += 1
+    np.reciprocal(x, out=x)
+
+
+def _lstm_layer_cpu(reverse, gx, h0, c0, w):
+    T, B, G = gx.shape
+    H = G // 4
+    dt = gx.dtype
+    gates, hs, cs = np.empty((T, B, G), dt), np.empty((T, B, H), dt), np.empty((T, B, H), dt)
+    # h @ w.T with w.T as a contiguous copy: OpenBLAS runs these (B, H) @ (H, 4H)
+    # products about 30% faster than on the transposed view (measured at
+    # B=32, H=256), which pays for the copy many times over a sequence
+    wt = np.ascontiguousarray(w.T)
+    tmp = np.empty((B, H), dt)
+    h, c = h0, c0
+    with np.errstate(over="ignore"), _step_scope(B, G, H):
+        for t in _layer_steps(T, reverse):
+            z = gates[t]
+            np.matmul(h, wt, out=z)
+            z += gx[t]
+            # in place: the tanh of g first, then the sigmoid of i, f and o
+            g = z[:, 2 * H:3 * H]
+            np.tanh(g, out=g)
+            _sigmoid_(z[:, :2 * H])
+            _sigmoid_(z[:, 3 * H:])
+            i, f, o = z[:, :H], z[:, H:2 * H], z[:, 3 * H:]
+            cn = cs[t]
+            np.multiply(f, c, out=cn)
+            np.multiply(i, g, out=tmp)
+            cn += tmp
+            np.tanh(cn, out=tmp)
+            np.multiply(o, tmp, out=hs[t])
+            h, c = hs[t], cn
+    return hs, cs, gates
+
+
+def _lstm_layer_backward_cpu(reverse, h0, c0, w, hs, cs, gates, dhs, dcs, dgates):
+    T, B, G = gates.shape
+    H = G // 4
+    dt = gates.dtype
+    dz = np.empty((T, B, G), dt)
+    dh, dc = np.empty((B, H), dt), np.zeros((B, H), dt)
+    tc, a = np.empty((B, H), dt), np.empty((B, H), dt)
+    s = np.empty((B, G), dt)
+    order = list(_layer_steps(T, reverse))
+    with _step_scope(B, G, H):
+        for k in range(T - 1, -1, -1):        # the recurrence's steps, last first
+            t = order[k]
+            cp = c0 if k == 0 else cs[order[k - 1]]
+            if k == T - 1:
+                dh[...] = dhs[t]
+            else:
+                dh += dhs[t]                      # dh held the carry from step k + 1
+            i, f, g, o = (gates[t][:, j * H:(j + 1) * H] for j in range(4))
+            np.tanh(cs[t], out=tc)
+            # dc += dcs + dh * o * (1 - tanh(c)^2)
+            dc += dcs[t]
+            np.multiply(tc, tc, out=a)
+            np.subtract(1, a, out=a)
+            a *= o
+            a *= dh
+            dc += a
+            # the gradients of the activated gates, then through the activations
+            d = dz[t]
+            np.multiply(dc, g, out=d[:, :H])
+            np.multiply(dc, cp, out=d[:, H:2 * H])
+            np.multiply(dc, i, out=d[:, 2 * H:3 * H])
+            np.multiply(dh, tc, out=d[:, 3 * H:])
+            d += dgates[t]
+            np.subtract(1, gates[t], out=s)
+            s *= gates[t]                         # a * (1 - a): the sigmoids' derivative
+            sg = s[:, 2 * H:3 * H]
+            np.multiply(g, g, out=sg)
+            np.subtract(1, sg, out=sg)            # 1 - g^2: tanh's
+            d *= s
+            dc *= f
+            np.matmul(d, w, out=dh)               # the carry into step k - 1 (dh0 after the first)
+    dw = _dw_cpu(reverse, dz, h0, hs)        # one large product: every thread
+    return dz, dh, dc, dw
+
+
+def _dw_cpu(reverse, dz, h0, hs):
+    """sum_t dz_t^T h_prev(t) as one GEMM over the steps that follow another
+    (their h_prev is in hs, shifted by one) plus one for the first step (h0)."""
+    T, B, G = dz.shape
+    H = hs.shape[2]
+    first, rest, prev = (T - 1, slice(0, T - 1), slice(1, T)) if reverse else (0, slice(1, T), slice(0, T - 1))
+    dw = np.matmul(dz[first].T, h0)
+    if T > 1:
+        dw += np.matmul(dz[rest].reshape(-1, G).T, hs[prev].reshape(-1, H))
+    return dw
+
+
+_LSTM_LAYER = Kernel("lstmlayerstep", "const T* __restrict__ gx, T* __restrict__ z, const T* cp, "
+                     "T* hs, T* cs, long long n, long long H, long long zo, long long so, long long po", """
+    // z[zo:] holds h_prev @ w^T (the GEMM just before): add gx, activate in place
+    const long long base = zo + idx / H * 4 * H + idx % H;
+    const T i = gc_sigmoid(z[base] + gx[base]);
+    const T f = gc_sigmoid(z[base + H] + gx[base + H]);
+    const T g = tanh(z[base + 2 * H] + gx[base + 2 * H]);
+    const T o = gc_sigmoid(z[base + 3 * H] + gx[base + 3 * H]);
+    z[base] = i; z[base + H] = f; z[base + 2 * H] = g; z[base + 3 * H] = o;
+    const T cn = f * cp[po + idx] + i * g;
+    cs[so + idx] = cn;
+    hs[so + idx] = o * tanh(cn);""", over="n")
+_LSTM_LAYER_BACKWARD = Kernel("lstmlayerstepbackward",
+                              "const T* __restrict__ gates, const T* cs, const T* cp, const T* __restrict__ dhs, "
+                              "const T* __restrict__ dcs, const T* __restrict__ dgates, T* __restrict__ dz, "
+                              "T* __restrict__ dh, T* __restrict__ dc, long long n, long long H, long long zo, "
+                              "long long so, long long po", """
+    // dh holds the carry dz_{next} @ w (the GEMM before), dc the cell's carry
+    const long long base = zo + idx / H * 4 * H + idx % H;
+    const T i = gates[base], f = gates[base + H], g = gates[base + 2 * H], o = gates[base + 3 * H];
+    const T tc = tanh(cs[so + idx]);
+    const T dht = dhs[so + idx] + dh[idx];
+    const T dct = dcs[so + idx] + dc[idx] + dht * o * ((T)1 - tc * tc);
+    dz[base] = (dct * g + dgates[base]) * i * ((T)1 - i);
+    dz[base + H] = (dct * cp[po + idx] + dgates[base + H]) * f * ((T)1 - f);
+    dz[base + 2 * H] = (dct * i + dgates[base + 2 * H]) * ((T)1 - g * g);
+    dz[base + 3 * H] = (dht * tc + dgates[base + 3 * H]) * o * ((T)1 - o);
+    dc[idx] = dct * f;""", over="n")
+
+
+def _cuda_float(op, *arrays):
+    x = arrays[0]
+    if x.dtype not in (np.float32, np.float64):
+        raise op.error(f"the CUDA kernel takes float32 or float64, got {x.dtype}",
+                       *(TensorDesc(a.shape, a.dtype, "cuda") for a in arrays))
+
+
+class LSTMLayer(Op):
+    """The recurrence of one LSTM layer (one direction) over a whole
+    sequence: (gx, h0, c0, w_hh) -> (hs, cs, gates). gx (T, B, 4H) holds the
+    input projections of every step, biases included (x W_ih^T + b_ih +
+    b_hh, one GEMM before this op); w_hh is (4H, H). Step t computes
+    z = gx[t] + h_prev @ w_hh^T, the gates i, f, g, o = sigmoid, sigmoid,
+    tanh, sigmoid of z's four column blocks (PyTorch's order), c = f * c_prev
+    + i * g, h = o * tanh(c). Outputs: hs and cs (T, B, H), every step's h
+    and c in time order, and gates (T, B, 4H), the activated gates (what the
+    backward reads). ``steps`` is T; ``reverse`` runs the steps from T - 1
+    down to 0 (the second direction of a bidirectional layer).
+
+    Example::
+
+        >>> import numpy as np, gradcore as gc
+        >>> from gradcore.core import apply
+        >>> gx = gc.tensor(np.zeros((2, 1, 4)))             # T=2, B=1, H=1
+        >>> s = gc.tensor(np.zeros((1, 1)))
+        >>> hs, cs, gates = apply(LSTMLayer(2), gx, s, s, gc.tensor(np.zeros((4, 1))))
+        >>> cs.numpy().ravel().tolist()                     # c = 0.5 * c_prev + 0.5 * 0
+        [0.0, 0.0]
+    """
+    name = "LSTMLayer"
+    attrs = ("steps", "reverse")
+    devices = ("cpu", "cuda")
+
+    def __init__(self, steps: int, reverse: bool = False):
+        from .reduce import op_int
+        self.steps = op_int("LSTMLayer", "steps", steps)
+        if self.steps < 1:
+            raise ValueError(f"LSTMLayer: steps must be at least 1, got {self.steps}")
+        self.reverse = bool(reverse)
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``check_op``: 3 steps, batch 2, hidden 2, both directions."""
+        rng = np.random.default_rng(4)
+        ins = [rng.standard_normal(s) for s in ((3, 2, 8), (2, 2), (2, 2))] + [rng.standard_normal((8, 2)) * 0.5]
+        return [(cls(3), ins), (cls(3, True), ins)]
+
+    def infer(self, gx, h0, c0, w):
+        _check_layer(self, (gx, h0, c0, w), ("seq4", "state", "state", "w"))
+        T = self.steps
+        if gx.shape is None:
+            return tuple(TensorDesc(None, gx.dtype, gx.device) for _ in range(3))
+        _, B, G = gx.shape
+        seq = (T, B, G // 4)
+        return (TensorDesc(seq, gx.dtype, gx.device), TensorDesc(seq, gx.dtype, gx.device),
+                TensorDesc(gx.shape, gx.dtype, gx.device))
+
+    def cpu(self, gx, h0, c0, w):
+        return _lstm_layer_cpu(self.reverse, gx, h0, c0, w)
+
+    def vjp(self, inputs, outputs, grads):
+        (gx, h0, c0, w), (hs, cs, gates) = inputs, outputs
+        from .shape import ZerosLike
+        dhs, dcs, dgates = (_ap(ZerosLike(), o) if g is None else g for o, g in zip(outputs, grads))
+        # gx is not read: the backward works from the activated gates
+        return list(apply(LSTMLayerBackward(self.steps, self.reverse), h0, c0, w, hs, cs, gates,
+                          dhs, dcs, dgates))
+
+    def cuda(self, be, gx, h0, c0, w):
+        _cuda_float(self, gx, h0, c0, w)
+        T, B, G = gx.shape
+        H = G // 4
+        dt = gx.dtype
+        gates, hs, cs = be.empty((T, B, G), dt), be.empty((T, B, H), dt), be.empty((T, B, H), dt)
+        if not B:
+            return hs, cs, gates
+        from .linalg import gemm_rows
+        kernel = be.kernel(self, be.ctype(dt))
+        size = dt.itemsize
+        hp, cp, po = h0.ptr, c0, 0
+        for t in _layer_steps(T, self.reverse):
+            # z_t := h_prev @ w^T straight into the gates' buffer; the kernel adds gx
+            gemm_rows(be, dt, B, G, H, hp, w.ptr, gates.ptr + t * B * G * size, tb=True)
+            be.launch_n(kernel, B * H, gx, gates, cp, hs, cs, B * H, H, t * B * G, t * B * H, po)
+            hp, cp, po = hs.ptr + t * B * H * size, cs, t * B * H
+        return hs, cs, gates
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_lstmlayerstep_<ctype>(gx, z, cp, hs, cs, n, H, zo, so, po)``:
+        one step's gate math after its GEMM, one thread per (batch, hidden)
+        element (n = B * H); zo, so, po: the element offsets of the step in
+        the gates, of the step in hs and cs, and of c_prev in cp."""
+        return _LSTM_LAYER.source(ctype, helpers=_SIGMOID)
+
+
+class LSTMLayerBackward(Composite):
+    """(h0, c0, w_hh, hs, cs, gates, dhs, dcs, dgates) -> (dgx, dh0, dc0,
+    dw_hh): the backward of ``LSTMLayer(steps, reverse)`` from its outputs
+    (the activated gates, the cell states) and the gradients of all three
+    outputs. dgx (T, B, 4H) is the gradient of the gate pre-activations,
+    which is also that of gx; dw_hh = sum_t dgx[t]^T h_prev(t) is one GEMM
+    over every step. One op, with CPU and CUDA kernels; a Composite, whose
+    decomposition is the per-step math in existing ops, so that every higher
+    order is derived.
+
+    Example::
+
+        >>> import numpy as np, gradcore as gc
+        >>> from gradcore.core import apply
+        >>> z = lambda *s: gc.tensor(np.zeros(s))
+        >>> gates = gc.tensor(np.full((1, 1, 4), 0.5))
+        >>> dgx, dh0, dc0, dw = apply(LSTMLayerBackward(1), z(1, 1), z(1, 1), z(4, 1), z(1, 1, 1),
+        ...                           z(1, 1, 1), gates, gc.tensor(np.ones((1, 1, 1))), z(1, 1, 1), z(1, 1, 4))
+        >>> dgx.numpy().ravel().tolist()          # dc = dh * o = 0.5; di = dc * g * i (1 - i), ...
+        [0.0625, 0.0, 0.1875, 0.0]
+    """
+    name = "LSTMLayerBackward"
+    attrs = ("steps", "reverse")
+    devices = ("cpu", "cuda")
+
+    def __init__(self, steps: int, reverse: bool = False):
+        from .reduce import op_int
+        self.steps = op_int("LSTMLayerBackward", "steps", steps)
+        if self.steps < 1:
+            raise ValueError(f"LSTMLayerBackward: steps must be at least 1, got {self.steps}")
+        self.reverse = bool(reverse)
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``check_op``: LSTMLayer's forward on its
+        examples' inputs (gates in (0, 1) and (-1, 1), as the forward makes
+        them) and random output gradients."""
+        rng = np.random.default_rng(5)
+        out = []
+        for op, (gx, h0, c0, w) in LSTMLayer.examples():
+            hs, cs, gates = _lstm_layer_cpu(op.reverse, gx, h0, c0, w)
+            grads = [rng.standard_normal(a.shape) for a in (hs, cs, gates)]
+            out.append((cls(op.steps, op.reverse), [h0, c0, w, hs, cs, gates] + grads))
+        return out
+
+    def infer(self, h0, c0, w, hs, cs, gates, dhs, dcs, dgates):
+        descs = (h0, c0, w, hs, cs, gates, dhs, dcs, dgates)
+        _check_layer(self, descs, ("state", "state", "w", "seq", "seq", "seq4", "seq", "seq", "seq4"))
+        return (TensorDesc(gates.shape, gates.dtype, gates.device), TensorDesc(h0.shape, h0.dtype, h0.device),
+                TensorDesc(c0.shape, c0.dtype, c0.device), TensorDesc(w.shape, w.dtype, w.device))
+
+    def cpu(self, h0, c0, w, hs, cs, gates, dhs, dcs, dgates):
+        return _lstm_layer_backward_cpu(self.reverse, h0, c0, w, hs, cs, gates, dhs, dcs, dgates)
+
+    def decompose(self, h0, c0, w, hs, cs, gates, dhs, dcs, dgates):
+        # the kernels' math step by step in existing ops (shapes are unknown
+        # while this is traced: ``steps`` unrolls it)
+        from .linalg import MatrixMul
+        from .shape import Stack, Unstack
+        T = self.steps
+        hs_, cs_, gates_, dhs_, dcs_, dgates_ = (_ap(Unstack(0, T), a) for a in (hs, cs, gates, dhs, dcs, dgates))
+        if T == 1:
+            hs_, cs_, gates_, dhs_, dcs_, dgates_ = ((a,) for a in (hs_, cs_, gates_, dhs_, dcs_, dgates_))
+        order = list(_layer_steps(T, self.reverse))
+        dz, dh, dc, dw = [None] * T, None, None, None
+        for k in range(T - 1, -1, -1):
+            t = order[k]
+            hp, cp = (h0, c0) if k == 0 else (hs_[order[k - 1]], cs_[order[k - 1]])
+            i, f, g, o = _ap(Split(1, 4), gates_[t])
+            di, df, dg, do = _ap(Split(1, 4), dgates_[t])
+            tc = _tanh(cs_[t])
+            dht = dhs_[t] if dh is None else dhs_[t] + dh
+            dct = dcs_[t] + dht * o * (1 - tc * tc)
+            if dc is not None:
+                dct = dct + dc
+            d = _ap(Concat(1), (dct * g + di) * i * (1 - i), (dct * cp + df) * f * (1 - f),
+                    (dct * i + dg) * (1 - g * g), (dht * tc + do) * o * (1 - o))
+            dz[t] = d
+            dc = dct * f
+            dh = _ap(MatrixMul(), d, w)
+            dwt = _ap(MatrixMul(True, False), d, hp)
+            dw = dwt if dw is None else dw + dwt
+        return _ap(Stack(0), *dz), dh, dc, dw
+
+    def cuda(self, be, h0, c0, w, hs, cs, gates, dhs, dcs, dgates):
+        _cuda_float(self, gates, h0, c0, w, hs, cs, dhs, dcs, dgates)
+        T, B, G = gates.shape
+        H = G // 4
+        dt = gates.dtype
+        dz, dh, dc, dw = be.empty((T, B, G), dt), be.zeros((B, H), dt), be.zeros((B, H), dt), be.empty((G, H), dt)
+        if not B:
+            dw = be.zeros((G, H), dt)
+            return dz, dh, dc, dw
+        from .linalg import gemm_rows
+        kernel = be.kernel(self, be.ctype(dt))
+        size = dt.itemsize
+        order = list(_layer_steps(T, self.reverse))
+        for k in range(T - 1, -1, -1):
+            t = order[k]
+            cp, po = (c0, 0) if k == 0 else (cs, order[k - 1] * B * H)
+            be.launch_n(kernel, B * H, gates, cs, cp, dhs, dcs, dgates, dz, dh, dc, B * H, H, t * B * G,
+                        t * B * H, po)
+            # dh := dz_t @ w, the carry into the step before (dh0 after the first)
+            gemm_rows(be, dt, B, H, G, dz.ptr + t * B * G * size, w.ptr, dh.ptr)
+        # dw = dz[first]^T h0 + dz[rest]^T hs[prev], one GEMM for all steps but the first
+        first, rest, prev = (T - 1, 0, 1) if self.reverse else (0, 1, 0)
+        gemm_rows(be, dt, G, H, B, dz.ptr + first * B * G * size, h0.ptr, dw.ptr, ta=True)
+        if T > 1:
+            gemm_rows(be, dt, G, H, (T - 1) * B, dz.ptr + rest * B * G * size, hs.ptr + prev * B * H * size,
+                      dw.ptr, ta=True, beta=1.0)
+        return dz, dh, dc, dw
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_lstmlayerstepbackward_<ctype>(gates, cs, cp, dhs, dcs, dgates,
+        dz, dh, dc, n, H, zo, so, po)``: one step's gate gradients, one
+        thread per (batch, hidden) element (n = B * H), dh holding the carry
+        from the step after (the GEMM before) and dc updated in place."""
+        return _LSTM_LAYER_BACKWARD.source(ctype, helpers=_SIGMOID)

@@ -50,7 +50,7 @@ def _grads(fn_gc, fn_torch, gc_params, torch_params, inputs, seed=0):
 
 # ---------------------------------------------------------------- ops
 @pytest.mark.parametrize("name", ["LSTMCellGates", "LSTMCellGatesBackward", "GRUCellGates",
-                                  "GRUCellGatesBackward"])
+                                  "GRUCellGatesBackward", "LSTMLayer", "LSTMLayerBackward"])
 def test_gate_ops_pass_check_op(name, monkeypatch):
     monkeypatch.setenv("GRADCORE_CUDA", "emulator")
     report = check_op(gc.ops.get(name))
@@ -70,6 +70,16 @@ def test_gate_ops_reject_bad_shapes_naming_the_op():
     with pytest.raises(OpError, match="LSTMCellGates.*floating-point"):
         i = gc.tensor(np.zeros((2, 4), "int32"))
         apply(gc.ops.get("LSTMCellGates")(), i, i, gc.tensor(np.zeros((2, 1), "int32")))
+    layer = gc.ops.get("LSTMLayer")
+    s = gc.tensor(np.zeros((2, 3)))
+    with pytest.raises(OpError, match=r"LSTMLayer.*steps=4.*\(3, 2, 12\)"):
+        apply(layer(4), gc.tensor(np.zeros((3, 2, 12))), s, s, gc.tensor(np.zeros((12, 3))))
+    with pytest.raises(OpError, match=r"LSTMLayer.*: input 3 must be \(4 \* hidden, hidden\) = \(12, 3\)"):
+        apply(layer(3), gc.tensor(np.zeros((3, 2, 12))), s, s, gc.tensor(np.zeros((3, 12))))
+    with pytest.raises(OpError, match="LSTMLayer.*floating-point"):
+        apply(layer(3), gc.tensor(np.zeros((3, 2, 12))), s, s, gc.tensor(np.zeros((12, 3), "float32")))
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        layer(0)
 
 
 def test_lstm_layer_gradcheck_finite_differences():
@@ -82,6 +92,77 @@ def test_lstm_layer_gradcheck_finite_differences():
         return out * 2 + F.expand_dims(c, 0)
     assert gradcheck(f, [gc.tensor(rng.standard_normal((3, 2, 3))), w_ih, w_hh,
                          gc.tensor(rng.standard_normal(8))])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_lstm_layer_second_order_matches_torch(reverse):
+    """d/d(x, w_hh, h0, c0) of |d loss / d w_hh|^2 (the double backward runs
+    through LSTMLayerBackward's decomposition) against torch's."""
+    rng = np.random.default_rng(6)
+    T, B, I, H = 4, 2, 3, 2
+    arrays = [rng.standard_normal((T, B, I)), rng.standard_normal((4 * H, I)) * 0.5,
+              rng.standard_normal((4 * H, H)) * 0.5, rng.standard_normal(4 * H) * 0.1,
+              rng.standard_normal((B, H)), rng.standard_normal((B, H))]
+    wout, wc = rng.standard_normal((T, B, H)), rng.standard_normal((B, H))
+    x, w_ih, w_hh, b, h0, c0 = (gc.tensor(a) for a in arrays)
+    outer, inner = gc.GradManager().attach([x, w_hh, h0, c0]), gc.GradManager().attach([w_hh])
+    with outer:
+        with inner:
+            out, h, c = F.nn.rnn_layer("LSTM", x, h0, c0, w_ih, w_hh, b, None, reverse=reverse)
+            inner.backward(F.sum(out * gc.tensor(wout)) + F.sum(c * gc.tensor(wc)))
+        g, w_hh.grad = w_hh.grad, None
+        outer.backward(F.sum(g * g))
+
+    tx, tw_ih, tw_hh, tb, th0, tc0 = (torch.tensor(a, requires_grad=True) for a in arrays)
+    hs, h, c = [], th0, tc0
+    for t in (reversed(range(T)) if reverse else range(T)):
+        z = tx[t] @ tw_ih.T + tb + h @ tw_hh.T
+        i, f, gg, o = z.chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(gg)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        hs.append(h)
+    out_t = torch.stack(hs[::-1] if reverse else hs)
+    loss = (out_t * torch.tensor(wout)).sum() + (c * torch.tensor(wc)).sum()
+    (gt,) = torch.autograd.grad(loss, tw_hh, create_graph=True)
+    np.testing.assert_allclose(g.numpy(), gt.detach().numpy(), **TOL)
+    want = torch.autograd.grad((gt * gt).sum(), [tx, tw_hh, th0, tc0])
+    for mine, ref in zip((x, w_hh, h0, c0), want):
+        np.testing.assert_allclose(mine.grad.numpy(), ref.numpy(), **TOL)
+
+
+def test_lstm_tape_holds_a_few_nodes_whatever_the_length():
+    """The recurrence is one op: the tape's length does not grow with T."""
+    m = M.LSTM(3, 4)
+
+    def tape_length(T):
+        gm = gc.GradManager().attach(m.parameters())
+        gm.record()
+        try:
+            m(gc.tensor(np.zeros((T, 2, 3), "float32")))
+            return gm._key.tape_length
+        finally:
+            gm.release()
+    assert tape_length(2) == tape_length(17) <= 12
+
+
+def test_lstm_layer_gemm_calls_per_step(monkeypatch):
+    """A GEMM per step forward and one per step backward, plus ONE for the
+    recurrent weight's gradient over every step (not one per step)."""
+    from gradcore.ops import rnn
+    rng = np.random.default_rng(7)
+    T, B, H = 5, 2, 3
+    gx, h0, c0, w = (rng.standard_normal(s) for s in ((T, B, 4 * H), (B, H), (B, H), (4 * H, H)))
+    calls = []
+    real = np.matmul
+    monkeypatch.setattr(np, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for reverse in (False, True):
+        calls.clear()
+        hs, cs, gates = rnn._lstm_layer_cpu(reverse, gx, h0, c0, w)
+        assert len(calls) == T
+        calls.clear()
+        grads = [rng.standard_normal(a.shape) for a in (hs, cs, gates)]
+        rnn._lstm_layer_backward_cpu(reverse, h0, c0, w, hs, cs, gates, *grads)
+        assert len(calls) == T + 2          # dh per step; dw: the first step's and the rest's
 
 
 # ---------------------------------------------------------------- cells

@@ -6,7 +6,11 @@ G = gates * hidden, gates in the order i, f, g, o (LSTM) and r, z, n (GRU).
 
 The gate math of one step is one fused op (ops/rnn.py: ``LSTMCellGates``,
 ``GRUCellGates``); the input projection of a whole sequence is one matrix
-product, so a step costs a matrix product and a fused cell op.
+product, so a step costs a matrix product and a fused cell op. An LSTM
+layer runs its whole recurrence as ONE op (``LSTMLayer``, and one backward
+op): the tape holds a few nodes per layer and direction whatever the
+sequence's length, and the backward's weight gradients are one matrix
+product each over all the steps.
 
 Example::
 
@@ -19,16 +23,18 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Sequence, Tuple
 
 from .._core import Tensor, apply as _apply
+from ..dtypes import promote_types
 from ..op import OpError
-from ..ops.rnn import GRUCellGates, LSTMCellGates
+from ..ops.rnn import GRUCellGates, LSTMCellGates, LSTMLayer
 from ..ops.shape import Unstack
 from ._args import _t
 from .elemwise_table import relu, tanh
 from .linalg import matmul
-from .shape import reshape, stack
+from .shape import astype, reshape, stack
 
 __all__ = ["rnn_cell", "lstm_cell", "gru_cell", "rnn_layer"]
 
@@ -131,18 +137,31 @@ def rnn_layer(mode: str, inp: Tensor, h0: Tensor, c0: Optional[Tensor], w_ih: Te
     # plain RNN both biases go here; GRU's b_hh stays inside r * (...))
     bias = b_ih if mode == "GRU" else _bias_sum(b_ih, b_hh)
     gx = _proj(reshape(x, (T * B, x.shape[2])), wi, bias)
-    steps = _apply(Unstack(0, T), reshape(gx, (T, B, gx.shape[1])))
-    outs: List[Optional[Tensor]] = [None] * T
     c = _t(c0) if c0 is not None else None
     if mode == "LSTM" and c is None:
         raise ValueError("rnn_layer: LSTM needs the initial cell state c0")
+    if mode == "LSTM":
+        return _lstm_layer(reshape(gx, (T, B, gx.shape[1])), h, c, wh, reverse)
+    steps = _apply(Unstack(0, T), reshape(gx, (T, B, gx.shape[1])))
+    outs: List[Optional[Tensor]] = [None] * T
     for t in (reversed(range(T)) if reverse else range(T)):
-        if mode == "LSTM":
-            h, c = _apply(LSTMCellGates(), steps[t], matmul(h, wh, transpose_b=True), c)
-        elif mode == "GRU":
+        if mode == "GRU":
             h = _apply(GRUCellGates(), steps[t], _proj(h, wh, b_hh), h)[0]
         else:
             z = steps[t] + matmul(h, wh, transpose_b=True)
             h = tanh(z) if mode == "RNN_TANH" else relu(z)
         outs[t] = h
-    return stack(outs, 0), h, (c if mode == "LSTM" else None)
+    return stack(outs, 0), h, None
+
+
+def _lstm_layer(gx: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, reverse: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """The recurrence of one LSTM layer as one ``LSTMLayer`` op on the gate
+    inputs gx (T, B, 4H): (every step's h, the last step's h and c)."""
+    T = gx.shape[0]
+    # the op takes one dtype: the operands promoted to a common one, as the
+    # matrix products around them promote (float64 input, float32 weights)
+    dtype = functools.reduce(promote_types, (x.dtype for x in (h0, c0, w_hh)), gx.dtype)
+    gx, h0, c0, w_hh = (x if x.dtype == dtype else astype(x, dtype) for x in (gx, h0, c0, w_hh))
+    hs, cs, _gates = _apply(LSTMLayer(T, reverse), gx, h0, c0, w_hh)
+    last = 0 if reverse else T - 1
+    return hs, hs[last], cs[last]

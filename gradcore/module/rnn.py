@@ -378,8 +378,9 @@ class RNN(_RNNBase):
 
 class LSTM(_RNNBase):
     """A multi-layer LSTM: ``forward(input, (h_0, c_0)=None)`` returns
-    ``(output, (h_n, c_n))``. Each step is a matrix product and one fused
-    cell op (``LSTMCellGates``).
+    ``(output, (h_n, c_n))``. Each layer and direction is a matrix product
+    (the input projection of every step) and one op for the recurrence
+    (``LSTMLayer``).
 
     Example::
 

@@ -88,6 +88,8 @@ def _instances():
         "LSTMCellGatesBackward": [rnn.LSTMCellGatesBackward()],
         "GRUCellGates": [rnn.GRUCellGates()],
         "GRUCellGatesBackward": [rnn.GRUCellGatesBackward()],
+        "LSTMLayer": [rnn.LSTMLayer(3), rnn.LSTMLayer(3, True)],
+        "LSTMLayerBackward": [rnn.LSTMLayerBackward(3), rnn.LSTMLayerBackward(3, True)],
         "CrossEntropy": [loss.CrossEntropy(1)],
         "CrossEntropyGrad": [loss.CrossEntropyGrad(1)],
         "CTCLoss": [loss.CTCLoss(0)],
