@@ -157,6 +157,18 @@ cdef object _h_anomaly = None      # .capture(op, inputs, outputs) -> info; .che
 # so a backward with nothing in flight pays one C int test per node.
 cdef Py_ssize_t _n_pending = 0
 cdef object _h_pending = None      # .before_node(grads, reads) .settle(g) .settle_all(exc)
+
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define GC_RARELY(x) __builtin_expect(!!(x), 0)
+    #else
+    #define GC_RARELY(x) (x)
+    #endif
+    """
+    # a branch the compiler lays out off the hot path (something in flight)
+    bint GC_RARELY(bint x)
 cdef str CPU = "cpu"
 cdef str CUDA = "cuda"
 # gradcore.cuda.DeviceArray (set when the CUDA backend is imported): the
@@ -2068,15 +2080,24 @@ cdef void _check_reducible(GradFn node, object g, Py_ssize_t j) except *:
                          f"for input {j} of shape {tuple(node.in_shapes[j])}")
 
 
+cdef void _settle2(object a, object b) except *:
+    # (out of line: the accumulation inlined into every backward step stays small)
+    _h_pending.settle(a)
+    _h_pending.settle(b)
+
+
+cdef void _before_node(GradFn node, object grads) except *:
+    _h_pending.before_node(grads, node.backward.passthrough is None)
+
+
 cdef inline void _acc_raw(GradSlot s, object g):
     if s.grad is None:
         s.grad = g
         s.owned = False
         return
-    if _n_pending != 0:
+    if GC_RARELY(_n_pending != 0):
         # adding reads both gradients: a deferred one is completed first
-        _h_pending.settle(s.grad)
-        _h_pending.settle(g)
+        _settle2(s.grad, g)
     if s.owned:
         _np_add(s.grad, g, out=s.grad)
     else:
@@ -2105,7 +2126,7 @@ cdef void _fire(GradSlot s, bint tensor_mode, object device, list kept) except *
         kept.append(s)
     if g is None or s.callback is None:
         return
-    if _n_pending != 0:
+    if GC_RARELY(_n_pending != 0):
         # the gradient leaves the core (a callback, the user): completed first
         _h_pending.settle(g)
     # backward graphs are trusted per node (standard and plugin ops alike, so
@@ -2265,14 +2286,14 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
     cdef Py_ssize_t j, nd
     grads = _node_grads(node, tensor_mode) if node.reaches else None
     if grads is not None:
-        if _n_pending != 0:
+        if GC_RARELY(_n_pending != 0):
             # a deferred gradient is completed before a backward reads it; a
             # node that only routes its gradient on (passthrough) leaves it in flight
-            _h_pending.before_node(grads, node.backward.passthrough is None)
+            _before_node(node, grads)
         res = _run_node(node, grads, tensor_mode)
         nd = node.nin
         if _anomaly:
-            if _n_pending != 0:
+            if GC_RARELY(_n_pending != 0):
                 _h_pending.settle(res)
             _h_anomaly.check(node.op, node.debug_info, res, nd)
         if nd != 1 and len(res) != nd:
@@ -2293,7 +2314,7 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
             else:
                 if node.in_shapes is not None and g.shape != node.in_shapes[j]:
                     _check_reducible(node, g, j)
-                    if _n_pending != 0:
+                    if GC_RARELY(_n_pending != 0):
                         _h_pending.settle(g)
                     g = _sum_to_raw(node.op, g, node.in_shapes[j])
                 _acc_raw(<GradSlot>d, g)
@@ -2437,12 +2458,12 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
                 _backward_step(node, tensor_mode, kept)
                 # the tape held the only reference: the node and what it saved
                 # are freed here, back to the pool
-        if _n_pending != 0:
+        if GC_RARELY(_n_pending != 0):
             # nothing leaves a backward in flight: what no node read (a
             # gradient nobody needs) is completed here
             _h_pending.settle_all(None)
     except BaseException as exc:
-        if _n_pending != 0:
+        if GC_RARELY(_n_pending != 0):
             # a backward that fails leaves no request behind (an MPI request
             # left in flight hangs the next collective or the exit); the
             # registry waits for them, keeps quiet about its own errors and
