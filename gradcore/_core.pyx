@@ -25,6 +25,9 @@
 #   _install_hooks       called once at import by the Python modules
 #   _record_custom       records already computed outputs (Function paths)
 #   _set_anomaly, _anomaly_enabled
+#   _set_pending_hooks, _set_pending_count, _in_raw_backward
+#                        results still in flight (gradcore.distributed's
+#                        deferred adjoint collectives), see "Deferred results"
 #   _thread_state        the calling thread's recording state (see below)
 #   _set_group_priority, _no_record_enter, _no_record_exit
 #   _recording_keys, _debug_state, _clear_front_cache, _recorded_graph,
@@ -146,6 +149,26 @@ cdef dict _bw_front = {}           # (id(op), device, dtypes, rg) -> (op, Compil
 # anomaly mode (gradcore.anomaly): off, recording pays one flag check per node
 cdef bint _anomaly = False
 cdef object _h_anomaly = None      # .capture(op, inputs, outputs) -> info; .check(op, info, grads, n)
+# Deferred results (docs/core.md, "Deferred results"): gradient buffers that
+# a request still in flight writes (gradcore.distributed's adjoint
+# collectives post MPI requests and return their output buffer at once).
+# The core imports nothing of who defers: the registry installs its hooks
+# and keeps the count; the core calls them only while the count is not 0,
+# so a backward with nothing in flight pays one C int test per node.
+cdef Py_ssize_t _n_pending = 0
+cdef object _h_pending = None      # .before_node(grads, reads) .settle(g) .settle_all(exc)
+
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define GC_RARELY(x) __builtin_expect(!!(x), 0)
+    #else
+    #define GC_RARELY(x) (x)
+    #endif
+    """
+    # a branch the compiler lays out off the hot path (something in flight)
+    bint GC_RARELY(bint x)
 cdef str CPU = "cpu"
 cdef str CUDA = "cuda"
 # gradcore.cuda.DeviceArray (set when the CUDA backend is imported): the
@@ -172,6 +195,7 @@ cdef class _ThreadState:
     cdef public list backwarding      # GradManagers whose backward runs here, innermost last
     cdef public str thread_name       # for error messages
     cdef long backward_priority       # of the nodes recorded now (backward_priority(p) contexts)
+    cdef bint raw_backward            # a raw-mode backward walks here: kernels see arrays only the core reads
 
     def __cinit__(self):
         global _next_serial
@@ -975,6 +999,30 @@ def _set_anomaly(hooks):
 
 def _anomaly_enabled():
     return _anomaly
+
+
+def _set_pending_hooks(hooks):
+    """Plug in the registry of deferred results (``hooks``: an object with
+    ``before_node(grads, reads)``, ``settle(g)`` and ``settle_all(exc)``), or
+    unplug it (None). The core calls them only while ``_set_pending_count``
+    says something is in flight."""
+    global _h_pending, _n_pending
+    _h_pending = hooks
+    if hooks is None:
+        _n_pending = 0
+
+
+def _set_pending_count(Py_ssize_t n):
+    """How many deferred results are in flight (the registry keeps it up to date)."""
+    global _n_pending
+    _n_pending = n if _h_pending is not None else 0
+
+
+def _in_raw_backward():
+    """True while the calling thread runs a raw-mode backward (gradients are
+    arrays that only the core reads until the backward hands them on): where a
+    kernel may return a buffer that a request is still filling."""
+    return _ts().raw_backward
 
 
 def _recording_keys():
@@ -2032,11 +2080,25 @@ cdef void _check_reducible(GradFn node, object g, Py_ssize_t j) except *:
                          f"for input {j} of shape {tuple(node.in_shapes[j])}")
 
 
+cdef void _settle2(object a, object b) except *:
+    # (out of line: the accumulation inlined into every backward step stays small)
+    _h_pending.settle(a)
+    _h_pending.settle(b)
+
+
+cdef void _before_node(GradFn node, object grads) except *:
+    _h_pending.before_node(grads, node.backward.passthrough is None)
+
+
 cdef inline void _acc_raw(GradSlot s, object g):
     if s.grad is None:
         s.grad = g
         s.owned = False
-    elif s.owned:
+        return
+    if GC_RARELY(_n_pending != 0):
+        # adding reads both gradients: a deferred one is completed first
+        _settle2(s.grad, g)
+    if s.owned:
         _np_add(s.grad, g, out=s.grad)
     else:
         r = s.grad + g
@@ -2064,6 +2126,9 @@ cdef void _fire(GradSlot s, bint tensor_mode, object device, list kept) except *
         kept.append(s)
     if g is None or s.callback is None:
         return
+    if GC_RARELY(_n_pending != 0):
+        # the gradient leaves the core (a callback, the user): completed first
+        _h_pending.settle(g)
     # backward graphs are trusted per node (standard and plugin ops alike, so
     # both cost the same); a wrongly shaped gradient is caught here, at the
     # tensor it would land on
@@ -2221,9 +2286,15 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
     cdef Py_ssize_t j, nd
     grads = _node_grads(node, tensor_mode) if node.reaches else None
     if grads is not None:
+        if GC_RARELY(_n_pending != 0):
+            # a deferred gradient is completed before a backward reads it; a
+            # node that only routes its gradient on (passthrough) leaves it in flight
+            _before_node(node, grads)
         res = _run_node(node, grads, tensor_mode)
         nd = node.nin
         if _anomaly:
+            if GC_RARELY(_n_pending != 0):
+                _h_pending.settle(res)
             _h_anomaly.check(node.op, node.debug_info, res, nd)
         if nd != 1 and len(res) != nd:
             raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
@@ -2243,6 +2314,8 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
             else:
                 if node.in_shapes is not None and g.shape != node.in_shapes[j]:
                     _check_reducible(node, g, j)
+                    if GC_RARELY(_n_pending != 0):
+                        _h_pending.settle(g)
                     g = _sum_to_raw(node.op, g, node.in_shapes[j])
                 _acc_raw(<GradSlot>d, g)
     for j in range(node.nin):
@@ -2343,6 +2416,8 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
     cdef list roots = []
     cdef list kept = []
     cdef long saved_visible = ts.visible_below
+    cdef bint saved_raw = ts.raw_backward
+    ts.raw_backward = not tensor_mode
     try:
         # (reachability and pending producer counts were set when each node
         # was recorded: _link)
@@ -2383,7 +2458,20 @@ cdef void _run_backward(GradKey key, list ys, list dys) except *:
                 _backward_step(node, tensor_mode, kept)
                 # the tape held the only reference: the node and what it saved
                 # are freed here, back to the pool
+        if GC_RARELY(_n_pending != 0):
+            # nothing leaves a backward in flight: what no node read (a
+            # gradient nobody needs) is completed here
+            _h_pending.settle_all(None)
+    except BaseException as exc:
+        if GC_RARELY(_n_pending != 0):
+            # a backward that fails leaves no request behind (an MPI request
+            # left in flight hangs the next collective or the exit); the
+            # registry waits for them, keeps quiet about its own errors and
+            # the original exception goes on
+            _h_pending.settle_all(exc)
+        raise
     finally:
+        ts.raw_backward = saved_raw
         ts.visible_below = saved_visible
         for s in kept:
             s.grad = None

@@ -211,11 +211,13 @@ def _wait(requests, what: str, timeout=None) -> None:
         spins += 1
         if spins > 200:
             if time.monotonic() > deadline:
-                raise DistributedError(
+                err = DistributedError(
                     f"gradcore.distributed: {what} did not complete within {limit:g} s on rank "
                     f"{_state.rank} of {_state.size}: another rank has died, exited early or is "
                     f"stuck (a straggler slower than the timeout can be given more time with "
                     f"GRADCORE_DIST_TIMEOUT or init(timeout=...))")
+                err.timed_out = True     # (a failing backward waits no further: _pending.settle_all)
+                raise err
             time.sleep(0.0002 if spins < 5000 else 0.002)
 
 

@@ -34,7 +34,14 @@ passes; a mismatch is reported on every rank, naming the ranks and shapes.
 Every collective's node gets backward priority ``COLLECTIVE_PRIORITY``
 (``gradcore.autodiff.set_backward_priority``): its adjoint is posted as
 soon as its gradient is complete, before independent backward work recorded
-later, so the communication overlaps that work's backward.
+later, so the communication overlaps that work's backward. In a backward
+(raw mode: no older GradManager records it) the adjoint does not wait for
+its request either: its kernel returns the output buffer at once, registered
+as in flight (``gradcore.distributed._pending``), and it is waited for only
+when something reads it (the backward of the op that made the collective's
+input, an addition to another gradient, a leaf's callback, the end of the
+backward). ``DEFER_ADJOINTS = False`` makes the adjoints wait in their
+kernel, as the forward collectives always do.
 
 Every rank must run the same collectives in the same order, forward and
 backward. Rooted results (``gather``, ``reduce_sum``) are the data on the
@@ -54,7 +61,7 @@ import numpy as np
 from .. import _core
 from ..autodiff import set_backward_priority
 from ..op import Op, TensorDesc
-from . import DistributedError, _state, _wait, launched_by_mpi
+from . import DistributedError, _pending, _state, _wait, launched_by_mpi
 
 __all__ = ["WORLD", "Group", "all_reduce_sum", "all_reduce_max", "all_reduce_min", "all_gather",
            "reduce_scatter_sum", "all_to_all", "broadcast", "reduce_sum", "scatter", "gather",
@@ -63,6 +70,9 @@ __all__ = ["WORLD", "Group", "all_reduce_sum", "all_reduce_max", "all_reduce_min
 # the backward priority of a collective's node: its adjoint is posted as soon as its gradient is
 # complete, before independent backward work recorded later (0 turns it off)
 COLLECTIVE_PRIORITY = 1 << 16
+# an adjoint collective in a raw-mode backward returns its buffer with its request in flight, waited for
+# when the buffer is read (False: it waits in its kernel, as before)
+DEFER_ADJOINTS = True
 
 _MAXDIM = 16
 _TAG_HEADER, _TAG_DATA = 7301, 7302      # point-to-point tags of remote_send / remote_recv
@@ -122,17 +132,28 @@ def _describe(h: np.ndarray) -> str:
     return f"{tuple(int(d) for d in h[2:2 + ndim])} {_DTYPES.get(num, f'dtype #{num}')}"
 
 
+def _agreement(comm, what: str, a: np.ndarray, compare_shapes: bool = True):
+    """Post the exchange of every rank's shape and dtype (or dtype only) of ``a``. Returns the
+    request and ``check()``, which waits for it and raises the same error on every rank, naming
+    them, when they differ."""
+    mine = _header(a)
+    every = np.empty((comm.Get_size(), mine.size), np.int64)
+    request = comm.Iallgather(mine, every)
+
+    def check(mine=mine):           # (holds mine: MPI reads it until the exchange completes)
+        _wait(request, f"{what} (exchanging shapes)")
+        keys = every if compare_shapes else every[:, :2]
+        if not (keys == keys[0]).all():
+            listing = "; ".join(f"rank {r}: {_describe(h)}" for r, h in enumerate(every))
+            raise DistributedError(f"{what}: the ranks passed different {'shapes or ' if compare_shapes else ''}"
+                                   f"dtypes ({listing})")
+    return request, check
+
+
 def _agree(comm, what: str, a: np.ndarray, compare_shapes: bool = True) -> None:
     """Every rank passes the same shape and dtype (or the same dtype only), or every rank
     raises the same error naming them."""
-    mine = _header(a)
-    every = np.empty((comm.Get_size(), mine.size), np.int64)
-    _wait(comm.Iallgather(mine, every), f"{what} (exchanging shapes)")
-    keys = every if compare_shapes else every[:, :2]
-    if not (keys == keys[0]).all():
-        listing = "; ".join(f"rank {r}: {_describe(h)}" for r, h in enumerate(every))
-        raise DistributedError(f"{what}: the ranks passed different {'shapes or ' if compare_shapes else ''}"
-                               f"dtypes ({listing})")
+    _agreement(comm, what, a, compare_shapes)[1]()
 
 
 def _world_size() -> int:
@@ -147,7 +168,10 @@ _MPI_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 
 class _Collective(Op):
-    """What every collective shares: a CPU kernel only, a name in errors."""
+    """What every collective shares: a CPU kernel only, a name in errors, and how a kernel
+    completes: waiting for its request (a forward), or handing its buffer out in flight (an
+    adjoint in a raw-mode backward). An op made with ``adjoint=True`` (by a ``vjp``) is the
+    backward of another collective."""
 
     devices = ("cpu",)
 
@@ -155,15 +179,41 @@ class _Collective(Op):
         if x.dtype == np.bool_ or x.dtype.kind not in "iuf":
             raise self.error(f"needs a numeric (integer or floating-point) tensor, got {x.dtype}", x)
 
+    def _deferring(self) -> bool:
+        # only in a raw-mode backward: there the output is an array that only the core reads
+        # (and completes first); recorded by an older manager it would be a Tensor anyone reads
+        return DEFER_ADJOINTS and getattr(self, "adjoint", False) and _core._in_raw_backward()
+
+    def _complete(self, comm, described: np.ndarray, post, out: np.ndarray, finish=None,
+                  keep: tuple = ()) -> np.ndarray:
+        """Agree with the other ranks on ``described``'s shape and dtype, post the data's
+        request(s) (``post()``), and return ``out`` once complete (``finish()`` fills it
+        from what arrived, when it is not the buffer MPI writes itself). An adjoint in a
+        raw-mode backward posts both requests and returns ``out`` at once, in flight: the
+        shapes are checked, the data waited for and ``finish()`` run when it is read."""
+        what = repr(self)
+        if self._deferring():
+            request, check = _agreement(comm, what, described)
+            posted = post()
+            posted = posted if isinstance(posted, list) else [posted]
+            return _pending.defer(out, [request] + posted, what, check, finish, keep)
+        _agree(comm, what, described)
+        _wait(post(), what)
+        if finish is not None:
+            finish()
+        return out
+
 
 # ---------------------------------------------------------------- the ops
 class AllReduce(_Collective):
     """The elementwise sum, maximum or minimum over the ranks, on every rank."""
 
-    def __init__(self, mode: str = "sum"):
+    def __init__(self, mode: str = "sum", adjoint: bool = False):
         if mode not in _MPI_OPS:
             raise ValueError(f"AllReduce: mode must be one of {sorted(_MPI_OPS)}, got {mode!r}")
         self.mode = mode
+        if adjoint:
+            self.adjoint = True
 
     def infer(self, x):
         self._check_dtype(x)
@@ -172,16 +222,16 @@ class AllReduce(_Collective):
     def cpu(self, x):
         comm = _comm(repr(self))
         x = np.ascontiguousarray(x)
-        _agree(comm, repr(self), x)
         out = np.empty_like(x)
-        _wait(comm.Iallreduce(x, out, op=getattr(_state.MPI, _MPI_OPS[self.mode])), repr(self))
-        return out
+        return self._complete(comm, x, lambda: comm.Iallreduce(x, out, op=getattr(_state.MPI, _MPI_OPS[self.mode])),
+                              out, keep=(x,))
 
     def vjp(self, inputs, outputs, grads):
         (x,), (y,), (g,) = inputs, outputs, grads
-        total = AllReduce("sum")(g)
         if self.mode == "sum":
-            return (total,)
+            return (AllReduce("sum", adjoint=True)(g),)
+        # (max, min: the sum is read at once below, so it is no deferred adjoint)
+        total = AllReduce("sum")(g)
         held = (x == y).astype(g.dtype)            # the ranks holding the extreme share its gradient
         return (total * held / AllReduce("sum")(held),)
 
@@ -189,8 +239,10 @@ class AllReduce(_Collective):
 class AllGather(_Collective):
     """Every rank's tensor, concatenated along ``axis`` in rank order, on every rank."""
 
-    def __init__(self, axis: int = 0):
+    def __init__(self, axis: int = 0, adjoint: bool = False):
         self.axis = int(axis)
+        if adjoint:
+            self.adjoint = True
 
     def infer(self, x):
         return _resized(self, x, grow=self.axis)
@@ -198,63 +250,68 @@ class AllGather(_Collective):
     def cpu(self, x):
         comm = _comm(repr(self))
         x = np.ascontiguousarray(x)
-        _agree(comm, repr(self), x)
         parts = np.empty((comm.Get_size(),) + x.shape, x.dtype)
-        _wait(comm.Iallgather(x, parts), repr(self))
-        return np.concatenate(list(parts), axis=self.axis)
+        out, finish = _concatenated(parts, self.axis)
+        return self._complete(comm, x, lambda: comm.Iallgather(x, parts), out, finish, keep=(x, parts))
 
     def vjp(self, inputs, outputs, grads):
-        return (ReduceScatterSum(self.axis)(grads[0]),)
+        return (ReduceScatterSum(self.axis, adjoint=True)(grads[0]),)
 
 
 class ReduceScatterSum(_Collective):
     """The sum over the ranks, split along ``axis`` into one part per rank: rank r gets part r."""
 
-    def __init__(self, axis: int = 0):
+    def __init__(self, axis: int = 0, adjoint: bool = False):
         self.axis = int(axis)
+        if adjoint:
+            self.adjoint = True
 
     def infer(self, x):
         return _resized(self, x, shrink=self.axis)
 
     def cpu(self, x):
         comm = _comm(repr(self))
-        _agree(comm, repr(self), np.ascontiguousarray(x))
         parts = np.ascontiguousarray(np.stack(np.split(x, comm.Get_size(), axis=self.axis)))
         total = np.empty_like(parts)
-        _wait(comm.Iallreduce(parts, total, op=_state.MPI.SUM), repr(self))
-        return np.ascontiguousarray(total[comm.Get_rank()])
+        # (part r of a C-contiguous stack is contiguous: the buffer MPI writes, no copy)
+        return self._complete(comm, np.ascontiguousarray(x), lambda: comm.Iallreduce(parts, total, op=_state.MPI.SUM),
+                              total[comm.Get_rank()], keep=(parts, total))
 
     def vjp(self, inputs, outputs, grads):
-        return (AllGather(self.axis)(grads[0]),)
+        return (AllGather(self.axis, adjoint=True)(grads[0]),)
 
 
 class AllToAll(_Collective):
     """Split along ``split_axis`` into one part per rank, send part k to rank k, and
     concatenate what arrives along ``concat_axis`` in rank order."""
 
-    def __init__(self, split_axis: int = 0, concat_axis: int = 0):
+    def __init__(self, split_axis: int = 0, concat_axis: int = 0, adjoint: bool = False):
         self.split_axis, self.concat_axis = int(split_axis), int(concat_axis)
+        if adjoint:
+            self.adjoint = True
 
     def infer(self, x):
         return _resized(self, x, shrink=self.split_axis, grow=self.concat_axis)
 
     def cpu(self, x):
         comm = _comm(repr(self))
-        _agree(comm, repr(self), np.ascontiguousarray(x))
         send = np.ascontiguousarray(np.stack(np.split(x, comm.Get_size(), axis=self.split_axis)))
         recv = np.empty_like(send)
-        _wait(comm.Ialltoall(send, recv), repr(self))
-        return np.concatenate(list(recv), axis=self.concat_axis)
+        out, finish = _concatenated(recv, self.concat_axis)
+        return self._complete(comm, np.ascontiguousarray(x), lambda: comm.Ialltoall(send, recv), out, finish,
+                              keep=(send, recv))
 
     def vjp(self, inputs, outputs, grads):
-        return (AllToAll(self.concat_axis, self.split_axis)(grads[0]),)
+        return (AllToAll(self.concat_axis, self.split_axis, adjoint=True)(grads[0]),)
 
 
 class _Rooted(_Collective):
     """A collective with a root rank whose output is shaped as its input."""
 
-    def __init__(self, root: int = 0):
+    def __init__(self, root: int = 0, adjoint: bool = False):
         self.root = int(root)
+        if adjoint:
+            self.adjoint = True
 
     def infer(self, x):
         self._check_dtype(x)
@@ -268,12 +325,10 @@ class Broadcast(_Rooted):
     def cpu(self, x):
         comm = _comm(repr(self))
         buf = np.array(x, copy=True, order="C")
-        _agree(comm, repr(self), buf)
-        _wait(comm.Ibcast(buf, root=self.root), repr(self))
-        return buf
+        return self._complete(comm, buf, lambda: comm.Ibcast(buf, root=self.root), buf)
 
     def vjp(self, inputs, outputs, grads):
-        return (ReduceSum(self.root)(grads[0]),)
+        return (ReduceSum(self.root, adjoint=True)(grads[0]),)
 
 
 class ReduceSum(_Rooted):
@@ -282,23 +337,24 @@ class ReduceSum(_Rooted):
     def cpu(self, x):
         comm = _comm(repr(self))
         x = np.ascontiguousarray(x)
-        _agree(comm, repr(self), x)
         out = np.zeros_like(x)
-        _wait(comm.Ireduce(x, out, op=_state.MPI.SUM, root=self.root), repr(self))
-        if comm.Get_rank() != self.root:
-            out[...] = 0
-        return out
+        # (off the root MPI should not write the receive buffer; zeros all the same)
+        finish = None if comm.Get_rank() == self.root else (lambda: out.fill(0))
+        return self._complete(comm, x, lambda: comm.Ireduce(x, out, op=_state.MPI.SUM, root=self.root), out,
+                              finish, keep=(x,))
 
     def vjp(self, inputs, outputs, grads):
-        return (Broadcast(self.root)(grads[0]),)
+        return (Broadcast(self.root, adjoint=True)(grads[0]),)
 
 
 class Scatter(_Collective):
     """``Scatter(root, axis)(src, like)``: the root's ``src`` split along ``axis`` into one
     part per rank, part r on rank r, shaped as ``like`` (the other ranks' ``src`` is not read)."""
 
-    def __init__(self, root: int = 0, axis: int = 0):
+    def __init__(self, root: int = 0, axis: int = 0, adjoint: bool = False):
         self.root, self.axis = int(root), int(axis)
+        if adjoint:
+            self.adjoint = True
 
     def infer(self, src, like):
         self._check_dtype(src)
@@ -308,27 +364,29 @@ class Scatter(_Collective):
     def cpu(self, src, like):
         comm = _comm(repr(self))
         out = np.empty(like.shape, src.dtype)
-        _agree(comm, repr(self), out)
         parts = None
         if comm.Get_rank() == self.root:
             size = comm.Get_size()
             if like.ndim == 0 or src.ndim != like.ndim or src.shape[self.axis] != like.shape[self.axis] * size:
+                # (after the shapes' exchange, which every rank takes part in)
+                _agree(comm, repr(self), out)
                 raise DistributedError(f"{self!r}: the root's tensor {src.shape} does not split into "
                                        f"{comm.Get_size()} parts of {like.shape}")
             parts = np.ascontiguousarray(np.stack(np.split(src, comm.Get_size(), axis=self.axis)))
-        _wait(comm.Iscatter(parts, out, root=self.root), repr(self))
-        return out
+        return self._complete(comm, out, lambda: comm.Iscatter(parts, out, root=self.root), out, keep=(parts,))
 
     def vjp(self, inputs, outputs, grads):
-        return (Gather(self.root, self.axis)(grads[0], inputs[0]), None)
+        return (Gather(self.root, self.axis, adjoint=True)(grads[0], inputs[0]), None)
 
 
 class Gather(_Collective):
     """``Gather(root, axis)(x, like)``: every rank's ``x`` concatenated along ``axis`` in rank
     order on the root, shaped as ``like``; zeros shaped as ``like`` on the other ranks."""
 
-    def __init__(self, root: int = 0, axis: int = 0):
+    def __init__(self, root: int = 0, axis: int = 0, adjoint: bool = False):
         self.root, self.axis = int(root), int(axis)
+        if adjoint:
+            self.adjoint = True
 
     def infer(self, x, like):
         self._check_dtype(x)
@@ -338,16 +396,16 @@ class Gather(_Collective):
     def cpu(self, x, like):
         comm = _comm(repr(self))
         x = np.ascontiguousarray(x)
-        _agree(comm, repr(self), x)
-        root = comm.Get_rank() == self.root
-        parts = np.empty((comm.Get_size(),) + x.shape, x.dtype) if root else None
-        _wait(comm.Igather(x, parts, root=self.root), repr(self))
-        if not root:
-            return np.zeros(like.shape, x.dtype)
-        return np.concatenate(list(parts), axis=self.axis).reshape(like.shape)
+        if comm.Get_rank() == self.root:
+            parts = np.empty((comm.Get_size(),) + x.shape, x.dtype)
+            out, finish = _concatenated(parts, self.axis)
+        else:
+            parts, out, finish = None, np.zeros(like.shape, x.dtype), None
+        return self._complete(comm, x, lambda: comm.Igather(x, parts, root=self.root), out, finish,
+                              keep=(x, parts))
 
     def vjp(self, inputs, outputs, grads):
-        return (Scatter(self.root, self.axis)(grads[0], inputs[0]), None)
+        return (Scatter(self.root, self.axis, adjoint=True)(grads[0], inputs[0]), None)
 
 
 class RemoteSend(_Collective):
@@ -371,7 +429,7 @@ class RemoteSend(_Collective):
 
     def vjp(self, inputs, outputs, grads):
         (x,), (g,) = inputs, grads
-        return (RemoteRecv(self.dest)(g, x),)
+        return (RemoteRecv(self.dest, adjoint=True)(g, x),)
 
 
 class RemoteRecv(_Collective):
@@ -379,8 +437,10 @@ class RemoteRecv(_Collective):
     ``src`` (the sender's shape and dtype are checked). Its backward sends the gradient to
     ``src`` and returns it as the token's gradient (an empty tensor)."""
 
-    def __init__(self, src: int):
+    def __init__(self, src: int, adjoint: bool = False):
         self.src = int(src)
+        if adjoint:
+            self.adjoint = True
 
     def infer(self, token, like):
         _check_peer(self, self.src)
@@ -390,21 +450,56 @@ class RemoteRecv(_Collective):
         comm = _comm(repr(self))
         header = np.empty(_MAXDIM + 2, np.int64)
         out = np.empty(like.shape, like.dtype)
+        if self._deferring():
+            return self._deferred_recv(comm, header, out)
         _wait(comm.Irecv(header, source=self.src, tag=_TAG_HEADER), repr(self))
         if not (header == _header(out)).all():
             # take the data off the wire all the same, so that the next message is not this one
             ndim = int(header[0])
             junk = np.empty(tuple(int(d) for d in header[2:2 + ndim]), _DTYPES.get(int(header[1]), np.uint8))
             _wait(comm.Irecv(junk, source=self.src, tag=_TAG_DATA), repr(self))
-            raise DistributedError(f"{self!r}: rank {self.src} sent {_describe(header)}, this rank expected "
-                                   f"{_describe(_header(out))}")
+            raise self._mismatch(header, out)
         _wait(comm.Irecv(out, source=self.src, tag=_TAG_DATA), repr(self))
         return out
+
+    def _mismatch(self, header, out) -> DistributedError:
+        return DistributedError(f"{self!r}: rank {self.src} sent {_describe(header)}, this rank expected "
+                                f"{_describe(_header(out))}")
+
+    def _deferred_recv(self, comm, header, out):
+        # both receives at once, so that the data moves while the backward goes on (the sender
+        # sent the gradient's header and data in its forward's adjoint); the header is checked
+        # when the buffer is read
+        what = repr(self)
+        header_request = comm.Irecv(header, source=self.src, tag=_TAG_HEADER)
+        data_request = comm.Irecv(out, source=self.src, tag=_TAG_DATA)
+
+        def check():
+            _wait(header_request, what)
+            if not (header == _header(out)).all():
+                try:        # the data off the wire: it arrives, or is cut to this buffer's size with an MPI error
+                    _wait(data_request, what)
+                except Exception:
+                    pass
+                raise self._mismatch(header, out)
+        return _pending.defer(out, [header_request, data_request], what, check, keep=(header,))
 
     def vjp(self, inputs, outputs, grads):
         # the token's gradient (zeros of its shape) depends on the send, so the send runs
         sent = RemoteSend(self.src)(grads[0])
         return (sent.sum().astype(inputs[0].dtype) + inputs[0] * 0, None)
+
+
+def _concatenated(parts: np.ndarray, axis: int):
+    """``(out, finish)``: the buffer that will hold ``parts`` (one per rank, stacked along
+    a new first axis) concatenated along ``axis``, and what fills it once they arrived (None
+    along axis 0: the stack itself, viewed, is the result)."""
+    if axis % (parts.ndim - 1) == 0:
+        return parts.reshape((-1,) + parts.shape[2:]), None
+    shape = list(parts.shape[1:])
+    shape[axis] *= parts.shape[0]
+    out = np.empty(shape, parts.dtype)
+    return out, lambda: np.concatenate(list(parts), axis=axis, out=out)
 
 
 def _resized(op, x, shrink: Optional[int] = None, grow: Optional[int] = None) -> tuple:
