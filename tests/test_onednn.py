@@ -4,6 +4,7 @@ binding's cache, switches and fallbacks."""
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -274,7 +275,7 @@ def test_missing_or_broken_library_runs_numpy():
     library loads once per process)."""
     code = ("import numpy as np, gradcore, gradcore.functional as F\n"
             "import gradcore.cpu.onednn as o\n"
-            "o.candidate_paths = lambda: ['/nonexistent/libdnnl.so.3', o.__file__]\n"
+            "o.candidate_paths = lambda loader=True: ['/nonexistent/libdnnl.so.3', o.__file__]\n"
             "y = F.conv2d(gradcore.tensor(np.ones((1, 2, 4, 4), np.float32)), "
             "gradcore.tensor(np.ones((3, 2, 3, 3), np.float32)), padding=1)\n"
             "assert float(y.numpy()[0, 0, 1, 1]) == 18.0 and o.stats()['misses'] == 0\n"
@@ -282,6 +283,40 @@ def test_missing_or_broken_library_runs_numpy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "NumPy kernels" in out.stdout and "does not load" in out.stdout and "/nonexistent" in out.stdout
+
+
+def test_a_primitive_is_made_under_the_thread_count_it_runs_with():
+    """set_num_threads(1) with OpenMP's default of more: the primitive is
+    made for one thread (oneDNN splits its work at creation), so the
+    weight gradient of a 1-channel convolution is not made for two
+    threads and run on one (which took 3-6 ms instead of ~20 us)."""
+    import time
+    x, w, g = rnd(32, 1, 8, 8), rnd(16, 1, 3, 3, seed=1), rnd(32, 16, 8, 8, seed=2)
+    onednn.set_num_threads(1)
+    try:
+        onednn.clear_cache()
+        onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1)
+        best = min(_timed(lambda: onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1)) for _ in range(5))
+    finally:
+        onednn.set_num_threads(0)
+    assert best < 1e-3, best          # ~20 us; 3-6 ms when made for 2 threads
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def test_onednn_keeps_no_primitive_cache_of_its_own():
+    """gradcore's cache is the one cache: oneDNN's own (1024 primitives by
+    default) would keep every primitive and its JIT code past
+    clear_cache() and cache_limit."""
+    import ctypes
+    lib = ctypes.CDLL(onednn.library_path())        # the loaded library: the same handle
+    capacity = ctypes.c_int(-1)
+    assert lib.dnnl_get_primitive_cache_capacity(ctypes.byref(capacity)) == 0
+    assert capacity.value == 0
 
 
 def test_thread_setting():
@@ -411,11 +446,19 @@ def test_second_order_gradients_unchanged(case, monkeypatch):
         np.testing.assert_allclose(a, c, rtol=1e-3, atol=1e-4 * scale, err_msg=f"oneDNN vs torch, input {i}")
 
 
+@pytest.fixture(params=[1, 2])
+def threads(request):
+    onednn.set_num_threads(request.param)
+    yield request.param
+    onednn.set_num_threads(0)
+
+
 @pytest.mark.parametrize("form", [(8,), (1, 8, 1, 1)])
-def test_conv_bias_runs_inside_the_primitives(form, layout):
-    """F.conv2d with a bias: one forward primitive made with the bias, one
-    weight-gradient primitive with the bias gradient, and no separate add
-    or reduction (one op recorded); the values PyTorch's."""
+def test_conv_bias_runs_inside_the_primitives(form, layout, threads):
+    """F.conv2d with a bias: one forward primitive made with the bias, and
+    on one thread one weight-gradient primitive with the bias gradient
+    (on more, the plain one and a NumPy sum: fuse_bias_gradient); the
+    values PyTorch's."""
     onednn.clear_cache()
     x, w, b = rnd(2, 16, 7, 6), rnd(8, 16, 3, 3, seed=1), rnd(*form, seed=2)
     xs = [gradcore.Tensor(a) for a in (x, w, b)]
@@ -425,7 +468,8 @@ def test_conv_bias_runs_inside_the_primitives(form, layout):
         gm.backward((y * gradcore.Tensor(rnd(*y.shape, seed=3))).sum())
     keys = list(onednn._cache)
     assert [k[8] for k in keys if k[:2] == ("conv", 0)] == [True]       # forward: with the bias
-    assert [k[9] for k in keys if k[:2] == ("conv", 2)] == [True]       # weights: and the bias gradient
+    # weights: and the bias gradient, on one thread
+    assert [k[9] for k in keys if k[:2] == ("conv", 2)] == [threads == 1]
     ts = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
     ty = F.conv2d(ts[0], ts[1], ts[2].reshape(-1), padding=1)
     (ty * torch.tensor(rnd(*y.shape, seed=3))).sum().backward()
