@@ -150,6 +150,12 @@ class GradManager:
         # manager used from two threads at once raises instead of mixing graphs
         self._lock = threading.Lock()
         self._backward_thread: Optional[int] = None   # ident of the thread in backward
+        # what record() attaches: (version, ((tensor ref, gradient callback),
+        # ...)) in attach order, made again after a change to the attached
+        # set (each change bumps _version after it is made, so a plan built
+        # while another thread attaches is stale, never wrong)
+        self._version = 0
+        self._plan: tuple = (-1, ())
 
     # ---- attaching
     def attach(self, tensors: Union[Tensor, Iterable[Tensor]], callbacks=None) -> "GradManager":
@@ -186,6 +192,7 @@ class GradManager:
                 spec = _AttachSpec(weakref.ref(t, self._deleter(id(t))), [])
                 self._attach_specs[id(t)] = spec
             spec.callbacks.extend(callbacks)
+            self._version += 1
             if new and self._recording:
                 with self._lock:
                     if self._key is not None:
@@ -199,6 +206,7 @@ class GradManager:
             gm = selfref()
             if gm is not None:
                 gm._attach_specs.pop(key, None)
+                gm._version += 1
         return drop
 
     def attached_tensors(self) -> List[Tensor]:
@@ -224,8 +232,11 @@ class GradManager:
     # ---- recording
     def _do_record(self, spec):
         tensor = spec.tensor()
-        if tensor is None:
-            return
+        if tensor is not None:
+            self._key.attach(tensor, self._on_grad(spec, tensor))
+
+    def _on_grad(self, spec, tensor):
+        """The gradient callback of an attached tensor (made once per spec)."""
         if spec.on_grad is None:
             key, selfref = id(tensor), weakref.ref(self)
 
@@ -249,12 +260,28 @@ class GradManager:
                 if gm is not None:
                     gm._gradients[key] = grad
             spec.on_grad = on_grad
-        self._key.attach(tensor, spec.on_grad)
+        return spec.on_grad
+
+    def _attach_plan(self) -> tuple:
+        version = self._version         # read first: a change made meanwhile makes the plan stale
+        plan = []
+        for spec in list(self._attach_specs.values()):
+            tensor = spec.tensor()
+            if tensor is not None:
+                plan.append((spec.tensor, self._on_grad(spec, tensor)))
+        plan = tuple(plan)
+        self._plan = (version, plan)
+        return plan
 
     def record(self) -> "GradManager":
         """Start recording the ops that the calling thread runs on the
         attached tensors (until ``backward`` or ``release``)."""
-        with self._lock:
+        # the locks of record, backward and their end are taken with
+        # acquire()/release() in try/finally: `with lock:` costs ~2,000
+        # instructions (Lock.__exit__ takes a tuple of arguments), these ~850
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._recording:
                 owner, here = self._key.owner_name if self._key is not None else "?", _thread_name()
                 if owner == here:
@@ -266,27 +293,25 @@ class GradManager:
             key.enter()
             self._key = key
             self._recording = True
-            self._gradients = {}
+            if self._gradients:
+                self._gradients = {}
             attach = key.attach
-            for spec in list(self._attach_specs.values()):
-                on_grad = spec.on_grad
-                if on_grad is None:
-                    self._do_record(spec)
-                    continue
-                tensor = spec.tensor()      # (the callback is made once per spec)
+            version, plan = self._plan
+            for tref, on_grad in plan if version == self._version else self._attach_plan():
+                tensor = tref()
                 if tensor is not None:
                     attach(tensor, on_grad)
+        finally:
+            lock.release()
         return self
 
     def release(self) -> None:
         """End the recording (``backward`` does it too)."""
         self._release(False)
 
-    def _release(self, own_only: bool, ending_backward: bool = False) -> None:
+    def _release(self, own_only: bool) -> None:
         with self._lock:
-            if ending_backward:
-                self._backward_thread = None
-            elif self._backward_thread is not None and self._backward_thread != _get_ident():
+            if self._backward_thread is not None and self._backward_thread != _get_ident():
                 # the backward running in another thread ends the recording
                 # when it is done; ending it under its feet would lose its gradients
                 return
@@ -298,6 +323,21 @@ class GradManager:
             self._recording = False
             if self._gradients:
                 self._gradients = {}
+        if key is not None:
+            key.exit()
+
+    def _end_backward(self) -> None:
+        """A backward (of this thread, claimed in ``backward``) ends the recording."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._backward_thread = None
+            key, self._key = self._key, None
+            self._recording = False
+            if self._gradients:
+                self._gradients = {}
+        finally:
+            lock.release()
         if key is not None:
             key.exit()
 
@@ -317,7 +357,7 @@ class GradManager:
     # `with gm:` is record() itself, which returns the manager: no frame more
     __enter__ = record
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if self._key is None:
             # the common case: backward ended the recording already (a key
             # is set and cleared only together with _recording, under the lock)
@@ -336,7 +376,9 @@ class GradManager:
         gradient and raises a RuntimeError; a float output without history in
         this recording (MegEngine's visibility by order) leaves ``.grad``
         unchanged."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if not self._recording:
                 raise RuntimeError("GradManager.backward: no computation history: call record() "
                                    "(or use `with gm:`) before backward; a manager records for one "
@@ -347,6 +389,8 @@ class GradManager:
                                    f"for one backward only: give each thread its own GradManager")
             self._backward_thread = _get_ident()
             key = self._key
+        finally:
+            lock.release()
         try:
             if dy is None and isinstance(y, Tensor) and key.tracks(y):
                 # the common call: one output of this recording, ones as its gradient
@@ -362,12 +406,30 @@ class GradManager:
         except BaseException:
             # (a failed backward of the owner ends the recording, whatever
             # failed: the manager is never left recording after an error)
-            self._release(False, ending_backward=True)
+            self._end_backward()
             raise
+        # (the backward itself, inline: a method call per backward is ~400 instructions)
+        backwarding = _thread_state().backwarding
+        backwarding.append(self)
         try:
-            self._run_backward(key, ys, dys)
+            key.backward(ys, dys)
+            for cb in self._after_backward_callbacks:
+                cb()
+            specs = self._attach_specs
+            for tid, grad in self._gradients.items():
+                if not isinstance(grad, Tensor) and hasattr(grad, "wait"):
+                    grad = grad.wait()
+                spec = specs.get(tid)
+                tensor = spec.tensor() if spec is not None else None
+                if tensor is None:
+                    continue
+                if tensor.grad is None:
+                    tensor.grad = grad
+                else:
+                    tensor.grad = tensor.grad + grad
         finally:
-            self._release(False, ending_backward=True)
+            backwarding.pop()
+            self._end_backward()
 
     def _checked_outputs(self, key: GradKey, y, dy):
         if dy is None and isinstance(y, Tensor):
@@ -399,27 +461,6 @@ class GradManager:
                                f"in this manager's recording: {why}. Attach the tensors it depends on "
                                f"before computing it, inside `with gm:`")
         return ys, dys
-
-    def _run_backward(self, key: GradKey, ys, dys) -> None:
-        backwarding = _thread_state().backwarding
-        backwarding.append(self)
-        try:
-            key.backward(ys, dys)
-            for cb in self._after_backward_callbacks:
-                cb()
-            for key, grad in self._gradients.items():
-                if not isinstance(grad, Tensor) and hasattr(grad, "wait"):
-                    grad = grad.wait()
-                spec = self._attach_specs.get(key)
-                tensor = spec.tensor() if spec is not None else None
-                if tensor is None:
-                    continue
-                if tensor.grad is None:
-                    tensor.grad = grad
-                else:
-                    tensor.grad = tensor.grad + grad
-        finally:
-            backwarding.pop()
 
     @staticmethod
     def _outputs(y, dy):

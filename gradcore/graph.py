@@ -60,6 +60,9 @@ class Trace:
     def __init__(self):
         self.nodes: List[Node] = []
         self.descs: List[TensorDesc] = []
+        # value ids of the traced op's inputs whose gradient the backward
+        # does not return (gradcore.op.needs_grad reads it)
+        self.no_grad = frozenset()
 
     def new_value(self, desc: TensorDesc) -> "SymbolicTensor":
         self.descs.append(desc)
@@ -295,6 +298,7 @@ def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> B
     trace = Trace()
     # shapes stay unknown: the graph must hold for every shape
     ins = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in descs]
+    trace.no_grad = frozenset(x.vid for x, r in zip(ins, requires_grad) if not r)
     out_descs = op.infer(*[x.desc for x in ins])
     outs = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in out_descs]
     grads = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in out_descs]

@@ -499,6 +499,27 @@ def function(op_class: type, name: Optional[str] = None) -> Callable:
     return op_function
 
 
+def needs_grad(x) -> bool:
+    """Inside a ``vjp`` being traced into a backward graph: False when ``x``
+    is an input of the op whose backward is built and that backward returns
+    no gradient for it (it does not require one), True otherwise. A vjp may
+    leave out work that feeds only such a gradient, where dead-code removal
+    cannot (one op computing several gradients at once). The graph is
+    cached per requires-grad mask, so the answer holds for every call that
+    uses it.
+
+    Example::
+
+        def vjp(self, inputs, outputs, grads):
+            (x, w, b), (g,) = inputs, grads
+            if not needs_grad(w):            # the weight is frozen: no weight gradient op
+                return [dx(g, w), None, bias_grad(g, b)]
+            ...
+    """
+    no_grad = getattr(getattr(x, "trace", None), "no_grad", None)
+    return not no_grad or x.vid not in no_grad
+
+
 def _wrapper_doc(op_class) -> str:
     return f"Functional form of the op {op_class.__name__}.\n\n{op_class.__doc__ or ''}"
 

@@ -3,9 +3,9 @@ W), 3-d (N, C, D, H, W); strided, padded, dilated, grouped and transposed.
 
 Four ops, each for every number of spatial axes::
 
-    Convolution(stride, padding, dilation, groups)          (x, w) -> y
+    Convolution(stride, padding, dilation, groups)          (x, w[, b]) -> y
     ConvolutionBackwardData(stride, padding, dilation, groups)    (g, w, x_ref) -> dx
-    ConvolutionBackwardFilter(stride, padding, dilation, groups)  (g, x, w_ref) -> dw
+    ConvolutionBackwardFilter(stride, padding, dilation, groups)  (g, x, w_ref[, b_ref]) -> dw[, db]
     ConvTranspose(stride, padding, output_padding, dilation, groups)   (x, w) -> y
 
 x is (N, C, *spatial) and w (O, C // groups, *kernel) (ConvTranspose: (C_in,
@@ -13,13 +13,27 @@ C_out // groups, *kernel)); ``*_ref`` inputs are read for their shape only.
 An attribute is an int (the same on every spatial axis) or a tuple with one
 value per axis, which fixes the number of axes (and makes the other
 attributes tuples of that length; the functional forms,
-``F.conv1d/2d/3d`` and ``F.conv_transpose1d/2d/3d``, pass tuples). The
-gradients are these ops again, each with its own ``vjp``, so every order of
-derivative works::
+``F.conv1d/2d/3d`` and ``F.conv_transpose1d/2d/3d``, pass tuples).
 
-    Convolution               -> BackwardData (g, w, x_ref), BackwardFilter (g, x, w_ref)
+The optional b is one bias per output channel, shaped (O,) (PyTorch's
+form) or (1, O, 1, ...) (MegEngine's, as many axes as x). The convolution
+and its bias add are one op (``F.conv2d(x, w, b)`` records one node; on
+oneDNN one primitive takes the bias), and the filter gradient given a
+``b_ref`` returns the bias gradient too, shaped like b (on oneDNN on one
+thread from the weight-gradient primitive itself, ``onednn.fuse_bias_gradient``;
+elsewhere one reduction of g).
+ConvTranspose has no bias input: its kernel is oneDNN's backward-data
+primitive, which takes none, and its bias gradient is a sum over its
+output gradient, which the weight-gradient primitive (run with the roles
+swapped) does not compute; ``F.conv_transpose*d`` add the bias as a
+broadcast op.
+
+The gradients are these ops again, each with its own ``vjp``, so every
+order of derivative works::
+
+    Convolution               -> BackwardData (g, w, x_ref), BackwardFilter (g, x, w_ref[, b_ref])
     ConvolutionBackwardData   -> Convolution (gg, w), BackwardFilter (g, gg, w_ref)
-    ConvolutionBackwardFilter -> Convolution (x, gg), BackwardData (g, gg, x_ref)
+    ConvolutionBackwardFilter -> Convolution (x, gg[, ggb]), BackwardData (g, gg, x_ref)
     ConvTranspose             -> Convolution (g, w), BackwardFilter (x, g, w_ref)
 
 ConvTranspose is the data gradient with x as the output gradient: it runs
@@ -56,10 +70,11 @@ from gradcore import _core, dtypes
 from gradcore.cpu import onednn
 from gradcore.cuda import cudnn
 from gradcore.cuda.kernels import Kernel, kernel_name, source
-from gradcore.op import Op, TensorDesc, shape_carrier
+from gradcore.op import Op, TensorDesc, needs_grad, shape_carrier
 
 from .linalg import check_cuda_dtype, gemm_rows
-from .reduce import op_int
+from .reduce import Reduce, op_int
+from .shape import ReshapeLike
 
 
 def _apply1(op, *args):
@@ -412,13 +427,28 @@ class _ConvOp(Op):
             out.append(_out_size(size, k, s, p, d))
         return tuple(out)
 
-    def _dtype(self, a, b):
-        for d in (a, b):
-            if d.dtype.kind != "f":
-                raise self.error(f"needs floating-point inputs, got {a.dtype} and {b.dtype}", a, b)
-        if a.dtype != b.dtype:
-            raise self.error(f"input dtypes differ ({a.dtype} and {b.dtype})", a, b)
-        return a.dtype
+    def _dtype(self, *descs):
+        """The one floating dtype of the inputs ``descs`` (their descriptions)."""
+        if any(d.dtype.kind != "f" for d in descs):
+            raise self.error(f"needs floating-point inputs, got {' and '.join(str(d.dtype) for d in descs)}",
+                             *descs)
+        if any(d.dtype != descs[0].dtype for d in descs[1:]):
+            raise self.error(f"input dtypes differ ({' and '.join(str(d.dtype) for d in descs)})", *descs)
+        return descs[0].dtype
+
+    def _check_bias(self, b, o, nd, descs):
+        """A bias (shape ``b``) must hold one value per output channel (``o``
+        of them) as (O,) or (1, O, 1, ...) with ``nd`` trailing 1s: the
+        kernels add it per channel and the bias gradient is shaped like it."""
+        if tuple(b) not in ((o,), (1, o) + (1,) * nd):
+            want = ", ".join(["1", str(o)] + ["1"] * nd)
+            raise self.error(f"bias must have one value per output channel, shaped ({o},) or ({want}), "
+                             f"got shape {tuple(b)}", *descs)
+
+    @staticmethod
+    def _channel_view(b, nd):
+        """The bias ``b`` (O,) or (1, O, 1, ...) viewed as (1, O, 1, ...) for ``nd`` spatial axes."""
+        return b.reshape((1, -1) + (1,) * nd)
 
     def _cols(self, x, kshape, out_sp):
         """im2col, transposed: (groups, C/groups*prod(kernel), N*prod(out)),
@@ -436,22 +466,24 @@ class _ConvOp(Op):
         return view.reshape(g, cg * prod(kshape), n * prod(out_sp))
 
     # ------------------------------------------------------------ cpu: oneDNN
-    def _on_onednn(self, a, b, out_shape):
+    def _on_onednn(self, a, b, out_shape, bias=None):
         """The op on oneDNN (``gradcore/cpu/onednn.py``): (x, w) forward,
         (g, w) backward_data, (g, x) backward_filter, ``out_shape`` the
         result's; None where oneDNN does not run it (not loaded, switched
         off, not float32, more than 3 spatial axes, a configuration it
-        refuses) and the NumPy kernels do."""
+        refuses) and the NumPy kernels do. ``bias``: the forward's bias
+        array (added by the primitive), or for backward_filter True (the
+        result is then the pair (dw, db), db of shape (O,))."""
         n = len(out_shape) - 2
         if n > 3 or a.dtype != b.dtype:
             return None
         s, p, d = self._per_axis(n)
         direction = self.cudnn_direction
         if direction == "forward":
-            return onednn.conv_forward(a, b, s, p, d, self.groups)
+            return onednn.conv_forward(a, b, s, p, d, self.groups, bias=bias)
         if direction == "backward_data":
             return onednn.conv_backward_data(a, b, out_shape, s, p, d, self.groups)
-        return onednn.conv_backward_weights(a, b, out_shape, s, p, d, self.groups)
+        return onednn.conv_backward_weights(a, b, out_shape, s, p, d, self.groups, bias=bool(bias))
 
     # ------------------------------------------------------------ cuda
     def _on_cudnn(self, be, a, b, out_shape):
@@ -533,51 +565,90 @@ def _examples(cls, cases):
 # ---------------------------------------------------------------- convolution
 class Convolution(_ConvOp):
     """Cross-correlation of x (N, C, *spatial) with weight (O, C // groups,
-    *kernel): 1-d, 2-d, 3-d (any number of spatial axes on the CPU).
+    *kernel), plus an optional bias b per output channel, (O,) or (1, O, 1,
+    ...): 1-d, 2-d, 3-d (any number of spatial axes on the CPU).
 
     Example::
 
         >>> Convolution((2, 2), (1, 1))(x, w)        # F.conv2d(x, w, stride=2, padding=1)
+        >>> Convolution((1, 1), (1, 1))(x, w, b)     # F.conv2d(x, w, b, padding=1): one op
     """
     name = "Convolution"
     input_dtypes = dtypes.promoted_inputs      # a float16 input with a float32 weight: float32
 
     @classmethod
     def examples(cls):
-        """1-d, 2-d (strided, padded, dilated, grouped) and 3-d."""
+        """1-d, 2-d (strided, padded, dilated, grouped) and 3-d; with a bias
+        (O,) (1-d, grouped 2-d) and (1, O, 1, 1, 1) (3-d)."""
         return _examples(cls, [((), [(2, 2, 5), (3, 2, 2)]),
                                (((2, 1), 1, (1, 2), 2), [(2, 4, 5, 4), (4, 2, 3, 2)]),
-                               ((2, 1, 1, 2), [(1, 4, 3, 3, 4), (2, 2, 2, 3, 2)])])
+                               ((2, 1, 1, 2), [(1, 4, 3, 3, 4), (2, 2, 2, 3, 2)]),
+                               ((2, 1), [(2, 2, 5), (3, 2, 2), (3,)]),
+                               (((1, 2), 1, 1, 2), [(2, 4, 4, 5), (4, 2, 3, 2), (4,)]),
+                               ((1, 1, 1, 2), [(1, 4, 3, 3, 4), (2, 2, 2, 3, 2), (1, 2, 1, 1, 1)])])
 
-    def infer(self, x, w):
-        dtype = self._dtype(x, w)
+    def infer(self, x, w, b=None):
+        dtype = self._dtype(x, w) if b is None else self._dtype(x, w, b)
         if x.shape is None or w.shape is None:
             return (TensorDesc(None, dtype, x.device),)
-        return (TensorDesc((x.shape[0], w.shape[0]) + self._check(x.shape, w.shape, (x, w)), dtype, x.device),)
+        descs = (x, w) if b is None else (x, w, b)
+        out = self._check(x.shape, w.shape, descs)
+        if b is not None and b.shape is not None:
+            self._check_bias(b.shape, w.shape[0], len(out), descs)
+        return (TensorDesc((x.shape[0], w.shape[0]) + out, dtype, x.device),)
 
-    def cpu(self, x, w):
-        out_sp = self._check(x.shape, w.shape, (x, w))
-        if x.dtype != w.dtype or x.dtype.kind != "f":
-            self._dtype(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
-        y = self._on_onednn(x, w, (x.shape[0], w.shape[0]) + out_sp)
+    def cpu(self, x, w, b=None):
+        descs = (x, w) if b is None else (x, w, b)
+        out_sp = self._check(x.shape, w.shape, descs)
+        if b is not None:
+            self._check_bias(b.shape, w.shape[0], len(out_sp), descs)
+        if x.dtype != w.dtype or x.dtype.kind != "f" or (b is not None and b.dtype != x.dtype):
+            self._dtype(*[TensorDesc(a.shape, a.dtype) for a in descs])
+        y = self._on_onednn(x, w, (x.shape[0], w.shape[0]) + out_sp, bias=b)
         if y is not None:
             return y
         n, o, g = x.shape[0], w.shape[0], self.groups
+        bias = None if b is None else self._channel_view(b, len(out_sp))
 
         def images(s, e):
             cols = self._cols(x[s:e], w.shape[2:], out_sp)                     # g, K, nb*P
             y = _gemm(w.reshape(g, o // g, cols.shape[1]), cols, g)             # g, O/g, nb*P
-            return y.reshape(o, e - s, prod(out_sp)).swapaxes(0, 1).reshape((e - s, o) + out_sp)
+            y = y.reshape(o, e - s, prod(out_sp)).swapaxes(0, 1).reshape((e - s, o) + out_sp)
+            if bias is not None:
+                # per chunk, while it is in cache, in place: y is the GEMM's fresh result
+                np.add(y, bias, out=y)
+            return y
 
         return _by_images(images, n, x.shape[1] * prod(w.shape[2:]) * prod(out_sp))
 
     def vjp(self, inputs, outputs, grads):
-        (x, w), (g,) = inputs, grads
-        return [_apply1(ConvolutionBackwardData(*self._attrs()), g, w, x),
-                _apply1(ConvolutionBackwardFilter(*self._attrs()), g, x, w)]
+        (g,) = grads
+        x, w = inputs[0], inputs[1]
+        dx = _apply1(ConvolutionBackwardData(*self._attrs()), g, w, x)
+        if len(inputs) == 2 or not needs_grad(inputs[2]):
+            return [dx, _apply1(ConvolutionBackwardFilter(*self._attrs()), g, x, w), None][:len(inputs)]
+        b = inputs[2]
+        if needs_grad(w) or self._axes is None:
+            # the weight and bias gradients from one op (on oneDNN one
+            # primitive); with a frozen weight also where the number of axes
+            # is open (an op built with ints), dw then computed and dropped
+            dw, db = _core.apply(ConvolutionBackwardFilter(*self._attrs()), g, x, w, b)
+            return [dx, dw, db]
+        # a frozen weight: the bias gradient alone, one reduction (x not kept for it)
+        axes = (0,) + tuple(range(2, self._axes + 2))
+        return [dx, None, _apply1(ReshapeLike(), _apply1(Reduce("sum", axes), g), b)]
 
-    def cuda(self, be, x, w):
-        (out,) = self.infer_arrays(x, w)
+    def cuda(self, be, x, w, b=None):
+        y = self._cuda_conv(be, x, w) if b is None else self._cuda_conv(be, x, w, b)
+        if b is not None and y.size:
+            # cuDNN's plans and the GEMM path stay bias-free (one plan per
+            # configuration); the bias is one broadcast add, in place
+            be.elementwise("add", y, self._channel_view(b, y.ndim - 2), out=y)
+        return y
+
+    def _cuda_conv(self, be, x, w, *b):
+        """The convolution without its bias, into a new array."""
+        (out,) = self.infer_arrays(x, w, *b)
         if 0 in out.shape or x.shape[1] == 0:      # no outputs, or sums over no channels
             return be.zeros(out.shape, out.dtype)
         y = self._on_cudnn(be, x, w, out.shape)
@@ -738,22 +809,47 @@ class ConvolutionBackwardData(_ConvGrad):
 
 class ConvolutionBackwardFilter(_ConvGrad):
     """Gradient of Convolution with respect to its weight: (g, x, w_ref) ->
-    an array shaped like w_ref (read only for its shape)."""
+    an array shaped like w_ref; with the bias's shape too, (g, x, w_ref,
+    b_ref) -> (dw, db), db (the sum of g over every axis but the channels)
+    shaped like b_ref. The refs are read only for their shape.
+
+    Example::
+
+        >>> dw, db = ConvolutionBackwardFilter(1, 1)(g, x, w, b)    # Convolution(1, 1)(x, w, b)'s
+    """
     name = "ConvolutionBackwardFilter"
     cudnn_direction = "backward_filter"
+    shape_only_inputs = (2, 3)
 
     @classmethod
     def examples(cls):
-        """(g, x, w_ref): 1-d, 2-d strided and grouped, 3-d strided and grouped."""
+        """(g, x, w_ref[, b_ref]): 1-d, 2-d strided and grouped, 3-d strided
+        and grouped; with a bias (O,) (1-d) and (1, O, 1, 1) (2-d grouped)."""
         return _examples(cls, [((1, 1, 2, 1), [(2, 3, 5), (2, 2, 5), (3, 2, 2)]),
                                (((2, 1), 1, 1, 2), [(1, 4, 3, 5), (1, 4, 5, 4), (4, 2, 3, 2)]),
-                               ((2, 1, 1, 2), [(1, 2, 2, 2, 3), (1, 4, 3, 3, 4), (2, 2, 2, 3, 2)])])
+                               ((2, 1, 1, 2), [(1, 2, 2, 2, 3), (1, 4, 3, 3, 4), (2, 2, 2, 3, 2)]),
+                               ((1, 1, 2, 1), [(2, 3, 5), (2, 2, 5), (3, 2, 2), (3,)]),
+                               (((2, 1), 1, 1, 2), [(1, 4, 3, 5), (1, 4, 5, 4), (4, 2, 3, 2), (1, 4, 1, 1)])])
 
     def _x_and_w(self, x, ref):
         return x, ref
 
-    def cpu(self, g, x, ref):
+    def infer(self, g, x, ref, bref=None):
+        if bref is None:
+            return super().infer(g, x, ref)
+        (dw,) = super().infer(g, x, ref)
+        if bref.shape is not None and ref.shape is not None and g.shape is not None:
+            self._check_bias(bref.shape, ref.shape[0], len(g.shape) - 2, (g, x, ref, bref))
+        return dw, TensorDesc(bref.shape, dw.dtype, g.device)
+
+    def cpu(self, g, x, ref, bref=None):
         out_sp = self._check_grad(g, x, ref)
+        if bref is not None:
+            self._check_bias(bref.shape, ref.shape[0], len(out_sp), (g, x, ref, bref))
+            both = self._on_onednn(g, x, tuple(ref.shape), bias=True) if onednn.fuse_bias_gradient() else None
+            if both is not None:
+                return both[0], both[1].reshape(bref.shape)
+            return self.cpu(g, x, ref), self._bias_grad(g, bref.shape)
         gw = self._on_onednn(g, x, tuple(ref.shape))
         if gw is not None:
             return gw
@@ -767,7 +863,23 @@ class ConvolutionBackwardFilter(_ConvGrad):
             gw = part if gw is None else np.add(gw, part, out=gw)                   # a sum over chunks
         return np.ascontiguousarray(gw).reshape(ref.shape)
 
-    def cuda(self, be, g, x, ref):
+    @staticmethod
+    def _bias_grad(g, bshape):
+        """The bias gradient, shaped ``bshape``: g summed over the images and
+        the spatial axes, one reduction (per image, the contiguous spatial
+        rows first: NumPy's fastest order)."""
+        n, o = g.shape[:2]
+        return g.reshape(n, o, prod(g.shape[2:])).sum(axis=(0, 2)).reshape(bshape)
+
+    def cuda(self, be, g, x, ref, bref=None):
+        if bref is None:
+            return self._cuda_filter(be, g, x, ref)
+        self.infer_arrays(g, x, ref, bref)
+        db = be.reduce("sum", g, axis=(0,) + tuple(range(2, g.ndim)))
+        return self._cuda_filter(be, g, x, ref), db.reshape(bref.shape)
+
+    def _cuda_filter(self, be, g, x, ref):
+        """The weight gradient on cuda, into a new array."""
         (out,) = self.infer_arrays(g, x, ref)
         if 0 in out.shape or x.shape[0] == 0:      # no weights, or a sum over no images
             return be.zeros(out.shape, out.dtype)
@@ -796,9 +908,11 @@ class ConvolutionBackwardFilter(_ConvGrad):
         return gw
 
     def vjp(self, inputs, outputs, grads):
-        (g, x, ref), (gg,) = inputs, grads
-        return [_apply1(Convolution(*self._attrs()), x, gg),
-                _apply1(ConvolutionBackwardData(*self._attrs()), g, gg, x), None]
+        g, x = inputs[0], inputs[1]
+        # db is linear in g alone: its gradient ggb adds to g's per channel,
+        # which is the bias of the same convolution
+        dg = _apply1(Convolution(*self._attrs()), x, *grads)
+        return [dg, _apply1(ConvolutionBackwardData(*self._attrs()), g, grads[0], x)] + [None] * (len(inputs) - 2)
 
     def cuda_source(self, ctype: str = "float") -> str:
         """``gc_conv_backward_filter_<ctype>(gy, x, gw, <_CONV_ARGS>)``: one

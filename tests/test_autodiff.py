@@ -614,3 +614,33 @@ def test_after_backward_callback_must_be_callable():
     with pytest.raises(TypeError, match=r"register_after_backward_callback: the callback must be callable, got int"):
         gm.register_after_backward_callback(5)
     assert gm.register_after_backward_callback(lambda: None) is gm
+
+
+# ---------------------------------------------------------------- issue 25 item 5: what record() attaches
+def test_record_attaches_what_is_attached_now():
+    """record() attaches from a plan made once per change of the attached
+    set: a tensor attached later, callbacks added later, and a tensor that
+    died since are all taken into account."""
+    import gc as pygc
+    a, b = gc.Parameter([1.0, 2.0]), gc.Parameter([3.0])
+    gm = GradManager().attach(a)
+    for _ in range(2):
+        a.grad = None
+        with gm:
+            gm.backward((a * a).sum())
+    np.testing.assert_array_equal(a.grad.numpy(), [2.0, 4.0])
+    seen = []
+    gm.attach(b).attach(a, callbacks=lambda t, g: seen.append(t) or g * 10)
+    a.grad = None
+    with gm:
+        gm.backward((a * a).sum() + (b * b).sum())
+    np.testing.assert_array_equal(a.grad.numpy(), [20.0, 40.0])
+    np.testing.assert_array_equal(b.grad.numpy(), [6.0])
+    assert len(seen) == 1 and seen[0] is a
+    del b, seen[:]
+    pygc.collect()
+    assert gm.attached_tensors() == [a]
+    a.grad = None
+    with gm:
+        gm.backward((a * 3).sum())
+    np.testing.assert_array_equal(a.grad.numpy(), [30.0, 30.0])

@@ -2,6 +2,8 @@
 curves (matplotlib) and summary; progress goes through tqdm."""
 import io
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -35,9 +37,10 @@ def test_digits_ship_with_the_package():
 
 
 def test_curves_are_drawn_with_log_loss_and_labelled_epochs(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     figures = []
-    monkeypatch.setattr(plt, "close", figures.append)       # keep the figure to inspect it
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (figures.append(fig), real(fig, *a, **k))[1])
     history = {"train loss": [2.0, 0.5, 0.1], "test loss": [2.1, 0.6, 0.2],
                "train accuracy": [0.3, 0.8, 0.95], "test accuracy": [0.3, 0.75, 0.9]}
     demo.plot_curves(str(tmp_path / "c.png"), history)
@@ -48,8 +51,27 @@ def test_curves_are_drawn_with_log_loss_and_labelled_epochs(tmp_path, monkeypatc
     assert ax_acc.get_ylabel() == "accuracy" and "loss" in ax_loss.get_ylabel()
     np.testing.assert_array_equal(ax_loss.lines[0].get_xdata(), [1, 2, 3])
     np.testing.assert_allclose(ax_acc.lines[1].get_ydata(), history["test accuracy"])
-    monkeypatch.undo()
-    plt.close(figures[0])
+    # drawn without pyplot: nothing registered with its figure manager
+    assert "matplotlib.pyplot" not in sys.modules or not sys.modules["matplotlib.pyplot"].get_fignums()
+
+
+def test_training_leaves_nothing_heavy_loaded_before_the_curves(tmp_path):
+    """The demo imports matplotlib only to draw (not while it trains), and
+    gives back the host pool's cached blocks and oneDNN's primitives
+    before it draws: checked in a child process, where nothing else has
+    imported matplotlib."""
+    code = ("import sys\n"
+            "import gradcore.demo as demo, gradcore.memory as mem\n"
+            "from gradcore.cpu import onednn\n"
+            "seen = {}\n"
+            "def plot(path, history):\n"
+            "    seen.update(mpl='matplotlib' in sys.modules, cached=mem.stats()['cached_bytes'],\n"
+            "                prims=onednn.stats()['size'])\n"
+            "demo.plot_curves = plot\n"
+            f"assert demo.main(['--out', {str(tmp_path)!r}, '--epochs', '1']) == 0\n"
+            "assert seen == dict(mpl=False, cached=0, prims=0), seen\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_progress_bar_draws_on_a_terminal_only(monkeypatch):

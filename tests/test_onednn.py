@@ -4,6 +4,7 @@ binding's cache, switches and fallbacks."""
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -261,7 +262,7 @@ def test_op_tests_pass_with_onednn_switched_off():
     both paths (CI runs the README's command, so the second run lives here)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = [os.path.join("tests", "ops", f) for f in ("test_conv.py", "test_conv3d.py", "test_conv_transpose.py",
-                                                       "test_nn.py", "test_boundaries.py")]
+                                                       "test_conv_bias.py", "test_nn.py", "test_boundaries.py")]
     env = dict(os.environ, GRADCORE_ONEDNN="0")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files], cwd=root,
                          env=env, capture_output=True, text=True)
@@ -274,7 +275,7 @@ def test_missing_or_broken_library_runs_numpy():
     library loads once per process)."""
     code = ("import numpy as np, gradcore, gradcore.functional as F\n"
             "import gradcore.cpu.onednn as o\n"
-            "o.candidate_paths = lambda: ['/nonexistent/libdnnl.so.3', o.__file__]\n"
+            "o.candidate_paths = lambda loader=True: ['/nonexistent/libdnnl.so.3', o.__file__]\n"
             "y = F.conv2d(gradcore.tensor(np.ones((1, 2, 4, 4), np.float32)), "
             "gradcore.tensor(np.ones((3, 2, 3, 3), np.float32)), padding=1)\n"
             "assert float(y.numpy()[0, 0, 1, 1]) == 18.0 and o.stats()['misses'] == 0\n"
@@ -282,6 +283,40 @@ def test_missing_or_broken_library_runs_numpy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "NumPy kernels" in out.stdout and "does not load" in out.stdout and "/nonexistent" in out.stdout
+
+
+def test_a_primitive_is_made_under_the_thread_count_it_runs_with():
+    """set_num_threads(1) with OpenMP's default of more: the primitive is
+    made for one thread (oneDNN splits its work at creation), so the
+    weight gradient of a 1-channel convolution is not made for two
+    threads and run on one (which took 3-6 ms instead of ~20 us)."""
+    import time
+    x, w, g = rnd(32, 1, 8, 8), rnd(16, 1, 3, 3, seed=1), rnd(32, 16, 8, 8, seed=2)
+    onednn.set_num_threads(1)
+    try:
+        onednn.clear_cache()
+        onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1)
+        best = min(_timed(lambda: onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1)) for _ in range(5))
+    finally:
+        onednn.set_num_threads(0)
+    assert best < 1e-3, best          # ~20 us; 3-6 ms when made for 2 threads
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def test_onednn_keeps_no_primitive_cache_of_its_own():
+    """gradcore's cache is the one cache: oneDNN's own (1024 primitives by
+    default) would keep every primitive and its JIT code past
+    clear_cache() and cache_limit."""
+    import ctypes
+    lib = ctypes.CDLL(onednn.library_path())        # the loaded library: the same handle
+    capacity = ctypes.c_int(-1)
+    assert lib.dnnl_get_primitive_cache_capacity(ctypes.byref(capacity)) == 0
+    assert capacity.value == 0
 
 
 def test_thread_setting():
@@ -317,6 +352,17 @@ OP_CASES = {
     "conv_transpose2d": (lambda x, w: GF.conv_transpose2d(x, w, stride=2, padding=1),
                          lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1),
                          [(2, 32, 6, 5), (32, 16, 4, 4)]),
+    # the bias inside the convolution primitive, its gradient from the weight-gradient primitive
+    "conv1d bias (O,)": (lambda x, w, b: GF.conv1d(x, w, b, stride=2, padding=1, groups=2),
+                         lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1, groups=2),
+                         [(2, 16, 19), (32, 8, 3), (32,)]),
+    "conv2d bias (1, O, 1, 1)": (lambda x, w, b: GF.conv2d(x, w, b, padding=1),
+                                 lambda x, w, b: F.conv2d(x, w, b.reshape(-1), padding=1),
+                                 [(2, 16, 9, 8), (32, 16, 3, 3), (1, 32, 1, 1)]),
+    "conv2d bias first layer": (lambda x, w, b: GF.conv2d(x, w, b, stride=2),
+                                lambda x, w, b: F.conv2d(x, w, b, stride=2), [(2, 3, 11, 12), (8, 3, 5, 5), (8,)]),
+    "conv3d bias": (lambda x, w, b: GF.conv3d(x, w, b, padding=1), lambda x, w, b: F.conv3d(x, w, b, padding=1),
+                    [(2, 16, 5, 6, 4), (16, 16, 3, 3, 3), (16,)]),
     "max_pool2d": (lambda x: GF.max_pool2d(x, 3, 2, 1), lambda x: F.max_pool2d(x, 3, 2, 1), [(2, 4, 9, 10)]),
     "avg_pool2d": (lambda x: GF.avg_pool2d(x, 3, 2, 1, mode="average"),
                    lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=True), [(2, 4, 9, 10)]),
@@ -372,6 +418,7 @@ def _second_order(gfn, arrays, w1, w2):
 
 
 @pytest.mark.parametrize("case", ["conv2d", "conv2d first layer", "conv3d", "conv_transpose2d", "max_pool2d",
+                                  "conv1d bias (O,)", "conv2d bias (1, O, 1, 1)", "conv3d bias",
                                   "avg_pool2d", "batch_norm", "conv2d + max_pool2d",
                                   "conv2d + avg_pool2d + batch_norm"])
 def test_second_order_gradients_unchanged(case, monkeypatch):
@@ -397,6 +444,38 @@ def test_second_order_gradients_unchanged(case, monkeypatch):
     for i, (a, b, c) in enumerate(zip(ours, numpy_path, theirs)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * scale, err_msg=f"oneDNN vs NumPy, input {i}")
         np.testing.assert_allclose(a, c, rtol=1e-3, atol=1e-4 * scale, err_msg=f"oneDNN vs torch, input {i}")
+
+
+@pytest.fixture(params=[1, 2])
+def threads(request):
+    onednn.set_num_threads(request.param)
+    yield request.param
+    onednn.set_num_threads(0)
+
+
+@pytest.mark.parametrize("form", [(8,), (1, 8, 1, 1)])
+def test_conv_bias_runs_inside_the_primitives(form, layout, threads):
+    """F.conv2d with a bias: one forward primitive made with the bias, and
+    on one thread one weight-gradient primitive with the bias gradient
+    (on more, the plain one and a NumPy sum: fuse_bias_gradient); the
+    values PyTorch's."""
+    onednn.clear_cache()
+    x, w, b = rnd(2, 16, 7, 6), rnd(8, 16, 3, 3, seed=1), rnd(*form, seed=2)
+    xs = [gradcore.Tensor(a) for a in (x, w, b)]
+    gm = GradManager().attach(xs)
+    with gm:
+        y = GF.conv2d(*xs, padding=1)
+        gm.backward((y * gradcore.Tensor(rnd(*y.shape, seed=3))).sum())
+    keys = list(onednn._cache)
+    assert [k[8] for k in keys if k[:2] == ("conv", 0)] == [True]       # forward: with the bias
+    # weights: and the bias gradient, on one thread
+    assert [k[9] for k in keys if k[:2] == ("conv", 2)] == [threads == 1]
+    ts = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
+    ty = F.conv2d(ts[0], ts[1], ts[2].reshape(-1), padding=1)
+    (ty * torch.tensor(rnd(*y.shape, seed=3))).sum().backward()
+    close(y.numpy(), ty)
+    for a, t in zip(xs, ts):
+        close(a.grad.numpy(), t.grad)
 
 
 def test_demo_training_steps_agree_on_both_paths(monkeypatch):

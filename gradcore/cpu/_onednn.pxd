@@ -181,6 +181,7 @@ ctypedef dnnl_status_t (*f_pd_query)(const void* pd, int what, int index, void* 
 ctypedef dnnl_status_t (*f_primitive_create)(dnnl_primitive_t* primitive, const void* pd) noexcept nogil
 ctypedef dnnl_status_t (*f_primitive_execute)(const void* primitive, dnnl_stream_t stream, int nargs,
                                               const dnnl_exec_arg_t* args) noexcept nogil
+ctypedef dnnl_status_t (*f_set_cache_capacity)(int capacity) noexcept nogil
 # GNU OpenMP (libgomp, which libdnnl of the -gomp build loads)
 ctypedef void (*f_omp_set_num_threads)(int n) noexcept nogil
 ctypedef int (*f_omp_get_max_threads)() noexcept nogil

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 from .._core import Tensor, apply as _apply
+from ..dtypes import promote_types
 from ..op import OpError
 from ..ops.conv import ConvTranspose, Convolution
 from ..ops.pool import AvgPool2d, MaxPool2d
@@ -64,13 +65,47 @@ def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mo
     dilation = _per_axis(name, "dilation", dilation, n, 1)
     if output_padding is None:
         op = _Convolution(*attrs, dilation, groups)
+        b = None if bias is None else _op_bias(x, w, bias, n)
     else:
         op = _ConvTranspose(*attrs, _per_axis(name, "output_padding", output_padding, n, 0), dilation, groups)
+        b = None
     try:
-        out = _apply(op, x, w)[0]
+        out = _apply(op, x, w)[0] if b is None else _apply(op, x, w, b)[0]
     except OpError as exc:
         raise _named(name, exc) from exc
-    return out if bias is None else _channel_bias(name, out, _t(bias, out))
+    return out if bias is None or b is not None else _channel_bias(name, out, _t(bias, out))
+
+
+def _op_bias(x: Tensor, w: Tensor, bias, n: int) -> Optional[Tensor]:
+    """``bias`` as the Convolution op's third input (the convolution and its
+    bias add as one op: one node recorded, one oneDNN primitive), or None
+    where it is added as a broadcast op after it, which gives exactly what
+    the op would not: a bias that is not one value per output channel, (O,)
+    or (1, O, 1, ...), one of another dtype than the convolution's output
+    (the add promotes; the op would convolve in the promoted dtype) or on
+    another device, or shapes not known yet (inside a trace)."""
+    if x.shape is None or w.shape is None or hasattr(x, "trace") or hasattr(w, "trace"):
+        return None
+    dtype = promote_types(x.dtype, w.dtype)
+    if dtype.kind != "f" or x.device != w.device:
+        return None
+    if not isinstance(bias, Tensor):
+        if hasattr(bias, "trace"):
+            return None
+        bias = _t(bias, _Like(dtype, x.device))     # as _t(bias, out) would make it
+    o = w.shape[0]
+    if (bias.dtype != dtype or bias.device != x.device
+            or tuple(bias.shape) not in ((o,), (1, o) + (1,) * n)):
+        return None
+    return bias
+
+
+class _Like:
+    """What ``_t`` reads of a tensor to convert a value like it: dtype and device."""
+    __slots__ = ("dtype", "device")
+
+    def __init__(self, dtype, device):
+        self.dtype, self.device = dtype, device
 
 
 def _channel_bias(name: str, out: Tensor, bias: Tensor) -> Tensor:
@@ -112,7 +147,9 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
     ``weight`` (O, C // groups, KH, KW), MegEngine's ``F.conv2d``. A grouped
     weight may also be given in MegEngine's 5-D form (groups, O // groups,
     C // groups, KH, KW). ``bias`` broadcasts against (N, O, OH, OW), e.g.
-    shape (1, O, 1, 1); a (O,) bias is one per channel.
+    shape (1, O, 1, 1); a (O,) bias is one per channel. A per-channel bias
+    of either form is added inside the convolution op (one op recorded; on
+    oneDNN, inside its primitive).
 
     Example::
 

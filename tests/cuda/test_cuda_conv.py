@@ -49,6 +49,24 @@ def test_conv2d_bias_and_5d_weight(cuda, matches_cpu, conv_path):
     matches_cpu(lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2), [x, w, b], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n, form", [(1, "O"), (2, "O"), (2, "1O11"), (3, "1O11")])
+def test_conv_bias_in_the_op_both_orders(cuda, matches_cpu, conv_path, n, form):
+    """The bias as Convolution's third input: added on cuda after the
+    convolution, its gradient one reduction beside the filter gradient."""
+    x, w, b = _rand(2, 4, *(5,) * n), _rand(6, 2, *(3,) * n, seed=1), _rand(6, seed=2)
+    if form != "O":
+        b = b.reshape((1, 6) + (1,) * n)
+    fn = {1: F.nn.conv1d, 2: F.conv2d, 3: F.conv3d}[n]
+    matches_cpu(lambda x, w, b: fn(x, w, b, stride=2, padding=1, groups=2) ** 2, [x, w, b], rtol=1e-4, atol=1e-4)
+
+
+def test_conv_bias_frozen_weight_and_empty_batch(cuda, matches_cpu):
+    x, w, b = _rand(2, 3, 5, 5), _rand(4, 3, 3, 3, seed=1), _rand(1, 4, 1, 1, seed=2)
+    matches_cpu(lambda x, b: F.conv2d(x, gc.Tensor(w, device=x.device), b, padding=1) ** 2, [x, b],
+                rtol=1e-4, atol=1e-4)
+    matches_cpu(lambda x, w, b: F.conv2d(x, w, b, padding=1), [_rand(0, 3, 5, 5), w, b], rtol=1e-4, atol=1e-4)
+
+
 def test_conv2d_float64(cuda, matches_cpu, conv_path):
     x, w = _rand(2, 4, 6, 5, dtype=np.float64), _rand(6, 2, 3, 2, dtype=np.float64)
     matches_cpu(lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2), [x, w],

@@ -266,6 +266,24 @@ def test_conv2d_gradients_to_second_order_on_cudnn(fake, monkeypatch, matches_cp
         assert call["groups"] == groups and call["math"] == cudnn.FMA_MATH
 
 
+@pytest.mark.parametrize("form", [(6,), (1, 6, 1, 1)])
+def test_conv2d_with_bias_on_cudnn_both_orders(fake, monkeypatch, matches_cpu, form):
+    """The bias in the Convolution op: cuDNN runs the same bias-free plans
+    (one forward, one filter gradient at first order) and the bias is one
+    broadcast add after it, its gradient one reduction."""
+    monkeypatch.setattr(gradcore.cuda, "allow_tf32_conv", False)
+    b = _rand(*form, seed=3)
+    matches_cpu(lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2) ** 2, [_rand(2, 4, 5, 5), _rand(6, 2, 3, 3), b],
+                rtol=1e-4, atol=1e-4)
+    calls = cudnn.context(fake.backend).calls
+    assert calls["conv_forward"] >= 1 and calls["conv_backward_filter"] >= 1
+    x, w = gc.Tensor(_rand(2, 4, 5, 5), device="cuda"), gc.Tensor(_rand(6, 2, 3, 3), device="cuda")
+    asked = fake.names().count("get_forward")
+    F.conv2d(x, w, gc.Tensor(b, device="cuda"), padding=1, groups=2)
+    F.conv2d(x, w, None, padding=1, groups=2)
+    assert fake.names().count("get_forward") == asked      # one plan with or without the bias
+
+
 def test_float32_gradients_with_tf32_within_its_tolerance(fake, matches_cpu):
     matches_cpu(lambda x, w: F.conv2d(x, w, padding=1), [_rand(2, 3, 5, 5), _rand(4, 3, 3, 3)],
                 rtol=2e-2, atol=2e-2, second_order=False)

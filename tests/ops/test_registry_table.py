@@ -44,7 +44,11 @@ def _cases():
                         (conv.Convolution(1, 1, 2, 1), [f(1, 1, 5, 5), f(1, 1, 2, 2)], None),
                         (conv.Convolution((2,), 1, 2, 2), [f(2, 4, 7), f(2, 2, 3)], None),
                         (conv.Convolution(1, 1, 1, 1), [f(1, 2, 3, 2, 3), f(2, 2, 2, 2, 2)], None),
-                        (conv.Convolution(2, 0, 1, 2), [f(1, 2, 3, 3, 3), f(2, 1, 2, 1, 2)], None)],
+                        (conv.Convolution(2, 0, 1, 2), [f(1, 2, 3, 3, 3), f(2, 1, 2, 1, 2)], None),
+                        # with a bias, both forms
+                        (conv.Convolution(2, 1, 1, 2), [f(2, 2, 5, 5), f(4, 1, 3, 3), f(4)], None),
+                        (conv.Convolution((2,), 1, 2, 2), [f(2, 4, 7), f(2, 2, 3), f(1, 2, 1)], None),
+                        (conv.Convolution(1, 1, 1, 1), [f(1, 2, 3, 2, 3), f(2, 2, 2, 2, 2), f(1, 2, 1, 1, 1)], None)],
         "ConvolutionBackwardData": [
             (conv.ConvolutionBackwardData(1, 0, 1, 1), [f(1, 3, 2, 2), f(3, 2, 3, 3), f(1, 2, 4, 4)], [0, 1]),
             (conv.ConvolutionBackwardData(2, 1, 1, 1), [f(1, 2, 3), f(2, 1, 2), f(1, 1, 5)], [0, 1]),
@@ -52,7 +56,9 @@ def _cases():
         "ConvolutionBackwardFilter": [
             (conv.ConvolutionBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2), f(1, 2, 4, 4), f(3, 2, 3, 3)], [0, 1]),
             (conv.ConvolutionBackwardFilter(2, 1, 1, 2), [f(1, 2, 3), f(1, 2, 5), f(2, 1, 2)], [0, 1]),
-            (conv.ConvolutionBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2, 1), f(1, 2, 3, 3, 2), f(3, 2, 2, 2, 2)], [0, 1])],
+            (conv.ConvolutionBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2, 1), f(1, 2, 3, 3, 2), f(3, 2, 2, 2, 2)], [0, 1]),
+            (conv.ConvolutionBackwardFilter(1, 0, 1, 1), [f(1, 3, 2, 2), f(1, 2, 4, 4), f(3, 2, 3, 3), f(3)], [0, 1]),
+            (conv.ConvolutionBackwardFilter(2, 1, 1, 2), [f(1, 2, 3), f(1, 2, 5), f(2, 1, 2), f(1, 2, 1)], [0, 1])],
         "MaxPool2d": [(pool.MaxPool2d(2), [f(1, 2, 4, 4)], None), (pool.MaxPool2d(3, 1, 1), [f(1, 1, 3, 3)], None)],
         "MaxPool2dBackward": [(pool.MaxPool2dBackward(2), [f(1, 2, 2, 2), f(1, 2, 4, 4)], [0])],
         "MaxPool2dGather": [(pool.MaxPool2dGather(2), [f(1, 2, 4, 4), f(1, 2, 4, 4)], [0])],
