@@ -128,7 +128,20 @@ def _ce_prepare(op, pred, label, g=None):
     return x - x.max(axis=1, keepdims=True), picked, n, inner
 
 
-class CrossEntropy(Op):
+class _CrossEntropyParams:
+    """The parameters CrossEntropy and its gradient share: the class axis and
+    the label smoothing (also as the kernels' double argument)."""
+    attrs = ("axis", "label_smooth")
+    derived = ("_smooth",)
+    devices = ("cpu", "cuda")
+
+    def __init__(self, axis: int = 1, label_smooth: float = 0.0):
+        self.axis = op_int(self.name, "axis", axis)
+        self.label_smooth = _smoothing(self.name, label_smooth)
+        self._smooth = np.float64(self.label_smooth)      # the kernels' argument
+
+
+class CrossEntropy(_CrossEntropyParams, Op):
     """(pred, label) -> the per-sample cross-entropy of the logits ``pred``
     along ``axis`` against the class indices ``label`` (pred's shape without
     ``axis``; a label in [0, n), else an IndexError), with MegEngine's label
@@ -143,14 +156,6 @@ class CrossEntropy(Op):
         [0.6931, 0.3133]
     """
     name = "CrossEntropy"
-    attrs = ("axis", "label_smooth")
-    derived = ("_smooth",)      # label_smooth as the kernels' double argument
-    devices = ("cpu", "cuda")
-
-    def __init__(self, axis: int = 1, label_smooth: float = 0.0):
-        self.axis = op_int("CrossEntropy", "axis", axis)
-        self.label_smooth = _smoothing("CrossEntropy", label_smooth)
-        self._smooth = np.float64(self.label_smooth)      # the kernels' argument
 
     @classmethod
     def examples(cls):
@@ -205,7 +210,7 @@ class CrossEntropy(Op):
         return _ce_source("cross_entropy", ctype)
 
 
-class CrossEntropyGrad(Composite):
+class CrossEntropyGrad(_CrossEntropyParams, Composite):
     """(pred, label, g) -> the gradient of ``sum(g * CrossEntropy(axis,
     label_smooth)(pred, label))`` with respect to pred: ``(softmax(pred) -
     (1 - a) * onehot(label) - a / n) * g`` with g broadcast along ``axis``.
@@ -220,14 +225,6 @@ class CrossEntropyGrad(Composite):
         [[1.0, -1.0]]
     """
     name = "CrossEntropyGrad"
-    attrs = ("axis", "label_smooth")
-    derived = ("_smooth",)
-    devices = ("cpu", "cuda")
-
-    def __init__(self, axis: int = 1, label_smooth: float = 0.0):
-        self.axis = op_int("CrossEntropyGrad", "axis", axis)
-        self.label_smooth = _smoothing("CrossEntropyGrad", label_smooth)
-        self._smooth = np.float64(self.label_smooth)      # the kernels' argument
 
     @classmethod
     def examples(cls):

@@ -524,7 +524,21 @@ def _cuda_float(op, *arrays):
                        *(TensorDesc(a.shape, a.dtype, "cuda") for a in arrays))
 
 
-class LSTMLayer(Op):
+class _LayerParams:
+    """The parameters an LSTM layer's op and its backward share: the number
+    of steps and the direction."""
+    attrs = ("steps", "reverse")
+    devices = ("cpu", "cuda")
+
+    def __init__(self, steps: int, reverse: bool = False):
+        from .reduce import op_int
+        self.steps = op_int(self.name, "steps", steps)
+        if self.steps < 1:
+            raise ValueError(f"{self.name}: steps must be at least 1, got {self.steps}")
+        self.reverse = bool(reverse)
+
+
+class LSTMLayer(_LayerParams, Op):
     """The recurrence of one LSTM layer (one direction) over a whole
     sequence: (gx, h0, c0, w_hh) -> (hs, cs, gates). gx (T, B, 4H) holds the
     input projections of every step, biases included (x W_ih^T + b_ih +
@@ -547,15 +561,6 @@ class LSTMLayer(Op):
         [0.0, 0.0]
     """
     name = "LSTMLayer"
-    attrs = ("steps", "reverse")
-    devices = ("cpu", "cuda")
-
-    def __init__(self, steps: int, reverse: bool = False):
-        from .reduce import op_int
-        self.steps = op_int("LSTMLayer", "steps", steps)
-        if self.steps < 1:
-            raise ValueError(f"LSTMLayer: steps must be at least 1, got {self.steps}")
-        self.reverse = bool(reverse)
 
     @classmethod
     def examples(cls):
@@ -612,7 +617,7 @@ class LSTMLayer(Op):
         return _LSTM_LAYER.source(ctype, helpers=_SIGMOID)
 
 
-class LSTMLayerBackward(Composite):
+class LSTMLayerBackward(_LayerParams, Composite):
     """(h0, c0, w_hh, hs, cs, gates, dhs, dcs, dgates) -> (dgx, dh0, dc0,
     dw_hh): the backward of ``LSTMLayer(steps, reverse)`` from its outputs
     (the activated gates, the cell states) and the gradients of all three
@@ -634,15 +639,6 @@ class LSTMLayerBackward(Composite):
         [0.0625, 0.0, 0.1875, 0.0]
     """
     name = "LSTMLayerBackward"
-    attrs = ("steps", "reverse")
-    devices = ("cpu", "cuda")
-
-    def __init__(self, steps: int, reverse: bool = False):
-        from .reduce import op_int
-        self.steps = op_int("LSTMLayerBackward", "steps", steps)
-        if self.steps < 1:
-            raise ValueError(f"LSTMLayerBackward: steps must be at least 1, got {self.steps}")
-        self.reverse = bool(reverse)
 
     @classmethod
     def examples(cls):
