@@ -61,13 +61,18 @@ def _np_sigmoid(x):
         return 1.0 / (1.0 + np.exp(-x))
 
 
-def _check_cell(op, gates, what, *descs, k):
-    """Every input of one floating-point dtype; the gate inputs (B, k*H),
-    the states (B, H)."""
+def _check_one_float_dtype(op, descs):
+    """Every input of one floating-point dtype, or an error naming them."""
     for d in descs:
         if d.dtype.kind != "f" or d.dtype != descs[0].dtype:
             raise op.error("needs inputs of one floating-point dtype, got "
                            + ", ".join(str(x.dtype) for x in descs), *descs)
+
+
+def _check_cell(op, gates, what, *descs, k):
+    """Every input of one floating-point dtype; the gate inputs (B, k*H),
+    the states (B, H)."""
+    _check_one_float_dtype(op, descs)
     if any(d.shape is None for d in descs):
         return
     for d in descs:
@@ -371,10 +376,7 @@ def _check_layer(op, descs, what):
     """One floating-point dtype; (T, B, 4H) sequences with T = op.steps and
     (B, H) states for the shapes named in ``what``: a list of "seq4", "seq",
     "state" or "w" per input."""
-    for d in descs:
-        if d.dtype.kind != "f" or d.dtype != descs[0].dtype:
-            raise op.error("needs inputs of one floating-point dtype, got "
-                           + ", ".join(str(x.dtype) for x in descs), *descs)
+    _check_one_float_dtype(op, descs)
     if any(d.shape is None for d in descs):
         return
     seq4 = next((d for d, k in zip(descs, what) if k == "seq4"), None)

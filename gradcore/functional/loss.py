@@ -28,7 +28,9 @@ from .shape import astype, expand_dims
 __all__ = ["nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss", "cosine_similarity"]
 
 
-def _reduce(name: str, loss: Tensor, reduction: str) -> Tensor:
+def _reduce_loss(name: str, loss: Tensor, reduction: str) -> Tensor:
+    """Every loss's ``reduction``: "mean" or "sum" over all elements, or
+    "none" (the elementwise loss as is)."""
     if reduction == "mean":
         return mean(loss)
     if reduction == "sum":
@@ -112,9 +114,9 @@ def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta:
         raise ValueError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
     d = abs(x - y)
     if beta == 0:
-        return _reduce("smooth_l1_loss", d, reduction)
+        return _reduce_loss("smooth_l1_loss", d, reduction)
     loss = where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta)
-    return _reduce("smooth_l1_loss", loss, reduction)
+    return _reduce_loss("smooth_l1_loss", loss, reduction)
 
 
 def kl_div(input: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
@@ -139,7 +141,7 @@ def kl_div(input: Tensor, target: Tensor, reduction: str = "mean", log_target: b
         loss = where(pos, y * log(where(pos, y, 1.0)), 0.0) - y * x
     if reduction == "batchmean":
         return sum(loss) / (x.shape[0] if x.ndim else 1)
-    return _reduce("kl_div", loss, reduction)
+    return _reduce_loss("kl_div", loss, reduction)
 
 
 def cosine_similarity(x1: Tensor, x2: Tensor, axis: int = 1, eps: float = 1e-8) -> Tensor:

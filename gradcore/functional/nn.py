@@ -36,7 +36,7 @@ from .indexing import embedding, one_hot  # noqa: F401
 from .linalg import linear, matmul  # noqa: F401
 from .shape import pixel_shuffle  # noqa: F401
 from .rnn import gru_cell, lstm_cell, rnn_cell, rnn_layer  # noqa: F401
-from .loss import cosine_similarity, ctc_loss, kl_div, nll_loss, smooth_l1_loss  # noqa: F401
+from .loss import _reduce_loss, cosine_similarity, ctc_loss, kl_div, nll_loss, smooth_l1_loss  # noqa: F401
 
 
 __all__ = [
@@ -512,18 +512,6 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
     if label_smooth:
         nll = nll * (1 - label_smooth) - mean(logp, axis) * label_smooth
     return _reduce_loss("cross_entropy", nll, reduction)
-
-
-def _reduce_loss(name: str, loss: Tensor, reduction: str) -> Tensor:
-    """Every loss's ``reduction``: "mean" or "sum" over all elements, or
-    "none" (the elementwise loss as is)."""
-    if reduction == "mean":
-        return mean(loss)
-    if reduction == "sum":
-        return sum(loss)
-    if reduction == "none":
-        return loss
-    raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def _label(label, pred: Tensor, name: Optional[str] = None) -> Tensor:
