@@ -18,19 +18,7 @@ import gradcore as gc
 from gradcore.autodiff import GradManager
 from gradcore.cuda import runtime
 
-_gpu_reason = None
-
-
-def gpu_unavailable_reason() -> Optional[str]:
-    global _gpu_reason
-    if _gpu_reason is None:
-        from gradcore.cuda.driver import CudaUnavailable, PyCudaDriver
-        try:
-            PyCudaDriver()
-            _gpu_reason = ""
-        except CudaUnavailable as exc:
-            _gpu_reason = str(exc)
-    return _gpu_reason or None
+from gpu_probe import gpu_unavailable_reason  # noqa: E402 (tests/cuda is on the path, as for fake_cudnn)
 
 
 @pytest.fixture(scope="session")

@@ -29,15 +29,7 @@ from gradcore.cuda import cudnn, runtime
 import fake_cudnn
 
 
-def gpu_unavailable_reason():
-    """None where PyCUDA finds a GPU, else why not (``conftest`` is not importable by name here:
-    tests/ops has one too)."""
-    from gradcore.cuda.driver import CudaUnavailable, PyCudaDriver
-    try:
-        PyCudaDriver()
-        return None
-    except CudaUnavailable as exc:
-        return str(exc)
+from gpu_probe import gpu_unavailable_reason  # noqa: E402
 
 # these check what happens where cuDNN cannot start; a GPU runs the real thing (and the tests below)
 

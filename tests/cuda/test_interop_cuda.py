@@ -17,15 +17,7 @@ from gradcore.cuda import dlpack
 
 
 
-def gpu_unavailable_reason():
-    """None where PyCUDA finds a GPU, else why not (``conftest`` is not importable by name:
-    tests/ops has one too)."""
-    from gradcore.cuda.driver import CudaUnavailable, PyCudaDriver
-    try:
-        PyCudaDriver()
-        return None
-    except CudaUnavailable as exc:
-        return str(exc)
+from gpu_probe import gpu_unavailable_reason  # noqa: E402
 
 
 
