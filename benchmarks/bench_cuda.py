@@ -583,11 +583,13 @@ os._exit(0)     # the fake GPU's context needs no clean-up
 """
 
 
-def cnn_start(cache_dir, kind):
+def cnn_start(cache_dir, kind, env=None):
     """Seconds from ``import gradcore`` to the end of the demo CNN's first
-    training step, in a fresh process with kernel cache ``cache_dir``."""
+    training step, in a fresh process with kernel cache ``cache_dir``
+    (``env``: the child's environment, default this process's)."""
     tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "cuda")
-    env = dict(os.environ, GRADCORE_KERNEL_CACHE=cache_dir, GRADCORE_CUDA="emulator" if kind == "emulator" else "gpu")
+    env = dict(os.environ if env is None else env, GRADCORE_KERNEL_CACHE=cache_dir,
+               GRADCORE_CUDA="emulator" if kind == "emulator" else "gpu")
     out = subprocess.run([sys.executable, "-c", CNN_STEP, kind, tests], capture_output=True, text=True, env=env,
                          timeout=1800)
     if out.returncode != 0:

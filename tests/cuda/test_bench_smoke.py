@@ -55,6 +55,8 @@ def test_gpu_check_dry_mode_runs_every_step_on_the_emulator(tmp_path):
                                                           "conv", "vision"}
     assert record["steps"]["graphs"]["max_difference"] == 0.0
     assert record["steps"]["demo"]["cuda"]["exit_code"] == 0
+    start = record["steps"]["demo"]["import_to_first_step"]
+    assert start["cold_s"] > 0 and start["warm_s"] > 0 and start["warm_bytecode_cached_s"] > 0
     assert "tiny op forward" in record["steps"]["bench"]["figures"]["cases"]
     assert (tmp_path / "gpu_check.log").read_text().count("[gpu_check] ==") == len(steps)
 
