@@ -12,7 +12,6 @@
 #   Tensor            the array type; fields _data, _device, grad, _version
 #                     are read and written by gradcore's Python modules
 #   OpBase            compiled base of gradcore.op.Op (per-op caches)
-#   OpFunction        F.xxx wrapper around one single-output op
 #   GradKey           one recording (a tape): enter/exit/attach/backward,
 #                     tracks, is_attached, recording, phase, owner_name,
 #                     records_in_this_thread, entered_in_this_thread
@@ -23,7 +22,11 @@
 #   apply, apply1, wrap_array, shape_carrier, broadcast_view
 #   register_grad_rule, unregister_grad_rule, registered_grad_rule
 #   _install_hooks       called once at import by the Python modules
-#   _record_custom       records already computed outputs (Function paths)
+#   _rule_run_tensor, _rule_run_raw
+#                        a grad rule's backward as a CompiledBackward (every
+#                        gradient form runs through the same node kind)
+#   _clear_scalar_cache, _set_node_priority,
+#   _enter_backward_priority, _exit_backward_priority
 #   _set_anomaly, _anomaly_enabled
 #   _set_pending_hooks, _set_pending_count, _in_raw_backward
 #                        results still in flight (gradcore.distributed's
