@@ -2068,9 +2068,10 @@ cdef object _sum_to_raw(op, object g, tuple shape):
     return r.reshape(shape)
 
 
-cdef object _shape_error(op, g, shape):
+cdef object _shape_error(op, g, shape, Py_ssize_t j=-1):
+    which = f"input {j}" if j >= 0 else "an input"
     return ValueError(f"{_op_name(op)}: backward returned a gradient of shape {tuple(g.shape)} "
-                      f"for an input of shape {tuple(shape)}")
+                      f"for {which} of shape {tuple(shape)}")
 
 
 cdef void _check_reducible(GradFn node, object g, Py_ssize_t j) except *:
@@ -2282,13 +2283,34 @@ cdef inline object _unwrap(object v):
     return (<Tensor>v)._data if isinstance(v, Tensor) else v
 
 
+cdef bint _shape_differs(object a, object b):
+    """Whether arrays ``a`` and ``b`` differ in shape (C compare for ndarrays)."""
+    if a is b:
+        return False
+    if type(a) is _ndarray and type(b) is _ndarray:
+        nd = cnp.PyArray_NDIM(<cnp.ndarray>a)
+        if nd != cnp.PyArray_NDIM(<cnp.ndarray>b):
+            return True
+        for k in range(nd):
+            if cnp.PyArray_DIMS(<cnp.ndarray>a)[k] != cnp.PyArray_DIMS(<cnp.ndarray>b)[k]:
+                return True
+        return False
+    return tuple(a.shape) != tuple(b.shape)
+
+
 cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
     """Run one node's backward: its gradients go to its input slots, and an
     attached tensor whose last producer this was gets its callback."""
     cdef GradSlot s
     cdef Py_ssize_t j, nd
+    cdef bint like_output
     grads = _node_grads(node, tensor_mode) if node.reaches else None
     if grads is not None:
+        # an op whose gradients may come back broadcast, recorded with every
+        # input that gets a gradient in its output's shape (no in_shapes):
+        # each gradient must have that shape. A wrong one is the op's
+        # backward's mistake, named here, not broadcast silently further on
+        like_output = node.in_shapes is None and node.slot0 is not None and node.backward.reduce_broadcast
         if GC_RARELY(_n_pending != 0):
             # a deferred gradient is completed before a backward reads it; a
             # node that only routes its gradient on (passthrough) leaves it in flight
@@ -2313,6 +2335,8 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
                 if node.in_shapes is not None and (<Tensor>g)._data.shape != node.in_shapes[j]:
                     _check_reducible(node, g._data, j)
                     g = _h_sum_to(g, node.in_shapes[j])
+                elif like_output and _shape_differs((<Tensor>g)._data, (<Tensor>grads)._data):
+                    raise _shape_error(node.op, (<Tensor>g)._data, (<Tensor>grads)._data.shape, j)
                 _acc_tensor(<GradSlot>d, g)
             else:
                 if node.in_shapes is not None and g.shape != node.in_shapes[j]:
@@ -2320,6 +2344,8 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
                     if GC_RARELY(_n_pending != 0):
                         _h_pending.settle(g)
                     g = _sum_to_raw(node.op, g, node.in_shapes[j])
+                elif like_output and _shape_differs(g, grads):
+                    raise _shape_error(node.op, g, grads.shape, j)
                 _acc_raw(<GradSlot>d, g)
     for j in range(node.nin):
         s = _dest(node, j)

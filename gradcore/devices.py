@@ -39,8 +39,10 @@ def require_cuda():
 
 def _no_cuda_kernel(op):
     name = op._name() if hasattr(op, "_name") else getattr(op, "name", type(op).__name__)
-    return NotImplementedError(f"{name} has no cuda kernel (no cuda(be, *arrays) launcher); "
-                               "run it on the cpu, or give the op a launcher next to its cuda_source")
+    return NotImplementedError(f"{name} has no cuda kernel: give it a `cuda_source` (its CUDA C kernel; "
+                               f"a launcher `cuda(self, be, *arrays)` too when the kernel's parameters are "
+                               f"not the inputs, the outputs and `long long n`), or run it on the cpu "
+                               f"(move the inputs with .to('cpu'))")
 
 
 def _make_cuda_launcher(op):

@@ -63,6 +63,7 @@ class Trace:
         # value ids of the traced op's inputs whose gradient the backward
         # does not return (gradcore.op.needs_grad reads it)
         self.no_grad = frozenset()
+        self.op = None          # the op whose backward is traced (for error messages)
 
     def new_value(self, desc: TensorDesc) -> "SymbolicTensor":
         self.descs.append(desc)
@@ -86,6 +87,15 @@ class SymbolicTensor:
 
     def __repr__(self):
         return f"SymbolicTensor(v{self.vid}, {self.desc})"
+
+    def __bool__(self):
+        # a traced graph holds for every value: a Python branch on one would
+        # take the same side for every element and every later call
+        op = self.trace.op
+        who = repr(op) if op is not None else "a traced backward"
+        raise TypeError(f"{who}: a tensor's value is not known "
+                        f"while a vjp or decompose is traced, so it has no truth value (Python `if`, "
+                        f"`and`, `or`, `not` on a tensor); choose elementwise with F.where(cond, a, b)")
 
     def _bin(name):
         def fwd(self, other):
@@ -265,7 +275,9 @@ def _vjp_of_decomposition(op, inputs, outputs, grads):
     fwd_nodes = trace.nodes[start:]
     # the op's real outputs stand in for the decomposition's: no recomputation
     alias = {r.vid: o for r, o in zip(res, outputs)}
-    sym = lambda vid: alias.get(vid) or SymbolicTensor(trace, vid, trace.descs[vid])
+    def sym(vid):
+        found = alias.get(vid)
+        return found if found is not None else SymbolicTensor(trace, vid, trace.descs[vid])
     grad_of = {r.vid: g for r, g in zip(res, grads) if g is not None}
     for node in reversed(fwd_nodes):
         gs = [grad_of.get(o) for o in node.outs]
@@ -278,7 +290,7 @@ def _vjp_of_decomposition(op, inputs, outputs, grads):
         for a, x, g in zip(node.args, ins, in_grads):
             if not isinstance(a, int) or g is None or not isinstance(g, SymbolicTensor):
                 continue
-            if node.op.reduce_broadcast:
+            if describe(node.op).reduce_broadcast:
                 g = _sum_to_like(g, x)
             prev = grad_of.get(a)
             grad_of[a] = g if prev is None else prev + g
@@ -296,6 +308,7 @@ def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> B
     if describe(op).traced is None:
         raise _core.NotDifferentiableError(_not_differentiable_msg(op))
     trace = Trace()
+    trace.op = op
     # shapes stay unknown: the graph must hold for every shape
     ins = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in descs]
     trace.no_grad = frozenset(x.vid for x, r in zip(ins, requires_grad) if not r)
@@ -441,7 +454,7 @@ def _compile(graph: BackwardGraph, device: str):
     cb.input_has_grad = tuple(graph.input_has_grad)
     cb.saves_inputs = any(v < n_in for v in graph.saved_vids)
     cb.any_grad = any(graph.input_has_grad)
-    cb.reduce_broadcast = bool(getattr(graph.op, "reduce_broadcast", False))
+    cb.reduce_broadcast = describe(graph.op).reduce_broadcast
     cb.kind = describe(graph.op).traced
     # a graph without nodes only routes output grads to inputs (add, sub's x,
     # broadcast, identity): the core does that without calling Python
@@ -644,6 +657,7 @@ def infer_by_tracing(op, descs):
     symbolic inputs (each op inside checks its own inputs). Installed into
     ``gradcore.op`` at import, which sits below this module."""
     trace = Trace()
+    trace.op = op
     ins = [trace.new_value(d) for d in descs]
     res = op.decompose(*ins)
     res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)

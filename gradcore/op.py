@@ -187,9 +187,14 @@ class OpDescription:
     - ``params``: ``(name, default)`` per constructor parameter; ``arity``:
       ``(attribute, (min, max))`` inputs of the forward, or None;
       ``has_infer``: the forward consults the class's own ``infer``;
+      ``reduce_broadcast``: a backward's gradient in the inputs' broadcast
+      shape is summed down centrally (default True);
       ``check``: ``domain``, ``check_shapes``, ``check_params``,
       ``check_gradient``, ``max_grad_order`` (1: its backward has no gradient
-      of its own), ``examples`` as declared.
+      of its own), ``examples`` as declared;
+    - ``misspelt``: ``(defined, meant)`` pairs, a member whose name is one
+      typo away from a protocol member the class lacks (``vpj`` for ``vjp``):
+      registration and ``check_op`` refuse the class with the pair named.
 
     Example::
 
@@ -198,7 +203,7 @@ class OpDescription:
     """
 
     __slots__ = ("cls", "name", "grad_rule", "traced", "devices", "kernels", "params", "arity",
-                 "has_infer", "check", "forward_by_rule", "elementwise")
+                 "has_infer", "check", "forward_by_rule", "elementwise", "reduce_broadcast", "misspelt")
 
     def __init__(self, cls):
         self.cls = cls
@@ -234,9 +239,12 @@ class OpDescription:
         # an op of the elementwise row table: each instance's ``row`` (what
         # the fused CUDA backward kernels are written from)
         self.elementwise = hasattr(cls, "row")
+        # gradients may come back in the inputs' broadcast shape (summed down centrally)
+        self.reduce_broadcast = bool(getattr(cls, "reduce_broadcast", True))
         self.check = {a: getattr(cls, a, None) for a in
                       ("domain", "check_shapes", "check_params", "check_gradient", "max_grad_order",
                        "examples")}
+        self.misspelt = _misspelt_members(cls, self)
 
     @property
     def grad_path(self) -> Optional[str]:
@@ -255,6 +263,46 @@ class OpDescription:
     def __repr__(self):
         return (f"OpDescription({self.name}: grad path {self.grad_path}, devices {self.devices}, "
                 f"kernels {self.kernels}, params {[p for p, _ in self.params]})")
+
+
+# protocol members an author defines, by what their absence leaves undone
+_GRADIENT_MEMBERS = ("vjp", "decompose", "_grad_rule")
+_FORWARD_MEMBERS = ("infer", "cpu", "cuda", "cuda_source")
+_CHECK_MEMBERS = ("examples", "check_params", "check_shapes", "check_gradient", "max_grad_order", "domain")
+
+
+def _typo_distance(a: str, b: str) -> int:
+    """Edits (insert, delete, substitute, swap two neighbours) from a to b,
+    ignoring case and leading underscores."""
+    a, b = a.lower().lstrip("_"), b.lower().lstrip("_")
+    prev2, prev = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+def _misspelt_members(cls, desc) -> tuple:
+    """``(defined, meant)`` for members of ``cls`` (its own, not inherited)
+    that look like a typo of a protocol member the class does not have: an
+    op that silently lost its gradient, kernel or check settings."""
+    missing = [m for m in _FORWARD_MEMBERS + _CHECK_MEMBERS if getattr(cls, m, None) is None]
+    if desc.grad_rule is False and desc.traced is None:
+        missing += list(_GRADIENT_MEMBERS)
+    found = []
+    for name in cls.__dict__:
+        if name.startswith("__") or name in _GRADIENT_MEMBERS + _FORWARD_MEMBERS + _CHECK_MEMBERS:
+            continue
+        for meant in missing:
+            allowed = 1 if len(meant.lstrip("_")) <= 5 else 2
+            if _typo_distance(name, meant) <= allowed:
+                found.append((name, meant))
+                break
+    return tuple(found)
 
 
 def positional_arity(fn, drop_self: bool = True):
@@ -395,9 +443,11 @@ class Op(_core.OpBase, metaclass=_op_intern.OpMeta):
     attrs: Tuple[str, ...] = ()
     # indices of inputs whose value is never read, only their shape/dtype
     shape_only_inputs: Tuple[int, ...] = ()
-    # the backward graph returns grads in the broadcast output shape and the
-    # core reduces them to each input's shape
-    reduce_broadcast: bool = False
+    # a backward may return an input's gradient in the inputs' broadcast
+    # shape: the core sums it down to the input's shape (and names the op
+    # when it cannot). An op whose gradients always have their inputs' shapes
+    # may say False: it saves a shape comparison per call
+    reduce_broadcast: bool = True
     # the package the op was registered from (set by the registry)
     dist: str = ""
 

@@ -94,6 +94,10 @@ def register_op(cls=None, *, name: Optional[str] = None):
             ...
     """
     def do(c):
+        if _state.current_dist is None:
+            # called by a script, not by a plugin being loaded: the installed
+            # ops first, so that a name they use is refused here, not theirs later
+            load()
         key = name or getattr(c, "name", "") or c.__name__
         dist = _state.current_dist or _dist_of_module(c.__module__)
         old = _state.ops.get(key)
@@ -140,6 +144,8 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
     """Checks made when an op class is registered, each failure an
     ``OpDeclarationError`` naming the op and what to add:
 
+    - no member is a typo of a protocol member the class lacks (``vpj``);
+    - an op with a ``vjp`` has ``infer`` (its backward is traced from it);
     - ``vjp`` takes ``(self, inputs, outputs, grads)``;
     - ``_grad_rule`` and ``decompose`` accept the forward's inputs (as many
       as ``cpu``/``infer`` take, when those say);
@@ -160,6 +166,14 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
         raise OpDeclarationError(f"{where}: register_op expects an op class, got {type(c).__name__}")
 
     desc = describe(c)
+    if desc.misspelt:
+        raise OpDeclarationError(
+            f"{where} defines " + ", ".join(f"{found!r} (did you mean {meant!r}?)" for found, meant in desc.misspelt)
+            + ": the op has no member of that name, so what it was meant to do is not done; rename it")
+    if desc.traced == "vjp" and not desc.has_infer:
+        raise OpDeclarationError(
+            f"{where} has a vjp but no shape inference: its backward graph is traced from "
+            f"`infer(self, *descs)`, which returns a TensorDesc per output (shape, dtype, device); add it")
     vjp = getattr(c, "vjp", None)
     if vjp is not None and callable(vjp):
         ar = _positional_arity(vjp)

@@ -339,15 +339,17 @@ def _run(op, arrays, device="cpu", modified=None):
     return outs
 
 
-def _compare_with_cpu(check, what, got, ref):
+def _compare_with_cpu(check, what, got, ref, exact=False):
     """Fail ``check`` for each array computed on cuda (``got``) that is not
-    the cpu's (``ref``; None: nothing to compare) within float32 tolerance."""
+    the cpu's (``ref``; None: nothing to compare) within float32 tolerance
+    (``exact``: float64's, for results computed in double)."""
+    rtol, atol = (1e-6, 1e-8) if exact else (1e-4, 1e-5)
     for j, (g, r) in enumerate(zip(got, ref)):
         if r is None:
             continue
         if g.shape != r.shape or g.dtype != r.dtype:
             check.failed(f"{what} {j}: cuda gives {g.shape} {g.dtype}, cpu {r.shape} {r.dtype}")
-        elif not np.allclose(g, r, rtol=1e-4, atol=1e-5, equal_nan=True):
+        elif not np.allclose(g, r, rtol=rtol, atol=atol, equal_nan=True):
             check.failed(f"{what} {j}: cuda and cpu values differ by up to "
                          f"{np.max(np.abs(g.astype(np.float64) - r)):.3g}")
 
@@ -588,8 +590,9 @@ def _forward_arity(cls) -> tuple:
 def _instances_for(op, seed: int = 0) -> List:
     """The instances ``check_op`` checks: ``op`` itself; for a class, one
     per ``check_params`` entry, else the class built with its defaults and,
-    for each numeric parameter, with two more values drawn from ``seed``
-    (a gradient right only at the default must not pass)."""
+    for each numeric parameter, with two more values drawn from ``seed``,
+    for each bool parameter with its other value (a gradient right only at
+    the default must not pass)."""
     if not isinstance(op, type):
         return [op]
     desc = describe(op)
@@ -605,13 +608,15 @@ def _instances_for(op, seed: int = 0) -> List:
             f"classmethod examples() returning [(op_instance, [input arrays]), ...]") from None
     rng = np.random.default_rng(seed)
     for name, default in desc.params:
-        if isinstance(default, bool) or not isinstance(default, (int, float)):
-            continue
-        for _ in range(2):
-            if isinstance(default, int):
-                value = default + int(rng.integers(1, 4))
-            else:
-                value = round(float(default) * rng.uniform(0.3, 1.7) + rng.uniform(0.2, 1.0), 3)
+        if isinstance(default, bool):
+            values = [not default]                  # a flag: its other value
+        elif isinstance(default, int):
+            values = [default + int(rng.integers(1, 4)) for _ in range(2)]
+        elif isinstance(default, float):
+            values = [round(default * rng.uniform(0.3, 1.7) + rng.uniform(0.2, 1.0), 3) for _ in range(2)]
+        else:
+            continue                                # strings and the rest: check_params says which
+        for value in values:
             try:
                 inst = op(**{name: value})
             except Exception:
@@ -732,16 +737,23 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     elif not devmod.is_cuda_available():
         c.skipped(cuda_skip := f"CUDA unavailable: {devmod.cuda_unavailable_reason()}")
     else:
-        ref = outs.get("float32") or outs.get("input")
-        try:
-            got = _run(op, a32 if has_float else arrays, "cuda")
-            if ref is not None:
-                _compare_with_cpu(c, f"{tag}output", got, ref)
-            if not c.fail:
-                c.passed()
-        except Exception as exc:
-            c.failed(f"{tag}{_fmt_exc(exc)}")
-        if c.fail:
+        # both float types: a launcher can be right for one element type only
+        # (a float32 scalar argument handed to the double kernel reads garbage)
+        for dt, arrs in (("float32", a32), ("float64", a64)) if has_float else (("input", arrays),):
+            modified = []
+            try:
+                got = _run(op, arrs, "cuda", modified=modified)
+            except Exception as exc:
+                c.failed(f"{tag}{dt} inputs: {_fmt_exc(exc)}")
+                continue
+            if outs.get(dt) is not None:
+                _compare_with_cpu(c, f"{tag}{dt} inputs: output", got, outs[dt], exact=dt == "float64")
+            for i in modified:
+                c.failed(f"{tag}{dt} inputs: the cuda kernel changed input {i} (shape {arrs[i].shape}) in "
+                         f"place; a kernel must not write its inputs (declare them `const T*`)")
+        if not c.fail:
+            c.passed()
+        else:
             cuda_skip, cuda_na = "the forward fails on cuda", True
 
     # ---- infer

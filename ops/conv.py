@@ -574,6 +574,7 @@ class Convolution(_ConvOp):
         >>> Convolution((1, 1), (1, 1))(x, w, b)     # F.conv2d(x, w, b, padding=1): one op
     """
     name = "Convolution"
+    reduce_broadcast = False
     input_dtypes = dtypes.promoted_inputs      # a float16 input with a float32 weight: float32
 
     @classmethod
@@ -705,6 +706,7 @@ class ConvolutionBackwardData(_ConvGrad):
     """Gradient of Convolution with respect to its input: (g, weight, x_ref)
     -> an array shaped like x_ref (read only for its shape)."""
     name = "ConvolutionBackwardData"
+    reduce_broadcast = False
     cudnn_direction = "backward_data"
 
     @classmethod
@@ -818,6 +820,7 @@ class ConvolutionBackwardFilter(_ConvGrad):
         >>> dw, db = ConvolutionBackwardFilter(1, 1)(g, x, w, b)    # Convolution(1, 1)(x, w, b)'s
     """
     name = "ConvolutionBackwardFilter"
+    reduce_broadcast = False
     cudnn_direction = "backward_filter"
     shape_only_inputs = (2, 3)
 
@@ -932,6 +935,7 @@ class ConvTranspose(_ConvOp):
     convolve back to the input's. Its gradients are the convolution ops
     themselves: x -> Convolution (g, w), w -> ConvolutionBackwardFilter (x, g, w_ref)."""
     name = "ConvTranspose"
+    reduce_broadcast = False
     input_dtypes = dtypes.promoted_inputs      # mixed float widths: the wider
     attrs = ("stride", "padding", "output_padding", "dilation", "groups")
     _per_axis_attrs = ("stride", "padding", "output_padding", "dilation")

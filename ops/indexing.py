@@ -225,6 +225,7 @@ def _outer_n_inner(shape, ax):
 class Subtensor(Op):
     """``x[index]``; index arrays are extra inputs."""
     name = "Subtensor"
+    reduce_broadcast = False
     check_params = ({"spec": (("s", 1, 3, None), ("s", None, None, 2))}, {"spec": (("s", None, -1, None),)})
     attrs = ("spec",)
 
@@ -268,6 +269,7 @@ class SubtensorGrad(Op):
     """Zeros shaped like ``ref`` with ``g`` added at ``index`` (repeated
     indices accumulate): the backward of Subtensor."""
     name = "SubtensorGrad"
+    reduce_broadcast = False
     check_params = ({"spec": (("s", 1, 3, None), ("s", None, None, 2))},)
     check_shapes = (((1, 2), (2, 3)), ((0, 2), (0, 3)))
     attrs = ("spec",)
@@ -407,6 +409,7 @@ class IndexingOneHot(Op):
     """``out[..., i, ...] = x[..., index[i], ...]`` along ``axis``: one element
     per position (MegEngine's indexing_one_hot)."""
     name = "IndexingOneHot"
+    reduce_broadcast = False
     attrs = ("axis", "keepdims")
 
     def __init__(self, axis=1, keepdims=False):
@@ -480,6 +483,7 @@ def _check_one_hot_range(index, x_shape, ax, index_shape=None):
 
 class IndexingOneHotGrad(Op):
     name = "IndexingOneHotGrad"
+    reduce_broadcast = False
     attrs = ("axis", "keepdims")
     shape_only_inputs = (1,)
 
@@ -648,6 +652,7 @@ class Gather(Op):
     MegEngine's F.gather): index has x's rank and is no larger than x outside
     ``axis``; the output has index's shape."""
     name = "Gather"
+    reduce_broadcast = False
     attrs = ("axis",)
 
     def __init__(self, axis=0):
@@ -698,6 +703,7 @@ class GatherGrad(Op):
     """Zeros shaped like ``ref`` with ``g`` added where ``index`` points
     (repeated indices accumulate): Gather's backward (a scatter-add)."""
     name = "GatherGrad"
+    reduce_broadcast = False
     attrs = ("axis",)
     shape_only_inputs = (1,)
 
@@ -757,6 +763,7 @@ class Scatter(Op):
     repeated indices the last write wins). index and source have the same
     shape, x's rank, and are no larger than x outside ``axis``."""
     name = "Scatter"
+    reduce_broadcast = False
     attrs = ("axis",)
 
     def __init__(self, axis=0):
@@ -840,6 +847,7 @@ class Sort(Op):
     """(sorted values, int32 indices) along the last axis (MegEngine's
     F.sort); stable: equal values keep their order."""
     name = "Sort"
+    reduce_broadcast = False
     attrs = ("descending",)
 
     def __init__(self, descending=False):
@@ -894,6 +902,7 @@ class TopK(Op):
     "sorted" (in order), "no_sort" (in index order), "kth_only" (only the
     k-th one: the last axis is removed)."""
     name = "TopK"
+    reduce_broadcast = False
     check_params = ({"k": 2}, {"k": 1, "descending": True})
     attrs = ("k", "descending", "mode")
 

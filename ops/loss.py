@@ -156,6 +156,7 @@ class CrossEntropy(_CrossEntropyParams, Op):
         [0.6931, 0.3133]
     """
     name = "CrossEntropy"
+    reduce_broadcast = False
 
     @classmethod
     def examples(cls):
@@ -480,6 +481,7 @@ class CTCLoss(Op):
     """(log_probs (T, N, C), targets (N, S), input_lengths (N,),
     target_lengths (N,)) -> the per-sample negative log likelihood (N,)."""
     name = "CTCLoss"
+    reduce_broadcast = False
     devices = ("cpu", "cuda")
     attrs = ("blank",)
     max_grad_order = 1      # CTCLossGrad declares no gradient: check_op's gradgrad is not applicable

@@ -37,6 +37,7 @@ def _check_axis(op, x):
 
 class LogSoftmax(Op):
     name = "LogSoftmax"
+    reduce_broadcast = False
     attrs = ("axis",)
 
     def __init__(self, axis=-1):
@@ -87,6 +88,7 @@ class Softmax(Op):
     (``exp(log_softmax(x))``) too, but its hand VJP is measurably better: it
     reads only the output, where the derived graph recomputes from x."""
     name = "Softmax"
+    reduce_broadcast = False
     attrs = ("axis",)
 
     def __init__(self, axis=-1):
@@ -314,6 +316,7 @@ class BatchNormTraining(_BatchNorm):
     batch's statistics over every axis but 1; weight, bias and both
     statistics are (1, C, 1, ...); invstd = 1 / sqrt(biased variance + eps)."""
     name = "BatchNormTraining"
+    reduce_broadcast = False
 
     @classmethod
     def examples(cls):

@@ -283,6 +283,7 @@ class _MaxPoolArgmax(_PoolBase):
 class MaxPool2d(_MaxPoolArgmax, _PoolForward):
     """Max over KH x KW windows (padding never wins: it counts as -inf)."""
     name = "MaxPool2d"
+    reduce_broadcast = False
     check_params = ({"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1})
 
     def cpu(self, x):
@@ -316,6 +317,7 @@ class MaxPool2dBackward(_MaxPoolArgmax):
     """(g, x) -> zeros shaped like x with each g added at its window's
     argmax (the first maximum): the backward of MaxPool2d."""
     name = "MaxPool2dBackward"
+    reduce_broadcast = False
     check_params = ({"kernel_size": 2},)
     check_shapes = (((1, 2, 2, 2), (1, 2, 4, 4)),)
 
@@ -353,6 +355,7 @@ class MaxPool2dGather(_MaxPoolArgmax):
     """(gg, x) -> gg read at each window's argmax of x, in the pooled shape:
     the backward of MaxPool2dBackward (and the forward-mode of MaxPool2d)."""
     name = "MaxPool2dGather"
+    reduce_broadcast = False
     check_params = ({"kernel_size": 2},)
     check_shapes = (((1, 2, 4, 4), (1, 2, 4, 4)),)
 
@@ -437,6 +440,7 @@ class AvgPool2d(_AvgBase, _PoolForward):
     (MegEngine's default) divides by the number of non-padding elements,
     "average" by KH * KW."""
     name = "AvgPool2d"
+    reduce_broadcast = False
     check_params = ({"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1})
 
     def cpu(self, x):
@@ -472,6 +476,7 @@ class AvgPool2dBackward(_AvgBase):
     """(g, x_ref) -> each g divided by its window's count, spread over the
     window, in x_ref's shape (read only for its shape)."""
     name = "AvgPool2dBackward"
+    reduce_broadcast = False
     check_params = ({"kernel_size": 2},)
     check_shapes = (((1, 2, 2, 2), (1, 2, 4, 4)),)
     shape_only_inputs = (1,)

@@ -68,6 +68,7 @@ _KERNELS = {"sum": np.add.reduce, "mean": _mean, "max": np.maximum.reduce,
 class Reduce(Op):
     """Reduce over ``axis`` (None: all) with mode sum, mean, max, min or prod."""
     name = "Reduce"
+    reduce_broadcast = False
     check_params = ({"mode": "sum", "axis": 1}, {"mode": "mean"}, {"mode": "max", "axis": 0},
                     {"mode": "prod", "axis": -1, "keepdims": True})  # for generated checks
     attrs = ("mode", "axis", "keepdims")
@@ -394,6 +395,7 @@ class BroadcastBack(Op):
     """Broadcast a reduced gradient back to the shape of ``ref`` (and divide
     by the element count for a mean): the backward of a reduction."""
     name = "BroadcastBack"
+    reduce_broadcast = False
     check_params = ({"axis": 1, "keepdims": False}, {"axis": 1, "keepdims": False, "mean": True})
     check_shapes = (((2,), (2, 3)), ((0,), (0, 3)))
     attrs = ("axis", "keepdims", "mean")
@@ -463,6 +465,7 @@ class ArgReduce(Op):
     """Index of the max ("argmax") or min ("argmin") along ``axis`` (None:
     of the flattened tensor), int32. Not differentiable: no gradient flows."""
     name = "ArgReduce"
+    reduce_broadcast = False
     check_params = ({"mode": "argmax", "axis": 1}, {"mode": "argmin"})  # for generated checks
     attrs = ("mode", "axis", "keepdims")
 
@@ -522,6 +525,7 @@ class CumSum(Op):
     """Cumulative sum along ``axis`` (``reverse``: from the end), the
     gradient of one being the other."""
     name = "CumSum"
+    reduce_broadcast = False
     attrs = ("axis", "reverse")
 
     def __init__(self, axis: int = 0, reverse: bool = False):

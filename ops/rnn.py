@@ -165,6 +165,7 @@ class LSTMCellGates(Op):
     sigmoid, sigmoid, tanh, sigmoid of its four column blocks;
     c' = f * c + i * g, h' = o * tanh(c')."""
     name = "LSTMCellGates"
+    reduce_broadcast = False
     devices = ("cpu", "cuda")
 
     @classmethod
@@ -261,6 +262,7 @@ class GRUCellGates(Op):
     (B, 3H) in blocks r, z, n; r = sigmoid(gx_r + gh_r), z = sigmoid(gx_z +
     gh_z), n = tanh(gx_n + r * gh_n), h' = (1 - z) * n + z * h (PyTorch's)."""
     name = "GRUCellGates"
+    reduce_broadcast = False
     devices = ("cpu", "cuda")
 
     @classmethod
@@ -563,6 +565,7 @@ class LSTMLayer(_LayerParams, Op):
         [0.0, 0.0]
     """
     name = "LSTMLayer"
+    reduce_broadcast = False
 
     @classmethod
     def examples(cls):

@@ -47,6 +47,7 @@ def _resolve_shape(op, shape, in_shape, desc):
 
 class Reshape(Op):
     name = "Reshape"
+    reduce_broadcast = False
     check_params = ({"shape": (3, 2)}, {"shape": (-1,)})
     attrs = ("shape",)
 
@@ -90,6 +91,7 @@ def _check_broadcastable(op, src, dst, descs, what):
 class ReshapeLike(Op):
     """reshape(x, shape of ref)."""
     name = "ReshapeLike"
+    reduce_broadcast = False
     shape_only_inputs = (1,)
 
     def infer(self, x, ref):
@@ -112,6 +114,7 @@ class ReshapeLike(Op):
 
 class Transpose(Op):
     name = "Transpose"
+    reduce_broadcast = False
     check_params = ({"perm": (1, 0)}, {"perm": (2, 0, 1)})
     attrs = ("perm",)
 
@@ -237,6 +240,7 @@ class BroadcastToLike(Op):
 class SumToLike(Op):
     """Sum x down to the (broadcast-compatible) shape of ref."""
     name = "SumToLike"
+    reduce_broadcast = False
     shape_only_inputs = (1,)
 
     def infer(self, x, ref):
@@ -260,6 +264,7 @@ class SumTo(Op):
     """Sum x down to a fixed shape (the core's central broadcast reduction
     when a backward is itself recorded)."""
     name = "SumTo"
+    reduce_broadcast = False
     check_params = ({"shape": (1, 3)}, {"shape": (3,)})
     attrs = ("shape",)
 
@@ -307,6 +312,7 @@ def sum_to(x, shape):
 
 class ZerosLike(Op):
     name = "ZerosLike"
+    reduce_broadcast = False
     shape_only_inputs = (0,)
 
     def infer(self, ref):
@@ -328,6 +334,7 @@ class ZerosLike(Op):
 
 class ExpandDims(Op):
     name = "ExpandDims"
+    reduce_broadcast = False
     check_params = ({"axis": 0}, {"axis": -1})
     attrs = ("axis",)
 
@@ -359,6 +366,7 @@ class ExpandDims(Op):
 
 class Squeeze(Op):
     name = "Squeeze"
+    reduce_broadcast = False
     attrs = ("axis",)
 
     def __init__(self, axis=None):
@@ -392,6 +400,7 @@ class Squeeze(Op):
 
 class Cast(Op):
     name = "Cast"
+    reduce_broadcast = False
     # float64 only: a float32 output cannot be checked against float64 finite differences
     check_params = ({"dtype": "float64"},)
     attrs = ("dtype",)
@@ -444,6 +453,7 @@ class Copy(Op):
     """``x`` copied to ``device`` ("cpu" or "cuda"): ``Tensor.to(device)``.
     Differentiable: the gradient is copied back to the input's device."""
     name = "Copy"
+    reduce_broadcast = False
     attrs = ("device",)
 
     def __init__(self, device: str = "cpu"):
@@ -476,6 +486,7 @@ class Copy(Op):
 
 class Identity(Op):
     name = "Identity"
+    reduce_broadcast = False
 
     def infer(self, x):
         return (x,)
@@ -496,6 +507,7 @@ class Identity(Op):
 class StopGradient(Op):
     """Identity in the forward, no gradient in the backward."""
     name = "StopGradient"
+    reduce_broadcast = False
     check_gradient = "zero"      # by design: check_op checks that it is exactly zero
 
     def infer(self, x):
@@ -516,6 +528,7 @@ class StopGradient(Op):
 
 class Concat(Op):
     name = "Concat"
+    reduce_broadcast = False
     attrs = ("axis",)
 
     def __init__(self, axis=0):
@@ -563,6 +576,7 @@ class Concat(Op):
 class SplitLike(Op):
     """Split x along axis into pieces sized like refs (concat's backward)."""
     name = "SplitLike"
+    reduce_broadcast = False
     check_params = ({"axis": 0},)
     check_shapes = (((4, 3), (1, 3), (3, 3)), ((0, 3), (0, 3)))
     attrs = ("axis",)
@@ -615,6 +629,7 @@ class Split(Op):
     """Split x along ``axis`` (MegEngine's ``F.split``): ``sections`` is an int
     (that many pieces, as np.array_split) or a tuple of split indices."""
     name = "Split"
+    reduce_broadcast = False
     attrs = ("axis", "sections")
 
     def __init__(self, axis=0, sections=1):
@@ -687,6 +702,7 @@ def _stack_axis(op, axis, nd, descs):
 class Stack(Op):
     """Stack equally shaped inputs along a new ``axis``."""
     name = "Stack"
+    reduce_broadcast = False
     attrs = ("axis",)
 
     def __init__(self, axis=0):
@@ -735,6 +751,7 @@ class Stack(Op):
 class Unstack(Op):
     """The ``n`` slices of x along ``axis``, that axis removed (Stack's backward)."""
     name = "Unstack"
+    reduce_broadcast = False
     attrs = ("axis", "n")
 
     def __init__(self, axis=0, n=1):

@@ -176,6 +176,7 @@ class Interpolate(_InterpBase):
     """x (N, C, H, W) resized to (N, C, *size) by ``mode`` ("nearest" or
     "bilinear", with or without ``align_corners``)."""
     name = "Interpolate"
+    reduce_broadcast = False
 
     @classmethod
     def examples(cls):
@@ -207,6 +208,7 @@ class InterpolateBackward(_InterpBase):
     """(g, x_ref) -> the adjoint of Interpolate applied to g (N, C, *size):
     an array shaped like x_ref (read only for its shape)."""
     name = "InterpolateBackward"
+    reduce_broadcast = False
     shape_only_inputs = (1,)
 
     @classmethod

@@ -54,6 +54,8 @@ cdef class Kernel:
     cdef readonly object fn             # the driver's own function object (kept alive)
     cdef void* handle
     cdef LaunchMode mode
+    cdef readonly bytes kinds           # per parameter, how it is passed (kernels.parameters), or None
+    cdef readonly object params         # the C parameter list, for messages
 
 
 cdef class MemoryPool

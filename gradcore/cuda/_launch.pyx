@@ -116,23 +116,50 @@ cdef inline Py_ssize_t _put_i64(char* buf, Py_ssize_t off, long long value):
     return _put(buf, off, &value, 8, 8)
 
 
-cdef Py_ssize_t _pack_into(char* buf, tuple args) except -2:
+cdef object _argument_error(Kernel k, tuple args, Py_ssize_t i, str problem):
+    params = [p.strip() for p in str(k.params).split(",")]
+    if i < 0:
+        return TypeError(f"kernel {k.name}({k.params}) takes {len(params)} arguments, got {len(args)}")
+    return TypeError(f"kernel {k.name}({k.params}): argument {i} ({params[i]}) {problem}")
+
+
+cdef Py_ssize_t _pack_into(char* buf, tuple args, Kernel k=None) except -2:
     """Write ``args`` into ``buf`` as the CUDA ABI lays out kernel parameters;
-    the bytes written."""
+    the bytes written. With a kernel whose parameters are known (``k.kinds``)
+    each argument is checked against its parameter and a Python int takes
+    the parameter's size: a missing argument or a float32 for a double is an
+    error naming the kernel, not garbage read on the device."""
     cdef Py_ssize_t off = 0, i = 0, size, align
     cdef long long q
     cdef float f
     cdef double d
     cdef object t, spec
     cdef bytes raw
+    cdef const char* kinds = NULL
+    cdef char want = 63                # "?": anything
+    if k is not None and k.kinds is not None:
+        if len(args) != len(k.kinds):
+            raise _argument_error(k, args, -1, "")
+        kinds = k.kinds
     for a in args:
         t = type(a)
+        if kinds != NULL:
+            want = kinds[i]
         if isinstance(a, DeviceArrayBase):
+            if want != 112 and want != 63:       # "p"
+                raise _argument_error(k, args, i, "is a scalar parameter, got a device array")
             off = _put_array(buf, off, <DeviceArrayBase>a)
         elif t is int:
+            if want == 112 or want == 102 or want == 100:      # "p", "f", "d"
+                raise _argument_error(k, args, i, f"takes no Python int: pass {'a device array' if want == 112 else 'x.dtype.type(value), the kernel element type'}")
+            size = 8 if want == 63 else want - 48
             q = a
-            off = _put(buf, off, &q, 8, 8)
+            if size < 8 and not (-(1 << (8 * size - 1)) <= q < (1 << (8 * size))):
+                raise _argument_error(k, args, i, f"does not hold {a}")
+            off = _put(buf, off, &q, size, size)      # little-endian: the low bytes
         elif a is None:
+            if want != 112 and want != 63:
+                raise _argument_error(k, args, i, "is a scalar parameter, got None")
             off = _put(buf, off, NULL, 8, 8)
         elif t is _Dims:
             raw = bytes(a)
@@ -146,6 +173,9 @@ cdef Py_ssize_t _pack_into(char* buf, tuple args) except -2:
                     raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), the kernel's C type")
                 raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
             size, align, kind = spec
+            if want != 63 and want != (102 if kind == "f" else 100 if kind == "d" else 48 + size):
+                raise _argument_error(k, args, i, f"got a {np.dtype(t).name}: pass the parameter's own type "
+                                                  f"(x.dtype.type(value) for an element-type parameter)")
             if kind == "f":
                 f = a
                 off = _put(buf, off, &f, 4, align)
@@ -172,7 +202,10 @@ def pack_params(args) -> bytes:
 cdef class Kernel:
     """A loaded kernel: its C handle and how to launch it (see _launch.pxd)."""
 
-    def __init__(self, name, fn, uintptr_t handle, str mode):
+    def __init__(self, name, fn, uintptr_t handle, str mode, bytes kinds=None, params=None):
+        """``kinds``/``params``: what ``kernels.parameters`` says of its
+        parameters (None: launches are not checked)."""
+        self.kinds, self.params = kinds, params
         if mode not in ("cuda", "host", "python"):
             raise ValueError(f"kernel {name}: launch mode {mode!r}, expected 'cuda', 'host' or 'python'")
         if handle == 0 and mode != "python":
@@ -262,7 +295,7 @@ cdef class Launcher:
             g[i] = grid[i]
         for i in range(len(block)):
             b[i] = block[i]
-        size = _pack_into(self.buf, args)
+        size = _pack_into(self.buf, args, kernel)
         if self.keep is not None:
             _keep_blocks(self.keep, self.own_pool, args)
         self.submit(kernel, g, b, size, shared)
@@ -272,7 +305,7 @@ cdef class Launcher:
         blocks; the standard kernels are grid-stride loops)."""
         if n <= 0:
             return
-        size = _pack_into(self.buf, args)
+        size = _pack_into(self.buf, args, kernel)
         if self.keep is not None:
             _keep_blocks(self.keep, self.own_pool, args)
         self.submit_n(kernel, n, size)
@@ -606,7 +639,7 @@ cdef class ElementwiseLauncher:
             for x in xs:
                 args += [x, (<DeviceArrayBase>x).size]
             args = tuple(args + [y, plan.size])
-            size = _pack_into(self.launcher.buf, args)
+            size = _pack_into(self.launcher.buf, args, plan.kernel)
             if self.launcher.keep is not None:
                 _keep_blocks(self.launcher.keep, self.launcher.own_pool, args)
             self.launcher.submit_n(plan.kernel, plan.size, size)

@@ -42,7 +42,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Kernel", "source", "kernel_name", "kernel_names", "tag"]
+__all__ = ["Kernel", "source", "kernel_name", "kernel_names", "parameters", "tag"]
 
 _HEADER = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 
@@ -61,6 +61,51 @@ def kernel_names(source: str) -> list:
     """The ``extern "C" __global__`` kernels ``source`` defines (a source
     written by hand included)."""
     return _HEADER.findall(source)
+
+
+# C parameter types by how the packer lays them out: "p" a pointer, "f"/"d"
+# float/double, "1"/"2"/"4"/"8" an integer of that many bytes ("?": any, a struct)
+_PARAM_KINDS = {"float": "f", "double": "d", "bool": "1", "char": "1", "signed char": "1", "unsigned char": "1",
+                "int8_t": "1", "uint8_t": "1", "short": "2", "unsigned short": "2", "int16_t": "2",
+                "uint16_t": "2", "__half": "2", "half": "2", "int": "4", "unsigned": "4", "unsigned int": "4",
+                "int32_t": "4", "uint32_t": "4", "long long": "8", "unsigned long long": "8", "long": "8",
+                "unsigned long": "8", "int64_t": "8", "uint64_t": "8", "size_t": "8", "ptrdiff_t": "8"}
+_TYPEDEF = re.compile(r"typedef\s+([\w ]+?)\s+(\w+)\s*;")
+_QUALIFIERS = {"const", "volatile", "__restrict__", "restrict", "__restrict"}
+
+
+def parameters(source: str, name: str) -> tuple:
+    """``(kinds, params)`` of kernel ``name`` in ``source``: its C parameter
+    list as written, and one character per parameter saying how a launch
+    must pass it ("p" a device array, "f"/"d" float32/float64, "1".."8" an
+    integer of that many bytes, "?" anything: a struct); ``T`` and ``U``
+    resolved by the source's typedefs. The launcher checks arguments with it.
+
+    Example::
+
+        >>> parameters(Kernel("scale", "const T* x, T* y, T k, long long n", "y[i] = k * x[i];").source("double"),
+        ...            "gc_scale_double")
+        (b'ppd8', 'const T* x, T* y, T k, long long n')
+    """
+    m = re.search(r'__global__\s+void\s+' + re.escape(name) + r'\s*\(', source)
+    if m is None:
+        raise ValueError(f"no kernel {name!r} in the source")
+    depth, end = 1, m.end()
+    while depth and end < len(source):
+        depth += {"(": 1, ")": -1}.get(source[end], 0)
+        end += 1
+    params = " ".join(source[m.end():end - 1].split())
+    types = {alias: ctype for ctype, alias in _TYPEDEF.findall(source[:m.start()])}     # the nearest wins
+    kinds = ""
+    for param in filter(None, (p.strip() for p in params.split(","))):
+        if "*" in param or "[" in param:
+            kinds += "p"
+            continue
+        words = [w for w in param.split() if w not in _QUALIFIERS]
+        ctype = " ".join(words[:-1]) if len(words) > 1 else " ".join(words)
+        ctype = " ".join(types.get(w, w) for w in ctype.split())
+        kinds += _PARAM_KINDS.get(ctype, "?")
+    return kinds.encode(), params
 
 
 def _block(text: str, pad: str) -> str:

@@ -324,7 +324,8 @@ class Backend:
                 module = self._modules[src] = self.driver.load(name, src)
             fn = self.driver.function(module, name)
             mode, handle = self.driver.kernel_handle(fn)
-            k = self._kernels[key] = Kernel(name, fn, handle, mode)
+            kinds, params = _kernels.parameters(src, name)
+            k = self._kernels[key] = Kernel(name, fn, handle, mode, kinds, params)
         return k
 
     # launch(kernel, grid, block, *args, shared=0) and launch_n(kernel, n, *args)

@@ -1,0 +1,285 @@
+"""Mistakes a new op author makes, found by writing plugins from the docs
+alone: each gives a clear error naming the op, or the central mechanism
+makes the op right; none passes silently."""
+import shutil
+
+import numpy as np
+import pytest
+
+import gradcore
+import gradcore.functional as F
+from gradcore.op import Op, TensorDesc, describe
+from gradcore.registry import OpDeclarationError, PluginConflictError, register_op, validate_op_class
+from gradcore.testing import check_op
+
+
+@pytest.fixture
+def emulated_cuda():
+    from gradcore.cuda import runtime
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("the CUDA emulator needs g++")
+    yield runtime.use("emulator")
+    runtime.use(None)
+
+
+class BroadcastMul(Op):
+    """x * w with broadcasting; its vjp returns gradients in the broadcast shape."""
+    name = "MistakeBroadcastMul"
+
+    def infer(self, x, w):
+        shape = None if x.shape is None or w.shape is None else np.broadcast_shapes(x.shape, w.shape)
+        return (TensorDesc(shape, x.dtype, x.device),)
+
+    def cpu(self, x, w):
+        return x * w
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w), (g,) = inputs, grads
+        return (g * w, g * x)
+
+
+def test_a_vjp_may_return_broadcast_shaped_gradients_they_are_summed_down():
+    assert describe(BroadcastMul).reduce_broadcast
+    x = gradcore.tensor(np.arange(6.0).reshape(2, 3))
+    w = gradcore.tensor([1.0, 2.0, 3.0])
+    gm = gradcore.GradManager().attach([x, w])
+    with gm:
+        gm.backward(BroadcastMul()(x, w).sum())
+    np.testing.assert_allclose(w.grad.numpy(), x.numpy().sum(axis=0))
+    np.testing.assert_allclose(x.grad.numpy(), np.broadcast_to(w.numpy(), (2, 3)))
+
+
+class WrongShapeGrad(Op):
+    name = "MistakeWrongShapeGrad"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * 2
+
+    def vjp(self, inputs, outputs, grads):
+        return (F.sum(grads[0] * 2, axis=0),)     # (3,) for an input of shape (2, 3)
+
+
+def test_a_wrongly_shaped_vjp_gradient_is_named_at_its_op_not_broadcast_on():
+    x = gradcore.tensor(np.ones((2, 3)))
+    w = gradcore.tensor(np.arange(6.0).reshape(2, 3))
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(ValueError, match=r"MistakeWrongShapeGrad: backward returned a gradient of shape \(3,\) "
+                                         r"for input 0 of shape \(2, 3\)"):
+        with gm:
+            gm.backward((WrongShapeGrad()(x * w) * w).sum())
+
+
+class BranchingVjp(Op):
+    name = "MistakeBranchingVjp"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return np.abs(x)
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return (g if x > 0 else -g,)              # a Python branch on a traced tensor
+
+
+def test_a_python_branch_on_a_traced_tensor_is_refused_naming_the_op():
+    x = gradcore.tensor([-1.0, 2.0])
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(TypeError, match="MistakeBranchingVjp: .*no truth value.*F.where"):
+        with gm:
+            gm.backward(BranchingVjp()(x).sum())
+
+
+def _cube_body(cls_name, **members):
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x ** 3
+    return type(cls_name, (Op,), dict(name=cls_name, infer=infer, cpu=cpu, **members))
+
+
+@pytest.mark.parametrize("member, meant", [("vpj", "vjp"), ("grad_rule", "_grad_rule"), ("decompse", "decompose"),
+                                           ("example", "examples"), ("check_param", "check_params")])
+def test_a_misspelt_protocol_member_is_refused_at_registration(member, meant):
+    cls = _cube_body("MistakeTypo", **{member: lambda self, *a: None})
+    assert (member, meant) in describe(cls).misspelt
+    with pytest.raises(OpDeclarationError, match=f"defines '{member}' \\(did you mean '{meant}'\\?\\)"):
+        validate_op_class(cls)
+
+
+def test_protocol_members_and_helpers_are_not_taken_for_typos():
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 3 * inputs[0] * inputs[0],)
+    cls = _cube_body("MistakeNoTypo", vjp=vjp, _vjp_helper=lambda self: None, scale=2.0)
+    assert describe(cls).misspelt == ()
+    validate_op_class(cls)
+    from gradcore.op import Op as Base
+    seen, todo = set(), [Base]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    flagged = [c.__name__ for c in seen if describe(c).misspelt and not c.__name__.startswith("Mistake")]
+    assert flagged == []                          # no standard op is taken for a typo
+
+
+def test_a_vjp_without_infer_is_refused_at_registration():
+    class NoInfer(Op):
+        name = "MistakeNoInfer"
+
+        def cpu(self, x):
+            return x * 2
+
+        def vjp(self, inputs, outputs, grads):
+            return (grads[0] * 2,)
+    with pytest.raises(OpDeclarationError, match="MistakeNoInfer.*has a vjp but no shape inference.*infer"):
+        validate_op_class(NoInfer)
+
+
+class Flagged(Op):
+    name = "MistakeFlagged"
+
+    def __init__(self, square=False):
+        self.square = bool(square)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * x if self.square else x * 2
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 2,)                    # right for square=False only
+
+
+def test_a_bool_parameter_is_checked_at_its_other_value_too():
+    report = check_op(Flagged)
+    assert not report.ok and report.status("grad") == "failed"
+    assert "MistakeFlagged(square=True)" in str(report)
+
+
+def test_registering_a_standard_name_from_a_script_is_refused_and_the_standard_library_stays():
+    class Clash(Op):
+        name = "Elemwise"
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return x
+    with pytest.raises(PluginConflictError, match="'Elemwise' is registered by two distributions"):
+        register_op(Clash)
+    assert gradcore.ops.get("Convolution").__name__ == "Convolution"
+    assert gradcore.ops.get("Elemwise") is not Clash
+
+
+_LEAKY_SOURCE = """
+extern "C" __global__ void gc_mistakeleaky_{ctype}(const {ctype}* x, {ctype}* y, {ctype} alpha, long long n) {{
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0 ? x[i] : alpha * x[i];
+}}
+"""
+
+
+class Leaky(Op):
+    """A parametrised CUDA kernel with its launcher; the launcher passes alpha
+    as a float32 whatever the element type (right for float only)."""
+    name = "MistakeLeaky"
+    devices = ("cpu", "cuda")
+
+    def __init__(self, alpha=0.1):
+        self.alpha = float(alpha)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return np.where(x > 0, x, self.alpha * x)
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return (F.where(x > 0, g, g * self.alpha),)
+
+    def cuda_source(self, ctype="float"):
+        return _LEAKY_SOURCE.format(ctype=ctype)
+
+    def cuda(self, be, x):
+        y = be.empty(x.shape, x.dtype)
+        kernel = be.kernel(self, be.ctype(x.dtype))
+        be.launch_n(kernel, y.size, x, y, np.float32(self.alpha), y.size)    # the mistake: not x.dtype.type
+        return y
+
+
+class InPlaceCuda(Op):
+    name = "MistakeInPlaceCuda"
+    devices = ("cpu", "cuda")
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * 2
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 2,)
+
+    def cuda_source(self, ctype="float"):
+        return (f'extern "C" __global__ void gc_mistakeinplace_{ctype}({ctype}* x, {ctype}* y, long long n) '
+                f'{{ long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; '
+                f'if (i < n) {{ x[i] = 2 * x[i]; y[i] = x[i]; }} }}\n')
+
+
+def test_a_cuda_kernel_writing_its_input_fails_check_op(emulated_cuda):
+    report = check_op(InPlaceCuda(), np.array([1.0, 2.0, 3.0]))
+    assert report.status("forward[cuda]") == "failed"
+    assert "the cuda kernel changed input 0" in report["forward[cuda]"].message
+
+
+def test_a_launcher_right_for_float32_only_fails_the_float64_cuda_check(emulated_cuda):
+    report = check_op(Leaky(0.25), np.array([-2.0, 1.0, -6.0]))
+    assert report.status("forward[cuda]") == "failed"
+    message = report["forward[cuda]"].message
+    assert "float64 inputs" in message and "float32 inputs" not in message
+    assert "gc_mistakeleaky_double" in message and "got a float32" in message
+
+
+class ForgetfulLauncher(Leaky):
+    name = "MistakeForgetful"
+
+    def cuda(self, be, x):
+        y = be.empty(x.shape, x.dtype)
+        be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, y, y.size)    # alpha forgotten
+        return y
+
+
+def test_launch_arguments_are_checked_against_the_kernels_parameters(emulated_cuda):
+    x = gradcore.tensor(np.array([-2.0, 1.0], np.float32), device="cuda")
+    with pytest.raises(TypeError, match=r"MistakeForgetful\(alpha=0.1\): kernel gc_mistakeleaky_float\(const float\* x, "
+                                        r"float\* y, float alpha, long long n\) takes 4 arguments, got 3"):
+        ForgetfulLauncher()(x)
+    np.testing.assert_allclose(Leaky(0.5)(x).numpy(), [-1.0, 1.0])      # the right call passes
+    from gradcore.cuda import runtime
+    be = runtime.backend()
+    kernel = be.kernel(Leaky(0.5), "float")
+    assert (kernel.kinds, kernel.params) == (b"ppf8", "const float* x, float* y, float alpha, long long n")
+    with pytest.raises(TypeError, match=r"argument 1 \(float\* y\) takes no Python int: pass a device array"):
+        be.launch_n(kernel, 2, x._data, 3, np.float32(0.5), 2)
+
+
+def test_a_cpu_only_op_on_cuda_is_told_what_to_add(emulated_cuda):
+    class CpuOnly(Op):
+        name = "MistakeCpuOnly"
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return x * 2
+    with pytest.raises(NotImplementedError, match="MistakeCpuOnly has no cuda kernel: give it a `cuda_source`"):
+        CpuOnly()(gradcore.tensor([1.0], device="cuda"))
