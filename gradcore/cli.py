@@ -30,6 +30,21 @@ def _ops() -> int:
     return 1 if failures else 0
 
 
+def _entry_point_hint(dist: str) -> str:
+    """Why an installed distribution registers nothing: its entry points are
+    in another group (a typo of ``gradcore.ops``), or it has none."""
+    from importlib import metadata
+    from .registry import GROUP
+    try:
+        groups = sorted({ep.group for ep in metadata.distribution(dist).entry_points})
+    except metadata.PackageNotFoundError:
+        return ""
+    found = f"it declares {', '.join(repr(g) for g in groups)}" if groups else "it declares none"
+    return (f". The distribution {dist!r} is installed, but registers ops only through an entry point in "
+            f"the group {GROUP!r} ([project.entry-points.\"{GROUP}\"] in pyproject.toml); "
+            f"{found}")
+
+
 def _quiet_registry():
     """(entries, failures), without the registry's RuntimeWarnings: the
     commands print each failure themselves."""
@@ -109,7 +124,7 @@ def _check(args: List[str]) -> int:
     if not mine and not failed and not rules:
         known = sorted({e.dist for e in entries} | set(registry.entry_point_dists().values()))
         print(f"gradcore check: no ops or grad rules are registered by a distribution or entry point "
-              f"named {dist!r}; known: {', '.join(known) or 'none'}", file=sys.stderr)
+              f"named {dist!r}; known: {', '.join(known) or 'none'}{_entry_point_hint(dist)}", file=sys.stderr)
         return 2
     if torch_form:
         return _check_torch(dist, mine, failed, seed)

@@ -46,6 +46,15 @@ def test_check_usage_and_unknown_distribution():
     assert run("check", "a", "b").returncode == 2
 
 
+def test_check_of_an_installed_distribution_without_the_entry_point_group_says_so(capsys):
+    # numpy is installed and declares entry points, none in the group gradcore.ops
+    # (as a plugin whose pyproject.toml misspells the group)
+    assert cli.main(["check", "numpy"]) == 2
+    err = capsys.readouterr().err
+    assert "'numpy' is installed, but registers ops only through an entry point in the group 'gradcore.ops'" in err
+    assert "it declares " in err and "'console_scripts'" in err          # f2py's
+
+
 class _Good(Op):
     name = "CliGood"
 

@@ -145,16 +145,6 @@ class WrongCudaKernel(Cube):
         return super().cuda_source(ctype).replace("gc_kitcube_", "gc_kitwrong_").replace(" * x[i] * x[i]", " * x[i]")
 
 
-@pytest.fixture
-def emulated_cuda():
-    import shutil
-    from gradcore.cuda import runtime
-    if not (shutil.which("g++") or shutil.which("c++")):
-        pytest.skip("the CUDA emulator needs g++")
-    yield runtime.use("emulator")
-    runtime.use(None)
-
-
 def test_check_op_runs_the_cuda_kernel_on_the_emulator(emulated_cuda):
     """Without a GPU, op authors check their CUDA kernel and its gradients
     on the host emulator (GRADCORE_CUDA=emulator gradcore check my-dist)."""
