@@ -85,4 +85,4 @@ def test_sources_of_several_types_share_one_file():
     # each source's T lives in a namespace of its own: no typedef clash
     text = source("float", Kernel("a", "T* y", "y[0] = 0;")) + source("double", Kernel("a", "T* y", "y[0] = 0;"))
     assert text.count("namespace gc_a_float_unit {") == 1 and text.count("namespace gc_a_double_unit {") == 1
-    assert kernels.__all__ == ["Kernel", "source", "kernel_name", "kernel_names", "tag"]
+    assert kernels.__all__ == ["Kernel", "source", "kernel_name", "kernel_names", "parameters", "tag"]
