@@ -57,6 +57,7 @@ from ._core import Tensor, wrap_array
 
 _CPU_DEVICE_TYPES = (1, 3)        # kDLCPU, kDLCUDAHost (host-visible)
 _CUDA_DEVICE_TYPES = (2, 13)      # kDLCUDA, kDLCUDAManaged
+_CPU = (1, 0)                     # DLPack's (device type, id) of host memory
 
 
 def tensor_dlpack(self: Tensor, *, stream: Optional[int] = None, max_version: Optional[Tuple[int, int]] = None,
@@ -97,14 +98,19 @@ def tensor_cuda_array_interface(self: Tensor) -> dict:
     return self._data.__cuda_array_interface__
 
 
-class _CapsuleHolder:
+class _Capsule:
     """Gives a bare DLPack capsule the ``__dlpack__`` protocol (NumPy's
-    ``from_dlpack`` takes objects, not capsules)."""
+    ``from_dlpack`` takes objects, not capsules); ``device`` is read from
+    the capsule unless given."""
 
-    def __init__(self, capsule):
-        from .cuda import dlpack
+    __slots__ = ("_capsule", "_device")
+
+    def __init__(self, capsule, device: Optional[Tuple[int, int]] = None):
+        if device is None:
+            from .cuda import dlpack
+            device = dlpack.capsule_device(capsule)
         self._capsule = capsule
-        self._device = dlpack.capsule_device(capsule)
+        self._device = device
 
     def __dlpack__(self, **_ignored):
         return self._capsule
@@ -146,7 +152,7 @@ def from_dlpack(obj: Any) -> Tensor:
         >>> t = gradcore.from_dlpack(torch.arange(3.0))     # doctest: +SKIP
     """
     if type(obj).__name__ == "PyCapsule":
-        obj = _CapsuleHolder(obj)
+        obj = _Capsule(obj)
     if hasattr(obj, "__dlpack__"):
         device_type, _device_id = obj.__dlpack_device__()
         if device_type in _CPU_DEVICE_TYPES:
@@ -201,6 +207,7 @@ def from_dlpack(obj: Any) -> Tensor:
 
 import re as _re
 import threading as _threading
+from types import SimpleNamespace
 from typing import Callable, Dict, List
 
 _torch_mod = None
@@ -221,22 +228,6 @@ def _import_torch():
     return _torch_mod
 
 
-class _CpuCapsule:
-    """A DLPack capsule with the ``__dlpack__`` protocol (NumPy's
-    ``from_dlpack`` takes objects, not capsules); host memory."""
-
-    __slots__ = ("_capsule",)
-
-    def __init__(self, capsule):
-        self._capsule = capsule
-
-    def __dlpack__(self, **_ignored):
-        return self._capsule
-
-    def __dlpack_device__(self):
-        return (1, 0)
-
-
 def _describe_torch(t) -> str:
     return f"torch.Tensor of shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
 
@@ -247,7 +238,7 @@ def _gc_from_torch(t, where: str) -> Tensor:
     dev = t.device.type
     if dev == "cpu":
         try:
-            arr = np.from_dlpack(_CpuCapsule(_torch_mod._C._to_dlpack(t)))
+            arr = np.from_dlpack(_Capsule(_torch_mod._C._to_dlpack(t), _CPU))
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise TypeError(f"{where}: a {_describe_torch(t)} cannot be shared with gradcore "
                             f"({exc}); gradcore has bool, integer, float16, float32 and float64 tensors"
@@ -288,12 +279,8 @@ def _exportable(arr: np.ndarray) -> np.ndarray:
     """``arr``, or a copy where DLPack cannot carry it to PyTorch: read-only
     (DLPack has no read-only tensors) or with a negative stride (which
     PyTorch's DLPack import does not take; it aborts the process)."""
-    if not arr.flags.writeable:
+    if not arr.flags.writeable or (not arr.flags.c_contiguous and any(st < 0 for st in arr.strides)):
         return arr.copy()
-    if not arr.flags.c_contiguous:
-        for st in arr.strides:
-            if st < 0:
-                return arr.copy()
     return arr
 
 
@@ -398,14 +385,11 @@ class TorchFunction:
             return bits.Autograd.apply(self, kwargs, *args)
         return self._plain(args, kwargs)
 
-    def _where(self) -> str:
-        return self._label
-
     def _plain(self, args, kwargs):
         """The forward alone, no recording (nothing requires grad)."""
         torch = _torch_mod
-        gargs = [_gc_from_torch(a, self._where()) if isinstance(a, torch.Tensor) else a for a in args]
-        outs, single = _result_tuple(self._gc_fn(*gargs, **kwargs), self._where())
+        gargs = [_gc_from_torch(a, self._label) if isinstance(a, torch.Tensor) else a for a in args]
+        outs, single = _result_tuple(self._gc_fn(*gargs, **kwargs), self._label)
         touts = _export_outputs(outs, gargs)
         return touts[0] if single else touts
 
@@ -437,7 +421,7 @@ class TorchFunction:
         if tf is None:
             name = f"{self.__name__}_vjp{nargs}"
             fake = _like_float_inputs(nargs) if self._fake is not None else None
-            tf = TorchFunction(_gc_vjp(self._gc_fn, nargs, kwargs, self._where()), name, fake=fake)
+            tf = TorchFunction(_gc_vjp(self._gc_fn, nargs, kwargs, self._label), name, fake=fake)
             tf._single = False
             if key is not None:
                 self._vjps[key] = tf
@@ -476,10 +460,6 @@ def _export_outputs(outs, gargs) -> tuple:
     return tuple(res)
 
 
-def _ensure_registered(tf: "TorchFunction") -> None:
-    tf.custom_op
-
-
 def _sanitize(name: str) -> str:
     s = _re.sub(r"\W", "_", name).strip("_") or "fn"
     return s if not s[0].isdigit() else f"op_{s}"
@@ -496,8 +476,8 @@ def _register_custom_op(tf: TorchFunction):
     qualname = f"gradcore::{base}" if k == 0 else f"gradcore::{base}_{k}"
 
     def impl(xs):
-        gargs = [_gc_from_torch(x, tf._where()) for x in xs]
-        outs, _ = _result_tuple(tf._gc_fn(*gargs), tf._where())
+        gargs = [_gc_from_torch(x, tf._label) for x in xs]
+        outs, _ = _result_tuple(tf._gc_fn(*gargs), tf._label)
         return list(_export_outputs(outs, gargs))
 
     impl.__name__ = qualname.split("::")[1]
@@ -511,12 +491,8 @@ def _register_custom_op(tf: TorchFunction):
         # loads from its cache, without tracing it, calls them
         n = len(xs)
         vtf = tf._vjp(n, {})
-        if vtf._custom is None:
-            _ensure_registered(vtf)
-        n2 = n + sum(1 for o in outs if o.is_floating_point())
-        vvtf = vtf._vjp(n2, {})
-        if vvtf._custom is None:
-            _ensure_registered(vvtf)
+        vtf.custom_op
+        vtf._vjp(n + sum(1 for o in outs if o.is_floating_point()), {}).custom_op
         return outs
 
     cop.register_fake(fake)
@@ -620,25 +596,17 @@ def _in_fresh_thread(fn, *args):
 def _build_torch_bits():
     """The parts that need torch imported: built on the first to_torch."""
     global _torch_bits
-    if _torch_bits is not None:
-        return _torch_bits
     with _export_lock:
         if _torch_bits is None:
             _torch_bits = _make_torch_bits()
-    return _torch_bits
 
 
 def _make_torch_bits():
     torch = _import_torch()
-
-    class Bits:
-        pass
-
-    bits = Bits()
-    from torch.autograd import profiler as _prof
-    bits.profiler = _prof                 # _prof._is_profiler_enabled: the profiler's own flag
-    bits.compiling = torch.compiler.is_compiling
-    bits.plain_types = (torch.Tensor, torch.nn.Parameter)
+    from torch.autograd import profiler
+    bits = SimpleNamespace(profiler=profiler,          # profiler._is_profiler_enabled: its own flag
+                           compiling=torch.compiler.is_compiling,
+                           plain_types=(torch.Tensor, torch.nn.Parameter))
     from_dlpack_t = torch.utils.dlpack.from_dlpack
     to_dlpack_t = torch._C._to_dlpack
     is_grad_enabled = torch.is_grad_enabled
@@ -663,7 +631,7 @@ def _make_torch_bits():
                     tensor_pos.append(i)
                     if a.device.type == "cpu":
                         try:
-                            g = wrap_array(np.from_dlpack(_CpuCapsule(to_dlpack_t(a))), "cpu")
+                            g = wrap_array(np.from_dlpack(_Capsule(to_dlpack_t(a), _CPU)), "cpu")
                         except Exception:
                             g = _gc_from_torch(a, where)     # its error
                     else:
@@ -702,7 +670,7 @@ def _make_torch_bits():
                     if g is not None and o.dtype.kind == "f":
                         ys.append(o)
                         if g.device.type == "cpu":
-                            dys.append(wrap_array(np.from_dlpack(_CpuCapsule(to_dlpack_t(g))), "cpu"))
+                            dys.append(wrap_array(np.from_dlpack(_Capsule(to_dlpack_t(g), _CPU)), "cpu"))
                         else:
                             dys.append(_gc_from_torch(g, tf._label))
                 key.resume()
@@ -750,12 +718,17 @@ def _make_torch_bits():
     return bits
 
 
+def _has_infer(op) -> bool:
+    """Whether ``op`` has an ``infer`` of its own (output shapes known without running it)."""
+    from .op import Op
+    return getattr(type(op), "infer", Op.infer) is not Op.infer
+
+
 def _op_fake(op) -> Optional[Callable]:
     """The custom op's shape function: ``op.infer`` on the inputs'
     descriptors; None when the op has no ``infer`` of its own."""
-    from .op import Op, TensorDesc
-    infer = getattr(type(op), "infer", None)
-    if infer is None or infer is Op.infer:
+    from .op import TensorDesc
+    if not _has_infer(op):
         return None
     torch = _torch_mod
 
@@ -787,6 +760,18 @@ def _op_label(op) -> str:
         return op._name()
     except Exception:
         return getattr(op, "name", "") or type(op).__name__
+
+
+def _built_op(target: Any, where: str, hint: str) -> Any:
+    """``target``, or, for an op class, the op built with its defaults."""
+    from .op import Op
+    if isinstance(target, type) and issubclass(target, Op):
+        try:
+            return target()
+        except TypeError as exc:
+            raise TypeError(f"{where}({target.__name__}): the op class cannot be built with its defaults "
+                            f"({exc}); pass an instance{hint}") from None
+    return target
 
 
 def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunction:
@@ -825,14 +810,11 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
         True
     """
     from .op import Op
+    from ._core import apply
     _build_torch_bits()
     target = op_or_function
-    if isinstance(target, type) and issubclass(target, Op):
-        try:
-            target = target()
-        except TypeError as exc:
-            raise TypeError(f"to_torch({target.__name__}): the op class cannot be built with its defaults "
-                            f"({exc}); pass an instance, e.g. to_torch({target.__name__}(...))") from None
+    if isinstance(target, type):
+        target = _built_op(target, "to_torch", f", e.g. to_torch({target.__name__}(...))")
     if isinstance(target, Op):
         op = target
         with _export_lock:
@@ -840,7 +822,6 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
         if tf is not None:
             return tf
         label = name or _op_label(op)
-        apply_fn = _core_apply()
 
         def run(*xs, **kwargs):
             if kwargs:
@@ -851,7 +832,8 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
                 if not isinstance(x, Tensor):
                     raise TypeError(f"to_torch({label}): argument {k} is a {type(x).__name__}; "
                                     f"an op takes torch.Tensors")
-            return apply_fn(op, *xs)
+            outs = apply(op, *xs)
+            return outs[0] if len(outs) == 1 else outs
 
         tf = TorchFunction(run, label, op=op, fake=_op_fake(op), wrapped=op)
         tf._single = True
@@ -867,15 +849,6 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
     return TorchFunction(target, label, wrapped=target)
 
 
-def _core_apply():
-    from ._core import apply
-
-    def run(op, *xs):
-        outs = apply(op, *xs)
-        return outs[0] if len(outs) == 1 else outs
-    return run
-
-
 # ---------------------------------------------------------------- from_torch
 
 def _torch_from_array(a, device: str):
@@ -889,7 +862,7 @@ def _torch_from_array(a, device: str):
 
 def _array_from_torch(t, device: str):
     if device == "cpu":
-        return np.from_dlpack(_CpuCapsule(_torch_mod._C._to_dlpack(t.detach())))
+        return np.from_dlpack(_Capsule(_torch_mod._C._to_dlpack(t.detach()), _CPU))
     return from_dlpack(t.detach().contiguous())._data
 
 
@@ -1056,13 +1029,7 @@ def _gc_callable(op_or_function, where: str):
     """(function of gradcore Tensors returning a tuple of Tensors, op or None, label)."""
     from .op import Op
     from ._core import apply
-    target = op_or_function
-    if isinstance(target, type) and issubclass(target, Op):
-        try:
-            target = target()
-        except TypeError as exc:
-            raise TypeError(f"{where}({target.__name__}): the op class cannot be built with its defaults "
-                            f"({exc}); pass an instance") from None
+    target = _built_op(op_or_function, where, "")
     if isinstance(target, Op):
         op = target
         return (lambda *xs: apply(op, *xs)), op, _op_label(op)
@@ -1116,7 +1083,7 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
         if got is None:
             if fixed_shapes is not None:
                 got = fixed_shapes(sig)
-            elif op is not None and _op_fake_descs(op) is not None:
+            elif op is not None and _has_infer(op):
                 from .op import TensorDesc
                 descs = op.infer(*[TensorDesc(s, d, "cpu") for s, d in sig])
                 if isinstance(descs, TensorDesc):
@@ -1135,9 +1102,8 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
 
     def call(*xs):
         structs = out_structs(xs)
-        res = jax.pure_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in structs), *xs,
-                                vmap_method="sequential")
-        return res
+        return jax.pure_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in structs), *xs,
+                                 vmap_method="sequential")
 
     vjp_export = {}
 
@@ -1175,12 +1141,6 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
 
     exported.__name__ = exported.__qualname__ = label
     return exported
-
-
-def _op_fake_descs(op):
-    from .op import Op
-    infer = getattr(type(op), "infer", None)
-    return None if infer is None or infer is Op.infer else infer
 
 
 # ---------------------------------------------------------------- gradcore check --torch
