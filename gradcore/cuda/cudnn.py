@@ -432,14 +432,10 @@ def _usable(be, dtype, *arrays) -> Optional[Context]:
 
 
 def _math(dtype) -> int:
-    if dtype == np.float32 and not _tf32_conv():
+    """FMA_MATH for float32 when ``gradcore.cuda.allow_tf32_conv`` is off, else DEFAULT_MATH."""
+    if dtype == np.float32 and not getattr(sys.modules.get("gradcore.cuda"), "allow_tf32_conv", True):
         return FMA_MATH
     return DEFAULT_MATH
-
-
-def _tf32_conv() -> bool:
-    package = sys.modules.get("gradcore.cuda")
-    return bool(getattr(package, "allow_tf32_conv", True))
 
 
 # ---------------------------------------------------------------- convolutions
@@ -508,8 +504,7 @@ def _convolution(be, direction, a, b, out_shape, attrs, xshape, wshape):
     if status != SUCCESS:
         return _conv_failed(ctx, plan, status)
     be.written(out)
-    calls = ctx.calls
-    calls[plan.what] = calls.get(plan.what, 0) + 1
+    ctx.count(plan.what)
     return out
 
 
@@ -616,16 +611,9 @@ def _acceptable(perfs, key) -> List[AlgoPerf]:
     """The algorithms that ran, in cuDNN's order, fitting the switches: the
     workspace limit, determinism, and no tensor-op math when TF32 is off."""
     math, determ, limit = key[5], key[6], key[8]
-    out = []
-    for p in perfs:
-        if p.status != SUCCESS or p.memory > limit:
-            continue
-        if determ and p.determinism != DETERMINISTIC:
-            continue
-        if math == FMA_MATH and p.mathType in (TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION):
-            continue
-        out.append(p)
-    return out
+    return [p for p in perfs
+            if p.status == SUCCESS and p.memory <= limit and not (determ and p.determinism != DETERMINISTIC)
+            and not (math == FMA_MATH and p.mathType in (TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION))]
 
 
 # ---------------------------------------------------------------- pooling
