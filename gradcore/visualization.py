@@ -27,7 +27,6 @@ Example::
 """
 from __future__ import annotations
 
-import shutil
 from typing import Dict, Optional
 
 import numpy as np
@@ -45,11 +44,6 @@ def record_details() -> detect_anomaly:
     return detect_anomaly(check_nan=False)
 
 
-def dot_available() -> bool:
-    """Whether Graphviz's ``dot`` program (needed to render) is installed."""
-    return shutil.which("dot") is not None
-
-
 def _meta_text(shape, dtype) -> str:
     if shape is None:
         return "?"
@@ -63,7 +57,7 @@ def _value_meta(v):
     return (tuple(shape), dtype) if shape is not None else None
 
 
-def _edge_meta(nodes, y):
+def _edge_meta(nodes):
     """slot id -> (shape, dtype) from everything the tape knows."""
     meta = {}
 
@@ -75,13 +69,10 @@ def _edge_meta(nodes, y):
             meta[slot] = (tuple(shape), dtype)
 
     for seq, op, path, ins, outs, in_shapes, out_meta, saved, info in nodes:
-        if info is not None:
-            for slot, (shape, dtype) in zip(ins, info.inputs):
-                learn(slot, shape, dtype)
-            for slot, (shape, dtype) in zip(outs, info.outputs):
-                learn(slot, shape, dtype)
-        if out_meta is not None:
-            for slot, (shape, dtype) in zip(outs, out_meta):
+        known = ([(ins, info.inputs), (outs, info.outputs)] if info is not None else []) + \
+            ([(outs, out_meta)] if out_meta is not None else [])
+        for slots, metas in known:
+            for slot, (shape, dtype) in zip(slots, metas):
                 learn(slot, shape, dtype)
         if saved is not None:
             index, values, one = saved
@@ -176,7 +167,7 @@ def _draw(g, prefix, y, y_slot, nodes, leaves, slot_names):
         if node is not None and node[0] not in wanted:
             wanted[node[0]] = node
             todo.extend(s for s in node[3] if s is not None)
-    meta = _edge_meta(list(wanted.values()), y)
+    meta = _edge_meta(list(wanted.values()))
     meta[y_slot] = (tuple(y.shape), y.dtype)
 
     def slot_node(slot):
