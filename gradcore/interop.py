@@ -608,7 +608,6 @@ def _make_torch_bits():
                            compiling=torch.compiler.is_compiling,
                            plain_types=(torch.Tensor, torch.nn.Parameter))
     from_dlpack_t = torch.utils.dlpack.from_dlpack
-    to_dlpack_t = torch._C._to_dlpack
     is_grad_enabled = torch.is_grad_enabled
 
     @torch.compiler.disable
@@ -624,21 +623,8 @@ def _make_torch_bits():
             ctx.set_materialize_grads(False)
             where = tf._label
             needs = ctx.needs_input_grad
-            gargs = []
-            tensor_pos = []
-            for i, a in enumerate(args):
-                if isinstance(a, torch.Tensor):
-                    tensor_pos.append(i)
-                    if a.device.type == "cpu":
-                        try:
-                            g = wrap_array(np.from_dlpack(_Capsule(to_dlpack_t(a), _CPU)), "cpu")
-                        except Exception:
-                            g = _gc_from_torch(a, where)     # its error
-                    else:
-                        g = _gc_from_torch(a, where)
-                    gargs.append(g)
-                else:
-                    gargs.append(a)
+            tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            gargs = [_gc_from_torch(a, where) if isinstance(a, torch.Tensor) else a for a in args]
             grads: List[Optional[Tensor]] = [None] * len(args)
             attach = [i for i in tensor_pos if needs[i + 2]]
             if _recording_blocked():
@@ -669,10 +655,7 @@ def _make_torch_bits():
                 for o, g in zip(outs, gys):
                     if g is not None and o.dtype.kind == "f":
                         ys.append(o)
-                        if g.device.type == "cpu":
-                            dys.append(wrap_array(np.from_dlpack(_Capsule(to_dlpack_t(g), _CPU)), "cpu"))
-                        else:
-                            dys.append(_gc_from_torch(g, tf._label))
+                        dys.append(_gc_from_torch(g, tf._label))
                 key.resume()
                 try:
                     if ys:
@@ -851,21 +834,6 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
 
 # ---------------------------------------------------------------- from_torch
 
-def _torch_from_array(a, device: str):
-    """A torch tensor sharing a gradcore kernel's input array (DLPack); a
-    copy for a read-only array (DLPack has no read-only tensors)."""
-    torch = _torch_mod
-    if device == "cpu":
-        return torch.utils.dlpack.from_dlpack(_exportable(a).__dlpack__())
-    return torch.utils.dlpack.from_dlpack(wrap_array(a, "cuda"))
-
-
-def _array_from_torch(t, device: str):
-    if device == "cpu":
-        return np.from_dlpack(_Capsule(_torch_mod._C._to_dlpack(t.detach()), _CPU))
-    return from_dlpack(t.detach().contiguous())._data
-
-
 class _TorchVjp:
     """``(*xs, *cotangents) -> one gradient per floating-point x`` by
     ``torch.autograd.grad`` of ``fn``: what a ``from_torch`` op's backward
@@ -937,7 +905,8 @@ def _make_torch_op_class():
 
         def _run(self, arrays, device):
             torch = _torch_mod
-            ts = [_torch_from_array(a, device) for a in arrays]
+            # (a read-only array is copied: DLPack has no read-only tensors)
+            ts = [_torch_from_gc(wrap_array(a, device)) for a in arrays]
             try:
                 with torch.no_grad():
                     res = self.fn(*ts)
@@ -956,7 +925,7 @@ def _make_torch_op_class():
                 if o.numel() and o.untyped_storage().data_ptr() in ptrs:
                     o = o.clone()          # gradcore's outputs never share an input's memory
                 ptrs.add(o.untyped_storage().data_ptr())
-                arrays_out.append(_array_from_torch(o, device))
+                arrays_out.append(_gc_from_torch(o.detach(), self._name())._data)
             return tuple(arrays_out)
 
         def cpu(self, *arrays):
