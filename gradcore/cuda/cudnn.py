@@ -50,10 +50,7 @@ Example::
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import glob
 import os
-import site
 import sys
 import weakref
 from typing import Dict, List, Optional, Tuple
@@ -161,19 +158,11 @@ _STATUS_NAMES = {0: "SUCCESS", 1001: "NOT_INITIALIZED", 2000: "BAD_PARAM", 3000:
 # ---------------------------------------------------------------- the library
 def candidate_paths() -> List[str]:
     """Where libcudnn may be, most specific first: the ``nvidia-cudnn-cu13``
-    wheel (``nvidia/cudnn/lib``), the CUDA toolkit, the loader path."""
-    roots = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
-    found = []
-    for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
-        found += sorted(glob.glob(os.path.join(root, "nvidia", "cudnn", "lib", "libcudnn.so*")), reverse=True)
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            found += sorted(glob.glob(os.path.join(home, "lib64", "libcudnn.so*")), reverse=True)
-    name = ctypes.util.find_library("cudnn")
-    if name:
-        found.append(name)
+    wheel (``nvidia/cudnn/lib``), the CUDA toolkit, the loader path (the
+    lookup of cuBLAS and NVRTC, ``toolkit.library_candidates``)."""
+    from .toolkit import library_candidates
     # the front library only: it loads its sub-libraries (libcudnn_cnn, _ops, ...) itself
-    return [p for p in dict.fromkeys(found) if os.path.basename(p).startswith("libcudnn.so")]
+    return [p for p in library_candidates("cudnn", "cudnn") if os.path.basename(p).startswith("libcudnn.so")]
 
 
 class Library:
