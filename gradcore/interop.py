@@ -738,13 +738,6 @@ def _torch_dtype(np_dtype):
     return getattr(_torch_mod, np.dtype(np_dtype).name)
 
 
-def _op_label(op) -> str:
-    try:
-        return op._name()
-    except Exception:
-        return getattr(op, "name", "") or type(op).__name__
-
-
 def _built_op(target: Any, where: str, hint: str) -> Any:
     """``target``, or, for an op class, the op built with its defaults."""
     from .op import Op
@@ -793,6 +786,7 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
         True
     """
     from .op import Op
+    from .testing import _op_label
     from ._core import apply
     _build_torch_bits()
     target = op_or_function
@@ -997,6 +991,7 @@ def from_torch(fn: Callable, *, name: Optional[str] = None) -> Any:
 def _gc_callable(op_or_function, where: str):
     """(function of gradcore Tensors returning a tuple of Tensors, op or None, label)."""
     from .op import Op
+    from .testing import _op_label
     from ._core import apply
     target = _built_op(op_or_function, where, "")
     if isinstance(target, Op):
@@ -1130,7 +1125,7 @@ def check_torch(op: Any, seed: int = 0, atol: float = 1e-7, rtol: float = 1e-6):
         >>> check_torch(Elemwise("tanh")).ok
         True
     """
-    from .testing import CheckReport, CheckResult, generated_cases, op_examples
+    from .testing import CheckReport, CheckResult, _op_label, generated_cases, op_examples
     report = CheckReport()
     cls = op if isinstance(op, type) else type(op)
     label = getattr(cls, "name", "") or cls.__name__

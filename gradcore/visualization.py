@@ -32,7 +32,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from . import _core
-from .anomaly import detect_anomaly
+from .anomaly import _op_name, detect_anomaly
 
 ATTACHED_COLOR, OUTPUT_COLOR, OP_COLOR = "lightblue", "orange", "white"
 NL = "\\n"      # DOT's centred line break (the graphviz package keeps backslashes as they are)
@@ -102,13 +102,6 @@ def _saved_text(saved, n_inputs) -> str:
         return "saves: nothing"
     names = [f"in{i}" if i < n_inputs else f"out{i - n_inputs}" for i in index]
     return "saves: " + ", ".join(names)
-
-
-def _op_name(op) -> str:
-    try:
-        return op._name()
-    except Exception:
-        return type(op).__name__
 
 
 def _escape(text: str) -> str:
