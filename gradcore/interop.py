@@ -449,14 +449,15 @@ def _like_float_inputs(nargs: int) -> Callable:
 
 
 def _export_outputs(outs, gargs) -> tuple:
-    """Gradcore outputs as torch tensors; an output whose memory is also an
-    input's or an earlier output's is copied (autograd and custom ops need
-    outputs that alias nothing they did not make)."""
+    """Gradcore outputs (or None) as torch tensors; an output whose memory is
+    also an input's or an earlier output's is copied (autograd and custom ops
+    need outputs that alias nothing they did not make)."""
     avoid = [a._data for a in gargs if isinstance(a, Tensor)]
     res = []
     for o in outs:
-        res.append(_torch_from_gc(o, avoid))
-        avoid.append(o._data)
+        res.append(None if o is None else _torch_from_gc(o, avoid))
+        if o is not None:
+            avoid.append(o._data)
     return tuple(res)
 
 
@@ -607,7 +608,6 @@ def _make_torch_bits():
     bits = SimpleNamespace(profiler=profiler,          # profiler._is_profiler_enabled: its own flag
                            compiling=torch.compiler.is_compiling,
                            plain_types=(torch.Tensor, torch.nn.Parameter))
-    from_dlpack_t = torch.utils.dlpack.from_dlpack
     is_grad_enabled = torch.is_grad_enabled
 
     @torch.compiler.disable
@@ -627,12 +627,11 @@ def _make_torch_bits():
             gargs = [_gc_from_torch(a, where) if isinstance(a, torch.Tensor) else a for a in args]
             grads: List[Optional[Tensor]] = [None] * len(args)
             attach = [i for i in tensor_pos if needs[i + 2]]
+            record_args = (tf, kwargs, gargs, attach, grads, len(tensor_pos) == len(args))
             if _recording_blocked():
-                outs, single, rec, not_diff = _in_fresh_thread(_record, tf, kwargs, gargs, attach, grads,
-                                                               len(tensor_pos) == len(args))
+                outs, single, rec, not_diff = _in_fresh_thread(_record, *record_args)
             else:
-                outs, single, rec, not_diff = _record(tf, kwargs, gargs, attach, grads,
-                                                      len(tensor_pos) == len(args))
+                outs, single, rec, not_diff = _record(*record_args)
             touts = _export_outputs(outs, gargs)
             for o, t in zip(outs, touts):
                 if o.dtype.kind != "f":
@@ -662,21 +661,8 @@ def _make_torch_bits():
                         key.backward(ys, dys)
                 finally:
                     key.exit()
-                avoid = [d._data for d in dys]
-                res: List[Any] = [None, None]
-                for g in grads:
-                    if g is None:
-                        res.append(None)
-                    else:
-                        arr = g._data
-                        if (g._device != "cpu" or arr.base is not None or not arr.flags.writeable
-                                or not arr.flags.c_contiguous or any(arr is a for a in avoid)):
-                            res.append(_torch_from_gc(g, avoid))
-                        else:
-                            res.append(from_dlpack_t(arr.__dlpack__()))
-                        avoid.append(arr)
                 ctx.state = (tf, kwargs, None, None, None, tensor_pos, args, None)
-                return tuple(res)
+                return (None, None) + _export_outputs(grads, dys)
             # torch records this backward (create_graph=True), or a second
             # backward (retain_graph=True): the vjp, as a function torch differentiates
             nin = len(tensor_pos)
