@@ -207,6 +207,7 @@ def from_dlpack(obj: Any) -> Tensor:
 
 import re as _re
 import threading as _threading
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Callable, Dict, List
 
@@ -318,9 +319,7 @@ def _gc_vjp(fn: Callable, nargs: int, kwargs: dict, where: str) -> Callable:
     from .functional import zeros_like
 
     def vjp(*args):
-        if _recording_blocked():
-            return _in_fresh_thread(vjp_here, *args)
-        return vjp_here(*args)
+        return _recorded_apart(vjp_here, *args)
 
     def vjp_here(*args):
         xs, gs = args[:nargs], args[nargs:]
@@ -577,21 +576,13 @@ def _recording_blocked() -> bool:
     return st["no_record"] > 0 or st["visible_below"] < _VISIBLE_ALL
 
 
-def _in_fresh_thread(fn, *args):
-    box: Dict[str, Any] = {}
-
-    def run():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:       # handed to the caller
-            box["error"] = exc
-
-    t = _threading.Thread(target=run, name="gradcore-interop")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+def _recorded_apart(fn, *args):
+    """``fn(*args)``, in a fresh thread when a recording here would see
+    nothing (``_recording_blocked``); its exception raised here."""
+    if not _recording_blocked():
+        return fn(*args)
+    with ThreadPoolExecutor(1, thread_name_prefix="gradcore-interop") as pool:
+        return pool.submit(fn, *args).result()
 
 
 def _build_torch_bits():
@@ -627,11 +618,8 @@ def _make_torch_bits():
             gargs = [_gc_from_torch(a, where) if isinstance(a, torch.Tensor) else a for a in args]
             grads: List[Optional[Tensor]] = [None] * len(args)
             attach = [i for i in tensor_pos if needs[i + 2]]
-            record_args = (tf, kwargs, gargs, attach, grads, len(tensor_pos) == len(args))
-            if _recording_blocked():
-                outs, single, rec, not_diff = _in_fresh_thread(_record, *record_args)
-            else:
-                outs, single, rec, not_diff = _record(*record_args)
+            outs, single, rec, not_diff = _recorded_apart(_record, tf, kwargs, gargs, attach, grads,
+                                                          len(tensor_pos) == len(args))
             touts = _export_outputs(outs, gargs)
             for o, t in zip(outs, touts):
                 if o.dtype.kind != "f":
@@ -1050,11 +1038,6 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
         outs = gc_fn(*xs)
         return tuple(np.asarray(o._data) for o in outs)
 
-    def call(*xs):
-        structs = out_structs(xs)
-        return jax.pure_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in structs), *xs,
-                                 vmap_method="sequential")
-
     vjp_export = {}
 
     def vjp_of(nargs):
@@ -1067,7 +1050,8 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
 
     @jax.custom_vjp
     def f(*xs):
-        return call(*xs)
+        return jax.pure_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in out_structs(xs)), *xs,
+                                 vmap_method="sequential")
 
     def f_fwd(*xs):
         outs = f(*xs)                  # (f, not the callback: differentiable when a jax.grad is outside)
