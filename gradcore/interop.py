@@ -208,11 +208,12 @@ def from_dlpack(obj: Any) -> Tensor:
 import re as _re
 import threading as _threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Dict, List
 
 _torch_mod = None
-_torch_bits = None       # lazily built: the autograd.Function class, dtype maps, ...
+_torch_bits = None       # lazily built: the autograd.Function class, the profiler and compiler checks
 _custom_names: Dict[str, int] = {}     # custom op base name -> how many ops use it in this process
 _exported_ops: Dict[Any, "TorchFunction"] = {}
 _export_lock = _threading.Lock()
@@ -299,16 +300,6 @@ def _result_tuple(res, where: str):
                     f"returns gradcore Tensors (one, or a tuple)")
 
 
-def _is_float(t: Tensor) -> bool:
-    return t.dtype.kind == "f"
-
-
-def _collector(store: list, i: int):
-    def keep(grad):
-        store[i] = grad
-    return keep
-
-
 def _gc_vjp(fn: Callable, nargs: int, kwargs: dict, where: str) -> Callable:
     """``(*args, *cotangents) -> gradients``: the vjp of ``fn`` as a function
     of gradcore tensors, so that it is differentiable in turn. ``args`` are
@@ -323,14 +314,14 @@ def _gc_vjp(fn: Callable, nargs: int, kwargs: dict, where: str) -> Callable:
 
     def vjp_here(*args):
         xs, gs = args[:nargs], args[nargs:]
-        floats = [i for i, a in enumerate(xs) if isinstance(a, Tensor) and _is_float(a)]
+        floats = [i for i, a in enumerate(xs) if isinstance(a, Tensor) and a.dtype.kind == "f"]
         grads: List[Optional[Tensor]] = [None] * nargs
         key = Grad(f"{where} vjp")
         with key:
             for i in floats:
-                key.wrt(xs[i], callback=_collector(grads, i))
+                key.wrt(xs[i], callback=partial(grads.__setitem__, i))
             outs, _ = _result_tuple(fn(*xs, **kwargs), where)
-            fouts = [o for o in outs if _is_float(o)]
+            fouts = [o for o in outs if o.dtype.kind == "f"]
             if len(fouts) != len(gs):
                 raise ValueError(f"{where}: {len(gs)} output gradients for {len(fouts)} floating-point outputs")
             if fouts:
@@ -544,7 +535,7 @@ def _record(tf, kwargs, gargs, attach, grads, all_tensors):
     key.enter()
     try:
         for i in attach:
-            key.attach(gargs[i], _collector(grads, i))
+            key.attach(gargs[i], partial(grads.__setitem__, i))
         if tf.op is not None and all_tensors:
             outs = _core.apply(tf.op, *gargs)
             single = tf._single and len(outs) == 1
@@ -1163,7 +1154,7 @@ def _compare_torch_case(op, arrays, wrt, seed: int, atol: float, rtol: float):
     try:
         with key:
             for i in wrt:
-                key.wrt(xs[i], callback=_collector(native_grads, i))
+                key.wrt(xs[i], callback=partial(native_grads.__setitem__, i))
             outs = apply(op, *xs)
             fouts = [o for o in outs if o.dtype.kind == "f"]
             if not fouts:

@@ -192,10 +192,6 @@ def get_world_size() -> int:
     return _state.size
 
 
-def _timeout(timeout=None) -> float:
-    return float(timeout) if timeout is not None else (_state.timeout or _default_timeout())
-
-
 def _wait(requests, what: str, timeout=None) -> None:
     """Wait for MPI requests, testing in a loop up to a deadline."""
     MPI = _state.MPI
@@ -203,7 +199,7 @@ def _wait(requests, what: str, timeout=None) -> None:
         requests = [requests]
     if MPI.Request.Testall(requests):
         return
-    limit = _timeout(timeout)
+    limit = float(timeout) if timeout is not None else (_state.timeout or _default_timeout())
     deadline = time.monotonic() + limit
     spins = 0
     while not MPI.Request.Testall(requests):
