@@ -72,11 +72,8 @@ class KernelCompileError(RuntimeError):
     def __init__(self, name: str, errors: List[Tuple[Optional[int], str, str]], log: str, arch: str):
         self.name, self.errors, self.log, self.arch = name, errors, log, arch
         if errors:
-            lines = []
-            for lineno, text, msg in errors[:5]:
-                where = f"line {lineno}" if lineno is not None else "source"
-                lines.append(f"  {where}: {msg}\n    | {text.strip()}")
-            detail = "\n".join(lines)
+            detail = "\n".join(f"  {'source' if lineno is None else f'line {lineno}'}: {msg}\n    | {text.strip()}"
+                               for lineno, text, msg in errors[:5])
             if len(errors) > 5:
                 detail += f"\n  ... and {len(errors) - 5} more errors"
             tail = log.strip().splitlines()[:30]
