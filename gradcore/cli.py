@@ -14,6 +14,7 @@ failed check_op or had no check run), 2 usage (e.g. an unknown distribution).
 """
 from __future__ import annotations
 
+import collections
 import sys
 from typing import List, Optional
 
@@ -90,10 +91,9 @@ def _parse_check_args(args: List[str]):
     for a in it:
         if a in ("-h", "--help"):
             return "help"
-        if a == "--devices":
-            devices = [d.strip() for d in next(it, "").split(",") if d.strip()]
-        elif a.startswith("--devices="):
-            devices = [d.strip() for d in a.split("=", 1)[1].split(",") if d.strip()]
+        if a == "--devices" or a.startswith("--devices="):
+            text = a.split("=", 1)[1] if "=" in a else next(it, "")
+            devices = [d.strip() for d in text.split(",") if d.strip()]
         elif a == "--seed":
             seed = int(next(it, "0"))
         elif a.startswith("-") or dist is not None:
@@ -148,43 +148,38 @@ def _check_torch(dist, mine, failed, seed) -> int:
         print(f"gradcore check --torch: PyTorch does not import ({exc}); pip install torch", file=sys.stderr)
         return 2
     from .interop import check_torch
-    from .testing import CheckReport, CheckResult
-    report = CheckReport()
-    for f in failed:
-        report.results.append(CheckResult(f"<plugin {f.dist}>", "load", "failed", f.error))
-    for e in mine:
-        try:
-            sub = check_torch(e.cls, seed=seed)
-        except Exception as exc:
-            sub = CheckReport([CheckResult(e.name, "torch", "failed", f"{type(exc).__name__}: {exc}")])
-        for r in sub.results:
-            r.op = e.name
-        if not sub.passed and sub.ok:
-            sub.results.append(CheckResult(e.name, "torch", "failed", "no check ran (nothing to compare)"))
-        report.extend(sub)
+    report = _run_checks(mine, failed, "torch", lambda cls: check_torch(cls, seed=seed),
+                         ("torch", "no check ran (nothing to compare)"))
     print(report.table())
     print(f"\n{dist}: {len(mine)} op(s) compared with their PyTorch form; {len(report.passed)} check(s) "
           f"passed, {len(report.failed)} failed, {len(report.not_applicable)} not applicable; seed {seed}")
     return 0 if report.ok else 1
 
 
-def _check_all(mine, failed, rules, devices, seed):
-    from .testing import CheckReport, CheckResult, check_grad_rule, check_op
-    report = CheckReport()
-    for f in failed:
-        report.results.append(CheckResult(f"<plugin {f.dist}>", "load", "failed", f.error))
+def _run_checks(mine, failed, check: str, run, nothing_ran: tuple):
+    """A report: each failed plugin, then ``run(cls)``'s report of each op
+    (an exception fails ``check``; no check that ran fails ``nothing_ran``,
+    (check, message))."""
+    from .testing import CheckReport, CheckResult
+    report = CheckReport([CheckResult(f"<plugin {f.dist}>", "load", "failed", f.error) for f in failed])
     for e in mine:
         try:
-            sub = check_op(e.cls, devices=devices, seed=seed)
+            sub = run(e.cls)
         except Exception as exc:
-            report.results.append(CheckResult(e.name, "check_op", "failed", f"{type(exc).__name__}: {exc}"))
+            report.results.append(CheckResult(e.name, check, "failed", f"{type(exc).__name__}: {exc}"))
             continue
         for r in sub.results:
             r.op = e.name
         if not sub.passed and sub.ok:
-            sub.results.append(CheckResult(e.name, "any", "failed",
-                                           "no check ran (every check skipped or not applicable)"))
+            sub.results.append(CheckResult(e.name, nothing_ran[0], "failed", nothing_ran[1]))
         report.extend(sub)
+    return report
+
+
+def _check_all(mine, failed, rules, devices, seed):
+    from .testing import check_grad_rule, check_op
+    report = _run_checks(mine, failed, "check_op", lambda cls: check_op(cls, devices=devices, seed=seed),
+                         ("any", "no check ran (every check skipped or not applicable)"))
     for cls, rule in rules:
         report.extend(check_grad_rule(cls, rule, seed=seed))
     return report
@@ -314,9 +309,7 @@ def _doctor(args: List[str]) -> int:
     # registry
     try:
         entries, failures = _quiet_registry()
-        per: dict = {}
-        for e in entries:
-            per[e.dist] = per.get(e.dist, 0) + 1
+        per = collections.Counter(e.dist for e in entries)
         line("registry", f"{len(entries)} op(s) from {len(per)} distribution(s)")
         for dist, n in sorted(per.items()):
             line("", f"{dist}: {n} op(s)")

@@ -57,6 +57,7 @@ from ._core import Tensor, wrap_array
 
 _CPU_DEVICE_TYPES = (1, 3)        # kDLCPU, kDLCUDAHost (host-visible)
 _CUDA_DEVICE_TYPES = (2, 13)      # kDLCUDA, kDLCUDAManaged
+_CPU = (1, 0)                     # DLPack's (device type, id) of host memory
 
 
 def tensor_dlpack(self: Tensor, *, stream: Optional[int] = None, max_version: Optional[Tuple[int, int]] = None,
@@ -97,14 +98,19 @@ def tensor_cuda_array_interface(self: Tensor) -> dict:
     return self._data.__cuda_array_interface__
 
 
-class _CapsuleHolder:
+class _Capsule:
     """Gives a bare DLPack capsule the ``__dlpack__`` protocol (NumPy's
-    ``from_dlpack`` takes objects, not capsules)."""
+    ``from_dlpack`` takes objects, not capsules); ``device`` is read from
+    the capsule unless given."""
 
-    def __init__(self, capsule):
-        from .cuda import dlpack
+    __slots__ = ("_capsule", "_device")
+
+    def __init__(self, capsule, device: Optional[Tuple[int, int]] = None):
+        if device is None:
+            from .cuda import dlpack
+            device = dlpack.capsule_device(capsule)
         self._capsule = capsule
-        self._device = dlpack.capsule_device(capsule)
+        self._device = device
 
     def __dlpack__(self, **_ignored):
         return self._capsule
@@ -146,7 +152,7 @@ def from_dlpack(obj: Any) -> Tensor:
         >>> t = gradcore.from_dlpack(torch.arange(3.0))     # doctest: +SKIP
     """
     if type(obj).__name__ == "PyCapsule":
-        obj = _CapsuleHolder(obj)
+        obj = _Capsule(obj)
     if hasattr(obj, "__dlpack__"):
         device_type, _device_id = obj.__dlpack_device__()
         if device_type in _CPU_DEVICE_TYPES:
@@ -201,10 +207,13 @@ def from_dlpack(obj: Any) -> Tensor:
 
 import re as _re
 import threading as _threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from types import SimpleNamespace
 from typing import Callable, Dict, List
 
 _torch_mod = None
-_torch_bits = None       # lazily built: the autograd.Function class, dtype maps, ...
+_torch_bits = None       # lazily built: the autograd.Function class, the profiler and compiler checks
 _custom_names: Dict[str, int] = {}     # custom op base name -> how many ops use it in this process
 _exported_ops: Dict[Any, "TorchFunction"] = {}
 _export_lock = _threading.Lock()
@@ -221,22 +230,6 @@ def _import_torch():
     return _torch_mod
 
 
-class _CpuCapsule:
-    """A DLPack capsule with the ``__dlpack__`` protocol (NumPy's
-    ``from_dlpack`` takes objects, not capsules); host memory."""
-
-    __slots__ = ("_capsule",)
-
-    def __init__(self, capsule):
-        self._capsule = capsule
-
-    def __dlpack__(self, **_ignored):
-        return self._capsule
-
-    def __dlpack_device__(self):
-        return (1, 0)
-
-
 def _describe_torch(t) -> str:
     return f"torch.Tensor of shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
 
@@ -247,7 +240,7 @@ def _gc_from_torch(t, where: str) -> Tensor:
     dev = t.device.type
     if dev == "cpu":
         try:
-            arr = np.from_dlpack(_CpuCapsule(_torch_mod._C._to_dlpack(t)))
+            arr = np.from_dlpack(_Capsule(_torch_mod._C._to_dlpack(t), _CPU))
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise TypeError(f"{where}: a {_describe_torch(t)} cannot be shared with gradcore "
                             f"({exc}); gradcore has bool, integer, float16, float32 and float64 tensors"
@@ -288,12 +281,8 @@ def _exportable(arr: np.ndarray) -> np.ndarray:
     """``arr``, or a copy where DLPack cannot carry it to PyTorch: read-only
     (DLPack has no read-only tensors) or with a negative stride (which
     PyTorch's DLPack import does not take; it aborts the process)."""
-    if not arr.flags.writeable:
+    if not arr.flags.writeable or (not arr.flags.c_contiguous and any(st < 0 for st in arr.strides)):
         return arr.copy()
-    if not arr.flags.c_contiguous:
-        for st in arr.strides:
-            if st < 0:
-                return arr.copy()
     return arr
 
 
@@ -311,16 +300,6 @@ def _result_tuple(res, where: str):
                     f"returns gradcore Tensors (one, or a tuple)")
 
 
-def _is_float(t: Tensor) -> bool:
-    return t.dtype.kind == "f"
-
-
-def _collector(store: list, i: int):
-    def keep(grad):
-        store[i] = grad
-    return keep
-
-
 def _gc_vjp(fn: Callable, nargs: int, kwargs: dict, where: str) -> Callable:
     """``(*args, *cotangents) -> gradients``: the vjp of ``fn`` as a function
     of gradcore tensors, so that it is differentiable in turn. ``args`` are
@@ -331,20 +310,18 @@ def _gc_vjp(fn: Callable, nargs: int, kwargs: dict, where: str) -> Callable:
     from .functional import zeros_like
 
     def vjp(*args):
-        if _recording_blocked():
-            return _in_fresh_thread(vjp_here, *args)
-        return vjp_here(*args)
+        return _recorded_apart(vjp_here, *args)
 
     def vjp_here(*args):
         xs, gs = args[:nargs], args[nargs:]
-        floats = [i for i, a in enumerate(xs) if isinstance(a, Tensor) and _is_float(a)]
+        floats = [i for i, a in enumerate(xs) if isinstance(a, Tensor) and a.dtype.kind == "f"]
         grads: List[Optional[Tensor]] = [None] * nargs
         key = Grad(f"{where} vjp")
         with key:
             for i in floats:
-                key.wrt(xs[i], callback=_collector(grads, i))
+                key.wrt(xs[i], callback=partial(grads.__setitem__, i))
             outs, _ = _result_tuple(fn(*xs, **kwargs), where)
-            fouts = [o for o in outs if _is_float(o)]
+            fouts = [o for o in outs if o.dtype.kind == "f"]
             if len(fouts) != len(gs):
                 raise ValueError(f"{where}: {len(gs)} output gradients for {len(fouts)} floating-point outputs")
             if fouts:
@@ -398,14 +375,11 @@ class TorchFunction:
             return bits.Autograd.apply(self, kwargs, *args)
         return self._plain(args, kwargs)
 
-    def _where(self) -> str:
-        return self._label
-
     def _plain(self, args, kwargs):
         """The forward alone, no recording (nothing requires grad)."""
         torch = _torch_mod
-        gargs = [_gc_from_torch(a, self._where()) if isinstance(a, torch.Tensor) else a for a in args]
-        outs, single = _result_tuple(self._gc_fn(*gargs, **kwargs), self._where())
+        gargs = [_gc_from_torch(a, self._label) if isinstance(a, torch.Tensor) else a for a in args]
+        outs, single = _result_tuple(self._gc_fn(*gargs, **kwargs), self._label)
         touts = _export_outputs(outs, gargs)
         return touts[0] if single else touts
 
@@ -437,7 +411,7 @@ class TorchFunction:
         if tf is None:
             name = f"{self.__name__}_vjp{nargs}"
             fake = _like_float_inputs(nargs) if self._fake is not None else None
-            tf = TorchFunction(_gc_vjp(self._gc_fn, nargs, kwargs, self._where()), name, fake=fake)
+            tf = TorchFunction(_gc_vjp(self._gc_fn, nargs, kwargs, self._label), name, fake=fake)
             tf._single = False
             if key is not None:
                 self._vjps[key] = tf
@@ -465,19 +439,16 @@ def _like_float_inputs(nargs: int) -> Callable:
 
 
 def _export_outputs(outs, gargs) -> tuple:
-    """Gradcore outputs as torch tensors; an output whose memory is also an
-    input's or an earlier output's is copied (autograd and custom ops need
-    outputs that alias nothing they did not make)."""
+    """Gradcore outputs (or None) as torch tensors; an output whose memory is
+    also an input's or an earlier output's is copied (autograd and custom ops
+    need outputs that alias nothing they did not make)."""
     avoid = [a._data for a in gargs if isinstance(a, Tensor)]
     res = []
     for o in outs:
-        res.append(_torch_from_gc(o, avoid))
-        avoid.append(o._data)
+        res.append(None if o is None else _torch_from_gc(o, avoid))
+        if o is not None:
+            avoid.append(o._data)
     return tuple(res)
-
-
-def _ensure_registered(tf: "TorchFunction") -> None:
-    tf.custom_op
 
 
 def _sanitize(name: str) -> str:
@@ -496,8 +467,8 @@ def _register_custom_op(tf: TorchFunction):
     qualname = f"gradcore::{base}" if k == 0 else f"gradcore::{base}_{k}"
 
     def impl(xs):
-        gargs = [_gc_from_torch(x, tf._where()) for x in xs]
-        outs, _ = _result_tuple(tf._gc_fn(*gargs), tf._where())
+        gargs = [_gc_from_torch(x, tf._label) for x in xs]
+        outs, _ = _result_tuple(tf._gc_fn(*gargs), tf._label)
         return list(_export_outputs(outs, gargs))
 
     impl.__name__ = qualname.split("::")[1]
@@ -511,12 +482,8 @@ def _register_custom_op(tf: TorchFunction):
         # loads from its cache, without tracing it, calls them
         n = len(xs)
         vtf = tf._vjp(n, {})
-        if vtf._custom is None:
-            _ensure_registered(vtf)
-        n2 = n + sum(1 for o in outs if o.is_floating_point())
-        vvtf = vtf._vjp(n2, {})
-        if vvtf._custom is None:
-            _ensure_registered(vvtf)
+        vtf.custom_op
+        vtf._vjp(n + sum(1 for o in outs if o.is_floating_point()), {}).custom_op
         return outs
 
     cop.register_fake(fake)
@@ -568,7 +535,7 @@ def _record(tf, kwargs, gargs, attach, grads, all_tensors):
     key.enter()
     try:
         for i in attach:
-            key.attach(gargs[i], _collector(grads, i))
+            key.attach(gargs[i], partial(grads.__setitem__, i))
         if tf.op is not None and all_tensors:
             outs = _core.apply(tf.op, *gargs)
             single = tf._single and len(outs) == 1
@@ -600,47 +567,29 @@ def _recording_blocked() -> bool:
     return st["no_record"] > 0 or st["visible_below"] < _VISIBLE_ALL
 
 
-def _in_fresh_thread(fn, *args):
-    box: Dict[str, Any] = {}
-
-    def run():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:       # handed to the caller
-            box["error"] = exc
-
-    t = _threading.Thread(target=run, name="gradcore-interop")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+def _recorded_apart(fn, *args):
+    """``fn(*args)``, in a fresh thread when a recording here would see
+    nothing (``_recording_blocked``); its exception raised here."""
+    if not _recording_blocked():
+        return fn(*args)
+    with ThreadPoolExecutor(1, thread_name_prefix="gradcore-interop") as pool:
+        return pool.submit(fn, *args).result()
 
 
 def _build_torch_bits():
     """The parts that need torch imported: built on the first to_torch."""
     global _torch_bits
-    if _torch_bits is not None:
-        return _torch_bits
     with _export_lock:
         if _torch_bits is None:
             _torch_bits = _make_torch_bits()
-    return _torch_bits
 
 
 def _make_torch_bits():
     torch = _import_torch()
-
-    class Bits:
-        pass
-
-    bits = Bits()
-    from torch.autograd import profiler as _prof
-    bits.profiler = _prof                 # _prof._is_profiler_enabled: the profiler's own flag
-    bits.compiling = torch.compiler.is_compiling
-    bits.plain_types = (torch.Tensor, torch.nn.Parameter)
-    from_dlpack_t = torch.utils.dlpack.from_dlpack
-    to_dlpack_t = torch._C._to_dlpack
+    from torch.autograd import profiler
+    bits = SimpleNamespace(profiler=profiler,          # profiler._is_profiler_enabled: its own flag
+                           compiling=torch.compiler.is_compiling,
+                           plain_types=(torch.Tensor, torch.nn.Parameter))
     is_grad_enabled = torch.is_grad_enabled
 
     @torch.compiler.disable
@@ -656,29 +605,12 @@ def _make_torch_bits():
             ctx.set_materialize_grads(False)
             where = tf._label
             needs = ctx.needs_input_grad
-            gargs = []
-            tensor_pos = []
-            for i, a in enumerate(args):
-                if isinstance(a, torch.Tensor):
-                    tensor_pos.append(i)
-                    if a.device.type == "cpu":
-                        try:
-                            g = wrap_array(np.from_dlpack(_CpuCapsule(to_dlpack_t(a))), "cpu")
-                        except Exception:
-                            g = _gc_from_torch(a, where)     # its error
-                    else:
-                        g = _gc_from_torch(a, where)
-                    gargs.append(g)
-                else:
-                    gargs.append(a)
+            tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            gargs = [_gc_from_torch(a, where) if isinstance(a, torch.Tensor) else a for a in args]
             grads: List[Optional[Tensor]] = [None] * len(args)
             attach = [i for i in tensor_pos if needs[i + 2]]
-            if _recording_blocked():
-                outs, single, rec, not_diff = _in_fresh_thread(_record, tf, kwargs, gargs, attach, grads,
-                                                               len(tensor_pos) == len(args))
-            else:
-                outs, single, rec, not_diff = _record(tf, kwargs, gargs, attach, grads,
-                                                      len(tensor_pos) == len(args))
+            outs, single, rec, not_diff = _recorded_apart(_record, tf, kwargs, gargs, attach, grads,
+                                                          len(tensor_pos) == len(args))
             touts = _export_outputs(outs, gargs)
             for o, t in zip(outs, touts):
                 if o.dtype.kind != "f":
@@ -701,31 +633,15 @@ def _make_torch_bits():
                 for o, g in zip(outs, gys):
                     if g is not None and o.dtype.kind == "f":
                         ys.append(o)
-                        if g.device.type == "cpu":
-                            dys.append(wrap_array(np.from_dlpack(_CpuCapsule(to_dlpack_t(g))), "cpu"))
-                        else:
-                            dys.append(_gc_from_torch(g, tf._label))
+                        dys.append(_gc_from_torch(g, tf._label))
                 key.resume()
                 try:
                     if ys:
                         key.backward(ys, dys)
                 finally:
                     key.exit()
-                avoid = [d._data for d in dys]
-                res: List[Any] = [None, None]
-                for g in grads:
-                    if g is None:
-                        res.append(None)
-                    else:
-                        arr = g._data
-                        if (g._device != "cpu" or arr.base is not None or not arr.flags.writeable
-                                or not arr.flags.c_contiguous or any(arr is a for a in avoid)):
-                            res.append(_torch_from_gc(g, avoid))
-                        else:
-                            res.append(from_dlpack_t(arr.__dlpack__()))
-                        avoid.append(arr)
                 ctx.state = (tf, kwargs, None, None, None, tensor_pos, args, None)
-                return tuple(res)
+                return (None, None) + _export_outputs(grads, dys)
             # torch records this backward (create_graph=True), or a second
             # backward (retain_graph=True): the vjp, as a function torch differentiates
             nin = len(tensor_pos)
@@ -750,12 +666,17 @@ def _make_torch_bits():
     return bits
 
 
+def _has_infer(op) -> bool:
+    """Whether ``op`` has an ``infer`` of its own (output shapes known without running it)."""
+    from .op import Op
+    return getattr(type(op), "infer", Op.infer) is not Op.infer
+
+
 def _op_fake(op) -> Optional[Callable]:
     """The custom op's shape function: ``op.infer`` on the inputs'
     descriptors; None when the op has no ``infer`` of its own."""
-    from .op import Op, TensorDesc
-    infer = getattr(type(op), "infer", None)
-    if infer is None or infer is Op.infer:
+    from .op import TensorDesc
+    if not _has_infer(op):
         return None
     torch = _torch_mod
 
@@ -782,11 +703,16 @@ def _torch_dtype(np_dtype):
     return getattr(_torch_mod, np.dtype(np_dtype).name)
 
 
-def _op_label(op) -> str:
-    try:
-        return op._name()
-    except Exception:
-        return getattr(op, "name", "") or type(op).__name__
+def _built_op(target: Any, where: str, hint: str) -> Any:
+    """``target``, or, for an op class, the op built with its defaults."""
+    from .op import Op
+    if isinstance(target, type) and issubclass(target, Op):
+        try:
+            return target()
+        except TypeError as exc:
+            raise TypeError(f"{where}({target.__name__}): the op class cannot be built with its defaults "
+                            f"({exc}); pass an instance{hint}") from None
+    return target
 
 
 def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunction:
@@ -825,14 +751,12 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
         True
     """
     from .op import Op
+    from .testing import _op_label
+    from ._core import apply
     _build_torch_bits()
     target = op_or_function
-    if isinstance(target, type) and issubclass(target, Op):
-        try:
-            target = target()
-        except TypeError as exc:
-            raise TypeError(f"to_torch({target.__name__}): the op class cannot be built with its defaults "
-                            f"({exc}); pass an instance, e.g. to_torch({target.__name__}(...))") from None
+    if isinstance(target, type):
+        target = _built_op(target, "to_torch", f", e.g. to_torch({target.__name__}(...))")
     if isinstance(target, Op):
         op = target
         with _export_lock:
@@ -840,7 +764,6 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
         if tf is not None:
             return tf
         label = name or _op_label(op)
-        apply_fn = _core_apply()
 
         def run(*xs, **kwargs):
             if kwargs:
@@ -851,7 +774,8 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
                 if not isinstance(x, Tensor):
                     raise TypeError(f"to_torch({label}): argument {k} is a {type(x).__name__}; "
                                     f"an op takes torch.Tensors")
-            return apply_fn(op, *xs)
+            outs = apply(op, *xs)
+            return outs[0] if len(outs) == 1 else outs
 
         tf = TorchFunction(run, label, op=op, fake=_op_fake(op), wrapped=op)
         tf._single = True
@@ -867,31 +791,7 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
     return TorchFunction(target, label, wrapped=target)
 
 
-def _core_apply():
-    from ._core import apply
-
-    def run(op, *xs):
-        outs = apply(op, *xs)
-        return outs[0] if len(outs) == 1 else outs
-    return run
-
-
 # ---------------------------------------------------------------- from_torch
-
-def _torch_from_array(a, device: str):
-    """A torch tensor sharing a gradcore kernel's input array (DLPack); a
-    copy for a read-only array (DLPack has no read-only tensors)."""
-    torch = _torch_mod
-    if device == "cpu":
-        return torch.utils.dlpack.from_dlpack(_exportable(a).__dlpack__())
-    return torch.utils.dlpack.from_dlpack(wrap_array(a, "cuda"))
-
-
-def _array_from_torch(t, device: str):
-    if device == "cpu":
-        return np.from_dlpack(_CpuCapsule(_torch_mod._C._to_dlpack(t.detach())))
-    return from_dlpack(t.detach().contiguous())._data
-
 
 class _TorchVjp:
     """``(*xs, *cotangents) -> one gradient per floating-point x`` by
@@ -964,7 +864,8 @@ def _make_torch_op_class():
 
         def _run(self, arrays, device):
             torch = _torch_mod
-            ts = [_torch_from_array(a, device) for a in arrays]
+            # (a read-only array is copied: DLPack has no read-only tensors)
+            ts = [_torch_from_gc(wrap_array(a, device)) for a in arrays]
             try:
                 with torch.no_grad():
                     res = self.fn(*ts)
@@ -983,7 +884,7 @@ def _make_torch_op_class():
                 if o.numel() and o.untyped_storage().data_ptr() in ptrs:
                     o = o.clone()          # gradcore's outputs never share an input's memory
                 ptrs.add(o.untyped_storage().data_ptr())
-                arrays_out.append(_array_from_torch(o, device))
+                arrays_out.append(_gc_from_torch(o.detach(), self._name())._data)
             return tuple(arrays_out)
 
         def cpu(self, *arrays):
@@ -1055,14 +956,9 @@ def from_torch(fn: Callable, *, name: Optional[str] = None) -> Any:
 def _gc_callable(op_or_function, where: str):
     """(function of gradcore Tensors returning a tuple of Tensors, op or None, label)."""
     from .op import Op
+    from .testing import _op_label
     from ._core import apply
-    target = op_or_function
-    if isinstance(target, type) and issubclass(target, Op):
-        try:
-            target = target()
-        except TypeError as exc:
-            raise TypeError(f"{where}({target.__name__}): the op class cannot be built with its defaults "
-                            f"({exc}); pass an instance") from None
+    target = _built_op(op_or_function, where, "")
     if isinstance(target, Op):
         op = target
         return (lambda *xs: apply(op, *xs)), op, _op_label(op)
@@ -1116,7 +1012,7 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
         if got is None:
             if fixed_shapes is not None:
                 got = fixed_shapes(sig)
-            elif op is not None and _op_fake_descs(op) is not None:
+            elif op is not None and _has_infer(op):
                 from .op import TensorDesc
                 descs = op.infer(*[TensorDesc(s, d, "cpu") for s, d in sig])
                 if isinstance(descs, TensorDesc):
@@ -1133,12 +1029,6 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
         outs = gc_fn(*xs)
         return tuple(np.asarray(o._data) for o in outs)
 
-    def call(*xs):
-        structs = out_structs(xs)
-        res = jax.pure_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in structs), *xs,
-                                vmap_method="sequential")
-        return res
-
     vjp_export = {}
 
     def vjp_of(nargs):
@@ -1151,7 +1041,8 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
 
     @jax.custom_vjp
     def f(*xs):
-        return call(*xs)
+        return jax.pure_callback(host, tuple(jax.ShapeDtypeStruct(s, d) for s, d in out_structs(xs)), *xs,
+                                 vmap_method="sequential")
 
     def f_fwd(*xs):
         outs = f(*xs)                  # (f, not the callback: differentiable when a jax.grad is outside)
@@ -1177,12 +1068,6 @@ def _jax_export(jax, gc_fn, op, label: str, fixed_shapes: Optional[Callable]):
     return exported
 
 
-def _op_fake_descs(op):
-    from .op import Op
-    infer = getattr(type(op), "infer", None)
-    return None if infer is None or infer is Op.infer else infer
-
-
 # ---------------------------------------------------------------- gradcore check --torch
 
 def check_torch(op: Any, seed: int = 0, atol: float = 1e-7, rtol: float = 1e-6):
@@ -1201,7 +1086,7 @@ def check_torch(op: Any, seed: int = 0, atol: float = 1e-7, rtol: float = 1e-6):
         >>> check_torch(Elemwise("tanh")).ok
         True
     """
-    from .testing import CheckReport, CheckResult, generated_cases, op_examples
+    from .testing import CheckReport, CheckResult, _op_label, generated_cases, op_examples
     report = CheckReport()
     cls = op if isinstance(op, type) else type(op)
     label = getattr(cls, "name", "") or cls.__name__
@@ -1269,7 +1154,7 @@ def _compare_torch_case(op, arrays, wrt, seed: int, atol: float, rtol: float):
     try:
         with key:
             for i in wrt:
-                key.wrt(xs[i], callback=_collector(native_grads, i))
+                key.wrt(xs[i], callback=partial(native_grads.__setitem__, i))
             outs = apply(op, *xs)
             fouts = [o for o in outs if o.dtype.kind == "f"]
             if not fouts:

@@ -71,19 +71,6 @@ _ARRAY_DTYPES = {np.dtype(t).str: np.dtype(t) for t in (
 _TENSOR_KINDS = "biuf"
 _TENSOR_CLASSES = {"Tensor": Tensor, "Parameter": Parameter}
 
-# (module, name) pairs a restricted load of a version-1 file may resolve;
-# each maps to a checked stand-in (see _LegacyUnpickler), nothing else
-SAFE_GLOBALS = frozenset([
-    ("gradcore._core", "Tensor"), ("gradcore._core", "_rebuild_tensor"), ("gradcore.tensor", "Parameter"),
-    ("numpy", "dtype"),
-    ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
-    ("collections", "OrderedDict"),
-    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"), ("builtins", "slice"),
-    ("builtins", "range"), ("builtins", "bytearray"),
-])
-
-
 class LoadError(pickle.UnpicklingError):
     """A file that ``gradcore.load`` cannot read: not written by
     ``gradcore.save``, truncated, corrupt (a digest does not match), or
@@ -201,14 +188,18 @@ class _Encoder:
         return i
 
 
+def _bytes_of(a: np.ndarray) -> np.ndarray:
+    """The bytes of a C- or F-ordered array, in its memory order (a view)."""
+    return (a if a.flags.c_contiguous else a.T).reshape(-1).view(np.uint8)
+
+
 def _write(obj, fh) -> None:
     enc = _Encoder()
     try:
         root = enc.node(obj)
         header = {"kind": "tree", "root": root, "arrays": enc.array_specs, "tensors": enc.tensors}
         header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
-        chunks = [a.reshape(-1).view(np.uint8) if a.flags.c_contiguous else a.T.reshape(-1).view(np.uint8)
-                  for a in enc.arrays]
+        chunks = [_bytes_of(a) for a in enc.arrays]
         offsets = [s["offset"] for s in enc.array_specs]
         payload_len = enc._offset
     except (_Unsupported, ValueError, RecursionError) as exc:
@@ -354,15 +345,18 @@ def _read_v2(fh, name, mapper, weights_only):
                             f"weights_only=False")
         data = bytearray(plen)      # plen was checked against the bytes present
         _read_payload(fh, [(memoryview(data), 0)], plen, name)
-        return _Unpickler(io.BytesIO(bytes(data)), mapper, False).load()
+        return _Unpickler(io.BytesIO(bytes(data)), mapper).load()
     arrays = _alloc_arrays(header.get("arrays"), plen, name)
-    _read_payload(fh, [(a.reshape(-1).view(np.uint8) if a.flags.c_contiguous else a.T.reshape(-1).view(np.uint8),
-                        off) for a, off in arrays], plen, name)
+    _read_payload(fh, [(_bytes_of(a), off) for a, off in arrays], plen, name)
     return _Decoder([a for a, _ in arrays], header.get("tensors"), mapper, name).node(header.get("root"))
 
 
 def _is_int(x) -> bool:
     return type(x) is int
+
+
+def _valid_shape(shape, kind: type) -> bool:
+    return isinstance(shape, kind) and len(shape) <= 64 and all(_is_int(d) and d >= 0 for d in shape)
 
 
 def _alloc_arrays(specs, plen: int, name: str):
@@ -382,7 +376,7 @@ def _alloc_arrays(specs, plen: int, name: str):
             raise LoadError(bad + f"has the dtype {s['dtype']!r}; arrays in a file are bool, integer, "
                             f"float or complex")
         shape = s["shape"]
-        if not (isinstance(shape, list) and len(shape) <= 64 and all(_is_int(d) and d >= 0 for d in shape)):
+        if not _valid_shape(shape, list):
             raise LoadError(bad + f"has an invalid shape {shape!r}")
         if s["order"] not in ("C", "F"):
             raise LoadError(bad + f"has an invalid order {s['order']!r}")
@@ -554,7 +548,7 @@ def _read_v1(fh, name, mapper, weights_only):
     fh, left = _remaining(fh)
     data = _read_exact(fh, left, name, "the pickle")
     if not weights_only:
-        return _Unpickler(io.BytesIO(data), mapper, False).load()
+        return _Unpickler(io.BytesIO(data), mapper).load()
     # every length the stream declares is checked against the bytes present
     # before the unpickler (which allocates what a length claims) runs
     for op, _arg, _pos in pickletools.genops(io.BytesIO(data)):
@@ -611,7 +605,7 @@ def _frombuffer(buf, dtype, shape, order):
         buf = buf.raw()
     if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise LoadError(f"an array record's data is a {type(buf).__name__}, not bytes")
-    if not (isinstance(shape, tuple) and len(shape) <= 64 and all(_is_int(d) and d >= 0 for d in shape)):
+    if not _valid_shape(shape, tuple):
         raise LoadError(f"an array record has an invalid shape {shape!r}")
     if order not in ("C", "F"):
         raise LoadError(f"an array record has an invalid order {order!r}")
@@ -659,6 +653,20 @@ def _ranged(make):
     return build
 
 
+# the globals a restricted load of a version-1 file may resolve, each to a
+# checked stand-in; nothing else
+_V1_GLOBALS = {
+    ("gradcore._core", "Tensor"): _ClassRef(Tensor), ("gradcore.tensor", "Parameter"): _ClassRef(Parameter),
+    ("numpy", "dtype"): _DTypeRef,
+    ("numpy._core.multiarray", "scalar"): _scalar, ("numpy.core.multiarray", "scalar"): _scalar,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer, ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("collections", "OrderedDict"): _set_of(collections.OrderedDict),
+    ("builtins", "set"): _set_of(set), ("builtins", "frozenset"): _set_of(frozenset),
+    ("builtins", "complex"): _complex, ("builtins", "bytearray"): _bytearray,
+    ("builtins", "slice"): _ranged(slice), ("builtins", "range"): _ranged(range),
+}
+
+
 class _LegacyUnpickler(pickle.Unpickler):
     def __init__(self, fh, mapper, name):
         super().__init__(fh)
@@ -666,20 +674,10 @@ class _LegacyUnpickler(pickle.Unpickler):
 
     def find_class(self, module, name):
         key = (module, name)
-        if key in (("gradcore._core", "Tensor"), ("gradcore.tensor", "Parameter")):
-            return _ClassRef(Tensor if name == "Tensor" else Parameter)
-        stand_in = {
-            ("gradcore._core", "_rebuild_tensor"): self._rebuild_tensor,
-            ("numpy", "dtype"): _DTypeRef,
-            ("numpy._core.multiarray", "scalar"): _scalar, ("numpy.core.multiarray", "scalar"): _scalar,
-            ("numpy._core.numeric", "_frombuffer"): _frombuffer, ("numpy.core.numeric", "_frombuffer"): _frombuffer,
-            ("collections", "OrderedDict"): _set_of(collections.OrderedDict),
-            ("builtins", "set"): _set_of(set), ("builtins", "frozenset"): _set_of(frozenset),
-            ("builtins", "complex"): _complex, ("builtins", "bytearray"): _bytearray,
-            ("builtins", "slice"): _ranged(slice), ("builtins", "range"): _ranged(range),
-        }.get(key)
-        if stand_in is not None:
-            return stand_in
+        if key == ("gradcore._core", "_rebuild_tensor"):
+            return self._rebuild_tensor
+        if key in _V1_GLOBALS:
+            return _V1_GLOBALS[key]
         if key in (("numpy", "ndarray"), ("numpy._core.multiarray", "_reconstruct"),
                    ("numpy.core.multiarray", "_reconstruct")):
             raise LoadError(f"gradcore.load refused {self._name}: this version-1 file holds a NumPy array "
@@ -721,7 +719,7 @@ def _resolve_refs(o, name, seen):
 class _Unpickler(pickle.Unpickler):
     """The unrestricted unpickler (``weights_only=False``, trusted files)."""
 
-    def __init__(self, fh, map_device, weights_only):
+    def __init__(self, fh, map_device):
         super().__init__(fh)
         self._map_device = map_device
 

@@ -27,13 +27,12 @@ Example::
 """
 from __future__ import annotations
 
-import shutil
 from typing import Dict, Optional
 
 import numpy as np
 
 from . import _core
-from .anomaly import detect_anomaly
+from .anomaly import _op_name, detect_anomaly
 
 ATTACHED_COLOR, OUTPUT_COLOR, OP_COLOR = "lightblue", "orange", "white"
 NL = "\\n"      # DOT's centred line break (the graphviz package keeps backslashes as they are)
@@ -43,11 +42,6 @@ def record_details() -> detect_anomaly:
     """A context manager: ops recorded inside keep their input/output shapes
     and forward call site for ``visualize`` (anomaly mode without checks)."""
     return detect_anomaly(check_nan=False)
-
-
-def dot_available() -> bool:
-    """Whether Graphviz's ``dot`` program (needed to render) is installed."""
-    return shutil.which("dot") is not None
 
 
 def _meta_text(shape, dtype) -> str:
@@ -63,7 +57,7 @@ def _value_meta(v):
     return (tuple(shape), dtype) if shape is not None else None
 
 
-def _edge_meta(nodes, y):
+def _edge_meta(nodes):
     """slot id -> (shape, dtype) from everything the tape knows."""
     meta = {}
 
@@ -75,13 +69,10 @@ def _edge_meta(nodes, y):
             meta[slot] = (tuple(shape), dtype)
 
     for seq, op, path, ins, outs, in_shapes, out_meta, saved, info in nodes:
-        if info is not None:
-            for slot, (shape, dtype) in zip(ins, info.inputs):
-                learn(slot, shape, dtype)
-            for slot, (shape, dtype) in zip(outs, info.outputs):
-                learn(slot, shape, dtype)
-        if out_meta is not None:
-            for slot, (shape, dtype) in zip(outs, out_meta):
+        known = ([(ins, info.inputs), (outs, info.outputs)] if info is not None else []) + \
+            ([(outs, out_meta)] if out_meta is not None else [])
+        for slots, metas in known:
+            for slot, (shape, dtype) in zip(slots, metas):
                 learn(slot, shape, dtype)
         if saved is not None:
             index, values, one = saved
@@ -111,13 +102,6 @@ def _saved_text(saved, n_inputs) -> str:
         return "saves: nothing"
     names = [f"in{i}" if i < n_inputs else f"out{i - n_inputs}" for i in index]
     return "saves: " + ", ".join(names)
-
-
-def _op_name(op) -> str:
-    try:
-        return op._name()
-    except Exception:
-        return type(op).__name__
 
 
 def _escape(text: str) -> str:
@@ -176,7 +160,7 @@ def _draw(g, prefix, y, y_slot, nodes, leaves, slot_names):
         if node is not None and node[0] not in wanted:
             wanted[node[0]] = node
             todo.extend(s for s in node[3] if s is not None)
-    meta = _edge_meta(list(wanted.values()), y)
+    meta = _edge_meta(list(wanted.values()))
     meta[y_slot] = (tuple(y.shape), y.dtype)
 
     def slot_node(slot):

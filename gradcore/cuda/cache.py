@@ -72,11 +72,8 @@ class KernelCompileError(RuntimeError):
     def __init__(self, name: str, errors: List[Tuple[Optional[int], str, str]], log: str, arch: str):
         self.name, self.errors, self.log, self.arch = name, errors, log, arch
         if errors:
-            lines = []
-            for lineno, text, msg in errors[:5]:
-                where = f"line {lineno}" if lineno is not None else "source"
-                lines.append(f"  {where}: {msg}\n    | {text.strip()}")
-            detail = "\n".join(lines)
+            detail = "\n".join(f"  {'source' if lineno is None else f'line {lineno}'}: {msg}\n    | {text.strip()}"
+                               for lineno, text, msg in errors[:5])
             if len(errors) > 5:
                 detail += f"\n  ... and {len(errors) - 5} more errors"
             tail = log.strip().splitlines()[:30]
@@ -101,10 +98,7 @@ class Program:
 
 
 def default_directory() -> Path:
-    env = os.environ.get("GRADCORE_KERNEL_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path("~/.cache/gradcore/kernels").expanduser()
+    return Path(os.environ.get("GRADCORE_KERNEL_CACHE") or "~/.cache/gradcore/kernels").expanduser()
 
 
 def _canon(x):
@@ -152,11 +146,6 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:          # not on Linux
         return os.cpu_count() or 1
-
-
-def _kernel_names(source: str) -> List[str]:
-    from .families import kernel_names
-    return kernel_names(source)
 
 
 def _arch_number(arch: str) -> int:
@@ -345,9 +334,6 @@ class KernelCache:
         return (key in self._memory or self._read(self.path_for(key, name)) is not None
                 or self._read_ref(self.path_for(key, name, "ref")) is not None)
 
-    def clear_memory(self):
-        self._memory.clear()
-
     # ------------------------------------------------------------ families
     def _family_program(self, key: str, name: str, source: str, arch: str) -> Optional[Program]:
         """Compile the family holding ``source`` (all its parts) and give
@@ -498,11 +484,12 @@ class KernelCache:
         """Compile ``source`` (one translation unit) for ``arch`` with NVRTC
         or nvcc: PTX text, or CUBIN bytes (``output="cubin"``). Counted in
         ``stats["compiles"]`` and ``compiled``."""
+        from .families import kernel_names
         arch = arch or self.arch
         self.stats["compiles"] += 1
         start = time.perf_counter()
         image = self._compile_unit(name, source, arch)
-        self.compiled.append((name, len(_kernel_names(source)), time.perf_counter() - start))
+        self.compiled.append((name, len(kernel_names(source)), time.perf_counter() - start))
         return image
 
     def _compile_unit(self, name: str, source: str, arch: str) -> Image:

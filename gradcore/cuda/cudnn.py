@@ -50,10 +50,7 @@ Example::
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import glob
 import os
-import site
 import sys
 import weakref
 from typing import Dict, List, Optional, Tuple
@@ -161,19 +158,11 @@ _STATUS_NAMES = {0: "SUCCESS", 1001: "NOT_INITIALIZED", 2000: "BAD_PARAM", 3000:
 # ---------------------------------------------------------------- the library
 def candidate_paths() -> List[str]:
     """Where libcudnn may be, most specific first: the ``nvidia-cudnn-cu13``
-    wheel (``nvidia/cudnn/lib``), the CUDA toolkit, the loader path."""
-    roots = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
-    found = []
-    for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
-        found += sorted(glob.glob(os.path.join(root, "nvidia", "cudnn", "lib", "libcudnn.so*")), reverse=True)
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            found += sorted(glob.glob(os.path.join(home, "lib64", "libcudnn.so*")), reverse=True)
-    name = ctypes.util.find_library("cudnn")
-    if name:
-        found.append(name)
+    wheel (``nvidia/cudnn/lib``), the CUDA toolkit, the loader path (the
+    lookup of cuBLAS and NVRTC, ``toolkit.library_candidates``)."""
+    from .toolkit import library_candidates
     # the front library only: it loads its sub-libraries (libcudnn_cnn, _ops, ...) itself
-    return [p for p in dict.fromkeys(found) if os.path.basename(p).startswith("libcudnn.so")]
+    return [p for p in library_candidates("cudnn", "cudnn") if os.path.basename(p).startswith("libcudnn.so")]
 
 
 class Library:
@@ -432,14 +421,10 @@ def _usable(be, dtype, *arrays) -> Optional[Context]:
 
 
 def _math(dtype) -> int:
-    if dtype == np.float32 and not _tf32_conv():
+    """FMA_MATH for float32 when ``gradcore.cuda.allow_tf32_conv`` is off, else DEFAULT_MATH."""
+    if dtype == np.float32 and not getattr(sys.modules.get("gradcore.cuda"), "allow_tf32_conv", True):
         return FMA_MATH
     return DEFAULT_MATH
-
-
-def _tf32_conv() -> bool:
-    package = sys.modules.get("gradcore.cuda")
-    return bool(getattr(package, "allow_tf32_conv", True))
 
 
 # ---------------------------------------------------------------- convolutions
@@ -508,8 +493,7 @@ def _convolution(be, direction, a, b, out_shape, attrs, xshape, wshape):
     if status != SUCCESS:
         return _conv_failed(ctx, plan, status)
     be.written(out)
-    calls = ctx.calls
-    calls[plan.what] = calls.get(plan.what, 0) + 1
+    ctx.count(plan.what)
     return out
 
 
@@ -616,16 +600,9 @@ def _acceptable(perfs, key) -> List[AlgoPerf]:
     """The algorithms that ran, in cuDNN's order, fitting the switches: the
     workspace limit, determinism, and no tensor-op math when TF32 is off."""
     math, determ, limit = key[5], key[6], key[8]
-    out = []
-    for p in perfs:
-        if p.status != SUCCESS or p.memory > limit:
-            continue
-        if determ and p.determinism != DETERMINISTIC:
-            continue
-        if math == FMA_MATH and p.mathType in (TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION):
-            continue
-        out.append(p)
-    return out
+    return [p for p in perfs
+            if p.status == SUCCESS and p.memory <= limit and not (determ and p.determinism != DETERMINISTIC)
+            and not (math == FMA_MATH and p.mathType in (TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION))]
 
 
 # ---------------------------------------------------------------- pooling

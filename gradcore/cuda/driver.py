@@ -35,6 +35,7 @@ by ``gradcore.cuda.runtime.pack_params``.
 """
 from __future__ import annotations
 
+import ctypes
 
 
 class CudaUnavailable(RuntimeError):
@@ -163,12 +164,7 @@ class PyCudaDriver:
         """The address of libcuda's ``cuLaunchKernel`` (found once: PyCUDA
         has loaded libcuda, so dlopen returns that same library)."""
         if self._cu_launch is None:
-            import ctypes
-            try:
-                libcuda = ctypes.CDLL("libcuda.so.1")
-            except OSError as exc:
-                raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
-            self._cu_launch = ctypes.cast(libcuda.cuLaunchKernel, ctypes.c_void_p).value
+            self._cu_launch = ctypes.cast(_libcuda().cuLaunchKernel, ctypes.c_void_p).value
         return self._cu_launch
 
     def kernel_handle(self, function):
@@ -179,21 +175,21 @@ class PyCudaDriver:
         handle = getattr(function, "handle", None)
         return ("cuda", int(handle)) if handle else ("python", 0)
 
-    def blas_entry(self):
-        """(cuBLAS handle, address of SgemmStridedBatched, of DgemmStridedBatched)."""
+    def _cublas(self):
         if self._blas is None:
             from .blas import Cublas
             self._blas = Cublas()
             if self._capture_stream:        # first used inside a capture: its GEMMs go to the capture stream
                 self._blas.set_stream(self._capture_stream)
-        return self._blas.entry_points()
+        return self._blas
+
+    def blas_entry(self):
+        """(cuBLAS handle, address of SgemmStridedBatched, of DgemmStridedBatched)."""
+        return self._cublas().entry_points()
 
     def blas_tf32(self, allowed: bool) -> None:
         """Float32 GEMMs on TF32 tensor cores, or not (``gradcore.cuda.allow_tf32_matmul``)."""
-        if self._blas is None:
-            from .blas import Cublas
-            self._blas = Cublas()
-        self._blas.set_tf32(allowed)
+        self._cublas().set_tf32(allowed)
 
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
         if isinstance(function, DriverFunction):
@@ -244,21 +240,21 @@ class PyCudaDriver:
 
     # ---------------------------------------------------------------- BLAS
     def gemm(self, *args) -> None:
-        if self._blas is None:
-            from .blas import Cublas
-            self._blas = Cublas()
-        self._blas.gemm_strided_batched(*args)
+        self._cublas().gemm_strided_batched(*args)
+
+
+def _libcuda():
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
 
 
 def _bind_libcuda(lib, signatures):
     """(lib, the ctypes module, name -> function) for libcuda's ``signatures``
     (name, argument types), each returning a CUresult."""
-    import ctypes
     if lib is None:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as exc:
-            raise CudaUnavailable(f"libcuda.so.1 cannot be opened ({exc})") from None
+        lib = _libcuda()
     fns = {}
     for name, args in signatures:
         fn = getattr(lib, name)
@@ -286,7 +282,6 @@ class ModuleApi:
     and named."""
 
     def __init__(self, lib=None):
-        import ctypes
         P, U = ctypes.c_void_p, ctypes.c_uint
         self.lib, self.ctypes, self._fns = _bind_libcuda(lib, (
             ("cuModuleLoadData", [ctypes.POINTER(P), ctypes.c_char_p]),
@@ -333,7 +328,6 @@ class CudaGraphApi:
     CU_STREAM_CAPTURE_MODE_RELAXED = 2
 
     def __init__(self, lib=None):
-        import ctypes
         P, U, S = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t
         self.lib, self.ctypes, self._fns = _bind_libcuda(lib, (
             ("cuStreamCreate", [ctypes.POINTER(P), U]), ("cuStreamDestroy_v2", [P]),

@@ -160,6 +160,13 @@ class HostDriver:
         if self._recording is not None:
             raise RuntimeError(f"cuda emulator: {what} while a CUDA graph is being captured")
 
+    def _run_or_record(self, fn, *args) -> None:
+        """``fn(*args)`` now, or as a node of the CUDA graph being captured."""
+        if self._recording is not None:
+            self._recording.nodes.append((fn, args))
+        else:
+            fn(*args)
+
     def htod(self, ptr: int, host) -> None:
         host = np.ascontiguousarray(host)
         self._check(ptr, host.nbytes, "copy to device")
@@ -173,20 +180,11 @@ class HostDriver:
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
         self._check(src, nbytes, "device copy from")
         self._check(dst, nbytes, "device copy to")
-        if self._recording is not None:
-            self._recording.nodes.append((ctypes.memmove, (dst, src, nbytes)))
-            return
-        ctypes.memmove(dst, src, nbytes)
+        self._run_or_record(ctypes.memmove, dst, src, nbytes)
 
     def memset0(self, ptr: int, nbytes: int) -> None:
         self._check(ptr, nbytes, "memset")
-        if self._recording is not None:
-            self._recording.nodes.append((ctypes.memset, (ptr, 0, nbytes)))
-            return
-        ctypes.memset(ptr, 0, nbytes)
-
-    def check_pointer(self, ptr: int, nbytes: int, what: str) -> None:
-        self._check(ptr, nbytes, what)
+        self._run_or_record(ctypes.memset, ptr, 0, nbytes)
 
     # ---------------------------------------------------------------- kernels
     def load(self, name: str, source: str):
@@ -307,16 +305,10 @@ class HostDriver:
         return graph
 
     # ---------------------------------------------------------------- BLAS
-    def gemm(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
-             beta, c, ldc, stride_c, batch, dtype) -> None:
+    def gemm(self, *args) -> None:
         """cuBLAS's column-major strided batched GEMM, C = alpha op(A) op(B) + beta C,
-        on host memory (NumPy)."""
-        if self._recording is not None:
-            self._recording.nodes.append((self._gemm_now, (transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
-                                                           stride_b, beta, c, ldc, stride_c, batch, dtype)))
-            return
-        self._gemm_now(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
-                       beta, c, ldc, stride_c, batch, dtype)
+        on host memory (NumPy); the arguments as ``_gemm_now``'s."""
+        self._run_or_record(self._gemm_now, *args)
 
     def _gemm_now(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
                   beta, c, ldc, stride_c, batch, dtype) -> None:

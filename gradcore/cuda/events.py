@@ -29,14 +29,6 @@ def subscribe(event: str, callback: Callable[[], None]) -> Callable[[], None]:
     return callback
 
 
-def unsubscribe(event: str, callback: Callable[[], None]) -> None:
-    """Stop calling ``callback`` on ``event`` (nothing if it was not subscribed)."""
-    try:
-        _subscribers[event].remove(callback)
-    except (KeyError, ValueError):
-        pass
-
-
 def publish(event: str) -> None:
     """Call every subscriber of ``event``, in the order they subscribed."""
     for callback in list(_subscribers[event]):

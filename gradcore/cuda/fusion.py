@@ -78,9 +78,12 @@ class FusedKernel:
 
     def signature(self) -> str:
         """The C parameter list (for launchers and host-side emulation)."""
-        ps = [f"const {p.ctype}* __restrict__ {p.name}" for p in self.inputs]
-        ps += [f"{o.ctype}* __restrict__ {o.name}" for o in self.outputs]
-        return ", ".join(ps + ["long long n"])
+        return _c_params(self.inputs, self.outputs)
+
+
+def _c_params(inputs, outputs) -> str:
+    return ", ".join([f"const {p.ctype}* __restrict__ {p.name}" for p in inputs]
+                     + [f"{o.ctype}* __restrict__ {o.name}" for o in outputs] + ["long long n"])
 
 
 def ctype_of(dtype, ctype: str) -> Optional[str]:
@@ -101,9 +104,7 @@ def _literal(value, ctype: str) -> Optional[str]:
         value = value.item()
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if ctype == "bool":
+    if isinstance(value, bool) or ctype == "bool":
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         v = float(value)
@@ -260,9 +261,7 @@ def fuse_elementwise(graph, ctype: Optional[str] = "float", same_shape: bool = F
     digest = hashlib.sha256(structure.encode()).hexdigest()[:16]
     label = f"bwd_{_op_label(graph.op)}"
     loads = [f"const {p.ctype} v{p.vid} = {p.name}[i];" for p in inputs]
-    params = ([f"const {p.ctype}* __restrict__ {p.name}" for p in inputs]
-              + [f"{o.ctype}* __restrict__ {o.name}" for o in outputs] + ["long long n"])
-    kernel = Kernel(label, ", ".join(params), "\n".join(loads + body + out_lines), over="n", index="i",
+    kernel = Kernel(label, _c_params(inputs, outputs), "\n".join(loads + body + out_lines), over="n", index="i",
                     suffix=f"_{digest}")
     name = kernel_name(label, ctype) + kernel.suffix
     # the rows' helper functions (gc_pow, ...)
@@ -290,12 +289,9 @@ def fused_runner(graph, kept: List[int], one_saved: bool):
         return None
     position = {v: k for k, v in enumerate(kept)}
     n_in, n_out = graph.n_in, graph.n_out
-    fetch = []                                  # per parameter: ("s", index) or ("g", index)
-    for p in kernel.inputs:
-        if p.role == "grad":
-            fetch.append(("g", None if n_out == 1 else p.index))
-        else:
-            fetch.append(("s", None if one_saved else position[p.vid]))
+    # per parameter: (a saved value?, its index; None: the only one)
+    fetch = [(False, None if n_out == 1 else p.index) if p.role == "grad" else
+             (True, None if one_saved else position[p.vid]) for p in kernel.inputs]
     out_dtypes = [np.dtype(graph.descs[o.vid].dtype) for o in kernel.outputs]
     # the dtype each parameter is compiled for: a gradient may arrive in a
     # wider type (a float32 input of a float64 sum gets a float64 gradient)
@@ -304,6 +300,6 @@ def fused_runner(graph, kept: List[int], one_saved: bool):
     grad_order = [None if v is None else slot_of[i] for i, v in enumerate(graph.grad_vids)]
     # the per-call part is compiled (gradcore/cuda/_launch.pyx)
     run_raw = FusedRunner(graph.op, kernel.ctype, kernel.name, kernel.source,
-                          [(src == "s", i) for src, i in fetch], param_dtypes, out_dtypes, grad_order, n_in == 1)
+                          fetch, param_dtypes, out_dtypes, grad_order, n_in == 1)
     run_raw.fused_kernel = kernel
     return run_raw

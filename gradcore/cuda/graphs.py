@@ -110,15 +110,12 @@ class Capture:
         value needs no new capture. Calls with the same ``key`` share one
         array (one refresh). Example: ``cap.scalar(lambda: group["lr"], np.float32)``."""
         dtype = np.dtype(dtype)
-        if key is not None:
-            key = (key, dtype)
-            found = self._keyed.get(key)
-            if found is not None:
-                return found
+        if key is not None and (key, dtype) in self._keyed:
+            return self._keyed[key, dtype]
         array = self.empty_outside((), dtype)
         self.scalars.append([array, compute, None])
         if key is not None:
-            self._keyed[key] = array
+            self._keyed[key, dtype] = array
         return array
 
     def empty_outside(self, shape, dtype):
@@ -184,8 +181,7 @@ class CudaGraph:
         self.kernels = getattr(driver_graph, "kernels", None)
         self.inputs: List = []              # the graph's input buffers (DeviceArrays)
         self.outputs: List = []             # its output buffers
-        self.replays = 0
-        self.out_spec, self.out_count = None, 0
+        self.out_spec = None
 
     def check(self) -> None:
         """Raise ``GraphInvalidated`` when a guarded value changed."""
@@ -207,7 +203,6 @@ class CudaGraph:
                 entry[2] = value
         self.driver_graph.launch()
         be.graph_launches += 1
-        self.replays += not first
 
     def close(self) -> None:
         """Destroy the driver's graph and give its memory back."""
@@ -470,8 +465,7 @@ class GraphedStep:
         bindings.keep_only(graph)
         graph.guards.append((bindings, True, "a tensor the graph reads was given new memory (load_state_dict, "
                                              "_reset): captured again"))
-        graph.inputs, graph.outputs = inputs, outputs
-        graph.out_spec = out_spec
+        graph.inputs, graph.outputs, graph.out_spec = inputs, outputs, out_spec
         self.graphs[sig] = graph
         self.captures += 1
         graph.launch(first=True)

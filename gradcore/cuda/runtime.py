@@ -66,8 +66,6 @@ class Backend:
     pool and loaded kernels. ``gradcore.cuda.backend()`` returns the
     process's backend."""
 
-    threads = 256         # per block in launch_n (the Launcher's THREADS)
-
     def __init__(self, driver):
         self.driver = driver
         self.pool = MemoryPool(driver)
@@ -368,28 +366,20 @@ class Backend:
                          int(stride_c), int(batch), np.dtype(dtype))
 
     # ------------------------------------------------------------ array helpers (standard ops' kernels)
-    def run(self, op, *arrays):
-        """Run ``op``'s cuda launcher on device arrays."""
-        return op.cuda(self, *arrays)
-
     def cast(self, x: DeviceArray, dtype) -> DeviceArray:
-        Cast = standard_op("Cast")
-        return x if np.dtype(dtype) == x.dtype else Cast(dtype).cuda(self, x)
+        return x if np.dtype(dtype) == x.dtype else standard_op("Cast")(dtype).cuda(self, x)
 
     def broadcast_to(self, x: DeviceArray, shape) -> DeviceArray:
-        Broadcast = standard_op("Broadcast")
         shape = tuple(shape)
-        return x if x.shape == shape else Broadcast(shape).cuda(self, x)
+        return x if x.shape == shape else standard_op("Broadcast")(shape).cuda(self, x)
 
     def transpose(self, x: DeviceArray, perm) -> DeviceArray:
-        Transpose = standard_op("Transpose")
-        return Transpose(tuple(perm)).cuda(self, x)
+        return standard_op("Transpose")(tuple(perm)).cuda(self, x)
 
     def reduce(self, mode: str, x: DeviceArray, axis=None, keepdims: bool = False) -> DeviceArray:
-        Reduce = standard_op("Reduce")
         if isinstance(axis, list):
             axis = tuple(axis)
-        return Reduce(mode, axis, keepdims).cuda(self, x)
+        return standard_op("Reduce")(mode, axis, keepdims).cuda(self, x)
 
     def fill(self, x: DeviceArray, value) -> None:
         """Set every element of ``x`` to ``value`` (a kernel argument)."""
@@ -404,12 +394,10 @@ class Backend:
         (scalars take the array's dtype, as NumPy's weak scalars do); with
         ``out``, written into it (which may be one of the operands, as
         ``a += b`` does; not a view overlapping one in another way)."""
-        Elemwise = standard_op("Elemwise")
         like = next(o for o in operands if isinstance(o, DeviceArray))
         arrays = [o if isinstance(o, DeviceArray) else self._operand(o, like.dtype) for o in operands]
-        if out is None:
-            return Elemwise(mode).cuda(self, *arrays)
-        return Elemwise(mode).cuda(self, *arrays, out=out)
+        op = standard_op("Elemwise")(mode)
+        return op.cuda(self, *arrays) if out is None else op.cuda(self, *arrays, out=out)
 
     def _operand(self, value, like_dtype) -> DeviceArray:
         host = _weak_scalar(value, like_dtype)
@@ -476,8 +464,6 @@ def _weak_scalar(value, dtype):
         return value
     if value.dtype.kind == "f" and dtype.kind != "f":
         return value.astype(np.float64)
-    if value.dtype.kind == "b" and dtype.kind != "b":
-        return value.astype(dtype)
     return value.astype(dtype)
 
 
@@ -504,7 +490,6 @@ def open_driver(kind: Optional[str] = None):
 
 # ---------------------------------------------------------------- the process's backend
 _backend: Optional[Backend] = None
-_error: Optional[str] = None
 _state_lock = threading.Lock()
 _by_kind = {}       # one backend per driver kind: its loaded kernels survive a switch
 
@@ -513,17 +498,12 @@ def backend() -> Backend:
     """The process's CUDA backend, created on first use (a GPU through
     PyCUDA; ``$GRADCORE_CUDA=emulator`` selects the host emulator). Raises
     ``CudaUnavailable`` saying why when there is none."""
-    global _backend, _error
+    global _backend
     if _backend is not None:
         return _backend
     with _state_lock:
         if _backend is None:
-            try:
-                _backend = Backend(open_driver())
-                _error = None
-            except CudaUnavailable as exc:
-                _error = str(exc)
-                raise
+            _backend = Backend(open_driver())
     return _backend
 
 
@@ -531,10 +511,12 @@ def use(kind) -> Optional[Backend]:
     """Select the backend: "gpu", "emulator", a ``Backend`` instance, or
     None (forget it; the next use picks again). Returns the backend. Arrays
     made by an earlier backend keep working with that one."""
-    global _backend, _error
+    global _backend
     with _state_lock:
-        _backend, _error = None, None
-        _forget_device_state()
+        _backend = None
+        # backward graphs and scalar constants compiled for the previous
+        # backend hold its arrays: their owners drop them (they subscribe)
+        events.publish("backend_changed")
         if kind is None:
             return None
         if isinstance(kind, Backend):
@@ -545,12 +527,6 @@ def use(kind) -> Optional[Backend]:
             be = _by_kind[kind] = Backend(open_driver(kind))
         _backend = be
         return be
-
-
-def _forget_device_state():
-    """Backward graphs and scalar constants compiled for the previous
-    backend hold its arrays: their owners drop them (they subscribe)."""
-    events.publish("backend_changed")
 
 
 _standard_ops = None        # name -> op-library object, installed by gradcore.ops

@@ -88,7 +88,6 @@ class _State:
     rank = 0
     size = 1
     timeout = None
-    checked: Dict[int, bool] = {}
 
 
 _state = _State()
@@ -193,10 +192,6 @@ def get_world_size() -> int:
     return _state.size
 
 
-def _timeout(timeout=None) -> float:
-    return float(timeout) if timeout is not None else (_state.timeout or _default_timeout())
-
-
 def _wait(requests, what: str, timeout=None) -> None:
     """Wait for MPI requests, testing in a loop up to a deadline."""
     MPI = _state.MPI
@@ -204,7 +199,7 @@ def _wait(requests, what: str, timeout=None) -> None:
         requests = [requests]
     if MPI.Request.Testall(requests):
         return
-    limit = _timeout(timeout)
+    limit = float(timeout) if timeout is not None else (_state.timeout or _default_timeout())
     deadline = time.monotonic() + limit
     spins = 0
     while not MPI.Request.Testall(requests):
@@ -298,7 +293,7 @@ def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout=None) 
             for p in group:
                 value = buf[off:off + p.size].reshape(p.shape).copy()
                 off += p.size
-                if p.device == "cpu" or str(p.device) == "cpu":
+                if str(p.device) == "cpu":
                     p._data = value
                 else:
                     p._data = Tensor(value, device=p.device)._data
@@ -334,21 +329,15 @@ def shard(n_items: int, rank: Optional[int] = None, world_size: Optional[int] = 
 # ---------------------------------------------------------------- allreduce callback
 
 class _Bucket:
-    __slots__ = ("index", "dtype", "params", "offsets", "nelem", "buf", "have", "remaining",
-                 "request", "done", "presence")
+    __slots__ = ("index", "dtype", "params", "offsets", "nelem", "buf", "remaining", "request", "done")
 
     def __init__(self, index, dtype):
-        self.index = index
-        self.dtype = dtype
+        self.index, self.dtype = index, dtype
         self.params = []          # positions in the layout
         self.offsets = []
-        self.nelem = 0
-        self.buf = None
-        self.have = None
-        self.remaining = 0
-        self.request = None
+        self.nelem = self.remaining = 0
+        self.buf = self.request = None
         self.done = False
-        self.presence = None
 
 
 class _Future:
@@ -423,15 +412,13 @@ class AllreduceCallback:
     def _gm_state(self, gm) -> _GMState:
         params = [t for t in gm.attached_tensors()
                   if any(c is self for c in gm._attach_specs[id(t)].callbacks)]
-        key = gm
-        st = self._states.get(key)
+        st = self._states.get(gm)
         if st is None or st.ids != tuple(id(p) for p in params):
-            st = _GMState(params, self.bucket_bytes)
-            self._states[key] = st
+            st = self._states[gm] = _GMState(params, self.bucket_bytes)
         else:
             st.refs = params
-        if key not in self._registered:
-            self._registered.add(key)
+        if gm not in self._registered:
+            self._registered.add(gm)
             gm.register_after_backward_callback(self._after_backward_for(gm))
         return st
 
@@ -452,7 +439,6 @@ class AllreduceCallback:
             b.remaining = len(b.params)
             b.request = None
             b.done = False
-            b.presence = None
         self.stats["backwards"] += 1
 
     def _start(self, st: _GMState, b: _Bucket, early: bool) -> None:
@@ -552,12 +538,11 @@ class AllreduceCallback:
             scale = 1.0 / _state.size if self.reduce_method == "mean" else None
             for b in st.buckets:
                 b.done = True
-                b.presence = b.buf[b.nelem:]
-                grads = b.buf[:b.nelem]
+                presence, grads = b.buf[b.nelem:], b.buf[:b.nelem]
                 if scale is not None:
                     grads *= b.dtype.type(scale)
                 for k, pos in enumerate(b.params):
-                    if b.presence[k] > 0:
+                    if presence[k] > 0:
                         off = b.offsets[k]
                         st.results[pos] = grads[off:off + st.sizes[pos]].reshape(st.shapes[pos])
             # a parameter with no gradient here but one elsewhere: give it the reduced one

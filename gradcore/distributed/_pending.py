@@ -126,8 +126,8 @@ def _complete(e: _Entry) -> None:
         _trace(f"completed: {e.what}")
 
 
-def _settle_one(g) -> None:
-    e = _entries.pop(id(g), None)
+def _settle_one(key: int) -> None:
+    e = _entries.pop(key, None)
     if e is None:
         return
     try:
@@ -142,9 +142,9 @@ def settle(g) -> None:
     if type(g) is tuple:
         for x in g:
             if id(x) in _entries:
-                _settle_one(x)
+                _settle_one(id(x))
     elif id(g) in _entries:
-        _settle_one(g)
+        _settle_one(id(g))
 
 
 def _progress() -> None:
@@ -177,11 +177,7 @@ def settle_all(exc: Optional[BaseException] = None) -> None:
     Example: ``settle_all()`` at the end of a backward."""
     if exc is None:
         while _entries:
-            e = _entries.pop(next(iter(_entries)))
-            try:
-                _complete(e)
-            finally:
-                _core._set_pending_count(len(_entries))
+            _settle_one(next(iter(_entries)))
         return
     entries: List[_Entry] = list(_entries.values())
     _entries.clear()

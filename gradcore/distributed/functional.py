@@ -175,6 +175,11 @@ class _Collective(Op):
 
     devices = ("cpu",)
 
+    def _mark_adjoint(self, adjoint: bool) -> None:
+        # an attribute only when set: it is part of the op's identity (forward and adjoint differ)
+        if adjoint:
+            self.adjoint = True
+
     def _check_dtype(self, x):
         if x.dtype == np.bool_ or x.dtype.kind not in "iuf":
             raise self.error(f"needs a numeric (integer or floating-point) tensor, got {x.dtype}", x)
@@ -212,8 +217,7 @@ class AllReduce(_Collective):
         if mode not in _MPI_OPS:
             raise ValueError(f"AllReduce: mode must be one of {sorted(_MPI_OPS)}, got {mode!r}")
         self.mode = mode
-        if adjoint:
-            self.adjoint = True
+        self._mark_adjoint(adjoint)
 
     def infer(self, x):
         self._check_dtype(x)
@@ -236,13 +240,16 @@ class AllReduce(_Collective):
         return (total * held / AllReduce("sum")(held),)
 
 
-class AllGather(_Collective):
-    """Every rank's tensor, concatenated along ``axis`` in rank order, on every rank."""
+class _AlongAxis(_Collective):
+    """A collective that splits or concatenates along ``axis``."""
 
     def __init__(self, axis: int = 0, adjoint: bool = False):
         self.axis = int(axis)
-        if adjoint:
-            self.adjoint = True
+        self._mark_adjoint(adjoint)
+
+
+class AllGather(_AlongAxis):
+    """Every rank's tensor, concatenated along ``axis`` in rank order, on every rank."""
 
     def infer(self, x):
         return _resized(self, x, grow=self.axis)
@@ -258,13 +265,8 @@ class AllGather(_Collective):
         return (ReduceScatterSum(self.axis, adjoint=True)(grads[0]),)
 
 
-class ReduceScatterSum(_Collective):
+class ReduceScatterSum(_AlongAxis):
     """The sum over the ranks, split along ``axis`` into one part per rank: rank r gets part r."""
-
-    def __init__(self, axis: int = 0, adjoint: bool = False):
-        self.axis = int(axis)
-        if adjoint:
-            self.adjoint = True
 
     def infer(self, x):
         return _resized(self, x, shrink=self.axis)
@@ -287,8 +289,7 @@ class AllToAll(_Collective):
 
     def __init__(self, split_axis: int = 0, concat_axis: int = 0, adjoint: bool = False):
         self.split_axis, self.concat_axis = int(split_axis), int(concat_axis)
-        if adjoint:
-            self.adjoint = True
+        self._mark_adjoint(adjoint)
 
     def infer(self, x):
         return _resized(self, x, shrink=self.split_axis, grow=self.concat_axis)
@@ -310,8 +311,7 @@ class _Rooted(_Collective):
 
     def __init__(self, root: int = 0, adjoint: bool = False):
         self.root = int(root)
-        if adjoint:
-            self.adjoint = True
+        self._mark_adjoint(adjoint)
 
     def infer(self, x):
         self._check_dtype(x)
@@ -347,19 +347,22 @@ class ReduceSum(_Rooted):
         return (Broadcast(self.root, adjoint=True)(grads[0]),)
 
 
-class Scatter(_Collective):
-    """``Scatter(root, axis)(src, like)``: the root's ``src`` split along ``axis`` into one
-    part per rank, part r on rank r, shaped as ``like`` (the other ranks' ``src`` is not read)."""
+class _RootedLike(_Collective):
+    """A rooted collective along ``axis`` whose output is shaped as its second input, ``like``."""
 
     def __init__(self, root: int = 0, axis: int = 0, adjoint: bool = False):
         self.root, self.axis = int(root), int(axis)
-        if adjoint:
-            self.adjoint = True
+        self._mark_adjoint(adjoint)
 
-    def infer(self, src, like):
-        self._check_dtype(src)
+    def infer(self, x, like):
+        self._check_dtype(x)
         _check_root(self, self.root)
-        return (TensorDesc(like.shape, src.dtype, src.device),)
+        return (TensorDesc(like.shape, x.dtype, x.device),)
+
+
+class Scatter(_RootedLike):
+    """``Scatter(root, axis)(src, like)``: the root's ``src`` split along ``axis`` into one
+    part per rank, part r on rank r, shaped as ``like`` (the other ranks' ``src`` is not read)."""
 
     def cpu(self, src, like):
         comm = _comm(repr(self))
@@ -379,19 +382,9 @@ class Scatter(_Collective):
         return (Gather(self.root, self.axis, adjoint=True)(grads[0], inputs[0]), None)
 
 
-class Gather(_Collective):
+class Gather(_RootedLike):
     """``Gather(root, axis)(x, like)``: every rank's ``x`` concatenated along ``axis`` in rank
     order on the root, shaped as ``like``; zeros shaped as ``like`` on the other ranks."""
-
-    def __init__(self, root: int = 0, axis: int = 0, adjoint: bool = False):
-        self.root, self.axis = int(root), int(axis)
-        if adjoint:
-            self.adjoint = True
-
-    def infer(self, x, like):
-        self._check_dtype(x)
-        _check_root(self, self.root)
-        return (TensorDesc(like.shape, x.dtype, x.device),)
 
     def cpu(self, x, like):
         comm = _comm(repr(self))
@@ -439,8 +432,7 @@ class RemoteRecv(_Collective):
 
     def __init__(self, src: int, adjoint: bool = False):
         self.src = int(src)
-        if adjoint:
-            self.adjoint = True
+        self._mark_adjoint(adjoint)
 
     def infer(self, token, like):
         _check_peer(self, self.src)
@@ -547,7 +539,9 @@ def _raised(out: _core.Tensor) -> _core.Tensor:
     return out
 
 
-def _tensor(inp, name: str) -> _core.Tensor:
+def _tensor(inp, name: str, group=WORLD) -> _core.Tensor:
+    """``inp``, checked to be a Tensor (and ``group`` the world), with MPI running."""
+    _group(group, name)
     if not isinstance(inp, _core.Tensor):
         raise TypeError(f"{name}: expected a Tensor, got {type(inp).__name__}")
     _comm(name)
@@ -557,36 +551,31 @@ def _tensor(inp, name: str) -> _core.Tensor:
 def all_reduce_sum(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
     """The elementwise sum of ``inp`` over the ranks, on every rank. Example:
     ``all_reduce_sum(gc.tensor([float(rank)]))`` is ``[0 + 1 + ...]`` everywhere."""
-    _group(group, "all_reduce_sum")
-    return _raised(AllReduce("sum")(_tensor(inp, "all_reduce_sum")))
+    return _raised(AllReduce("sum")(_tensor(inp, "all_reduce_sum", group)))
 
 
 def all_reduce_max(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
     """The elementwise maximum over the ranks, on every rank; its gradient goes to the rank(s)
     holding the maximum (shared evenly among ties). Example: ``all_reduce_max(x)``."""
-    _group(group, "all_reduce_max")
-    return _raised(AllReduce("max")(_tensor(inp, "all_reduce_max")))
+    return _raised(AllReduce("max")(_tensor(inp, "all_reduce_max", group)))
 
 
 def all_reduce_min(inp: _core.Tensor, group: Group = WORLD) -> _core.Tensor:
     """The elementwise minimum over the ranks, on every rank (gradient as ``all_reduce_max``).
     Example: ``all_reduce_min(x)``."""
-    _group(group, "all_reduce_min")
-    return _raised(AllReduce("min")(_tensor(inp, "all_reduce_min")))
+    return _raised(AllReduce("min")(_tensor(inp, "all_reduce_min", group)))
 
 
 def all_gather(inp: _core.Tensor, group: Group = WORLD, axis: int = 0) -> _core.Tensor:
     """Every rank's ``inp`` concatenated along ``axis`` in rank order, on every rank.
     Example: with 2 ranks, ``all_gather(x)`` of shape (3,) has shape (6,)."""
-    _group(group, "all_gather")
-    return _raised(AllGather(axis)(_tensor(inp, "all_gather")))
+    return _raised(AllGather(axis)(_tensor(inp, "all_gather", group)))
 
 
 def reduce_scatter_sum(inp: _core.Tensor, group: Group = WORLD, axis: int = 0) -> _core.Tensor:
     """The sum over the ranks split along ``axis``: rank r gets part r. Example: with 2
     ranks, ``reduce_scatter_sum(x)`` of shape (4,) has shape (2,)."""
-    _group(group, "reduce_scatter_sum")
-    return _raised(ReduceScatterSum(axis)(_tensor(inp, "reduce_scatter_sum")))
+    return _raised(ReduceScatterSum(axis)(_tensor(inp, "reduce_scatter_sum", group)))
 
 
 def all_to_all(inp: _core.Tensor, group: Group = WORLD, split_axis: int = 0,
@@ -594,30 +583,26 @@ def all_to_all(inp: _core.Tensor, group: Group = WORLD, split_axis: int = 0,
     """Split ``inp`` along ``split_axis`` into one part per rank, send part k to rank k,
     concatenate what arrives along ``concat_axis`` (rank order). Example: a table's rows
     sharded by rank, looked up by every rank: ``all_to_all(rows, split_axis=0, concat_axis=0)``."""
-    _group(group, "all_to_all")
-    return _raised(AllToAll(split_axis, concat_axis)(_tensor(inp, "all_to_all")))
+    return _raised(AllToAll(split_axis, concat_axis)(_tensor(inp, "all_to_all", group)))
 
 
 def broadcast(inp: _core.Tensor, group: Group = WORLD, root: int = 0) -> _core.Tensor:
     """The root's ``inp`` on every rank (each rank passes a tensor of that shape and dtype).
     Example: ``broadcast(x, root=0)``."""
-    _group(group, "broadcast")
-    return _raised(Broadcast(root)(_tensor(inp, "broadcast")))
+    return _raised(Broadcast(root)(_tensor(inp, "broadcast", group)))
 
 
 def reduce_sum(inp: _core.Tensor, group: Group = WORLD, root: int = 0) -> _core.Tensor:
     """The sum over the ranks on ``root``; zeros of the same shape elsewhere (MegEngine:
     None). Example: ``total = reduce_sum(x, root=0)``."""
-    _group(group, "reduce_sum")
-    return _raised(ReduceSum(root)(_tensor(inp, "reduce_sum")))
+    return _raised(ReduceSum(root)(_tensor(inp, "reduce_sum", group)))
 
 
 def scatter(inp: _core.Tensor, group: Group = WORLD, root: int = 0, axis: int = 0) -> _core.Tensor:
     """The root's ``inp`` split along ``axis`` into one part per rank: rank r gets part r
     (every rank passes a tensor of the root's shape; only the root's is read). Example: with 2
     ranks, ``scatter(x)`` of shape (4, 3) is (2, 3) on each."""
-    _group(group, "scatter")
-    x = _tensor(inp, "scatter")
+    x = _tensor(inp, "scatter", group)
     size = _world_size()
     shape = list(x.shape)
     if not shape or not -len(shape) <= axis < len(shape) or shape[axis] % size:
@@ -631,8 +616,7 @@ def gather(inp: _core.Tensor, group: Group = WORLD, root: int = 0, axis: int = 0
     """Every rank's ``inp`` concatenated along ``axis`` (rank order) on ``root``; on the other
     ranks an empty tensor (MegEngine: None) to pass to ``gm.backward`` with the rank's other
     outputs, so that the adjoint scatter runs there too. Example: ``g = gather(x, root=0)``."""
-    _group(group, "gather")
-    x = _tensor(inp, "gather")
+    x = _tensor(inp, "gather", group)
     shape = list(x.shape)
     if not shape or not -len(shape) <= axis < len(shape):
         raise DistributedError(f"gather: axis {axis} is out of range for a tensor of shape {tuple(shape)}")
