@@ -654,8 +654,12 @@ def install_composite_tracer(tracer) -> None:
 # ---- the forward path consults infer (see _core._guard_infer: once per op and input descriptors)
 def _infer_check(op, args) -> None:
     """``op.infer`` on the descriptors of ``args``: raises the op's own error
-    for inputs it rejects."""
-    op.infer(*[TensorDesc(t.shape, t.dtype, str(t.device)) for t in args])
+    for inputs it rejects, and a clear one for an ``infer`` that does not
+    return a tuple of ``TensorDesc`` (one per output)."""
+    out = op.infer(*[TensorDesc(t.shape, t.dtype, str(t.device)) for t in args])
+    if not isinstance(out, (tuple, list)) or not all(isinstance(d, TensorDesc) for d in out):
+        what = "a TensorDesc: return (desc,)" if isinstance(out, TensorDesc) else repr(out)[:80]
+        raise TypeError(f"{op._name()}: infer must return a tuple of TensorDesc, one per output; got {what}")
 
 
 _core._install_hooks(infer_check=_infer_check, describe=describe)

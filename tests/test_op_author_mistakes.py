@@ -272,3 +272,17 @@ def test_a_cpu_only_op_on_cuda_is_told_what_to_add(emulated_cuda):
             return x * 2
     with pytest.raises(NotImplementedError, match="MistakeCpuOnly has no cuda kernel: give it a `cuda_source`"):
         CpuOnly()(gradcore.tensor([1.0], device="cuda"))
+
+
+def test_an_infer_returning_a_bare_desc_is_told_to_return_a_tuple():
+    class BareDesc(Op):
+        name = "MistakeBareDesc"
+
+        def infer(self, x):
+            return x                              # should be (x,)
+
+        def cpu(self, x):
+            return x * 2
+    with pytest.raises(TypeError, match=r"MistakeBareDesc: infer must return a tuple of TensorDesc, one per output; "
+                                        r"got a TensorDesc: return \(desc,\)"):
+        BareDesc()(gradcore.tensor([1.0]))
