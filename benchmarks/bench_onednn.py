@@ -10,6 +10,12 @@ without the tape; PyTorch's is its forward and ``torch.autograd.grad``
 with a given output gradient.
 
     python benchmarks/bench_onednn.py [--repeat 7] [--threads 1,0] [--only TEXT] [--json PATH]
+    python benchmarks/bench_onednn.py --grain [--repeat 7]     # the thread policy's threshold
+
+``--grain`` runs a ladder of primitives (the digits CNN's layers up to the
+table's sizes) on one thread and on all, alternating, and prints each
+one's work units beside the two times: where all/one drops below 1 is the
+threshold ``onednn.grain`` (docs/cpu.md, "Threads").
 
 The matmul comparison at one thread needs NumPy's BLAS on one thread too:
 ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/bench_onednn.py
@@ -43,6 +49,20 @@ def timed(fn, seconds=0.3):
         fn()
         n += 1
     return (time.perf_counter() - t0) / n
+
+
+def timed_calls(fn, seconds=0.05):
+    """The median of single calls over ``seconds``: the typical call, not
+    the mean a few descheduled ones dominate."""
+    fn()
+    times, end = [], time.perf_counter() + seconds
+    while True:
+        t = time.perf_counter()
+        fn()
+        now = time.perf_counter()
+        times.append(now - t)
+        if now > end and len(times) >= 5:
+            return statistics.median(times)
 
 
 def rnd(*shape, seed=0):
@@ -123,19 +143,83 @@ CASES = {
 MATMUL = [(128, 784, 512), (128, 512, 512), (128, 512, 10), (32, 784, 512), (32, 512, 512)]
 
 
+# the thread policy's ladder (onednn.grain): one primitive each, from the
+# digits CNN's layers up; (N, C, H, O) for 3x3 pad-1 conv2d, (N, C, H) else
+GRAIN_CONV = [(4, 8, 8, 8), (32, 1, 8, 16), (32, 16, 4, 32), (8, 16, 16, 16), (32, 16, 8, 32), (16, 16, 16, 32),
+              (16, 32, 16, 64), (16, 32, 32, 64)]
+GRAIN_POOL = [(8, 16, 8), (32, 16, 8), (32, 32, 16), (32, 64, 16), (32, 64, 32), (64, 64, 32)]
+
+
+def grain_cases():
+    """(family, shape, work units, fn) for the thread policy's ladder."""
+    for n, c, h, o in GRAIN_CONV:
+        x, w = rnd(n, c, h, h), rnd(o, c, 3, 3, seed=1)
+        g = rnd(n, o, h, h, seed=2)
+        work = onednn._conv_work(g.shape, w.shape)
+        yield "conv fwd", (n, c, h, o), work, lambda x=x, w=w: onednn.conv_forward(x, w, 1, 1, 1)
+        yield "conv bwd data", (n, c, h, o), work, lambda g=g, w=w, x=x: onednn.conv_backward_data(g, w, x.shape, 1,
+                                                                                                    1, 1)
+        yield "conv bwd weights", (n, c, h, o), work, \
+            lambda g=g, x=x, w=w: onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1)
+    for n, c, h in GRAIN_POOL:
+        x = rnd(n, c, h, h)
+        g = rnd(n, c, h // 2, h // 2, seed=2)
+        work = onednn._pool_work(x.shape, g.shape, (2, 2))
+        yield "max pool fwd+bwd", (n, c, h), work, lambda x=x, g=g: onednn.pool_backward(g, x, "max", 2, 2, 0)
+        yield "avg pool fwd", (n, c, h), work, lambda x=x: onednn.pool_forward(x, "average", 2, 2, 0)
+    for n, c, h in GRAIN_POOL:
+        x = rnd(n, c, h, h) + 1
+        p = (1, c, 1, 1)
+        w, b, g = np.ones(p, np.float32), np.zeros(p, np.float32), rnd(n, c, h, h, seed=3)
+        _, m, inv = onednn.batch_norm_training(x, w, b, 1e-5)
+
+        def bn(x=x, w=w, b=b, g=g, m=m, inv=inv):
+            onednn.batch_norm_training(x, w, b, 1e-5)
+            onednn.batch_norm_backward(g, x, w, m, inv, 1e-5)
+        yield "batch norm fwd+bwd", (n, c, h), x.size * onednn.BN_COST, bn
+
+
+def grain_ladder(repeat):
+    """Each primitive of the ladder on one thread (grain above its work) and
+    on all (grain 0), alternating: the ratio all/one says where the
+    threads start to pay."""
+    saved = onednn.grain
+    out = {}
+    try:
+        for fam, shape, work, fn in grain_cases():
+            def one():
+                onednn.grain = float("inf")
+                fn()
+
+            def every():
+                onednn.grain = 0
+                fn()
+            res = compare({"all": every, "one": one}, repeat, pause=0.0, seconds=0.05, timer=timed_calls)
+            # the best round of each: what a quiet machine gives (the median measures the load)
+            best = {k: min(v) for k, v in res["rounds"].items()}
+            out[f"{fam} {shape}"] = dict(res, work=work, best_s=best)
+            med = res["median_s"]
+            print(f"{fam:18s} {str(shape):18s} work {work:9.3g}: median one {med['one'] * 1e6:8.1f} us, "
+                  f"all {med['all'] * 1e6:8.1f} us ({res['ratio_median']:6.2f}x); best one "
+                  f"{best['one'] * 1e6:8.1f}, all {best['all'] * 1e6:8.1f} ({best['all'] / best['one']:.2f}x)")
+    finally:
+        onednn.grain = saved
+    return out
+
+
 def set_threads(n):
     onednn.set_num_threads(n)
     if torch is not None:
         torch.set_num_threads(n if n else os.cpu_count())
 
 
-def compare(impls, repeat):
+def compare(impls, repeat, pause=0.1, seconds=0.3, timer=timed):
     times = {k: [] for k in impls}
     for r in range(repeat):
         order = list(impls)[r % len(impls):] + list(impls)[:r % len(impls)]
         for k in order:
-            time.sleep(0.1)      # let the other library's worker threads go idle
-            times[k].append(timed(impls[k]))
+            time.sleep(pause)      # let the other library's worker threads go idle
+            times[k].append(timer(impls[k], seconds))
     a, b = list(impls)
     ratios = [x / y for x, y in zip(times[a], times[b])]
     return {"median_s": {k: statistics.median(v) for k, v in times.items()},
@@ -147,8 +231,18 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--threads", default="1,0", help="thread counts to run, 0 = all cores")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--grain", action="store_true", help="the thread policy's ladder: each primitive on one "
+                    "thread and on all (onednn.grain), no PyTorch")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.grain:
+        print(f"{onednn.status()}; load average {os.getloadavg()}")
+        results = grain_ladder(args.repeat)
+        print(f"load average {os.getloadavg()}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     if torch is None or onednn.why_not():
         print(f"needs PyTorch and oneDNN: torch {'absent' if torch is None else 'ok'}, oneDNN {onednn.status()}")
         return 1

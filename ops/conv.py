@@ -19,9 +19,9 @@ The optional b is one bias per output channel, shaped (O,) (PyTorch's
 form) or (1, O, 1, ...) (MegEngine's, as many axes as x). The convolution
 and its bias add are one op (``F.conv2d(x, w, b)`` records one node; on
 oneDNN one primitive takes the bias), and the filter gradient given a
-``b_ref`` returns the bias gradient too, shaped like b (on oneDNN on one
-thread from the weight-gradient primitive itself, ``onednn.fuse_bias_gradient``;
-elsewhere one reduction of g).
+``b_ref`` returns the bias gradient too, shaped like b (on oneDNN, where
+its primitive runs on one thread, from the weight-gradient primitive
+itself, ``onednn.fuse_bias_gradient``; elsewhere one reduction of g).
 ConvTranspose has no bias input: its kernel is oneDNN's backward-data
 primitive, which takes none, and its bias gradient is a sum over its
 output gradient, which the weight-gradient primitive (run with the roles
@@ -846,7 +846,8 @@ class ConvolutionBackwardFilter(_ConvGrad):
         out_sp = self._check_grad(g, x, ref)
         if bref is not None:
             self._check_bias(bref.shape, ref.shape[0], len(out_sp), (g, x, ref, bref))
-            both = self._on_onednn(g, x, tuple(ref.shape), bias=True) if onednn.fuse_bias_gradient() else None
+            fuse = onednn.fuse_bias_gradient(g.shape, ref.shape)
+            both = self._on_onednn(g, x, tuple(ref.shape), bias=True) if fuse else None
             if both is not None:
                 return both[0], both[1].reshape(bref.shape)
             return self.cpu(g, x, ref), self._bias_grad(g, bref.shape)

@@ -285,27 +285,69 @@ def test_missing_or_broken_library_runs_numpy():
     assert "NumPy kernels" in out.stdout and "does not load" in out.stdout and "/nonexistent" in out.stdout
 
 
-def test_a_primitive_is_made_under_the_thread_count_it_runs_with():
+def test_a_primitive_is_made_under_the_thread_count_it_runs_with(monkeypatch):
     """set_num_threads(1) with OpenMP's default of more: the primitive is
-    made for one thread (oneDNN splits its work at creation), so the
-    weight gradient of a 1-channel convolution is not made for two
-    threads and run on one (which took 3-6 ms instead of ~20 us)."""
-    import time
+    made for one thread (oneDNN splits its work at creation; one made for
+    two threads but run on one took 3-6 ms instead of ~20 us) and runs
+    on one."""
     x, w, g = rnd(32, 1, 8, 8), rnd(16, 1, 3, 3, seed=1), rnd(32, 16, 8, 8, seed=2)
+    monkeypatch.setattr(onednn, "grain", 0)         # no grain: the setting alone decides
     onednn.set_num_threads(1)
     try:
         onednn.clear_cache()
         onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1)
-        best = min(_timed(lambda: onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1)) for _ in range(5))
     finally:
         onednn.set_num_threads(0)
-    assert best < 1e-3, best          # ~20 us; 3-6 ms when made for 2 threads
+    (key, prim), = onednn._cache.items()
+    assert key[-1] == 1 and prim.threads == 1
 
 
-def _timed(fn):
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+def _threads_of(kind):
+    return [(k[-1], p.threads) for k, p in onednn._cache.items() if k[0] == kind]
+
+
+@pytest.mark.parametrize("grain", [4e6, 0, float("inf")])
+def test_small_primitives_run_on_one_thread(grain, monkeypatch):
+    """The grain policy: a primitive below ``grain`` multiply-adds (the
+    digits CNN's 1-channel layer: 3e5) is made and run on one thread, a
+    large one (2 GMAC) on all; pooling and batch norm count their elements
+    at POOL_COST / BN_COST. The values do not depend on it."""
+    onednn.set_num_threads(2)
+    monkeypatch.setattr(onednn, "grain", grain)
+    try:
+        onednn.clear_cache()
+        small_x, small_w = rnd(32, 1, 8, 8), rnd(16, 1, 3, 3, seed=1)
+        big_x, big_w = rnd(16, 64, 32, 32), rnd(64, 64, 3, 3, seed=1)
+        ys = onednn.conv_forward(small_x, small_w, 1, 1, 1)
+        yb = onednn.conv_forward(big_x, big_w, 1, 1, 1)
+        small = onednn._conv_work(ys.shape, small_w.shape)
+        big = onednn._conv_work(yb.shape, big_w.shape)
+        assert small < 4e6 < big
+        want = [1 if small < grain else 2, 1 if big < grain else 2]
+        assert [t for t, _ in _threads_of("conv")] == want
+        assert [p for _, p in _threads_of("conv")] == want
+        assert onednn.threads_for(small) == want[0] and onednn.threads_for(big) == want[1]
+        onednn.pool_forward(big_x, "max", 2, 2, 0)
+        pool = onednn._pool_work(big_x.shape, (16, 64, 16, 16), (2, 2))
+        assert pool == (16 * 64 * 16 * 16 * 4 + big_x.size) * onednn.POOL_COST
+        assert [t for t, _ in _threads_of("pool")] == [1 if pool < grain else 2]
+        onednn.batch_norm_inference(big_x, *(np.ones((1, 64, 1, 1), np.float32),) * 4, 1e-5)
+        assert [t for t, _ in _threads_of("bn")] == [1 if big_x.size * onednn.BN_COST < grain else 2]
+        close(onednn.conv_forward(big_x, big_w, 1, 1, 1), _torch_conv(big_x, big_w, 1, 1, 1, 1)[0], atol=1e-3)
+        close(ys, _torch_conv(small_x, small_w, 1, 1, 1, 1)[0])
+    finally:
+        onednn.set_num_threads(0)
+
+
+def test_grain_from_the_environment():
+    code = ("import gradcore.cpu.onednn as o; o.load(); print(o.grain, o.threads_for(10), o.threads_for(1e9))")
+    env = dict(os.environ, GRADCORE_ONEDNN_GRAIN="1e3", GRADCORE_ONEDNN_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1000.0", "1", "2"]
+    env["GRADCORE_ONEDNN_GRAIN"] = "many"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode != 0 and "GRADCORE_ONEDNN_GRAIN" in out.stderr
 
 
 def test_onednn_keeps_no_primitive_cache_of_its_own():
@@ -454,12 +496,13 @@ def threads(request):
 
 
 @pytest.mark.parametrize("form", [(8,), (1, 8, 1, 1)])
-def test_conv_bias_runs_inside_the_primitives(form, layout, threads):
+def test_conv_bias_runs_inside_the_primitives(form, layout, threads, monkeypatch):
     """F.conv2d with a bias: one forward primitive made with the bias, and
-    on one thread one weight-gradient primitive with the bias gradient
-    (on more, the plain one and a NumPy sum: fuse_bias_gradient); the
-    values PyTorch's."""
+    where the weight gradient runs on one thread one weight-gradient
+    primitive with the bias gradient (on more, the plain one and a NumPy
+    sum: fuse_bias_gradient); the values PyTorch's."""
     onednn.clear_cache()
+    monkeypatch.setattr(onednn, "grain", 0)      # the thread count is the setting's
     x, w, b = rnd(2, 16, 7, 6), rnd(8, 16, 3, 3, seed=1), rnd(*form, seed=2)
     xs = [gradcore.Tensor(a) for a in (x, w, b)]
     gm = GradManager().attach(xs)
