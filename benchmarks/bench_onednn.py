@@ -17,14 +17,13 @@ table's sizes) on one thread and on all, alternating, and prints each
 one's work units beside the two times: where all/one drops below 1 is the
 threshold ``onednn.grain`` (docs/cpu.md, "Threads").
 
-The matmul comparison at one thread needs NumPy's BLAS on one thread too:
-``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/bench_onednn.py
---threads 1 --only matmul`` (the thread setting here reaches oneDNN and
-PyTorch, not OpenBLAS). Figures: benchmarks/CHANGELOG.md, "oneDNN on the CPU".
+The matmul comparison runs NumPy's OpenBLAS on one thread where the others
+are (``blas.single_threaded()``). Figures: benchmarks/CHANGELOG.md, "oneDNN on the CPU".
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -33,7 +32,7 @@ import time
 
 import numpy as np
 
-from gradcore.cpu import onednn
+from gradcore.cpu import blas, onednn
 
 try:
     import torch
@@ -140,7 +139,31 @@ CASES = {
     "batch_norm training N32 C64 32x32": lambda: bn_case((32, 64, 32, 32)),
 }
 
-MATMUL = [(128, 784, 512), (128, 512, 512), (128, 512, 10), (32, 784, 512), (32, 512, 512)]
+MATMUL_LAYERS = [(784, 512), (512, 512), (512, 10)]      # the MLP's (in, out)
+
+
+def matmul_cases(repeat, label):
+    """oneDNN's matmul against NumPy's matmul on the three products of each
+    MLP layer as MatrixMul runs them (x @ w.T, g @ w, g.T @ x: transposed
+    views), batch 128 and 32; matmul_min lifted so oneDNN runs them all."""
+    saved, onednn.matmul_min = onednn.matmul_min, 0
+    out = {}
+    try:
+        for batch in (128, 32):
+            for fin, fout in MATMUL_LAYERS:
+                x, w, g = rnd(batch, fin), rnd(fout, fin, seed=1), rnd(batch, fout, seed=2)
+                for what, a, b in ((f"x @ w.T {batch}x{fin}x{fout}", x, w.T), (f"g @ w {batch}x{fout}x{fin}", g, w),
+                                   (f"g.T @ x {fout}x{batch}x{fin}", g.T, x)):
+                    res = compare({"onednn": lambda a=a, b=b: onednn.matmul(a, b),
+                                   "numpy": lambda a=a, b=b: np.matmul(a, b)}, repeat, pause=0.0, seconds=0.05,
+                                  timer=timed_calls)
+                    out[f"matmul {what} [{label}]"] = res
+                    med = res["median_s"]
+                    print(f"matmul {what}: oneDNN {med['onednn'] * 1e6:.1f} us, NumPy {med['numpy'] * 1e6:.1f} us, "
+                          f"oneDNN/NumPy {res['ratio_median']:.2f}x")
+    finally:
+        onednn.matmul_min = saved
+    return out
 
 
 # the thread policy's ladder (onednn.grain): one primitive each, from the
@@ -250,6 +273,8 @@ def main(argv=None):
     results = {}
     for n in (int(t) for t in args.threads.split(",")):
         set_threads(n)
+        scope = blas.single_threaded() if n == 1 else contextlib.nullcontext()
+        scope.__enter__()
         label = f"{n} thread{'s' if n != 1 else ''}" if n else f"all cores ({os.cpu_count()})"
         print(f"--- {label}")
         for name, make in CASES.items():
@@ -262,13 +287,8 @@ def main(argv=None):
             print(f"{name}: oneDNN {med['gradcore'] * 1e3:.3f} ms, torch {med['torch'] * 1e3:.3f} ms, "
                   f"gradcore/torch {res['ratio_median']:.2f}x")
         if "matmul" in args.only or not args.only:
-            for m, k, nn in MATMUL:
-                a, b = rnd(m, k), rnd(k, nn, seed=1)
-                res = compare({"onednn": lambda: onednn.matmul(a, b), "numpy": lambda: a @ b}, args.repeat)
-                results[f"matmul {m}x{k} @ {k}x{nn} [{label}]"] = res
-                med = res["median_s"]
-                print(f"matmul {m}x{k} @ {k}x{nn}: oneDNN {med['onednn'] * 1e6:.1f} us, NumPy "
-                      f"{med['numpy'] * 1e6:.1f} us, oneDNN/NumPy {res['ratio_median']:.2f}x")
+            results.update(matmul_cases(args.repeat, label))
+        scope.__exit__(None, None, None)
     set_threads(0)
     print(f"cache: {onednn.stats()}; load average {os.getloadavg()}")
     if args.json:

@@ -1,5 +1,10 @@
 """Linear algebra: batched matrix multiplication.
 
+On the CPU, float32 products with one (K, N) matrix b of at least
+``onednn.matmul_min`` multiply-adds run on oneDNN's matmul primitive
+(transposed operands read in place; faster than NumPy's OpenBLAS there,
+docs/cpu.md), the rest on NumPy's ``matmul``.
+
 On ``cuda``, floating-point products run on cuBLAS (``gemm_rows`` maps a
 row-major product onto its column-major strided batched GEMM); integer and
 bool products, which cuBLAS lacks, run on a direct kernel
@@ -13,6 +18,7 @@ import math
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cpu import onednn
 from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
 
@@ -59,6 +65,14 @@ class MatrixMul(Op):
             a = np.swapaxes(a, -1, -2)
         if self.transpose_b:
             b = np.swapaxes(b, -1, -2)
+        if b.ndim == 2 and a.dtype == b.dtype == np.float32:
+            # float32 products with one matrix b on oneDNN where it is faster
+            # than NumPy's BLAS (gradcore/cpu/onednn.py: matmul_min); a's
+            # leading axes, where they are C-contiguous rows, are more rows
+            rows = a if a.ndim == 2 else (a.reshape(-1, a.shape[-1]) if a.flags.c_contiguous else None)
+            c = onednn.matmul(rows, b) if rows is not None else None
+            if c is not None:
+                return c.reshape(a.shape[:-1] + (b.shape[1],))
         return np.matmul(a, b)
 
     def vjp(self, inputs, outputs, grads):

@@ -553,3 +553,56 @@ def test_demo_training_steps_agree_on_both_paths(monkeypatch):
     np.testing.assert_allclose(a, b, rtol=1e-5)
     for p, q in zip(pa, pb):
         np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- matmul
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_matmul_reads_transposed_views_in_place(ta, tb, monkeypatch):
+    """onednn.matmul on row-major and transposed (``.T``) operands, as
+    MatrixMul passes them: one primitive per layout, the values NumPy's."""
+    monkeypatch.setattr(onednn, "matmul_min", 0)
+    onednn.clear_cache()
+    a, b = rnd(48, 40), rnd(40, 24, seed=1)
+    av = np.ascontiguousarray(a.T).T if ta else a
+    bv = np.ascontiguousarray(b.T).T if tb else b
+    assert av.flags.c_contiguous != ta and bv.flags.c_contiguous != tb
+    c = onednn.matmul(av, bv)
+    close(c, a @ b, rtol=1e-5, atol=1e-4)
+    ((key, _),) = onednn._cache.items()
+    assert key[2] == ((1, 48) if ta else (40, 1)) and key[4] == ((1, 40) if tb else (24, 1))
+
+
+def test_matmul_below_its_threshold_and_off_float32_is_numpys():
+    a, b = rnd(16, 8), rnd(8, 4, seed=1)
+    assert 16 * 8 * 4 < onednn.matmul_min
+    assert onednn.matmul(a, b) is None
+    big = rnd(128, 128)
+    assert onednn.matmul(big.astype(np.float64), big.astype(np.float64)) is None
+    assert onednn.matmul(big, rnd(127, 128)) is None           # inner dimensions differ
+    close(onednn.matmul(big, big), big @ big, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("shapes, ta, tb", [(((128, 784), (512, 784)), False, True),     # linear: x @ w.T
+                                             (((128, 512), (512, 784)), False, False),   # its data gradient
+                                             (((128, 512), (128, 784)), True, False),    # its weight gradient
+                                             (((8, 32, 64), (96, 64)), False, True)])   # batched rows, one b
+def test_matrix_mul_op_on_both_paths(shapes, ta, tb, path):
+    """MatrixMul through the tape, on oneDNN (above matmul_min) and NumPy:
+    the product and both gradients PyTorch's."""
+    a, b = rnd(*shapes[0]), rnd(*shapes[1], seed=1)
+    before = onednn.stats()["misses"] + onednn.stats()["hits"]
+    xs = [gradcore.Tensor(v) for v in (a, b)]
+    gm = GradManager().attach(xs)
+    g = None
+    with gm:
+        y = GF.matmul(xs[0], xs[1], transpose_a=ta, transpose_b=tb)
+        g = rnd(*y.shape, seed=2)
+        gm.backward((y * gradcore.Tensor(g)).sum())
+    used = onednn.stats()["misses"] + onednn.stats()["hits"] - before
+    assert (used >= 1) == (path == "oneDNN")
+    ts = [torch.tensor(v, requires_grad=True) for v in (a, b)]
+    ty = (ts[0].transpose(-1, -2) if ta else ts[0]) @ (ts[1].transpose(-1, -2) if tb else ts[1])
+    (ty * torch.tensor(g)).sum().backward()
+    close(y.numpy(), ty, rtol=1e-4, atol=1e-3)
+    for v, t in zip(xs, ts):
+        close(v.grad.numpy(), t.grad, rtol=1e-4, atol=1e-3)

@@ -606,11 +606,26 @@ def batch_norm(int kind, tuple shape, float eps, bint blocked=False):
                       (True,) * 5 + (False,) * 3)
 
 
-def matmul(tuple a, tuple b, tuple c):
-    """A matmul primitive, plain float32: c (M, N) = a (M, K) @ b (K, N)
-    (args src, weights, dst)."""
+cdef _Md _strided(tuple dims, tuple strides):
+    """A float32 descriptor of ``dims`` with ``strides`` in elements (a transposed view)."""
+    cdef dnnl_dim_t d[DNNL_MAX_NDIMS]
+    cdef dnnl_dim_t st[DNNL_MAX_NDIMS]
+    _fill(d, dims)
+    _fill(st, strides)
+    cdef _Md out = _Md()
+    _check(api.md_create_with_strides(&out.md, len(dims), d, dnnl_f32, st),
+           f"dnnl_memory_desc_create_with_strides {dims} {strides}")
+    return out
+
+
+def matmul(tuple a, tuple b, tuple c, tuple a_strides=None, tuple b_strides=None):
+    """A matmul primitive on float32: c (M, N) = a (M, K) @ b (K, N) (args
+    src, weights, dst), c row-major; a and b row-major, or with the given
+    strides (in elements: (1, M) is a's transposed view)."""
     _require()
-    cdef _Md s = _plain(a), w = _plain(b), d = _plain(c)
+    cdef _Md s = _strided(a, a_strides) if a_strides is not None else _plain(a)
+    cdef _Md w = _strided(b, b_strides) if b_strides is not None else _plain(b)
+    cdef _Md d = _plain(c)
     cdef _Attr attr = _Attr(False)
     cdef _Pd pd = _Pd()
     _check(api.matmul_pd(&pd.pd, _engine, s.md, w.md, NULL, d.md, attr.attr), f"matmul {a} @ {b}")

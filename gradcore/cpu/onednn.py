@@ -20,7 +20,9 @@ NumPy code when the answer is None), float32 only:
   holding a NaN runs the NumPy path, which propagates it) and average
   pooling (padding counted or not);
 - ``batch_norm_training``/``batch_norm_inference``/``batch_norm_backward``:
-  the BatchNorm ops of ``gradcore/ops/nn.py``.
+  the BatchNorm ops of ``gradcore/ops/nn.py``;
+- ``matmul``: MatrixMul's float32 products with one (K, N) b of at least
+  ``matmul_min`` multiply-adds (transposed views read in place).
 
 Primitives are made once per (direction, shapes, attributes, threads) and
 kept in a bounded LRU cache (``cache_limit``; ``stats()``). Tensors stay
@@ -571,19 +573,53 @@ def pool_backward(g, x, kind, kernel, stride, padding, xshape=None):
     return dx
 
 
-# ---------------------------------------------------------------- matmul (measured, not wired: see docs/cpu.md)
-def matmul(a, b):
-    """a (M, K) @ b (K, N) on oneDNN's matmul primitive, or None. The ops
-    do not call it: NumPy's BLAS is as fast here (benchmarks/bench_onednn.py)."""
-    if not _usable(a, b) or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+# ---------------------------------------------------------------- matmul
+def _elem_strides(a):
+    """a's strides in elements where they are a row-major or transposed
+    2-d layout oneDNN reads in place (unit stride on one axis), else None."""
+    if a.ndim != 2:
         return None
-    prim = _primitive(("matmul", a.shape, b.shape), lambda: _onednn.matmul(a.shape, b.shape,
-                                                                            (a.shape[0], b.shape[1])),
-                      a.shape[0] * a.shape[1] * b.shape[1])
+    s0, s1 = (st // a.itemsize for st in a.strides)
+    if a.strides[0] % a.itemsize or a.strides[1] % a.itemsize:
+        return None
+    if (s1 == 1 and s0 >= max(a.shape[1], 1)) or (s0 == 1 and s1 >= max(a.shape[0], 1)):
+        return (s0, s1)
+    return None
+
+
+# below this many multiply-adds NumPy's OpenBLAS is faster (oneDNN's call
+# costs ~8 us more from Python): measured on the MLP's GEMMs, one thread,
+# (128, 10) x (10, 512) 1.3x, (32, 512) x (512, 10) 2.5x, (128, 512) x
+# (512, 10) 0.81x; the large ones 0.62-0.99x (bench_onednn.py --only matmul)
+matmul_min = 1 << 20
+
+
+def matmul(a, b):
+    """a (M, K) @ b (K, N) on oneDNN's matmul primitive, or None (not
+    float32, or fewer than ``matmul_min`` multiply-adds, where NumPy's BLAS
+    is faster). a and b may be row-major or transposed views (``w.T``),
+    read in place.
+
+    Example::
+
+        >>> matmul(x, w.T)            # x @ w.T, w of shape (N, K)
+    """
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or not _usable(a, b):
+        return None
+    if a.shape[0] * a.shape[1] * b.shape[1] < matmul_min:
+        return None
+    sa, sb = _elem_strides(a), _elem_strides(b)
+    if sa is None:
+        a, sa = np.ascontiguousarray(a), (a.shape[1], 1)
+    if sb is None:
+        b, sb = np.ascontiguousarray(b), (b.shape[1], 1)
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    key = ("matmul", a.shape, sa, b.shape, sb)
+    prim = _primitive(key, lambda: _onednn.matmul(a.shape, b.shape, (m, n), sa, sb), m * k * n)
     if prim is None:
         return None
-    c = np.empty((a.shape[0], b.shape[1]), _F32)
-    prim.run(_c(a), _c(b), c)
+    c = np.empty((m, n), _F32)
+    prim.run(a, b, c)
     return c
 
 
@@ -666,6 +702,7 @@ def batch_norm_backward(g, x, weight, mean, invstd, eps):
 
 
 __all__ = ["enabled", "cache_limit", "candidate_paths", "load", "version", "library_path", "why_not", "status",
-           "set_num_threads", "num_threads", "grain", "threads_for", "stats", "clear_cache", "refused", "conv_forward",
-           "conv_backward_data", "conv_backward_weights", "fuse_bias_gradient", "conv_transpose", "pool_forward", "pool_backward",
-           "batch_norm_training", "batch_norm_inference", "batch_norm_backward"]
+           "set_num_threads", "num_threads", "grain", "threads_for", "matmul_min", "matmul", "stats", "clear_cache",
+           "refused", "conv_forward", "conv_backward_data", "conv_backward_weights", "fuse_bias_gradient",
+           "conv_transpose", "pool_forward", "pool_backward", "batch_norm_training", "batch_norm_inference",
+           "batch_norm_backward"]
