@@ -51,6 +51,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import ctypes
 import ctypes.util
 import os
 import site
@@ -273,10 +274,67 @@ def stats() -> dict:
 
 
 def clear_cache() -> None:
-    """Drop every cached primitive (and the memory of refused configurations)."""
+    """Drop every cached primitive (and the memory of refused
+    configurations), and give back the resident pages of libdnnl's code
+    (``drop_code_pages``).
+
+    Example::
+
+        >>> clear_cache()          # after training: the primitives' JIT code and libdnnl's pages go
+    """
     with _lock:
         _cache.clear()
         _refused.clear()
+    drop_code_pages()
+
+
+_MADV_DONTNEED = 4
+
+
+def drop_code_pages() -> int:
+    """Give back the resident pages of libdnnl's machine code (its
+    read-execute mappings) and return how many bytes were mapped there.
+
+    Creating primitives runs a large part of the library's code (the
+    implementation lists, the JIT generators): ~20 MB of its pages stay
+    resident after the primitives are gone, 18-20% of the demo's peak.
+    The pages are clean copies of the file (the mapping is checked to hold
+    no private or anonymous pages first), so madvise(MADV_DONTNEED) drops
+    them from this process's memory and a later call faults them back in
+    from the page cache (~5,000 minor faults, a few ms, once). Linux only;
+    elsewhere, or if anything is unexpected, nothing is done (0).
+
+    Example::
+
+        >>> drop_code_pages()      # 44 MB of mappings given back (their resident part: ~20 MB)
+    """
+    if not _loaded or not sys.platform.startswith("linux"):
+        return 0
+    try:
+        lib = os.path.realpath(_path)
+        ranges, cur, clean = [], None, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if head and "-" in head[0] and not head[0].endswith(":"):       # a mapping's first line
+                    if cur is not None and clean:
+                        ranges.append(cur)
+                    cur = None
+                    if len(head) >= 6 and head[1] == "r-xp" and os.path.realpath(head[5]) == lib:
+                        cur, clean = tuple(int(v, 16) for v in head[0].split("-")), True
+                elif cur is not None and head and head[0] in ("Private_Dirty:", "Anonymous:") and head[1] != "0":
+                    clean = False                 # a written page (text relocations, a debugger): keep all
+        if cur is not None and clean:
+            ranges.append(cur)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        done = 0
+        for start, end in ranges:
+            if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+                done += end - start
+        return done
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 def refused() -> dict:
@@ -702,7 +760,7 @@ def batch_norm_backward(g, x, weight, mean, invstd, eps):
 
 
 __all__ = ["enabled", "cache_limit", "candidate_paths", "load", "version", "library_path", "why_not", "status",
-           "set_num_threads", "num_threads", "grain", "threads_for", "matmul_min", "matmul", "stats", "clear_cache",
+           "set_num_threads", "num_threads", "grain", "threads_for", "matmul_min", "matmul", "stats", "clear_cache", "drop_code_pages",
            "refused", "conv_forward", "conv_backward_data", "conv_backward_weights", "fuse_bias_gradient",
            "conv_transpose", "pool_forward", "pool_backward", "batch_norm_training", "batch_norm_inference",
            "batch_norm_backward"]
