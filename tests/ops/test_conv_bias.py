@@ -53,23 +53,32 @@ def _fns(torch, n, stride, padding, dilation, groups):
     return gfn, tfn
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("case", list(CASES))
-def test_values_and_gradients_vs_torch(case, form, rng, h, torch):
+def _case(case, torch):
+    """(n, x shape, weight shape, output channels, gradcore fn, torch fn) of
+    a CASES key, or of a TCASES key prefixed "transpose " (conv_transpose)."""
+    if case.startswith("transpose "):
+        n, xs, ws, *attrs = TCASES[case[len("transpose "):]]
+        return (n, xs, ws, ws[1] * attrs[-1]) + _tfns(torch, n, *attrs)
     n, xs, ws, *attrs = CASES[case]
-    gfn, tfn = _fns(torch, n, *attrs)
-    h.compare(torch, gfn, tfn, [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, ws[0], form)],
+    return (n, xs, ws, ws[0]) + _fns(torch, n, *attrs)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("case", list(CASES) + ["transpose 1d", "transpose 2d", "transpose 2d-grouped",
+                                                "transpose 3d"])
+def test_values_and_gradients_vs_torch(case, form, rng, h, torch):
+    n, xs, ws, o, gfn, tfn = _case(case, torch)
+    h.compare(torch, gfn, tfn, [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, o, form)],
               need_grads=True, **TOL)
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("case", ["1d-strided-grouped", "2d-grouped", "3d"])
+@pytest.mark.parametrize("case", ["1d-strided-grouped", "2d-grouped", "3d", "transpose 1d", "transpose 2d-grouped"])
 def test_second_order_vs_torch_double_backward(case, form, rng, torch):
-    n, xs, ws, *attrs = CASES[case]
-    gfn, tfn = _fns(torch, n, *attrs)
+    n, xs, ws, o, gfn, tfn = _case(case, torch)
     # a nonlinearity after the convolution: the second derivative reaches the bias
     compare_second_order(torch, lambda *t: gfn(*t) ** 2, lambda *t: tfn(*t) ** 2,
-                         [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, ws[0], form)], rng)
+                         [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, o, form)], rng)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -284,25 +293,6 @@ def _tfns(torch, n, stride, padding, output_padding, dilation, groups):
     gfn = lambda x, w, b: g(x, w, b, stride, padding, output_padding, dilation, groups)
     tfn = lambda x, w, b: t(x, w, b.reshape(-1), tp(stride), tp(padding), tp(output_padding), groups, tp(dilation))
     return gfn, tfn
-
-
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("case", list(TCASES))
-def test_conv_transpose_bias_values_and_gradients_vs_torch(case, form, rng, h, torch):
-    n, xs, ws, *attrs = TCASES[case]
-    gfn, tfn = _tfns(torch, n, *attrs)
-    o = ws[1] * attrs[-1]
-    h.compare(torch, gfn, tfn, [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, o, form)],
-              need_grads=True, **TOL)
-
-
-@pytest.mark.parametrize("case", ["1d", "2d-grouped"])
-def test_conv_transpose_bias_second_order_vs_torch(case, rng, torch):
-    n, xs, ws, *attrs = TCASES[case]
-    gfn, tfn = _tfns(torch, n, *attrs)
-    compare_second_order(torch, lambda *t: gfn(*t) ** 2, lambda *t: tfn(*t) ** 2,
-                         [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, ws[1] * attrs[-1], FORMS[1])],
-                         rng)
 
 
 @pytest.mark.parametrize("layout", ["float32", "float32 frozen weight"])
