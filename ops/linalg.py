@@ -65,11 +65,12 @@ class MatrixMul(Op):
             a = np.swapaxes(a, -1, -2)
         if self.transpose_b:
             b = np.swapaxes(b, -1, -2)
-        if b.ndim == 2 and a.dtype == b.dtype == np.float32:
+        if b.ndim == 2 and a.dtype == b.dtype == np.float32 and a.size and b.size:
             # float32 products with one matrix b on oneDNN where it is faster
             # than NumPy's BLAS (gradcore/cpu/onednn.py: matmul_min); a's
             # leading axes, where they are C-contiguous rows, are more rows
-            rows = a if a.ndim == 2 else (a.reshape(-1, a.shape[-1]) if a.flags.c_contiguous else None)
+            rows = a if a.ndim == 2 else (a.reshape(a.size // a.shape[-1], a.shape[-1]) if a.flags.c_contiguous
+                                          else None)
             c = onednn.matmul(rows, b) if rows is not None else None
             if c is not None:
                 return c.reshape(a.shape[:-1] + (b.shape[1],))

@@ -572,6 +572,17 @@ def test_matmul_reads_transposed_views_in_place(ta, tb, monkeypatch):
     assert key[2] == ((1, 48) if ta else (40, 1)) and key[4] == ((1, 40) if tb else (24, 1))
 
 
+@pytest.mark.parametrize("sa, sb", [((3, 0), (0, 4)), ((2, 3, 0), (0, 5)), ((0, 3, 4), (4, 2)), ((3, 4), (4, 0))])
+def test_matrix_mul_op_with_empty_operands(sa, sb, monkeypatch):
+    """Empty float32 products (no rows, no columns, an empty sum) stay
+    NumPy's: the same shapes and zeros, with oneDNN's threshold at 0."""
+    monkeypatch.setattr(onednn, "matmul_min", 0)
+    a, b = np.ones(sa, np.float32), np.ones(sb, np.float32)
+    y = GF.matmul(gradcore.Tensor(a), gradcore.Tensor(b)).numpy()
+    np.testing.assert_array_equal(y, np.matmul(a, b))
+    assert y.shape == np.matmul(a, b).shape
+
+
 def test_matmul_below_its_threshold_and_off_float32_is_numpys():
     a, b = rnd(16, 8), rnd(8, 4, seed=1)
     assert 16 * 8 * 4 < onednn.matmul_min
