@@ -645,3 +645,28 @@ def test_clear_cache_gives_back_the_library_code_pages():
     np.testing.assert_array_equal(onednn.conv_forward(x, w, 1, 1, 1), y)
     assert _library_rss_kb() > after
     assert onednn.drop_code_pages() > 0
+
+
+def test_small_blas_products_run_in_the_one_thread_scope(monkeypatch):
+    """The grain for NumPy's BLAS: a float32 product OpenBLAS would split
+    (over 2^18 multiply-adds) but below onednn.grain, not on oneDNN (below
+    matmul_min), runs inside blas.single_threaded(); a tiny one and a
+    large float64 one do not. Counted by wrapping the scope."""
+    from gradcore.cpu import blas
+    from gradcore.ops import linalg as linalg_ops
+    entered = []
+    real = blas.single_threaded
+
+    def counting():
+        entered.append(1)
+        return real()
+    monkeypatch.setattr(blas, "single_threaded", counting)
+    mm = lambda a, b: GF.matmul(gradcore.Tensor(a), gradcore.Tensor(b)).numpy()
+    mid = (rnd(100, 128), rnd(128, 64, seed=1))              # 819,200 multiply-adds
+    assert linalg_ops._OPENBLAS_ONE_THREAD < 100 * 128 * 64 < min(onednn.matmul_min, onednn.grain)
+    close(mm(*mid), mid[0] @ mid[1], rtol=1e-5, atol=1e-5)
+    assert len(entered) == 1
+    mm(rnd(8, 8), rnd(8, 8))
+    big = rnd(256, 256).astype(np.float64)
+    mm(big, big)                                             # 1.7e7: every thread
+    assert len(entered) == 1
