@@ -504,7 +504,7 @@ def conv_backward_data(g, w, xshape, stride, padding, dilation, groups=1):
     return dx
 
 
-def fuse_bias_gradient(gshape, wshape) -> bool:
+def fuse_bias_gradient(gshape: Sequence[int], wshape: Sequence[int]) -> bool:
     """Whether a convolution's bias gradient should come from its
     weight-gradient primitive (``conv_backward_weights(..., bias=True)``)
     given the output gradient's and the weight's shapes: where that
@@ -652,7 +652,7 @@ def _elem_strides(a):
 matmul_min = 1 << 20
 
 
-def matmul(a, b):
+def matmul(a: np.ndarray, b: np.ndarray) -> Optional[np.ndarray]:
     """a (M, K) @ b (K, N) on oneDNN's matmul primitive, or None (not
     float32, or fewer than ``matmul_min`` multiply-adds, where NumPy's BLAS
     is faster). a and b may be row-major or transposed views (``w.T``),
