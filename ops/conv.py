@@ -6,7 +6,7 @@ Four ops, each for every number of spatial axes::
     Convolution(stride, padding, dilation, groups)          (x, w[, b]) -> y
     ConvolutionBackwardData(stride, padding, dilation, groups)    (g, w, x_ref) -> dx
     ConvolutionBackwardFilter(stride, padding, dilation, groups)  (g, x, w_ref[, b_ref]) -> dw[, db]
-    ConvTranspose(stride, padding, output_padding, dilation, groups)   (x, w) -> y
+    ConvTranspose(stride, padding, output_padding, dilation, groups)   (x, w[, b]) -> y
 
 x is (N, C, *spatial) and w (O, C // groups, *kernel) (ConvTranspose: (C_in,
 C_out // groups, *kernel)); ``*_ref`` inputs are read for their shape only.
@@ -19,14 +19,13 @@ The optional b is one bias per output channel, shaped (O,) (PyTorch's
 form) or (1, O, 1, ...) (MegEngine's, as many axes as x). The convolution
 and its bias add are one op (``F.conv2d(x, w, b)`` records one node; on
 oneDNN one primitive takes the bias), and the filter gradient given a
-``b_ref`` returns the bias gradient too, shaped like b (on oneDNN on one
-thread from the weight-gradient primitive itself, ``onednn.fuse_bias_gradient``;
-elsewhere one reduction of g).
-ConvTranspose has no bias input: its kernel is oneDNN's backward-data
-primitive, which takes none, and its bias gradient is a sum over its
-output gradient, which the weight-gradient primitive (run with the roles
-swapped) does not compute; ``F.conv_transpose*d`` add the bias as a
-broadcast op.
+``b_ref`` returns the bias gradient too, shaped like b (on oneDNN, where
+its primitive runs on one thread, from the weight-gradient primitive
+itself, ``onednn.fuse_bias_gradient``; elsewhere one reduction of g).
+ConvTranspose takes a per-channel bias the same way (one op): its kernel,
+oneDNN's backward-data primitive, takes none, so the op adds b in place to
+the primitive's result, and the bias gradient is one sum of g (the
+weight-gradient primitive, run with the roles swapped, sums x instead).
 
 The gradients are these ops again, each with its own ``vjp``, so every
 order of derivative works::
@@ -34,7 +33,7 @@ order of derivative works::
     Convolution               -> BackwardData (g, w, x_ref), BackwardFilter (g, x, w_ref[, b_ref])
     ConvolutionBackwardData   -> Convolution (gg, w), BackwardFilter (g, gg, w_ref)
     ConvolutionBackwardFilter -> Convolution (x, gg[, ggb]), BackwardData (g, gg, x_ref)
-    ConvTranspose             -> Convolution (g, w), BackwardFilter (x, g, w_ref)
+    ConvTranspose             -> Convolution (g, w), BackwardFilter (x, g, w_ref)[, sum of g]
 
 ConvTranspose is the data gradient with x as the output gradient: it runs
 ConvolutionBackwardData's kernels on both devices.
@@ -636,8 +635,7 @@ class Convolution(_ConvOp):
             dw, db = _core.apply(ConvolutionBackwardFilter(*self._attrs()), g, x, w, b)
             return [dx, dw, db]
         # a frozen weight: the bias gradient alone, one reduction (x not kept for it)
-        axes = (0,) + tuple(range(2, self._axes + 2))
-        return [dx, None, _apply1(ReshapeLike(), _apply1(Reduce("sum", axes), g), b)]
+        return [dx, None, _bias_sum(g, b, self._axes)]
 
     def cuda(self, be, x, w, b=None):
         y = self._cuda_conv(be, x, w) if b is None else self._cuda_conv(be, x, w, b)
@@ -849,7 +847,8 @@ class ConvolutionBackwardFilter(_ConvGrad):
         out_sp = self._check_grad(g, x, ref)
         if bref is not None:
             self._check_bias(bref.shape, ref.shape[0], len(out_sp), (g, x, ref, bref))
-            both = self._on_onednn(g, x, tuple(ref.shape), bias=True) if onednn.fuse_bias_gradient() else None
+            fuse = onednn.fuse_bias_gradient(g.shape, ref.shape)
+            both = self._on_onednn(g, x, tuple(ref.shape), bias=True) if fuse else None
             if both is not None:
                 return both[0], both[1].reshape(bref.shape)
             return self.cpu(g, x, ref), self._bias_grad(g, bref.shape)
@@ -926,14 +925,36 @@ class ConvolutionBackwardFilter(_ConvGrad):
 
 
 # ---------------------------------------------------------------- transposed convolution
+def _bias_sum(g, b, nd):
+    """The gradient of a per-channel bias b ((O,) or (1, O, 1, ...)) added
+    to an (N, O, *spatial) output whose gradient is g: one reduction over
+    the images and the ``nd`` spatial axes, shaped like b."""
+    return _apply1(ReshapeLike(), _apply1(Reduce("sum", (0,) + tuple(range(2, nd + 2))), g), b)
+
+
 class ConvTranspose(_ConvOp):
     """Transposed convolution of x (N, C_in, *spatial) with weight (C_in,
-    C_out // groups, *kernel): the adjoint of Convolution in its input, so
-    it runs ConvolutionBackwardData's kernels (CPU and cuda) with x as the
-    output gradient. Output (N, C_out, (H-1)*S - 2*P + D*(K-1) + OP + 1
+    C_out // groups, *kernel), plus an optional bias b per output channel,
+    (C_out,) or (1, C_out, 1, ...): the adjoint of Convolution in its
+    input, so it runs ConvolutionBackwardData's kernels (CPU and cuda)
+    with x as the output gradient, then adds b in place (one op, as
+    Convolution's bias). Output (N, C_out, (H-1)*S - 2*P + D*(K-1) + OP + 1
     per axis); ``output_padding`` (< stride) picks among the sizes that
     convolve back to the input's. Its gradients are the convolution ops
-    themselves: x -> Convolution (g, w), w -> ConvolutionBackwardFilter (x, g, w_ref)."""
+    themselves: x -> Convolution (g, w), w -> ConvolutionBackwardFilter (x,
+    g, w_ref), b -> one sum of g.
+
+    The bias is added after the primitive rather than inside oneDNN's
+    deconvolution primitive (which takes one): measured on issue 25's
+    N16 C64 16x16 -> 32 4x4 s2 case and the demo's sizes, one thread, the
+    deconvolution primitive with its bias took 1.00-1.02x (1.21x on a
+    (32, 16, 4, 4) input) of the backward-data primitive and an in-place
+    NumPy add.
+
+    Example::
+
+        >>> ConvTranspose((2, 2), (1, 1))(x, w, b)     # F.conv_transpose2d(x, w, b, 2, 1): one op
+    """
     name = "ConvTranspose"
     reduce_broadcast = False
     input_dtypes = dtypes.promoted_inputs      # mixed float widths: the wider
@@ -949,11 +970,15 @@ class ConvTranspose(_ConvOp):
 
     @classmethod
     def examples(cls):
-        """1-d, 2-d (plain; strided and grouped with output_padding) and 3-d."""
+        """1-d, 2-d (plain; strided and grouped with output_padding) and 3-d;
+        with a bias (C_out,) (2-d grouped) and (1, C_out, 1) (1-d), their
+        attributes tuples (the bias gradient's reduction needs the axes)."""
         return _examples(cls, [((2, 1, 1), [(2, 2, 3), (2, 3, 2)]),
                                ((), [(2, 3, 4, 3), (3, 2, 2, 3)]),
                                ((2, 1, 1, 1, 2), [(1, 4, 3, 3), (4, 3, 3, 2)]),
-                               (((1, 2, 1), 0, (0, 1, 0)), [(1, 2, 2, 2, 3), (2, 2, 2, 2, 2)])])
+                               (((1, 2, 1), 0, (0, 1, 0)), [(1, 2, 2, 2, 3), (2, 2, 2, 2, 2)]),
+                               (((2, 2), (1, 1), (1, 1), (1, 1), 2), [(1, 4, 3, 3), (4, 3, 3, 2), (6,)]),
+                               (((2,), (1,), (0,), (1,)), [(2, 2, 3), (2, 3, 2), (1, 3, 1)])])
 
     def _data_op(self):
         return ConvolutionBackwardData(self.stride, self.padding, self.dilation, self.groups)
@@ -975,24 +1000,52 @@ class ConvTranspose(_ConvOp):
                              f"removes more than the kernel and stride add", *descs)
         return (x[0], w[1] * g) + out
 
-    def infer(self, x, w):
-        dtype = self._dtype(x, w)
+    def infer(self, x, w, b=None):
+        descs = (x, w) if b is None else (x, w, b)
+        dtype = self._dtype(*descs)
         if x.shape is None or w.shape is None:
             return (TensorDesc(None, dtype, x.device),)
-        return (TensorDesc(self._out_shape(x.shape, w.shape, (x, w)), dtype, x.device),)
+        out = self._out_shape(x.shape, w.shape, descs)
+        if b is not None and b.shape is not None:
+            self._check_bias(b.shape, out[1], len(out) - 2, descs)
+        return (TensorDesc(out, dtype, x.device),)
 
-    def cpu(self, x, w):
-        (out,) = self.infer(TensorDesc(x.shape, x.dtype), TensorDesc(w.shape, w.dtype))
-        return self._data_op().cpu(x, w, shape_carrier(np.broadcast_to(np.zeros((), out.dtype), out.shape)))
+    def _descs(self, *arrays):
+        return [TensorDesc(a.shape, a.dtype) for a in arrays]
 
-    def cuda(self, be, x, w):
-        (out,) = self.infer_arrays(x, w)
-        return self._data_op().cuda(be, x, w, be.shape_only(out.shape, out.dtype))
+    def cpu(self, x, w, b=None):
+        (out,) = self.infer(*self._descs(x, w, *(() if b is None else (b,))))
+        y = self._data_op().cpu(x, w, shape_carrier(np.broadcast_to(np.zeros((), out.dtype), out.shape)))
+        if b is not None:
+            # in place: y is the kernel's fresh result
+            np.add(y, self._channel_view(b, y.ndim - 2), out=y)
+        return y
+
+    def cuda(self, be, x, w, b=None):
+        (out,) = self.infer_arrays(x, w, *(() if b is None else (b,)))
+        y = self._data_op().cuda(be, x, w, be.shape_only(out.shape, out.dtype))
+        if b is not None and y.size:
+            be.elementwise("add", y, self._channel_view(b, y.ndim - 2), out=y)
+        return y
 
     def vjp(self, inputs, outputs, grads):
-        (x, w), (g,) = inputs, grads
+        (x, w), (g,) = inputs[:2], grads
         attrs = (self.stride, self.padding, self.dilation, self.groups)
-        return [_apply1(Convolution(*attrs), g, w), _apply1(ConvolutionBackwardFilter(*attrs), x, g, w)]
+        dx = _apply1(Convolution(*attrs), g, w)
+        dw = _apply1(ConvolutionBackwardFilter(*attrs), x, g, w) if needs_grad(w) else None
+        if len(inputs) == 2:
+            return [dx, dw]
+        b = inputs[2]
+        if not needs_grad(b):
+            return [dx, dw, None]
+        nd = self._axes          # an op built with ints: the axes of whichever shape is known
+        for t in (g, x, b):
+            if nd is None and t.shape is not None and len(t.shape) > 2:
+                nd = len(t.shape) - 2
+        if nd is None:
+            raise self.error("the bias gradient needs the number of spatial axes: give the attributes as tuples "
+                             "or the inputs' shapes", *inputs)
+        return [dx, dw, _bias_sum(g, b, nd)]
 
     def cuda_source(self, ctype: str = "float") -> str:
         """The direct kernel it runs: ConvolutionBackwardData's."""

@@ -1,5 +1,11 @@
 """Linear algebra: batched matrix multiplication.
 
+On the CPU, float32 products with one (K, N) matrix b of at least
+``onednn.matmul_min`` multiply-adds run on oneDNN's matmul primitive
+(transposed operands read in place; faster than NumPy's OpenBLAS there,
+docs/cpu.md), the rest on NumPy's ``matmul``: a 2-d product below the
+thread policy's grain (``onednn.grain``) on one OpenBLAS thread.
+
 On ``cuda``, floating-point products run on cuBLAS (``gemm_rows`` maps a
 row-major product onto its column-major strided batched GEMM); integer and
 bool products, which cuBLAS lacks, run on a direct kernel
@@ -13,8 +19,14 @@ import math
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cpu import blas, onednn
 from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
+
+
+# OpenBLAS runs a GEMM of up to this many multiply-adds on one thread by itself
+# (its SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD)
+_OPENBLAS_ONE_THREAD = 1 << 18
 
 
 class MatrixMul(Op):
@@ -59,6 +71,22 @@ class MatrixMul(Op):
             a = np.swapaxes(a, -1, -2)
         if self.transpose_b:
             b = np.swapaxes(b, -1, -2)
+        if b.ndim == 2 and a.dtype == b.dtype == np.float32 and a.size and b.size:
+            # float32 products with one matrix b on oneDNN where it is faster
+            # than NumPy's BLAS (gradcore/cpu/onednn.py: matmul_min); a's
+            # leading axes, where they are C-contiguous rows, are more rows
+            rows = a if a.ndim == 2 else (a.reshape(a.size // a.shape[-1], a.shape[-1]) if a.flags.c_contiguous
+                                          else None)
+            c = onednn.matmul(rows, b) if rows is not None else None
+            if c is not None:
+                return c.reshape(a.shape[:-1] + (b.shape[1],))
+        if a.ndim == b.ndim == 2 and _OPENBLAS_ONE_THREAD < a.shape[0] * a.shape[1] * b.shape[1] < onednn.grain:
+            # the thread policy's grain for NumPy's BLAS too: OpenBLAS splits a
+            # product above 2^18 multiply-adds over its threads, whose spinning
+            # after the join took a core from the demo (its training 2.3-2.9 s
+            # against 0.9-1.9 s with OpenBLAS on one thread, load 6-9)
+            with blas.single_threaded():
+                return np.matmul(a, b)
         return np.matmul(a, b)
 
     def vjp(self, inputs, outputs, grads):

@@ -285,27 +285,69 @@ def test_missing_or_broken_library_runs_numpy():
     assert "NumPy kernels" in out.stdout and "does not load" in out.stdout and "/nonexistent" in out.stdout
 
 
-def test_a_primitive_is_made_under_the_thread_count_it_runs_with():
+def test_a_primitive_is_made_under_the_thread_count_it_runs_with(monkeypatch):
     """set_num_threads(1) with OpenMP's default of more: the primitive is
-    made for one thread (oneDNN splits its work at creation), so the
-    weight gradient of a 1-channel convolution is not made for two
-    threads and run on one (which took 3-6 ms instead of ~20 us)."""
-    import time
+    made for one thread (oneDNN splits its work at creation; one made for
+    two threads but run on one took 3-6 ms instead of ~20 us) and runs
+    on one."""
     x, w, g = rnd(32, 1, 8, 8), rnd(16, 1, 3, 3, seed=1), rnd(32, 16, 8, 8, seed=2)
+    monkeypatch.setattr(onednn, "grain", 0)         # no grain: the setting alone decides
     onednn.set_num_threads(1)
     try:
         onednn.clear_cache()
         onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1)
-        best = min(_timed(lambda: onednn.conv_backward_weights(g, x, w.shape, 1, 1, 1, 1)) for _ in range(5))
     finally:
         onednn.set_num_threads(0)
-    assert best < 1e-3, best          # ~20 us; 3-6 ms when made for 2 threads
+    (key, prim), = onednn._cache.items()
+    assert key[-1] == 1 and prim.threads == 1
 
 
-def _timed(fn):
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+def _threads_of(kind):
+    return [(k[-1], p.threads) for k, p in onednn._cache.items() if k[0] == kind]
+
+
+@pytest.mark.parametrize("grain", [4e6, 0, float("inf")])
+def test_small_primitives_run_on_one_thread(grain, monkeypatch):
+    """The grain policy: a primitive below ``grain`` multiply-adds (the
+    digits CNN's 1-channel layer: 3e5) is made and run on one thread, a
+    large one (2 GMAC) on all; pooling and batch norm count their elements
+    at POOL_COST / BN_COST. The values do not depend on it."""
+    onednn.set_num_threads(2)
+    monkeypatch.setattr(onednn, "grain", grain)
+    try:
+        onednn.clear_cache()
+        small_x, small_w = rnd(32, 1, 8, 8), rnd(16, 1, 3, 3, seed=1)
+        big_x, big_w = rnd(16, 64, 32, 32), rnd(64, 64, 3, 3, seed=1)
+        ys = onednn.conv_forward(small_x, small_w, 1, 1, 1)
+        yb = onednn.conv_forward(big_x, big_w, 1, 1, 1)
+        small = onednn._conv_work(ys.shape, small_w.shape)
+        big = onednn._conv_work(yb.shape, big_w.shape)
+        assert small < 4e6 < big
+        want = [1 if small < grain else 2, 1 if big < grain else 2]
+        assert [t for t, _ in _threads_of("conv")] == want
+        assert [p for _, p in _threads_of("conv")] == want
+        assert onednn.threads_for(small) == want[0] and onednn.threads_for(big) == want[1]
+        onednn.pool_forward(big_x, "max", 2, 2, 0)
+        pool = onednn._pool_work(big_x.shape, (16, 64, 16, 16), (2, 2))
+        assert pool == (16 * 64 * 16 * 16 * 4 + big_x.size) * onednn.POOL_COST
+        assert [t for t, _ in _threads_of("pool")] == [1 if pool < grain else 2]
+        onednn.batch_norm_inference(big_x, *(np.ones((1, 64, 1, 1), np.float32),) * 4, 1e-5)
+        assert [t for t, _ in _threads_of("bn")] == [1 if big_x.size * onednn.BN_COST < grain else 2]
+        close(onednn.conv_forward(big_x, big_w, 1, 1, 1), _torch_conv(big_x, big_w, 1, 1, 1, 1)[0], atol=1e-3)
+        close(ys, _torch_conv(small_x, small_w, 1, 1, 1, 1)[0])
+    finally:
+        onednn.set_num_threads(0)
+
+
+def test_grain_from_the_environment():
+    code = ("import gradcore.cpu.onednn as o; o.load(); print(o.grain, o.threads_for(10), o.threads_for(1e9))")
+    env = dict(os.environ, GRADCORE_ONEDNN_GRAIN="1e3", GRADCORE_ONEDNN_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1000.0", "1", "2"]
+    env["GRADCORE_ONEDNN_GRAIN"] = "many"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode != 0 and "GRADCORE_ONEDNN_GRAIN" in out.stderr
 
 
 def test_onednn_keeps_no_primitive_cache_of_its_own():
@@ -454,12 +496,13 @@ def threads(request):
 
 
 @pytest.mark.parametrize("form", [(8,), (1, 8, 1, 1)])
-def test_conv_bias_runs_inside_the_primitives(form, layout, threads):
+def test_conv_bias_runs_inside_the_primitives(form, layout, threads, monkeypatch):
     """F.conv2d with a bias: one forward primitive made with the bias, and
-    on one thread one weight-gradient primitive with the bias gradient
-    (on more, the plain one and a NumPy sum: fuse_bias_gradient); the
-    values PyTorch's."""
+    where the weight gradient runs on one thread one weight-gradient
+    primitive with the bias gradient (on more, the plain one and a NumPy
+    sum: fuse_bias_gradient); the values PyTorch's."""
     onednn.clear_cache()
+    monkeypatch.setattr(onednn, "grain", 0)      # the thread count is the setting's
     x, w, b = rnd(2, 16, 7, 6), rnd(8, 16, 3, 3, seed=1), rnd(*form, seed=2)
     xs = [gradcore.Tensor(a) for a in (x, w, b)]
     gm = GradManager().attach(xs)
@@ -510,3 +553,120 @@ def test_demo_training_steps_agree_on_both_paths(monkeypatch):
     np.testing.assert_allclose(a, b, rtol=1e-5)
     for p, q in zip(pa, pb):
         np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- matmul
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_matmul_reads_transposed_views_in_place(ta, tb, monkeypatch):
+    """onednn.matmul on row-major and transposed (``.T``) operands, as
+    MatrixMul passes them: one primitive per layout, the values NumPy's."""
+    monkeypatch.setattr(onednn, "matmul_min", 0)
+    onednn.clear_cache()
+    a, b = rnd(48, 40), rnd(40, 24, seed=1)
+    av = np.ascontiguousarray(a.T).T if ta else a
+    bv = np.ascontiguousarray(b.T).T if tb else b
+    assert av.flags.c_contiguous != ta and bv.flags.c_contiguous != tb
+    c = onednn.matmul(av, bv)
+    close(c, a @ b, rtol=1e-5, atol=1e-4)
+    ((key, _),) = onednn._cache.items()
+    assert key[2] == ((1, 48) if ta else (40, 1)) and key[4] == ((1, 40) if tb else (24, 1))
+
+
+@pytest.mark.parametrize("sa, sb", [((3, 0), (0, 4)), ((2, 3, 0), (0, 5)), ((0, 3, 4), (4, 2)), ((3, 4), (4, 0))])
+def test_matrix_mul_op_with_empty_operands(sa, sb, monkeypatch):
+    """Empty float32 products (no rows, no columns, an empty sum) stay
+    NumPy's: the same shapes and zeros, with oneDNN's threshold at 0."""
+    monkeypatch.setattr(onednn, "matmul_min", 0)
+    a, b = np.ones(sa, np.float32), np.ones(sb, np.float32)
+    y = GF.matmul(gradcore.Tensor(a), gradcore.Tensor(b)).numpy()
+    np.testing.assert_array_equal(y, np.matmul(a, b))
+    assert y.shape == np.matmul(a, b).shape
+
+
+def test_matmul_below_its_threshold_and_off_float32_is_numpys():
+    a, b = rnd(16, 8), rnd(8, 4, seed=1)
+    assert 16 * 8 * 4 < onednn.matmul_min
+    assert onednn.matmul(a, b) is None
+    big = rnd(128, 128)
+    assert onednn.matmul(big.astype(np.float64), big.astype(np.float64)) is None
+    assert onednn.matmul(big, rnd(127, 128)) is None           # inner dimensions differ
+    close(onednn.matmul(big, big), big @ big, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("shapes, ta, tb", [(((128, 784), (512, 784)), False, True),     # linear: x @ w.T
+                                             (((128, 512), (512, 784)), False, False),   # its data gradient
+                                             (((128, 512), (128, 784)), True, False),    # its weight gradient
+                                             (((8, 32, 64), (96, 64)), False, True)])   # batched rows, one b
+def test_matrix_mul_op_on_both_paths(shapes, ta, tb, path):
+    """MatrixMul through the tape, on oneDNN (above matmul_min) and NumPy:
+    the product and both gradients PyTorch's."""
+    a, b = rnd(*shapes[0]), rnd(*shapes[1], seed=1)
+    before = onednn.stats()["misses"] + onednn.stats()["hits"]
+    xs = [gradcore.Tensor(v) for v in (a, b)]
+    gm = GradManager().attach(xs)
+    g = None
+    with gm:
+        y = GF.matmul(xs[0], xs[1], transpose_a=ta, transpose_b=tb)
+        g = rnd(*y.shape, seed=2)
+        gm.backward((y * gradcore.Tensor(g)).sum())
+    used = onednn.stats()["misses"] + onednn.stats()["hits"] - before
+    assert (used >= 1) == (path == "oneDNN")
+    ts = [torch.tensor(v, requires_grad=True) for v in (a, b)]
+    ty = (ts[0].transpose(-1, -2) if ta else ts[0]) @ (ts[1].transpose(-1, -2) if tb else ts[1])
+    (ty * torch.tensor(g)).sum().backward()
+    close(y.numpy(), ty, rtol=1e-4, atol=1e-3)
+    for v, t in zip(xs, ts):
+        close(v.grad.numpy(), t.grad, rtol=1e-4, atol=1e-3)
+
+
+def _library_rss_kb():
+    lib, total, cur = os.path.realpath(onednn.library_path()), 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                cur = len(head) >= 6 and head[1] == "r-xp" and os.path.realpath(head[5]) == lib
+            elif cur and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise are Linux's")
+def test_clear_cache_gives_back_the_library_code_pages():
+    """clear_cache() drops libdnnl's resident code pages (the demo's peak:
+    ~20 MB of them); the next primitive faults them back and computes the
+    same values."""
+    x, w = rnd(4, 16, 9, 9), rnd(32, 16, 3, 3, seed=1)
+    y = onednn.conv_forward(x, w, 1, 1, 1)
+    before = _library_rss_kb()
+    onednn.clear_cache()
+    after = _library_rss_kb()
+    assert before > 1024 and after < before / 2, (before, after)
+    np.testing.assert_array_equal(onednn.conv_forward(x, w, 1, 1, 1), y)
+    assert _library_rss_kb() > after
+    assert onednn.drop_code_pages() > 0
+
+
+def test_small_blas_products_run_in_the_one_thread_scope(monkeypatch):
+    """The grain for NumPy's BLAS: a float32 product OpenBLAS would split
+    (over 2^18 multiply-adds) but below onednn.grain, not on oneDNN (below
+    matmul_min), runs inside blas.single_threaded(); a tiny one and a
+    large float64 one do not. Counted by wrapping the scope."""
+    from gradcore.cpu import blas
+    from gradcore.ops import linalg as linalg_ops
+    entered = []
+    real = blas.single_threaded
+
+    def counting():
+        entered.append(1)
+        return real()
+    monkeypatch.setattr(blas, "single_threaded", counting)
+    mm = lambda a, b: GF.matmul(gradcore.Tensor(a), gradcore.Tensor(b)).numpy()
+    mid = (rnd(100, 128), rnd(128, 64, seed=1))              # 819,200 multiply-adds
+    assert linalg_ops._OPENBLAS_ONE_THREAD < 100 * 128 * 64 < min(onednn.matmul_min, onednn.grain)
+    close(mm(*mid), mid[0] @ mid[1], rtol=1e-5, atol=1e-5)
+    assert len(entered) == 1
+    mm(rnd(8, 8), rnd(8, 8))
+    big = rnd(256, 256).astype(np.float64)
+    mm(big, big)                                             # 1.7e7: every thread
+    assert len(entered) == 1

@@ -73,6 +73,7 @@ cdef void* _lib = NULL
 cdef dnnl_engine_t _engine = NULL
 cdef dnnl_stream_t _stream = NULL
 cdef int _threads = 0          # 0: OpenMP's own count (OMP_NUM_THREADS); else set before each run
+cdef int _omp_threads = 0      # OpenMP's count when the library loaded (omp_set_num_threads changes it after)
 
 _STATUS = {1: "out of memory", 2: "invalid arguments", 3: "unimplemented", 4: "last implementation reached",
            5: "runtime error", 6: "not required"}
@@ -109,7 +110,7 @@ def load(str path):
     """Open libdnnl at ``path`` (once per process) and make the CPU engine
     and stream; returns (major, minor, patch, git hash). Raises OSError
     when the library does not load or lacks a function."""
-    global _lib, _engine, _stream
+    global _lib, _engine, _stream, _omp_threads
     if _lib != NULL:
         return version()
     cdef bytes bpath = path.encode()
@@ -135,6 +136,7 @@ def load(str path):
     _check(api.engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create (cpu)")
     _check(api.stream_create(&stream, engine, dnnl_stream_in_order), "dnnl_stream_create")
     _lib, _engine, _stream = lib, engine, stream
+    _omp_threads = max(api.omp_get_max_threads(), 1)
     return version()
 
 
@@ -163,19 +165,25 @@ def set_num_threads(int n):
     _threads = max(n, 0)
 
 
-def use_threads():
-    """Give this thread's OpenMP the set_num_threads count, if one is set:
+cdef inline void _use(int n) noexcept nogil:
+    if api.omp_get_max_threads() != n:
+        api.omp_set_num_threads(n)
+
+
+def use_threads(int n=0):
+    """Give this thread's OpenMP ``n`` threads (0: ``max_threads()``):
     oneDNN splits a primitive's work for the thread count at its creation,
     so a primitive is made under the count it will run with."""
-    if _lib != NULL and _threads > 0 and api.omp_get_max_threads() != _threads:
-        api.omp_set_num_threads(_threads)
+    if _lib != NULL:
+        _use(n if n > 0 else (_threads if _threads > 0 else _omp_threads))
 
 
 def max_threads() -> int:
-    """The threads a primitive run now gets (this thread's OpenMP setting, or set_num_threads)."""
+    """The threads a large primitive gets: set_num_threads's count, else
+    OpenMP's when the library loaded (OMP_NUM_THREADS)."""
     if _lib == NULL:
         return 0
-    return _threads if _threads > 0 else api.omp_get_max_threads()
+    return _threads if _threads > 0 else _omp_threads
 
 
 # ---------------------------------------------------------------- memory descriptors
@@ -325,6 +333,7 @@ cdef class Primitive:
     cdef readonly size_t workspace_bytes
     cdef readonly str impl
     cdef readonly tuple arg_ids
+    cdef public int threads                  # OpenMP threads it runs on (made under this count); 0: max_threads()
 
     def __dealloc__(self):
         cdef int i
@@ -373,12 +382,12 @@ cdef class Primitive:
         cdef bint mine = not self.busy
         cdef dnnl_status_t status = dnnl_success
         cdef void* rp[3]
+        cdef int threads = self.threads if self.threads > 0 else (_threads if _threads > 0 else _omp_threads)
         if mine:
             self.busy = True
         try:
             with nogil:
-                if _threads > 0 and api.omp_get_max_threads() != _threads:
-                    api.omp_set_num_threads(_threads)
+                _use(threads)
                 if any_reorder:
                     for i in range(n):
                         if re_prim[i] != NULL and self.is_input[i] and status == dnnl_success:
@@ -597,11 +606,26 @@ def batch_norm(int kind, tuple shape, float eps, bint blocked=False):
                       (True,) * 5 + (False,) * 3)
 
 
-def matmul(tuple a, tuple b, tuple c):
-    """A matmul primitive, plain float32: c (M, N) = a (M, K) @ b (K, N)
-    (args src, weights, dst)."""
+cdef _Md _strided(tuple dims, tuple strides):
+    """A float32 descriptor of ``dims`` with ``strides`` in elements (a transposed view)."""
+    cdef dnnl_dim_t d[DNNL_MAX_NDIMS]
+    cdef dnnl_dim_t st[DNNL_MAX_NDIMS]
+    _fill(d, dims)
+    _fill(st, strides)
+    cdef _Md out = _Md()
+    _check(api.md_create_with_strides(&out.md, len(dims), d, dnnl_f32, st),
+           f"dnnl_memory_desc_create_with_strides {dims} {strides}")
+    return out
+
+
+def matmul(tuple a, tuple b, tuple c, tuple a_strides=None, tuple b_strides=None):
+    """A matmul primitive on float32: c (M, N) = a (M, K) @ b (K, N) (args
+    src, weights, dst), c row-major; a and b row-major, or with the given
+    strides (in elements: (1, M) is a's transposed view)."""
     _require()
-    cdef _Md s = _plain(a), w = _plain(b), d = _plain(c)
+    cdef _Md s = _strided(a, a_strides) if a_strides is not None else _plain(a)
+    cdef _Md w = _strided(b, b_strides) if b_strides is not None else _plain(b)
+    cdef _Md d = _plain(c)
     cdef _Attr attr = _Attr(False)
     cdef _Pd pd = _Pd()
     _check(api.matmul_pd(&pd.pd, _engine, s.md, w.md, NULL, d.md, attr.attr), f"matmul {a} @ {b}")

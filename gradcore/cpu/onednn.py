@@ -20,7 +20,9 @@ NumPy code when the answer is None), float32 only:
   holding a NaN runs the NumPy path, which propagates it) and average
   pooling (padding counted or not);
 - ``batch_norm_training``/``batch_norm_inference``/``batch_norm_backward``:
-  the BatchNorm ops of ``gradcore/ops/nn.py``.
+  the BatchNorm ops of ``gradcore/ops/nn.py``;
+- ``matmul``: MatrixMul's float32 products with one (K, N) b of at least
+  ``matmul_min`` multiply-adds (transposed views read in place).
 
 Primitives are made once per (direction, shapes, attributes, threads) and
 kept in a bounded LRU cache (``cache_limit``; ``stats()``). Tensors stay
@@ -30,7 +32,9 @@ from gradcore's host memory pool). A configuration oneDNN has no
 implementation for is remembered and runs the NumPy path.
 
 Threads: OpenMP's (``OMP_NUM_THREADS``), or gradcore's setting:
-``set_num_threads(n)`` or ``GRADCORE_ONEDNN_THREADS=n`` (0: OpenMP's).
+``set_num_threads(n)`` or ``GRADCORE_ONEDNN_THREADS=n`` (0: OpenMP's), for
+primitives of at least ``grain`` multiply-adds; smaller ones are made and
+run on one thread (``threads_for``; ``GRADCORE_ONEDNN_GRAIN``).
 Results are deterministic for a given thread count (oneDNN's CPU kernels
 split work statically; PyTorch's CPU backend gives the same guarantee).
 
@@ -47,12 +51,14 @@ Example::
 from __future__ import annotations
 
 import collections
+import ctypes
 import ctypes.util
 import os
 import site
 import sys
 import sysconfig
 import threading
+from math import prod
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -74,6 +80,17 @@ cache_limit = 512               # primitives kept (least recently used dropped f
 conv_layout = "auto"
 # batch norm's: "plain" or "blocked" (16-channel blocks, reorders around the run), "auto": see _bn_blocked
 bn_layout = "auto"
+
+# the thread policy (docs/cpu.md, "Threads"): a primitive whose work is
+# below ``grain`` multiply-adds runs on one thread, others on num_threads().
+# Measured on this 2-core machine (bench_onednn.py --grain, best rounds):
+# two threads paid from 2.4-4.7e6 multiply-adds of a convolution (1.0x at
+# 2.4e6, 0.73x at 4.7e6, 1.22x at 3e5); pooling and batch norm (memory
+# bound) gained nothing up to 8e6 elements, so each element they touch
+# counts as a quarter of a multiply-add (threads from 1.6e7 elements)
+grain = 4e6
+POOL_COST = 0.25
+BN_COST = 0.25
 
 _F32 = np.dtype(np.float32)
 _lock = threading.Lock()
@@ -178,6 +195,7 @@ def load() -> bool:
                 # (1024 by default) would keep a second reference to each, with
                 # its JIT code, past cache_limit's evictions and clear_cache()
                 _onednn.set_primitive_cache_capacity(0)
+            _grain_from_environment()
             threads = os.environ.get("GRADCORE_ONEDNN_THREADS")
             if threads:
                 try:
@@ -189,6 +207,16 @@ def load() -> bool:
         _load_error = ("libdnnl was not found: pip install onednn-cpu-gomp==2023.2.0 (gradcore depends on it "
                        "on x86-64 Linux)" if not errors else "libdnnl does not load: " + "; ".join(errors))
         return False
+
+
+def _grain_from_environment():
+    global grain
+    value = os.environ.get("GRADCORE_ONEDNN_GRAIN")
+    if value:
+        try:
+            grain = float(value)
+        except ValueError:
+            raise ValueError(f"GRADCORE_ONEDNN_GRAIN must be a number of multiply-adds, got {value!r}") from None
 
 
 def version() -> Optional[str]:
@@ -222,7 +250,8 @@ def status() -> str:
 
 
 def set_num_threads(n: int) -> None:
-    """Run oneDNN's primitives on ``n`` threads (0: follow OMP_NUM_THREADS).
+    """Run oneDNN's primitives on ``n`` threads (0: follow OMP_NUM_THREADS);
+    those below ``grain`` multiply-adds run on one.
     Example: ``gradcore.cpu.onednn.set_num_threads(1)``."""
     n = int(n)
     if n < 0:
@@ -232,7 +261,8 @@ def set_num_threads(n: int) -> None:
 
 
 def num_threads() -> int:
-    """The threads a oneDNN primitive runs on now (0 when oneDNN is not loaded)."""
+    """The threads a large oneDNN primitive runs on now (0 when oneDNN is
+    not loaded); ``threads_for(work)`` says what one of ``work`` gets."""
     return _onednn.max_threads() if load() else 0
 
 
@@ -244,10 +274,67 @@ def stats() -> dict:
 
 
 def clear_cache() -> None:
-    """Drop every cached primitive (and the memory of refused configurations)."""
+    """Drop every cached primitive (and the memory of refused
+    configurations), and give back the resident pages of libdnnl's code
+    (``drop_code_pages``).
+
+    Example::
+
+        >>> clear_cache()          # after training: the primitives' JIT code and libdnnl's pages go
+    """
     with _lock:
         _cache.clear()
         _refused.clear()
+    drop_code_pages()
+
+
+_MADV_DONTNEED = 4
+
+
+def drop_code_pages() -> int:
+    """Give back the resident pages of libdnnl's machine code (its
+    read-execute mappings) and return how many bytes were mapped there.
+
+    Creating primitives runs a large part of the library's code (the
+    implementation lists, the JIT generators): ~20 MB of its pages stay
+    resident after the primitives are gone, 18-20% of the demo's peak.
+    The pages are clean copies of the file (the mapping is checked to hold
+    no private or anonymous pages first), so madvise(MADV_DONTNEED) drops
+    them from this process's memory and a later call faults them back in
+    from the page cache (~5,000 minor faults, a few ms, once). Linux only;
+    elsewhere, or if anything is unexpected, nothing is done (0).
+
+    Example::
+
+        >>> drop_code_pages()      # 44 MB of mappings given back (their resident part: ~20 MB)
+    """
+    if not _loaded or not sys.platform.startswith("linux"):
+        return 0
+    try:
+        lib = os.path.realpath(_path)
+        ranges, cur, clean = [], None, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if head and "-" in head[0] and not head[0].endswith(":"):       # a mapping's first line
+                    if cur is not None and clean:
+                        ranges.append(cur)
+                    cur = None
+                    if len(head) >= 6 and head[1] == "r-xp" and os.path.realpath(head[5]) == lib:
+                        cur, clean = tuple(int(v, 16) for v in head[0].split("-")), True
+                elif cur is not None and head and head[0] in ("Private_Dirty:", "Anonymous:") and head[1] != "0":
+                    clean = False                 # a written page (text relocations, a debugger): keep all
+        if cur is not None and clean:
+            ranges.append(cur)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        done = 0
+        for start, end in ranges:
+            if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+                done += end - start
+        return done
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 def refused() -> dict:
@@ -257,10 +344,36 @@ def refused() -> dict:
 
 
 # ---------------------------------------------------------------- the primitive cache
-def _primitive(key: tuple, make):
-    """The cached primitive of ``key`` (made by ``make()`` on a miss), or
-    None where oneDNN has no implementation for it."""
-    key = key + (_onednn.max_threads(),)
+def threads_for(work: float) -> int:
+    """The OpenMP threads a primitive of ``work`` units gets: one below
+    ``grain``, else ``num_threads()``.
+
+    Example::
+
+        >>> threads_for(1e3), threads_for(1e9)     # (1, 2) on 2 threads
+    """
+    n = _onednn.max_threads() if _onednn is not None else 0
+    return 1 if n > 1 and work < grain else n
+
+
+def _conv_work(yshape, wshape) -> int:
+    """A convolution's multiply-adds (each direction's): every output
+    element of every image times C / groups * prod(kernel)."""
+    return prod(yshape) * prod(wshape[1:])
+
+
+def _pool_work(xshape, yshape, kernel) -> float:
+    """Pooling's work in multiply-add units: each window's elements (and
+    the input read once), at POOL_COST."""
+    return (prod(yshape) * prod(kernel) + prod(xshape)) * POOL_COST
+
+
+def _primitive(key: tuple, make, work: float):
+    """The cached primitive of ``key`` (made by ``make()`` on a miss) for
+    ``work`` units (``threads_for``), or None where oneDNN has no
+    implementation for it."""
+    threads = threads_for(work)
+    key = key + (threads,)
     with _lock:
         prim = _cache.get(key)
         if prim is not None:
@@ -275,9 +388,10 @@ def _primitive(key: tuple, make):
     # work split and scratchpad then, and a primitive made for OpenMP's
     # default of 2 threads but run on 1 took 3-6 ms instead of 20 us (the
     # weight gradient of a 1-channel convolution)
-    _onednn.use_threads()
+    _onednn.use_threads(threads)
     try:
         prim = make()
+        prim.threads = threads
     except _onednn.OnednnError as exc:     # unimplemented, invalid arguments: the NumPy path runs it
         with _lock:
             _refused[key] = str(exc)
@@ -361,7 +475,7 @@ def conv_forward(x, w, stride, padding, dilation, groups=1, bias=None, relu=Fals
     blk = _blocked(0, x.shape[1], groups)
     key = ("conv", 0, x.shape, w.shape, st, pl, dil, groups, bias is not None, bool(relu), blk)
     prim = _primitive(key, lambda: _onednn.convolution(0, x.shape, wd, yshape, st, dil, pl, pr, bias is not None,
-                                                       bool(relu), blk))
+                                                       bool(relu), blk), _conv_work(yshape, w.shape))
     if prim is None:
         return None
     y = np.empty(yshape, _F32)
@@ -381,7 +495,8 @@ def conv_backward_data(g, w, xshape, stride, padding, dilation, groups=1):
     wd, st, dil, pl, pr = _conv_geometry(xshape, w.shape, g.shape, stride, padding, dilation, groups)
     blk = _blocked(1, xshape[1], groups)
     key = ("conv", 1, xshape, w.shape, g.shape, st, pl, dil, groups, blk)
-    prim = _primitive(key, lambda: _onednn.convolution(1, xshape, wd, g.shape, st, dil, pl, pr, False, False, blk))
+    prim = _primitive(key, lambda: _onednn.convolution(1, xshape, wd, g.shape, st, dil, pl, pr, False, False, blk),
+                      _conv_work(g.shape, w.shape))
     if prim is None:
         return None
     dx = np.empty(xshape, _F32)
@@ -389,21 +504,23 @@ def conv_backward_data(g, w, xshape, stride, padding, dilation, groups=1):
     return dx
 
 
-def fuse_bias_gradient() -> bool:
-    """Whether the convolutions' bias gradient comes from the weight-gradient
-    primitive (``conv_backward_weights(..., bias=True)``): on one thread.
-    On more, the primitive adds a cross-thread reduction and its barriers,
-    and the op sums g with NumPy instead. Measured on a shared 2-core
-    machine (the digits CNN's layers, batch 32): on one thread the fused
-    gradient took 30 / 61 us against 39 / 80 us for the primitive plus a
-    NumPy sum; on two threads, under load, the 1-channel layer's took
-    1.0 ms (median; 2.8 ms mean) against 0.7 ms (1.5 ms) unfused.
+def fuse_bias_gradient(gshape: Sequence[int], wshape: Sequence[int]) -> bool:
+    """Whether a convolution's bias gradient should come from its
+    weight-gradient primitive (``conv_backward_weights(..., bias=True)``)
+    given the output gradient's and the weight's shapes: where that
+    primitive runs on one thread (``threads_for``). On more, the primitive
+    adds a cross-thread reduction and its barriers, and the op sums g with
+    NumPy instead. Measured on a shared 2-core machine (the digits CNN's
+    layers, batch 32): on one thread the fused gradient took 30 / 61 us
+    against 39 / 80 us for the primitive plus a NumPy sum; on two threads,
+    under load, the 1-channel layer's took 1.0 ms (median; 2.8 ms mean)
+    against 0.7 ms (1.5 ms) unfused.
 
     Example::
 
-        >>> fuse_bias_gradient()       # True after set_num_threads(1)
+        >>> fuse_bias_gradient((32, 16, 8, 8), (16, 1, 3, 3))    # True: a small layer runs on one thread
     """
-    return num_threads() == 1
+    return threads_for(_conv_work(gshape, wshape)) == 1
 
 
 def conv_backward_weights(g, x, wshape, stride, padding, dilation, groups=1, bias=False):
@@ -417,7 +534,7 @@ def conv_backward_weights(g, x, wshape, stride, padding, dilation, groups=1, bia
     blk = _blocked(2, x.shape[1], groups)
     key = ("conv", 2, x.shape, wshape, g.shape, st, pl, dil, groups, bool(bias), blk)
     prim = _primitive(key, lambda: _onednn.convolution(2, x.shape, wd, g.shape, st, dil, pl, pr, bool(bias), False,
-                                                       blk))
+                                                       blk), _conv_work(g.shape, wshape))
     if prim is None:
         return None
     dw = np.empty(wshape, _F32)
@@ -466,8 +583,8 @@ def pool_forward(x, kind, kernel, stride, padding):
     yshape, k, s, p, pr = _pool_geometry(x.shape, kernel, stride, padding)
     if min(yshape) < 1:
         return None
-    prim = _primitive(("pool", 1, kind, x.shape, k, s, p), lambda: _onednn.pooling(1, kind, x.shape, yshape, s, k, p,
-                                                                                   pr))
+    prim = _primitive(("pool", 1, kind, x.shape, k, s, p),
+                      lambda: _onednn.pooling(1, kind, x.shape, yshape, s, k, p, pr), _pool_work(x.shape, yshape, k))
     if prim is None:
         return None
     if kind == "max" and np.isnan(x.max()):
@@ -490,8 +607,9 @@ def pool_backward(g, x, kind, kernel, stride, padding, xshape=None):
     yshape, k, s, p, pr = _pool_geometry(xshape, kernel, stride, padding)
     if tuple(g.shape) != yshape:
         return None
-    bwd = _primitive(("pool", 2, kind, xshape, k, s, p), lambda: _onednn.pooling(2, kind, xshape, yshape, s, k, p,
-                                                                                 pr))
+    work = _pool_work(xshape, yshape, k)
+    bwd = _primitive(("pool", 2, kind, xshape, k, s, p), lambda: _onednn.pooling(2, kind, xshape, yshape, s, k, p, pr),
+                     work)
     if bwd is None:
         return None
     dx = np.empty(xshape, _F32)
@@ -500,8 +618,8 @@ def pool_backward(g, x, kind, kernel, stride, padding, xshape=None):
         return dx
     if x is None or not _usable(x):
         return None
-    fwd = _primitive(("pool", 0, kind, xshape, k, s, p), lambda: _onednn.pooling(0, kind, xshape, yshape, s, k, p,
-                                                                                 pr))
+    fwd = _primitive(("pool", 0, kind, xshape, k, s, p), lambda: _onednn.pooling(0, kind, xshape, yshape, s, k, p, pr),
+                     work)
     if fwd is None:
         return None
     if np.isnan(x.max()):
@@ -513,18 +631,53 @@ def pool_backward(g, x, kind, kernel, stride, padding, xshape=None):
     return dx
 
 
-# ---------------------------------------------------------------- matmul (measured, not wired: see docs/cpu.md)
-def matmul(a, b):
-    """a (M, K) @ b (K, N) on oneDNN's matmul primitive, or None. The ops
-    do not call it: NumPy's BLAS is as fast here (benchmarks/bench_onednn.py)."""
-    if not _usable(a, b) or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+# ---------------------------------------------------------------- matmul
+def _elem_strides(a):
+    """a's strides in elements where they are a row-major or transposed
+    2-d layout oneDNN reads in place (unit stride on one axis), else None."""
+    if a.ndim != 2:
         return None
-    prim = _primitive(("matmul", a.shape, b.shape), lambda: _onednn.matmul(a.shape, b.shape,
-                                                                            (a.shape[0], b.shape[1])))
+    s0, s1 = (st // a.itemsize for st in a.strides)
+    if a.strides[0] % a.itemsize or a.strides[1] % a.itemsize:
+        return None
+    if (s1 == 1 and s0 >= max(a.shape[1], 1)) or (s0 == 1 and s1 >= max(a.shape[0], 1)):
+        return (s0, s1)
+    return None
+
+
+# below this many multiply-adds NumPy's OpenBLAS is faster (oneDNN's call
+# costs ~8 us more from Python): measured on the MLP's GEMMs, one thread,
+# (128, 10) x (10, 512) 1.3x, (32, 512) x (512, 10) 2.5x, (128, 512) x
+# (512, 10) 0.81x; the large ones 0.62-0.99x (bench_onednn.py --only matmul)
+matmul_min = 1 << 20
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> Optional[np.ndarray]:
+    """a (M, K) @ b (K, N) on oneDNN's matmul primitive, or None (not
+    float32, or fewer than ``matmul_min`` multiply-adds, where NumPy's BLAS
+    is faster). a and b may be row-major or transposed views (``w.T``),
+    read in place.
+
+    Example::
+
+        >>> matmul(x, w.T)            # x @ w.T, w of shape (N, K)
+    """
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or not _usable(a, b):
+        return None
+    if a.shape[0] * a.shape[1] * b.shape[1] < matmul_min:
+        return None
+    sa, sb = _elem_strides(a), _elem_strides(b)
+    if sa is None:
+        a, sa = np.ascontiguousarray(a), (a.shape[1], 1)
+    if sb is None:
+        b, sb = np.ascontiguousarray(b), (b.shape[1], 1)
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    key = ("matmul", a.shape, sa, b.shape, sb)
+    prim = _primitive(key, lambda: _onednn.matmul(a.shape, b.shape, (m, n), sa, sb), m * k * n)
     if prim is None:
         return None
-    c = np.empty((a.shape[0], b.shape[1]), _F32)
-    prim.run(_c(a), _c(b), c)
+    c = np.empty((m, n), _F32)
+    prim.run(a, b, c)
     return c
 
 
@@ -548,7 +701,7 @@ def _bn_primitive(kind: int, x, eps):
     2 backward) for ``x``'s shape, or None where oneDNN refuses it."""
     blk = _bn_blocked(x)
     return _primitive(("bn", kind, x.shape, float(eps), blk),
-                      lambda: _onednn.batch_norm(kind, tuple(x.shape), float(eps), blk))
+                      lambda: _onednn.batch_norm(kind, tuple(x.shape), float(eps), blk), x.size * BN_COST)
 
 
 def _param_shape(x):
@@ -607,6 +760,7 @@ def batch_norm_backward(g, x, weight, mean, invstd, eps):
 
 
 __all__ = ["enabled", "cache_limit", "candidate_paths", "load", "version", "library_path", "why_not", "status",
-           "set_num_threads", "num_threads", "stats", "clear_cache", "refused", "conv_forward",
-           "conv_backward_data", "conv_backward_weights", "fuse_bias_gradient", "conv_transpose", "pool_forward", "pool_backward",
-           "batch_norm_training", "batch_norm_inference", "batch_norm_backward"]
+           "set_num_threads", "num_threads", "grain", "threads_for", "matmul_min", "matmul", "stats", "clear_cache", "drop_code_pages",
+           "refused", "conv_forward", "conv_backward_data", "conv_backward_weights", "fuse_bias_gradient",
+           "conv_transpose", "pool_forward", "pool_backward", "batch_norm_training", "batch_norm_inference",
+           "batch_norm_backward"]

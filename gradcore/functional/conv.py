@@ -65,10 +65,10 @@ def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mo
     dilation = _per_axis(name, "dilation", dilation, n, 1)
     if output_padding is None:
         op = _Convolution(*attrs, dilation, groups)
-        b = None if bias is None else _op_bias(x, w, bias, n)
+        b = None if bias is None else _op_bias(x, w, bias, n, lambda: w.shape[0])
     else:
         op = _ConvTranspose(*attrs, _per_axis(name, "output_padding", output_padding, n, 0), dilation, groups)
-        b = None
+        b = None if bias is None else _op_bias(x, w, bias, n, lambda: w.shape[1] * groups)
     try:
         out = _apply(op, x, w)[0] if b is None else _apply(op, x, w, b)[0]
     except OpError as exc:
@@ -76,9 +76,11 @@ def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mo
     return out if bias is None or b is not None else _channel_bias(name, out, _t(bias, out))
 
 
-def _op_bias(x: Tensor, w: Tensor, bias, n: int) -> Optional[Tensor]:
-    """``bias`` as the Convolution op's third input (the convolution and its
-    bias add as one op: one node recorded, one oneDNN primitive), or None
+def _op_bias(x: Tensor, w: Tensor, bias, n: int, channels) -> Optional[Tensor]:
+    """``bias`` as the Convolution or ConvTranspose op's third input (the
+    convolution and its bias add as one op: one node recorded; Convolution
+    on oneDNN adds it inside its primitive), ``channels()`` giving the
+    output channels once the shapes are known, or None
     where it is added as a broadcast op after it, which gives exactly what
     the op would not: a bias that is not one value per output channel, (O,)
     or (1, O, 1, ...), one of another dtype than the convolution's output
@@ -93,7 +95,7 @@ def _op_bias(x: Tensor, w: Tensor, bias, n: int) -> Optional[Tensor]:
         if hasattr(bias, "trace"):
             return None
         bias = _t(bias, _Like(dtype, x.device))     # as _t(bias, out) would make it
-    o = w.shape[0]
+    o = channels()
     if (bias.dtype != dtype or bias.device != x.device
             or tuple(bias.shape) not in ((o,), (1, o) + (1,) * n)):
         return None
@@ -204,7 +206,8 @@ def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     padding + dilation * (KH - 1) + output_padding + 1, ...): the gradient of
     ``conv2d`` with respect to its input. ``output_padding`` must be smaller
     than the stride. ``bias`` broadcasts against the output, e.g. (1, C_out,
-    1, 1); a (C_out,) bias is one per channel.
+    1, 1); a (C_out,) bias is one per channel, added inside the op (one op
+    recorded).
 
     Example::
 

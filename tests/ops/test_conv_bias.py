@@ -3,7 +3,8 @@ with a per-channel bias, PyTorch's (O,) or MegEngine's (1, O, 1, ...),
 record one Convolution node with the bias as its third input; its backward
 gives the bias gradient from ConvolutionBackwardFilter (one oneDNN
 primitive with the weight gradient), or from one reduction when the weight
-is frozen. Values and gradients against PyTorch (float64), both orders
+is frozen. F.conv_transpose1d/2d/3d likewise record one ConvTranspose node
+(the bias added in place after its kernel; its gradient one reduction). Values and gradients against PyTorch (float64), both orders
 against finite differences and torch's double backward, the backward
 graphs, the forms that stay a separate broadcast add, errors."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ import gradcore.module as M
 from gradcore import _core
 from gradcore.autodiff import GradManager
 from gradcore.core import TensorDesc, make_backward_graph
-from gradcore.ops import Convolution, ConvolutionBackwardFilter, Reduce, ReshapeLike
+from gradcore.ops import ConvTranspose, Convolution, ConvolutionBackwardFilter, Reduce, ReshapeLike
 from gradcore.testing import check_op
 
 from oracle import compare_second_order
@@ -52,23 +53,32 @@ def _fns(torch, n, stride, padding, dilation, groups):
     return gfn, tfn
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("case", list(CASES))
-def test_values_and_gradients_vs_torch(case, form, rng, h, torch):
+def _case(case, torch):
+    """(n, x shape, weight shape, output channels, gradcore fn, torch fn) of
+    a CASES key, or of a TCASES key prefixed "transpose " (conv_transpose)."""
+    if case.startswith("transpose "):
+        n, xs, ws, *attrs = TCASES[case[len("transpose "):]]
+        return (n, xs, ws, ws[1] * attrs[-1]) + _tfns(torch, n, *attrs)
     n, xs, ws, *attrs = CASES[case]
-    gfn, tfn = _fns(torch, n, *attrs)
-    h.compare(torch, gfn, tfn, [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, ws[0], form)],
+    return (n, xs, ws, ws[0]) + _fns(torch, n, *attrs)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("case", list(CASES) + ["transpose 1d", "transpose 2d", "transpose 2d-grouped",
+                                                "transpose 3d"])
+def test_values_and_gradients_vs_torch(case, form, rng, h, torch):
+    n, xs, ws, o, gfn, tfn = _case(case, torch)
+    h.compare(torch, gfn, tfn, [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, o, form)],
               need_grads=True, **TOL)
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("case", ["1d-strided-grouped", "2d-grouped", "3d"])
+@pytest.mark.parametrize("case", ["1d-strided-grouped", "2d-grouped", "3d", "transpose 1d", "transpose 2d-grouped"])
 def test_second_order_vs_torch_double_backward(case, form, rng, torch):
-    n, xs, ws, *attrs = CASES[case]
-    gfn, tfn = _fns(torch, n, *attrs)
+    n, xs, ws, o, gfn, tfn = _case(case, torch)
     # a nonlinearity after the convolution: the second derivative reaches the bias
     compare_second_order(torch, lambda *t: gfn(*t) ** 2, lambda *t: tfn(*t) ** 2,
-                         [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, ws[0], form)], rng)
+                         [rng.standard_normal(xs), rng.standard_normal(ws), _bias(rng, n, o, form)], rng)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -142,8 +152,9 @@ def test_other_bias_forms_stay_a_broadcast_add(rng):
     np.testing.assert_allclose(y.numpy(), ref.astype(np.float64) + 1, rtol=1e-6)
     xt = gradcore.tensor(x)
     gm = GradManager().attach([xt])
-    with gm:
-        y = F.conv_transpose2d(xt, gradcore.tensor(w.transpose(1, 0, 2, 3).copy()), gradcore.tensor(np.ones(4, "f4")))
+    with gm:       # a per-element bias on a transposed convolution: also an add after it
+        y = F.conv_transpose2d(xt, gradcore.tensor(w.transpose(1, 0, 2, 3).copy()),
+                               gradcore.tensor(np.ones((1, 4, 7, 7), "f4")))
         assert [type(o).__name__ for o in _recorded_ops(y)] == ["ConvTranspose", "Elemwise"]
 
 
@@ -261,3 +272,90 @@ def test_empty_batch_with_bias(rng):
         gm.backward(y.sum())
     assert y.shape == (0, 4, 5, 5)
     assert not np.any(w.grad.numpy()) and not np.any(b.grad.numpy())
+
+
+# ---------------------------------------------------------------- conv_transpose with its bias
+# n spatial axes, x shape, weight shape (C_in, C_out // groups, *kernel), stride, padding, output_padding,
+# dilation, groups
+TCASES = {
+    "1d": (1, (2, 3, 6), (3, 4, 3), 2, 1, 1, 1, 1),
+    "2d": (2, (2, 4, 4, 5), (4, 3, 3, 2), (2, 1), (1, 0), (1, 0), 1, 1),
+    "2d-grouped": (2, (1, 4, 4, 4), (4, 2, 3, 3), 2, 1, 0, (1, 2), 2),
+    "3d": (3, (1, 2, 3, 4, 3), (2, 3, 2, 3, 2), (1, 2, 1), 1, 0, 1, 1),
+}
+
+
+def _tfns(torch, n, stride, padding, output_padding, dilation, groups):
+    g = {1: F.nn.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[n]
+    t = {1: torch.nn.functional.conv_transpose1d, 2: torch.nn.functional.conv_transpose2d,
+         3: torch.nn.functional.conv_transpose3d}[n]
+    tp = lambda v: tuple(v) if isinstance(v, tuple) else v
+    gfn = lambda x, w, b: g(x, w, b, stride, padding, output_padding, dilation, groups)
+    tfn = lambda x, w, b: t(x, w, b.reshape(-1), tp(stride), tp(padding), tp(output_padding), groups, tp(dilation))
+    return gfn, tfn
+
+
+@pytest.mark.parametrize("layout", ["float32", "float32 frozen weight"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_conv_transpose_with_bias_records_one_op(n, layout, rng, torch):
+    """One ConvTranspose node with b as its third input (float32: on oneDNN
+    where it loads); the bias gradient a sum of g, shaped like b, with the
+    weight attached or frozen."""
+    x = rng.standard_normal((2, 3) + (4,) * n).astype("float32")
+    w = rng.standard_normal((3, 2) + (3,) * n).astype("float32")
+    b = rng.standard_normal(2).astype("float32")
+    xt, wt, bt = gradcore.tensor(x), gradcore.tensor(w), gradcore.tensor(b)
+    gm = GradManager().attach([xt, bt] if "frozen" in layout else [xt, wt, bt])
+    fn = {1: F.nn.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[n]
+    with gm:
+        y = fn(xt, wt, bt, stride=2, padding=1)
+        ops = _recorded_ops(y)
+        gm.backward((y * y).sum())
+    assert [type(o) for o in ops] == [ConvTranspose]
+    tf = {1: torch.nn.functional.conv_transpose1d, 2: torch.nn.functional.conv_transpose2d,
+          3: torch.nn.functional.conv_transpose3d}[n]
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ty = tf(tx, tw, tb, stride=2, padding=1)
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bt.grad.numpy(), tb.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(xt.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    if "frozen" not in layout:
+        np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose_backward_graph_bias_by_one_reduction():
+    graph, mask, has = make_backward_graph(ConvTranspose((2, 1), (1, 1)), [D, D, D], [False, False, True], [True])
+    assert has == [False, False, True]
+    assert [type(o) for o in graph.ops] == [Reduce, ReshapeLike]
+    assert graph.ops[0].axis == (0, 2, 3)
+    graph, _, has = make_backward_graph(ConvTranspose((2, 1), (1, 1)), [D, D, D], [True, True, True], [True])
+    assert has == [True, True, True]
+    assert sorted(type(o).__name__ for o in graph.ops) == ["Convolution", "ConvolutionBackwardFilter", "Reduce",
+                                                          "ReshapeLike"]
+
+
+def test_conv_transpose_check_op_with_bias_examples():
+    report = check_op(ConvTranspose)
+    assert report.ok, report
+
+
+@pytest.mark.parametrize("bshape", [(3,), (6, 1), (1, 6, 1), (1, 6, 1, 2)])
+def test_conv_transpose_bias_the_op_does_not_take_names_it(bshape):
+    x, w = gradcore.tensor(np.ones((1, 4, 3, 3))), gradcore.tensor(np.ones((4, 3, 2, 2)))
+    with pytest.raises(ValueError, match=r"ConvTranspose.*bias must have one value per output channel, shaped "
+                                         r"\(6,\) or \(1, 6, 1, 1\)"):
+        ConvTranspose(1, 0, 0, 1, 2)(x, w, gradcore.tensor(np.ones(bshape)))
+
+
+def test_conv_transpose_module_records_one_op(rng):
+    m = M.ConvTranspose2d(3, 4, 3, stride=2, padding=1)
+    x = gradcore.tensor(rng.standard_normal((2, 3, 4, 4)).astype("float32"))
+    gm = GradManager().attach(m.parameters())
+    with gm:
+        y = m(x)
+        ops = _recorded_ops(y)
+        gm.backward(y.sum())
+    assert [type(o) for o in ops] == [ConvTranspose]
+    assert m.bias.grad.shape == m.bias.shape
+    np.testing.assert_allclose(m.bias.grad.numpy().reshape(-1), np.full(4, y.size // 4), rtol=1e-6)
