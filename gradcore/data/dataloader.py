@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import random as _pyrandom
+import select
 import signal
 import sys
 import time
@@ -365,26 +365,32 @@ class _PlainStr(str):
 
 
 def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> None:
-    """A worker process: take (seed, epoch, position, payload) tasks until
-    None, send back each batch's shared-memory description or its error."""
+    """A worker process: take (seed, epoch, position, payload, freed slots)
+    tasks until None, send back each batch's slot message or its error."""
     # Ctrl-C reaches the whole process group; the parent stops the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    slots = _shm.SlotWriter()
+    # one poll object for the whole life of the worker (Connection.poll
+    # builds a selector on every call)
+    poller = select.poll()
+    poller.register(task_conn.fileno(), select.POLLIN)
     try:
         while True:
-            if not task_conn.poll(_POLL_S):
+            if not poller.poll(_POLL_S * 1000):
                 if os.getppid() != parent_pid:       # the parent died: nobody will read
                     return
                 continue
             try:
-                task = task_conn.recv()
+                task = pickle.loads(task_conn.recv_bytes())
             except EOFError:
                 return
             if task is None:
                 return
-            seed, epoch, position, payload = task
+            seed, epoch, position, payload, freed = task
+            slots.release(freed)
             try:
                 batch = job.load(seed, epoch, position, payload, in_worker=True)
-                message = ("ok", position, _shm.pack(batch, _segment_name(prefix, epoch, position)))
+                message = ("ok", position, slots.write(batch, _segment_name(prefix, epoch, position)))
             except Exception as exc:
                 try:
                     cls = pickle.dumps(type(exc))
@@ -393,7 +399,7 @@ def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, paren
                 message = ("err", position, {"name": type(exc).__name__, "cls": cls,
                                              "traceback": traceback.format_exc()})
             try:
-                result_conn.send(message)
+                result_conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
             except (BrokenPipeError, OSError):
                 return
     except KeyboardInterrupt:
@@ -405,17 +411,39 @@ def _segment_name(prefix: str, epoch: int, position: int) -> str:
 
 
 class _Workers:
-    """The processes and pipes of one epoch (or of several, persistent);
-    ``stop()`` is idempotent and references neither the iterator nor the
-    loader, so it can run from their finalizers."""
+    """The processes, pipes and shared-memory slots of one epoch (or of
+    several, persistent); ``stop()`` is idempotent and references neither
+    the iterator nor the loader, so it can run from their finalizers."""
 
     def __init__(self):
         self.procs: List = []
         self.task_conns: List = []
         self.result_conns: List = []
+        self.slots: List[_shm.SlotReader] = []      # per worker
         self.prefix = ""
-        self.pending: set = set()       # segment names of batches sent and not yet unpacked
+        self.pending: set = set()       # segment names offered to tasks whose result is not read yet
         self.stopped = False
+        # one poll object over the result pipes and the processes' sentinels,
+        # made once (multiprocessing.connection.wait builds a selector per call)
+        self.poller = select.poll()
+        self.fds: Dict[int, tuple] = {}              # fd -> (is a sentinel, worker id)
+        self.dead: set = set()                       # workers whose sentinel fired
+        # what the batches cost to receive: messages and their pickled bytes
+        self.received = 0
+        self.received_bytes = 0
+
+    def add(self, proc, task_conn, result_conn) -> None:
+        wid = len(self.procs)
+        self.procs.append(proc)
+        self.task_conns.append(task_conn)
+        self.result_conns.append(result_conn)
+        self.slots.append(_shm.SlotReader())
+        for fd, sentinel in ((result_conn.fileno(), False), (proc.sentinel, True)):
+            self.poller.register(fd, select.POLLIN)
+            self.fds[fd] = (sentinel, wid)
+
+    def alive(self) -> bool:
+        return not self.stopped and not self.dead and all(p.is_alive() for p in self.procs)
 
     def stop(self) -> None:
         if self.stopped:
@@ -443,7 +471,8 @@ class _Workers:
                 conn.close()
             except OSError:
                 pass
-        # segments of batches made but never unpacked (all writers are gone now)
+        # slots created for batches never read (all writers are gone now);
+        # the slots already mapped stay until their last batch is dropped
         for name in self.pending:
             _shm.discard(name)
         self.pending.clear()
@@ -453,7 +482,7 @@ class _ParallelIter(_BaseIter):
     def __init__(self, loader: DataLoader, epoch: int, skip: int, sampler_state):
         super().__init__(loader, epoch, skip, sampler_state)
         pool = loader._pool if loader.persistent_workers else None
-        reuse = pool is not None and not pool.stopped and all(p.is_alive() for p in pool.procs)
+        reuse = pool is not None and pool.alive()
         self._workers = pool if reuse else _Workers()
         # an epoch left unfinished stops its workers, persistent or not
         self._finalizer = weakref.finalize(self, self._workers.stop)
@@ -490,9 +519,7 @@ class _ParallelIter(_BaseIter):
                 p.start()
                 task_r.close()
                 result_w.close()
-                w.procs.append(p)
-                w.task_conns.append(task_w)
-                w.result_conns.append(result_r)
+                w.add(p, task_w, result_r)
         except BaseException:
             self._shutdown()
             raise
@@ -505,11 +532,13 @@ class _ParallelIter(_BaseIter):
         except StopIteration:
             self._exhausted = True
             return False
-        position = self._next_send
+        position, w = self._next_send, self._workers
         wid = position % self.loader.num_workers
-        self._workers.pending.add(_segment_name(self._workers.prefix, self.epoch, position))
+        # the name under which the worker may create a slot for this batch
+        w.pending.add(_segment_name(w.prefix, self.epoch, position))
         self._owner[position] = wid
-        self._workers.task_conns[wid].send((self.seed, self.epoch, position, payload))
+        task = (self.seed, self.epoch, position, payload, w.slots[wid].take_freed())
+        w.task_conns[wid].send_bytes(pickle.dumps(task, pickle.HIGHEST_PROTOCOL))
         self._next_send += 1
         return True
 
@@ -521,7 +550,7 @@ class _ParallelIter(_BaseIter):
         if self._finished:
             raise StopIteration
         try:
-            position = self.position
+            position, w = self.position, self._workers
             if position >= self._next_send:       # nothing in flight: the epoch is over
                 if self.loader.persistent_workers:
                     self._finished = True
@@ -532,12 +561,12 @@ class _ParallelIter(_BaseIter):
             wid, message = self._wait_for(position)
             self._owner.pop(position, None)
             status, _, body = message
-            name = _segment_name(self._workers.prefix, self.epoch, position)
             if status == "err":
-                self._workers.pending.discard(name)
+                w.pending.discard(_segment_name(w.prefix, self.epoch, position))
                 _reraise(wid, position, body)
-            batch = _shm.unpack(body)
-            self._workers.pending.discard(name)
+            batch = w.slots[wid].read(body)
+            # read (mapped and unlinked, if it made a slot): no longer pending
+            w.pending.discard(_segment_name(w.prefix, self.epoch, position))
             self.position += 1
             self._send_one()
             return batch
@@ -550,36 +579,38 @@ class _ParallelIter(_BaseIter):
     def _wait_for(self, position: int):
         loader, w = self.loader, self._workers
         start = time.monotonic()
-        conn_wid = {id(c): i for i, c in enumerate(w.result_conns)}
-        sentinel_wid = {p.sentinel: i for i, p in enumerate(w.procs)}
         while position not in self._ready:
+            owner = self._owner.get(position)
+            if owner in w.dead:
+                self._raise_died(owner, position)
             wait_s = _POLL_S
             if loader.timeout:
                 left = loader.timeout - (time.monotonic() - start)
                 if left <= 0:
                     self._raise_timeout(position)
                 wait_s = min(wait_s, left)
-            objs = multiprocessing.connection.wait(list(w.result_conns) + list(sentinel_wid), wait_s)
-            dead = []
-            for obj in objs:
-                if isinstance(obj, int):
-                    dead.append(sentinel_wid[obj])
-                    continue
-                self._receive(conn_wid[id(obj)], obj)
-            for wid in dead:
-                conn = w.result_conns[wid]
-                while position not in self._ready and conn.poll():   # what it sent before dying
-                    if not self._receive(wid, conn):
-                        break
-                if position not in self._ready and self._owner.get(position) == wid:
-                    self._raise_died(wid, position)
+            for fd, _ in w.poller.poll(wait_s * 1000):
+                sentinel, wid = w.fds[fd]
+                if sentinel:
+                    # what it sent before dying is still in its pipe
+                    conn = w.result_conns[wid]
+                    while conn.poll() and self._receive(wid, conn):
+                        pass
+                    w.dead.add(wid)
+                    w.poller.unregister(fd)
+                elif not self._receive(wid, w.result_conns[wid]):
+                    w.poller.unregister(fd)        # its end closed: the sentinel follows
         return self._ready.pop(position)
 
     def _receive(self, wid: int, conn) -> bool:
         try:
-            message = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return False
+        message = pickle.loads(data)
+        w = self._workers
+        w.received += 1
+        w.received_bytes += len(data)
         self._ready[message[1]] = (wid, message)
         return True
 
