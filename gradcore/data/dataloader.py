@@ -58,6 +58,7 @@ __all__ = ["DataLoader"]
 _POLL_S = 1.0
 # how long stopping waits for workers to leave on their own before killing them
 _JOIN_S = 2.0
+_STOP = pickle.dumps(None)      # the task that tells a worker to leave
 
 
 class DataLoader:
@@ -500,38 +501,42 @@ class _ParallelIter(_BaseIter):
         self._next_send = skip
         self._exhausted = False
         if not reuse:
-            self._start()
             if loader.persistent_workers:
                 if pool is not None:
                     pool.stop()
                 loader._pool = self._workers
                 weakref.finalize(loader, self._workers.stop)
         try:
-            for _ in range(loader.num_workers * loader.prefetch_factor):
-                if not self._send_one():
-                    break
+            if not reuse:
+                self._start()
+            self._fill()
         except BaseException:
             self._shutdown()
             raise
+
+    def _fill(self) -> None:
+        """Send tasks until ``prefetch_factor`` per started worker are in flight."""
+        started = len(self._workers.procs)
+        while (len(self._owner) < started * self.loader.prefetch_factor
+               and self._next_send % self.loader.num_workers < started and self._send_one()):
+            pass
 
     def _start(self) -> None:
         loader, w = self.loader, self._workers
         ctx = multiprocessing.get_context(loader.multiprocessing_context)
         # short (macOS allows 31 characters) and unique per epoch and process
         w.prefix = f"/gcdl{os.getpid()}_{uuid.uuid4().hex[:8]}_"
-        try:
-            for wid in range(loader.num_workers):
-                task_r, task_w = ctx.Pipe(duplex=False)
-                result_r, result_w = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker_loop, name=f"gradcore-dataloader-{wid}", daemon=True,
-                                args=(wid, _Job(loader), task_r, result_w, w.prefix, os.getpid()))
-                p.start()
-                task_r.close()
-                result_w.close()
-                w.add(p, task_w, result_r)
-        except BaseException:
-            self._shutdown()
-            raise
+        for wid in range(loader.num_workers):
+            task_r, task_w = ctx.Pipe(duplex=False)
+            result_r, result_w = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker_loop, name=f"gradcore-dataloader-{wid}", daemon=True,
+                            args=(wid, _Job(loader), task_r, result_w, w.prefix, os.getpid()))
+            p.start()
+            task_r.close()
+            result_w.close()
+            w.add(p, task_w, result_r)
+            # its first batch is under way while the next worker is forked
+            self._fill()
 
     def _send_one(self) -> bool:
         if self._exhausted:
@@ -540,6 +545,11 @@ class _ParallelIter(_BaseIter):
             payload = next(self._payloads)
         except StopIteration:
             self._exhausted = True
+            if not self.loader.persistent_workers:
+                # no more tasks: the workers leave after their last batch,
+                # while the loop uses the last batches (not at the end)
+                for conn in self._workers.task_conns:
+                    conn.send_bytes(_STOP)
             return False
         position, w = self._next_send, self._workers
         wid = position % self.loader.num_workers
