@@ -2,14 +2,24 @@
 loaded in the main process or in worker processes.
 
 With ``num_workers > 0`` each iteration (epoch) starts that many worker
-processes (with ``persistent_workers=True`` they are started once and kept
-for the next epochs while the loader lives). The parent hands out batches (lists of indices) round-robin,
-keeping ``prefetch_factor`` batches per worker in flight; a worker reads
-the samples, transforms and collates them and writes the arrays into a
-shared-memory segment (see ``gradcore.data._shm``); the parent yields the
-batches in the sampler's order, whatever order they finish in. Workers are
-stopped when the epoch ends (unless persistent), when the loop is left
-(``break``, an exception, the iterator dropped), when the loader is
+processes, as MegEngine's ``DataLoader`` does: each epoch's workers see the
+dataset, transform and collator as they are when it starts. With
+``persistent_workers=True`` they are started once and kept for the next
+epochs while the loader lives (as in PyTorch): an epoch then costs no
+process start-up (forking, the first batch's wait, the copy-on-write of the
+parent's memory that the forked workers share), but changes to the dataset
+or transform after the first epoch do not reach them.
+
+The parent hands out batches (lists of indices) round-robin, keeping
+``prefetch_factor`` batches per worker in flight; a worker reads the
+samples, transforms and collates them and writes the arrays into one of its
+shared-memory slots, which it reuses (see ``gradcore.data._shm``); the pipe
+carries a message of some 30 bytes. The parent yields the batches in the
+sampler's order, whatever order they finish in, as views of its mapping of
+the slot, without a copy: a slot is written again only after every array of
+its batch is gone (keeping batches is allowed and only costs their memory).
+Workers are stopped when the epoch ends (unless persistent), when the loop
+is left (``break``, an exception, the iterator dropped), when the loader is
 dropped, and at exit.
 
 Random transforms draw from ``gradcore.data.transform.rng()``, reseeded
@@ -80,10 +90,15 @@ class DataLoader:
       pickled; with ``"spawn"`` the dataset and transforms must pickle);
       ``persistent_workers`` keeps the workers from one epoch to the next
       (saves their start-up each epoch; a loop left early still stops
-      them).
+      them). It is off by default, as workers are started per epoch in
+      MegEngine (and PyTorch): the workers of each epoch see the loader's
+      dataset and transforms as they are then. Turn it on for speed when
+      they do not change between epochs.
 
-    Batches come out as NumPy arrays (as MegEngine's); an error in a
-    worker is raised here with the worker's traceback.
+    Batches come out as NumPy arrays (as MegEngine's); with workers, they
+    are views of shared memory that the workers write again only once the
+    batch's arrays are all gone. An error in a worker is raised here with
+    the worker's traceback.
 
     Example::
 
