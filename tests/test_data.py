@@ -596,3 +596,17 @@ def test_slot_writer_and_reader_reuse_grow_and_never_hand_out_a_buffer_in_use():
     del b, d
     assert sorted(reader.take_freed()) == [0, 1]
     assert _segments() == before                              # names unlinked once mapped
+
+
+def test_workers_started_per_epoch_leave_after_their_last_batch():
+    # once the sampler is exhausted the workers are told to leave: they exit
+    # by themselves, and what they sent before is still read, in order
+    ds = _xy(6)
+    loader = DataLoader(ds, SequentialSampler(ds, batch_size=2), num_workers=2, timeout=120)
+    it = iter(loader)                       # 3 batches: all sent at once, then the stop
+    procs = list(it._workers.procs)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0              # left on its own, not stopped
+    assert [y.tolist() for _, y in it] == [[0, 1], [2, 3], [4, 5]]
+    assert multiprocessing.active_children() == []
