@@ -610,3 +610,25 @@ def test_workers_started_per_epoch_leave_after_their_last_batch():
         assert p.exitcode == 0              # left on its own, not stopped
     assert [y.tolist() for _, y in it] == [[0, 1], [2, 3], [4, 5]]
     assert multiprocessing.active_children() == []
+
+
+class BlasThreads(MapDataset):
+    def __init__(self):
+        pass
+
+    def __getitem__(self, i):
+        from gradcore.cpu import blas
+        return np.int64(blas.num_threads())
+
+    def __len__(self):
+        return 4
+
+
+def test_workers_run_numpys_blas_on_one_thread():
+    from gradcore.cpu import blas
+    if blas.num_threads() is None:
+        pytest.skip("NumPy's BLAS is not OpenBLAS: its thread count cannot be read")
+    counts = np.concatenate(list(DataLoader(BlasThreads(), SequentialSampler(BlasThreads(), batch_size=2),
+                                            num_workers=2, timeout=120)))
+    assert counts.tolist() == [1, 1, 1, 1]
+    assert blas.num_threads() >= 1                          # the parent's count is its own

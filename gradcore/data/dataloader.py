@@ -55,6 +55,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
+from ..cpu import blas as _blas
 from . import _shm
 from . import transform as _transform
 from .collator import Collator
@@ -97,8 +98,9 @@ class DataLoader:
 
     Batches come out as NumPy arrays (as MegEngine's); with workers, they
     are views of shared memory that the workers write again only once the
-    batch's arrays are all gone. An error in a worker is raised here with
-    the worker's traceback.
+    batch's arrays are all gone. Workers run NumPy's BLAS on one thread
+    (``gradcore.cpu.blas.single_threaded``), as PyTorch's do. An error in
+    a worker is raised here with the worker's traceback.
 
     Example::
 
@@ -394,41 +396,49 @@ def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, paren
     tasks until None, send back each batch's slot message or its error."""
     # Ctrl-C reaches the whole process group; the parent stops the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        # NumPy's BLAS on one thread in the workers (as PyTorch's workers): a
+        # worker per core, each with a BLAS thread per core, would
+        # oversubscribe the cores that the training process needs
+        with _blas.single_threaded():
+            _serve(job, task_conn, result_conn, prefix, parent_pid)
+    except KeyboardInterrupt:
+        return
+
+
+def _serve(job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> None:
     slots = _shm.SlotWriter()
     # one poll object for the whole life of the worker (Connection.poll
     # builds a selector on every call)
     poller = select.poll()
     poller.register(task_conn.fileno(), select.POLLIN)
-    try:
-        while True:
-            if not poller.poll(_POLL_S * 1000):
-                if os.getppid() != parent_pid:       # the parent died: nobody will read
-                    return
-                continue
-            try:
-                task = pickle.loads(task_conn.recv_bytes())
-            except EOFError:
+    while True:
+        if not poller.poll(_POLL_S * 1000):
+            if os.getppid() != parent_pid:       # the parent died: nobody will read
                 return
-            if task is None:
-                return
-            seed, epoch, position, payload, freed = task
-            slots.release(freed)
+            continue
+        try:
+            task = pickle.loads(task_conn.recv_bytes())
+        except EOFError:
+            return
+        if task is None:
+            return
+        seed, epoch, position, payload, freed = task
+        slots.release(freed)
+        try:
+            batch = job.load(seed, epoch, position, payload, in_worker=True)
+            message = ("ok", position, slots.write(batch, _segment_name(prefix, epoch, position)))
+        except Exception as exc:
             try:
-                batch = job.load(seed, epoch, position, payload, in_worker=True)
-                message = ("ok", position, slots.write(batch, _segment_name(prefix, epoch, position)))
-            except Exception as exc:
-                try:
-                    cls = pickle.dumps(type(exc))
-                except Exception:
-                    cls = None
-                message = ("err", position, {"name": type(exc).__name__, "cls": cls,
-                                             "traceback": traceback.format_exc()})
-            try:
-                result_conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-            except (BrokenPipeError, OSError):
-                return
-    except KeyboardInterrupt:
-        return
+                cls = pickle.dumps(type(exc))
+            except Exception:
+                cls = None
+            message = ("err", position, {"name": type(exc).__name__, "cls": cls,
+                                         "traceback": traceback.format_exc()})
+        try:
+            result_conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, OSError):
+            return
 
 
 def _segment_name(prefix: str, epoch: int, position: int) -> str:
