@@ -270,7 +270,9 @@ class _Job:
         self.stream = loader._stream
         self.plain = _is_plain_arrays(loader)
         # an ArrayDataset's samples: one fancy index per array, then rows
-        # (the same samples as dataset[i], at a third of the cost)
+        # (the values of dataset[i], at a third of the cost; rows of a copy,
+        # so a transform that writes into its samples never writes into the
+        # dataset, in this process or in a persistent worker's)
         ds = loader.dataset
         self.gather = (type(ds) is ArrayDataset
                        and all(type(a) is np.ndarray and a.ndim >= 1 for a in ds.arrays))
@@ -574,7 +576,10 @@ class _ParallelIter(_BaseIter):
                 # no more tasks: the workers leave after their last batch,
                 # while the loop uses the last batches (not at the end)
                 for conn in self._workers.task_conns:
-                    conn.send_bytes(_STOP)
+                    try:
+                        conn.send_bytes(_STOP)
+                    except OSError:         # a dead worker: _wait_for reports it
+                        pass
             return False
         position, w = self._next_send, self._workers
         wid = position % self.loader.num_workers
