@@ -491,3 +491,144 @@ def test_persistent_workers_serve_several_epochs_and_stop_with_the_loop_or_the_l
     del loader
     pygc.collect()
     assert multiprocessing.active_children() == []
+
+
+# ---------------------------------------------------------------- shared-memory slots
+
+def test_slots_are_reused_only_when_their_batches_are_gone():
+    # batches kept by the loop must never be overwritten by later ones, and
+    # slots whose batches were dropped must be written again (not new ones)
+    ds = ArrayDataset(np.arange(80, dtype=np.float32).reshape(40, 2), np.arange(40, dtype=np.int64))
+    loader = DataLoader(ds, RandomSampler(ds, batch_size=2, seed=3), num_workers=2, timeout=120,
+                        persistent_workers=True, seed=1)
+    serial = DataLoader(ds, RandomSampler(ds, batch_size=2, seed=3), seed=1)
+    kept, expected = [], []
+    for _ in range(3):
+        for k, ((x, y), (xs, ys)) in enumerate(zip(loader, serial)):
+            np.testing.assert_array_equal(x, xs)
+            if k % 3 == 0:
+                kept.append((x, y))
+                expected.append((xs.copy(), ys.copy()))
+    for (x, y), (xs, ys) in zip(kept, expected):
+        np.testing.assert_array_equal(x, xs)                # not overwritten by any later batch
+        np.testing.assert_array_equal(y, ys)
+    pool = loader._pool
+    slots = sum(len(r.maps) for r in pool.slots)
+    in_use = sum(len(r.in_use()) for r in pool.slots)
+    assert in_use == len(kept) == 21                        # the kept batches hold their slots
+    # 60 batches went through: the slots of dropped ones were written again
+    assert slots <= len(kept) + 2 * (loader.prefetch_factor + 3)
+    del kept, x, y
+    import gc as pygc
+    pygc.collect()
+    assert sum(len(r.in_use()) for r in pool.slots) == 0
+
+
+def test_a_batch_costs_a_small_message():
+    # the arrays go through shared memory; the pipe carries a slot number
+    # (and the arrays' layout only when it changes)
+    ds = _xy(40)
+    loader = DataLoader(ds, SequentialSampler(ds, batch_size=2), num_workers=2, timeout=120,
+                        persistent_workers=True)
+    list(loader)
+    pool = loader._pool
+    first = pool.received_bytes
+    for x, y in loader:
+        assert not x.flags.owndata
+    steady = (pool.received_bytes - first) / 20
+    assert pool.received == 40 and steady < 64, steady
+
+
+class Growing(MapDataset):
+    """Sample i is 24 KB * (i + 1) of the value i, with a name."""
+
+    def __init__(self):
+        pass
+
+    def __getitem__(self, i):
+        return np.full(3000 * (i + 1), i, np.float64), f"sample {i}"
+
+    def __len__(self):
+        return 10
+
+
+@posix_only
+def test_batches_that_grow_get_larger_slots():
+    before = _segments()
+    batches = list(DataLoader(Growing(), SequentialSampler(Growing(), batch_size=1), num_workers=2, timeout=120))
+    for i, (x, names) in enumerate(batches):
+        assert x.shape == (1, 3000 * (i + 1)) and (x == i).all() and names == [f"sample {i}"]
+    assert _segments() == before
+
+
+@posix_only
+def test_slot_writer_and_reader_reuse_grow_and_never_hand_out_a_buffer_in_use():
+    from gradcore.data import _shm
+    prefix = f"/gcdl{os.getpid()}_unit_"
+    before = _segments()
+    writer, reader = _shm.SlotWriter(), _shm.SlotReader()
+
+    def send(batch, n):
+        message = writer.write(batch, f"{prefix}{n}")
+        return message, reader.read(message)
+
+    m0, a = send([np.full(4, 1.0)], 0)
+    m1, b = send([np.full(4, 2.0)], 1)
+    assert (m0[0], m1[0]) == (0, 1) and m0[1] is not None     # two new slots: neither was free
+    assert m1[3] is None                                     # same layout: not sent again
+    del a
+    freed = reader.take_freed()
+    assert freed == [0] and reader.take_freed() == []
+    writer.release(freed)
+    m2, c = send([np.full(4, 3.0)], 2)
+    assert m2[0] == 0 and m2[1] is None                     # slot 0 written again, no new segment
+    assert b[0].tolist() == [2.0] * 4 and c[0].tolist() == [3.0] * 4
+    view = c[0][1:]                                           # a view of a view holds the slot too
+    del c
+    assert reader.take_freed() == [] and reader.in_use() == [0, 1]
+    del view
+    writer.release(reader.take_freed())
+    big = np.arange(40000, dtype=np.float64)                 # 320 KB: slot 0 (64 KB) is too small
+    m3, d = send([big], 3)
+    assert m3[0] == 0 and m3[1] == f"{prefix}3" and m3[2] >= big.nbytes and m3[3] is not None
+    np.testing.assert_array_equal(d[0], big)
+    assert b[0].tolist() == [2.0] * 4                        # slot 1 untouched
+    del b, d
+    assert sorted(reader.take_freed()) == [0, 1]
+    assert _segments() == before                              # names unlinked once mapped
+
+
+def test_workers_started_per_epoch_leave_after_their_last_batch():
+    # once the sampler is exhausted the workers are told to leave: they exit
+    # by themselves, and what they sent before is still read, in order
+    ds = _xy(6)
+    loader = DataLoader(ds, SequentialSampler(ds, batch_size=2), num_workers=2, timeout=120)
+    it = iter(loader)                       # 3 batches: all sent at once, then the stop
+    procs = list(it._workers.procs)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0              # left on its own, not stopped
+    assert [y.tolist() for _, y in it] == [[0, 1], [2, 3], [4, 5]]
+    assert multiprocessing.active_children() == []
+
+
+class BlasThreads(MapDataset):
+    def __init__(self):
+        pass
+
+    def __getitem__(self, i):
+        from gradcore.cpu import blas
+        return np.int64(blas.num_threads())
+
+    def __len__(self):
+        return 4
+
+
+def test_workers_run_numpys_blas_on_one_thread():
+    from gradcore.cpu import blas
+    if blas.num_threads() is None:
+        pytest.skip("NumPy's BLAS is not OpenBLAS: its thread count cannot be read")
+    counts = np.concatenate(list(DataLoader(BlasThreads(), SequentialSampler(BlasThreads(), batch_size=2),
+                                            num_workers=2, timeout=120)))
+    assert counts.tolist() == [1, 1, 1, 1]
+    assert blas.num_threads() >= 1                          # the parent's count is its own

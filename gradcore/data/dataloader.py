@@ -2,14 +2,24 @@
 loaded in the main process or in worker processes.
 
 With ``num_workers > 0`` each iteration (epoch) starts that many worker
-processes (with ``persistent_workers=True`` they are started once and kept
-for the next epochs while the loader lives). The parent hands out batches (lists of indices) round-robin,
-keeping ``prefetch_factor`` batches per worker in flight; a worker reads
-the samples, transforms and collates them and writes the arrays into a
-shared-memory segment (see ``gradcore.data._shm``); the parent yields the
-batches in the sampler's order, whatever order they finish in. Workers are
-stopped when the epoch ends (unless persistent), when the loop is left
-(``break``, an exception, the iterator dropped), when the loader is
+processes, as MegEngine's ``DataLoader`` does: each epoch's workers see the
+dataset, transform and collator as they are when it starts. With
+``persistent_workers=True`` they are started once and kept for the next
+epochs while the loader lives (as in PyTorch): an epoch then costs no
+process start-up (forking, the first batch's wait, the copy-on-write of the
+parent's memory that the forked workers share), but changes to the dataset
+or transform after the first epoch do not reach them.
+
+The parent hands out batches (lists of indices) round-robin, keeping
+``prefetch_factor`` batches per worker in flight; a worker reads the
+samples, transforms and collates them and writes the arrays into one of its
+shared-memory slots, which it reuses (see ``gradcore.data._shm``); the pipe
+carries a message of some 30 bytes. The parent yields the batches in the
+sampler's order, whatever order they finish in, as views of its mapping of
+the slot, without a copy: a slot is written again only after every array of
+its batch is gone (keeping batches is allowed and only costs their memory).
+Workers are stopped when the epoch ends (unless persistent), when the loop
+is left (``break``, an exception, the iterator dropped), when the loader is
 dropped, and at exit.
 
 Random transforms draw from ``gradcore.data.transform.rng()``, reseeded
@@ -31,10 +41,10 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import random as _pyrandom
+import select
 import signal
 import sys
 import time
@@ -45,6 +55,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
+from ..cpu import blas as _blas
 from . import _shm
 from . import transform as _transform
 from .collator import Collator
@@ -58,6 +69,7 @@ __all__ = ["DataLoader"]
 _POLL_S = 1.0
 # how long stopping waits for workers to leave on their own before killing them
 _JOIN_S = 2.0
+_STOP = pickle.dumps(None)      # the task that tells a worker to leave
 
 
 class DataLoader:
@@ -79,10 +91,16 @@ class DataLoader:
       pickled; with ``"spawn"`` the dataset and transforms must pickle);
       ``persistent_workers`` keeps the workers from one epoch to the next
       (saves their start-up each epoch; a loop left early still stops
-      them).
+      them). It is off by default, as workers are started per epoch in
+      MegEngine (and PyTorch): the workers of each epoch see the loader's
+      dataset and transforms as they are then. Turn it on for speed when
+      they do not change between epochs.
 
-    Batches come out as NumPy arrays (as MegEngine's); an error in a
-    worker is raised here with the worker's traceback.
+    Batches come out as NumPy arrays (as MegEngine's); with workers, they
+    are views of shared memory that the workers write again only once the
+    batch's arrays are all gone. Workers run NumPy's BLAS on one thread
+    (``gradcore.cpu.blas.single_threaded``), as PyTorch's do. An error in
+    a worker is raised here with the worker's traceback.
 
     Example::
 
@@ -219,13 +237,14 @@ class DataLoader:
 # ---------------------------------------------------------------- loading one batch
 
 def _seed_batch(seed: int, epoch: int, position: int, in_worker: bool) -> None:
-    key = [seed, epoch, position]
+    # one SeedSequence for both generators (making it is most of the cost)
+    key = np.random.SeedSequence([seed, epoch, position])
     _transform.seed(key)
     if in_worker:
         # transforms written for MegEngine draw from NumPy's and Python's
         # global generators; in a worker those belong to the loader. (In the
         # main process they are the user's and are left alone.)
-        s = int(np.random.SeedSequence(key).generate_state(1)[0])
+        s = int(key.generate_state(1)[0])
         np.random.seed(s)
         _pyrandom.seed(s)
 
@@ -244,12 +263,19 @@ class _Job:
     """What loading a batch needs, and nothing else: a worker gets this
     (pickled under "spawn"), not the loader with its sampler and iterators."""
 
-    __slots__ = ("dataset", "transform", "collator", "stream", "plain")
+    __slots__ = ("dataset", "transform", "collator", "stream", "plain", "gather")
 
     def __init__(self, loader: DataLoader):
         self.dataset, self.transform, self.collator = loader.dataset, loader.transform, loader.collator
         self.stream = loader._stream
         self.plain = _is_plain_arrays(loader)
+        # an ArrayDataset's samples: one fancy index per array, then rows
+        # (the values of dataset[i], at a third of the cost; rows of a copy,
+        # so a transform that writes into its samples never writes into the
+        # dataset, in this process or in a persistent worker's)
+        ds = loader.dataset
+        self.gather = (type(ds) is ArrayDataset
+                       and all(type(a) is np.ndarray and a.ndim >= 1 for a in ds.arrays))
 
     def __getstate__(self):
         return {k: getattr(self, k) for k in self.__slots__}
@@ -267,6 +293,9 @@ class _Job:
         elif self.plain:
             idx = np.asarray(payload, dtype=np.int64)
             return [a[idx] for a in self.dataset.arrays]
+        elif self.gather:
+            idx = np.asarray(payload, dtype=np.int64)
+            samples = list(zip(*[a[idx] for a in self.dataset.arrays]))
         else:
             samples = [self.dataset[i] for i in payload]
         return self.collator.apply(self.transform.apply_batch(samples))
@@ -365,39 +394,53 @@ class _PlainStr(str):
 
 
 def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> None:
-    """A worker process: take (seed, epoch, position, payload) tasks until
-    None, send back each batch's shared-memory description or its error."""
+    """A worker process: take (seed, epoch, position, payload, freed slots)
+    tasks until None, send back each batch's slot message or its error."""
     # Ctrl-C reaches the whole process group; the parent stops the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        while True:
-            if not task_conn.poll(_POLL_S):
-                if os.getppid() != parent_pid:       # the parent died: nobody will read
-                    return
-                continue
-            try:
-                task = task_conn.recv()
-            except EOFError:
-                return
-            if task is None:
-                return
-            seed, epoch, position, payload = task
-            try:
-                batch = job.load(seed, epoch, position, payload, in_worker=True)
-                message = ("ok", position, _shm.pack(batch, _segment_name(prefix, epoch, position)))
-            except Exception as exc:
-                try:
-                    cls = pickle.dumps(type(exc))
-                except Exception:
-                    cls = None
-                message = ("err", position, {"name": type(exc).__name__, "cls": cls,
-                                             "traceback": traceback.format_exc()})
-            try:
-                result_conn.send(message)
-            except (BrokenPipeError, OSError):
-                return
+        # NumPy's BLAS on one thread in the workers (as PyTorch's workers): a
+        # worker per core, each with a BLAS thread per core, would
+        # oversubscribe the cores that the training process needs
+        with _blas.single_threaded():
+            _serve(job, task_conn, result_conn, prefix, parent_pid)
     except KeyboardInterrupt:
         return
+
+
+def _serve(job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> None:
+    slots = _shm.SlotWriter()
+    # one poll object for the whole life of the worker (Connection.poll
+    # builds a selector on every call)
+    poller = select.poll()
+    poller.register(task_conn.fileno(), select.POLLIN)
+    while True:
+        if not poller.poll(_POLL_S * 1000):
+            if os.getppid() != parent_pid:       # the parent died: nobody will read
+                return
+            continue
+        try:
+            task = pickle.loads(task_conn.recv_bytes())
+        except EOFError:
+            return
+        if task is None:
+            return
+        seed, epoch, position, payload, freed = task
+        slots.release(freed)
+        try:
+            batch = job.load(seed, epoch, position, payload, in_worker=True)
+            message = ("ok", position, slots.write(batch, _segment_name(prefix, epoch, position)))
+        except Exception as exc:
+            try:
+                cls = pickle.dumps(type(exc))
+            except Exception:
+                cls = None
+            message = ("err", position, {"name": type(exc).__name__, "cls": cls,
+                                         "traceback": traceback.format_exc()})
+        try:
+            result_conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, OSError):
+            return
 
 
 def _segment_name(prefix: str, epoch: int, position: int) -> str:
@@ -405,17 +448,39 @@ def _segment_name(prefix: str, epoch: int, position: int) -> str:
 
 
 class _Workers:
-    """The processes and pipes of one epoch (or of several, persistent);
-    ``stop()`` is idempotent and references neither the iterator nor the
-    loader, so it can run from their finalizers."""
+    """The processes, pipes and shared-memory slots of one epoch (or of
+    several, persistent); ``stop()`` is idempotent and references neither
+    the iterator nor the loader, so it can run from their finalizers."""
 
     def __init__(self):
         self.procs: List = []
         self.task_conns: List = []
         self.result_conns: List = []
+        self.slots: List[_shm.SlotReader] = []      # per worker
         self.prefix = ""
-        self.pending: set = set()       # segment names of batches sent and not yet unpacked
+        self.pending: set = set()       # segment names offered to tasks whose result is not read yet
         self.stopped = False
+        # one poll object over the result pipes and the processes' sentinels,
+        # made once (multiprocessing.connection.wait builds a selector per call)
+        self.poller = select.poll()
+        self.fds: Dict[int, tuple] = {}              # fd -> (is a sentinel, worker id)
+        self.dead: set = set()                       # workers whose sentinel fired
+        # what the batches cost to receive: messages and their pickled bytes
+        self.received = 0
+        self.received_bytes = 0
+
+    def add(self, proc, task_conn, result_conn) -> None:
+        wid = len(self.procs)
+        self.procs.append(proc)
+        self.task_conns.append(task_conn)
+        self.result_conns.append(result_conn)
+        self.slots.append(_shm.SlotReader())
+        for fd, sentinel in ((result_conn.fileno(), False), (proc.sentinel, True)):
+            self.poller.register(fd, select.POLLIN)
+            self.fds[fd] = (sentinel, wid)
+
+    def alive(self) -> bool:
+        return not self.stopped and not self.dead and all(p.is_alive() for p in self.procs)
 
     def stop(self) -> None:
         if self.stopped:
@@ -443,7 +508,8 @@ class _Workers:
                 conn.close()
             except OSError:
                 pass
-        # segments of batches made but never unpacked (all writers are gone now)
+        # slots created for batches never read (all writers are gone now);
+        # the slots already mapped stay until their last batch is dropped
         for name in self.pending:
             _shm.discard(name)
         self.pending.clear()
@@ -453,7 +519,7 @@ class _ParallelIter(_BaseIter):
     def __init__(self, loader: DataLoader, epoch: int, skip: int, sampler_state):
         super().__init__(loader, epoch, skip, sampler_state)
         pool = loader._pool if loader.persistent_workers else None
-        reuse = pool is not None and not pool.stopped and all(p.is_alive() for p in pool.procs)
+        reuse = pool is not None and pool.alive()
         self._workers = pool if reuse else _Workers()
         # an epoch left unfinished stops its workers, persistent or not
         self._finalizer = weakref.finalize(self, self._workers.stop)
@@ -462,40 +528,42 @@ class _ParallelIter(_BaseIter):
         self._next_send = skip
         self._exhausted = False
         if not reuse:
-            self._start()
             if loader.persistent_workers:
                 if pool is not None:
                     pool.stop()
                 loader._pool = self._workers
                 weakref.finalize(loader, self._workers.stop)
         try:
-            for _ in range(loader.num_workers * loader.prefetch_factor):
-                if not self._send_one():
-                    break
+            if not reuse:
+                self._start()
+            self._fill()
         except BaseException:
             self._shutdown()
             raise
+
+    def _fill(self) -> None:
+        """Send tasks until ``prefetch_factor`` per started worker are in flight."""
+        started = len(self._workers.procs)
+        while (len(self._owner) < started * self.loader.prefetch_factor
+               and self._next_send % self.loader.num_workers < started and self._send_one()):
+            pass
 
     def _start(self) -> None:
         loader, w = self.loader, self._workers
         ctx = multiprocessing.get_context(loader.multiprocessing_context)
         # short (macOS allows 31 characters) and unique per epoch and process
         w.prefix = f"/gcdl{os.getpid()}_{uuid.uuid4().hex[:8]}_"
-        try:
-            for wid in range(loader.num_workers):
-                task_r, task_w = ctx.Pipe(duplex=False)
-                result_r, result_w = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker_loop, name=f"gradcore-dataloader-{wid}", daemon=True,
-                                args=(wid, _Job(loader), task_r, result_w, w.prefix, os.getpid()))
-                p.start()
-                task_r.close()
-                result_w.close()
-                w.procs.append(p)
-                w.task_conns.append(task_w)
-                w.result_conns.append(result_r)
-        except BaseException:
-            self._shutdown()
-            raise
+        for wid in range(loader.num_workers):
+            task_r, task_w = ctx.Pipe(duplex=False)
+            result_r, result_w = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker_loop, name=f"gradcore-dataloader-{wid}", daemon=True,
+                            args=(wid, _Job(loader), task_r, result_w, w.prefix, os.getpid()))
+            p.start()
+            task_r.close()
+            result_w.close()
+            w.add(p, task_w, result_r)
+            # its first batch is under way while the next worker is forked
+            self._fill()
 
     def _send_one(self) -> bool:
         if self._exhausted:
@@ -504,12 +572,22 @@ class _ParallelIter(_BaseIter):
             payload = next(self._payloads)
         except StopIteration:
             self._exhausted = True
+            if not self.loader.persistent_workers:
+                # no more tasks: the workers leave after their last batch,
+                # while the loop uses the last batches (not at the end)
+                for conn in self._workers.task_conns:
+                    try:
+                        conn.send_bytes(_STOP)
+                    except OSError:         # a dead worker: _wait_for reports it
+                        pass
             return False
-        position = self._next_send
+        position, w = self._next_send, self._workers
         wid = position % self.loader.num_workers
-        self._workers.pending.add(_segment_name(self._workers.prefix, self.epoch, position))
+        # the name under which the worker may create a slot for this batch
+        w.pending.add(_segment_name(w.prefix, self.epoch, position))
         self._owner[position] = wid
-        self._workers.task_conns[wid].send((self.seed, self.epoch, position, payload))
+        task = (self.seed, self.epoch, position, payload, w.slots[wid].take_freed())
+        w.task_conns[wid].send_bytes(pickle.dumps(task, pickle.HIGHEST_PROTOCOL))
         self._next_send += 1
         return True
 
@@ -521,7 +599,7 @@ class _ParallelIter(_BaseIter):
         if self._finished:
             raise StopIteration
         try:
-            position = self.position
+            position, w = self.position, self._workers
             if position >= self._next_send:       # nothing in flight: the epoch is over
                 if self.loader.persistent_workers:
                     self._finished = True
@@ -532,12 +610,12 @@ class _ParallelIter(_BaseIter):
             wid, message = self._wait_for(position)
             self._owner.pop(position, None)
             status, _, body = message
-            name = _segment_name(self._workers.prefix, self.epoch, position)
             if status == "err":
-                self._workers.pending.discard(name)
+                w.pending.discard(_segment_name(w.prefix, self.epoch, position))
                 _reraise(wid, position, body)
-            batch = _shm.unpack(body)
-            self._workers.pending.discard(name)
+            batch = w.slots[wid].read(body)
+            # read (mapped and unlinked, if it made a slot): no longer pending
+            w.pending.discard(_segment_name(w.prefix, self.epoch, position))
             self.position += 1
             self._send_one()
             return batch
@@ -550,36 +628,38 @@ class _ParallelIter(_BaseIter):
     def _wait_for(self, position: int):
         loader, w = self.loader, self._workers
         start = time.monotonic()
-        conn_wid = {id(c): i for i, c in enumerate(w.result_conns)}
-        sentinel_wid = {p.sentinel: i for i, p in enumerate(w.procs)}
         while position not in self._ready:
+            owner = self._owner.get(position)
+            if owner in w.dead:
+                self._raise_died(owner, position)
             wait_s = _POLL_S
             if loader.timeout:
                 left = loader.timeout - (time.monotonic() - start)
                 if left <= 0:
                     self._raise_timeout(position)
                 wait_s = min(wait_s, left)
-            objs = multiprocessing.connection.wait(list(w.result_conns) + list(sentinel_wid), wait_s)
-            dead = []
-            for obj in objs:
-                if isinstance(obj, int):
-                    dead.append(sentinel_wid[obj])
-                    continue
-                self._receive(conn_wid[id(obj)], obj)
-            for wid in dead:
-                conn = w.result_conns[wid]
-                while position not in self._ready and conn.poll():   # what it sent before dying
-                    if not self._receive(wid, conn):
-                        break
-                if position not in self._ready and self._owner.get(position) == wid:
-                    self._raise_died(wid, position)
+            for fd, _ in w.poller.poll(wait_s * 1000):
+                sentinel, wid = w.fds[fd]
+                if sentinel:
+                    # what it sent before dying is still in its pipe
+                    conn = w.result_conns[wid]
+                    while conn.poll() and self._receive(wid, conn):
+                        pass
+                    w.dead.add(wid)
+                    w.poller.unregister(fd)
+                elif not self._receive(wid, w.result_conns[wid]):
+                    w.poller.unregister(fd)        # its end closed: the sentinel follows
         return self._ready.pop(position)
 
     def _receive(self, wid: int, conn) -> bool:
         try:
-            message = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return False
+        message = pickle.loads(data)
+        w = self._workers
+        w.received += 1
+        w.received_bytes += len(data)
         self._ready[message[1]] = (wid, message)
         return True
 

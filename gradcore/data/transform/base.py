@@ -41,8 +41,9 @@ def rng() -> np.random.Generator:
 
 
 def seed(n: Any) -> None:
-    """Seed ``rng()`` (an int or a sequence of ints); ``DataLoader`` does
-    this before every batch.
+    """Seed ``rng()`` (an int, a sequence of ints or a
+    ``numpy.random.SeedSequence``); ``DataLoader`` does this before every
+    batch.
 
     Example::
 
