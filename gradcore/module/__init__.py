@@ -20,7 +20,6 @@ from typing import Optional, Tuple, Union
 import numpy as np
 
 from .. import functional as F
-from .. import random as _random
 from .._core import Tensor
 from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
@@ -215,14 +214,14 @@ class _BatchNorm(Module):
 
     def reset_running_stats(self) -> None:
         if self.track_running_stats:
-            self.running_mean._reset(Tensor(np.zeros(self.running_mean.shape, "float32")))
-            self.running_var._reset(Tensor(np.ones(self.running_var.shape, "float32")))
+            init.zeros_(self.running_mean)
+            init.ones_(self.running_var)
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
         if self.affine:
-            self.weight._reset(Tensor(np.ones(self.weight.shape, "float32")))
-            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
 
     def _check_input(self, x):
         raise NotImplementedError
@@ -478,7 +477,7 @@ class Embedding(Module):
             self.weight = Parameter(value.astype("float32", copy=False))
 
     def reset_parameters(self) -> None:
-        self.weight._reset(Tensor(_random.generator().normal(0.0, 1.0, self.weight.shape).astype("float32")))
+        init.normal_(self.weight)
 
     def forward(self, x):
         weight = self.weight.detach() if self.freeze else self.weight
@@ -532,8 +531,8 @@ class LayerNorm(Module):
 
     def reset_parameters(self) -> None:
         if self.affine:
-            self.weight._reset(Tensor(np.ones(self.normalized_shape, "float32")))
-            self.bias._reset(Tensor(np.zeros(self.normalized_shape, "float32")))
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
 
     def forward(self, x):
         return F.nn.layer_norm(x, self.normalized_shape, self.affine, self.weight, self.bias, self.eps)
@@ -567,8 +566,8 @@ class GroupNorm(Module):
 
     def reset_parameters(self) -> None:
         if self.affine:
-            self.weight._reset(Tensor(np.ones(self.num_channels, "float32")))
-            self.bias._reset(Tensor(np.zeros(self.num_channels, "float32")))
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
 
     def forward(self, x):
         name = type(self).__name__

@@ -16,9 +16,8 @@ from typing import Tuple, Union
 import numpy as np
 
 from .. import functional as F
-from .. import random as _random
-from .._core import Tensor
 from ..tensor import Parameter
+from . import init
 from .module import Module, _count, _sizes
 
 IntOrTuple = Union[int, Tuple[int, ...]]
@@ -60,10 +59,9 @@ class _ConvLayer(Module):
         return x, (0,) * len(pads) if isinstance(self.padding, tuple) else 0
 
     def reset_parameters(self) -> None:
-        std = np.sqrt(1.0 / self._fan_in)
-        self.weight._reset(Tensor(_random.generator().normal(0.0, std, self.weight.shape).astype("float32")))
+        init.normal_(self.weight, 0.0, math.sqrt(1.0 / self._fan_in))
         if self.bias is not None:
-            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
+            init.zeros_(self.bias)
 
     def _module_info_string(self):
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
