@@ -23,9 +23,11 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from ._core import Tensor
+from . import _core
+from . import devices as devmod
+from ._core import GradRuleFallback, Tensor, apply
 from .autodiff import GradManager
-from .op import describe
+from .op import TensorDesc, describe
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_grads", "analytic_grads",
            "check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
@@ -330,7 +332,6 @@ def _cast(arrays, dtype):
 def _run(op, arrays, device="cpu", modified=None):
     """The op's outputs on ``arrays`` (host arrays). ``modified``: a list
     that receives the index of each input the kernel changed."""
-    from ._core import apply
     xs = [Tensor(a) if device == "cpu" else Tensor(a, device=device) for a in arrays]
     outs = [np.asarray(o.numpy()) for o in apply(op, *xs)]
     if modified is not None:
@@ -642,7 +643,6 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
         >>> [(op, [a.shape for a in arrays]) for op, arrays in generated_cases(Softmax)]
         [(Softmax(axis=-1), [(2, 3)]), (Softmax(axis=-1), [(4,)]), ...]
     """
-    from .op import TensorDesc
     cls = op if isinstance(op, type) else type(op)
     rng = np.random.default_rng(seed)
     domain = tuple(describe(cls).check["domain"] or _DEFAULT_DOMAIN)
@@ -677,8 +677,6 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
 
 
 def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_order, compile_cuda):
-    from . import devices as devmod
-    from .op import TensorDesc
     name = _op_short_name(op)
     a32, a64 = _cast(arrays, np.float32), _cast(arrays, np.float64)
     has_float = any(a.dtype.kind == "f" for a in arrays)
@@ -917,7 +915,6 @@ def cuda_for_checks(wanted: bool = True):
         >>> with cuda_for_checks() as where:
         ...     report = check_op(MyCube)        # cuda checks on the GPU or the emulator
     """
-    from . import devices as devmod
     if not wanted:
         yield "not requested"
     elif os.environ.get("GRADCORE_CUDA"):
@@ -942,7 +939,6 @@ def cuda_for_checks(wanted: bool = True):
 
 
 def _apply_fn(op):
-    from ._core import apply
 
     def run(*xs):
         outs = apply(op, *xs)
@@ -966,8 +962,6 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
         >>> check_grad_rule(MatrixMul, matmul_2d_float32_rule).ok
         True
     """
-    from . import _core
-    from ._core import GradRuleFallback
     label = f"{_op_short_name(op_cls)} rule {getattr(rule, '__name__', 'rule')}"
     try:
         cases = _cases_for(op_cls, (), None, seed)

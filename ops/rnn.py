@@ -37,6 +37,8 @@ from gradcore.op import Composite, Op, TensorDesc
 from gradcore.cuda.kernels import Kernel
 
 from .elemwise import Elemwise
+from .linalg import MatrixMul, gemm_rows
+from .reduce import op_int
 from .shape import Concat, Split, Stack, Unstack, ZerosLike
 
 __all__ = ["LSTMCellGates", "LSTMCellGatesBackward", "GRUCellGates", "GRUCellGatesBackward", "LSTMLayer",
@@ -528,7 +530,6 @@ class _LayerParams:
     devices = ("cpu", "cuda")
 
     def __init__(self, steps: int, reverse: bool = False):
-        from .reduce import op_int
         self.steps = op_int(self.name, "steps", steps)
         if self.steps < 1:
             raise ValueError(f"{self.name}: steps must be at least 1, got {self.steps}")
@@ -594,7 +595,6 @@ class LSTMLayer(_LayerParams, Op):
         gates, hs, cs = be.empty((T, B, G), dt), be.empty((T, B, H), dt), be.empty((T, B, H), dt)
         if not B:
             return hs, cs, gates
-        from .linalg import gemm_rows
         kernel = be.kernel(self, be.ctype(dt))
         size = dt.itemsize
         hp, cp, po = h0.ptr, c0, 0
@@ -661,7 +661,6 @@ class LSTMLayerBackward(_LayerParams, Composite):
     def decompose(self, h0, c0, w, hs, cs, gates, dhs, dcs, dgates):
         # the kernels' math step by step in existing ops (shapes are unknown
         # while this is traced: ``steps`` unrolls it)
-        from .linalg import MatrixMul
         T = self.steps
         hs_, cs_, gates_, dhs_, dcs_, dgates_ = (_ap(Unstack(0, T), a) for a in (hs, cs, gates, dhs, dcs, dgates))
         if T == 1:
@@ -695,7 +694,6 @@ class LSTMLayerBackward(_LayerParams, Composite):
         dz, dh, dc, dw = be.empty((T, B, G), dt), be.zeros((B, H), dt), be.zeros((B, H), dt), be.empty((G, H), dt)
         if not B:
             return dz, dh, dc, be.zeros((G, H), dt)
-        from .linalg import gemm_rows
         kernel = be.kernel(self, be.ctype(dt))
         size = dt.itemsize
         order = list(_layer_steps(T, self.reverse))
