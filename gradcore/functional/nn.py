@@ -57,9 +57,6 @@ __all__ = [
     "scaled_dot_product_attention",
 ]
 
-# one op instance per distinct attributes: the per-op caches stay warm
-_LogSoftmax, _LogSumExp, _Softmax = (LogSoftmax, LogSumExp, Softmax)
-
 
 # ---- the softmax family
 def log_softmax(inp, axis: int = -1):
@@ -70,7 +67,7 @@ def log_softmax(inp, axis: int = -1):
             return x - logsumexp(x, axis, True)
         except OpError as exc:
             raise _named("log_softmax", exc) from exc
-    return _apply(_LogSoftmax(axis), x)[0]
+    return _apply(LogSoftmax(axis), x)[0]
 
 
 logsoftmax = log_softmax     # MegEngine 1.x's name
@@ -93,7 +90,7 @@ def logsumexp(inp, axis: int = -1, keepdims: bool = False):
         m = where(eq(abs(m), float("inf")), 0, m)  # as LogSumExp: no inf - inf
         s = sum(exp(x - m), _axis_key(axis), keepdims)
         return log(s) + (m if keepdims else reshape(m, s.shape))
-    return _apply(_LogSumExp(axis, bool(keepdims)), x)[0]
+    return _apply(LogSumExp(axis, bool(keepdims)), x)[0]
 
 
 def _empty_reduction(x, axis):
@@ -139,7 +136,7 @@ def softmax(inp, axis=None):
         except (OpError, TypeError) as exc:
             raise _named("softmax", exc) from exc
         return e / sum(e, _axis_key(axis), True)
-    return _apply(_Softmax(axis), x)[0]
+    return _apply(Softmax(axis), x)[0]
 
 
 # ---- dropout and normalisation (composites: gradients of any order and every
