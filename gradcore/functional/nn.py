@@ -210,20 +210,11 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         return t.reshape((1, -1) + (1,) * (x.ndim - 2)) if t.ndim == 1 else t
     weight, bias = per_channel(weight), per_channel(bias)
     stats = (running_mean, running_var)
-    new_stats = [None, None]
     if training:
         m = mean(x, axes, True)
         d = x - m
         v = mean(d * d, axes, True)
-        n = x.size // x.shape[1]
-        for k, buf in enumerate(stats):
-            if buf is not None:
-                # history-free tensors: computed where x is, never recorded
-                stat = m.detach() if k == 0 else v.detach() * (n / builtins_max(n - 1, 1))
-                new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
-                new_stats[k] = new.astype(buf.dtype)
-                if inplace:
-                    buf._reset(new_stats[k])
+        new_stats = _running_stats(stats, m.detach(), v.detach(), x.size // x.shape[1], momentum, inplace)
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm: running_mean and running_var must be given in inference "
@@ -263,20 +254,27 @@ def _batch_norm_ops(x, running_mean, running_var, weight, bias, training, moment
     y, m, invstd = _apply(BatchNormTraining(eps, x.ndim), x, *params)
     if all(t is None for t in stats):
         return y
-    n = x.size // x.shape[1]
-    new_stats = [None, None]
-    for k, buf in enumerate(stats):
-        if buf is not None:
-            # history-free tensors: computed where x is, never recorded; the
-            # variance (unbiased) from the op's inverse std
-            stat = m.detach() if k == 0 else (1 / square(invstd.detach()) - eps) * (n / builtins_max(n - 1, 1))
-            new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
-            new_stats[k] = new.astype(buf.dtype)
-            if inplace:
-                buf._reset(new_stats[k])
+    # the batch variance from the op's inverse std
+    new_stats = _running_stats(stats, m.detach(), 1 / square(invstd.detach()) - eps, x.size // x.shape[1],
+                               momentum, inplace)
     if not inplace:
         return y, new_stats[0], new_stats[1]
     return y
+
+
+def _running_stats(stats, m, v, n: int, momentum: float, inplace: bool) -> list:
+    """The running mean and variance updated from a batch of ``n`` values
+    per channel with mean ``m`` and biased variance ``v`` (the running
+    variance is unbiased); history-free tensors, computed where x is, never
+    recorded, written into the buffers when ``inplace``."""
+    new_stats = [None, None]
+    for k, buf in enumerate(stats):
+        if buf is not None:
+            stat = m if k == 0 else v * (n / builtins_max(n - 1, 1))
+            new_stats[k] = (buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)).astype(buf.dtype)
+            if inplace:
+                buf._reset(new_stats[k])
+    return new_stats
 
 
 def _check_channel_params(x, training, **params) -> None:
