@@ -680,6 +680,8 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     name = _op_short_name(op)
     a32, a64 = _cast(arrays, np.float32), _cast(arrays, np.float64)
     has_float = any(a.dtype.kind == "f" for a in arrays)
+    # the dtypes the forward runs in: both float precisions, or the inputs as given
+    variants = (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),)
 
     # ---- forward, cpu
     outs = {}
@@ -690,7 +692,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     elif "cpu" not in devices:
         c.skipped("not requested")
     else:
-        for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
+        for dt, arrs in variants:
             modified = []
             try:
                 outs[dt] = _run(op, arrs, modified=modified)
@@ -741,7 +743,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     if not hasattr(op, "infer"):
         c.not_applicable("the op has no infer()")
     else:
-        for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
+        for dt, arrs in variants:
             if dt not in outs:
                 continue
             try:
