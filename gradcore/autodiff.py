@@ -264,12 +264,8 @@ class GradManager:
 
     def _attach_plan(self) -> tuple:
         version = self._version         # read first: a change made meanwhile makes the plan stale
-        plan = []
-        for spec in list(self._attach_specs.values()):
-            tensor = spec.tensor()
-            if tensor is not None:
-                plan.append((spec.tensor, self._on_grad(spec, tensor)))
-        plan = tuple(plan)
+        plan = tuple((spec.tensor, self._on_grad(spec, tensor)) for spec in list(self._attach_specs.values())
+                     if (tensor := spec.tensor()) is not None)
         self._plan = (version, plan)
         return plan
 
@@ -464,18 +460,9 @@ class GradManager:
 
     @staticmethod
     def _outputs(y, dy):
-        if y is None:
-            ys = []
-        elif isinstance(y, (tuple, list)):
-            ys = list(y)
-        else:
-            ys = [y]
-        if dy is None:
-            dys = [None] * len(ys)      # ones, made by the core
-        elif isinstance(dy, (tuple, list)):
-            dys = list(dy)
-        else:
-            dys = [dy]
+        ys = [] if y is None else list(y) if isinstance(y, (tuple, list)) else [y]
+        # (None: ones, made by the core)
+        dys = [None] * len(ys) if dy is None else list(dy) if isinstance(dy, (tuple, list)) else [dy]
         for t in ys:
             if not isinstance(t, Tensor):
                 raise TypeError(f"GradManager.backward: y must be Tensors, got {type(t).__name__}")
@@ -581,15 +568,12 @@ class _Call:
     def __init__(self, fn, args, raw_outputs):
         # args: what the forward got (the core's aliases of the caller's inputs)
         self.fn = fn
-        self.outputs = None
-        self.output_index = None
+        self.outputs = self.output_index = self.versions = None
         saved = fn.saved_tensors
         if not saved:
             self.saved = ()
-            self.versions = None
             return
-        versions = []
-        kept = []
+        versions, kept = [], []
         for k, t in enumerate(saved):
             if isinstance(t, Tensor):
                 if not any(t is a for a in args):     # inputs: versions checked by the core
@@ -634,9 +618,7 @@ class _Call:
                 fn.saved_tensors = prev
             elif d is not None:
                 d.pop("saved_tensors", None)
-        if isinstance(res, Tensor) or res is None:
-            res = (res,)
-        return res
+        return (res,) if isinstance(res, Tensor) or res is None else res
 
 
 class Function:

@@ -25,10 +25,6 @@ __all__ = ["apply", "Grad", "GradKey", "TensorDesc", "make_backward_graph", "Bac
 _counter = itertools.count()
 
 
-def _never_entered(key) -> bool:
-    return key.phase == 0
-
-
 def _broadcasts_to(src, dst) -> bool:
     if src is None or dst is None or len(src) > len(dst):
         return False
@@ -55,7 +51,7 @@ class Grad:
         return self._key.name
 
     def wrt(self, *tensors: Tensor, callback: Optional[Callable] = None) -> "Grad":
-        if not self._key.recording and not self._auto and _never_entered(self._key):
+        if not self._key.recording and not self._auto and self._key.phase == 0:     # never entered
             # the older style `g = Grad().wrt(x)` without `with`: start
             # recording now and stop after the backward
             self._key.enter()

@@ -38,10 +38,8 @@ Tensors = Union[Tensor, Sequence[Tensor]]
 
 
 def _as_tuple(what: str, fn_name: str, values) -> Tuple[Tensor, ...]:
-    if isinstance(values, Tensor):
-        values = (values,)
-    elif isinstance(values, (tuple, list)):
-        values = tuple(values)
+    if isinstance(values, (Tensor, tuple, list)):
+        values = (values,) if isinstance(values, Tensor) else tuple(values)
     else:
         raise TypeError(f"gradcore.{fn_name}: {what} must be a Tensor or a tuple/list of Tensors, "
                         f"got {type(values).__name__}")
@@ -150,28 +148,15 @@ def vjp(fn: Callable[..., Tensors], *primals: Tensor) -> Tuple[Tensors, Callable
     primals = _as_tuple("primals", "vjp", primals)
     key = Grad("vjp")
     grads: List[Optional[Tensor]] = [None] * len(primals)
-    with _entered(key):
+    key.__enter__()
+    try:
         xs = _fresh_inputs(primals)
         for i, x in enumerate(xs):
             key.wrt(x, callback=_collector(grads, i))
         result = fn(*xs)
         outs = _as_tuple("fn's outputs", "vjp", result)
+    except BaseException:
+        key.__exit__(None, None, None)      # on success the recording stays open until vjp_fn runs
+        raise
     key.suppress()                  # recording stays open (for the backward) but records nothing more
     return result, _VjpFunction(key, xs, grads, outs)
-
-
-class _entered:
-    """Enter a Grad and exit it only if the body fails (vjp's recording
-    stays open until its function runs)."""
-
-    def __init__(self, key: Grad):
-        self._key = key
-
-    def __enter__(self):
-        self._key.__enter__()
-        return self._key
-
-    def __exit__(self, exc_type, *rest):
-        if exc_type is not None:
-            self._key.__exit__(exc_type, *rest)
-        return False

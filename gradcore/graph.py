@@ -218,7 +218,7 @@ class BackwardGraph:
     values, the precomp results and the output grads."""
 
     def __init__(self, op, n_in, n_out, descs, save_mask, input_has_grad,
-                 saved_vids, precomp, nodes, grad_vids, consts_desc):
+                 saved_vids, precomp, nodes, grad_vids):
         self.op = op
         self.n_in, self.n_out = n_in, n_out
         self.descs = descs
@@ -316,24 +316,19 @@ def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> B
     outs = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in out_descs]
     grads = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in out_descs]
     n_in, n_out = len(ins), len(outs)
-    if not any(requires_grad):
-        in_grads = [None] * n_in
-    else:
-        in_grads = _vjp(op, ins, outs, grads)
+    in_grads = _vjp(op, ins, outs, grads) if any(requires_grad) else [None] * n_in
     if len(in_grads) != n_in:
         raise ValueError(f"{op!r}: the VJP returned {len(in_grads)} gradients for {n_in} inputs")
-    grad_vids = []
-    for i, g in enumerate(in_grads):
-        ok = (requires_grad[i] and isinstance(g, SymbolicTensor)
-              and ins[i].dtype.kind in "fc")
-        grad_vids.append(g.vid if ok else None)
+    grad_vids = [g.vid if r and isinstance(g, SymbolicTensor) and x.dtype.kind in "fc" else None
+                 for g, r, x in zip(in_grads, requires_grad, ins)]
     return _optimise(op, trace, n_in, n_out, grad_vids)
 
 
 def _optimise(op, trace: Trace, n_in, n_out, grad_vids) -> BackwardGraph:
     n_graph_inputs = n_in + 2 * n_out
+    returned = {v for v in grad_vids if v is not None}
     # dead code elimination
-    live = {v for v in grad_vids if v is not None}
+    live = set(returned)
     nodes = []
     for node in reversed(trace.nodes):
         if any(o in live for o in node.outs):
@@ -346,7 +341,6 @@ def _optimise(op, trace: Trace, n_in, n_out, grad_vids) -> BackwardGraph:
         for pos, a in enumerate(node.args):
             if isinstance(a, int):
                 uses.setdefault(a, []).append((node, pos))
-    returned = {v for v in grad_vids if v is not None}
     precomp = []
     descs = list(trace.descs)
     for v in range(n_in + n_out):
@@ -366,9 +360,8 @@ def _optimise(op, trace: Trace, n_in, n_out, grad_vids) -> BackwardGraph:
         used.update(a for a in node.args if isinstance(a, int))
     mask = [v in used for v in range(n_graph_inputs)]
     saved_vids = [v for v in range(n_in + n_out) if mask[v]]
-    input_has_grad = [v is not None for v in grad_vids]
-    return BackwardGraph(op, n_in, n_out, descs, mask, input_has_grad, saved_vids,
-                         precomp, nodes, grad_vids, None)
+    return BackwardGraph(op, n_in, n_out, descs, mask, [v is not None for v in grad_vids], saved_vids,
+                         precomp, nodes, grad_vids)
 
 
 # ---------------------------------------------------------------- codegen
@@ -533,11 +526,7 @@ def _buffer_reuse(graph, n_in, n_out):
     full = set(range(n_in, n_in + 2 * n_out))
     if isinstance(op, Elemwise) and op.nin == 1:
         full.add(0)
-    last_use = {}
-    for i, node in enumerate(graph.nodes):
-        for a in node.args:
-            if isinstance(a, int):
-                last_use[a] = i
+    last_use = {a: i for i, node in enumerate(graph.nodes) for a in node.args if isinstance(a, int)}
     returned = {v for v in graph.grad_vids if v is not None}
     fresh, reuse = set(), {}
     for i, node in enumerate(graph.nodes):
@@ -623,11 +612,10 @@ def make_backward_graph(op, input_descs: Sequence[TensorDesc], input_requires_gr
         raise ValueError(f"{op!r}: {len(descs)} input descs but {len(input_requires_grad)} requires-grad flags")
     graph = _get(op, descs, input_requires_grad)
     mask = list(graph.save_for_backward)
-    if output_has_grad is not None:
-        for k, has in enumerate(output_has_grad):
-            if not has:
-                # a missing output grad is zero-filled at run time: not saved
-                mask[graph.n_in + graph.n_out + k] = False
+    for k, has in enumerate(() if output_has_grad is None else output_has_grad):
+        if not has:
+            # a missing output grad is zero-filled at run time: not saved
+            mask[graph.n_in + graph.n_out + k] = False
     return graph, mask, list(graph.input_has_grad)
 
 

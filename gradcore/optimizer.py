@@ -226,11 +226,8 @@ class Optimizer:
         ``like``: the number itself; inside a CUDA-graph capture a device
         scalar that every replay refreshes (a new learning rate needs no new
         capture), one per group, dtype and value."""
-        cap = self._capture
-        if cap is None:
-            return _SCALARS[name](group, raw)
-        rule = _SCALARS[name]
-        if type(like) is np.ndarray:
+        cap, rule = self._capture, _SCALARS[name]
+        if cap is None or type(like) is np.ndarray:
             return rule(group, raw)
         return cap.scalar(functools.partial(rule, group, raw), like.dtype, key=(name, id(group), rule(group, raw)))
 
@@ -262,15 +259,9 @@ class Optimizer:
         per group with the parameters as indices (their order across the
         groups), and each parameter's state as NumPy copies (the state
         Tensors themselves with ``keep_var=True``)."""
-        index = {}
-        groups = []
-        for group in self.param_groups:
-            entry = {k: v for k, v in group.items() if k != "params"}
-            entry["params"] = []
-            for p in group["params"]:
-                index[id(p)] = len(index)
-                entry["params"].append(index[id(p)])
-            groups.append(entry)
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]}
+                  for g in self.param_groups]
         state = {}
         for p, st in self._state.items():
             if id(p) in index and st:
@@ -462,6 +453,20 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay)
 
 
+def _decayed(opt: Optimizer, param, grad, group, state, *buffers):
+    """Adagrad's and Adadelta's start of a step: (param's buffer, grad + weight_decay *
+    param), the step counted, ``buffers`` made zero on the first step."""
+    p = opt._writable(param)
+    if group["weight_decay"]:
+        grad = grad + group["weight_decay"] * p
+    if buffers[0] not in state:
+        state["step"] = 0
+        for b in buffers:
+            state[b] = _zeros_like(p)
+    state["step"] += 1
+    return p, grad
+
+
 class Adagrad(Optimizer):
     """Adagrad (MegEngine's rule): ``square_avg += g * g`` and
     ``param -= lr / (1 + (step - 1) * lr_decay) * g / sqrt(square_avg + eps)``,
@@ -482,13 +487,7 @@ class Adagrad(Optimizer):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay))
 
     def _update(self, param, grad, group, state):
-        p = self._writable(param)
-        if group["weight_decay"]:
-            grad = grad + group["weight_decay"] * p
-        if "square_avg" not in state:
-            state["step"] = 0
-            state["square_avg"] = _zeros_like(p)
-        state["step"] += 1
+        p, grad = _decayed(self, param, grad, group, state, "square_avg")
         square_avg = state["square_avg"]
         square_avg += grad * grad
         clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
@@ -517,15 +516,8 @@ class Adadelta(Optimizer):
         super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay))
 
     def _update(self, param, grad, group, state):
-        p = self._writable(param)
-        if group["weight_decay"]:
-            grad = grad + group["weight_decay"] * p
+        p, grad = _decayed(self, param, grad, group, state, "square_avg", "acc_delta")
         rho, eps = group["rho"], group["eps"]
-        if "square_avg" not in state:
-            state["step"] = 0
-            state["square_avg"] = _zeros_like(p)
-            state["acc_delta"] = _zeros_like(p)
-        state["step"] += 1
         square_avg, acc_delta = state["square_avg"], state["acc_delta"]
         square_avg *= rho
         square_avg += (1 - rho) * grad * grad
@@ -537,9 +529,7 @@ class Adadelta(Optimizer):
 
 # ---------------------------------------------------------------- gradient clipping
 def _with_grads(tensors) -> List[Tensor]:
-    if isinstance(tensors, Tensor):
-        return [tensors]
-    return list(tensors)
+    return [tensors] if isinstance(tensors, Tensor) else list(tensors)
 
 
 def clip_grad_norm(tensors: Union[Tensor, Iterable[Tensor]], max_norm: float, ord: float = 2.0) -> Tensor:
@@ -571,8 +561,7 @@ def clip_grad_norm(tensors: Union[Tensor, Iterable[Tensor]], max_norm: float, or
     total = norms[0] if len(norms) == 1 else F.norm(F.stack(norms), ord=ord)
     scale = F.minimum(max_norm / (total + 1e-6), 1.0)
     for t in ts:
-        g = t.grad
-        g._reset((g * scale).astype(g.dtype))
+        t.grad._reset((t.grad * scale).astype(t.grad.dtype))
     return total
 
 
@@ -590,7 +579,5 @@ def clip_grad_value(tensors: Union[Tensor, Iterable[Tensor]], lower: float, uppe
     if lower > upper:
         raise ValueError(f"clip_grad_value: lower must be <= upper, got lower={lower}, upper={upper}")
     for t in _with_grads(tensors):
-        if t.grad is None:
-            continue
-        g = t.grad
-        g._reset(F.clip(g, lower, upper).astype(g.dtype))
+        if t.grad is not None:
+            t.grad._reset(F.clip(t.grad, lower, upper).astype(t.grad.dtype))

@@ -15,7 +15,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Dict, List, Optional
 
-from .op import describe, positional_arity as _positional_arity
+from .op import Op, describe, positional_arity as _positional_arity
 
 GROUP = "gradcore.ops"
 ENV_DISABLE = "GRADCORE_NO_PLUGINS"        # "1": load only the standard library
@@ -257,7 +257,6 @@ def _check_default_launch(c, where, desc, samples) -> None:
 def _samples(c) -> list:
     """Instances built from ``check_params`` (or the argument-free
     constructor), for the checks that need one; [] when none can be built."""
-    from .op import Op
     if not issubclass(c, Op):
         return []
     params = describe(c).check["check_params"]
@@ -277,7 +276,6 @@ def _check_instance_state(c, where, samples) -> None:
     one used for the other). Checked on the instances ``check_params`` (or
     the argument-free constructor) give; derived values may be declared in
     ``derived = ("_name", ...)``."""
-    from .op import Op
     if not (isinstance(c, type) and issubclass(c, Op)):
         return
     allowed = set(getattr(c, "derived", ()) or ())
@@ -427,11 +425,6 @@ def entry_point_dists() -> Dict[str, str]:
 def failures() -> List[PluginFailure]:
     load()
     return list(_state.failures)
-
-
-def _reset_for_tests():
-    global _state
-    _state = _State()
 
 
 @contextlib.contextmanager

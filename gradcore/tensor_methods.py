@@ -8,7 +8,7 @@ import functools
 
 import numpy as np
 
-from . import _core, dtypes, graph, interop
+from . import _core, devices, dtypes, graph, interop
 from .op import IndexOpError, OpError, TensorDesc, describe
 from ._core import Tensor
 from .cuda.array import DeviceArray
@@ -25,8 +25,7 @@ def to_array(data, dtype=None, device=None):
     if isinstance(data, DeviceArray):
         if dev == "cuda":
             return (data.copy() if dtype is None else data.astype(dtype)), dev
-        arr = data.get() if dtype is None else data.get().astype(dtype)
-        return arr, dev
+        return (data.get() if dtype is None else data.get().astype(dtype)), dev
     if dtype is not None:
         dtype = dtypes.check_dtype(dtype, "Tensor")
     if data is None:
@@ -47,11 +46,10 @@ def to_array(data, dtype=None, device=None):
             pass
         elif arr.dtype.kind == "f":
             arr = arr.astype(DEFAULT_FLOAT)
-        elif arr.dtype.kind in "iu" and arr.dtype.itemsize > 4 and not isinstance(data, np.generic):
+        elif arr.dtype.kind in "iu" and arr.dtype.itemsize > 4:
             if arr.size == 0 or (arr.min() >= -2**31 and arr.max() < 2**31):
                 arr = arr.astype(DEFAULT_INT)
     if dev != "cpu":
-        from . import devices
         return devices.to_device(arr, dev), dev
     return arr, dev
 
@@ -77,11 +75,8 @@ def _const_for(x, tensors, device):
             return _core.wrap_array(_device_scalar(x, dtype, device))
         return _core.wrap_array(np.asarray(x, dtype), device)
     if isinstance(x, (np.ndarray, np.generic, list, tuple)):
-        arr = np.asarray(x)
-        if not isinstance(x, (np.ndarray, np.generic)):
-            arr = to_array(x)[0]
+        arr = np.asarray(x) if isinstance(x, (np.ndarray, np.generic)) else to_array(x)[0]
         if device != "cpu":
-            from . import devices
             arr = devices.to_device(arr, device)
         return _core.wrap_array(arr, device)
     return None
@@ -99,7 +94,6 @@ def _device_scalar(x, dtype, device):
     key = (device, type(x), x, np.dtype(dtype).str)
     arr = _scalars.get(key)
     if arr is None:
-        from . import devices
         if len(_scalars) > 1024:
             _scalars.clear()
         be = devices.require_cuda() if device == "cuda" else None
@@ -113,10 +107,9 @@ def _device_scalar(x, dtype, device):
 def slow_apply(op, args):
     if any(isinstance(a, graph.SymbolicTensor) for a in args):
         return graph.trace_apply(op, args)
-    if describe(op).forward_by_rule:
-        bad = next(a for a in args if not isinstance(a, Tensor)) if args else None
-        if args:
-            raise TypeError(f"op {_name(op)} expect type Tensor as inputs, got {type(bad).__name__}")
+    if describe(op).forward_by_rule and args:
+        bad = next(a for a in args if not isinstance(a, Tensor))
+        raise TypeError(f"op {_name(op)} expect type Tensor as inputs, got {type(bad).__name__}")
     tensors = [a for a in args if isinstance(a, Tensor)]
     device = tensors[0].device if tensors else "cpu"
     conv = []
@@ -176,11 +169,6 @@ def kernel_error(op, args, exc):
         return cls(f"{text} (input shapes: {shapes})")
     except Exception:
         return RuntimeError(f"{text} (input shapes: {shapes})")
-
-
-def kernel_for(op, device):
-    from . import devices
-    return devices.kernel_for(op, device)
 
 
 # ---------------------------------------------------------------- methods
@@ -394,7 +382,6 @@ def promote(op, args):
 
 
 def install():
-    from gradcore import devices
     from gradcore.ops.elemwise import Elemwise, modes
     _core._install_hooks(
         slow_apply=slow_apply,

@@ -11,15 +11,27 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from ._core import Tensor
+from . import _core
+from . import devices as devmod
+from ._core import GradRuleFallback, Tensor, apply
 from .autodiff import GradManager
-from .op import describe
+from .op import TensorDesc, describe
 
-__all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_grads", "analytic_grads"]
+__all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_grads", "analytic_grads",
+           "check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
+           "generated_cases", "op_devices", "NoInputsError", "cuda_for_checks", "check_grad_rule"]
 
 
 class GradcheckError(AssertionError):
@@ -82,23 +94,39 @@ def numerical_grads(fn: Callable, inputs: Sequence[Tensor], weights, eps: float 
     return grads
 
 
-def analytic_grads(fn: Callable, inputs: Sequence[Tensor], weights,
-                   wrt: Optional[Sequence[int]] = None) -> List[Optional[np.ndarray]]:
-    xs = [x.detach() for x in inputs]
-    chosen = [x for i, x in enumerate(xs) if (wrt is None or i in wrt) and x.dtype.kind in "fc"]
+def _chosen(xs, wrt) -> list:
+    """The inputs to differentiate: those in ``wrt`` (default all), floating point."""
+    return [x for i, x in enumerate(xs) if (wrt is None or i in wrt) and x.dtype.kind in "fc"]
+
+
+def _backward_weighted(fn: Callable, xs, chosen, weights) -> None:
+    """Differentiate ``sum(w * out)`` over ``fn(*xs)``'s outputs into ``chosen``'s ``.grad``."""
     gm = GradManager().attach(chosen)
     with gm:
-        outs = _outputs(fn(*xs))
-        ys = [o for o, w in zip(outs, weights) if w is not None]
-        dys = [Tensor(w) for w in weights if w is not None]
-        gm.backward(ys, dys)
-    res = []
-    for i, x in enumerate(xs):
-        if not any(x is c for c in chosen):
-            res.append(None)
-        else:
-            res.append(np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64))
-    return res
+        pairs = [(o, w) for o, w in zip(_outputs(fn(*xs)), weights) if w is not None]
+        gm.backward([o for o, _ in pairs], [Tensor(w) for _, w in pairs])
+
+
+def _host_grads(xs, chosen) -> List[Optional[np.ndarray]]:
+    """Each chosen input's gradient as a float64 array (zeros where none came), else None."""
+    return [None if not any(x is c for c in chosen)
+            else np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64) for x in xs]
+
+
+def analytic_grads(fn: Callable, inputs: Sequence[Tensor], weights,
+                   wrt: Optional[Sequence[int]] = None) -> List[Optional[np.ndarray]]:
+    """The gradients of ``sum(w * fn(*inputs))`` with respect to each input,
+    computed by a GradManager (None for an input not differentiated).
+
+    Example::
+
+        >>> analytic_grads(lambda x: x * x, [gradcore.tensor([3.0], dtype="float64")], [np.ones(1)])
+        [array([6.])]
+    """
+    xs = [x.detach() for x in inputs]
+    chosen = _chosen(xs, wrt)
+    _backward_weighted(fn, xs, chosen, weights)
+    return _host_grads(xs, chosen)
 
 
 def _compare(name, analytic, numeric, inputs, atol, rtol):
@@ -143,15 +171,11 @@ def _first_order_fn(fn: Callable, ws, wrt):
     """A function returning fn's weighted first-order gradients, built from
     gradcore ops so that an outer GradManager can differentiate it."""
     def grads(*xs):
-        chosen = [x for i, x in enumerate(xs) if (wrt is None or i in wrt) and x.dtype.kind in "fc"]
+        chosen = _chosen(xs, wrt)
         saved = [x.grad for x in chosen]
         for x in chosen:
             x.grad = None
-        gm = GradManager().attach(chosen)
-        with gm:
-            outs = _outputs(fn(*xs))
-            ys = [o for o, w in zip(outs, ws) if w is not None]
-            gm.backward(ys, [Tensor(w) for w in ws if w is not None])
+        _backward_weighted(fn, xs, chosen, ws)
         res = []
         for x, old in zip(chosen, saved):
             g = x.grad
@@ -183,18 +207,6 @@ def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float
 
 # ---------------------------------------------------------------- check_op
 # Everything an op should pass, in one call: see ``check_op``.
-
-import contextlib
-import functools
-import inspect
-import os
-import shutil
-import subprocess
-import tempfile
-from dataclasses import dataclass, field
-
-__all__ += ["check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
-            "generated_cases", "op_devices", "NoInputsError", "cuda_for_checks"]
 
 PASSED, FAILED, SKIPPED, NOT_APPLICABLE = "passed", "failed", "skipped", "not applicable"
 # "skipped": the check could not run for a reason outside the op author's
@@ -235,21 +247,13 @@ class CheckReport:
     def ok(self) -> bool:
         return all(r.ok for r in self.results)
 
-    @property
-    def failed(self) -> List[CheckResult]:
-        return [r for r in self.results if r.status == FAILED]
+    def _with(self, status: str) -> List[CheckResult]:
+        return [r for r in self.results if r.status == status]
 
-    @property
-    def skipped(self) -> List[CheckResult]:
-        return [r for r in self.results if r.status == SKIPPED]
-
-    @property
-    def passed(self) -> List[CheckResult]:
-        return [r for r in self.results if r.status == PASSED]
-
-    @property
-    def not_applicable(self) -> List[CheckResult]:
-        return [r for r in self.results if r.status == NOT_APPLICABLE]
+    failed = property(lambda self: self._with(FAILED))
+    skipped = property(lambda self: self._with(SKIPPED))
+    passed = property(lambda self: self._with(PASSED))
+    not_applicable = property(lambda self: self._with(NOT_APPLICABLE))
 
     def __getitem__(self, check: str) -> CheckResult:
         """The (first) result of the check named ``check``."""
@@ -318,9 +322,7 @@ def op_examples(op_or_cls) -> List[tuple]:
 
 
 def _to_array(x) -> np.ndarray:
-    if isinstance(x, Tensor):
-        return np.array(x.numpy())
-    return np.array(x)
+    return np.array(x.numpy() if isinstance(x, Tensor) else x)
 
 
 def _cast(arrays, dtype):
@@ -330,7 +332,6 @@ def _cast(arrays, dtype):
 def _run(op, arrays, device="cpu", modified=None):
     """The op's outputs on ``arrays`` (host arrays). ``modified``: a list
     that receives the index of each input the kernel changed."""
-    from ._core import apply
     xs = [Tensor(a) if device == "cpu" else Tensor(a, device=device) for a in arrays]
     outs = [np.asarray(o.numpy()) for o in apply(op, *xs)]
     if modified is not None:
@@ -359,13 +360,8 @@ def _device_grads(op, arrays, weights, wrt, device):
     ``device``, as float64 host arrays (None for inputs not in ``wrt``)."""
     xs = [Tensor(a, device=device) for a in arrays]
     chosen = [xs[i] for i in wrt]
-    gm = GradManager().attach(chosen)
-    with gm:
-        outs = _outputs(_apply_fn(op)(*xs))
-        pairs = [(o, Tensor(w, device=device)) for o, w in zip(outs, weights) if w is not None]
-        gm.backward([o for o, _ in pairs], [w for _, w in pairs])
-    return [None if i not in wrt else (np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64))
-            for i, x in enumerate(xs)]
+    _backward_weighted(_apply_fn(op), xs, chosen, weights)
+    return _host_grads(xs, chosen)
 
 
 @functools.lru_cache(maxsize=None)
@@ -529,9 +525,7 @@ def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: 
     try:
         cases = _cases_for(op, sample_inputs, wrt, seed)
     except NoInputsError as exc:
-        report = CheckReport()
-        report.results.append(CheckResult(_op_short_name(op), "inputs", FAILED, str(exc)))
-        return report
+        return CheckReport([CheckResult(_op_short_name(op), "inputs", FAILED, str(exc))])
     label = _op_label(cases[0][0]) if len(cases) == 1 else _op_short_name(op)
     report = CheckReport(instances=list(dict.fromkeys(_op_label(c[0]) for c in cases)))
     checks = {c: _Check(report, label, c) for c in CHECKS}
@@ -654,7 +648,6 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
         >>> [(op, [a.shape for a in arrays]) for op, arrays in generated_cases(Softmax)]
         [(Softmax(axis=-1), [(2, 3)]), (Softmax(axis=-1), [(4,)]), ...]
     """
-    from .op import TensorDesc
     cls = op if isinstance(op, type) else type(op)
     rng = np.random.default_rng(seed)
     domain = tuple(describe(cls).check["domain"] or _DEFAULT_DOMAIN)
@@ -689,11 +682,11 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
 
 
 def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_order, compile_cuda):
-    from . import devices as devmod
-    from .op import TensorDesc
     name = _op_short_name(op)
     a32, a64 = _cast(arrays, np.float32), _cast(arrays, np.float64)
     has_float = any(a.dtype.kind == "f" for a in arrays)
+    # the dtypes the forward runs in: both float precisions, or the inputs as given
+    variants = (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),)
 
     # ---- forward, cpu
     outs = {}
@@ -704,7 +697,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     elif "cpu" not in devices:
         c.skipped("not requested")
     else:
-        for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
+        for dt, arrs in variants:
             modified = []
             try:
                 outs[dt] = _run(op, arrs, modified=modified)
@@ -762,7 +755,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     if not hasattr(op, "infer"):
         c.not_applicable("the op has no infer()")
     else:
-        for dt, arrs in (("float64", a64), ("float32", a32)) if has_float else (("input", arrays),):
+        for dt, arrs in variants:
             if dt not in outs:
                 continue
             try:
@@ -936,7 +929,6 @@ def cuda_for_checks(wanted: bool = True):
         >>> with cuda_for_checks() as where:
         ...     report = check_op(MyCube)        # cuda checks on the GPU or the emulator
     """
-    from . import devices as devmod
     if not wanted:
         yield "not requested"
     elif os.environ.get("GRADCORE_CUDA"):
@@ -961,7 +953,6 @@ def cuda_for_checks(wanted: bool = True):
 
 
 def _apply_fn(op):
-    from ._core import apply
 
     def run(*xs):
         outs = apply(op, *xs)
@@ -985,16 +976,13 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
         >>> check_grad_rule(MatrixMul, matmul_2d_float32_rule).ok
         True
     """
-    from . import _core
-    from ._core import GradRuleFallback
     label = f"{_op_short_name(op_cls)} rule {getattr(rule, '__name__', 'rule')}"
-    report = CheckReport()
-    accepted, fallback = _Check(report, label, "rule[accepted]"), _Check(report, label, "rule[fallback]")
     try:
         cases = _cases_for(op_cls, (), None, seed)
     except NoInputsError as exc:
-        report.results.append(CheckResult(label, "inputs", FAILED, str(exc)))
-        return report
+        return CheckReport([CheckResult(label, "inputs", FAILED, str(exc))])
+    report = CheckReport()
+    accepted, fallback = _Check(report, label, "rule[accepted]"), _Check(report, label, "rule[fallback]")
     installed = _core.registered_grad_rule(op_cls)
     for inst, arrays, wrt, origin in cases:
         for dt in (np.float32, np.float64):
@@ -1045,6 +1033,3 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
             (c.failed if c is accepted else c.not_applicable)(why)
         c.close()
     return report
-
-
-__all__ += ["check_grad_rule"]

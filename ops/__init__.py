@@ -14,7 +14,7 @@ from gradcore.cuda import runtime as _cuda_runtime
 from gradcore.op import describe as _describe
 
 from .conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, ConvTranspose
-from .elemwise import Elemwise
+from .elemwise import CUDA_HELPERS, Elemwise
 from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, Scatter, SetSubtensor, Sort,
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import MatrixMul
@@ -45,15 +45,13 @@ STANDARD_OPS = [
 
 def register():
     """Entry point of the standard library (group ``gradcore.ops``)."""
-    from gradcore.registry import register_op
     for cls in STANDARD_OPS:
-        register_op(cls)
+        _registry.register_op(cls)
 
 
 def get(name: str):
     """Find any registered op class by name, plugins' included."""
-    from gradcore.registry import get as _get
-    return _get(name)
+    return _registry.get(name)
 
 
 def operator_op(name: str):
@@ -73,15 +71,11 @@ def standard_op(name: str):
         >>> standard_op("Cast") is Cast
         True
     """
-    if not _STANDARD:       # filled on first use: the families import this package
-        from . import elemwise, reduce, shape
-        _STANDARD.update({"Cast": shape.Cast, "Broadcast": shape.Broadcast, "Transpose": shape.Transpose,
-                          "Reduce": reduce.Reduce, "Elemwise": elemwise.Elemwise,
-                          "CUDA_HELPERS": elemwise.CUDA_HELPERS, "describe": _describe})
     return _STANDARD[name]
 
 
-_STANDARD: dict = {}
+_STANDARD = {"Cast": Cast, "Broadcast": Broadcast, "Transpose": Transpose, "Reduce": Reduce, "Elemwise": Elemwise,
+             "CUDA_HELPERS": CUDA_HELPERS, "describe": _describe}
 
 
 # the layers below learn of the op library through hooks (they import nothing

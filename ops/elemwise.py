@@ -25,7 +25,6 @@ from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
 
 
-
 class Row(NamedTuple):
     mode: str
     numpy: str                      # expression in x (and y, z)

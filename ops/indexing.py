@@ -18,13 +18,11 @@ from gradcore import _core
 from gradcore.cuda.kernels import Kernel
 from gradcore.op import IndexOpError, Op, OpError, TensorDesc  # noqa: F401 (IndexOpError: here too)
 
-from .shape import _DIMS, SumToLike
+from .shape import _DIMS, SumToLike, ZerosLike
 
 
 def _apply1(op, *args):
     return _core.apply(op, *args)[0]
-
-
 
 
 def split_index(index) -> Tuple[tuple, list]:
@@ -99,8 +97,7 @@ def _probe_shape(op, spec, shape, idx_descs, descs):
     if shape is None or any(d.shape is None for d in idx_descs):
         return None
     probe = np.ndarray(shape, np.uint8, np.zeros(1, np.uint8), 0, (0,) * len(shape))
-    arrays = [np.zeros(d.shape, d.dtype) if d.dtype.kind == "b" else np.zeros(d.shape, d.dtype)
-              for d in idx_descs]
+    arrays = [np.zeros(d.shape, d.dtype) for d in idx_descs]
     bad = next((d for d in idx_descs if d.dtype.kind not in "biu"), None)
     if bad is not None:
         # an IndexError, as NumPy raises for a float, string or object index
@@ -129,11 +126,7 @@ def _host(a):
 
 def _c_strides(shape):
     """Element strides of a C-contiguous array of ``shape``."""
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= n
-    return tuple(reversed(out))
+    return tuple(int(math.prod(shape[d + 1:])) for d in range(len(shape)))
 
 
 def _full_index(index):
@@ -218,8 +211,7 @@ def _index32(be, index):
 
 
 def _outer_n_inner(shape, ax):
-    return (int(math.prod(shape[:ax])), int(shape[ax]),
-            int(math.prod(shape[ax + 1:])))
+    return int(math.prod(shape[:ax])), int(shape[ax]), int(math.prod(shape[ax + 1:]))
 
 
 class Subtensor(Op):
@@ -592,7 +584,7 @@ def _check_gather_shapes(op, x, index, descs, what="index"):
     return ax
 
 
-def _region(x_shape, index_shape, ax):
+def _region(index_shape, ax):
     """x's slice that index covers outside the axis."""
     return tuple(slice(None) if d == ax else slice(0, s) for d, s in enumerate(index_shape))
 
@@ -667,16 +659,15 @@ class Gather(Op):
 
     def infer(self, x, index):
         _check_index_dtype(self, index, (x, index))
-        if x.shape is None or index.shape is None:
-            return (TensorDesc(index.shape, x.dtype, x.device),)
-        _check_gather_shapes(self, x, index, (x, index))
+        if x.shape is not None and index.shape is not None:
+            _check_gather_shapes(self, x, index, (x, index))
         return (TensorDesc(index.shape, x.dtype, x.device),)
 
     def cpu(self, x, index):
         _validate(self, x, index)
         ax = self.axis % x.ndim
         index = _checked_index(self, index, x.shape[ax], ax, (x, index))
-        return np.take_along_axis(x[_region(x.shape, index.shape, ax)], index, ax)
+        return np.take_along_axis(x[_region(index.shape, ax)], index, ax)
 
     def vjp(self, inputs, outputs, grads):
         x, index = inputs
@@ -728,7 +719,7 @@ class GatherGrad(Op):
         ax = self.axis % len(ref.shape)
         index = _checked_index(self, index, ref.shape[ax], ax, (g, ref, index))
         out = np.zeros(ref.shape, g.dtype)
-        region = out[_region(ref.shape, index.shape, ax)]
+        region = out[_region(index.shape, ax)]
         # np.add.at along one axis: every other coordinate from a broadcast grid
         grid = list(np.ogrid[tuple(slice(0, s) for s in index.shape)])
         grid[ax] = index
@@ -793,13 +784,13 @@ class Scatter(Op):
         ax = self.axis % x.ndim
         index = _checked_index(self, index, x.shape[ax], ax, (x, index, source))
         out = x.copy()
-        np.put_along_axis(out[_region(x.shape, index.shape, ax)], index, source, ax)
+        np.put_along_axis(out[_region(index.shape, ax)], index, source, ax)
         return out
 
     def vjp(self, inputs, outputs, grads):
         x, index, source = inputs
         g = grads[0]
-        dx = _apply1(Scatter(self.axis), g, index, _apply1(_zeros_like(), source))
+        dx = _apply1(Scatter(self.axis), g, index, _apply1(ZerosLike(), source))
         return [dx, None, _apply1(Gather(self.axis), g, index)]
 
     def cuda_source(self, ctype: str = "float") -> str:
@@ -821,19 +812,12 @@ class Scatter(Op):
         return y
 
 
-def _zeros_like():
-    from .shape import ZerosLike
-    return ZerosLike()
-
-
 # ---------------------------------------------------------------- sort / topk
 def _order(x, descending):
     """Stable argsort along the last axis (ties keep index order)."""
     if descending:
-        key = -x if x.dtype.kind == "f" else -(x.astype(np.int64))
-    else:
-        key = x
-    return np.argsort(key, axis=-1, kind="stable")
+        x = -x if x.dtype.kind == "f" else -(x.astype(np.int64))
+    return np.argsort(x, axis=-1, kind="stable")
 
 
 # u comes before v (element j before element i): strictly smaller (larger

@@ -56,7 +56,6 @@ from .reduce import BLOCK_REDUCE, MAX_BLOCKS, SHORT_AXIS, BroadcastBack, Reduce,
 __all__ = ["CrossEntropy", "CrossEntropyGrad", "CTCLoss", "CTCLossGrad"]
 
 
-
 # ---------------------------------------------------------------- cross-entropy
 # F.cross_entropy on logits runs as CrossEntropy (then its reduction);
 # CrossEntropy's vjp is CrossEntropyGrad, whose own backward is derived from

@@ -37,7 +37,9 @@ from gradcore.op import Composite, Op, TensorDesc
 from gradcore.cuda.kernels import Kernel
 
 from .elemwise import Elemwise
-from .shape import Concat, Split
+from .linalg import MatrixMul, gemm_rows
+from .reduce import op_int
+from .shape import Concat, Split, Stack, Unstack, ZerosLike
 
 __all__ = ["LSTMCellGates", "LSTMCellGatesBackward", "GRUCellGates", "GRUCellGatesBackward", "LSTMLayer",
            "LSTMLayerBackward"]
@@ -59,6 +61,19 @@ def _tanh(x):
 def _np_sigmoid(x):
     with np.errstate(over="ignore"):
         return 1.0 / (1.0 + np.exp(-x))
+
+
+def _np_lstm_gates(gx, gh, H):
+    """The LSTM gates i, f, g, o of z = gx + gh (B, 4H) on the cpu."""
+    z = gx + gh
+    s = _np_sigmoid(z)
+    return s[:, :H], s[:, H:2 * H], np.tanh(z[:, 2 * H:3 * H]), s[:, 3 * H:]
+
+
+def _np_gru_rz(gx, gh, H):
+    """The GRU gates r, z of gx + gh (B, 3H) on the cpu."""
+    rz = _np_sigmoid(gx[:, :2 * H] + gh[:, :2 * H])
+    return rz[:, :H], rz[:, H:]
 
 
 def _check_one_float_dtype(op, descs):
@@ -91,10 +106,8 @@ def _check_cell(op, gates, what, *descs, k):
 def _launch(op, be, n, outs, *arrays):
     """Allocate ``outs`` (shapes) like arrays[0], run op's kernel, one thread
     per (batch, hidden) element: args (inputs..., outputs..., n, H)."""
+    _cuda_float(op, *arrays)
     x = arrays[0]
-    if x.dtype not in (np.float32, np.float64):
-        raise op.error(f"the CUDA kernel takes float32 or float64, got {x.dtype}",
-                       *(TensorDesc(a.shape, a.dtype, "cuda") for a in arrays))
     ys = [be.empty(s, x.dtype) for s in outs]
     H = outs[-1][1] if outs[-1][1] else 1
     if n:
@@ -180,20 +193,13 @@ class LSTMCellGates(Op):
         return (TensorDesc(c.shape, c.dtype, c.device), TensorDesc(c.shape, c.dtype, c.device))
 
     def cpu(self, gx, gh, c):
-        z = gx + gh
-        H = c.shape[1]
-        s = _np_sigmoid(z)
-        i, f, o = s[:, :H], s[:, H:2 * H], s[:, 3 * H:]
-        g = np.tanh(z[:, 2 * H:3 * H])
+        i, f, g, o = _np_lstm_gates(gx, gh, c.shape[1])
         c2 = f * c + i * g
         return o * np.tanh(c2), c2
 
     def vjp(self, inputs, outputs, grads):
-        (gx, gh, c), (h2, c2), (dh, dc) = inputs, outputs, grads
-        from .shape import ZerosLike
-        dh = _ap(ZerosLike(), h2) if dh is None else dh
-        dc = _ap(ZerosLike(), c2) if dc is None else dc
-        dz, dcp = apply(LSTMCellGatesBackward(), gx, gh, c, dh, dc)
+        dh, dc = (_ap(ZerosLike(), o) if g is None else g for o, g in zip(outputs, grads))
+        dz, dcp = apply(LSTMCellGatesBackward(), *inputs, dh, dc)
         return [dz, dz, dcp]
 
     def cuda(self, be, gx, gh, c):
@@ -203,7 +209,6 @@ class LSTMCellGates(Op):
         """``gc_lstmcellgates_<ctype>(gx, gh, c, h2, c2, n, H)``: one thread
         per (batch, hidden) element, n = B * H."""
         return _LSTM.source(ctype, helpers=_SIGMOID)
-
 
 
 class LSTMCellGatesBackward(Op):
@@ -223,14 +228,11 @@ class LSTMCellGatesBackward(Op):
         return (TensorDesc(gx.shape, gx.dtype, gx.device), TensorDesc(c.shape, c.dtype, c.device))
 
     def cpu(self, gx, gh, c, dh, dc):
-        z = gx + gh
         H = c.shape[1]
-        s = _np_sigmoid(z)
-        i, f, o = s[:, :H], s[:, H:2 * H], s[:, 3 * H:]
-        g = np.tanh(z[:, 2 * H:3 * H])
+        i, f, g, o = _np_lstm_gates(gx, gh, H)
         tc = np.tanh(f * c + i * g)
         dct = dc + dh * o * (1 - tc * tc)
-        dz = np.empty_like(z)
+        dz = np.empty_like(gx)
         dz[:, :H] = dct * g * i * (1 - i)
         dz[:, H:2 * H] = dct * c * f * (1 - f)
         dz[:, 2 * H:3 * H] = dct * i * (1 - g * g)
@@ -255,7 +257,6 @@ class LSTMCellGatesBackward(Op):
         return _LSTM_BACKWARD.source(ctype, helpers=_SIGMOID)
 
 
-
 # ---------------------------------------------------------------- GRU
 class GRUCellGates(Op):
     """(gx, gh, h) -> h': gx = x W_ih^T + b_ih and gh = h W_hh^T + b_hh, both
@@ -277,8 +278,7 @@ class GRUCellGates(Op):
 
     def cpu(self, gx, gh, h):
         H = h.shape[1]
-        rz = _np_sigmoid(gx[:, :2 * H] + gh[:, :2 * H])
-        r, z = rz[:, :H], rz[:, H:]
+        r, z = _np_gru_rz(gx, gh, H)
         n = np.tanh(gx[:, 2 * H:] + r * gh[:, 2 * H:])
         return (1 - z) * n + z * h
 
@@ -293,7 +293,6 @@ class GRUCellGates(Op):
         """``gc_grucellgates_<ctype>(gx, gh, h, h2, n, H)``: one thread per
         (batch, hidden) element, n = B * H."""
         return _GRU.source(ctype, helpers=_SIGMOID)
-
 
 
 class GRUCellGatesBackward(Op):
@@ -315,8 +314,7 @@ class GRUCellGatesBackward(Op):
 
     def cpu(self, gx, gh, h, dh2):
         H = h.shape[1]
-        rz = _np_sigmoid(gx[:, :2 * H] + gh[:, :2 * H])
-        r, z = rz[:, :H], rz[:, H:]
+        r, z = _np_gru_rz(gx, gh, H)
         ghn = gh[:, 2 * H:]
         n = np.tanh(gx[:, 2 * H:] + r * ghn)
         dan = dh2 * (1 - z) * (1 - n * n)
@@ -343,7 +341,6 @@ class GRUCellGatesBackward(Op):
         """``gc_grucellgatesbackward_<ctype>(gx, gh, h, dh, dgx, dgh, dhp, n, H)``:
         one thread per (batch, hidden) element, n = B * H."""
         return _GRU_BACKWARD.source(ctype, helpers=_SIGMOID)
-
 
 
 # ---------------------------------------------------------------- LSTM, a whole layer
@@ -535,7 +532,6 @@ class _LayerParams:
     devices = ("cpu", "cuda")
 
     def __init__(self, steps: int, reverse: bool = False):
-        from .reduce import op_int
         self.steps = op_int(self.name, "steps", steps)
         if self.steps < 1:
             raise ValueError(f"{self.name}: steps must be at least 1, got {self.steps}")
@@ -589,7 +585,6 @@ class LSTMLayer(_LayerParams, Op):
 
     def vjp(self, inputs, outputs, grads):
         (gx, h0, c0, w), (hs, cs, gates) = inputs, outputs
-        from .shape import ZerosLike
         dhs, dcs, dgates = (_ap(ZerosLike(), o) if g is None else g for o, g in zip(outputs, grads))
         # gx is not read: the backward works from the activated gates
         return list(apply(LSTMLayerBackward(self.steps, self.reverse), h0, c0, w, hs, cs, gates,
@@ -603,7 +598,6 @@ class LSTMLayer(_LayerParams, Op):
         gates, hs, cs = be.empty((T, B, G), dt), be.empty((T, B, H), dt), be.empty((T, B, H), dt)
         if not B:
             return hs, cs, gates
-        from .linalg import gemm_rows
         kernel = be.kernel(self, be.ctype(dt))
         size = dt.itemsize
         hp, cp, po = h0.ptr, c0, 0
@@ -670,8 +664,6 @@ class LSTMLayerBackward(_LayerParams, Composite):
     def decompose(self, h0, c0, w, hs, cs, gates, dhs, dcs, dgates):
         # the kernels' math step by step in existing ops (shapes are unknown
         # while this is traced: ``steps`` unrolls it)
-        from .linalg import MatrixMul
-        from .shape import Stack, Unstack
         T = self.steps
         hs_, cs_, gates_, dhs_, dcs_, dgates_ = (_ap(Unstack(0, T), a) for a in (hs, cs, gates, dhs, dcs, dgates))
         if T == 1:
@@ -704,9 +696,7 @@ class LSTMLayerBackward(_LayerParams, Composite):
         dt = gates.dtype
         dz, dh, dc, dw = be.empty((T, B, G), dt), be.zeros((B, H), dt), be.zeros((B, H), dt), be.empty((G, H), dt)
         if not B:
-            dw = be.zeros((G, H), dt)
-            return dz, dh, dc, dw
-        from .linalg import gemm_rows
+            return dz, dh, dc, be.zeros((G, H), dt)
         kernel = be.kernel(self, be.ctype(dt))
         size = dt.itemsize
         order = list(_layer_steps(T, self.reverse))

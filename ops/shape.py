@@ -28,6 +28,18 @@ def _norm_axes(axes, ndim, op, desc):
     return tuple(out)
 
 
+def _int_shape(op_name, shape):
+    try:
+        # ints, NumPy ints, 0-d integer tensors; never a float, even a whole one
+        return tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"{op_name}: shape entries must be integers, got {tuple(shape)!r}") from None
+
+
+def _axis_tuple(axis):
+    return tuple(int(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+
+
 def _resolve_shape(op, shape, in_shape, desc):
     shape = tuple(int(s) for s in shape)
     if in_shape is None:      # traced: checked when the shape is known
@@ -52,11 +64,7 @@ class Reshape(Op):
     attrs = ("shape",)
 
     def __init__(self, shape: Sequence[int]):
-        try:
-            # ints, NumPy ints, 0-d integer tensors; never a float, even a whole one
-            self.shape = tuple(operator.index(s) for s in shape)
-        except TypeError:
-            raise TypeError(f"Reshape: shape entries must be integers, got {tuple(shape)!r}") from None
+        self.shape = _int_shape("Reshape", shape)
         # NumPy's reshape takes any negative dim as -1; MegEngine and torch
         # reject all but -1. Checked here since the cpu kernel is NumPy's
         bad = [s for s in self.shape if s < -1]
@@ -186,11 +194,7 @@ class Broadcast(Op):
     reduce_broadcast = True   # the gradient is the output grad, summed down centrally
 
     def __init__(self, shape: Sequence[int]):
-        try:
-            # ints, NumPy ints, 0-d integer tensors; never a float, even a whole one
-            self.shape = tuple(operator.index(s) for s in shape)
-        except TypeError:
-            raise TypeError(f"Reshape: shape entries must be integers, got {tuple(shape)!r}") from None
+        self.shape = _int_shape("Broadcast", shape)
 
     def infer(self, x):
         if x.shape is not None:
@@ -339,17 +343,15 @@ class ExpandDims(Op):
     attrs = ("axis",)
 
     def __init__(self, axis):
-        self.axis = tuple(int(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+        self.axis = _axis_tuple(axis)
 
     def infer(self, x):
         if x.shape is None:
             return (TensorDesc(None, x.dtype, x.device),)
         nd = x.ndim + len(self.axis)
         axes = _norm_axes(self.axis, nd, self, x)
-        shape, it = [], iter(x.shape)
-        for i in range(nd):
-            shape.append(1 if i in axes else next(it))
-        return (TensorDesc(tuple(shape), x.dtype, x.device),)
+        it = iter(x.shape)
+        return (TensorDesc(tuple(1 if i in axes else next(it) for i in range(nd)), x.dtype, x.device),)
 
     def cpu(self, x):
         return np.expand_dims(x, self.axis)
@@ -370,9 +372,7 @@ class Squeeze(Op):
     attrs = ("axis",)
 
     def __init__(self, axis=None):
-        if axis is not None:
-            axis = tuple(int(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
-        self.axis = axis
+        self.axis = None if axis is None else _axis_tuple(axis)
 
     def infer(self, x):
         if x.shape is None:
@@ -437,16 +437,10 @@ class Cast(Op):
                       "y[idx] = (U)x[idx];", over="total").source(ctype, U=to_ctype)
 
 
-_cast_op = None
-
-
 def cast_to(x, dtype):
     """``x`` as ``dtype`` through a recorded Cast (its gradient comes back in
     x's own dtype); the cast gradcore's dtype rules insert before an op."""
-    global _cast_op
-    if _cast_op is None:
-        _cast_op = Cast
-    return _core.apply(_cast_op(np.dtype(dtype)), x)[0]
+    return _apply1(Cast(np.dtype(dtype)), x)
 
 
 class Copy(Op):
@@ -504,26 +498,17 @@ class Identity(Op):
         return x
 
 
-class StopGradient(Op):
+class StopGradient(Identity):
     """Identity in the forward, no gradient in the backward."""
     name = "StopGradient"
     reduce_broadcast = False
     check_gradient = "zero"      # by design: check_op checks that it is exactly zero
-
-    def infer(self, x):
-        return (x,)
-
-    def cpu(self, x):
-        return x
 
     def vjp(self, inputs, outputs, grads):
         return [None]
 
     def cuda_source(self, ctype: str = "float") -> str:
         return _copy_source("stop_gradient", ctype, "stop_gradient (identity forward; cuda: the input itself)")
-
-    def cuda(self, be, x):
-        return x
 
 
 class Concat(Op):
@@ -573,6 +558,10 @@ class Concat(Op):
         return y
 
 
+_SPLIT_WHAT = ("one launch per output: y = x[:, offset:offset + len, :], x viewed as\n"
+               "    // (outer, n, inner) around the axis and y as (outer, len, inner)")
+
+
 class SplitLike(Op):
     """Split x along axis into pieces sized like refs (concat's backward)."""
     name = "SplitLike"
@@ -598,9 +587,7 @@ class SplitLike(Op):
         return [_apply1(Concat(self.axis), *grads)] + [None] * (len(inputs) - 1)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _piece_source("split_like", ctype, False,
-                             "one launch per output: y = x[:, offset:offset + len, :], x viewed as\n"
-                             "    // (outer, n, inner) around the axis and y as (outer, len, inner)")
+        return _piece_source("split_like", ctype, False, _SPLIT_WHAT)
 
     def cuda(self, be, x, *refs):
         if len(refs) == 1:      # as the cpu: the array itself
@@ -659,12 +646,7 @@ class Split(Op):
         if any(s < 0 for s in sizes):
             raise self.error(f"split indices {self.sections} must be non-decreasing and within "
                              f"[0, {n}] (axis {ax} has size {n})", x)
-        out = []
-        for s in sizes:
-            shape = list(x.shape)
-            shape[ax] = s
-            out.append(TensorDesc(tuple(shape), x.dtype, x.device))
-        return tuple(out)
+        return tuple(TensorDesc(x.shape[:ax] + (s,) + x.shape[ax + 1:], x.dtype, x.device) for s in sizes)
 
     def cpu(self, x):
         self.infer(TensorDesc(x.shape, x.dtype))     # bad input: Split's own error
@@ -679,9 +661,7 @@ class Split(Op):
         return [_apply1(Concat(self.axis), *grads) if grads else None]
 
     def cuda_source(self, ctype: str = "float") -> str:
-        return _piece_source("split", ctype, False,
-                             "one launch per output: y = x[:, offset:offset + len, :], x viewed as\n"
-                             "    // (outer, n, inner) around the axis and y as (outer, len, inner)")
+        return _piece_source("split", ctype, False, _SPLIT_WHAT)
 
     def cuda(self, be, x):
         outs = self.infer_arrays(x)

@@ -11,6 +11,8 @@ from typing import Optional
 import numpy as np
 
 from .._core import Tensor
+# ``v`` as an int, or a TypeError naming the function: the ops' own reading of an int
+from ..ops.reduce import op_int as _int_or_err
 
 _index = operator.index
 builtins_max = builtins.max     # the modules shadow max (F.max) and want Python's too
@@ -30,9 +32,7 @@ def _on(x, like) -> Tensor:
 
 
 def _t(x, like: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
-    if isinstance(x, Tensor):
-        return x
-    if hasattr(x, "trace"):          # a symbolic tensor inside a trace
+    if isinstance(x, Tensor) or hasattr(x, "trace"):      # (a symbolic tensor inside a trace)
         return x
     return _new_tensor(x, None if like is None else like.dtype, None if like is None else like.device, name)
 
@@ -72,22 +72,9 @@ def _named(name: str, exc: BaseException) -> BaseException:
     if text.startswith(f"{name}:"):
         return exc
     try:
-        new = type(exc)(f"{name}: {text}")
+        return type(exc)(f"{name}: {text}")
     except Exception:
         return exc
-    return new
-
-
-def _int_or_err(name: str, what: str, v) -> int:
-    """``v`` as an int: ints, NumPy ints, 0-d integer tensors and whole
-    floats (never a fractional float or a string, which ``int()`` would
-    truncate or misreport)."""
-    try:
-        return _index(v)
-    except TypeError:
-        if isinstance(v, (float, np.floating)) and float(v).is_integer():
-            return int(v)
-        raise TypeError(f"{name}: {what} must be an int, got {type(v).__name__} {v!r}") from None
 
 
 def _ints(name: str, what: str, seq) -> tuple:

@@ -23,15 +23,11 @@ from .creation import arange, zeros
 from .elemwise_table import eq
 from .shape import astype, concat, expand_dims, reshape, swapaxes
 
-# one op instance per distinct attributes: the per-op caches stay warm
-_Subtensor, _SetSubtensor, _IndexingOneHot = (Subtensor, SetSubtensor, IndexingOneHot)
-_Gather, _Scatter, _Sort, _TopK = (Gather, Scatter, Sort, TopK)
-
 
 def getitem(x, index):
     spec, arrays = split_index(index)
     arrays = [_on(a if isinstance(a, Tensor) else np.asarray(a), x) for a in arrays]
-    return _apply(_Subtensor(spec), x, *arrays)[0]
+    return _apply(Subtensor(spec), x, *arrays)[0]
 
 
 def setitem(x, index, value):
@@ -41,7 +37,7 @@ def setitem(x, index, value):
     value = value if isinstance(value, Tensor) else _value_like("setitem", value, x)
     if value.dtype != x.dtype:
         value = astype(value, x.dtype)
-    return _apply(_SetSubtensor(spec), x, value, *arrays)[0]
+    return _apply(SetSubtensor(spec), x, value, *arrays)[0]
 
 
 def _value_like(name: str, value, x):
@@ -68,7 +64,7 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
     index = _int_labels(_on(index, src), "indexing_one_hot", "index")
     if src.shape is not None:
         _axis_in("indexing_one_hot", axis, src.ndim)      # no silent wrap of axis=5 onto axis 1
-    return _apply(_IndexingOneHot(_int_or_err("indexing_one_hot", "axis", axis), bool(keepdims)), src, index)[0]
+    return _apply(IndexingOneHot(_int_or_err("indexing_one_hot", "axis", axis), bool(keepdims)), src, index)[0]
 
 
 def _int_labels(label, name: str, what: str):
@@ -97,7 +93,7 @@ def gather(inp, axis: int, index):
         >>> F.gather(x, 1, gc.tensor([[0, 0], [1, 0]]))
     """
     x = _t(inp)
-    return _apply(_Gather(_int_or_err("gather", "axis", axis)), x, _on(index, x))[0]
+    return _apply(Gather(_int_or_err("gather", "axis", axis)), x, _on(index, x))[0]
 
 
 def scatter(inp, axis: int, index, source):
@@ -112,7 +108,7 @@ def scatter(inp, axis: int, index, source):
     src = source if isinstance(source, Tensor) or hasattr(source, "trace") else _value_like("scatter", source, x)
     if src.dtype != x.dtype:
         src = astype(src, x.dtype)
-    return _apply(_Scatter(_int_or_err("scatter", "axis", axis)), x, _on(index, x), src)[0]
+    return _apply(Scatter(_int_or_err("scatter", "axis", axis)), x, _on(index, x), src)[0]
 
 
 def sort(inp, descending: bool = False, axis: int = -1):
@@ -129,8 +125,8 @@ def sort(inp, descending: bool = False, axis: int = -1):
     last = -1 if x.shape is None or x.ndim == 0 else x.ndim - 1
     ax = -1 if last < 0 or axis in (-1, last) else _axis_in("sort", axis, x.ndim)
     if ax in (-1, last):
-        return _apply(_Sort(bool(descending)), x)
-    values, indices = _apply(_Sort(bool(descending)), swapaxes(x, ax, -1))
+        return _apply(Sort(bool(descending)), x)
+    values, indices = _apply(Sort(bool(descending)), swapaxes(x, ax, -1))
     return swapaxes(values, ax, -1), swapaxes(indices, ax, -1)
 
 
@@ -145,7 +141,7 @@ def topk(inp, k: int, descending: bool = False, kth_only: bool = False, no_sort:
         >>> values, indices = F.topk(x, 3, descending=True)
     """
     mode = "kth_only" if kth_only else "no_sort" if no_sort else "sorted"
-    return _apply(_TopK(_int_or_err("topk", "k", k), bool(descending), mode), _t(inp))
+    return _apply(TopK(_int_or_err("topk", "k", k), bool(descending), mode), _t(inp))
 
 
 # ---- composites

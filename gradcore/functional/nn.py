@@ -57,9 +57,6 @@ __all__ = [
     "scaled_dot_product_attention",
 ]
 
-# one op instance per distinct attributes: the per-op caches stay warm
-_LogSoftmax, _LogSumExp, _Softmax = (LogSoftmax, LogSumExp, Softmax)
-
 
 # ---- the softmax family
 def log_softmax(inp, axis: int = -1):
@@ -70,7 +67,7 @@ def log_softmax(inp, axis: int = -1):
             return x - logsumexp(x, axis, True)
         except OpError as exc:
             raise _named("log_softmax", exc) from exc
-    return _apply(_LogSoftmax(axis), x)[0]
+    return _apply(LogSoftmax(axis), x)[0]
 
 
 logsoftmax = log_softmax     # MegEngine 1.x's name
@@ -93,7 +90,7 @@ def logsumexp(inp, axis: int = -1, keepdims: bool = False):
         m = where(eq(abs(m), float("inf")), 0, m)  # as LogSumExp: no inf - inf
         s = sum(exp(x - m), _axis_key(axis), keepdims)
         return log(s) + (m if keepdims else reshape(m, s.shape))
-    return _apply(_LogSumExp(axis, bool(keepdims)), x)[0]
+    return _apply(LogSumExp(axis, bool(keepdims)), x)[0]
 
 
 def _empty_reduction(x, axis):
@@ -139,7 +136,7 @@ def softmax(inp, axis=None):
         except (OpError, TypeError) as exc:
             raise _named("softmax", exc) from exc
         return e / sum(e, _axis_key(axis), True)
-    return _apply(_Softmax(axis), x)[0]
+    return _apply(Softmax(axis), x)[0]
 
 
 # ---- dropout and normalisation (composites: gradients of any order and every
@@ -213,20 +210,11 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         return t.reshape((1, -1) + (1,) * (x.ndim - 2)) if t.ndim == 1 else t
     weight, bias = per_channel(weight), per_channel(bias)
     stats = (running_mean, running_var)
-    new_stats = [None, None]
     if training:
         m = mean(x, axes, True)
         d = x - m
         v = mean(d * d, axes, True)
-        n = x.size // x.shape[1]
-        for k, buf in enumerate(stats):
-            if buf is not None:
-                # history-free tensors: computed where x is, never recorded
-                stat = m.detach() if k == 0 else v.detach() * (n / builtins_max(n - 1, 1))
-                new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
-                new_stats[k] = new.astype(buf.dtype)
-                if inplace:
-                    buf._reset(new_stats[k])
+        new_stats = _running_stats(stats, m.detach(), v.detach(), x.size // x.shape[1], momentum, inplace)
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm: running_mean and running_var must be given in inference "
@@ -266,20 +254,27 @@ def _batch_norm_ops(x, running_mean, running_var, weight, bias, training, moment
     y, m, invstd = _apply(BatchNormTraining(eps, x.ndim), x, *params)
     if all(t is None for t in stats):
         return y
-    n = x.size // x.shape[1]
-    new_stats = [None, None]
-    for k, buf in enumerate(stats):
-        if buf is not None:
-            # history-free tensors: computed where x is, never recorded; the
-            # variance (unbiased) from the op's inverse std
-            stat = m.detach() if k == 0 else (1 / square(invstd.detach()) - eps) * (n / builtins_max(n - 1, 1))
-            new = buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)
-            new_stats[k] = new.astype(buf.dtype)
-            if inplace:
-                buf._reset(new_stats[k])
+    # the batch variance from the op's inverse std
+    new_stats = _running_stats(stats, m.detach(), 1 / square(invstd.detach()) - eps, x.size // x.shape[1],
+                               momentum, inplace)
     if not inplace:
         return y, new_stats[0], new_stats[1]
     return y
+
+
+def _running_stats(stats, m, v, n: int, momentum: float, inplace: bool) -> list:
+    """The running mean and variance updated from a batch of ``n`` values
+    per channel with mean ``m`` and biased variance ``v`` (the running
+    variance is unbiased); history-free tensors, computed where x is, never
+    recorded, written into the buffers when ``inplace``."""
+    new_stats = [None, None]
+    for k, buf in enumerate(stats):
+        if buf is not None:
+            stat = m if k == 0 else v * (n / builtins_max(n - 1, 1))
+            new_stats[k] = (buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)).astype(buf.dtype)
+            if inplace:
+                buf._reset(new_stats[k])
+    return new_stats
 
 
 def _check_channel_params(x, training, **params) -> None:

@@ -20,8 +20,7 @@ from .elemwise import where
 from .elemwise_table import abs, eq, ne, sqrt
 from .shape import astype
 
-# one op instance per distinct attributes: the per-op caches stay warm
-_Reduce, _ArgReduce, _CumSum = (Reduce, ArgReduce, CumSum)
+_Reduce = Reduce      # F._Reduce: gradcore.tensor_methods builds its reductions with it
 # the commonest reductions (a loss's ``F.sum(x)``, ``F.mean(x)``): one call
 # into the core, no op lookup, no helper frame
 _SUM_ALL, _MEAN_ALL = Reduce("sum", None, False), Reduce("mean", None, False)
@@ -55,7 +54,7 @@ def sum(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     if axis is None and keepdims is False and isinstance(inp, Tensor):
         return _apply1(_SUM_ALL, inp)
     x = _reduce_input("sum", inp, axis)
-    return _apply(_Reduce("sum", _axis_key(axis), bool(keepdims)), x)[0]
+    return _apply(Reduce("sum", _axis_key(axis), bool(keepdims)), x)[0]
 
 
 def mean(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
@@ -69,7 +68,7 @@ def mean(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     if axis is None and keepdims is False and isinstance(inp, Tensor):
         return _apply1(_MEAN_ALL, inp)
     x = _reduce_input("mean", inp, axis)
-    return _apply(_Reduce("mean", _axis_key(axis), bool(keepdims)), x)[0]
+    return _apply(Reduce("mean", _axis_key(axis), bool(keepdims)), x)[0]
 
 
 def max(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
@@ -81,7 +80,7 @@ def max(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
         array([2., 4.], dtype=float32)
     """
     x = _reduce_input("max", inp, axis)
-    return _apply(_Reduce("max", _axis_key(axis), bool(keepdims)), x)[0]
+    return _apply(Reduce("max", _axis_key(axis), bool(keepdims)), x)[0]
 
 
 def min(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
@@ -93,7 +92,7 @@ def min(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
         array([1., 3.], dtype=float32)
     """
     x = _reduce_input("min", inp, axis)
-    return _apply(_Reduce("min", _axis_key(axis), bool(keepdims)), x)[0]
+    return _apply(Reduce("min", _axis_key(axis), bool(keepdims)), x)[0]
 
 
 def prod(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
@@ -105,20 +104,20 @@ def prod(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
         array([ 2., 12.], dtype=float32)
     """
     x = _reduce_input("prod", inp, axis)
-    return _apply(_Reduce("prod", _axis_key(axis), bool(keepdims)), x)[0]
+    return _apply(Reduce("prod", _axis_key(axis), bool(keepdims)), x)[0]
 
 
 def _arg_reduce(mode, inp, axis, keepdims):
     x = _t(inp)
     if not isinstance(axis, (tuple, list)):
-        return _apply(_ArgReduce(mode, axis, bool(keepdims)), x)[0]
+        return _apply(ArgReduce(mode, axis, bool(keepdims)), x)[0]
     # MegEngine's rule for several axes: one arg-reduction per axis, the
     # last axis first, each applied to the previous result
     axes = sorted({_axis_in(mode, a, x.ndim) for a in axis}, reverse=True)
     if len(axes) != len(axis):
         raise AxisError(f"{mode}: axis {tuple(axis)} names an axis twice (input shape {x.shape})")
     for a in axes:
-        x = _apply(_ArgReduce(mode, a, bool(keepdims)), x)[0]
+        x = _apply(ArgReduce(mode, a, bool(keepdims)), x)[0]
     return x
 
 
@@ -142,7 +141,7 @@ def cumsum(inp, axis: int = 0):
 
         >>> F.cumsum(x, axis=1)
     """
-    return _apply(_CumSum(axis, False), _t(inp))[0]
+    return _apply(CumSum(axis, False), _t(inp))[0]
 
 
 # ---- statistics (composites: their gradients come from the recorded ops they are made of)
@@ -169,6 +168,11 @@ def std(inp, axis=None, keepdims: bool = False):
         v = var(inp, axis, keepdims)
     except (OpError, TypeError) as exc:
         raise _named("std", exc) from exc
+    return _sqrt_zero_grad(v)
+
+
+def _sqrt_zero_grad(v):
+    """sqrt(v) whose gradient where v is 0 is 0 (PyTorch's subgradient), not inf."""
     zero = eq(v, 0)
     return where(zero, 0, sqrt(where(zero, 1, v)))
 
@@ -203,10 +207,7 @@ def _norm_ord(name: str, ord):
 
 def _norm(x, ord, axis, keepdims):
     if ord is None or ord == 2:
-        # the gradient at a zero vector is 0 (PyTorch's subgradient), not 0/0
-        ss = sum(x * x, axis, keepdims)
-        zero = eq(ss, 0)
-        return where(zero, 0, sqrt(where(zero, 1, ss)))
+        return _sqrt_zero_grad(sum(x * x, axis, keepdims))
     if ord == 1:
         return sum(abs(x), axis, keepdims)
     if ord == float("inf"):

@@ -20,10 +20,6 @@ from ..ops.shape import (Broadcast, Cast, Concat, Copy, ExpandDims, Reshape, Spl
                          StopGradient, Transpose)
 from ._args import _axis_in, _axis_key, _int_arg, _int_or_err, _int_tuple, _ints, _t, builtins_max
 
-# one op instance per distinct attributes: the per-op caches stay warm
-_Reshape, _Transpose, _Broadcast = (Reshape, Transpose, Broadcast)
-_ExpandDims, _Squeeze, _Cast, _Concat, _Split, _Stack = (ExpandDims, Squeeze, Cast, Concat, Split, Stack)
-
 
 def reshape(inp, target_shape: Sequence[int]):
     if isinstance(target_shape, int):
@@ -31,7 +27,7 @@ def reshape(inp, target_shape: Sequence[int]):
     if isinstance(target_shape, (tuple, list)) and any(isinstance(d, (float, np.floating)) for d in target_shape):
         # integers only: a float size, even 2.0, is a TypeError (as NumPy, MegEngine)
         raise TypeError(f"reshape: target_shape entries must be integers, got {tuple(target_shape)}")
-    return _apply(_Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
+    return _apply(Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
 
 
 def transpose(inp, pattern: Optional[Sequence[int]] = None):
@@ -54,7 +50,7 @@ def transpose(inp, pattern: Optional[Sequence[int]] = None):
         pattern = tuple(operator.index(p) for p in pattern)
     except TypeError:
         raise TypeError(f"transpose: pattern entries must be ints (or 'x'), got {pattern}") from None
-    return _apply(_Transpose(pattern), x)[0]
+    return _apply(Transpose(pattern), x)[0]
 
 
 def _dimshuffle(x, pattern):
@@ -131,14 +127,14 @@ def broadcast_to(inp, shape: Sequence[int]):
         elif _int_or_err("broadcast_to", "shape entries", d) < 0:
             raise ValueError(f"broadcast_to: sizes must be >= 0 (or None to keep the input's), got {tuple(shape)}")
     try:
-        return _apply(_Broadcast(_ints("broadcast_to", "shape", shape)), x)[0]
+        return _apply(Broadcast(_ints("broadcast_to", "shape", shape)), x)[0]
     except OpError as exc:
         raise ShapeError(str(exc)) from None
 
 
 def expand_dims(inp, axis):
     try:
-        return _apply(_ExpandDims(_axis_key(axis)), _t(inp))[0]
+        return _apply(ExpandDims(_axis_key(axis)), _t(inp))[0]
     except OpError as exc:       # an axis out of range: MegEngine's RuntimeError too
         raise ShapeError(str(exc)) from None
     except (TypeError, ValueError):      # an axis that is no int: 'a', 1.5, None
@@ -148,7 +144,7 @@ def expand_dims(inp, axis):
 
 def squeeze(inp, axis=None):
     try:
-        return _apply(_Squeeze(_axis_key(axis)), _t(inp))[0]
+        return _apply(Squeeze(_axis_key(axis)), _t(inp))[0]
     except (TypeError, ValueError) as exc:
         if not isinstance(exc, OpError) and axis is not None:
             _check_axes("squeeze", axis)
@@ -180,7 +176,7 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1):
 def concat(inps, axis: int = 0, device=None):
     """Join tensors along an existing ``axis``; ``device`` (MegEngine's
     argument) moves the result there."""
-    out = _apply(_Concat(_int_or_err("concat", "axis", axis)), *_tensor_list("concat", inps))[0]
+    out = _apply(Concat(_int_or_err("concat", "axis", axis)), *_tensor_list("concat", inps))[0]
     return out if device is None else out.to(device)
 
 
@@ -210,7 +206,7 @@ def split(inp, nsplits_or_sections, axis: int = 0):
         sections = int(nsplits_or_sections)
     else:
         sections = _ints("split", "nsplits_or_sections", nsplits_or_sections)
-    return list(_apply(_Split(_int_or_err("split", "axis", axis), sections), _t(inp)))
+    return list(_apply(Split(_int_or_err("split", "axis", axis), sections), _t(inp)))
 
 
 def stack(inps, axis: int = 0, device=None):
@@ -221,7 +217,7 @@ def stack(inps, axis: int = 0, device=None):
 
         >>> F.stack([x, y], axis=1)         # (3,), (3,) -> (3, 2)
     """
-    out = _apply(_Stack(_int_or_err("stack", "axis", axis)), *_tensor_list("stack", inps))[0]
+    out = _apply(Stack(_int_or_err("stack", "axis", axis)), *_tensor_list("stack", inps))[0]
     return out if device is None else out.to(device)
 
 
@@ -253,7 +249,7 @@ def astype(x, dtype):
     dt = _numeric_dtype("astype", dtype)
     if x.dtype == dt:
         return x
-    return _apply(_Cast(dt), x)[0]
+    return _apply(Cast(dt), x)[0]
 
 
 def _numeric_dtype(name: str, dtype) -> np.dtype:

@@ -20,14 +20,13 @@ from typing import Optional, Tuple, Union
 import numpy as np
 
 from .. import functional as F
-from .. import random as _random
 from .._core import Tensor
 from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
 from .attention import MultiHeadAttention  # noqa: F401
-from .conv import Conv3d, ConvTranspose2d  # noqa: F401
+from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d  # noqa: F401
 from .linear import Linear  # noqa: F401
-from .module import HookHandler, Module, _count, _pair  # noqa: F401
+from .module import HookHandler, Module, _count  # noqa: F401
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: F401
 
 
@@ -99,166 +98,6 @@ class Sequential(Module):
         for layer in self.layer_values:
             x = layer(x)
         return x
-
-
-class Conv2d(Module):
-    """2-D convolution over NCHW input, MegEngine's ``M.Conv2d``: weight of
-    shape (out_channels, in_channels, kh, kw), or with ``groups > 1``
-    MegEngine's (groups, out_channels // groups, in_channels // groups, kh, kw),
-    drawn from N(0, 1 / (kh * kw * in_channels)); bias of shape
-    (1, out_channels, 1, 1) starting at zero. ``padding_mode`` "reflect" or
-    "replicate" pads with ``F.nn.pad`` instead of zeros.
-
-    Example::
-
-        >>> conv = Conv2d(3, 8, 3, padding=1)
-        >>> conv(x).shape                # x: (N, 3, H, W) -> (N, 8, H, W)
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True,
-                 conv_mode: str = "cross_correlation", compute_mode: str = "default",
-                 padding_mode: str = "zeros", **kwargs):
-        super().__init__(**kwargs)
-        groups = _count("Conv2d", "groups", groups, 1)
-        in_channels = _count("Conv2d", "in_channels", in_channels, 1)
-        out_channels = _count("Conv2d", "out_channels", out_channels, 1)
-        if groups < 1 or in_channels % groups or out_channels % groups:
-            raise ValueError(f"Conv2d: in_channels={in_channels} and out_channels={out_channels} "
-                             f"must both be divisible by groups={groups}")
-        if padding_mode not in ("zeros", "reflect", "replicate"):
-            raise ValueError(f"Conv2d: padding_mode must be 'zeros', 'reflect' or 'replicate', "
-                             f"got {padding_mode!r}")
-        self.padding_mode = padding_mode
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = _pair(kernel_size, "kernel_size", allow_zero=False)
-        self.stride = _pair(stride, "stride", allow_zero=False)
-        self.padding = _pair(padding, "padding")
-        self.dilation = _pair(dilation, "dilation", allow_zero=False)
-        self.groups = groups
-        self.conv_mode, self.compute_mode = conv_mode, compute_mode
-        kh, kw = self.kernel_size
-        if groups == 1:
-            shape = (out_channels, in_channels, kh, kw)
-        else:
-            shape = (groups, out_channels // groups, in_channels // groups, kh, kw)
-        self.weight = Parameter(np.zeros(shape, "float32"))
-        self.bias = Parameter(np.zeros((1, out_channels, 1, 1), "float32")) if bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        kh, kw = self.kernel_size
-        std = np.sqrt(1.0 / (kh * kw * self.in_channels))
-        self.weight._reset(Tensor(_random.generator().normal(0.0, std, self.weight.shape).astype("float32")))
-        if self.bias is not None:
-            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
-
-    def forward(self, x):
-        padding = self.padding
-        if getattr(self, "padding_mode", "zeros") != "zeros" and padding != (0, 0):
-            ph, pw = padding
-            x = F.nn.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), mode=self.padding_mode)
-            padding = (0, 0)
-        return F.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation,
-                        self.groups, self.conv_mode, self.compute_mode)
-
-    def _module_info_string(self):
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
-        if self.stride != (1, 1):
-            s += f", stride={self.stride}"
-        if self.padding != (0, 0):
-            s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
-            s += f", dilation={self.dilation}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
-        if self.bias is None:
-            s += ", bias=False"
-        return s
-
-
-def _single(v, what: str, allow_zero: bool = True) -> int:
-    value = v[0] if isinstance(v, (tuple, list)) and len(v) == 1 else v
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"Conv1d: {what} must be an int, got {v!r}")
-    if value < 0 or (not allow_zero and value == 0):
-        raise ValueError(f"Conv1d: {what} must be {'non-negative' if allow_zero else 'positive'}, got {v}")
-    return int(value)
-
-
-class Conv1d(Module):
-    """1-D convolution over (N, C, L) input, MegEngine's ``M.Conv1d``: weight
-    of shape (out_channels, in_channels, kernel_size), or with ``groups > 1``
-    (groups, out_channels // groups, in_channels // groups, kernel_size),
-    drawn from N(0, 1 / (kernel_size * in_channels)); bias of shape
-    (1, out_channels, 1) starting at zero. ``padding_mode`` "reflect" or
-    "replicate" pads with ``F.nn.pad`` instead of zeros.
-
-    Example::
-
-        >>> conv = Conv1d(3, 8, 3, padding=1)
-        >>> conv(x).shape                # x: (N, 3, L) -> (N, 8, L)
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
-                 padding: int = 0, dilation: int = 1, groups: int = 1, bias: bool = True,
-                 conv_mode: str = "cross_correlation", compute_mode: str = "default",
-                 padding_mode: str = "zeros", **kwargs):
-        super().__init__(**kwargs)
-        groups = _count("Conv1d", "groups", groups, 1)
-        in_channels = _count("Conv1d", "in_channels", in_channels, 1)
-        out_channels = _count("Conv1d", "out_channels", out_channels, 1)
-        if groups < 1 or in_channels % groups or out_channels % groups:
-            raise ValueError(f"Conv1d: in_channels={in_channels} and out_channels={out_channels} "
-                             f"must both be divisible by groups={groups}")
-        if padding_mode not in ("zeros", "reflect", "replicate"):
-            raise ValueError(f"Conv1d: padding_mode must be 'zeros', 'reflect' or 'replicate', "
-                             f"got {padding_mode!r}")
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = _single(kernel_size, "kernel_size", allow_zero=False)
-        self.stride = _single(stride, "stride", allow_zero=False)
-        self.padding = _single(padding, "padding")
-        self.dilation = _single(dilation, "dilation", allow_zero=False)
-        self.groups = groups
-        self.conv_mode, self.compute_mode, self.padding_mode = conv_mode, compute_mode, padding_mode
-        k = self.kernel_size
-        if groups == 1:
-            shape = (out_channels, in_channels, k)
-        else:
-            shape = (groups, out_channels // groups, in_channels // groups, k)
-        self.weight = Parameter(np.zeros(shape, "float32"))
-        self.bias = Parameter(np.zeros((1, out_channels, 1), "float32")) if bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        std = np.sqrt(1.0 / (self.kernel_size * self.in_channels))
-        self.weight._reset(Tensor(_random.generator().normal(0.0, std, self.weight.shape).astype("float32")))
-        if self.bias is not None:
-            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
-
-    def forward(self, x):
-        padding = self.padding
-        if self.padding_mode != "zeros" and padding:
-            x = F.nn.pad(x, ((0, 0), (0, 0), (padding, padding)), mode=self.padding_mode)
-            padding = 0
-        return F.nn.conv1d(x, self.weight, self.bias, self.stride, padding, self.dilation,
-                           self.groups, self.conv_mode, self.compute_mode)
-
-    def _module_info_string(self):
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
-        if self.stride != 1:
-            s += f", stride={self.stride}"
-        if self.padding != 0:
-            s += f", padding={self.padding}"
-        if self.dilation != 1:
-            s += f", dilation={self.dilation}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
-        if self.bias is None:
-            s += ", bias=False"
-        if self.padding_mode != "zeros":
-            s += f", padding_mode={self.padding_mode!r}"
-        return s
 
 
 class MaxPool2d(Module):
@@ -375,14 +214,14 @@ class _BatchNorm(Module):
 
     def reset_running_stats(self) -> None:
         if self.track_running_stats:
-            self.running_mean._reset(Tensor(np.zeros(self.running_mean.shape, "float32")))
-            self.running_var._reset(Tensor(np.ones(self.running_var.shape, "float32")))
+            init.zeros_(self.running_mean)
+            init.ones_(self.running_var)
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
         if self.affine:
-            self.weight._reset(Tensor(np.ones(self.weight.shape, "float32")))
-            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
 
     def _check_input(self, x):
         raise NotImplementedError
@@ -638,7 +477,7 @@ class Embedding(Module):
             self.weight = Parameter(value.astype("float32", copy=False))
 
     def reset_parameters(self) -> None:
-        self.weight._reset(Tensor(_random.generator().normal(0.0, 1.0, self.weight.shape).astype("float32")))
+        init.normal_(self.weight)
 
     def forward(self, x):
         weight = self.weight.detach() if self.freeze else self.weight
@@ -692,8 +531,8 @@ class LayerNorm(Module):
 
     def reset_parameters(self) -> None:
         if self.affine:
-            self.weight._reset(Tensor(np.ones(self.normalized_shape, "float32")))
-            self.bias._reset(Tensor(np.zeros(self.normalized_shape, "float32")))
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
 
     def forward(self, x):
         return F.nn.layer_norm(x, self.normalized_shape, self.affine, self.weight, self.bias, self.eps)
@@ -727,8 +566,8 @@ class GroupNorm(Module):
 
     def reset_parameters(self) -> None:
         if self.affine:
-            self.weight._reset(Tensor(np.ones(self.num_channels, "float32")))
-            self.bias._reset(Tensor(np.zeros(self.num_channels, "float32")))
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
 
     def forward(self, x):
         name = type(self).__name__

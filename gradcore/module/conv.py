@@ -1,6 +1,6 @@
-"""The rest of MegEngine's convolution layers: ``ConvTranspose2d`` and
-``Conv3d`` (``M.ConvTranspose2d``, ``M.Conv3d``), with MegEngine's weight
-layouts, initialisation (N(0, 1 / fan_in), zero bias) and parameter names
+"""MegEngine's convolution layers: ``Conv1d``, ``Conv2d``, ``Conv3d`` and
+``ConvTranspose2d`` (``M.Conv2d``, ...), with MegEngine's weight layouts,
+initialisation (N(0, 1 / fan_in), zero bias) and parameter names
 (``weight``, ``bias``).
 
 Example::
@@ -10,57 +10,63 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from typing import Tuple, Union
 
 import numpy as np
 
 from .. import functional as F
-from .. import random as _random
-from .._core import Tensor
 from ..tensor import Parameter
-from .module import Module, _count, _pair
+from . import init
+from .module import Module, _count, _sizes
 
 IntOrTuple = Union[int, Tuple[int, ...]]
-
-
-def _triple(v, what: str, allow_zero: bool = True, name: str = "Conv3d") -> Tuple[int, int, int]:
-    if isinstance(v, (tuple, list)) and len(v) != 3:
-        raise ValueError(f"{name}: {what} must be an int or a triple of ints, got {v!r}")
-    low = 0 if allow_zero else 1
-    try:
-        return tuple(_count(name, what, i, low) for i in v) if isinstance(v, (tuple, list)) else \
-            (_count(name, what, v, low),) * 3
-    except ValueError:
-        raise ValueError(f"{name}: {what} must be {'non-negative' if allow_zero else 'positive'}, got {v}") from None
+_PADDING_MODES = ("zeros", "reflect", "replicate")
 
 
 class _ConvLayer(Module):
-    """What the layers share: the checked channel counts, the weight
-    (``weight_shape``) drawn from N(0, 1 / ``fan_in``), a (1, out_channels,
-    1, ...) bias starting at zero, and the description."""
+    """What the layers share: the checked channel counts, the weight drawn
+    from N(0, 1 / fan_in), a (1, out_channels, 1, ...) bias starting at
+    zero, and the description. ``kernel_size`` and the other per-axis sizes
+    are set before ``_setup``."""
 
-    def _setup(self, name: str, in_channels, out_channels, groups, weight_shape, fan_in: int, bias: bool):
+    def _setup(self, name: str, in_channels, out_channels, groups, bias: bool, transposed: bool = False):
         self.groups = _count(name, "groups", groups, 1)
         self.in_channels = _count(name, "in_channels", in_channels, 1)
         self.out_channels = _count(name, "out_channels", out_channels, 1)
         if self.in_channels % self.groups or self.out_channels % self.groups:
             raise ValueError(f"{name}: in_channels={self.in_channels} and out_channels={self.out_channels} "
                              f"must both be divisible by groups={self.groups}")
-        self._fan_in = fan_in
-        self.weight = Parameter(np.zeros(weight_shape(self.in_channels, self.out_channels, self.groups), "float32"))
-        ones = (1,) * len(self.kernel_size)
-        self.bias = Parameter(np.zeros((1, self.out_channels) + ones, "float32")) if bias else None
+        kernel = self.kernel_size if isinstance(self.kernel_size, tuple) else (self.kernel_size,)
+        # a transposed convolution's weight is (in, out, ...) and its fan-in the output channels
+        a, b = (self.in_channels, self.out_channels) if transposed else (self.out_channels, self.in_channels)
+        self._fan_in = math.prod(kernel) * b
+        g = self.groups
+        # MegEngine's grouped layout: (groups, a // groups, b // groups, *kernel)
+        shape = (a, b) + kernel if g == 1 else (g, a // g, b // g) + kernel
+        self.weight = Parameter(np.zeros(shape, "float32"))
+        self.bias = Parameter(np.zeros((1, self.out_channels) + (1,) * len(kernel), "float32")) if bias else None
         self.reset_parameters()
 
+    def _padded(self, x, padding_mode: str):
+        """``x`` padded by ``self.padding`` in ``padding_mode`` ("reflect" or
+        "replicate", with ``F.nn.pad``), and the padding left for the
+        convolution itself (all of it for "zeros")."""
+        pads = self.padding if isinstance(self.padding, tuple) else (self.padding,)
+        if padding_mode == "zeros" or not any(pads):
+            return x, self.padding
+        x = F.nn.pad(x, ((0, 0), (0, 0)) + tuple((p, p) for p in pads), mode=padding_mode)
+        return x, (0,) * len(pads) if isinstance(self.padding, tuple) else 0
+
     def reset_parameters(self) -> None:
-        std = np.sqrt(1.0 / self._fan_in)
-        self.weight._reset(Tensor(_random.generator().normal(0.0, std, self.weight.shape).astype("float32")))
+        init.normal_(self.weight, 0.0, math.sqrt(1.0 / self._fan_in))
         if self.bias is not None:
-            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
+            init.zeros_(self.bias)
 
     def _module_info_string(self):
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
-        zeros, ones = (0,) * len(self.kernel_size), (1,) * len(self.kernel_size)
+        n = len(self.kernel_size) if isinstance(self.kernel_size, tuple) else None
+        zeros, ones = ((0,) * n, (1,) * n) if n else (0, 1)
         for what, default in (("stride", ones), ("padding", zeros), ("output_padding", zeros),
                               ("dilation", ones)):
             value = getattr(self, what, default)
@@ -70,14 +76,81 @@ class _ConvLayer(Module):
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
+        if getattr(self, "padding_mode", "zeros") != "zeros":
+            s += f", padding_mode={self.padding_mode!r}"
         return s
 
 
-def _grouped_shape(a: int, b: int, groups: int, kernel) -> tuple:
-    """(a, b, *kernel), or MegEngine's grouped (groups, a // groups, b // groups, *kernel)."""
-    if groups == 1:
-        return (a, b) + tuple(kernel)
-    return (groups, a // groups, b // groups) + tuple(kernel)
+def _check_padding_mode(name: str, padding_mode: str) -> str:
+    if padding_mode not in _PADDING_MODES:
+        raise ValueError(f"{name}: padding_mode must be 'zeros', 'reflect' or 'replicate', got {padding_mode!r}")
+    return padding_mode
+
+
+class Conv2d(_ConvLayer):
+    """2-D convolution over NCHW input, MegEngine's ``M.Conv2d``: weight of
+    shape (out_channels, in_channels, kh, kw), or with ``groups > 1``
+    MegEngine's (groups, out_channels // groups, in_channels // groups, kh, kw),
+    drawn from N(0, 1 / (kh * kw * in_channels)); bias of shape
+    (1, out_channels, 1, 1) starting at zero. ``padding_mode`` "reflect" or
+    "replicate" pads with ``F.nn.pad`` instead of zeros.
+
+    Example::
+
+        >>> conv = Conv2d(3, 8, 3, padding=1)
+        >>> conv(x).shape                # x: (N, 3, H, W) -> (N, 8, H, W)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 dilation=1, groups: int = 1, bias: bool = True,
+                 conv_mode: str = "cross_correlation", compute_mode: str = "default",
+                 padding_mode: str = "zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.padding_mode = _check_padding_mode("Conv2d", padding_mode)
+        self.kernel_size = _sizes(kernel_size, 2, "kernel_size", allow_zero=False)
+        self.stride = _sizes(stride, 2, "stride", allow_zero=False)
+        self.padding = _sizes(padding, 2, "padding")
+        self.dilation = _sizes(dilation, 2, "dilation", allow_zero=False)
+        self.conv_mode, self.compute_mode = conv_mode, compute_mode
+        self._setup("Conv2d", in_channels, out_channels, groups, bias)
+
+    def forward(self, x):
+        x, padding = self._padded(x, getattr(self, "padding_mode", "zeros"))
+        return F.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation,
+                        self.groups, self.conv_mode, self.compute_mode)
+
+
+class Conv1d(_ConvLayer):
+    """1-D convolution over (N, C, L) input, MegEngine's ``M.Conv1d``: weight
+    of shape (out_channels, in_channels, kernel_size), or with ``groups > 1``
+    (groups, out_channels // groups, in_channels // groups, kernel_size),
+    drawn from N(0, 1 / (kernel_size * in_channels)); bias of shape
+    (1, out_channels, 1) starting at zero. ``padding_mode`` "reflect" or
+    "replicate" pads with ``F.nn.pad`` instead of zeros.
+
+    Example::
+
+        >>> conv = Conv1d(3, 8, 3, padding=1)
+        >>> conv(x).shape                # x: (N, 3, L) -> (N, 8, L)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int = 0, dilation: int = 1, groups: int = 1, bias: bool = True,
+                 conv_mode: str = "cross_correlation", compute_mode: str = "default",
+                 padding_mode: str = "zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.padding_mode = _check_padding_mode("Conv1d", padding_mode)
+        (self.kernel_size,) = _sizes(kernel_size, 1, "kernel_size", allow_zero=False, name="Conv1d")
+        (self.stride,) = _sizes(stride, 1, "stride", allow_zero=False, name="Conv1d")
+        (self.padding,) = _sizes(padding, 1, "padding", name="Conv1d")
+        (self.dilation,) = _sizes(dilation, 1, "dilation", allow_zero=False, name="Conv1d")
+        self.conv_mode, self.compute_mode = conv_mode, compute_mode
+        self._setup("Conv1d", in_channels, out_channels, groups, bias)
+
+    def forward(self, x):
+        x, padding = self._padded(x, self.padding_mode)
+        return F.nn.conv1d(x, self.weight, self.bias, self.stride, padding, self.dilation,
+                           self.groups, self.conv_mode, self.compute_mode)
 
 
 class ConvTranspose2d(_ConvLayer):
@@ -100,18 +173,16 @@ class ConvTranspose2d(_ConvLayer):
                  compute_mode: str = "default", **kwargs):
         super().__init__(**kwargs)
         name = "ConvTranspose2d"
-        self.kernel_size = _pair(kernel_size, "kernel_size", allow_zero=False, name=name)
-        self.stride = _pair(stride, "stride", allow_zero=False, name=name)
-        self.padding = _pair(padding, "padding", name=name)
-        self.output_padding = _pair(output_padding, "output_padding", name=name)
-        self.dilation = _pair(dilation, "dilation", allow_zero=False, name=name)
+        self.kernel_size = _sizes(kernel_size, 2, "kernel_size", allow_zero=False, name=name)
+        self.stride = _sizes(stride, 2, "stride", allow_zero=False, name=name)
+        self.padding = _sizes(padding, 2, "padding", name=name)
+        self.output_padding = _sizes(output_padding, 2, "output_padding", name=name)
+        self.dilation = _sizes(dilation, 2, "dilation", allow_zero=False, name=name)
         if any(op >= s for op, s in zip(self.output_padding, self.stride)):
             raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than the "
                              f"stride {self.stride}")
         self.conv_mode, self.compute_mode = conv_mode, compute_mode
-        kh, kw = self.kernel_size
-        self._setup(name, in_channels, out_channels, groups,
-                    lambda i, o, g: _grouped_shape(i, o, g, self.kernel_size), kh * kw * out_channels, bias)
+        self._setup(name, in_channels, out_channels, groups, bias, transposed=True)
 
     def forward(self, x):
         return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
@@ -135,14 +206,12 @@ class Conv3d(_ConvLayer):
                  padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1, bias: bool = True,
                  conv_mode: str = "cross_correlation", **kwargs):
         super().__init__(**kwargs)
-        self.kernel_size = _triple(kernel_size, "kernel_size", allow_zero=False)
-        self.stride = _triple(stride, "stride", allow_zero=False)
-        self.padding = _triple(padding, "padding")
-        self.dilation = _triple(dilation, "dilation", allow_zero=False)
+        self.kernel_size = _sizes(kernel_size, 3, "kernel_size", allow_zero=False, name="Conv3d")
+        self.stride = _sizes(stride, 3, "stride", allow_zero=False, name="Conv3d")
+        self.padding = _sizes(padding, 3, "padding", name="Conv3d")
+        self.dilation = _sizes(dilation, 3, "dilation", allow_zero=False, name="Conv3d")
         self.conv_mode = conv_mode
-        kd, kh, kw = self.kernel_size
-        self._setup("Conv3d", in_channels, out_channels, groups,
-                    lambda i, o, g: _grouped_shape(o, i, g, self.kernel_size), kd * kh * kw * in_channels, bias)
+        self._setup("Conv3d", in_channels, out_channels, groups, bias)
 
     def forward(self, x):
         return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,

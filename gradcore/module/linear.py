@@ -2,12 +2,14 @@
 built on it (attention) import it without importing the package."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import functional as F
-from .. import random as _random
 from .._core import Tensor
 from ..tensor import Parameter
+from . import init
 from .module import Module, _count
 
 
@@ -24,10 +26,9 @@ class Linear(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        std = np.sqrt(1.0 / max(self.in_features, 1))     # (in_features=0: an empty weight)
-        self.weight._reset(Tensor(_random.generator().normal(0.0, std, self.weight.shape).astype("float32")))
+        init.normal_(self.weight, 0.0, math.sqrt(1.0 / max(self.in_features, 1)))   # (in_features=0: empty)
         if self.bias is not None:
-            self.bias._reset(Tensor(np.zeros(self.bias.shape, "float32")))
+            init.zeros_(self.bias)
 
     def forward(self, x):
         if not isinstance(x, Tensor):

@@ -420,13 +420,14 @@ class Module:
         return f"{type(self).__name__}(\n  " + "\n  ".join(lines) + "\n)"
 
 
-def _pair(v, what: str, allow_zero: bool = True, name: str = "Conv2d"):
-    if isinstance(v, (tuple, list)) and len(v) != 2:
-        raise ValueError(f"{name}: {what} must be an int or a pair of ints, got {v!r}")
+def _sizes(v, n: int, what: str, allow_zero: bool = True, name: str = "Conv2d") -> Tuple[int, ...]:
+    """A layer's per-axis size argument (an int, or ``n`` ints) as ``n`` checked ints."""
+    if isinstance(v, (tuple, list)) and len(v) != n:
+        raise ValueError(f"{name}: {what} must be an int or {('', 'a 1-tuple', 'a pair', 'a triple')[n]} "
+                         f"of ints, got {v!r}")
     low = 0 if allow_zero else 1
     try:
-        pair = tuple(_count(name, what, i, low) for i in v) if isinstance(v, (tuple, list)) else \
-            (_count(name, what, v, low),) * 2
+        return tuple(_count(name, what, i, low) for i in v) if isinstance(v, (tuple, list)) else \
+            (_count(name, what, v, low),) * n
     except ValueError:
         raise ValueError(f"{name}: {what} must be {'non-negative' if allow_zero else 'positive'}, got {v}") from None
-    return pair

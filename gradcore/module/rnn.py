@@ -28,17 +28,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from .. import functional as F
-from .. import random as _random
 from .._core import Tensor
 from ..functional import rnn as _rnn
 from ..tensor import Parameter
+from . import init
 from .module import Module, _count
 
 __all__ = ["RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU"]
-
-
-def _uniform(shape, bound: float) -> np.ndarray:
-    return _random.generator().uniform(-bound, bound, shape).astype("float32")
 
 
 def _as_tensor(name: str, x) -> Tensor:
@@ -70,7 +66,7 @@ class _CellBase(Module):
         bound = 1.0 / math.sqrt(self.hidden_size)
         for p in (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh):
             if p is not None:
-                p._reset(Tensor(_uniform(p.shape, bound)))
+                init.uniform_(p, -bound, bound)
 
     def _prepare(self, x, hx, n_states: int):
         """(x as (B, I), the states as (B, H), whether x was unbatched)."""
@@ -231,7 +227,7 @@ class _RNNBase(Module):
         bound = 1.0 / math.sqrt(self.hidden_size)
         for n in self._param_names():
             p = getattr(self, n)
-            p._reset(Tensor(_uniform(p.shape, bound)))
+            init.uniform_(p, -bound, bound)
 
     # ---- MegEngine's flat layout
     def flatten_weights(self) -> np.ndarray:
