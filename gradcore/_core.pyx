@@ -2285,6 +2285,7 @@ cdef inline object _unwrap(object v):
 
 cdef bint _shape_differs(object a, object b):
     """Whether arrays ``a`` and ``b`` differ in shape (C compare for ndarrays)."""
+    cdef int nd, k
     if a is b:
         return False
     if type(a) is _ndarray and type(b) is _ndarray:
