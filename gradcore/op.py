@@ -297,9 +297,10 @@ def _misspelt_members(cls, desc) -> tuple:
     for name in cls.__dict__:
         if name.startswith("__") or name in _GRADIENT_MEMBERS + _FORWARD_MEMBERS + _CHECK_MEMBERS:
             continue
-        for meant in missing:
-            allowed = 1 if len(meant.lstrip("_")) <= 5 else 2
-            if _typo_distance(name, meant) <= allowed:
+        # one edit away; a private helper (_cpu, _infer) is only taken for _grad_rule
+        candidates = [m for m in missing if m.startswith("_")] if name.startswith("_") else missing
+        for meant in candidates:
+            if _typo_distance(name, meant) <= 1:
                 found.append((name, meant))
                 break
     return tuple(found)
