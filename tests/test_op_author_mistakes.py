@@ -104,7 +104,8 @@ def test_a_misspelt_protocol_member_is_refused_at_registration(member, meant):
 def test_protocol_members_and_helpers_are_not_taken_for_typos():
     def vjp(self, inputs, outputs, grads):
         return (grads[0] * 3 * inputs[0] * inputs[0],)
-    cls = _cube_body("MistakeNoTypo", vjp=vjp, _vjp_helper=lambda self: None, scale=2.0)
+    cls = _cube_body("MistakeNoTypo", vjp=vjp, _vjp_helper=lambda self: None, scale=2.0,
+                     samples=lambda self: None, _cpu=lambda self: None, gpu=lambda self: None)
     assert describe(cls).misspelt == ()
     validate_op_class(cls)
     from gradcore.op import Op as Base
