@@ -30,6 +30,7 @@ from typing import NamedTuple, Tuple
 import numpy as np
 
 from . import _core
+from .op import op_label
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _internal_dirs = None       # gradcore's and gradcore.ops' folders (ops/ lives apart in a source tree)
@@ -45,14 +46,6 @@ def _internal_prefixes() -> tuple:
 
 class AnomalyError(RuntimeError):
     """A backward produced NaN or Inf under ``detect_anomaly``."""
-
-
-def _op_name(op) -> str:
-    # as the core's error messages name ops: "Elemwise(log)", "Bad"
-    try:
-        return op._name()
-    except Exception:
-        return type(op).__name__
 
 
 class RecordInfo(NamedTuple):
@@ -107,9 +100,9 @@ class _Hooks:
             what = "nan" if np.isnan(arr).any() else "inf"
             where = ("".join(traceback.format_list(info.stack)) if info is not None else
                      "  (not known: the op was recorded while anomaly mode was off)\n")
-            raise AnomalyError(f"{_op_name(op)}: its backward returned {what} values in the gradient of "
+            raise AnomalyError(f"{op_label(op)}: its backward returned {what} values in the gradient of "
                                f"input {i} (shape {arr.shape}, dtype {arr.dtype}).\n"
-                               f"The forward of {_op_name(op)} was called at (most recent call last):\n{where}")
+                               f"The forward of {op_label(op)} was called at (most recent call last):\n{where}")
 
 
 _lock = threading.Lock()

@@ -38,7 +38,8 @@ def require_cuda():
 
 
 def _no_cuda_kernel(op):
-    name = op._name() if hasattr(op, "_name") else getattr(op, "name", type(op).__name__)
+    from .op import op_label
+    name = op_label(op)
     return NotImplementedError(f"{name} has no cuda kernel: give it a `cuda_source` (its CUDA C kernel; "
                                f"a launcher `cuda(self, be, *arrays)` too when the kernel's parameters are "
                                f"not the inputs, the outputs and `long long n`), or run it on the cpu "

@@ -27,7 +27,7 @@ import numpy as np
 from . import _core, dtypes
 from .cuda import events as _device_events
 from . import op as _op_module
-from .op import TensorDesc, describe
+from .op import TensorDesc, describe, op_label
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
 
@@ -298,7 +298,7 @@ def _vjp_of_decomposition(op, inputs, outputs, grads):
 
 
 def _not_differentiable_msg(op):
-    name = op._name() if hasattr(op, "_name") else type(op).__name__
+    name = op_label(op)
     return (f"op {name} is not differentiable: it has no _grad_rule, no rule registered with "
             f"gradcore.register_grad_rule({type(op).__name__}), and neither a vjp() nor a "
             f"decompose() method to derive a backward graph from; add one of them")

@@ -751,7 +751,7 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
         True
     """
     from .op import Op
-    from .testing import _op_label
+    from .op import op_label
     from ._core import apply
     _build_torch_bits()
     target = op_or_function
@@ -763,7 +763,7 @@ def to_torch(op_or_function: Any, *, name: Optional[str] = None) -> TorchFunctio
             tf = _exported_ops.get((op, name))
         if tf is not None:
             return tf
-        label = name or _op_label(op)
+        label = name or op_label(op)
 
         def run(*xs, **kwargs):
             if kwargs:
@@ -956,12 +956,12 @@ def from_torch(fn: Callable, *, name: Optional[str] = None) -> Any:
 def _gc_callable(op_or_function, where: str):
     """(function of gradcore Tensors returning a tuple of Tensors, op or None, label)."""
     from .op import Op
-    from .testing import _op_label
+    from .op import op_label
     from ._core import apply
     target = _built_op(op_or_function, where, "")
     if isinstance(target, Op):
         op = target
-        return (lambda *xs: apply(op, *xs)), op, _op_label(op)
+        return (lambda *xs: apply(op, *xs)), op, op_label(op)
     if isinstance(target, TorchFunction):
         target = target._gc_fn
     if not callable(target):
@@ -1086,7 +1086,8 @@ def check_torch(op: Any, seed: int = 0, atol: float = 1e-7, rtol: float = 1e-6):
         >>> check_torch(Elemwise("tanh")).ok
         True
     """
-    from .testing import CheckReport, CheckResult, _op_label, generated_cases, op_examples
+    from .op import op_label
+    from .testing import CheckReport, CheckResult, generated_cases, op_examples
     report = CheckReport()
     cls = op if isinstance(op, type) else type(op)
     label = getattr(cls, "name", "") or cls.__name__
@@ -1103,7 +1104,7 @@ def check_torch(op: Any, seed: int = 0, atol: float = 1e-7, rtol: float = 1e-6):
         return report
     values, grads = [], []
     for k, (inst, arrays, wrt) in enumerate(cases):
-        tag = f"case {k} {_op_label(inst)} shapes {', '.join(str(a.shape) for a in arrays)}"
+        tag = f"case {k} {op_label(inst)} shapes {', '.join(str(a.shape) for a in arrays)}"
         try:
             v, g = _compare_torch_case(inst, arrays, wrt, seed + k, atol, rtol)
         except Exception as exc:

@@ -74,6 +74,22 @@ class IndexOpError(OpError, IndexError):
     and an OpError naming the op."""
 
 
+def op_label(op) -> str:
+    """How messages name an op: its ``_name()`` (the class's name with the
+    attributes), else its ``name``, else its class's name (an op class, a
+    ``Function``, anything op-like).
+
+    Example::
+
+        >>> op_label(Reduce("sum", 1))
+        "Reduce(mode='sum', axis=(1,), keepdims=False)"
+    """
+    try:
+        return op._name()
+    except Exception:
+        return getattr(op, "name", "") or type(op).__name__
+
+
 def _fmt(desc) -> str:
     return "?" if desc.shape is None else str(desc.shape)
 

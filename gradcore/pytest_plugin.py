@@ -99,8 +99,9 @@ def op_cases(dist_or_ops: Union[str, Iterable]) -> list:
 
 
 def _id(op) -> str:
-    from gradcore.testing import _op_label, _op_short_name
-    name = _op_short_name(op) if isinstance(op, type) else _op_label(op)
+    from gradcore.op import op_label
+    from gradcore.testing import _op_short_name
+    name = _op_short_name(op) if isinstance(op, type) else op_label(op)
     return re.sub(r"\s+", "", name)[:80]
 
 

@@ -9,7 +9,7 @@ import functools
 import numpy as np
 
 from . import _core, devices, dtypes, graph, interop
-from .op import IndexOpError, OpError, TensorDesc, describe
+from .op import IndexOpError, OpError, TensorDesc, describe, op_label
 from ._core import Tensor
 from .cuda.array import DeviceArray
 from .cuda.graphs import GraphCaptureError
@@ -109,7 +109,7 @@ def slow_apply(op, args):
         return graph.trace_apply(op, args)
     if describe(op).forward_by_rule and args:
         bad = next(a for a in args if not isinstance(a, Tensor))
-        raise TypeError(f"op {_name(op)} expect type Tensor as inputs, got {type(bad).__name__}")
+        raise TypeError(f"op {op_label(op)} expect type Tensor as inputs, got {type(bad).__name__}")
     tensors = [a for a in args if isinstance(a, Tensor)]
     device = tensors[0].device if tensors else "cpu"
     conv = []
@@ -120,32 +120,28 @@ def slow_apply(op, args):
         if a is None:
             if not tensors:
                 # no tensor at all (F.exp(None)): the op is named
-                raise TypeError(f"op {_name(op)}: the operand is None and is not supported.")
+                raise TypeError(f"op {op_label(op)}: the operand is None and is not supported.")
             # MegEngine's exact message for `t + None` and the like (its tests
             # compare the whole text); the op and the shapes are in a note,
             # which a traceback shows
             exc = TypeError("the operand is None and is not supported.")
-            exc.add_note(f"(in op {_name(op)}, with operands "
+            exc.add_note(f"(in op {op_label(op)}, with operands "
                          f"{', '.join('None' if x is None else repr(getattr(x, 'shape', type(x).__name__)) for x in args)})")
             raise exc
         try:
             c = _const_for(a, tensors, device)
         except (OverflowError, TypeError, ValueError) as exc:
-            raise type(exc)(f"op {_name(op)}: cannot use {a!r} as an operand: {exc}") from None
+            raise type(exc)(f"op {op_label(op)}: cannot use {a!r} as an operand: {exc}") from None
         if c is None:
-            raise TypeError(f"op {_name(op)}: cannot use an argument of type {type(a).__name__} "
+            raise TypeError(f"op {op_label(op)}: cannot use an argument of type {type(a).__name__} "
                             f"as a tensor")
         conv.append(c)
     if not conv:
         if hasattr(op, "cpu"):
             out = op.cpu()
             return tuple(_core.wrap_array(o) for o in out) if isinstance(out, tuple) else (_core.wrap_array(out),)
-        raise TypeError(f"op {_name(op)}: called without inputs")
+        raise TypeError(f"op {op_label(op)}: called without inputs")
     return _core.apply(op, *conv)
-
-
-def _name(op):
-    return op._name() if hasattr(op, "_name") else type(op).__name__
 
 
 def kernel_error(op, args, exc):
@@ -164,7 +160,7 @@ def kernel_error(op, args, exc):
     if issubclass(cls, IndexError):
         cls = IndexOpError        # one type for every index out of range
     text = str(exc)
-    text = text if text.startswith(f"{_name(op)}:") else f"{_name(op)}: {text}"   # named once
+    text = text if text.startswith(f"{op_label(op)}:") else f"{op_label(op)}: {text}"   # named once
     try:
         return cls(f"{text} (input shapes: {shapes})")
     except Exception:

@@ -27,7 +27,7 @@ from . import _core
 from . import devices as devmod
 from ._core import GradRuleFallback, Tensor, apply
 from .autodiff import GradManager
-from .op import TensorDesc, describe
+from .op import TensorDesc, describe, op_label
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_grads", "analytic_grads",
            "check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
@@ -290,13 +290,6 @@ class CheckReport:
         return self
 
 
-def _op_label(op) -> str:
-    try:
-        return op._name()
-    except Exception:
-        return getattr(op, "name", "") or type(op).__name__
-
-
 def _op_short_name(op) -> str:
     cls = op if isinstance(op, type) else type(op)
     return getattr(cls, "name", "") or cls.__name__
@@ -526,13 +519,13 @@ def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: 
         cases = _cases_for(op, sample_inputs, wrt, seed)
     except NoInputsError as exc:
         return CheckReport([CheckResult(_op_short_name(op), "inputs", FAILED, str(exc))])
-    label = _op_label(cases[0][0]) if len(cases) == 1 else _op_short_name(op)
-    report = CheckReport(instances=list(dict.fromkeys(_op_label(c[0]) for c in cases)))
+    label = op_label(cases[0][0]) if len(cases) == 1 else _op_short_name(op)
+    report = CheckReport(instances=list(dict.fromkeys(op_label(c[0]) for c in cases)))
     checks = {c: _Check(report, label, c) for c in CHECKS}
     wanted = list(devices) if devices is not None else ["cpu", "cuda"]
     many = len(cases) > 1
     for k, (inst, arrays, case_wrt, origin) in enumerate(cases):
-        where = "; ".join(x for x in ((_op_label(inst) if many else ""), origin) if x)
+        where = "; ".join(x for x in ((op_label(inst) if many else ""), origin) if x)
         tag = f"[{where}] " if where else ""
         _check_case(inst, arrays, case_wrt, tag, checks, wanted, atol, rtol, eps, second_order, compile_cuda)
     for c in CHECKS:
@@ -987,7 +980,7 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
     for inst, arrays, wrt, origin in cases:
         for dt in (np.float32, np.float64):
             arrs = _cast(arrays, dt)
-            where = f"[{_op_label(inst)}, {np.dtype(dt).name}{'; ' + origin if origin else ''}] "
+            where = f"[{op_label(inst)}, {np.dtype(dt).name}{'; ' + origin if origin else ''}] "
             chosen = list(wrt) if wrt is not None else [i for i, a in enumerate(arrs) if a.dtype.kind == "f"]
             try:
                 rule(inst, *[Tensor(a) for a in arrs])

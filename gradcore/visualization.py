@@ -32,7 +32,8 @@ from typing import Dict, Optional
 import numpy as np
 
 from . import _core
-from .anomaly import _op_name, detect_anomaly
+from .anomaly import detect_anomaly
+from .op import op_label
 
 ATTACHED_COLOR, OUTPUT_COLOR, OP_COLOR = "lightblue", "orange", "white"
 NL = "\\n"      # DOT's centred line break (the graphviz package keeps backslashes as they are)
@@ -172,7 +173,7 @@ def _draw(g, prefix, y, y_slot, nodes, leaves, slot_names):
     drawn_leaves = set()
     for seq in sorted(wanted):
         _, op, path, ins, outs, in_shapes, out_meta, saved, info = wanted[seq]
-        name = _op_name(op)
+        name = op_label(op)
         no_grad = sum(1 for s in ins if s is None)
         lines = [f"#{seq} {name}", f"grad path: {path}", _saved_text(saved, len(ins))]
         if no_grad:
