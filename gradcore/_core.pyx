@@ -1823,6 +1823,17 @@ cdef int _link(GradFn node, GradKey key) except -1:
     return 0
 
 
+cdef inline bint _dims_differ(cnp.ndarray a, cnp.ndarray b):
+    """Whether two ndarrays differ in shape (a C compare of their dims)."""
+    cdef int k, nd = cnp.PyArray_NDIM(a)
+    if nd != cnp.PyArray_NDIM(b):
+        return True
+    for k in range(nd):
+        if cnp.PyArray_DIMS(a)[k] != cnp.PyArray_DIMS(b)[k]:
+            return True
+    return False
+
+
 cdef bint _needs_reduction(tuple args, object out, tuple has_grad):
     """Whether some input's shape differs from the output's (so its
     gradient must be summed down in the backward). ``has_grad``: the inputs
@@ -1830,26 +1841,15 @@ cdef bint _needs_reduction(tuple args, object out, tuple has_grad):
     no reduction), or None for all."""
     cdef Tensor t
     cdef object od = (<Tensor>out)._data
-    cdef cnp.ndarray a, o
+    cdef Py_ssize_t j
     if type(od) is not _ndarray:
         return True
-    o = <cnp.ndarray>od
-    cdef int nd = cnp.PyArray_NDIM(o)
-    cdef cnp.npy_intp* odims = cnp.PyArray_DIMS(o)
-    cdef int k
-    cdef Py_ssize_t j
     for j in range(len(args)):
         if has_grad is not None and not has_grad[j]:
             continue
         t = <Tensor>args[j]
-        if type(t._data) is not _ndarray:
+        if type(t._data) is not _ndarray or _dims_differ(<cnp.ndarray>t._data, <cnp.ndarray>od):
             return True
-        a = <cnp.ndarray>t._data
-        if cnp.PyArray_NDIM(a) != nd:
-            return True
-        for k in range(nd):
-            if cnp.PyArray_DIMS(a)[k] != odims[k]:
-                return True
     return False
 
 
@@ -2285,17 +2285,10 @@ cdef inline object _unwrap(object v):
 
 cdef bint _shape_differs(object a, object b):
     """Whether arrays ``a`` and ``b`` differ in shape (C compare for ndarrays)."""
-    cdef int nd, k
     if a is b:
         return False
     if type(a) is _ndarray and type(b) is _ndarray:
-        nd = cnp.PyArray_NDIM(<cnp.ndarray>a)
-        if nd != cnp.PyArray_NDIM(<cnp.ndarray>b):
-            return True
-        for k in range(nd):
-            if cnp.PyArray_DIMS(<cnp.ndarray>a)[k] != cnp.PyArray_DIMS(<cnp.ndarray>b)[k]:
-                return True
-        return False
+        return _dims_differ(<cnp.ndarray>a, <cnp.ndarray>b)
     return tuple(a.shape) != tuple(b.shape)
 
 
