@@ -219,8 +219,7 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
         _check_default_launch(c, where, desc, samples)
 
 
-_GLOBAL_KERNEL = re.compile(r"__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
-_LENGTH_PARAM = re.compile(r"(const\s+)?(long\s+long|int64_t|ptrdiff_t)\s+\w+")
+_GLOBAL_KERNEL = re.compile(r"__global__\s+void\s+(\w+)\s*\(")
 
 
 def _check_default_launch(c, where, desc, samples) -> None:
@@ -233,18 +232,20 @@ def _check_default_launch(c, where, desc, samples) -> None:
             src = src(samples[0], "float")
         except Exception:
             return                     # a source that needs more than a sample op: checked by check_op
+    from .cuda.kernels import parameters
     found = _GLOBAL_KERNEL.findall(src)
     if len(found) > 1:
         raise OpDeclarationError(
-            f"{where}: its cuda_source defines {len(found)} kernels ({', '.join(n for n, _ in found)}) "
+            f"{where}: its cuda_source defines {len(found)} kernels ({', '.join(found)}) "
             f"and the op has no launcher; the default launch runs one kernel: add `cuda(self, be, ...)` "
             f"launching them (docs/write-your-first-op.md, section 4)")
     nin = desc.arity[1][1] if desc.arity is not None and desc.arity[1][0] == desc.arity[1][1] else None
-    for kname, plist in found:
+    for kname in found:
+        kinds, plist = parameters(src, kname)
         params = [p.strip() for p in plist.split(",") if p.strip()]
-        ok = (len(params) >= 2 and all("*" in p for p in params[:-1])
-              and _LENGTH_PARAM.fullmatch(params[-1]) is not None
-              and (nin is None or len(params) > nin + 1))
+        # device arrays, then the element count: a 64-bit integer
+        ok = (len(kinds) >= 2 and kinds[:-1] == b"p" * (len(kinds) - 1) and kinds[-1:] == b"8"
+              and (nin is None or len(kinds) > nin + 1))
         if not ok:
             ins = ", ".join(f"const T* x{i}" for i in range(nin)) if nin is not None else "const T* x..."
             raise OpDeclarationError(
