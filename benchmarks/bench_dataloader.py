@@ -59,15 +59,20 @@ BATCH = 32
 
 class BurnCPU(Transform):
     """Identity that costs ``ms`` of CPU per batch (a busy loop, as a real
-    augmentation would be: sleeping would hide nothing's cost)."""
+    augmentation would be), or with ``wait`` that waits ``ms`` without
+    using the CPU (as reading files would)."""
 
-    def __init__(self, ms: float):
+    def __init__(self, ms: float, wait: bool = False):
         self.seconds = ms / 1000.0
+        self.wait = wait
 
     def apply(self, input):
         return input
 
     def apply_batch(self, inputs):
+        if self.wait:
+            time.sleep(self.seconds)
+            return tuple(inputs)
         end = time.process_time() + self.seconds
         while time.process_time() < end:
             pass
@@ -128,6 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=3, help="epochs per variant per round")
     ap.add_argument("--transform-ms", type=float, default=1.0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--wait", action="store_true",
+                    help="the transform waits (sleeps) its time instead of burning CPU")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
 
@@ -137,7 +144,7 @@ def main(argv=None) -> int:
     order = np.random.default_rng(0).permutation(len(x_train))
     pre_cut = [(x_train[order[i:i + BATCH]], y_train[order[i:i + BATCH]]) for i in range(0, len(order), BATCH)]
     step = make_trainer()
-    burn = BurnCPU(args.transform_ms)
+    burn = BurnCPU(args.transform_ms, wait=args.wait)
 
     def loader(workers, transform, persistent=False):
         return DataLoader(ds, RandomSampler(ds, batch_size=BATCH, seed=0), transform=transform,
@@ -175,7 +182,8 @@ def main(argv=None) -> int:
     base = statistics.median(times["model alone"])
     print(f"one epoch ({len(pre_cut)} batches of {BATCH}), median of {args.repeat * args.epochs}; "
           f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
-          f"load average {min(loads):.1f}-{max(loads):.1f}")
+          f"load average {min(loads):.1f}-{max(loads):.1f}; the transform "
+          f"{'waits' if args.wait else 'burns CPU'}")
     rows = {}
     for name in names:
         med, med_cpu = statistics.median(times[name]), statistics.median(cpu[name])

@@ -2,6 +2,7 @@
 the scope, its count given back after (nested scopes, several threads, an
 exception), nothing changed when off; the LSTM layer ops run their small
 per-step products in it and their large ones outside it."""
+import os
 import threading
 
 import numpy as np
@@ -82,3 +83,24 @@ def test_lstm_layer_runs_its_small_products_single_threaded(two_threads, monkeyp
     hs2, *_ = rnn._lstm_layer_cpu(False, gx, h0, c0, w)
     assert counts == [2] * T
     np.testing.assert_array_equal(hs2, hs)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/task"),
+                    reason="needs fork and /proc to count a child's threads")
+def test_one_thread_from_now_in_a_forked_child_starts_no_pool(two_threads):
+    _ = np.ones((256, 256)) @ np.ones((256, 256))        # the parent's pool is up
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:            # the child: one thread, OpenBLAS's pool stopped by the fork
+        try:
+            ok = blas.one_thread_from_now()
+            _ = np.ones((256, 256)) @ np.ones((256, 256))
+            os.write(w, f"{int(ok)} {blas.num_threads()} {len(os.listdir('/proc/self/task'))}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 64).decode().split()
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == ["1", "1", "1"]           # count 1, and no thread started for it
+    assert blas.num_threads() == 2          # the parent's count is untouched

@@ -632,3 +632,38 @@ def test_workers_run_numpys_blas_on_one_thread():
                                             num_workers=2, timeout=120)))
     assert counts.tolist() == [1, 1, 1, 1]
     assert blas.num_threads() >= 1                          # the parent's count is its own
+
+
+class ThreadsAfterProduct(MapDataset):
+    """A sample: the threads of the process loading it, after a product
+    large enough that OpenBLAS would split it over a pool."""
+
+    def __init__(self):
+        pass
+
+    def __getitem__(self, i):
+        a = np.ones((256, 256))
+        _ = a @ a
+        return np.int64(len(os.listdir("/proc/self/task")))
+
+    def __len__(self):
+        return 4
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc to count a process's threads")
+def test_forked_workers_do_not_restart_openblas_threads():
+    # OpenBLAS stops its threads at a fork and starts them again to change
+    # the count; a new thread spins ~0.1 s: 90 ms of CPU per worker per epoch
+    from gradcore.cpu import blas
+    if blas._lookup() is None:
+        pytest.skip(f"not OpenBLAS here: {blas.status()}")
+    before = blas.num_threads()
+    blas._lookup()[2](2)            # a parent with a pool of 2
+    try:
+        _ = np.ones((256, 256)) @ np.ones((256, 256))
+        ds = ThreadsAfterProduct()
+        threads = np.concatenate(list(DataLoader(ds, SequentialSampler(ds, batch_size=2), num_workers=2,
+                                                 timeout=120, multiprocessing_context="fork")))
+    finally:
+        blas._lookup()[2](before)
+    assert threads.tolist() == [1, 1, 1, 1]

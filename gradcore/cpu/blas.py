@@ -43,7 +43,7 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["single_threaded", "num_threads", "status", "enabled"]
+__all__ = ["single_threaded", "one_thread_from_now", "num_threads", "status", "enabled"]
 
 _OFF = ("0", "false", "no", "off")
 enabled = os.environ.get("GRADCORE_BLAS_SCOPE", "1").strip().lower() not in _OFF
@@ -56,7 +56,7 @@ _SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_thread
             ("openblas_get_num_threads", "openblas_set_num_threads"))
 
 _lock = threading.Lock()
-_found: Optional[Tuple[str, object, object]] = None      # (path, get, set) once looked up
+_found: Optional[Tuple[str, object, object, object]] = None      # (path, get, set, lib) once looked up
 _looked = False
 _depth = 0                 # open scopes, all threads together
 _saved = 0                 # the count the outermost scope found (0: it changed nothing)
@@ -101,7 +101,7 @@ def _lookup():
             if get is not None and set_ is not None:
                 get.restype, get.argtypes = ctypes.c_int, []
                 set_.restype, set_.argtypes = None, [ctypes.c_int]
-                _found = (path, get, set_)
+                _found = (path, get, set_, lib)
                 return _found
     return None
 
@@ -149,6 +149,33 @@ def single_threaded() -> Iterator[None]:
             if _depth == 0 and _saved:
                 found[2](_saved)
                 _saved = 0
+
+
+def one_thread_from_now() -> bool:
+    """Run NumPy's OpenBLAS on one thread for the rest of this process's
+    life, without starting its thread pool. For a forked child such as a
+    data-loader worker: OpenBLAS stops its threads at a fork and starts them
+    again to change the count, and a new thread spins for ~0.1 s before it
+    sleeps (2^28 cycles: 90 ms of CPU per worker per epoch, on the cores the
+    training needs). The count is OpenBLAS's ``blas_cpu_number``, written
+    directly where the library exports it (one thread in the process: a
+    fresh child), else set by the API. True if the count is now 1.
+
+    Example::
+
+        >>> blas.one_thread_from_now()        # doctest: +SKIP
+        True
+    """
+    found = _lookup() if enabled else None
+    if found is None:
+        return False
+    try:
+        count = ctypes.c_int.in_dll(found[3], "blas_cpu_number")
+    except ValueError:          # not exported by this build: the API (starts the pool)
+        found[2](1)
+    else:
+        count.value = 1
+    return int(found[1]()) == 1
 
 
 def status() -> str:

@@ -401,9 +401,10 @@ def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, paren
     try:
         # NumPy's BLAS on one thread in the workers (as PyTorch's workers): a
         # worker per core, each with a BLAS thread per core, would
-        # oversubscribe the cores that the training process needs
-        with _blas.single_threaded():
-            _serve(job, task_conn, result_conn, prefix, parent_pid)
+        # oversubscribe the cores that the training process needs (and
+        # without restarting OpenBLAS's thread pool, stopped by the fork)
+        _blas.one_thread_from_now()
+        _serve(job, task_conn, result_conn, prefix, parent_pid)
     except KeyboardInterrupt:
         return
 
