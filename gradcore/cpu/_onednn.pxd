@@ -82,6 +82,7 @@ cdef enum:
     dnnl_pooling_max = 0x1ff
     dnnl_pooling_avg_include_padding = 0x2ff
     dnnl_pooling_avg_exclude_padding = 0x3ff
+    dnnl_resampling_linear = 0x2fff1
     # dnnl_normalization_flags_t
     dnnl_use_global_stats = 0x1
     dnnl_use_scale = 0x2
@@ -163,6 +164,9 @@ ctypedef dnnl_status_t (*f_pool_bwd_pd)(dnnl_primitive_desc_t* pd, dnnl_engine_t
                                         const dnnl_dim_t* kernel, const dnnl_dim_t* dilation,
                                         const dnnl_dim_t* padding_l, const dnnl_dim_t* padding_r,
                                         const void* hint_fwd_pd, const void* attr) noexcept nogil
+ctypedef dnnl_status_t (*f_resampling_fwd_pd)(dnnl_primitive_desc_t* pd, dnnl_engine_t engine, int prop,
+                                              int alg, const float* factors, const void* src, const void* dst,
+                                              const void* attr) noexcept nogil
 ctypedef dnnl_status_t (*f_bnorm_fwd_pd)(dnnl_primitive_desc_t* pd, dnnl_engine_t engine, int prop,
                                          const void* src, const void* dst, float epsilon, unsigned flags,
                                          const void* attr) noexcept nogil

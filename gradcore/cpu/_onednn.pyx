@@ -53,6 +53,7 @@ cdef struct Api:
     f_conv_bwd_weights_pd conv_bwd_weights_pd
     f_pool_fwd_pd pool_fwd_pd
     f_pool_bwd_pd pool_bwd_pd
+    f_resampling_fwd_pd resampling_fwd_pd
     f_bnorm_fwd_pd bnorm_fwd_pd
     f_bnorm_bwd_pd bnorm_bwd_pd
     f_matmul_pd matmul_pd
@@ -89,6 +90,7 @@ _NAMES = ("dnnl_version", "dnnl_engine_create", "dnnl_stream_create", "dnnl_stre
           "dnnl_convolution_backward_data_primitive_desc_create",
           "dnnl_convolution_backward_weights_primitive_desc_create",
           "dnnl_pooling_forward_primitive_desc_create", "dnnl_pooling_backward_primitive_desc_create",
+          "dnnl_resampling_forward_primitive_desc_create",
           "dnnl_batch_normalization_forward_primitive_desc_create",
           "dnnl_batch_normalization_backward_primitive_desc_create", "dnnl_matmul_primitive_desc_create",
           "dnnl_primitive_desc_query_md", "dnnl_primitive_desc_query", "dnnl_primitive_desc_destroy",
@@ -561,6 +563,19 @@ def pooling(int direction, str kind, tuple src, tuple dst, tuple strides, tuple 
            "backward " + what)
     return _primitive(pd, (DNNL_ARG_DIFF_DST,) + ((DNNL_ARG_WORKSPACE,) if ws else ())
                       + (DNNL_ARG_DIFF_SRC, DNNL_ARG_SCRATCHPAD))
+
+
+def resampling(tuple src, tuple dst):
+    """A linear resampling forward primitive (bilinear for 2-D sizes:
+    PyTorch's ``align_corners=False``) on plain float32 tensors (N, C, *S),
+    its factors the sizes' ratios; args src, dst."""
+    _require()
+    cdef _Md s = _plain(src), d = _plain(dst)
+    cdef _Attr attr = _Attr(False)
+    cdef _Pd fwd = _Pd()
+    _check(api.resampling_fwd_pd(&fwd.pd, _engine, dnnl_forward_training, dnnl_resampling_linear, NULL, s.md, d.md,
+                                 attr.attr), f"resampling linear (src {src}, dst {dst})")
+    return _primitive(fwd, (DNNL_ARG_SRC, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD))
 
 
 cdef _Md _channel_blocked(tuple dims):

@@ -22,7 +22,10 @@ NumPy code when the answer is None), float32 only:
 - ``batch_norm_training``/``batch_norm_inference``/``batch_norm_backward``:
   the BatchNorm ops of ``gradcore/ops/nn.py``;
 - ``matmul``: MatrixMul's float32 products with one (K, N) b of at least
-  ``matmul_min`` multiply-adds (transposed views read in place).
+  ``matmul_min`` multiply-adds (transposed views read in place);
+- ``resample``: Interpolate's bilinear forward (``align_corners=False``;
+  not its adjoint: oneDNN's resampling backward took 4x gradcore's own
+  kernels here).
 
 Primitives are made once per (direction, shapes, attributes, threads) and
 kept in a bounded LRU cache (``cache_limit``; ``stats()``). Tensors stay
@@ -631,6 +634,36 @@ def pool_backward(g, x, kind, kernel, stride, padding, xshape=None):
     return dx
 
 
+# ---------------------------------------------------------------- resampling
+def _resample_work(shape) -> float:
+    """Linear resampling's work in multiply-add units: the larger side's
+    elements, 2^d taps each (d spatial axes), at POOL_COST."""
+    return prod(shape) * (1 << (len(shape) - 2)) * POOL_COST
+
+
+def resample(x, size):
+    """x (N, C, *S) resampled linearly to the spatial ``size``: bilinear for
+    2-D, with source coordinates ``(o + 0.5) * in / out - 0.5`` clamped to
+    the input (PyTorch's ``align_corners=False``, MegEngine's resize).
+    None where oneDNN does not run it.
+
+    Example::
+
+        >>> resample(np.ones((1, 1, 2, 2), np.float32), (4, 4)).shape     # doctest: +SKIP
+        (1, 1, 4, 4)
+    """
+    if not _usable(x) or not 3 <= x.ndim <= 5 or len(size) != x.ndim - 2 or min(size) < 1:
+        return None
+    yshape = tuple(x.shape[:2]) + tuple(int(s) for s in size)
+    prim = _primitive(("resample", 0, x.shape, yshape), lambda: _onednn.resampling(x.shape, yshape),
+                      _resample_work(max(x.shape, yshape, key=prod)))
+    if prim is None:
+        return None
+    y = np.empty(yshape, _F32)
+    prim.run(_c(x), y)
+    return y
+
+
 # ---------------------------------------------------------------- matmul
 def _elem_strides(a):
     """a's strides in elements where they are a row-major or transposed
@@ -760,7 +793,8 @@ def batch_norm_backward(g, x, weight, mean, invstd, eps):
 
 
 __all__ = ["enabled", "cache_limit", "candidate_paths", "load", "version", "library_path", "why_not", "status",
-           "set_num_threads", "num_threads", "grain", "threads_for", "matmul_min", "matmul", "stats", "clear_cache", "drop_code_pages",
+           "set_num_threads", "num_threads", "grain", "threads_for", "matmul_min", "matmul", "resample", "stats",
+           "clear_cache", "drop_code_pages",
            "refused", "conv_forward", "conv_backward_data", "conv_backward_weights", "fuse_bias_gradient",
            "conv_transpose", "pool_forward", "pool_backward", "batch_norm_training", "batch_norm_inference",
            "batch_norm_backward"]

@@ -167,3 +167,45 @@ def test_functional_errors(shape, kw, needle):
     with pytest.raises(ValueError) as ei:
         F.vision.interpolate(gradcore.Tensor(np.ones(shape, "float32")), **kw)
     assert needle in str(ei.value) and "interpolate" in str(ei.value)
+
+
+# ---------------------------------------------------------------- the CPU kernels' paths
+@pytest.mark.parametrize("shape, size", [((2, 3, 16, 16), (32, 32)), ((2, 3, 20, 12), (7, 30)),
+                                         ((1, 2, 5, 40), (11, 9))])
+def test_float32_paths_vs_torch(shape, size, rng, h, torch):
+    # float32: the forward on oneDNN where it is loaded, the adjoint by
+    # matrix products or gathers per axis
+    x = rng.standard_normal(shape).astype(np.float32)
+    h.compare(torch, interp(size, "bilinear", False), torch_interp(torch, size, "bilinear", False), [x],
+              rtol=2e-5, atol=2e-5, need_grads=True)
+
+
+@pytest.mark.parametrize("mode, align_corners", MODES)
+@pytest.mark.parametrize("adjoint", [False, True])
+def test_products_and_gathers_agree(mode, align_corners, adjoint, rng, monkeypatch):
+    from gradcore.ops import vision
+    op = (InterpolateBackward if adjoint else Interpolate)((9, 12), mode, align_corners)
+    ref = rng.standard_normal((2, 3, 6, 5))
+    args = [rng.standard_normal((2, 3, 9, 12)), ref] if adjoint else [ref]
+    results = []
+    for per_tap in (0, 10 ** 6):          # every axis by gathers, then every axis by products
+        monkeypatch.setattr(vision, "_DENSE_PER_TAP", per_tap)
+        vision._axis_plan.cache_clear()
+        results.append(op.cpu(*args))
+    vision._axis_plan.cache_clear()
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_value_stays_at_its_taps(bad, rng, torch):
+    # a matrix product would multiply it by every zero weight of its row
+    g = rng.standard_normal((1, 2, 32, 32))
+    g[0, 1, 5, 7] = bad
+    got = InterpolateBackward((32, 32), "bilinear", False).cpu(g, np.zeros((1, 2, 16, 16)))
+    x = torch.zeros((1, 2, 16, 16), dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False).backward(
+        torch.tensor(g))
+    want = x.grad.numpy()
+    assert (np.isfinite(got) == np.isfinite(want)).all()
+    assert 0 < (~np.isfinite(got)).sum() <= 4
+    np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=1e-12)
