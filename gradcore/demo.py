@@ -74,19 +74,20 @@ def split(x, y, test_fraction, seed):
 
 
 class DigitsCNN(M.Module):
-    """conv(1->16) relu pool -> conv(16->32) relu pool -> linear(128->64) relu -> linear(64->10)."""
+    """conv(1->16) relu pool -> conv(16->32) relu pool -> linear(128->64) relu -> linear(64->10)
+    (each convolution with its ReLU one op: ``M.ConvRelu2d``)."""
 
     def __init__(self):
         super().__init__()
-        self.conv1 = M.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = M.Conv2d(16, 32, 3, padding=1)
+        self.conv1 = M.ConvRelu2d(1, 16, 3, padding=1)
+        self.conv2 = M.ConvRelu2d(16, 32, 3, padding=1)
         self.pool = M.MaxPool2d(2)
         self.fc1 = M.Linear(32 * 2 * 2, 64)
         self.fc2 = M.Linear(64, 10)
 
     def forward(self, x):
-        x = self.pool(F.relu(self.conv1(x)))
-        x = self.pool(F.relu(self.conv2(x)))
+        x = self.pool(self.conv1(x))
+        x = self.pool(self.conv2(x))
         x = F.flatten(x, 1)
         return self.fc2(F.relu(self.fc1(x)))
 

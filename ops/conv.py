@@ -71,6 +71,7 @@ from gradcore.cuda import cudnn
 from gradcore.cuda.kernels import Kernel, kernel_name, source
 from gradcore.op import Op, TensorDesc, needs_grad, shape_carrier
 
+from .elemwise import expression as elemwise_expression
 from .linalg import check_cuda_dtype, gemm_rows
 from .reduce import Reduce, op_int
 from .shape import ReshapeLike
@@ -465,21 +466,22 @@ class _ConvOp(Op):
         return view.reshape(g, cg * prod(kshape), n * prod(out_sp))
 
     # ------------------------------------------------------------ cpu: oneDNN
-    def _on_onednn(self, a, b, out_shape, bias=None):
+    def _on_onednn(self, a, b, out_shape, bias=None, relu=False):
         """The op on oneDNN (``gradcore/cpu/onednn.py``): (x, w) forward,
         (g, w) backward_data, (g, x) backward_filter, ``out_shape`` the
         result's; None where oneDNN does not run it (not loaded, switched
         off, not float32, more than 3 spatial axes, a configuration it
         refuses) and the NumPy kernels do. ``bias``: the forward's bias
         array (added by the primitive), or for backward_filter True (the
-        result is then the pair (dw, db), db of shape (O,))."""
+        result is then the pair (dw, db), db of shape (O,)); ``relu``: the
+        forward's ReLU (a post-op of the primitive)."""
         n = len(out_shape) - 2
         if n > 3 or a.dtype != b.dtype:
             return None
         s, p, d = self._per_axis(n)
         direction = self.cudnn_direction
         if direction == "forward":
-            return onednn.conv_forward(a, b, s, p, d, self.groups, bias=bias)
+            return onednn.conv_forward(a, b, s, p, d, self.groups, bias=bias, relu=relu)
         if direction == "backward_data":
             return onednn.conv_backward_data(a, b, out_shape, s, p, d, self.groups)
         return onednn.conv_backward_weights(a, b, out_shape, s, p, d, self.groups, bias=bool(bias))
@@ -562,19 +564,38 @@ def _examples(cls, cases):
 
 
 # ---------------------------------------------------------------- convolution
+# what follows the convolution (and its bias) inside the op: MegEngine's
+# ConvBias modes that gradcore fuses
+NONLINEAR_MODES = ("identity", "relu")
+# ReLU's derivative, as the op's backward applies it: a select, not a
+# product with a bool mask (that would cast the mask, a kernel more on cuda)
+_RELU_GRAD = elemwise_expression("out, g", "where(out > 0, g, 0)")
+
+
 class Convolution(_ConvOp):
     """Cross-correlation of x (N, C, *spatial) with weight (O, C // groups,
     *kernel), plus an optional bias b per output channel, (O,) or (1, O, 1,
-    ...): 1-d, 2-d, 3-d (any number of spatial axes on the CPU).
+    ...): 1-d, 2-d, 3-d (any number of spatial axes on the CPU), then
+    ``nonlinear_mode`` ("identity", or "relu": MegEngine's ConvBias mode,
+    ``M.ConvRelu2d``'s op; on oneDNN a post-op of the primitive).
 
     Example::
 
         >>> Convolution((2, 2), (1, 1))(x, w)        # F.conv2d(x, w, stride=2, padding=1)
         >>> Convolution((1, 1), (1, 1))(x, w, b)     # F.conv2d(x, w, b, padding=1): one op
+        >>> Convolution(1, 1, nonlinear_mode="relu")(x, w, b)    # F.relu(F.conv2d(x, w, b, padding=1))
     """
     name = "Convolution"
+    attrs = _ConvOp.attrs + ("nonlinear_mode",)
     reduce_broadcast = False
     input_dtypes = dtypes.promoted_inputs      # a float16 input with a float32 weight: float32
+
+    def __init__(self, stride=1, padding=0, dilation=1, groups=1, nonlinear_mode="identity"):
+        super().__init__(stride, padding, dilation, groups)
+        if nonlinear_mode not in NONLINEAR_MODES:
+            raise ValueError(f"{self.name}: nonlinear_mode must be one of {', '.join(NONLINEAR_MODES)}, "
+                             f"got {nonlinear_mode!r}")
+        self.nonlinear_mode = nonlinear_mode
 
     @classmethod
     def examples(cls):
@@ -585,7 +606,8 @@ class Convolution(_ConvOp):
                                ((2, 1, 1, 2), [(1, 4, 3, 3, 4), (2, 2, 2, 3, 2)]),
                                ((2, 1), [(2, 2, 5), (3, 2, 2), (3,)]),
                                (((1, 2), 1, 1, 2), [(2, 4, 4, 5), (4, 2, 3, 2), (4,)]),
-                               ((1, 1, 1, 2), [(1, 4, 3, 3, 4), (2, 2, 2, 3, 2), (1, 2, 1, 1, 1)])])
+                               ((1, 1, 1, 2), [(1, 4, 3, 3, 4), (2, 2, 2, 3, 2), (1, 2, 1, 1, 1)]),
+                               ((1, 1, 1, 1, "relu"), [(2, 3, 4, 5), (4, 3, 3, 3), (4,)])])
 
     def infer(self, x, w, b=None):
         dtype = self._dtype(x, w) if b is None else self._dtype(x, w, b)
@@ -604,7 +626,8 @@ class Convolution(_ConvOp):
             self._check_bias(b.shape, w.shape[0], len(out_sp), descs)
         if x.dtype != w.dtype or x.dtype.kind != "f" or (b is not None and b.dtype != x.dtype):
             self._dtype(*[TensorDesc(a.shape, a.dtype) for a in descs])
-        y = self._on_onednn(x, w, (x.shape[0], w.shape[0]) + out_sp, bias=b)
+        relu = self.nonlinear_mode == "relu"
+        y = self._on_onednn(x, w, (x.shape[0], w.shape[0]) + out_sp, bias=b, relu=relu)
         if y is not None:
             return y
         n, o, g = x.shape[0], w.shape[0], self.groups
@@ -614,15 +637,19 @@ class Convolution(_ConvOp):
             cols = self._cols(x[s:e], w.shape[2:], out_sp)                     # g, K, nb*P
             y = _gemm(w.reshape(g, o // g, cols.shape[1]), cols, g)             # g, O/g, nb*P
             y = y.reshape(o, e - s, prod(out_sp)).swapaxes(0, 1).reshape((e - s, o) + out_sp)
+            # per chunk, while it is in cache, in place: y is the GEMM's fresh result
             if bias is not None:
-                # per chunk, while it is in cache, in place: y is the GEMM's fresh result
                 np.add(y, bias, out=y)
+            if relu:
+                np.maximum(y, 0, out=y)
             return y
 
         return _by_images(images, n, x.shape[1] * prod(w.shape[2:]) * prod(out_sp))
 
     def vjp(self, inputs, outputs, grads):
         (g,) = grads
+        if self.nonlinear_mode == "relu":
+            g = _RELU_GRAD(outputs[0], g)        # ReLU's derivative: g where y > 0
         x, w = inputs[0], inputs[1]
         dx = _apply1(ConvolutionBackwardData(*self._attrs()), g, w, x)
         if len(inputs) == 2 or not needs_grad(inputs[2]):
@@ -643,6 +670,8 @@ class Convolution(_ConvOp):
             # cuDNN's plans and the GEMM path stay bias-free (one plan per
             # configuration); the bias is one broadcast add, in place
             be.elementwise("add", y, self._channel_view(b, y.ndim - 2), out=y)
+        if self.nonlinear_mode == "relu" and y.size:
+            be.elementwise("relu", y, out=y)
         return y
 
     def _cuda_conv(self, be, x, w, *b):

@@ -250,11 +250,25 @@ def _mode_fn(mode):
 _GRAD_NS = {r.mode: _mode_fn(r.mode) for r in TABLE}
 
 
+def expression(params: str, body: str):
+    """A function of ``params`` computing ``body``, an expression in the
+    rows' language (any elementwise mode by name, operators, scalars), on
+    tensors or traced values: how a derivative written as a row's is used
+    by another op's ``vjp``.
+
+    Example::
+
+        >>> relu_grad = expression("out, g", "where(out > 0, g, 0)")
+        >>> gx = relu_grad(y, g)
+    """
+    return eval(f"lambda {params}: {body}", _GRAD_NS)
+
+
 def _make_vjp(row: Row):
     n = _arity(row)
     exprs = row.grads
-    fns = [None if e is None else eval(f"lambda {', '.join(_ARGS[:n])}, out, g: {e}", _GRAD_NS)
-           for e in exprs]
+    params = ", ".join(_ARGS[:n] + ("out", "g"))
+    fns = [None if e is None else expression(params, e) for e in exprs]
 
     def vjp(inputs, outputs, grads):
         out, g = outputs[0], grads[0]

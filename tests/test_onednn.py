@@ -403,6 +403,9 @@ OP_CASES = {
                                  [(2, 16, 9, 8), (32, 16, 3, 3), (1, 32, 1, 1)]),
     "conv2d bias first layer": (lambda x, w, b: GF.conv2d(x, w, b, stride=2),
                                 lambda x, w, b: F.conv2d(x, w, b, stride=2), [(2, 3, 11, 12), (8, 3, 5, 5), (8,)]),
+    "conv2d bias relu": (lambda x, w, b: GF.conv2d(x, w, b, padding=1, nonlinear_mode="relu"),
+                         lambda x, w, b: F.relu(F.conv2d(x, w, b, padding=1)),
+                         [(2, 16, 9, 8), (32, 16, 3, 3), (32,)]),
     "conv3d bias": (lambda x, w, b: GF.conv3d(x, w, b, padding=1), lambda x, w, b: F.conv3d(x, w, b, padding=1),
                     [(2, 16, 5, 6, 4), (16, 16, 3, 3, 3), (16,)]),
     "max_pool2d": (lambda x: GF.max_pool2d(x, 3, 2, 1), lambda x: F.max_pool2d(x, 3, 2, 1), [(2, 4, 9, 10)]),
@@ -464,7 +467,7 @@ def _second_order(gfn, arrays, w1, w2):
 
 @pytest.mark.parametrize("case", ["conv2d", "conv2d first layer", "conv3d", "conv_transpose2d", "max_pool2d",
                                   "conv1d bias (O,)", "conv2d bias (1, O, 1, 1)", "conv3d bias",
-                                  "avg_pool2d", "batch_norm", "conv2d + max_pool2d",
+                                  "avg_pool2d", "batch_norm", "conv2d + max_pool2d", "conv2d bias relu",
                                   "conv2d + avg_pool2d + batch_norm"])
 def test_second_order_gradients_unchanged(case, monkeypatch):
     """The backward ops are ops whose cpu kernels run oneDNN too: a

@@ -15,10 +15,11 @@ from typing import Optional, Sequence, Union
 from .._core import Tensor, apply as _apply
 from ..dtypes import promote_types
 from ..op import OpError
-from ..ops.conv import ConvTranspose, Convolution
+from ..ops.conv import NONLINEAR_MODES, ConvTranspose, Convolution
 from ..ops.pool import AvgPool2d, MaxPool2d
 from ..ops.reduce import op_int
 from ._args import _index, _int_tuple, _named, _t
+from .elemwise_table import relu as relu_op
 from .shape import reshape
 
 # one op instance per distinct attributes: the per-op caches stay warm
@@ -39,12 +40,15 @@ def _per_axis(name: str, what: str, v, n: int, low: int) -> tuple:
 
 
 def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
-          output_padding=None) -> Tensor:
+          output_padding=None, nonlinear_mode="identity") -> Tensor:
     """The body of every convolution function: ``n`` spatial axes,
-    transposed when ``output_padding`` is given. The op checks the shapes;
-    its errors are prefixed with ``name``."""
+    transposed when ``output_padding`` is given, then ``nonlinear_mode``.
+    The op checks the shapes; its errors are prefixed with ``name``."""
     if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
         raise ValueError(f"{name}: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    if nonlinear_mode not in NONLINEAR_MODES:
+        raise ValueError(f"{name}: nonlinear_mode must be one of {', '.join(NONLINEAR_MODES)}, "
+                         f"got {nonlinear_mode!r}")
     groups = op_int(name, "groups", groups)
     if groups < 1:
         raise ValueError(f"{name}: groups must be >= 1, got {groups}")
@@ -63,17 +67,23 @@ def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mo
         w = reshape(w, (w.shape[0] * w.shape[1],) + tuple(w.shape[2:]))
     attrs = (_per_axis(name, "stride", stride, n, 1), _per_axis(name, "padding", padding, n, 0))
     dilation = _per_axis(name, "dilation", dilation, n, 1)
+    relu = nonlinear_mode == "relu"
     if output_padding is None:
-        op = _Convolution(*attrs, dilation, groups)
         b = None if bias is None else _op_bias(x, w, bias, n, lambda: w.shape[0])
+        # the ReLU inside the op, unless a bias is added after it
+        fused = relu and (bias is None or b is not None)
+        op = _Convolution(*attrs, dilation, groups, nonlinear_mode if fused else "identity")
     else:
+        fused = False
         op = _ConvTranspose(*attrs, _per_axis(name, "output_padding", output_padding, n, 0), dilation, groups)
         b = None if bias is None else _op_bias(x, w, bias, n, lambda: w.shape[1] * groups)
     try:
         out = _apply(op, x, w)[0] if b is None else _apply(op, x, w, b)[0]
     except OpError as exc:
         raise _named(name, exc) from exc
-    return out if bias is None or b is not None else _channel_bias(name, out, _t(bias, out))
+    if bias is not None and b is None:
+        out = _channel_bias(name, out, _t(bias, out))
+    return relu_op(out) if relu and not fused else out
 
 
 def _op_bias(x: Tensor, w: Tensor, bias, n: int, channels) -> Optional[Tensor]:
@@ -128,7 +138,7 @@ def _channel_bias(name: str, out: Tensor, bias: Tensor) -> Tensor:
 
 def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1, padding: int = 0,
            dilation: int = 1, groups: int = 1, conv_mode: str = "cross_correlation",
-           compute_mode: str = "default") -> Tensor:
+           compute_mode: str = "default", *, nonlinear_mode: str = "identity") -> Tensor:
     """1-D convolution (cross-correlation) of ``inp`` (N, C, L) with
     ``weight`` (O, C // groups, K) (or grouped, (groups, O // groups, C //
     groups, K)), MegEngine's ``F.nn.conv1d``. ``bias`` broadcasts against
@@ -140,18 +150,22 @@ def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: i
         >>> F.nn.conv1d(x, gc.tensor([[[1.0, -1.0]]])).numpy()
         array([[[-1., -1., -1., -1.]]], dtype=float32)
     """
-    return _conv("conv1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
+    return _conv("conv1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
+                 nonlinear_mode=nonlinear_mode)
 
 
 def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
-           conv_mode: str = "cross_correlation", compute_mode: str = "default"):
+           conv_mode: str = "cross_correlation", compute_mode: str = "default", *,
+           nonlinear_mode: str = "identity"):
     """2-D convolution (cross-correlation) of ``inp`` (N, C, H, W) with
     ``weight`` (O, C // groups, KH, KW), MegEngine's ``F.conv2d``. A grouped
     weight may also be given in MegEngine's 5-D form (groups, O // groups,
     C // groups, KH, KW). ``bias`` broadcasts against (N, O, OH, OW), e.g.
     shape (1, O, 1, 1); a (O,) bias is one per channel. A per-channel bias
     of either form is added inside the convolution op (one op recorded; on
-    oneDNN, inside its primitive).
+    oneDNN, inside its primitive). ``nonlinear_mode="relu"`` (MegEngine's
+    ConvBias mode; ``M.ConvRelu2d``) applies ReLU inside the same op: on
+    oneDNN a post-op of the primitive, no tensor more.
 
     Example::
 
@@ -159,11 +173,12 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
         >>> F.conv2d(x, gc.tensor(np.ones((3, 2, 3, 3), "float32")), stride=2, padding=1).shape
         (1, 3, 3, 3)
     """
-    return _conv("conv2d", 2, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
+    return _conv("conv2d", 2, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
+                 nonlinear_mode=nonlinear_mode)
 
 
 def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1,
-           groups: int = 1, conv_mode: str = "cross_correlation") -> Tensor:
+           groups: int = 1, conv_mode: str = "cross_correlation", *, nonlinear_mode: str = "identity") -> Tensor:
     """3-D convolution (cross-correlation) of ``inp`` (N, C, D, H, W) with
     ``weight`` (O, C // groups, KD, KH, KW), or MegEngine's grouped (groups,
     O // groups, C // groups, KD, KH, KW); MegEngine's ``F.conv3d``.
@@ -175,7 +190,8 @@ def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1,
         >>> F.conv3d(x, gc.tensor(np.ones((3, 2, 3, 3, 3), "float32")), padding=1).shape
         (1, 3, 4, 4, 4)
     """
-    return _conv("conv3d", 3, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
+    return _conv("conv3d", 3, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
+                 nonlinear_mode=nonlinear_mode)
 
 
 def conv_transpose1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1,

@@ -1,6 +1,6 @@
 """gradcore.module (``M``): MegEngine's layers.
 
-Module, Sequential, Identity, Linear, Conv1d, Conv2d, MaxPool2d, AvgPool2d,
+Module, Sequential, Identity, Linear, Conv1d, Conv2d, ConvRelu2d, MaxPool2d, AvgPool2d,
 AdaptiveMaxPool2d, AdaptiveAvgPool2d, Flatten, BatchNorm1d, BatchNorm2d,
 LayerNorm, GroupNorm, InstanceNorm, Dropout, Embedding, and the activations
 ReLU, Sigmoid, SiLU, GELU, LeakyReLU, PReLU, Softmax.
@@ -24,7 +24,7 @@ from .._core import Tensor
 from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
 from .attention import MultiHeadAttention  # noqa: F401
-from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d  # noqa: F401
+from .conv import Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d  # noqa: F401
 from .linear import Linear  # noqa: F401
 from .module import HookHandler, Module, _count  # noqa: F401
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: F401
