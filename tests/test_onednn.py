@@ -262,7 +262,8 @@ def test_op_tests_pass_with_onednn_switched_off():
     both paths (CI runs the README's command, so the second run lives here)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = [os.path.join("tests", "ops", f) for f in ("test_conv.py", "test_conv3d.py", "test_conv_transpose.py",
-                                                       "test_conv_bias.py", "test_nn.py", "test_boundaries.py")]
+                                                       "test_conv_bias.py", "test_conv_relu.py", "test_nn.py",
+                                                       "test_boundaries.py", "test_interpolate.py")]
     env = dict(os.environ, GRADCORE_ONEDNN="0")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files], cwd=root,
                          env=env, capture_output=True, text=True)
