@@ -138,7 +138,7 @@ def _channel_bias(name: str, out: Tensor, bias: Tensor) -> Tensor:
 
 def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1, padding: int = 0,
            dilation: int = 1, groups: int = 1, conv_mode: str = "cross_correlation",
-           compute_mode: str = "default", *, nonlinear_mode: str = "identity") -> Tensor:
+           compute_mode: str = "default") -> Tensor:
     """1-D convolution (cross-correlation) of ``inp`` (N, C, L) with
     ``weight`` (O, C // groups, K) (or grouped, (groups, O // groups, C //
     groups, K)), MegEngine's ``F.nn.conv1d``. ``bias`` broadcasts against
@@ -150,8 +150,7 @@ def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: i
         >>> F.nn.conv1d(x, gc.tensor([[[1.0, -1.0]]])).numpy()
         array([[[-1., -1., -1., -1.]]], dtype=float32)
     """
-    return _conv("conv1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
-                 nonlinear_mode=nonlinear_mode)
+    return _conv("conv1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
 
 
 def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
@@ -178,7 +177,7 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
 
 
 def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1,
-           groups: int = 1, conv_mode: str = "cross_correlation", *, nonlinear_mode: str = "identity") -> Tensor:
+           groups: int = 1, conv_mode: str = "cross_correlation") -> Tensor:
     """3-D convolution (cross-correlation) of ``inp`` (N, C, D, H, W) with
     ``weight`` (O, C // groups, KD, KH, KW), or MegEngine's grouped (groups,
     O // groups, C // groups, KD, KH, KW); MegEngine's ``F.conv3d``.
@@ -190,8 +189,7 @@ def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1,
         >>> F.conv3d(x, gc.tensor(np.ones((3, 2, 3, 3, 3), "float32")), padding=1).shape
         (1, 3, 4, 4, 4)
     """
-    return _conv("conv3d", 3, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
-                 nonlinear_mode=nonlinear_mode)
+    return _conv("conv3d", 3, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
 
 
 def conv_transpose1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int = 1,

@@ -1,6 +1,6 @@
 """The convolution with its ReLU as one op (issue 25, item 1: fused
-post-ops): ``F.conv1d/2d/3d(..., nonlinear_mode="relu")`` and
-``M.ConvRelu2d`` (MegEngine's) record one Convolution node whose forward
+post-ops): ``F.conv2d(..., nonlinear_mode="relu")``, ``M.ConvRelu2d``
+(MegEngine's) and the Convolution op of any dimension record one node whose forward
 applies ReLU after the bias (on oneDNN a post-op of the primitive) and whose
 backward masks the output gradient where the output is not positive, as
 ``F.relu`` does. Values and gradients against PyTorch (float64 and float32
@@ -29,19 +29,23 @@ CASES = {  # n spatial axes, x, weight, stride, padding, groups
     "2d-strided-grouped": (2, (2, 4, 7, 7), (6, 2, 3, 2), 2, 1, 2),
     "3d": (3, (1, 2, 4, 5, 4), (3, 2, 2, 3, 2), 1, 1, 1),
 }
-_G = {1: F.nn.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def _relu_conv(n, stride, padding, groups):
+    """The fused op (F.conv2d's nonlinear_mode for 2-d, the op itself for any n)."""
+    if n == 2:
+        return lambda x, w, b=None: F.conv2d(x, w, b, stride, padding, 1, groups, nonlinear_mode="relu")
+    op = Convolution((stride,) * n, (padding,) * n, 1, groups, nonlinear_mode="relu")
+    return lambda *t: _core.apply(op, *t)[0]
 
 
 def _fns(torch, case, bias=True):
     n, _, _, stride, padding, groups = CASES[case]
     t = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}[n]
+    g = _relu_conv(n, stride, padding, groups)
     if bias:
-        gfn = lambda x, w, b: _G[n](x, w, b, stride, padding, 1, groups, nonlinear_mode="relu")
-        tfn = lambda x, w, b: torch.relu(t(x, w, b, stride, padding, 1, groups))
-    else:
-        gfn = lambda x, w: _G[n](x, w, None, stride, padding, 1, groups, nonlinear_mode="relu")
-        tfn = lambda x, w: torch.relu(t(x, w, None, stride, padding, 1, groups))
-    return gfn, tfn
+        return (lambda x, w, b: g(x, w, b)), (lambda x, w, b: torch.relu(t(x, w, b, stride, padding, 1, groups)))
+    return (lambda x, w: g(x, w)), (lambda x, w: torch.relu(t(x, w, None, stride, padding, 1, groups)))
 
 
 def _arrays(rng, case, dtype=np.float64, bias=True):
@@ -77,7 +81,8 @@ def test_second_order_vs_torch_double_backward(case, rng, torch):
 def test_both_orders_against_finite_differences(case, rng, h):
     n, xs, ws, stride, padding, groups = CASES[case]
     # a positive bias keeps the outputs away from ReLU's kink, where differences are one-sided
-    fn = lambda x, w, b: F.tanh(_G[n](x, w, b, stride, padding, 1, groups, nonlinear_mode="relu"))
+    g = _relu_conv(n, stride, padding, groups)
+    fn = lambda x, w, b: F.tanh(g(x, w, b))
     h.check_grads(fn, [rng.standard_normal(xs), rng.standard_normal(ws) * 0.1, rng.uniform(1, 2, ws[0])],
                   dtype=np.float64)
 
