@@ -420,6 +420,45 @@ def test_random_transforms_do_not_depend_on_the_number_of_workers():
     assert len({x[i].tobytes() for i in range(5)}) == 5
 
 
+def test_rng_is_made_from_the_seed_when_first_asked():
+    T.seed([7, 0, 3])
+    a = T.rng().integers(1 << 30, size=4)
+    b = T.rng().integers(1 << 30, size=4)                   # the same generator, not reseeded
+    want = np.random.default_rng([7, 0, 3]).integers(1 << 30, size=8)
+    assert a.tolist() + b.tolist() == want.tolist()
+    with pytest.raises(TypeError, match="got None"):
+        T.seed(None)
+
+
+class GlobalDraws(T.Transform):
+    """A transform written for MegEngine: draws from NumPy's and Python's
+    global generators."""
+
+    def apply(self, input):
+        return input
+
+    def apply_batch(self, inputs):
+        import random
+        return [(np.float64(np.random.random()), np.float64(random.random())) for _ in inputs]
+
+
+def test_workers_seed_the_global_generators_per_batch():
+    ds = ArrayDataset(np.zeros((12, 1), np.float32))
+    draws = []
+    for workers in (1, 3):
+        loader = DataLoader(ds, SequentialSampler(ds, batch_size=3), transform=GlobalDraws(),
+                            collator=_ListCollator(), num_workers=workers, seed=5, timeout=120)
+        draws.append([b for b in loader])
+    assert draws[0] == draws[1]                              # by (seed, epoch, batch), not by worker
+    values = [v for batch in draws[0] for v in batch]
+    assert len(set(values)) == len(values)                   # batches and samples differ
+
+
+class _ListCollator(Collator):
+    def apply(self, inputs):
+        return [tuple(float(v) for v in sample) for sample in inputs]
+
+
 def test_spawned_workers_work_with_picklable_datasets():
     ds = _xy(6)
     loader = DataLoader(ds, SequentialSampler(ds, batch_size=4), num_workers=1, timeout=300,
