@@ -492,3 +492,70 @@ def test_multi_step_lr_state_dict_resume_and_errors():
     assert sched.gamma == 0.1                                      # a failed load changes nothing
     with pytest.raises(NotImplementedError):
         optim.LRScheduler(optim.SGD([gc.Parameter([1.0])], lr=1.0))
+
+
+# ---------------------------------------------------------------- MegEngine's fused and shape layers
+class _TorchConvBn(object):
+    """torch's Conv2d, BatchNorm2d (and ReLU) under MegEngine's fused
+    module's parameter names (conv.*, bn.*)."""
+
+    def __init__(self, torch, relu, **kw):
+        self.torch = torch
+        self.m = torch.nn.ModuleDict({"conv": torch.nn.Conv2d(3, 6, 3, **kw), "bn": torch.nn.BatchNorm2d(6)})
+        with torch.no_grad():
+            self.m["bn"].weight.uniform_(0.5, 1.5)
+            self.m["bn"].bias.uniform_(-0.5, 0.5)
+        self.relu = relu
+
+    def __call__(self, x):
+        y = self.m["bn"](self.m["conv"](x))
+        return self.torch.relu(y) if self.relu else y
+
+    def named_parameters(self):
+        return self.m.named_parameters()
+
+
+@pytest.mark.parametrize("relu", [False, True], ids=["ConvBn2d", "ConvBnRelu2d"])
+def test_conv_bn_modules_match_torch_in_training_and_eval(torch, rng, relu):
+    ours = (M.ConvBnRelu2d if relu else M.ConvBn2d)(3, 6, 3, padding=1, stride=2)
+    theirs = _TorchConvBn(torch, relu, padding=1, stride=2)
+    assert sorted(ours.state_dict()) == ["bn.bias", "bn.running_mean", "bn.running_var", "bn.weight",
+                                         "conv.bias", "conv.weight"]
+    _copy_params(ours, theirs)
+    x = rng.normal(size=(4, 3, 7, 7)).astype("float32")
+    dy = rng.normal(size=(4, 6, 4, 4)).astype("float32")
+    _assert_same(_run(ours, x, dy), _run_torch(torch, theirs, x, dy))
+    # MegEngine's momentum 0.9 is torch's 0.1: the same running statistics
+    np.testing.assert_allclose(ours.bn.running_mean.numpy().reshape(-1), theirs.m["bn"].running_mean.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    ours.eval()
+    theirs.m.eval()
+    _assert_same(_run(ours, x, dy), _run_torch(torch, theirs, x, dy))
+
+
+def test_conv_transpose3d_matches_torch(torch, rng):
+    ours = M.ConvTranspose3d(4, 6, 3, stride=2, padding=1, output_padding=1)
+    theirs = torch.nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1, output_padding=1)
+    assert ours.weight.shape == (4, 6, 3, 3, 3) and ours.bias.shape == (1, 6, 1, 1, 1)
+    _copy_params(ours, theirs)
+    x = rng.normal(size=(2, 4, 3, 4, 3)).astype("float32")
+    dy = rng.normal(size=(2, 6, 6, 8, 6)).astype("float32")
+    _assert_same(_run(ours, x, dy), _run_torch(torch, theirs, x, dy))
+    with pytest.raises(ValueError, match="ConvTranspose3d: output_padding"):
+        M.ConvTranspose3d(4, 6, 3, stride=1, output_padding=1)
+
+
+@pytest.mark.parametrize("mode, np_mode", [("constant", "constant"), ("reflect", "reflect"),
+                                           ("replicate", "edge")])
+def test_pad_module_follows_megengine(mode, np_mode):
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    kw = {"constant_val": 9.0} if mode == "constant" else {}
+    y = M.Pad(((1, 1), (1, 2)), mode=mode, **kw)(gc.tensor(x)).numpy()
+    want = np.pad(x, ((1, 1), (1, 2)), mode=np_mode, **({"constant_values": 9.0} if mode == "constant" else {}))
+    np.testing.assert_array_equal(y, want)
+
+
+def test_pixel_shuffle_module_matches_torch(torch, rng):
+    x = rng.normal(size=(2, 18, 4, 3)).astype("float32")
+    dy = rng.normal(size=(2, 2, 12, 9)).astype("float32")
+    _assert_same(_run(M.PixelShuffle(3), x, dy), _run_torch(torch, torch.nn.PixelShuffle(3), x, dy))

@@ -1,6 +1,7 @@
 """gradcore.module (``M``): MegEngine's layers.
 
-Module, Sequential, Identity, Linear, Conv1d, Conv2d, ConvRelu2d, MaxPool2d, AvgPool2d,
+Module, Sequential, Identity, Linear, Conv1d, Conv2d, ConvRelu2d, ConvBn2d,
+ConvBnRelu2d, Conv3d, ConvTranspose2d, ConvTranspose3d, MaxPool2d, AvgPool2d, Pad, PixelShuffle,
 AdaptiveMaxPool2d, AdaptiveAvgPool2d, Flatten, BatchNorm1d, BatchNorm2d,
 LayerNorm, GroupNorm, InstanceNorm, Dropout, Embedding, and the activations
 ReLU, Sigmoid, SiLU, GELU, LeakyReLU, PReLU, Softmax.
@@ -24,7 +25,7 @@ from .._core import Tensor
 from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
 from .attention import MultiHeadAttention  # noqa: F401
-from .conv import Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d  # noqa: F401
+from .conv import Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d, ConvTranspose3d  # noqa: F401
 from .linear import Linear  # noqa: F401
 from .module import HookHandler, Module, _count  # noqa: F401
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: F401
@@ -290,6 +291,87 @@ class BatchNorm1d(_BatchNorm):
         if x.ndim not in (2, 3) or x.shape[1] != self.num_features:
             raise ValueError(f"BatchNorm1d({self.num_features}): expected input (N, {self.num_features}) or "
                              f"(N, {self.num_features}, L), got shape {x.shape}")
+
+
+class _ConvBn2d(Module):
+    """A Conv2d (``conv``) and a BatchNorm2d (``bn``) as one layer, MegEngine's
+    fused modules: their arguments and parameter names (``conv.weight``,
+    ``conv.bias``, ``bn.weight``, ``bn.bias``, ``bn.running_mean``, ...)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, conv_mode: str = "cross_correlation",
+                 compute_mode: str = "default", eps: float = 1e-5, momentum: float = 0.9, affine: bool = True,
+                 track_running_stats: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = Conv2d(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                           conv_mode, compute_mode)
+        self.bn = BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats)
+
+
+class ConvBn2d(_ConvBn2d):
+    """Conv2d then BatchNorm2d, MegEngine's ``M.ConvBn2d``.
+
+    Example::
+
+        >>> block = ConvBn2d(3, 8, 3, padding=1)
+        >>> sorted(block.state_dict())[:3]
+        ['bn.bias', 'bn.running_mean', 'bn.running_var']
+    """
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class ConvBnRelu2d(_ConvBn2d):
+    """Conv2d, BatchNorm2d, then ReLU, MegEngine's ``M.ConvBnRelu2d``.
+
+    Example::
+
+        >>> bool((ConvBnRelu2d(3, 8, 3)(x).numpy() >= 0).all())
+        True
+    """
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+class Pad(Module):
+    """Pads its input, MegEngine's ``M.Pad``: ``F.nn.pad`` with
+    ``pad_width`` ((before, after) per leading axis), ``mode`` ("constant",
+    "reflect", "replicate") and ``constant_val``.
+
+    Example::
+
+        >>> Pad(((1, 1),))(gc.tensor([[1.0, 2.0]])).numpy()
+        array([[0., 0.],
+               [1., 2.],
+               [0., 0.]], dtype=float32)
+    """
+
+    def __init__(self, pad_width, mode: str = "constant", constant_val: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.pad_width, self.mode, self.pad_val = pad_width, mode, constant_val
+
+    def forward(self, x):
+        return F.nn.pad(x, self.pad_width, self.mode, self.pad_val)
+
+
+class PixelShuffle(Module):
+    """(*, C * r * r, H, W) -> (*, C, H * r, W * r) for r = ``upscale_factor``,
+    MegEngine's ``M.PixelShuffle`` (``F.nn.pixel_shuffle``).
+
+    Example::
+
+        >>> PixelShuffle(2)(gc.tensor(np.zeros((1, 8, 3, 3), "float32"))).shape
+        (1, 2, 6, 6)
+    """
+
+    def __init__(self, upscale_factor: int, **kwargs):
+        super().__init__(**kwargs)
+        self.upscale_factor = upscale_factor
+
+    def forward(self, x):
+        return F.nn.pixel_shuffle(x, self.upscale_factor)
 
 
 class Dropout(Module):

@@ -209,6 +209,40 @@ class ConvTranspose2d(_ConvLayer):
                                   self.dilation, self.groups, self.conv_mode, self.compute_mode)
 
 
+class ConvTranspose3d(_ConvLayer):
+    """3-D transposed convolution over (N, C, D, H, W) input, MegEngine's
+    ``M.ConvTranspose3d``: weight (in_channels, out_channels, kd, kh, kw)
+    (grouped: (groups, in_channels // groups, out_channels // groups, kd,
+    kh, kw)), drawn from N(0, 1 / (kd * kh * kw * out_channels)); bias (1,
+    out_channels, 1, 1, 1) starting at zero; output sizes as
+    ``ConvTranspose2d``'s per axis.
+
+    Example::
+
+        >>> up = M.ConvTranspose3d(8, 4, 2, stride=2)
+        >>> up(x).shape              # x: (N, 8, D, H, W) -> (N, 4, 2D, 2H, 2W)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+                 padding: IntOrTuple = 0, output_padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
+                 groups: int = 1, bias: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        name = "ConvTranspose3d"
+        self.kernel_size = _sizes(kernel_size, 3, "kernel_size", allow_zero=False, name=name)
+        self.stride = _sizes(stride, 3, "stride", allow_zero=False, name=name)
+        self.padding = _sizes(padding, 3, "padding", name=name)
+        self.output_padding = _sizes(output_padding, 3, "output_padding", name=name)
+        self.dilation = _sizes(dilation, 3, "dilation", allow_zero=False, name=name)
+        if any(op >= s for op, s in zip(self.output_padding, self.stride)):
+            raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than the "
+                             f"stride {self.stride}")
+        self._setup(name, in_channels, out_channels, groups, bias, transposed=True)
+
+    def forward(self, x):
+        return F.conv_transpose3d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                                  self.dilation, self.groups)
+
+
 class Conv3d(_ConvLayer):
     """3-D convolution over (N, C, D, H, W) input, MegEngine's ``M.Conv3d``:
     weight (out_channels, in_channels, kd, kh, kw), or with ``groups > 1``
