@@ -207,7 +207,6 @@ def from_dlpack(obj: Any) -> Tensor:
 
 import re as _re
 import threading as _threading
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Dict, List
@@ -572,6 +571,7 @@ def _recorded_apart(fn, *args):
     nothing (``_recording_blocked``); its exception raised here."""
     if not _recording_blocked():
         return fn(*args)
+    from concurrent.futures import ThreadPoolExecutor       # (rare; ~5 ms to import)
     with ThreadPoolExecutor(1, thread_name_prefix="gradcore-interop") as pool:
         return pool.submit(fn, *args).result()
 

@@ -11,7 +11,6 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
-from importlib import metadata
 from types import ModuleType
 from typing import Dict, List, Optional
 
@@ -299,6 +298,9 @@ def _dist_of_module(module: str) -> str:
 
 
 def _entry_points():
+    # (imported here: importlib.metadata costs ~12 ms, and a process that
+    # never asks for a plugin op never reads the entry points)
+    from importlib import metadata
     return list(metadata.entry_points(group=GROUP))
 
 

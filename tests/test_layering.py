@@ -227,3 +227,16 @@ def test_a_module_importing_its_sibling_through_the_package_is_no_edge_to_the_pa
 def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_import_gradcore_leaves_tool_modules_for_later():
+    """`import gradcore` (every standard op, the cpu and the cuda layers)
+    does not import what only a compile, a plugin lookup or a library search
+    needs: together they were half of its import time (121 -> 55 ms)."""
+    import subprocess
+    import sys
+    code = ("import sys, gradcore; "
+            "print(sorted(m for m in ('importlib.metadata', 'subprocess', 'tempfile', 'concurrent.futures', "
+            "'ctypes.util') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import ctypes.util
 import os
 import site
 import sys
@@ -145,6 +144,8 @@ def candidate_paths(loader: bool = True) -> List[str]:
             path = os.path.join(prefix, "lib", name)
             if os.path.exists(path):
                 found.append(path)
+    if loader:
+        import ctypes.util      # (only now: it imports subprocess and tempfile, ~5 ms)
     name = ctypes.util.find_library("dnnl") if loader else None
     if name:
         found.append(name)

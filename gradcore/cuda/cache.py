@@ -38,16 +38,12 @@ the offending source line and the compiler's log.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import subprocess
-import tempfile
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
@@ -124,6 +120,7 @@ def cache_key(name: str, source: str, dtypes: Iterable = (), shapes_class="", ar
     """gradcore's kernel key: a sha256 over (op/kernel name, dtypes, shapes
     class, sha256 of the source, architecture, compiler options, compiler
     identity such as "nvrtc 13.5 ptx")."""
+    import hashlib          # (here: ~5 ms to import, OpenSSL's, and a CPU-only process never keys a kernel)
     record = {
         "v": KEY_VERSION,
         "name": str(name),
@@ -308,6 +305,7 @@ class KernelCache:
         release 13.0, V13.0.88"), or None without nvcc."""
         if not hasattr(self, "_nvcc_version"):
             self._nvcc_version = None
+            import subprocess       # (here: a warm start never runs nvcc, and the import costs ~4 ms)
             try:
                 out = subprocess.run([self.nvcc(), "--version"], capture_output=True, text=True, timeout=60)
                 self._nvcc_version = next((line.strip() for line in out.stdout.splitlines()
@@ -360,6 +358,7 @@ class KernelCache:
         (``families.program(family, ctype)``) in parallel, store the parts
         and their members' refs, and give the parts; None (and a warning) if
         a part fails to compile, after which its members compile alone."""
+        from concurrent.futures import ThreadPoolExecutor      # (only a cold compile: ~5 ms to import)
         from . import families
         arch = arch or self.arch
         n_parts = max(1, min(self.workers, len(fam.units) // PART_MIN_UNITS))
@@ -417,6 +416,7 @@ class KernelCache:
         for the C element types ``ctypes`` now, in parallel; the number of
         families compiled (0 when the disk cache had them all). Example:
         ``gradcore.cuda.backend().driver.cache.precompile()`` on a new machine."""
+        from concurrent.futures import ThreadPoolExecutor
         from . import families
         fams = [families.program(f, c) for f in (family_names or families.family_names()) for c in ctypes]
         fams = [fam for fam in fams if fam.units]       # softmax has no integer kernels
@@ -451,6 +451,7 @@ class KernelCache:
         return part_key, part_file
 
     def _write(self, path: Path, image: Image):
+        import tempfile         # (only after a compile: ~4 ms to import)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=path.name + ".", suffix=".tmp")
@@ -509,6 +510,8 @@ class KernelCache:
         return result.image.decode() if kind == "ptx" else result.image
 
     def _compile_nvcc(self, name: str, source: str, arch: str) -> Image:
+        import subprocess
+        import tempfile
         nvcc = self.nvcc()
         kind = self.output
         with tempfile.TemporaryDirectory(prefix="gradcore-nvcc-") as tmp:

@@ -4,7 +4,6 @@ libraries (cuBLAS, NVRTC) shipped in pip wheels or a system toolkit
 re-exported by ``gradcore.devices``)."""
 from __future__ import annotations
 
-import ctypes.util
 import glob
 import os
 import shutil
@@ -68,7 +67,9 @@ def iter_library_candidates(stem: str, wheel: str) -> Iterator[str]:
                 any_found = True
                 yield path
     if not any_found:
-        # the system loader's name: last, and only then (it runs ldconfig)
+        # the system loader's name: last, and only then (it runs ldconfig;
+        # ctypes.util, imported here, brings subprocess and tempfile: ~7 ms)
+        import ctypes.util
         name = ctypes.util.find_library(stem)
         if name:
             yield name

@@ -159,7 +159,7 @@ def test_cold_compile_writes_ptx_and_a_second_instance_reads_it(tmp_path, monkey
     assert len(files) == 1 and files[0].startswith("gc_test_scale-")
     assert (tmp_path / files[0]).read_text() == ptx
     # a second instance finds it on disk: nvcc is not run
-    monkeypatch.setattr(cache_mod.subprocess, "run", _no_compiler)
+    monkeypatch.setattr(subprocess, "run", _no_compiler)      # (the cache imports subprocess where it runs nvcc)
     c2 = KernelCache(tmp_path)
     assert c2.get("gc_test_scale", SRC, ["float32"], "nd1:contig") == ptx
     assert c2.stats == {"memory_hits": 0, "disk_hits": 1, "compiles": 0}
@@ -169,15 +169,15 @@ def test_cold_compile_writes_ptx_and_a_second_instance_reads_it(tmp_path, monkey
 def test_a_second_process_does_not_recompile(tmp_path):
     env = dict(os.environ, GRADCORE_KERNEL_CACHE=str(tmp_path))
     script = textwrap.dedent(f"""\
-        import sys, json
+        import sys, json, subprocess
         from gradcore.cuda import cache
         if sys.argv[1] == "warm":
-            real = cache.subprocess.run
+            real = subprocess.run
             def boom(cmd, *a, **k):
                 if "--ptx" in cmd:      # asking nvcc its version is fine
                     raise SystemExit("nvcc was run in the warm process")
                 return real(cmd, *a, **k)
-            cache.subprocess.run = boom
+            subprocess.run = boom
         c = cache.KernelCache()
         ptx = c.get("gc_test_scale", {SRC!r}, ["float32"], "nd1:contig")
         print(json.dumps(c.stats))
