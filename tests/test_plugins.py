@@ -10,6 +10,7 @@ makes ``gradcore ops`` exit 1) and a MatrixMul grad rule behind for every
 later test and every later run. Every check runs in a fresh interpreter, so
 the registry state is clean each time.
 """
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -37,7 +38,13 @@ BROKEN, CONFLICTING = "gradcore-test-broken", "gradcore-test-conflicting"
 def plugin_site(tmp_path_factory):
     """A folder holding the five packages, installed by pip."""
     for mod in ("pip", "setuptools"):
-        if importlib.util.find_spec(mod) is None:
+        # asked of the installed distributions, not by find_spec: setuptools'
+        # distutils hack answers find_spec("pip") by switching this process to
+        # the standard library's distutils, which later broke torch.compile's
+        # inductor in the same pytest worker
+        try:
+            importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
             pytest.skip(f"{mod} is not installed in this interpreter, so the plugins cannot be pip-installed")
     site = tmp_path_factory.mktemp("plugin_site")
     src = tmp_path_factory.mktemp("plugin_src")
