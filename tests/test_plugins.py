@@ -11,7 +11,6 @@ later test and every later run. Every check runs in a fresh interpreter, so
 the registry state is clean each time.
 """
 import importlib.metadata
-import importlib.util
 import os
 import shutil
 import subprocess
