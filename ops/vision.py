@@ -192,7 +192,8 @@ class _InterpBase(Op):
         adjoint: ``ah^T @ x @ aw``), each axis by a matrix product or by
         gathers (the module docstring)."""
         plans = [(axis, self._plan(i, o, x.dtype, adjoint)) for axis, i, o in zip((2, 3), in_hw, self.size)]
-        dense = any(plan[3] for _, plan in plans)
+        # (products only where BLAS runs them: float32, float64)
+        dense = any(plan[3] for _, plan in plans) and x.dtype in (np.float32, np.float64)
         if dense:
             # (an inf times a zero weight warns; that result is not kept)
             with np.errstate(invalid="ignore", over="ignore"):
