@@ -30,7 +30,8 @@ _rng = np.random.default_rng()
 # the seed of the next generator, made when rng() is first called after
 # seed(): a batch whose transforms draw nothing costs no generator (making
 # one is ~10 us, a tenth of a worker's own cost per batch)
-_pending: Any = None
+_NOTHING = object()
+_pending: Any = _NOTHING
 
 
 def rng() -> np.random.Generator:
@@ -42,23 +43,21 @@ def rng() -> np.random.Generator:
         >>> flip = T.rng().random() < 0.5
     """
     global _rng, _pending
-    if _pending is not None:
-        _rng, _pending = np.random.default_rng(_pending), None
+    if _pending is not _NOTHING:
+        _rng, _pending = np.random.default_rng(_pending), _NOTHING
     return _rng
 
 
 def seed(n: Any) -> None:
-    """Seed ``rng()`` (an int, a sequence of ints or a
-    ``numpy.random.SeedSequence``); ``DataLoader`` does this before every
-    batch.
+    """Seed ``rng()`` (an int, a sequence of ints, a
+    ``numpy.random.SeedSequence``, or None for fresh entropy);
+    ``DataLoader`` does this before every batch.
 
     Example::
 
         >>> T.seed([7, 0, 3])       # loader seed 7, epoch 0, batch 3
     """
     global _pending
-    if n is None:
-        raise TypeError("transform.seed: expected an int, a sequence of ints or a SeedSequence, got None")
     _pending = n
 
 
