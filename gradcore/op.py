@@ -23,6 +23,7 @@ Example, a complete differentiable op::
 from __future__ import annotations
 
 import inspect
+import typing
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -200,7 +201,9 @@ class OpDescription:
       ``cuda(self, be, *arrays)``), "default launch" (its ``cuda_source``
       given the inputs, the outputs and ``long long n``), "decompose" or
       "_grad_rule";
-    - ``params``: ``(name, default)`` per constructor parameter; ``arity``:
+    - ``params``: ``(name, default)`` per constructor parameter;
+      ``choices()``: the values a parameter annotated ``typing.Literal[...]``
+      may take (what ``check_op`` tries besides the default); ``arity``:
       ``(attribute, (min, max))`` inputs of the forward, or None;
       ``has_infer``: the forward consults the class's own ``infer``;
       ``reduce_broadcast``: a backward's gradient in the inputs' broadcast
@@ -219,7 +222,8 @@ class OpDescription:
     """
 
     __slots__ = ("cls", "name", "grad_rule", "traced", "devices", "kernels", "params", "arity",
-                 "has_infer", "check", "forward_by_rule", "elementwise", "reduce_broadcast", "misspelt")
+                 "has_infer", "check", "forward_by_rule", "elementwise", "reduce_broadcast", "misspelt",
+                 "_choices")
 
     def __init__(self, cls):
         self.cls = cls
@@ -261,6 +265,32 @@ class OpDescription:
                       ("domain", "check_shapes", "check_params", "check_gradient", "max_grad_order",
                        "examples")}
         self.misspelt = _misspelt_members(cls, self)
+        self._choices = None
+
+    def choices(self) -> dict:
+        """``{parameter: (values...)}`` for the constructor's parameters
+        annotated ``typing.Literal[...]`` (read on first use: resolving the
+        annotations costs more than the rest of the description).
+
+        Example::
+
+            >>> class Pad(Op):
+            ...     def __init__(self, mode: Literal["zero", "edge"] = "zero"): self.mode = mode
+            >>> describe(Pad).choices()
+            {'mode': ('zero', 'edge')}
+        """
+        if self._choices is None:
+            found = {}
+            try:
+                hints = typing.get_type_hints(self.cls.__init__)
+            except Exception:           # an annotation that does not resolve: no choices read
+                hints = {}
+            for name, _ in self.params:
+                hint = hints.get(name)
+                if typing.get_origin(hint) is typing.Literal:
+                    found[name] = typing.get_args(hint)
+            self._choices = found
+        return self._choices
 
     @property
     def grad_path(self) -> Optional[str]:

@@ -555,6 +555,10 @@ class NoInputsError(ValueError):
     """check_op could not build sample inputs for an op; the message says what to add."""
 
 
+class UncheckedParameters(NoInputsError):
+    """check_op would check a parameter at its default value only; the message says what to declare."""
+
+
 # shapes tried for generated inputs, per input count: plain, broadcasting,
 # matrix-like, rank 4 (images), and 0-size; the op's infer picks those it accepts
 _SHAPES = {
@@ -578,14 +582,19 @@ def _instances_for(op, seed: int = 0) -> List:
     """The instances ``check_op`` checks: ``op`` itself; for a class, one
     per ``check_params`` entry, else the class built with its defaults and,
     for each numeric parameter, with two more values drawn from ``seed``,
-    for each bool parameter with its other value (a gradient right only at
-    the default must not pass)."""
+    for each bool parameter with its other value, for each parameter
+    annotated ``typing.Literal[...]`` with each of its other values (a
+    gradient right only at the default must not pass). A parameter of
+    another kind with a default (a string without ``Literal``) is an
+    ``UncheckedParameters`` error: nothing would check its other values."""
     if not isinstance(op, type):
         return [op]
     desc = describe(op)
     params = desc.check["check_params"]
     if params:
         return [op(*p) if isinstance(p, tuple) else op(**p) for p in params]
+    choices = desc.choices()
+    unchecked = []
     try:
         insts = [op()]
     except TypeError as exc:
@@ -595,14 +604,18 @@ def _instances_for(op, seed: int = 0) -> List:
             f"classmethod examples() returning [(op_instance, [input arrays]), ...]") from None
     rng = np.random.default_rng(seed)
     for name, default in desc.params:
-        if isinstance(default, bool):
+        if name in choices:
+            values = [c for c in choices[name] if c != default]
+        elif isinstance(default, bool):
             values = [not default]                  # a flag: its other value
         elif isinstance(default, int):
             values = [default + int(rng.integers(1, 4)) for _ in range(2)]
         elif isinstance(default, float):
             values = [round(default * rng.uniform(0.3, 1.7) + rng.uniform(0.2, 1.0), 3) for _ in range(2)]
         else:
-            continue                                # strings and the rest: check_params says which
+            if isinstance(default, str):
+                unchecked.append(f"{name}={default!r}")
+            continue               # None and objects: no value to try from the declaration
         for value in values:
             try:
                 inst = op(**{name: value})
@@ -610,6 +623,12 @@ def _instances_for(op, seed: int = 0) -> List:
                 continue               # a value the constructor refuses: not a parameter to vary
             if inst not in insts:
                 insts.append(inst)
+    if unchecked:
+        raise UncheckedParameters(
+            f"check_op({_op_short_name(op)}): the string parameter(s) {', '.join(unchecked)} would be checked at "
+            f"the default only (a gradient wrong for another value would pass); annotate each with its values, "
+            f"`{unchecked[0].split('=')[0]}: typing.Literal[...] = ...` in __init__, or list the instances to "
+            f"check in check_params = [{{...}}, ...] or examples()")
     return insts
 
 

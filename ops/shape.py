@@ -449,6 +449,9 @@ class Copy(Op):
     name = "Copy"
     reduce_broadcast = False
     attrs = ("device",)
+    # checked as the copy to the cpu: check_op's cases run on one device, and
+    # the copies between devices are tests/cuda's (test_round_trips.py)
+    check_params = ({"device": "cpu"},)
 
     def __init__(self, device: str = "cpu"):
         from gradcore.devices import norm_device

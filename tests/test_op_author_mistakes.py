@@ -287,3 +287,43 @@ def test_an_infer_returning_a_bare_desc_is_told_to_return_a_tuple():
     with pytest.raises(TypeError, match=r"MistakeBareDesc: infer must return a tuple of TensorDesc, one per output; "
                                         r"got a TensorDesc: return \(desc,\)"):
         BareDesc()(gradcore.tensor([1.0]))
+
+
+# ---------------------------------------------------------------- a string parameter's other values
+def _mode_scale(annotated: bool):
+    from typing import Literal
+
+    class ModeScale(Op):
+        """x * 2 ("double") or x * 3 ("triple"); the vjp is right for "double" only."""
+        name = "ModeScaleTrial"
+        attrs = ("mode",)
+
+        if annotated:
+            def __init__(self, mode: Literal["double", "triple"] = "double"):
+                self.mode = mode
+        else:
+            def __init__(self, mode="double"):
+                self.mode = mode
+
+        def infer(self, x):
+            return (TensorDesc(x.shape, x.dtype, x.device),)
+
+        def cpu(self, x):
+            return x * (2 if self.mode == "double" else 3)
+
+        def vjp(self, inputs, outputs, grads):
+            return [grads[0] * 2]
+    return ModeScale
+
+
+def test_a_string_parameter_without_its_values_fails_check_op_naming_it():
+    report = check_op(_mode_scale(annotated=False), devices=["cpu"])
+    assert not report.ok and report.status("inputs") == "failed"
+    assert "mode='double'" in report["inputs"].message and "Literal" in report["inputs"].message
+
+
+def test_a_literal_parameter_is_checked_at_each_value():
+    cls = _mode_scale(annotated=True)
+    assert describe(cls).choices() == {"mode": ("double", "triple")}
+    report = check_op(cls, devices=["cpu"])
+    assert report.status("grad") == "failed" and "mode='triple'" in report["grad"].message
