@@ -370,6 +370,8 @@ class Squeeze(Op):
     name = "Squeeze"
     reduce_broadcast = False
     attrs = ("axis",)
+    # every 1 (the default), and one given axis (the generated (1, 2, 5, 5) input has it)
+    check_params = ({}, {"axis": 0})
 
     def __init__(self, axis=None):
         self.axis = None if axis is None else _axis_tuple(axis)
