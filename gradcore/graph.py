@@ -88,14 +88,35 @@ class SymbolicTensor:
     def __repr__(self):
         return f"SymbolicTensor(v{self.vid}, {self.desc})"
 
+    def _no_value(self, what: str, instead: str):
+        op = self.trace.op
+        who = repr(op) if op is not None else "a traced backward"
+        raise TypeError(f"{who}: a tensor's value is not known while a vjp or decompose is traced, "
+                        f"so it has no {what}; {instead}")
+
     def __bool__(self):
         # a traced graph holds for every value: a Python branch on one would
         # take the same side for every element and every later call
-        op = self.trace.op
-        who = repr(op) if op is not None else "a traced backward"
-        raise TypeError(f"{who}: a tensor's value is not known "
-                        f"while a vjp or decompose is traced, so it has no truth value (Python `if`, "
-                        f"`and`, `or`, `not` on a tensor); choose elementwise with F.where(cond, a, b)")
+        self._no_value("truth value (Python `if`, `and`, `or`, `not` on a tensor)",
+                       "choose elementwise with F.where(cond, a, b)")
+
+    def _as_value(what):
+        def read(self, *args, **kwargs):
+            # a vjp computed on arrays would be a constant of the graph: wrong
+            # at every other input, and with no second order
+            self._no_value(what, "write the vjp with gradcore ops (F.*, tensor operators): they are "
+                                 "traced into the backward graph, which then holds for every input and "
+                                 "every order")
+        return read
+
+    numpy = _as_value(".numpy() value")
+    item = _as_value(".item() value")
+    tolist = _as_value(".tolist() value")
+    __array__ = _as_value("NumPy array (np.asarray of a tensor)")
+    __float__ = _as_value("float() value")
+    __int__ = _as_value("int() value")
+    __index__ = _as_value("index value")
+    del _as_value
 
     def _bin(name):
         def fwd(self, other):

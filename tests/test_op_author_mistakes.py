@@ -83,6 +83,36 @@ def test_a_python_branch_on_a_traced_tensor_is_refused_naming_the_op():
             gm.backward(BranchingVjp()(x).sum())
 
 
+class ArrayVjp(Op):
+    """A vjp written on NumPy arrays: a constant of the traced graph."""
+    name = "MistakeArrayVjp"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * x
+
+    def vjp(self, inputs, outputs, grads):
+        return (2 * inputs[0].numpy() * grads[0].numpy(),)
+
+
+class AsarrayVjp(ArrayVjp):
+    name = "MistakeAsarrayVjp"
+
+    def vjp(self, inputs, outputs, grads):
+        return (np.asarray(inputs[0]) * 2 * grads[0],)
+
+
+@pytest.mark.parametrize("op, what", [(ArrayVjp, r"\.numpy\(\) value"), (AsarrayVjp, "NumPy array")])
+def test_reading_a_traced_tensors_value_is_refused_naming_the_op(op, what):
+    x = gradcore.tensor([-1.0, 2.0])
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(TypeError, match=f"{op.name}: .*no {what}.*gradcore ops"):
+        with gm:
+            gm.backward(op()(x).sum())
+
+
 def _cube_body(cls_name, **members):
     def infer(self, x):
         return (x,)
