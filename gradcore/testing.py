@@ -322,11 +322,15 @@ def _cast(arrays, dtype):
     return [a.astype(dtype) if a.dtype.kind == "f" else a for a in arrays]
 
 
-def _run(op, arrays, device="cpu", modified=None):
+def _run(op, arrays, device="cpu", modified=None, out_devices=None):
     """The op's outputs on ``arrays`` (host arrays). ``modified``: a list
-    that receives the index of each input the kernel changed."""
+    that receives the index of each input the kernel changed;
+    ``out_devices``: one that receives each output's device."""
     xs = [Tensor(a) if device == "cpu" else Tensor(a, device=device) for a in arrays]
-    outs = [np.asarray(o.numpy()) for o in apply(op, *xs)]
+    results = apply(op, *xs)
+    if out_devices is not None:
+        out_devices += [str(o.device) for o in results]
+    outs = [np.asarray(o.numpy()) for o in results]
     if modified is not None:
         modified += [i for i, (x, a) in enumerate(zip(xs, arrays))
                      if not np.array_equal(np.asarray(x.numpy()), a, equal_nan=a.dtype.kind in "fc")]
@@ -745,12 +749,18 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
         # both float types: a launcher can be right for one element type only
         # (a float32 scalar argument handed to the double kernel reads garbage)
         for dt, arrs in (("float32", a32), ("float64", a64)) if has_float else (("input", arrays),):
-            modified = []
+            modified, where = [], []
             try:
-                got = _run(op, arrs, "cuda", modified=modified)
+                got = _run(op, arrs, "cuda", modified=modified, out_devices=where)
+                want = [str(d.device) for d in op.infer(*[TensorDesc(a.shape, a.dtype, "cuda") for a in arrs])]
             except Exception as exc:
                 c.failed(f"{tag}{dt} inputs: {_fmt_exc(exc)}")
                 continue
+            for j, (w, g) in enumerate(zip(want, where)):
+                if w.split(":")[0] != g.split(":")[0]:
+                    c.failed(f"{tag}{dt} inputs: output {j}: infer says device {w}, the cuda kernel returned it on "
+                             f"{g}" + (" (a NumPy array: host memory); return device arrays (be.empty, "
+                                       "be.to_device, be.elementwise, ...)" if g.startswith("cpu") else ""))
             if outs.get(dt) is not None:
                 _compare_with_cpu(c, f"{tag}{dt} inputs: output", got, outs[dt], exact=dt == "float64")
             for i in modified:

@@ -357,3 +357,28 @@ def test_a_literal_parameter_is_checked_at_each_value():
     assert describe(cls).choices() == {"mode": ("double", "triple")}
     report = check_op(cls, devices=["cpu"])
     assert report.status("grad") == "failed" and "mode='triple'" in report["grad"].message
+
+
+class HostArrayFromCuda(Op):
+    """A cuda kernel that computes the right values in host memory."""
+    name = "MistakeHostArrayFromCuda"
+
+    def infer(self, x):
+        return (TensorDesc(x.shape, x.dtype, x.device),)
+
+    def cpu(self, x):
+        return x * 2
+
+    def cuda(self, be, x):
+        from gradcore import devices
+        return devices.to_host(x) * 2
+
+    def vjp(self, inputs, outputs, grads):
+        return [grads[0] * 2]
+
+
+def test_a_cuda_kernel_returning_host_memory_fails_check_op(emulated_cuda):
+    # its values are right; the tensor it makes would silently live on the cpu
+    report = check_op(HostArrayFromCuda)
+    assert report.status("forward[cuda]") == "failed"
+    assert "infer says device cuda, the cuda kernel returned it on cpu" in report["forward[cuda]"].message
