@@ -310,8 +310,26 @@ def op_examples(op_or_cls) -> List[tuple]:
         if len(item) not in (2, 3):
             raise TypeError(f"{_op_short_name(op_or_cls)}.examples(): each item must be "
                             f"(op, [inputs]) or (op, [inputs], wrt), got {item!r}")
+        _check_example_arity(op_or_cls, len(out), item[0], len(item[1]))
         out.append(item if len(item) == 3 else item + (None,))
     return out
+
+
+def _check_example_arity(op_or_cls, k: int, inst, n: int) -> None:
+    """Example ``k`` gives ``n`` inputs to ``inst``: refused with the count
+    the op takes (else every check fails with a TypeError from deep inside)."""
+    nin = getattr(inst, "nin", None)
+    if isinstance(nin, int) and nin >= 0:
+        lo, hi, where = nin, nin, "its nin"
+    else:
+        arity = describe(type(inst)).arity
+        if arity is None:
+            return
+        where, (lo, hi) = f"its {arity[0]}()", arity[1]
+    if n < lo or (hi is not None and n > hi):
+        takes = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None else f"at least {lo}"
+        raise NoInputsError(f"{_op_short_name(op_or_cls)}.examples(): example {k} gives {n} input(s) to "
+                            f"{op_label(inst)}, which takes {takes} (from {where})")
 
 
 def _to_array(x) -> np.ndarray:

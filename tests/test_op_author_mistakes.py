@@ -382,3 +382,27 @@ def test_a_cuda_kernel_returning_host_memory_fails_check_op(emulated_cuda):
     report = check_op(HostArrayFromCuda)
     assert report.status("forward[cuda]") == "failed"
     assert "infer says device cuda, the cuda kernel returned it on cpu" in report["forward[cuda]"].message
+
+
+class WrongCountExamples(Op):
+    """examples() giving two inputs to a one-input op."""
+    name = "MistakeWrongCountExamples"
+
+    def infer(self, x):
+        return (TensorDesc(x.shape, x.dtype, x.device),)
+
+    def cpu(self, x):
+        return x * 2
+
+    def vjp(self, inputs, outputs, grads):
+        return [grads[0] * 2]
+
+    @classmethod
+    def examples(cls):
+        return [(cls(), [np.ones(3)]), (cls(), [np.ones(3), np.ones(3)])]
+
+
+def test_examples_with_the_wrong_input_count_are_named():
+    report = check_op(WrongCountExamples, devices=["cpu"])
+    assert report.status("inputs") == "failed"
+    assert "example 1 gives 2 input(s)" in report["inputs"].message and "takes 1" in report["inputs"].message
