@@ -48,6 +48,20 @@ class _ConvLayer(Module):
         self.bias = Parameter(np.zeros((1, self.out_channels) + (1,) * len(kernel), "float32")) if bias else None
         self.reset_parameters()
 
+    def _setup_transposed(self, name: str, n: int, in_channels, out_channels, kernel_size, stride, padding,
+                          output_padding, dilation, groups, bias: bool):
+        """A transposed layer's checked per-axis sizes (``n`` axes; output
+        padding smaller than the stride), then ``_setup``."""
+        self.kernel_size = _sizes(kernel_size, n, "kernel_size", allow_zero=False, name=name)
+        self.stride = _sizes(stride, n, "stride", allow_zero=False, name=name)
+        self.padding = _sizes(padding, n, "padding", name=name)
+        self.output_padding = _sizes(output_padding, n, "output_padding", name=name)
+        self.dilation = _sizes(dilation, n, "dilation", allow_zero=False, name=name)
+        if any(op >= s for op, s in zip(self.output_padding, self.stride)):
+            raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than the "
+                             f"stride {self.stride}")
+        self._setup(name, in_channels, out_channels, groups, bias, transposed=True)
+
     def _padded(self, x, padding_mode: str):
         """``x`` padded by ``self.padding`` in ``padding_mode`` ("reflect" or
         "replicate", with ``F.nn.pad``), and the padding left for the
@@ -192,17 +206,9 @@ class ConvTranspose2d(_ConvLayer):
                  groups: int = 1, bias: bool = True, conv_mode: str = "cross_correlation",
                  compute_mode: str = "default", **kwargs):
         super().__init__(**kwargs)
-        name = "ConvTranspose2d"
-        self.kernel_size = _sizes(kernel_size, 2, "kernel_size", allow_zero=False, name=name)
-        self.stride = _sizes(stride, 2, "stride", allow_zero=False, name=name)
-        self.padding = _sizes(padding, 2, "padding", name=name)
-        self.output_padding = _sizes(output_padding, 2, "output_padding", name=name)
-        self.dilation = _sizes(dilation, 2, "dilation", allow_zero=False, name=name)
-        if any(op >= s for op, s in zip(self.output_padding, self.stride)):
-            raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than the "
-                             f"stride {self.stride}")
         self.conv_mode, self.compute_mode = conv_mode, compute_mode
-        self._setup(name, in_channels, out_channels, groups, bias, transposed=True)
+        self._setup_transposed("ConvTranspose2d", 2, in_channels, out_channels, kernel_size, stride, padding,
+                               output_padding, dilation, groups, bias)
 
     def forward(self, x):
         return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
@@ -227,16 +233,8 @@ class ConvTranspose3d(_ConvLayer):
                  padding: IntOrTuple = 0, output_padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
                  groups: int = 1, bias: bool = True, **kwargs):
         super().__init__(**kwargs)
-        name = "ConvTranspose3d"
-        self.kernel_size = _sizes(kernel_size, 3, "kernel_size", allow_zero=False, name=name)
-        self.stride = _sizes(stride, 3, "stride", allow_zero=False, name=name)
-        self.padding = _sizes(padding, 3, "padding", name=name)
-        self.output_padding = _sizes(output_padding, 3, "output_padding", name=name)
-        self.dilation = _sizes(dilation, 3, "dilation", allow_zero=False, name=name)
-        if any(op >= s for op, s in zip(self.output_padding, self.stride)):
-            raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than the "
-                             f"stride {self.stride}")
-        self._setup(name, in_channels, out_channels, groups, bias, transposed=True)
+        self._setup_transposed("ConvTranspose3d", 3, in_channels, out_channels, kernel_size, stride, padding,
+                               output_padding, dilation, groups, bias)
 
     def forward(self, x):
         return F.conv_transpose3d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
