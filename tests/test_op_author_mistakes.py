@@ -236,9 +236,10 @@ class Leaky(Op):
         return y
 
 
-class InPlaceCuda(Op):
-    name = "MistakeInPlaceCuda"
-    devices = ("cpu", "cuda")
+class _Double(Op):
+    """y = 2 x, right on the cpu: the base of the mistakes below, each in
+    one more member."""
+    name = "MistakeDouble"
 
     def infer(self, x):
         return (x,)
@@ -248,6 +249,11 @@ class InPlaceCuda(Op):
 
     def vjp(self, inputs, outputs, grads):
         return (grads[0] * 2,)
+
+
+class InPlaceCuda(_Double):
+    name = "MistakeInPlaceCuda"
+    devices = ("cpu", "cuda")
 
     def cuda_source(self, ctype="float"):
         return (f'extern "C" __global__ void gc_mistakeinplace_{ctype}({ctype}* x, {ctype}* y, long long n) '
@@ -359,22 +365,13 @@ def test_a_literal_parameter_is_checked_at_each_value():
     assert report.status("grad") == "failed" and "mode='triple'" in report["grad"].message
 
 
-class HostArrayFromCuda(Op):
+class HostArrayFromCuda(_Double):
     """A cuda kernel that computes the right values in host memory."""
     name = "MistakeHostArrayFromCuda"
-
-    def infer(self, x):
-        return (TensorDesc(x.shape, x.dtype, x.device),)
-
-    def cpu(self, x):
-        return x * 2
 
     def cuda(self, be, x):
         from gradcore import devices
         return devices.to_host(x) * 2
-
-    def vjp(self, inputs, outputs, grads):
-        return [grads[0] * 2]
 
 
 def test_a_cuda_kernel_returning_host_memory_fails_check_op(emulated_cuda):
@@ -384,18 +381,9 @@ def test_a_cuda_kernel_returning_host_memory_fails_check_op(emulated_cuda):
     assert "infer says device cuda, the cuda kernel returned it on cpu" in report["forward[cuda]"].message
 
 
-class WrongCountExamples(Op):
+class WrongCountExamples(_Double):
     """examples() giving two inputs to a one-input op."""
     name = "MistakeWrongCountExamples"
-
-    def infer(self, x):
-        return (TensorDesc(x.shape, x.dtype, x.device),)
-
-    def cpu(self, x):
-        return x * 2
-
-    def vjp(self, inputs, outputs, grads):
-        return [grads[0] * 2]
 
     @classmethod
     def examples(cls):
