@@ -23,6 +23,9 @@ extensions = [
     # NumPy's allocator for CPU tensors: a cache of large blocks (gradcore/memory.py)
     Extension("gradcore._host_pool", ["gradcore/_host_pool.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
+    # full sums and means of small float arrays, NumPy's additions without its call (gradcore/cpu/)
+    Extension("gradcore.cpu._reduce", ["gradcore/cpu/_reduce.pyx"], include_dirs=[np.get_include()],
+              extra_compile_args=["-O3"]),
     # the CUDA backend's per-call path: launches, the device allocator, cuBLAS calls (gradcore/cuda/)
     Extension("gradcore.cuda._launch", ["gradcore/cuda/_launch.pyx"], extra_compile_args=["-O3"]),
     # cuDNN's per-call functions through C function pointers (gradcore/cuda/cudnn.py)

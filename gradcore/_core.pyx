@@ -19,7 +19,7 @@
 #   GradRuleFallback, NotDifferentiableError
 #
 # Functions
-#   apply, apply1, wrap_array, shape_carrier, broadcast_view
+#   apply, apply1, wrap_array, shape_carrier, broadcast_view, broadcast_like
 #   register_grad_rule, unregister_grad_rule, registered_grad_rule
 #   _install_hooks       called once at import by the Python modules
 #   _rule_run_tensor, _rule_run_raw
@@ -1177,6 +1177,11 @@ cdef object _common_device(op, tuple args):
     return dev
 
 
+cdef str _count(Py_ssize_t n, str noun):
+    """``1 input``, ``2 inputs``: counts in messages."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 cdef str _op_name(op):
     try:
         return op._name()
@@ -1455,7 +1460,10 @@ cdef inline bint _has_own_rule(op):
 
 
 cdef tuple _run_own_rule(op, tuple args, device):
-    """Path 1 forward: the op computes itself; nothing inside is recorded."""
+    """Path 1 forward: the op computes itself; nothing inside is recorded.
+    Its ``infer`` runs first, as before any kernel."""
+    if isinstance(op, OpBase) and (<OpBase>op)._infer_state != 0:
+        _guard_infer(<OpBase>op, args, device)
     cdef _ThreadState ts = _ts()
     ts.no_record += 1
     try:
@@ -1479,6 +1487,13 @@ cdef tuple _split_rule_result(op, res, device):
         raise TypeError(f"{_op_name(op)}: forward outputs must be Tensors, got {type(outs).__name__}")
     if not callable(backward):
         raise TypeError(f"{_op_name(op)}: the backward returned by the grad rule is not callable")
+    for o in outs:
+        if (<Tensor>o)._device is not device and (<Tensor>o)._device != device:
+            raise RuntimeError(
+                f"{_op_name(op)}: its grad rule's forward returned an output on {(<Tensor>o)._device} "
+                f"for inputs on {device}: compute it with gradcore ops on the input tensors (as "
+                f"`apply(op, x)` or F functions), not with NumPy on `.numpy()`, or declare "
+                f"`devices = (\"cpu\",)`")
     # fresh wrappers: an output may be an input, which must keep its own history
     wrapped = tuple([_wrap((<Tensor>o)._data, (<Tensor>o)._device) for o in outs])
     return wrapped, backward
@@ -2157,7 +2172,8 @@ cdef object _check_user_grads(op, res, Py_ssize_t n):
         raise TypeError(f"{_op_name(op)}: backward must return a Tensor, None or a tuple of them, "
                         f"got {type(res).__name__}")
     if len(res) != n:
-        raise ValueError(f"{_op_name(op)}: backward returned {len(res)} gradients for {n} inputs")
+        raise ValueError(f"{_op_name(op)}: backward returned {_count(len(res), 'gradient')} for "
+                         f"{_count(n, 'input')}")
     for i in range(n):
         g = res[i]
         if g is None:
@@ -2316,8 +2332,8 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
                 _h_pending.settle(res)
             _h_anomaly.check(node.op, node.debug_info, res, nd)
         if nd != 1 and len(res) != nd:
-            raise ValueError(f"{_op_name(node.op)}: backward returned {len(res)} "
-                             f"gradients for {nd} inputs")
+            raise ValueError(f"{_op_name(node.op)}: backward returned {_count(len(res), 'gradient')} "
+                             f"for {_count(nd, 'input')}")
         for j in range(nd):
             d = _dest(node, j)
             if d is None:
@@ -2556,7 +2572,29 @@ cdef object _ones_like(object arr):
 
 def broadcast_view(object arr, tuple shape):
     """A read-only zero-stride view of ``arr`` broadcast to ``shape`` (what
-    ``np.broadcast_to`` returns, without its Python overhead)."""
+    ``np.broadcast_to`` returns, without its Python overhead).
+
+    Example::
+
+        >>> broadcast_view(np.float32(2.0), (2, 3)).strides
+        (0, 0)
+    """
+    return _broadcast_view(arr, shape)
+
+
+def broadcast_like(object arr, object ref):
+    """``broadcast_view(arr, ref.shape)``: the CPU kernel of a full sum's
+    backward (no Python frame per call).
+
+    Example::
+
+        >>> broadcast_like(np.float32(1.0), np.zeros((2, 3))).shape
+        (2, 3)
+    """
+    return _broadcast_view(arr, ref.shape)
+
+
+cdef object _broadcast_view(object arr, tuple shape):
     if type(arr) is not _ndarray:
         arr = _np_asarray(arr)
     cdef cnp.ndarray a = <cnp.ndarray>arr

@@ -360,6 +360,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "ops":
+        if rest:
+            print(f"usage: gradcore ops (takes no arguments, got {' '.join(rest)})", file=sys.stderr)
+            return 2
         return _ops()
     if cmd == "check":
         return _check(rest)

@@ -339,7 +339,8 @@ def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> B
     n_in, n_out = len(ins), len(outs)
     in_grads = _vjp(op, ins, outs, grads) if any(requires_grad) else [None] * n_in
     if len(in_grads) != n_in:
-        raise ValueError(f"{op!r}: the VJP returned {len(in_grads)} gradients for {n_in} inputs")
+        raise ValueError(f"{op!r}: the VJP returned {len(in_grads)} gradient{'s' * (len(in_grads) != 1)} "
+                         f"for {n_in} input{'s' * (n_in != 1)}")
     grad_vids = [g.vid if r and isinstance(g, SymbolicTensor) and x.dtype.kind in "fc" else None
                  for g, r, x in zip(in_grads, requires_grad, ins)]
     return _optimise(op, trace, n_in, n_out, grad_vids)

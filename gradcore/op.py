@@ -240,6 +240,9 @@ class OpDescription:
             kernels["cuda"] = "decompose" if getattr(cls, "cuda") is _decomposed_cuda else "launcher"
         elif has("cuda_source"):
             kernels["cuda"] = "default launch"
+        elif self.grad_rule and not has("cpu"):
+            # a forward written with gradcore ops runs on any device
+            kernels["cuda"] = "_grad_rule"
         self.kernels = kernels
         # an op whose forward is its _grad_rule's (no cpu kernel of its own)
         self.forward_by_rule = self.grad_rule and not has("cpu")
@@ -247,7 +250,7 @@ class OpDescription:
         if declared is not None and not isinstance(declared, property):
             self.devices = (declared,) if isinstance(declared, str) else tuple(declared)
         else:
-            self.devices = tuple(d for d in ("cpu", "cuda") if d in kernels or self.forward_by_rule)
+            self.devices = tuple(d for d in ("cpu", "cuda") if d in kernels)
         try:
             sig = list(inspect.signature(cls.__init__).parameters.values())[1:]
         except (TypeError, ValueError):

@@ -9,7 +9,11 @@ wherever gradcore is installed).
 - ``parametrize_ops(dist_or_ops)``: a ready-made test, parametrized over
   every op of an installed distribution (or over the given op classes,
   instances or ``(op, [inputs])`` pairs), each case taken from the op's
-  ``examples()``, or generated from its declaration when it has none. A plugin's own suite checks all its ops in one line::
+  ``examples()``, or generated from its declaration when it has none; an
+  entry point of the distribution that failed to load is a failing case of
+  its own (``load-<entry point>``). ``dist_or_ops`` may also name an entry
+  point, as ``gradcore check`` accepts. A plugin's own suite checks all its
+  ops in one line::
 
       from gradcore.pytest_plugin import parametrize_ops
 
@@ -25,7 +29,7 @@ wherever gradcore is installed).
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Union
+from typing import Iterable, Union
 
 import pytest
 
@@ -37,6 +41,8 @@ def _run_check(op, *sample_inputs, **kwargs):
     else on the host emulator; a failed check fails the test, a cuda check
     that could not run skips it, with the reason."""
     from gradcore.testing import check_op as _check_op, cuda_for_checks
+    if isinstance(op, _LoadFailure):
+        pytest.fail(str(op), pytrace=False)
     devices = kwargs.get("devices")
     with cuda_for_checks(devices is None or "cuda" in devices):
         report = _check_op(op, *sample_inputs, **kwargs)
@@ -57,29 +63,46 @@ def check_op():
     return _run_check
 
 
-def _ops_of_dist(dist: str) -> List[type]:
+class _LoadFailure:
+    """A case standing for an entry point of the distribution that failed
+    to load: its test fails with the error (``gradcore check`` fails it too)."""
+
+    def __init__(self, failure):
+        self.failure = failure
+
+    def __str__(self):
+        f = self.failure
+        return f"gradcore plugin {f.dist!r}: entry point {f.entry_point!r} failed to load: {f.error}"
+
+
+def _ops_of_dist(dist: str) -> list:
+    """The op classes a distribution (or the entry point named ``dist``)
+    registered, then a ``_LoadFailure`` per entry point of it that failed."""
     from gradcore import registry
     _norm = registry._norm
+    dist = registry.entry_point_dists().get(dist, dist)
     entries = [e for e in registry.entries() if _norm(e.dist) == _norm(dist)]
-    if not entries:
-        failed = [f for f in registry.failures() if _norm(f.dist) == _norm(dist)]
-        if failed:
-            raise pytest.UsageError(f"gradcore plugin {dist!r} failed to load: {failed[0].error}")
-        known = sorted({e.dist for e in registry.entries()})
-        raise pytest.UsageError(f"no gradcore ops are registered by a distribution named {dist!r} "
-                                f"(distributions with ops: {', '.join(known)})")
-    return [e.cls for e in entries]
+    failed = [_LoadFailure(f) for f in registry.failures() if _norm(f.dist) == _norm(dist)]
+    if not entries and not failed:
+        known = sorted({e.dist for e in registry.entries()} | set(registry.entry_point_dists().values()))
+        raise pytest.UsageError(f"no gradcore ops are registered by a distribution or entry point named "
+                                f"{dist!r} (known: {', '.join(known)})")
+    return [e.cls for e in entries] + failed
 
 
 def op_cases(dist_or_ops: Union[str, Iterable]) -> list:
     """``pytest.param(op, inputs, id=...)`` for every example of every op:
-    ``dist_or_ops`` is a distribution name or an iterable of op classes, op
-    instances or ``(op, [inputs])`` pairs. An op without ``examples()``
+    ``dist_or_ops`` is a distribution (or entry point) name or an iterable
+    of op classes, op instances or ``(op, [inputs])`` pairs; an entry point
+    of the distribution that failed to load is a case that fails. An op without ``examples()``
     becomes one case with ``inputs`` None: check_op generates its inputs."""
     from gradcore.testing import op_examples
     items = _ops_of_dist(dist_or_ops) if isinstance(dist_or_ops, str) else list(dist_or_ops)
     params = []
     for item in items:
+        if isinstance(item, _LoadFailure):
+            params.append(pytest.param(item, None, id=f"load-{item.failure.entry_point}"))
+            continue
         if isinstance(item, tuple):
             op, inputs = item[0], list(item[1])
             params.append(pytest.param(op, inputs, id=_id(op)))

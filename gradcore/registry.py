@@ -198,6 +198,13 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
                 f"{_fmt_arity((flo, fhi))}; declare `def {attr}(self, "
                 f"{', '.join(f'x{i}' for i in range(fhi)) or '*inputs'})` to receive the forward's inputs")
 
+    src = getattr(c, "cuda_source", None)
+    if src is not None and not callable(src):
+        raise OpDeclarationError(
+            f"{where}: cuda_source must be a method `def cuda_source(self, ctype)` returning the CUDA C "
+            f"source for the element type ctype ('float' or 'double'), got a {type(src).__name__}: one "
+            f"text cannot serve both float32 and float64 inputs")
+
     samples = _samples(c)
     _check_instance_state(c, where, samples)
 
@@ -212,8 +219,8 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
         if dev == "cuda" and "cuda" not in desc.kernels:
             raise OpDeclarationError(
                 f"{where} declares devices {desc.devices} but has no CUDA kernel: add "
-                f"`cuda_source` (a CUDA C source string, or a method `cuda_source(self, ctype)` "
-                f"returning one) or a `decompose`, or drop 'cuda' from devices")
+                f"a method `cuda_source(self, ctype)` returning its CUDA C source, or a `decompose`, "
+                f"or drop 'cuda' from devices")
     if desc.kernels.get("cuda") == "default launch":
         _check_default_launch(c, where, desc, samples)
 
@@ -225,12 +232,10 @@ def _check_default_launch(c, where, desc, samples) -> None:
     """An op with a ``cuda_source`` and no ``cuda`` launcher is launched with
     its inputs, its outputs and ``long long n``: refuse a kernel whose
     parameter list is another (it would read garbage for the rest)."""
-    src = getattr(c, "cuda_source", None)
-    if not isinstance(src, str):
-        try:
-            src = src(samples[0], "float")
-        except Exception:
-            return                     # a source that needs more than a sample op: checked by check_op
+    try:
+        src = c.cuda_source(samples[0], "float")
+    except Exception:
+        return                     # a source that needs more than a sample op: checked by check_op
     from .cuda.kernels import parameters
     found = _GLOBAL_KERNEL.findall(src)
     if len(found) > 1:

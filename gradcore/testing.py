@@ -27,7 +27,7 @@ from . import _core
 from . import devices as devmod
 from ._core import GradRuleFallback, Tensor, apply
 from .autodiff import GradManager
-from .op import TensorDesc, describe, op_label
+from .op import TensorDesc, _decomposed_cpu, describe, op_label
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_grads", "analytic_grads",
            "check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
@@ -201,7 +201,17 @@ def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float
     ws2 = _weights(g, xs, seed + 1)
     a = analytic_grads(g, xs, ws2, wrt)
     n = numerical_grads(g, xs, ws2, eps, wrt)
-    _compare("gradgradcheck", a, n, xs, atol, rtol)
+    try:
+        _compare("gradgradcheck", a, n, xs, atol, rtol)
+    except GradcheckError as exc:
+        if any(ai is not None and ni is not None and not ai.any() and np.abs(ni).max(initial=0) > atol
+               for ai, ni in zip(a, n)):
+            # the commonest cause of a second order that is zero everywhere
+            raise GradcheckError(
+                f"{exc}. The second-order gradient is zero everywhere: a backward that computes with "
+                f"NumPy (on .numpy()) instead of gradcore ops is not recorded, so it cannot be "
+                f"differentiated again; write the backward with gradcore ops") from None
+        raise
     return True
 
 
@@ -368,6 +378,31 @@ def _compare_with_cpu(check, what, got, ref, exact=False):
         elif not np.allclose(g, r, rtol=rtol, atol=atol, equal_nan=True):
             check.failed(f"{what} {j}: cuda and cpu values differ by up to "
                          f"{np.max(np.abs(g.astype(np.float64) - r)):.3g}")
+
+
+def _compare_with_decomposition(check, op, tag, variant, outs) -> None:
+    """An op with kernels and a ``decompose`` (its reference definition,
+    while its gradient comes from its ``vjp``): fail ``check`` where the
+    cpu kernel's results are not the decomposition's."""
+    desc = describe(op)
+    if outs is None or desc.kernels.get("cpu") != "cpu" or getattr(type(op), "decompose", None) is None:
+        return
+    dt, arrs = variant
+    try:
+        ref = _decomposed_cpu(op, *arrs)
+    except Exception as exc:
+        check.failed(f"{tag}{dt} inputs: its decompose (the op's reference definition) raised {_fmt_exc(exc)}")
+        return
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    for j, (o, r) in enumerate(zip(outs, ref)):
+        r = np.asarray(r)
+        if o.shape != r.shape:
+            check.failed(f"{tag}{dt} inputs: output {j}: the cpu kernel gives shape {o.shape}, its decompose "
+                         f"(the op's reference definition) {r.shape}")
+        elif o.dtype.kind == "f" and not np.allclose(o, r, rtol=1e-6, atol=1e-9, equal_nan=True):
+            err = np.max(np.abs(o.astype(np.float64) - r)) if o.size else 0.0
+            check.failed(f"{tag}{dt} inputs: output {j}: the cpu kernel and its decompose (the op's reference "
+                         f"definition) differ by up to {err:.3g}; fix the one that is wrong")
 
 
 def _device_grads(op, arrays, weights, wrt, device):
@@ -566,11 +601,39 @@ def _cases_for(op, sample_inputs, wrt, seed=0):
         same = [e for e in examples if e[0] == op]
         examples = same or [(op,) + tuple(e[1:]) for e in examples[:1]]
     if examples:
-        return [(e[0], [_to_array(x) for x in e[1]], wrt if wrt is not None else e[2], "")
-                for e in examples]
+        cases = [(e[0], [_to_array(x) for x in e[1]], wrt if wrt is not None else e[2], "") for e in examples]
+        return cases + _other_parameters(op, cases, seed)
     return [(inst, arrays, wrt, f"generated inputs, seed {seed}, shapes "
                                 f"{', '.join(str(a.shape) for a in arrays)}")
             for inst, arrays in generated_cases(op, seed)]
+
+
+def _other_parameters(op, cases, seed) -> list:
+    """For a class whose examples() build it with its defaults only (and no
+    ``check_params``): the first example's inputs again for the instances
+    ``check_op`` derives from the defaults, those the op's infer accepts
+    them for (a gradient right only at the default must not pass)."""
+    if not isinstance(op, type) or describe(op).check["check_params"] or not describe(op).params:
+        return []
+    try:
+        default = op()
+        derived = _instances_for(op, seed)
+    except Exception:          # no argument-free constructor, a string without Literal: examples only
+        return []
+    if any(c[0] != default for c in cases):
+        return []              # the examples choose their parameters themselves
+    inst0, arrays, case_wrt, _ = cases[0]
+    extra = []
+    for inst in derived:
+        if inst == default:
+            continue
+        try:
+            inst.infer(*[TensorDesc(a.shape, a.dtype, "cpu") for a in arrays])
+        except Exception:
+            continue
+        extra.append((inst, arrays, case_wrt, f"example 0's inputs, parameters derived from the defaults "
+                                              f"(seed {seed})"))
+    return extra
 
 
 class NoInputsError(ValueError):
@@ -685,7 +748,7 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
     cls = op if isinstance(op, type) else type(op)
     rng = np.random.default_rng(seed)
     domain = tuple(describe(cls).check["domain"] or _DEFAULT_DOMAIN)
-    cases, tried = [], []
+    cases, tried, first_error = [], [], None
     for inst in _instances_for(op, seed):
         nin = getattr(inst, "nin", None)
         lo, hi = (nin, nin) if isinstance(nin, int) and nin >= 0 else _forward_arity(cls)
@@ -703,13 +766,16 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
                 _run(inst, arrays)
             except Exception as exc:
                 tried.append(f"{shapes}: {type(exc).__name__}")
+                first_error = first_error or exc
                 continue
             (empty if is_empty else full).append((inst, arrays))
         cases += full + empty
     if not cases:
         raise NoInputsError(
             f"check_op({_op_short_name(op)}): no examples() and no generated input was accepted "
-            f"(tried shapes {'; '.join(tried[:6])}); add a classmethod examples() returning "
+            f"(tried shapes {'; '.join(tried[:6])}"
+            + (f"; the first: {_fmt_exc(first_error)[:400]}" if first_error is not None else "") + "); "
+            f"if that error is the op's own, fix it; else add a classmethod examples() returning "
             f"[(op_instance, [input arrays]), ...], or narrow the generated inputs with the class "
             f"attributes check_shapes = [(shape, ...), ...] and domain = (low, high)")
     return cases
@@ -749,6 +815,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                                                                 equal_nan=True):
                     err = np.max(np.abs(o32.astype(np.float64) - o64)) if o64.size else 0.0
                     c.failed(f"{tag}output {j}: float32 and float64 results differ by up to {err:.3g}")
+        _compare_with_decomposition(c, op, tag, variants[0], outs.get(variants[0][0]))
         if not c.fail:
             c.passed()
 

@@ -426,6 +426,9 @@ def _check(op, lp, targets, il, tl, *more):
                        lp, targets, il, tl, *more)
     if lp.shape[2] < 1:
         raise op.error("log_probs needs at least one class (the blank)", lp, targets, il, tl)
+    if not 0 <= op.blank < lp.shape[2]:
+        raise op.error(f"blank {op.blank} is not one of the {lp.shape[2]} classes of log_probs",
+                       lp, targets, il, tl, *more)
 
 
 def _lse(*xs):

@@ -9,6 +9,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from gradcore import _core, dtypes
+from gradcore.cpu import _reduce as _small
 from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc, broadcast_view
 
@@ -65,6 +66,10 @@ _KERNELS = {"sum": np.add.reduce, "mean": _mean, "max": np.maximum.reduce,
             "min": np.minimum.reduce, "prod": np.multiply.reduce}
 
 
+# full reductions (axis None, no keepdims) run by compiled kernels
+_SMALL_FULL = {"sum": _small.full_sum, "mean": _small.full_mean}
+
+
 class Reduce(Op):
     """Reduce over ``axis`` (None: all) with mode sum, mean, max, min or prod."""
     name = "Reduce"
@@ -81,12 +86,16 @@ class Reduce(Op):
             raise ValueError(f"Reduce: unknown mode {mode!r}; known: {', '.join(_KERNELS)}")
         self.mode, self.axis, self.keepdims = mode, norm_axis(axis, f"Reduce({mode})"), bool(keepdims)
         self._kernel = _KERNELS[mode]
-        if self.axis is None and mode != "mean" and self.fast_full_reduction:
-            # a full reduction is the ufunc's reduce itself: no Python frame
-            # per call (``cpu`` below, with axis None for every input)
+        if self.axis is None and self.fast_full_reduction:
+            # a full reduction calls its kernel with no Python frame per call;
+            # a loss's sum or mean of a small float array is added up in C
+            # (NumPy's additions, in NumPy's order, without its ~7k-instruction call)
             # (keepdims bound only when True: each bound keyword costs the call ~90 ns)
-            self.cpu = (functools.partial(self._kernel, axis=None, keepdims=True) if self.keepdims
-                        else functools.partial(self._kernel, axis=None))
+            if mode in _SMALL_FULL and not self.keepdims:
+                self.cpu = _SMALL_FULL[mode]
+            elif mode != "mean":
+                self.cpu = (functools.partial(self._kernel, axis=None, keepdims=True) if self.keepdims
+                            else functools.partial(self._kernel, axis=None))
 
     def infer(self, x):
         shape = reduced_shape(self, x.shape, self.axis, self.keepdims, x)
@@ -405,6 +414,9 @@ class BroadcastBack(Op):
 
     def __init__(self, axis, keepdims, mean=False):
         self.axis, self.keepdims, self.mean = norm_axis(axis), bool(keepdims), bool(mean)
+        if self.axis is None and not self.mean:
+            # a full sum's backward: ``cpu`` below with no Python frame per call
+            self.cpu = _core.broadcast_like
 
     def infer(self, g, ref):
         want = reduced_shape(self, ref.shape, self.axis, self.keepdims, ref)

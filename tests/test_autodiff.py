@@ -306,7 +306,7 @@ def test_function_wrong_gradient_count_and_kind():
             return self.result
 
     a, b = gc.tensor([1.0]), gc.tensor([2.0])
-    for result, err, msg in [((gc.tensor([1.0]),), ValueError, "1 gradients for 2 inputs"),
+    for result, err, msg in [((gc.tensor([1.0]),), ValueError, "1 gradient for 2 inputs"),
                              ((1.0, None), TypeError, "expected a Tensor"),
                              ((gc.tensor([1.0, 2.0]), None), ValueError, "shape")]:
         gm = GradManager().attach([a, b])

@@ -134,6 +134,18 @@ def test_check_reports_a_plugin_that_failed_to_load(fake_dist, capsys):
     assert "ImportError: nope" in capsys.readouterr().out
 
 
+def test_ops_exit_codes(fake_dist, capsys):
+    """`gradcore ops` lists and exits 0; a plugin that failed to load is
+    listed and exits 1; an argument it does not take is a usage error (2)."""
+    assert cli.main(["ops"]) == 0
+    assert cli.main(["ops", "--bogus"]) == 2
+    assert "takes no arguments, got --bogus" in capsys.readouterr().err
+    registry._state.failures.append(registry.PluginFailure("cli-broken", "cli_broken:register",
+                                                           "ImportError: nope"))
+    assert cli.main(["ops"]) == 1
+    assert "FAILED plugin cli-broken (cli_broken:register): ImportError: nope" in capsys.readouterr().out
+
+
 def test_doctor_healthy():
     out = run("doctor")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -394,3 +394,183 @@ def test_examples_with_the_wrong_input_count_are_named():
     report = check_op(WrongCountExamples, devices=["cpu"])
     assert report.status("inputs") == "failed"
     assert "example 1 gives 2 input(s)" in report["inputs"].message and "takes 1" in report["inputs"].message
+
+
+class AffineByRule(Op):
+    """y = x * w + b with its forward in its _grad_rule (MegEngine's style: no cpu kernel)."""
+    name = "MistakeAffineByRule"
+    check_shapes = (((2, 3), (3,), (3,)),)
+
+    def infer(self, x, w, b):
+        if x.shape is not None and (len(x.shape) != 2 or w.shape != x.shape[-1:] or b.shape != w.shape):
+            raise self.error("x must be 2-d, w and b match the last dimension of x", x, w, b)
+        return (TensorDesc(x.shape, x.dtype, x.device),)
+
+    def _grad_rule(self, x, w, b):
+        y = x * w + b
+        return y, lambda dy: (dy * w, F.sum(dy * x, axis=0), F.sum(dy, axis=0))
+
+
+def test_a_forward_by_rule_runs_its_infer_first_and_works_on_cuda(emulated_cuda):
+    """An op whose forward is its _grad_rule: its infer guards it like a
+    kernel (the error names the op), and its default devices include cuda,
+    where gradcore ops run it; registration accepts it; check_op passes."""
+    d = describe(AffineByRule)
+    assert d.devices == ("cpu", "cuda") and d.kernels == {"cpu": "_grad_rule", "cuda": "_grad_rule"}
+    validate_op_class(AffineByRule)
+    x, w, b = np.ones((4, 6)), np.ones(3), np.ones(3)
+    with pytest.raises(ValueError, match="MistakeAffineByRule: x must be 2-d, w and b match"):
+        AffineByRule()(gradcore.tensor(x), gradcore.tensor(w), gradcore.tensor(b))
+    xs = [gradcore.tensor(np.arange(6.0).reshape(2, 3), device="cuda"), gradcore.tensor([1.0, 2.0, 3.0], device="cuda"),
+          gradcore.tensor([0.5, 0.5, 0.5], device="cuda")]
+    y = AffineByRule()(*xs)
+    assert str(y.device).startswith("cuda")
+    np.testing.assert_allclose(y.numpy(), np.arange(6.0).reshape(2, 3) * [1, 2, 3] + 0.5)
+    report = check_op(AffineByRule)
+    assert report.ok, report
+
+
+class NumpyRule(Op):
+    """The tutorial's old mistake: a rule's forward computed in NumPy."""
+    name = "MistakeNumpyRule"
+
+    def infer(self, x):
+        return (x,)
+
+    def _grad_rule(self, x):
+        return gradcore.Tensor(x.numpy() ** 3), lambda dy: dy * 3 * x * x
+
+
+def test_a_rule_forward_on_another_device_than_its_inputs_is_refused_naming_the_op(emulated_cuda):
+    x = gradcore.tensor([1.0, 2.0], device="cuda")
+    with pytest.raises(RuntimeError, match=r"MistakeNumpyRule: its grad rule's forward returned an output on "
+                                           r"cpu for inputs on cuda"):
+        NumpyRule()(x)
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(RuntimeError, match="MistakeNumpyRule: its grad rule's forward returned"):
+        with gm:
+            gm.backward(NumpyRule()(x).sum())
+
+
+class DecomposeDisagrees(Op):
+    """A cpu kernel and a decompose (the reference) that disagree; the vjp is the decompose's."""
+    name = "MistakeDecomposeDisagrees"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * x + 1.0          # the decompose says x * x
+
+    def decompose(self, x):
+        return x * x
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 2 * inputs[0],)
+
+
+def test_a_cpu_kernel_disagreeing_with_its_decompose_fails_check_op():
+    report = check_op(DecomposeDisagrees, devices=["cpu"])
+    assert report.status("forward[cpu]") == "failed"
+    assert "the cpu kernel and its decompose (the op's reference definition) differ by up to 1" in \
+        report["forward[cpu]"].message
+    # the standard ops that keep a decompose beside their kernels agree with it
+    from gradcore.ops.nn import LogSoftmax, Softmax
+    for cls in (Softmax, LogSoftmax):
+        assert check_op(cls, devices=["cpu"], second_order=False).status("forward[cpu]") == "passed"
+
+
+class UntraceableDecompose(Op):
+    name = "MistakeUntraceableDecompose"
+
+    def decompose(self, x):
+        if x.numpy().sum() > 0:          # reads a value: cannot be traced
+            return x * 2
+        return x
+
+
+def test_check_op_shows_the_error_that_refused_every_generated_input():
+    with pytest.raises(Exception, match=r"the first: TypeError: MistakeUntraceableDecompose: a tensor's value "
+                                        r"is not known"):
+        report = check_op(UntraceableDecompose, devices=["cpu"])
+        raise AssertionError(report["inputs"].message)
+
+
+class StringCudaSource(_Double):
+    name = "MistakeStringCudaSource"
+    cuda_source = 'extern "C" __global__ void gc_s(const float* x, float* y, long long n) {}'
+
+
+def test_a_cuda_source_that_is_text_not_a_method_is_refused_at_registration():
+    with pytest.raises(OpDeclarationError, match=r"cuda_source must be a method `def cuda_source\(self, ctype\)`"):
+        validate_op_class(StringCudaSource)
+
+
+def test_the_emulator_knows_the_fast_math_intrinsics(emulated_cuda):
+    """__expf & co. compile and run on the host emulator (glibc declares
+    some of those names without exporting them: a load error before)."""
+    class FastMath(Op):
+        name = "MistakeFastMath"
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return np.clip(np.exp(x) * 0.1, 0, 1) + np.log(1 + x * x) / 2 + np.sin(x) * np.cos(x) + 3
+
+        def cuda_source(self, ctype="float"):
+            return (f'extern "C" __global__ void gc_fast_math_{ctype}(const {ctype}* x, {ctype}* y, long long n) {{\n'
+                    "  for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)\n"
+                    "    y[i] = __saturatef(__expf(x[i]) * 0.1f) + __fdividef(__logf(1.0f + x[i] * x[i]), 2.0f)"
+                    " + __sinf(x[i]) * __cosf(x[i]) + __popc(7) + __clz(1) * 0 + __ffs(0);\n}\n")
+
+    x = np.linspace(-2, 2, 7).astype(np.float32)
+    got = FastMath()(gradcore.tensor(x, device="cuda")).numpy()
+    np.testing.assert_allclose(got, FastMath().cpu(x), rtol=1e-5)
+
+
+def test_a_backward_leaving_gradcore_is_named_as_the_likely_cause_of_a_zero_second_order():
+    from gradcore.autodiff import Function
+    from gradcore.testing import GradcheckError, gradcheck, gradgradcheck
+
+    class CubeViaNumpy(Function):
+        def forward(self, x):
+            self.save_for_backward(x)
+            return x * x * x
+
+        def backward(self, dy):
+            (x,) = self.saved_tensors
+            return gradcore.Tensor(3 * x.numpy() ** 2) * dy     # leaves gradcore: no second order
+
+    x = gradcore.tensor([0.5, 1.5], dtype="float64")
+    assert gradcheck(lambda t: CubeViaNumpy()(t), [x])
+    with pytest.raises(GradcheckError, match="zero everywhere: a backward that computes with NumPy"):
+        gradgradcheck(lambda t: CubeViaNumpy()(t), [x])
+
+
+class PowRightAtTwoOnly(Op):
+    """The tutorial's MyBadPow, its examples() building it with the default only."""
+    name = "MistakePowRightAtTwoOnly"
+
+    def __init__(self, p: float = 2.0):
+        self.p = float(p)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x ** self.p
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 2 * inputs[0],)          # right at p = 2 only
+
+    @classmethod
+    def examples(cls):
+        return [(cls(), [np.array([0.5, 1.5, 2.5])])]
+
+
+def test_examples_at_the_defaults_only_still_check_other_parameter_values():
+    report = check_op(PowRightAtTwoOnly, devices=["cpu"], second_order=False)
+    assert report.status("grad") == "failed", report
+    assert "parameters derived from the defaults" in report["grad"].message
+    assert len(report.instances) == 3          # the default and two derived values of p

@@ -292,7 +292,7 @@ def test_declared_device_without_kernel(scratch_registry):
 
         def cpu(self, x):
             return x
-    with pytest.raises(OpDeclarationError, match=r"KitNoCuda.*no CUDA kernel: add `cuda_source`"):
+    with pytest.raises(OpDeclarationError, match=r"KitNoCuda.*no CUDA kernel: add a method `cuda_source\(self, ctype\)`"):
         register_op(NoCuda)
 
     class NoCpu(Op):
@@ -414,6 +414,23 @@ def test_unknown_distribution():
     outcomes = res.parseoutcomes()
     assert outcomes.get("failed", 0) == 0, res.stdout.str()
     assert outcomes["passed"] >= 2 + 46         # every standard op, by examples() or generated inputs
+
+
+def test_a_failed_entry_point_is_a_failing_case_and_entry_points_name_their_distribution(monkeypatch):
+    """parametrize_ops / op_cases of a distribution one of whose entry
+    points failed to load: a case of its own that fails with the error (as
+    ``gradcore check`` exits 1), not a warning and one op fewer tested; an
+    entry point's name stands for its distribution, as in ``gradcore check``."""
+    from gradcore import pytest_plugin, registry
+    broken = registry.PluginFailure("gradcore", "gradcore-extra", "ImportError: No module named 'x'")
+    monkeypatch.setattr(registry, "failures", lambda: [broken])
+    cases = pytest_plugin.op_cases("gradcore")
+    load = [c for c in cases if c.id == "load-gradcore-extra"]
+    assert len(load) == 1 and len(cases) > 46
+    with pytest.raises(pytest.fail.Exception, match="entry point 'gradcore-extra' failed to load: ImportError"):
+        pytest_plugin._run_check(*load[0].values)
+    monkeypatch.setattr(registry, "entry_point_dists", lambda: {"my-entry-point": "gradcore"})
+    assert [c.id for c in pytest_plugin.op_cases("my-entry-point")] == [c.id for c in cases]
 
 
 # ---------------------------------------------------------------- op parameters, infer guard, calling ops

@@ -168,10 +168,15 @@ cdef Py_ssize_t _pack_into(char* buf, tuple args, Kernel k=None) except -2:
             spec = _SCALARS.get(t)
             if spec is None:
                 if t is bool:
-                    raise TypeError(f"kernel argument {i}: pass np.bool_({a}) (a bool is ambiguous)")
-                if t is float:
-                    raise TypeError(f"kernel argument {i}: pass np.float32({a}) or np.float64({a}), the kernel's C type")
-                raise TypeError(f"kernel argument {i}: cannot pass a {type(a).__name__} to a kernel")
+                    problem = f"takes no Python bool: pass np.bool_({a}) (a bool is ambiguous)"
+                elif t is float:
+                    problem = (f"takes no Python float: pass np.float32({a}) or np.float64({a}), the "
+                               f"parameter's C type (x.dtype.type(value) for an element-type parameter)")
+                else:
+                    problem = f"cannot take a {type(a).__name__}"
+                if kinds != NULL:
+                    raise _argument_error(k, args, i, problem)
+                raise TypeError(f"kernel argument {i} {problem}")
             size, align, kind = spec
             if want != 63 and want != (102 if kind == "f" else 100 if kind == "d" else 48 + size):
                 raise _argument_error(k, args, i, f"got a {np.dtype(t).name}: pass the parameter's own type "

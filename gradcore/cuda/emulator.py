@@ -65,6 +65,33 @@ template <class T> static inline T atomicAdd(T* p, T v) { T old = *p; *p += v; r
 template <class T> static inline T __ldg(const T* p) { return *p; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+// fast-math and rounding-mode intrinsics: the plain operation (the GPU's
+// approximations are within a few ulps of it). Macros: glibc's math.h
+// declares some of these names for itself (without exporting them)
+#define __expf(x) expf(x)
+#define __exp10f(x) powf(10.0f, (x))
+#define __logf(x) logf(x)
+#define __log2f(x) log2f(x)
+#define __log10f(x) log10f(x)
+#define __sinf(x) sinf(x)
+#define __cosf(x) cosf(x)
+#define __tanf(x) tanf(x)
+#define __powf(x, y) powf((x), (y))
+#define __fdividef(x, y) ((float)(x) / (float)(y))
+#define __frcp_rn(x) (1.0f / (float)(x))
+#define __fsqrt_rn(x) sqrtf(x)
+#define __fadd_rn(x, y) ((float)(x) + (float)(y))
+#define __fmul_rn(x, y) ((float)(x) * (float)(y))
+#define __fmaf_rn(x, y, z) fmaf((x), (y), (z))
+#define __dadd_rn(x, y) ((double)(x) + (double)(y))
+#define __dmul_rn(x, y) ((double)(x) * (double)(y))
+#define __fma_rn(x, y, z) fma((x), (y), (z))
+static inline float gc_emu_saturatef(float x) { return x != x ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+#define __saturatef(x) gc_emu_saturatef(x)
+#define __popc(x) __builtin_popcount((unsigned int)(x))
+#define __popcll(x) __builtin_popcountll((unsigned long long)(x))
+#define __clz(x) ((int)(x) == 0 ? 32 : __builtin_clz((unsigned int)(x)))
+#define __ffs(x) __builtin_ffs((int)(x))
 """
 
 # the prelude's end for kernels run one thread after the other (no barriers)

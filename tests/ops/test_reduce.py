@@ -209,3 +209,41 @@ def test_gradcheck_rejects_nan_gradients():
 
     with pytest.raises(AssertionError):
         gradcheck(lambda x: apply(NanGrad(), x)[0], [np.ones(3)])
+
+
+def test_full_sum_and_mean_of_small_arrays_are_numpys_bits():
+    """A full sum or mean of a small contiguous float array runs compiled
+    (gradcore.cpu._reduce): the same bits as NumPy's, whatever the size (the
+    eight-sum blocks, their remainders and the halving of long runs), with
+    inf, NaN and signed zeros; anything else is NumPy's own call."""
+    from gradcore.cpu._reduce import full_mean, full_sum
+    rng = np.random.default_rng(7)
+    for n in list(range(1, 140)) + [255, 256, 257, 1000, 4096, 4097]:
+        for dtype in (np.float32, np.float64):
+            a = (rng.standard_normal(n) * 10.0 ** rng.uniform(-4, 4, n)).astype(dtype)
+            if n % 5 == 0:
+                a[rng.integers(n)] = [np.inf, -np.inf, np.nan, -0.0, 0.0][n % 25 // 5]
+            for got, want in ((full_sum(a), np.add.reduce(a, axis=None)), (full_mean(a), np.mean(a))):
+                assert got.dtype == want.dtype and got.shape == ()
+                assert got.tobytes() == np.asarray(want).tobytes(), (n, dtype, got, want)
+    assert full_sum(np.array([-0.0, -0.0], np.float32)).tobytes() == np.float32(0.0).tobytes()
+    # not small, contiguous, native floats: NumPy's call, same answers
+    others = [np.arange(10), np.ones((4, 6), np.float32)[:, ::2], np.ones(3, np.float16),
+              np.ones(3, ">f4"), np.zeros(0, np.float32)]
+    for a in others:
+        assert np.array_equal(full_sum(a), np.add.reduce(a, axis=None))
+    with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning):
+        assert np.isnan(full_mean(np.zeros(0, np.float32)))
+
+
+def test_full_reductions_use_the_compiled_kernels_and_their_backward_too():
+    """F.sum / F.mean of a whole tensor and the full sum's backward call
+    compiled kernels directly (no Python frame per call: the loss's fixed cost)."""
+    from gradcore import _core
+    from gradcore.cpu import _reduce
+    from gradcore.ops.reduce import BroadcastBack, Reduce
+    assert Reduce("sum").cpu is _reduce.full_sum and Reduce("mean").cpu is _reduce.full_mean
+    assert BroadcastBack(None, False).cpu is _core.broadcast_like
+    x = gradcore.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert F.sum(x).numpy().tobytes() == np.float32(15).tobytes()
+    assert F.mean(x).numpy().tobytes() == np.float32(2.5).tobytes()
