@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from .op import ArgumentError
 
 # gradcore.optimizer's Optimizer, the type a scheduler drives: handed over by
 # gradcore.optimizer when it loads (it imports this module to re-export the
@@ -175,7 +176,7 @@ class MultiStepLR(LRScheduler):
                  current_epoch: int = -1):
         milestones = list(milestones)
         if milestones != sorted(milestones):
-            raise ValueError(f"MultiStepLR: milestones must be increasing, got {milestones}")
+            raise ArgumentError(f"MultiStepLR: milestones must be increasing, got {milestones}")
         self.milestones = milestones
         self.gamma = gamma
         super().__init__(optimizer, current_epoch)
@@ -191,12 +192,12 @@ def _check_number(owner: str, name: str, value: Any, low: float, high: float, lo
         ok = (low < value if low_open else low <= value) and value <= high
     if not ok:
         interval = f"{'(' if low_open else '['}{low}, {high}]"
-        raise ValueError(f"{owner}: {name} must be a number in {interval}, got {value!r}")
+        raise ArgumentError(f"{owner}: {name} must be a number in {interval}, got {value!r}")
 
 
 def _check_count(owner: str, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
+        raise ArgumentError(f"{owner}: {name} must be a positive integer, got {value!r}")
 
 
 class StepLR(LRScheduler):
@@ -306,7 +307,7 @@ class LambdaLR(LRScheduler):
         else:
             lambdas = list(lr_lambda)
             if len(lambdas) != n or not all(callable(f) for f in lambdas):
-                raise ValueError(f"LambdaLR: lr_lambda must be a function or one function per parameter "
+                raise ArgumentError(f"LambdaLR: lr_lambda must be a function or one function per parameter "
                                  f"group ({n}), got {lr_lambda!r}")
         self.lr_lambdas = lambdas
         super().__init__(optimizer, current_epoch)

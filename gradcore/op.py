@@ -68,6 +68,13 @@ class OpError(ValueError, RuntimeError):
     ValueError, and a RuntimeError as MegEngine raises for the same."""
 
 
+class ArgumentError(ValueError, AssertionError):
+    """A bad argument to a function, module or optimizer (a negative
+    learning rate, an unknown mode, a probability outside [0, 1)): a
+    ValueError, and the AssertionError MegEngine's ``assert`` checks raise
+    for the same."""
+
+
 class IndexOpError(OpError, IndexError):
     """An index out of range (or not an integer): one exception type for
     basic indexing, advanced indexing, index assignment, ``gather``,

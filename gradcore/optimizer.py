@@ -21,6 +21,7 @@ from . import lr_scheduler as _lr_scheduler
 from .cuda import graphs as _graphs
 from .lr_scheduler import (CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler,  # noqa: F401 - optim.StepLR etc.
                            MultiStepLR, StepLR)
+from .op import ArgumentError
 
 
 def _zeros_like(data):
@@ -56,7 +57,7 @@ def _check_hyper(name: str, **values) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise TypeError(f"{name}: {what} must be a number, got {type(v).__name__} {v!r}")
         if v != v:
-            raise ValueError(f"{name}: {what} must be a number, got nan")
+            raise ArgumentError(f"{name}: {what} must be a number, got nan")
 
 
 def _check_betas(name: str, betas) -> tuple:
@@ -117,7 +118,7 @@ class Optimizer:
             raise TypeError(f"{name}: params must be a Parameter, a dict or an iterable of them, "
                             f"got {type(params).__name__}") from None
         if not params:
-            raise ValueError(f"{name}: got an empty parameter list")
+            raise ArgumentError(f"{name}: got an empty parameter list")
         self._defaults = dict(defaults)
         self.param_groups: List[Dict] = []
         # per-parameter state, keyed by the Parameter itself (as MegEngine):
@@ -151,7 +152,7 @@ class Optimizer:
                 raise TypeError(f"{name}: parameters must be floating-point, got {p.dtype} "
                                 f"(shape {p.shape})")
             if id(p) in seen:
-                raise ValueError(f"{name}: a parameter of shape {p.shape} appears more than once "
+                raise ArgumentError(f"{name}: a parameter of shape {p.shape} appears more than once "
                                  f"in the parameter groups")
             seen.add(id(p))
         group = dict(self._defaults)
@@ -206,7 +207,7 @@ class Optimizer:
                     raise TypeError(f"{type(self).__name__}.step: the gradient of a parameter of shape "
                                     f"{p.shape} is a {type(p.grad).__name__}, not a Tensor")
                 if p.grad.shape != p.shape:
-                    raise ValueError(f"{type(self).__name__}.step: a gradient of shape {p.grad.shape} "
+                    raise ArgumentError(f"{type(self).__name__}.step: a gradient of shape {p.grad.shape} "
                                      f"for a parameter of shape {p.shape}")
                 # the raw data (an ndarray, or a DeviceArray on cuda): updated where it lives
                 try:
@@ -274,20 +275,20 @@ class Optimizer:
         of the same shapes, grouped the same way."""
         name = type(self).__name__
         if not isinstance(state, dict) or "param_groups" not in state or "state" not in state:
-            raise ValueError(f"{name}.load_state_dict: expects a dict from state_dict() with 'param_groups' "
+            raise ArgumentError(f"{name}.load_state_dict: expects a dict from state_dict() with 'param_groups' "
                              f"and 'state', got {type(state).__name__}"
                              f"{' with keys ' + str(sorted(map(str, state))) if isinstance(state, dict) else ''}")
         saved_groups = state["param_groups"]
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"{name}.load_state_dict: {len(saved_groups)} parameter groups saved, "
+            raise ArgumentError(f"{name}.load_state_dict: {len(saved_groups)} parameter groups saved, "
                              f"this optimizer has {len(self.param_groups)}")
         new_state = {}
         for group, saved in zip(self.param_groups, saved_groups):
             if len(group["params"]) != len(saved["params"]):
-                raise ValueError(f"{name}.load_state_dict: a saved group has {len(saved['params'])} "
+                raise ArgumentError(f"{name}.load_state_dict: a saved group has {len(saved['params'])} "
                                  f"parameters, this one {len(group['params'])}")
             if set(group) != set(saved):
-                raise ValueError(f"{name}.load_state_dict: a saved group has keys {sorted(saved)}, "
+                raise ArgumentError(f"{name}.load_state_dict: a saved group has keys {sorted(saved)}, "
                                  f"this one {sorted(group)}")
             for p, i in zip(group["params"], saved["params"]):
                 st = {}
@@ -297,7 +298,7 @@ class Optimizer:
                         continue
                     v = np.asarray(v.numpy() if isinstance(v, Tensor) else v)
                     if v.shape != p.shape:
-                        raise ValueError(f"{name}.load_state_dict: state {k!r} of shape {v.shape} "
+                        raise ArgumentError(f"{name}.load_state_dict: state {k!r} of shape {v.shape} "
                                          f"for a parameter of shape {p.shape}")
                     # a private copy where the parameter lives
                     st[k] = Tensor(v.astype(p.dtype), device=p.device)
@@ -319,9 +320,9 @@ class SGD(Optimizer):
                  weight_decay: float = 0.0):
         _check_hyper("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
         if lr < 0 or momentum < 0 or weight_decay < 0:
-            raise ValueError("SGD: lr, momentum and weight_decay must be non-negative")
+            raise ArgumentError("SGD: lr, momentum and weight_decay must be non-negative")
         if nesterov and momentum == 0:
-            raise ValueError("SGD: nesterov needs a momentum")
+            raise ArgumentError("SGD: nesterov needs a momentum")
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       weight_decay=weight_decay))
 
@@ -364,7 +365,7 @@ class Adam(Optimizer):
         _check_hyper(name, lr=lr, eps=eps, weight_decay=weight_decay)
         betas = _check_betas(name, betas)
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"{name}: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
+            raise ArgumentError(f"{name}: lr, eps, weight_decay must be non-negative and betas in [0, 1)")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
     _capturable = True
@@ -483,7 +484,7 @@ class Adagrad(Optimizer):
                  weight_decay: float = 0.0):
         _check_hyper("Adagrad", lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay)
         if lr < 0 or lr_decay < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError("Adagrad: lr, lr_decay, eps and weight_decay must be non-negative")
+            raise ArgumentError("Adagrad: lr, lr_decay, eps and weight_decay must be non-negative")
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay))
 
     def _update(self, param, grad, group, state):
@@ -512,7 +513,7 @@ class Adadelta(Optimizer):
                  weight_decay: float = 0.0):
         _check_hyper("Adadelta", lr=lr, rho=rho, eps=eps, weight_decay=weight_decay)
         if lr < 0 or eps < 0 or weight_decay < 0 or not 0 <= rho <= 1:
-            raise ValueError("Adadelta: lr, eps and weight_decay must be non-negative and rho in [0, 1]")
+            raise ArgumentError("Adadelta: lr, eps and weight_decay must be non-negative and rho in [0, 1]")
         super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay))
 
     def _update(self, param, grad, group, state):
@@ -549,11 +550,11 @@ def clip_grad_norm(tensors: Union[Tensor, Iterable[Tensor]], max_norm: float, or
         try:
             ord = float(ord)
         except ValueError:
-            raise ValueError(f"clip_grad_norm: ord must be a number or 'inf'/'-inf', got {ord!r}") from None
+            raise ArgumentError(f"clip_grad_norm: ord must be a number or 'inf'/'-inf', got {ord!r}") from None
     _check_hyper("clip_grad_norm", max_norm=max_norm, ord=ord)
     if max_norm < 0:
         # a negative scale would flip every gradient
-        raise ValueError(f"clip_grad_norm: max_norm must be >= 0, got {max_norm}")
+        raise ArgumentError(f"clip_grad_norm: max_norm must be >= 0, got {max_norm}")
     ts = [t for t in _with_grads(tensors) if t.grad is not None]
     if not ts:
         return Tensor(np.float32(0.0))
@@ -577,7 +578,7 @@ def clip_grad_value(tensors: Union[Tensor, Iterable[Tensor]], lower: float, uppe
     from . import functional as F
     _check_hyper("clip_grad_value", lower=lower, upper=upper)
     if lower > upper:
-        raise ValueError(f"clip_grad_value: lower must be <= upper, got lower={lower}, upper={upper}")
+        raise ArgumentError(f"clip_grad_value: lower must be <= upper, got lower={lower}, upper={upper}")
     for t in _with_grads(tensors):
         if t.grad is not None:
             t.grad._reset(F.clip(t.grad, lower, upper).astype(t.grad.dtype))

@@ -16,9 +16,11 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
+
+from .op import ArgumentError
 
 _rng = np.random.default_rng(0)
 
@@ -79,11 +81,238 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     _rng = np.random.Generator(new)
 
 
-def normal(mean=0.0, std=1.0, size=None, dtype="float32"):
-    from ._core import Tensor
-    return Tensor(_rng.normal(mean, std, size).astype(dtype))
+class RNG:
+    """A source of random tensors, MegEngine's ``megengine.random.RNG``:
+    with a ``seed``, a generator of its own; without, the global one that
+    ``seed()`` seeds (and ``get_rng_state`` saves). The module's
+    ``uniform``, ``normal``, ``gamma``, ``beta``, ``poisson``,
+    ``permutation`` and ``shuffle`` are those of the global one. Draws are
+    float32 (``permutation`` int32 by default), made on the host and moved
+    to ``device`` (the default device when None).
+
+    Example::
+
+        >>> rng = gradcore.random.RNG(seed=100)
+        >>> rng.uniform(size=(2, 2)).shape
+        (2, 2)
+    """
+
+    def __init__(self, seed: Optional[int] = None, device: Optional[str] = None):
+        self._generator = None if seed is None else np.random.default_rng(seed)
+        self._device = device
+
+    def _gen(self) -> np.random.Generator:
+        return self._generator if self._generator is not None else _rng
+
+    def _tensor(self, array, dtype="float32", like=None):
+        from ._core import Tensor
+        device = self._device if self._device is not None else getattr(like, "device", None)
+        return Tensor(np.asarray(array).astype(dtype), device=device)
+
+    def uniform(self, low: float = 0, high: float = 1, size: Optional[Sequence[int]] = None):
+        """Uniform on [low, high); ``size`` None is (1,), as MegEngine's.
+
+        Example::
+
+            >>> gradcore.random.uniform(size=(2, 2)).shape
+            (2, 2)
+        """
+        if not low < high:
+            raise RandomArgumentError(f"uniform: low {low} must be less than high {high}")
+        return self._tensor(self._gen().uniform(low, high, _size(size)))
+
+    def normal(self, mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None):
+        """Gaussian N(mean, std); ``size`` None is (1,), as MegEngine's.
+
+        Example::
+
+            >>> gradcore.random.normal(0, 1, (3,)).shape
+            (3,)
+        """
+        return self._tensor(self._gen().normal(mean, std, _size(size)))
+
+    def gamma(self, shape, scale=1, size: Optional[Sequence[int]] = None):
+        """Gamma(shape, scale): the output is ``size`` followed by the
+        broadcast shape of ``shape`` and ``scale`` (numbers or tensors).
+
+        Example::
+
+            >>> gradcore.random.gamma(2.0, 1.0, size=(2, 2)).shape
+            (2, 2)
+        """
+        k, theta = _positive("gamma", "shape", shape), _positive("gamma", "scale", scale)
+        out = _param_shape(size, k, theta)
+        return self._tensor(self._gen().gamma(k, theta, out), like=_first_tensor(shape, scale))
+
+    def beta(self, alpha, beta, size: Optional[Sequence[int]] = None):
+        """Beta(alpha, beta), shaped as ``gamma``'s.
+
+        Example::
+
+            >>> gradcore.random.beta(2.0, 1.0, size=3).shape
+            (3,)
+        """
+        a, b = _positive("beta", "alpha", alpha), _positive("beta", "beta", beta)
+        return self._tensor(self._gen().beta(a, b, _param_shape(size, a, b)), like=_first_tensor(alpha, beta))
+
+    def poisson(self, lam, size: Optional[Sequence[int]] = None):
+        """Poisson(lam) counts as float32, shaped as ``gamma``'s.
+
+        Example::
+
+            >>> gradcore.random.poisson(2.0, size=(1, 3)).shape
+            (1, 3)
+        """
+        lm = _positive("poisson", "lam", lam)
+        return self._tensor(self._gen().poisson(lm, _param_shape(size, lm)), like=_first_tensor(lam))
+
+    def permutation(self, n, *, dtype: str = "int32"):
+        """A random permutation of ``range(n)`` (int32, int16 or float32),
+        or, for a tensor ``n``, a copy of it shuffled along its first axis.
+
+        Example::
+
+            >>> sorted(gradcore.random.permutation(4).numpy().tolist())
+            [0, 1, 2, 3]
+        """
+        from ._core import Tensor
+        if isinstance(n, Tensor):
+            return self._tensor(self._gen().permutation(_rows(n)), dtype=n.dtype, like=n)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise RandomArgumentError(f"permutation: n must be an int >= 0 or a Tensor, got {n!r}")
+        if str(np.dtype(dtype)) not in ("int32", "int16", "float32"):
+            raise RandomArgumentError(f"permutation: dtype must be int32, int16 or float32, got {dtype}")
+        return self._tensor(self._gen().permutation(int(n)), dtype=dtype)
+
+    def shuffle(self, inp) -> None:
+        """Shuffle ``inp`` in place along its first axis (as an in-place
+        op: a tensor saved for a backward is told apart, as after ``+=``).
+
+        Example::
+
+            >>> x = gradcore.tensor(np.arange(10)); gradcore.random.shuffle(x)
+        """
+        from ._core import Tensor
+        if not isinstance(inp, Tensor):
+            raise TypeError(f"shuffle: expected a Tensor, got {type(inp).__name__}")
+        inp[...] = self._tensor(self._gen().permutation(_rows(inp)), dtype=inp.dtype, like=inp)
 
 
-def uniform(low=0.0, high=1.0, size=None, dtype="float32"):
+class RandomArgumentError(ArgumentError):
+    """A distribution's argument out of its domain: a ValueError, and the
+    AssertionError MegEngine raises for it."""
+
+
+def _size(size) -> tuple:
+    if size is None:
+        return (1,)
+    return (int(size),) if isinstance(size, (int, np.integer)) else tuple(int(s) for s in size)
+
+
+def _first_tensor(*values):
     from ._core import Tensor
-    return Tensor(_rng.uniform(low, high, size).astype(dtype))
+    return next((v for v in values if isinstance(v, Tensor)), None)
+
+
+def _positive(name: str, what: str, value) -> np.ndarray:
+    from ._core import Tensor
+    arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value, np.float64)
+    if arr.size and not (arr > 0).all():
+        raise RandomArgumentError(f"{name}: {what} must be > 0, got {value!r}")
+    return arr.astype(np.float64)
+
+
+def _param_shape(size, *params) -> tuple:
+    """MegEngine's output shape: ``size`` (an int n is (n,); None or 0 is
+    nothing) followed by the parameters' broadcast shape."""
+    base = np.broadcast_shapes(*[p.shape for p in params])
+    if size is None or (isinstance(size, (int, np.integer)) and size == 0):
+        return base
+    return _size(size) + base
+
+
+def _rows(t) -> np.ndarray:
+    a = t.numpy()
+    if a.ndim == 0 or a.shape[0] == 0:
+        raise RandomArgumentError(f"permutation/shuffle: the tensor needs a first axis of size > 0, "
+                                  f"got shape {a.shape}")
+    return a
+
+
+_default = RNG()
+
+
+def uniform(low: float = 0, high: float = 1, size: Optional[Sequence[int]] = None):
+    """``RNG().uniform`` on the global generator.
+
+    Example::
+
+        >>> gradcore.random.uniform(size=3).shape
+        (3,)
+    """
+    return _default.uniform(low, high, size)
+
+
+def normal(mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None):
+    """``RNG().normal`` on the global generator.
+
+    Example::
+
+        >>> gradcore.random.normal(size=(2,)).shape
+        (2,)
+    """
+    return _default.normal(mean, std, size)
+
+
+def gamma(shape, scale=1, size: Optional[Sequence[int]] = None):
+    """``RNG().gamma`` on the global generator.
+
+    Example::
+
+        >>> gradcore.random.gamma(2.0, size=(2,)).shape
+        (2,)
+    """
+    return _default.gamma(shape, scale, size)
+
+
+def beta(alpha, beta, size: Optional[Sequence[int]] = None):  # noqa: F811 (MegEngine's names)
+    """``RNG().beta`` on the global generator.
+
+    Example::
+
+        >>> gradcore.random.beta(2.0, 3.0, size=2).shape
+        (2,)
+    """
+    return _default.beta(alpha, beta, size)
+
+
+def poisson(lam, size: Optional[Sequence[int]] = None):
+    """``RNG().poisson`` on the global generator.
+
+    Example::
+
+        >>> gradcore.random.poisson(3.0, size=2).shape
+        (2,)
+    """
+    return _default.poisson(lam, size)
+
+
+def permutation(n, *, dtype: str = "int32"):
+    """``RNG().permutation`` on the global generator.
+
+    Example::
+
+        >>> gradcore.random.permutation(5).shape
+        (5,)
+    """
+    return _default.permutation(n, dtype=dtype)
+
+
+def shuffle(inp) -> None:
+    """``RNG().shuffle`` on the global generator: ``inp`` in place.
+
+    Example::
+
+        >>> gradcore.random.shuffle(x)
+    """
+    _default.shuffle(inp)

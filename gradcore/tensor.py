@@ -4,15 +4,9 @@ from __future__ import annotations
 from ._core import Tensor
 
 
-def tensor(data, dtype=None, device=None) -> Tensor:
-    """Make a Tensor (float32 by default for Python numbers).
-
-    Example::
-
-        >>> gradcore.tensor([[1, 2], [3, 4]], dtype="float32").shape
-        (2, 2)
-    """
-    return Tensor(data, dtype=dtype, device=device)
+# MegEngine's ``tensor`` is its Tensor class itself (``isinstance(x,
+# gc.tensor)`` holds): ``gc.tensor([[1, 2], [3, 4]], dtype="float32")``
+tensor = Tensor
 
 
 class Parameter(Tensor):

@@ -223,6 +223,32 @@ def astype(self, dtype):
     return _F().astype(self, dtype)
 
 
+def set_value(self, value) -> None:
+    """Give this tensor ``value`` (a Tensor, or data made a tensor of this
+    one's dtype and device), MegEngine's ``Tensor.set_value``: the old
+    buffer is never written (what a backward saved stays valid).
+
+    Example::
+
+        >>> w = gc.Parameter([1.0, 2.0]); w.set_value([3.0, 4.0]); w.numpy()
+        array([3., 4.], dtype=float32)
+    """
+    if not isinstance(value, Tensor):
+        value = Tensor(value, dtype=self.dtype, device=self.device)
+    self._reset(value)
+
+
+def reset_zero(self) -> None:
+    """Set every element to 0, MegEngine's ``Tensor.reset_zero``.
+
+    Example::
+
+        >>> x = gc.tensor([1.0, 2.0]); x.reset_zero(); x.numpy()
+        array([0., 0.], dtype=float32)
+    """
+    self._reset(_F().zeros_like(self))
+
+
 _METHODS = {
     "reshape": reshape,
     "transpose": transpose,
@@ -241,6 +267,9 @@ _METHODS = {
     "exp": lambda self: _F().exp(self),
     "log": lambda self: _F().log(self),
     "copy": lambda self: _F().copy(self),
+    "tolist": lambda self: self.numpy().tolist(),
+    "set_value": set_value,
+    "reset_zero": reset_zero,
     "__dlpack__": interop.tensor_dlpack,
     "__dlpack_device__": interop.tensor_dlpack_device,
 }
@@ -248,6 +277,8 @@ _PROPS = {
     "T": lambda self: _F().transpose(self, None),
     "requires_grad": lambda self: self._is_recorded() if isinstance(self, Tensor) else False,
     "__cuda_array_interface__": interop.tensor_cuda_array_interface,
+    # MegEngine's memory format of a tensor: gradcore has the one, row-major
+    "format": lambda self: "default",
 }
 
 

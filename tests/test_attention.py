@@ -69,7 +69,7 @@ def test_sdpa_finite_differences_dropout_and_errors():
 def _mha_pair(E, H, **kw):
     torch.manual_seed(0)
     tm = torch.nn.MultiheadAttention(E, H, **kw).double()
-    m = M.MultiHeadAttention(E, H, **kw)
+    m = M.MultiHeadAttention(E, H, **{"batch_first": False, **kw})     # PyTorch's default layout
     tps = dict(tm.named_parameters())
     names = [n for n, _ in m.named_parameters()]
     assert sorted(names) == sorted(tps)
@@ -95,8 +95,9 @@ def test_mha_matches_torch(case):
     avg = case != "per_head"
 
     def g(q, k, v):
-        return m(q, k, v, key_padding_mask=None if kpm is None else gc.tensor(kpm),
-                 attn_mask=None if am is None else gc.tensor(am), average_attn_weights=avg)
+        out, w = m(q, k, v, key_padding_mask=None if kpm is None else gc.tensor(kpm),
+                   attn_mask=None if am is None else gc.tensor(am), need_weights=True, average_attn_weights=avg)
+        return out, w if avg else F.reshape(w, (N, H, L, S))     # MegEngine's (N * H, L, S) per head
 
     def t(q, k, v):
         return tm(q, k, v, key_padding_mask=None if kpm is None else torch.tensor(kpm),
@@ -109,7 +110,8 @@ def test_mha_bool_attn_mask_unbatched_state_dict_and_errors():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((3, 8))                  # unbatched (L, E)
     am = np.triu(np.ones((3, 3), bool), 1)           # True: not attended (PyTorch's MHA rule)
-    out, w = m(gc.tensor(x), gc.tensor(x), gc.tensor(x), attn_mask=gc.tensor(am))
+    out, w = m(gc.tensor(x), gc.tensor(x), gc.tensor(x), attn_mask=gc.tensor(am), need_weights=True,
+               average_attn_weights=True)
     out_t, w_t = tm(torch.tensor(x), torch.tensor(x), torch.tensor(x), attn_mask=torch.tensor(am))
     np.testing.assert_allclose(out.numpy(), out_t.detach().numpy(), **TOL)
     np.testing.assert_allclose(w.numpy(), w_t.detach().numpy(), **TOL)
@@ -123,3 +125,32 @@ def test_mha_bool_attn_mask_unbatched_state_dict_and_errors():
     with pytest.raises(ValueError, match=r"key_padding_mask must be \(2, 3\)"):
         z = gc.tensor(np.zeros((3, 2, 8)))
         m(z, z, z, key_padding_mask=gc.tensor(np.zeros((2, 4), bool)))
+
+
+def test_mha_follows_megengines_interface():
+    """MegEngine's defaults: batch first, no weights unless asked, per-head
+    weights (N * heads, L, S); attn_dropout / out_dropout (and PyTorch's
+    dropout= for the first); the same values as PyTorch's module."""
+    m, tm, _, _ = _mha_pair(8, 2)
+    mb = M.MultiHeadAttention(8, 2)
+    mb.load_state_dict(tm.state_dict())
+    assert mb.batch_first and mb.attn_dropout == 0.0 and mb.out_dropout == 0.0
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 8))                       # (N, L, E)
+    out, w = mb(gc.tensor(x), gc.tensor(x), gc.tensor(x))
+    assert w is None and out.shape == (2, 3, 8)
+    xt = torch.tensor(x).transpose(0, 1)
+    out_t, w_t = tm(xt, xt, xt, average_attn_weights=False)
+    np.testing.assert_allclose(out.numpy(), out_t.detach().transpose(0, 1).numpy(), **TOL)
+    _, w = mb(gc.tensor(x), gc.tensor(x), gc.tensor(x), need_weights=True)
+    assert w.shape == (4, 3, 3)
+    np.testing.assert_allclose(w.numpy(), w_t.detach().reshape(4, 3, 3).numpy(), **TOL)
+    assert M.MultiHeadAttention(8, 2, dropout=0.25).attn_dropout == 0.25
+    d = M.MultiHeadAttention(8, 2, attn_dropout=0.5, out_dropout=0.5)
+    z = gc.tensor(rng.standard_normal((2, 3, 8)))
+    gc.random.seed(0)
+    a = d(z, z, z)[0].numpy()
+    d.eval()
+    b = d(z, z, z)[0].numpy()
+    assert not np.allclose(a, b) and np.allclose(b, d(z, z, z)[0].numpy())
+

@@ -837,6 +837,11 @@ def test_batch_norm_inplace_false_returns_the_new_statistics(rng, torch):
     np.testing.assert_allclose(y.numpy(), ty.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(new_mean.numpy().reshape(-1), trm.numpy(), rtol=1e-10)
     np.testing.assert_allclose(new_var.numpy().reshape(-1), trv.numpy(), rtol=1e-10)
+    # (C,) statistics come back (1, C, 1, 1), as MegEngine's
+    _, m1, v1 = F.batch_norm(gc.Tensor(x), gc.Tensor(rm.reshape(-1)), gc.Tensor(rv.reshape(-1)), training=True,
+                             momentum=0.8, inplace=False)
+    assert m1.shape == v1.shape == (1, 3, 1, 1)
+    np.testing.assert_allclose(m1.numpy(), new_mean.numpy(), rtol=1e-12)
     # only the running variance given: it alone is updated (in place by default)
     grv = gc.Tensor(rv)
     F.batch_norm(gc.Tensor(x), None, grv, training=True, momentum=0.8)

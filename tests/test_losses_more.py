@@ -127,8 +127,8 @@ def test_ctc_loss_through_log_softmax_matches_torch(reduction, blank):
     if blank:
         targets = np.where(targets == blank, 1, targets)
 
-    def g(x):
-        return F.nn.ctc_loss(F.log_softmax(x, 2), gc.tensor(targets), gc.tensor(il), gc.tensor(tl), blank,
+    def g(x):      # MegEngine's signature: probabilities, their lengths, the labels, theirs
+        return F.nn.ctc_loss(F.softmax(x, 2), gc.tensor(il), gc.tensor(targets), gc.tensor(tl), blank,
                              reduction)
 
     def tf(x):
@@ -137,23 +137,30 @@ def test_ctc_loss_through_log_softmax_matches_torch(reduction, blank):
     _compare(g, tf, [logits], [0])
 
 
+def test_ctc_loss_megengine_docstring_example():
+    """MegEngine's own example: probabilities, their lengths, concatenated labels."""
+    pred = gc.tensor([[[0.0614, 0.9386], [0.8812, 0.1188]], [[0.699, 0.301], [0.2572, 0.7428]]])
+    loss = F.nn.ctc_loss(pred, gc.tensor([2, 2]), gc.tensor([1, 1]), gc.tensor([1, 1]))
+    np.testing.assert_allclose(loss.numpy(), 0.1504417, rtol=1e-6)
+
+
 def test_ctc_loss_concatenated_targets_and_zero_infinity():
     logits, targets, il, tl = _ctc_data(1)
     flat = np.concatenate([targets[n, :tl[n]] for n in range(3)])
-    lp = F.log_softmax(gc.tensor(logits), 2)
-    a = F.nn.ctc_loss(lp, gc.tensor(flat), il, tl, reduction="none")
-    b = F.nn.ctc_loss(lp, gc.tensor(targets), il, tl, reduction="none")
+    lp = F.softmax(gc.tensor(logits), 2)
+    a = F.nn.ctc_loss(lp, il, gc.tensor(flat), tl, reduction="none")
+    b = F.nn.ctc_loss(lp, il, gc.tensor(targets), tl, reduction="none")
     np.testing.assert_allclose(a.numpy(), b.numpy())
     # an impossible alignment: 4 labels with a repeat in 2 frames
     il2 = np.array([2, 9, 11])
     ref = TF.ctc_loss(torch.tensor(logits).log_softmax(2), torch.tensor(targets), torch.tensor(il2),
                       torch.tensor(tl), reduction="none", zero_infinity=False)
-    got = F.nn.ctc_loss(lp, gc.tensor(targets), il2, tl, reduction="none")
+    got = F.nn.ctc_loss(lp, il2, gc.tensor(targets), tl, reduction="none")
     assert np.isinf(got.numpy()[0]) and np.isinf(ref.numpy()[0])
     x = gc.tensor(logits)
     gm = gc.GradManager().attach([x])
     with gm:
-        loss = F.nn.ctc_loss(F.log_softmax(x, 2), gc.tensor(targets), il2, tl, zero_infinity=True)
+        loss = F.nn.ctc_loss(F.softmax(x, 2), il2, gc.tensor(targets), tl, zero_infinity=True)
         gm.backward(loss)
     xt = torch.tensor(logits, requires_grad=True)
     lt = TF.ctc_loss(xt.log_softmax(2), torch.tensor(targets), torch.tensor(il2), torch.tensor(tl),
@@ -169,7 +176,7 @@ def test_ctc_loss_gradient_wrt_log_probs_is_the_true_one():
     logits, targets, il, tl = _ctc_data(2, T=6, N=2, C=4, S=3)
     targets = np.minimum(targets, 3)
     tl = tl[:2]
-    assert gradcheck(lambda lp: F.nn.ctc_loss(lp, gc.tensor(targets), il, tl, reduction="sum"),
+    assert gradcheck(lambda lp: F.nn.ctc_loss(F.exp(lp), il, gc.tensor(targets), tl, reduction="sum"),
                      [gc.tensor(logits)])
 
 
@@ -188,20 +195,20 @@ def test_ctc_second_order_is_refused_naming_the_op():
     logits, targets, il, tl = _ctc_data()
     x = gc.tensor(logits)
     with pytest.raises(Exception, match="CTCLossGrad"):
-        gradgradcheck(lambda x: F.nn.ctc_loss(F.log_softmax(x, 2), gc.tensor(targets), il, tl), [x])
+        gradgradcheck(lambda x: F.nn.ctc_loss(F.softmax(x, 2), il, gc.tensor(targets), tl), [x])
 
 
 def test_ctc_loss_errors():
     logits, targets, il, tl = _ctc_data()
     lp = gc.tensor(logits)
-    with pytest.raises(ValueError, match=r"ctc_loss: log_probs must be \(T, N, C\)"):
-        F.nn.ctc_loss(lp[0], gc.tensor(targets), il, tl)
+    with pytest.raises(ValueError, match=r"ctc_loss: pred must be \(T, N, C\)"):
+        F.nn.ctc_loss(lp[0], il, gc.tensor(targets), tl)
     with pytest.raises(ValueError, match="ctc_loss: blank 7"):
-        F.nn.ctc_loss(lp, gc.tensor(targets), il, tl, blank=7)
-    with pytest.raises(ValueError, match=r"ctc_loss: for log_probs \(12, 3, 5\)"):
-        F.nn.ctc_loss(lp, gc.tensor(targets[:2]), il, tl)
-    with pytest.raises(TypeError, match="ctc_loss: targets must be an integer tensor"):
-        F.nn.ctc_loss(lp, gc.tensor(targets.astype("float64")), il, tl)
+        F.nn.ctc_loss(lp, il, gc.tensor(targets), tl, blank=7)
+    with pytest.raises(ValueError, match=r"ctc_loss: for pred \(12, 3, 5\)"):
+        F.nn.ctc_loss(lp, il, gc.tensor(targets[:2]), tl)
+    with pytest.raises(TypeError, match="ctc_loss: label must be an integer tensor"):
+        F.nn.ctc_loss(lp, il, gc.tensor(targets.astype("float64")), tl)
 
 
 def test_ctc_loss_cuda_emulator_matches_cpu():
@@ -214,8 +221,8 @@ def test_ctc_loss_cuda_emulator_matches_cpu():
             x = gc.tensor(logits.astype("float32"), device=dev)
             gm = gc.GradManager().attach([x])
             with gm:
-                loss = F.nn.ctc_loss(F.log_softmax(x, 2), gc.tensor(targets, device=dev),
-                                     gc.tensor(il, device=dev), gc.tensor(tl, device=dev))
+                loss = F.nn.ctc_loss(F.softmax(x, 2), gc.tensor(il, device=dev),
+                                     gc.tensor(targets, device=dev), gc.tensor(tl, device=dev))
                 gm.backward(loss)
             res[dev] = (loss.numpy(), x.grad.numpy())
         np.testing.assert_allclose(res["cuda"][0], res["cpu"][0], rtol=1e-5)

@@ -374,8 +374,27 @@ class _WorkerError(Exception):
     """Placeholder type for a worker's exception that cannot be rebuilt."""
 
 
+_RAISED_AS: Dict[type, type] = {}
+
+
+def _raised_as(cls: type) -> type:
+    """``cls`` made a RuntimeError too (an IndexError in a worker is caught
+    by ``except IndexError`` and by MegEngine's and PyTorch's ``except
+    RuntimeError``); ``cls`` itself where it cannot be."""
+    if issubclass(cls, RuntimeError):
+        return cls
+    both = _RAISED_AS.get(cls)
+    if both is None:
+        try:
+            both = type(cls.__name__, (cls, RuntimeError), {"__module__": cls.__module__})
+        except TypeError:         # incompatible layouts (an OSError subclass): the type itself
+            both = cls
+        _RAISED_AS[cls] = both
+    return both
+
+
 def _reraise(wid: int, position: int, info: Dict[str, Any]) -> None:
-    msg = (f"Caught {info['name']} in DataLoader worker {wid} (batch {position} of the epoch).\n"
+    msg = (f"Caught {info['name']} in DataLoader worker process {wid} (batch {position} of the epoch).\n"
            f"Original traceback (in the worker process):\n{info['traceback']}")
     cls = None
     if info["cls"] is not None:
@@ -389,7 +408,7 @@ def _reraise(wid: int, position: int, info: Dict[str, Any]) -> None:
             # KeyError's str() is the repr of its argument: keep the lines readable
             msg = _PlainStr(msg)
         try:
-            exc = cls(msg)
+            exc = _raised_as(cls)(msg)
         except Exception:       # an exception type whose constructor wants other arguments
             exc = None
     if exc is None:
@@ -676,7 +695,7 @@ class _ParallelIter(_BaseIter):
     def _raise_timeout(self, position: int) -> None:
         wid = self._owner.get(position)
         pid = self._workers.procs[wid].pid if wid is not None else None
-        raise RuntimeError(f"DataLoader: no batch from worker {wid} (pid {pid}) in {self.loader.timeout} s "
+        raise RuntimeError(f"DataLoader timeout: no batch from worker {wid} (pid {pid}) in {self.loader.timeout} s "
                            f"(waiting for batch {position} of epoch {self.epoch}); the worker may be hung. "
                            f"All workers were stopped.")
 
@@ -686,5 +705,6 @@ class _ParallelIter(_BaseIter):
         code = proc.exitcode
         how = (f"was killed by signal {-code}" if code is not None and code < 0
                else f"exited with code {code}")
-        raise RuntimeError(f"DataLoader: worker {wid} (pid {self._workers.procs[wid].pid}) {how} while "
-                           f"loading batch {position} of epoch {self.epoch}. All workers were stopped.")
+        raise RuntimeError(f"DataLoader worker {wid} (pid {self._workers.procs[wid].pid}) exited unexpectedly: "
+                           f"it {how} while loading batch {position} of epoch {self.epoch}. All workers were "
+                           f"stopped.")

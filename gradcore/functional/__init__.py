@@ -49,12 +49,12 @@ from .elemwise_table import (abs, acos, acosh, add, asin, asinh, atan, atanh, ce
                              logical_not, logical_or, logical_xor, logsigmoid, lt, maximum, minimum, mod,
                              mul, ne, neg, pow, relu, round, sigmoid, sign, silu, sin, sinh, softplus, sqrt,
                              square, sub, tan, tanh)
-from .indexing import (argsort, cond_take, diag, embedding, gather, getitem, indexing_one_hot, one_hot,
+from .indexing import (argsort, cond_take, diag, embedding, gather, getitem, indexing_one_hot, non_zero, one_hot,
                        scatter, setitem, sort, topk)
-from .linalg import dot, linear, matmul
+from .linalg import cross, dot, linear, matmul
 from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, dropout, group_norm,
-                 hinge_loss, l1_loss, layer_norm, log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss,
-                 normalize, pad, softmax, square_loss, topk_accuracy)
+                 hinge_loss, instance_norm, l1_loss, layer_norm, local_response_norm, log_softmax, logaddexp,
+                 logsoftmax, logsumexp, mse_loss, normalize, pad, softmax, square_loss, topk_accuracy)
 from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, nll_loss, rnn_cell,  # noqa: F401
                  rnn_layer, scaled_dot_product_attention, smooth_l1_loss)
 from .reduce import AxisError, _Reduce, argmax, argmin, cumsum, max, mean, min, norm, prod, std, sum, var

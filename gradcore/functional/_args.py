@@ -13,6 +13,7 @@ import numpy as np
 from .._core import Tensor
 # ``v`` as an int, or a TypeError naming the function: the ops' own reading of an int
 from ..ops.reduce import op_int as _int_or_err
+from ..op import ArgumentError
 
 _index = operator.index
 builtins_max = builtins.max     # the modules shadow max (F.max) and want Python's too
@@ -96,7 +97,7 @@ def _int_arg(name: str, what: str, v, low: Optional[int] = 0) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name}: {what} must be an int, got {type(v).__name__} {v!r}")
     if low is not None and v < low:
-        raise ValueError(f"{name}: {what} must be >= {low}, got {v}")
+        raise ArgumentError(f"{name}: {what} must be >= {low}, got {v}")
     return int(v)
 
 
@@ -115,7 +116,7 @@ def _axis_in(name: str, axis, ndim: int) -> int:
     """``axis`` (negative counts from the end) as an index into ``ndim`` axes."""
     axis = _int_arg(name, "axis", axis, low=None)
     if not -ndim <= axis < ndim:
-        raise ValueError(f"{name}: axis {axis} is out of range for a {ndim}-d tensor")
+        raise ArgumentError(f"{name}: axis {axis} is out of range for a {ndim}-d tensor")
     return axis % ndim
 
 
@@ -141,4 +142,4 @@ def _fill_value(name: str, value, dtype) -> None:
     if value is None:
         raise TypeError(f"{name}: value is None; give a number")
     if isinstance(value, (float, np.floating)) and not np.isfinite(value) and np.dtype(dtype).kind in "biu":
-        raise ValueError(f"{name}: cannot fill a {np.dtype(dtype)} tensor with {value}")
+        raise ArgumentError(f"{name}: cannot fill a {np.dtype(dtype)} tensor with {value}")

@@ -102,8 +102,13 @@ def _example(row, nin: int) -> tuple:
             repr(shown(values, decimals)))
 
 
+# MegEngine names these functions' input ``inp`` (megengine.functional.nn),
+# the others ``x``, ``y``: a keyword call works as it does there
+_PARAM_NAMES = {"softplus": ("inp",), "logsigmoid": ("inp",)}
+
+
 def _function(row, nin: int) -> str:
-    names = "xyz"[:nin]
+    names = _PARAM_NAMES.get(row.mode, tuple("xyz"[:nin]))
     params = ", ".join(f"{n}: Tensor" for n in names)
     call, result = _example(row, nin)
     what = "true where" if row.out_dtype == "bool" else "elementwise"

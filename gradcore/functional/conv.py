@@ -21,6 +21,7 @@ from ..ops.reduce import op_int
 from ._args import _index, _int_tuple, _named, _t
 from .elemwise_table import relu as relu_op
 from .shape import reshape
+from ..op import ArgumentError
 
 # one op instance per distinct attributes: the per-op caches stay warm
 _Convolution, _ConvTranspose, _MaxPool2d, _AvgPool2d = Convolution, ConvTranspose, MaxPool2d, AvgPool2d
@@ -30,12 +31,12 @@ def _per_axis(name: str, what: str, v, n: int, low: int) -> tuple:
     """An int or ``n`` ints (one per spatial axis) as an n-tuple, each >= ``low``."""
     if isinstance(v, (tuple, list)):
         if len(v) != n:
-            raise ValueError(f"{name}: {what} must be an int or {n} ints (one per spatial axis), got {v!r}")
+            raise ArgumentError(f"{name}: {what} must be an int or {n} ints (one per spatial axis), got {v!r}")
         out = tuple(op_int(name, what, a) for a in v)
     else:
         out = (op_int(name, what, v),) * n
     if min(out) < low:
-        raise ValueError(f"{name}: {what} must be >= {low}, got {v!r}")
+        raise ArgumentError(f"{name}: {what} must be >= {low}, got {v!r}")
     return out
 
 
@@ -45,24 +46,24 @@ def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mo
     transposed when ``output_padding`` is given, then ``nonlinear_mode``.
     The op checks the shapes; its errors are prefixed with ``name``."""
     if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
-        raise ValueError(f"{name}: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+        raise ArgumentError(f"{name}: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
     if nonlinear_mode not in NONLINEAR_MODES:
-        raise ValueError(f"{name}: nonlinear_mode must be one of {', '.join(NONLINEAR_MODES)}, "
+        raise ArgumentError(f"{name}: nonlinear_mode must be one of {', '.join(NONLINEAR_MODES)}, "
                          f"got {nonlinear_mode!r}")
     groups = op_int(name, "groups", groups)
     if groups < 1:
-        raise ValueError(f"{name}: groups must be >= 1, got {groups}")
+        raise ArgumentError(f"{name}: groups must be >= 1, got {groups}")
     x, w = _t(inp), _t(weight)
     if w.ndim == n + 3 and groups == 1:
         # one more axis than the plain weight is the grouped form only: with one group it is
         # most likely the next dimension's weight
         bigger = {1: "; a (O, C, KH, KW) weight is for conv2d", 2: "; a (O, C, KD, KH, KW) weight is for conv3d"}
-        raise ValueError(f"{name}: weight must be (O, C // groups, {', '.join(['K'] * n)}), or the grouped "
+        raise ArgumentError(f"{name}: weight must be (O, C // groups, {', '.join(['K'] * n)}), or the grouped "
                          f"(groups, O // groups, C // groups, ...) with groups > 1, got shape {w.shape} with "
                          f"groups=1 (input shape {x.shape}){bigger.get(n, '')}")
     if w.ndim == n + 3:         # MegEngine's grouped weight (groups, a // groups, b // groups, *kernel)
         if w.shape[0] != groups:
-            raise ValueError(f"{name}: a grouped {w.ndim}-D weight {w.shape} has {w.shape[0]} groups, "
+            raise ArgumentError(f"{name}: a grouped {w.ndim}-D weight {w.shape} has {w.shape[0]} groups, "
                              f"but groups={groups}")
         w = reshape(w, (w.shape[0] * w.shape[1],) + tuple(w.shape[2:]))
     attrs = (_per_axis(name, "stride", stride, n, 1), _per_axis(name, "padding", padding, n, 0))
@@ -127,7 +128,7 @@ def _channel_bias(name: str, out: Tensor, bias: Tensor) -> Tensor:
     broadcasts, or the error names ``name``."""
     if bias.ndim == 1 and out.shape is not None and bias.shape[0] != 1:
         if bias.shape[0] != out.shape[1]:
-            raise ValueError(f"{name}: a 1-d bias must have one element per output channel "
+            raise ArgumentError(f"{name}: a 1-d bias must have one element per output channel "
                              f"({out.shape[1]}), got shape {bias.shape} (output shape {out.shape})")
         bias = reshape(bias, (1, -1) + (1,) * (out.ndim - 2))
     try:
@@ -290,13 +291,13 @@ def avg_pool2d(inp, kernel_size, stride=None, padding=0, mode: str = "average_co
 
 def _oshp(name: str, x: Tensor, oshp) -> tuple:
     if x.ndim != 4:
-        raise ValueError(f"{name}: inp must be (N, C, H, W), got shape {x.shape}")
+        raise ArgumentError(f"{name}: inp must be (N, C, H, W), got shape {x.shape}")
     if isinstance(oshp, Tensor):
         oshp = [int(v) for v in oshp.numpy().reshape(-1)]
     o = _int_tuple(name, "oshp", oshp)
     o = o * 2 if len(o) == 1 else o
     if len(o) != 2 or not all(1 <= v <= s for v, s in zip(o, x.shape[2:])):
-        raise ValueError(f"{name}: oshp must be an int or (OH, OW), each in [1, input size], "
+        raise ArgumentError(f"{name}: oshp must be an int or (OH, OW), each in [1, input size], "
                          f"got {oshp!r} for inp shape {x.shape}")
     return o
 

@@ -15,6 +15,7 @@ import numpy as np
 from .._core import Tensor
 from ..devices import filled, norm_device
 from ._args import _fill_value, _host, _int_or_err, _ints, _t
+from ..op import ArgumentError
 
 
 def _filled(name: str, shape, value, dtype, device) -> Tensor:
@@ -73,7 +74,7 @@ def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
 
 def arange(start=0, stop=None, step=1, dtype="float32", device=None):
     if step == 0:
-        raise ValueError("arange: step must not be 0")
+        raise ArgumentError("arange: step must not be 0")
     if stop is None:
         start, stop = 0, start
     return Tensor(_host("arange", lambda: np.arange(start, stop, step, dtype=dtype),
@@ -83,7 +84,7 @@ def arange(start=0, stop=None, step=1, dtype="float32", device=None):
 def linspace(start, stop, num, dtype="float32", device=None):
     num = _int_or_err("linspace", "num", num)
     if num < 0:
-        raise ValueError(f"linspace: num must be >= 0, got {num}")
+        raise ArgumentError(f"linspace: num must be >= 0, got {num}")
     return Tensor(_host("linspace", lambda: np.linspace(start, stop, num, dtype=dtype),
                         start=start, stop=stop, num=num, dtype=dtype), device=device)
 
@@ -97,9 +98,9 @@ def eye(N, M=None, dtype="float32", device=None):
             raise TypeError("eye: N must be an int or a shape, got None")
         shape = _ints("eye", "shape", np.asarray(N.numpy() if isinstance(N, Tensor) else N).reshape(-1).tolist())
         if len(shape) not in (1, 2):
-            raise ValueError(f"eye: a shape must have 1 or 2 elements, got {N!r}")
+            raise ArgumentError(f"eye: a shape must have 1 or 2 elements, got {N!r}")
         N, M = shape[0], shape[-1]
     N, M = _int_or_err("eye", "N", N), None if M is None else _int_or_err("eye", "M", M)
     if N < 0 or (M is not None and M < 0):
-        raise ValueError(f"eye: N and M must be >= 0, got N={N}, M={M}")
+        raise ArgumentError(f"eye: N and M must be >= 0, got N={N}, M={M}")
     return Tensor(np.eye(N, M, dtype=dtype), device=device)

@@ -18,14 +18,16 @@ from ..ops.elemwise import Elemwise
 from ._args import _named, _t
 from .elemwise_table import abs, atan, eq, expm1, ge, gt, le, lt, ne
 from .shape import astype, broadcast_to
+from ..op import ArgumentError
 
 _BOOL = np.dtype(bool)
 _OP_WHERE = Elemwise("where")
 
 
-def where(mask: Tensor, x: Tensor, y: Tensor) -> Tensor:
+def where(mask: Tensor, x: Tensor = None, y: Tensor = None) -> Tensor:
     """``x`` where ``mask`` is true, else ``y``; ``mask`` is a bool tensor
     (as MegEngine: a float or int mask is an error, not a truthiness test).
+    ``F.where(mask)`` alone is ``F.non_zero(mask, as_tuple=True)``.
 
     Example::
 
@@ -33,6 +35,9 @@ def where(mask: Tensor, x: Tensor, y: Tensor) -> Tensor:
         >>> F.where(x > 0, x, 0.0).numpy()
         array([0., 2.], dtype=float32)
     """
+    if x is None and y is None:
+        from .indexing import non_zero
+        return non_zero(mask, as_tuple=True)
     if isinstance(mask, (Tensor, np.ndarray)) and mask.dtype is not _BOOL and mask.dtype != _BOOL:
         raise TypeError(f"where: mask must be a bool tensor, got {mask.dtype} of shape {mask.shape} "
                         f"(compare first, e.g. F.where(x > 0, x, y))")
@@ -97,7 +102,7 @@ def _float_pair(name: str, x, y) -> tuple:
     try:
         shape = np.broadcast_shapes(x.shape, y.shape)
     except ValueError:
-        raise ValueError(f"{name}: shapes {x.shape} and {y.shape} do not broadcast") from None
+        raise ArgumentError(f"{name}: shapes {x.shape} and {y.shape} do not broadcast") from None
     dtype = np.result_type(x.dtype, y.dtype)
     dtype = dtype if dtype.kind == "f" else np.dtype("float32")
     return broadcast_to(astype(x, dtype), shape), broadcast_to(astype(y, dtype), shape)
@@ -136,7 +141,7 @@ def leaky_relu(inp, negative_slope: float = 0.01):
         raise _named("leaky_relu", exc) from exc
 
 
-def relu6(inp: Tensor) -> Tensor:
+def relu6(x: Tensor) -> Tensor:
     """``min(max(x, 0), 6)``.
 
     Example::
@@ -145,11 +150,11 @@ def relu6(inp: Tensor) -> Tensor:
         array([0., 3., 6.], dtype=float32)
     """
     # not clip(x, 0, 6): PyTorch's relu6 has gradient 0 at both kinks
-    x = _t(inp)
+    x = _t(x)
     return where(ge(x, 6), 6, x * gt(x, 0) + 0.0)   # (+ 0.0: no -0.0 below zero)
 
 
-def hsigmoid(inp: Tensor) -> Tensor:
+def hsigmoid(x: Tensor) -> Tensor:
     """Hard sigmoid, ``relu6(x + 3) / 6``.
 
     Example::
@@ -157,10 +162,10 @@ def hsigmoid(inp: Tensor) -> Tensor:
         >>> F.hsigmoid(gc.tensor([-4.0, 0.0, 4.0])).numpy()
         array([0. , 0.5, 1. ], dtype=float32)
     """
-    return relu6(_t(inp) + 3) / 6
+    return relu6(_t(x) + 3) / 6
 
 
-def hswish(inp: Tensor) -> Tensor:
+def hswish(x: Tensor) -> Tensor:
     """Hard swish, ``x * relu6(x + 3) / 6``.
 
     Example::
@@ -168,7 +173,7 @@ def hswish(inp: Tensor) -> Tensor:
         >>> F.hswish(gc.tensor([0.0, 1.0, 4.0])).numpy()
         array([0.       , 0.6666667, 4.       ], dtype=float32)
     """
-    x = _t(inp)
+    x = _t(x)
     return x * hsigmoid(x)
 
 
@@ -191,9 +196,9 @@ def elu(inp: Tensor, alpha: float = 1.0) -> Tensor:
         raise _named("elu", exc) from exc
 
 
-def prelu(inp: Tensor, weight: Tensor) -> Tensor:
-    """``max(x, 0) + weight * min(x, 0)``, MegEngine's ``F.nn.prelu``:
-    ``weight`` broadcasts against ``inp`` (for one slope per channel of
+def prelu(x: Tensor, y: Tensor) -> Tensor:
+    """``max(x, 0) + y * min(x, 0)``, MegEngine's ``F.nn.prelu(x, y)``: the
+    slope ``y`` broadcasts against ``x`` (for one slope per channel of
     (N, C, H, W), give it shape (1, C, 1, 1) or (C, 1, 1)).
 
     Example::
@@ -201,11 +206,11 @@ def prelu(inp: Tensor, weight: Tensor) -> Tensor:
         >>> F.prelu(gc.tensor([-2.0, 3.0]), gc.tensor([0.25])).numpy()
         array([-0.5,  3. ], dtype=float32)
     """
-    x = _t(inp)
-    # at 0 the gradient is weight, torch's (minimum's tie would split it)
+    x = _t(x)
+    # at 0 the gradient is y, torch's (minimum's tie would split it)
     try:
-        return where(gt(x, 0), x, x * _t(weight, x))
-    except OpError as exc:        # a weight that does not broadcast against inp
+        return where(gt(x, 0), x, x * _t(y, x))
+    except OpError as exc:        # a slope that does not broadcast against x
         raise _named("prelu", exc) from exc
 
 

@@ -467,7 +467,7 @@ def relu(x: Tensor) -> Tensor:
     return _apply1(_OP_RELU, x)
 
 
-def softplus(x: Tensor) -> Tensor:
+def softplus(inp: Tensor) -> Tensor:
     """Elementwise ``np.logaddexp(x, 0)``: the ``Elemwise("softplus")`` op
     (kernels and gradient in ops/elemwise.py); numbers are accepted as inputs too.
 
@@ -476,10 +476,10 @@ def softplus(x: Tensor) -> Tensor:
         >>> F.softplus(gc.tensor([-1.5, 1.5])).numpy().astype(float).round(4).tolist()
         [0.2014, 1.7014]
     """
-    return _apply1(_OP_SOFTPLUS, x)
+    return _apply1(_OP_SOFTPLUS, inp)
 
 
-def logsigmoid(x: Tensor) -> Tensor:
+def logsigmoid(inp: Tensor) -> Tensor:
     """Elementwise ``-np.logaddexp(-x, 0)``: the ``Elemwise("logsigmoid")`` op
     (kernels and gradient in ops/elemwise.py); numbers are accepted as inputs too.
 
@@ -488,7 +488,7 @@ def logsigmoid(x: Tensor) -> Tensor:
         >>> F.logsigmoid(gc.tensor([-1.5, 1.5])).numpy().astype(float).round(4).tolist()
         [-1.7014, -0.2014]
     """
-    return _apply1(_OP_LOGSIGMOID, x)
+    return _apply1(_OP_LOGSIGMOID, inp)
 
 
 def silu(x: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from ._args import _axis_in, _int_arg, _int_or_err, _named, _on, _t, builtins_ma
 from .creation import arange, zeros
 from .elemwise_table import eq
 from .shape import astype, concat, expand_dims, reshape, swapaxes
+from ..op import ArgumentError
 
 
 def getitem(x, index):
@@ -111,17 +112,17 @@ def scatter(inp, axis: int, index, source):
     return _apply(Scatter(_int_or_err("scatter", "axis", axis)), x, _on(index, x), src)[0]
 
 
-def sort(inp, descending: bool = False, axis: int = -1):
-    """``(sorted, indices)`` along ``axis`` (the last by default, as newer
-    MegEngine's ``F.sort(inp, descending, axis)``); a stable sort, indices
-    int32.
+def sort(inp, descending: bool = False, dim: int = -1, *, axis=None):
+    """``(sorted, indices)`` along ``dim`` (the last by default, as newer
+    MegEngine's ``F.sort(inp, descending, dim)``; ``axis=`` is the same);
+    a stable sort, indices int32.
 
     Example::
 
         >>> values, indices = F.sort(x, descending=True)
     """
     x = _t(inp)
-    axis = _int_or_err("sort", "axis", axis)     # an int or a 0-d integer tensor
+    axis = _int_or_err("sort", "axis" if axis is not None else "dim", dim if axis is None else axis)
     last = -1 if x.shape is None or x.ndim == 0 else x.ndim - 1
     ax = -1 if last < 0 or axis in (-1, last) else _axis_in("sort", axis, x.ndim)
     if ax in (-1, last):
@@ -130,9 +131,10 @@ def sort(inp, descending: bool = False, axis: int = -1):
     return swapaxes(values, ax, -1), swapaxes(indices, ax, -1)
 
 
-def topk(inp, k: int, descending: bool = False, kth_only: bool = False, no_sort: bool = False):
-    """``(values, indices)`` of the ``k`` smallest elements along the last
-    axis (the largest with ``descending=True``), MegEngine's ``F.topk``:
+def topk(inp, k: int, descending: bool = True, kth_only: bool = False, no_sort: bool = False):
+    """``(values, indices)`` of the ``k`` largest elements along the last
+    axis (the smallest with ``descending=False``), MegEngine's ``F.topk``
+    (whose default is the largest since MegEngine 1.12):
     ``kth_only`` returns only the k-th one (the last axis removed),
     ``no_sort`` returns them in index order. Indices are int32.
 
@@ -175,7 +177,7 @@ def diag(inp: Tensor, k: int = 0) -> Tensor:
         rows, cols = np.nonzero(np.eye(x.shape[0], x.shape[1], k, dtype=bool))
         return getitem(x, (rows, cols))
     if x.ndim != 1:
-        raise ValueError(f"diag: inp must be 1-d or 2-d, got shape {x.shape}")
+        raise ArgumentError(f"diag: inp must be 1-d or 2-d, got shape {x.shape}")
     # each cell picks an element of x, or the zero appended after them
     n = x.shape[0]
     i = np.arange(n)
@@ -202,9 +204,28 @@ def cond_take(mask: Tensor, x: Tensor) -> tuple:
     if m.dtype != np.bool_:
         raise TypeError(f"cond_take: mask must be a bool tensor, got {m.dtype}")
     if m.shape != x.shape:
-        raise ValueError(f"cond_take: mask and x must have the same shape, got {m.shape} and {x.shape}")
+        raise ArgumentError(f"cond_take: mask and x must have the same shape, got {m.shape} and {x.shape}")
     index = np.flatnonzero(m.numpy()).astype(np.int32)
     return getitem(reshape(x, (-1,)), index), Tensor(index, device=x.device)
+
+
+def non_zero(condition: Tensor, as_tuple: bool = False):
+    """The int32 indices of the nonzero (true) elements of ``condition``, in
+    C order, MegEngine's ``F.non_zero``: one row per element, (count, ndim),
+    or with ``as_tuple`` one 1-d tensor per dimension (as ``np.nonzero``).
+
+    Example::
+
+        >>> F.non_zero(gc.tensor([1, 1, 0, 1]), as_tuple=True)[0].numpy()
+        array([0, 1, 3], dtype=int32)
+    """
+    if not isinstance(condition, Tensor):
+        raise TypeError(f"non_zero: condition must be a Tensor, got {type(condition).__name__}")
+    found = np.nonzero(condition.numpy())
+    if as_tuple:
+        return tuple(Tensor(i.astype(np.int32), device=condition.device) for i in found)
+    rows = np.stack(found, 1).astype(np.int32) if found else np.zeros((0, 0), np.int32)
+    return Tensor(rows, device=condition.device)
 
 
 def one_hot(inp: Tensor, num_classes: int) -> Tensor:
@@ -225,7 +246,7 @@ def one_hot(inp: Tensor, num_classes: int) -> Tensor:
         values = x.numpy()
         lo, hi = int(values.min()), int(values.max())
         if lo < 0 or hi >= num_classes:
-            raise ValueError(f"one_hot: labels must be in [0, {num_classes}), got values in [{lo}, {hi}]")
+            raise ArgumentError(f"one_hot: labels must be in [0, {num_classes}), got values in [{lo}, {hi}]")
     classes = arange(num_classes, dtype=x.dtype, device=x.device)
     return astype(eq(expand_dims(x, -1), classes), "int32")
 
@@ -243,13 +264,13 @@ def embedding(inp: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
         (1, 2, 2)
     """
     if padding_idx is not None or max_norm is not None or norm_type is not None:
-        raise ValueError("embedding: padding_idx, max_norm and norm_type are not supported (give None)")
+        raise ArgumentError("embedding: padding_idx, max_norm and norm_type are not supported (give None)")
     w = _t(weight)
     idx = _on(inp, w)
     if idx.dtype.kind not in "iu":
         raise TypeError(f"embedding: inp must be an integer tensor, got {idx.dtype}")
     if w.ndim != 2:
-        raise ValueError(f"embedding: weight must be 2-d (num_embeddings, dim), got shape {w.shape}")
+        raise ArgumentError(f"embedding: weight must be 2-d (num_embeddings, dim), got shape {w.shape}")
     try:
         rows = getitem(w, reshape(idx, (-1,)))
     except (OpError, IndexError) as exc:      # an index >= num_embeddings

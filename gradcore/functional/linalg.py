@@ -13,6 +13,7 @@ from ..ops.linalg import MatrixMul
 from ._args import _named, _t
 from .reduce import sum
 from .shape import expand_dims, squeeze
+from ..op import ArgumentError
 
 _MatrixMul = MatrixMul     # one op instance per attributes: its caches stay warm
 
@@ -29,7 +30,7 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
     """
     if compute_mode not in ("default", "float32"):
         # MegEngine's two modes; anything else is a typo, not a silent default
-        raise ValueError(f"matmul: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
+        raise ArgumentError(f"matmul: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
     a, b = _t(inp1), _t(inp2)
     sa, sb = a.ndim == 1, b.ndim == 1
     if (sa or sb) and a.shape is not None and b.shape is not None and b.ndim and a.ndim:
@@ -37,7 +38,7 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
         ka = a.shape[-2 if transpose_a and not sa else -1]
         kb = b.shape[-1 if transpose_b and not sb else (0 if sb else -2)]
         if isinstance(ka, int) and isinstance(kb, int) and ka != kb:
-            raise ValueError(f"matmul: inner dimensions differ ({ka} and {kb}) for shapes "
+            raise ArgumentError(f"matmul: inner dimensions differ ({ka} and {kb}) for shapes "
                              f"{a.shape} and {b.shape}")
     if sa:
         a = expand_dims(a, 0)
@@ -59,7 +60,7 @@ def dot(inp1, inp2):
     """Inner product of two vectors."""
     a, b = _t(inp1), _t(inp2)
     if a.ndim > 1 or b.ndim > 1 or (a.ndim == 1 and b.ndim == 1 and a.shape != b.shape):
-        raise ValueError(f"dot: expects vectors of the same length, got shapes {a.shape} and {b.shape}")
+        raise ArgumentError(f"dot: expects vectors of the same length, got shapes {a.shape} and {b.shape}")
     return sum(a * b)
 
 
@@ -68,7 +69,7 @@ def linear(inp, weight, bias=None, compute_mode: str = "default"):
     ``compute_mode`` as in ``matmul``."""
     w = _t(weight, name="linear")
     if w.shape is not None and w.ndim != 2:
-        raise ValueError(f"linear: weight must be 2-d (out_features, in_features), got shape {w.shape}")
+        raise ArgumentError(f"linear: weight must be 2-d (out_features, in_features), got shape {w.shape}")
     out = matmul(inp, w, transpose_b=True)
     if bias is None:
         return out
@@ -76,3 +77,39 @@ def linear(inp, weight, bias=None, compute_mode: str = "default"):
         return out + bias
     except (OpError, TypeError) as exc:     # a bias that does not fit (out_features,)
         raise _named("linear", exc) from exc
+
+
+def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
+    """The cross product of (arrays of) 3-vectors along ``axisa`` of ``a``
+    and ``axisb`` of ``b`` (2-vectors have a zero third component), put
+    along ``axisc``; ``axis`` sets all three. MegEngine's ``F.cross``
+    (NumPy's ``np.cross``).
+
+    Example::
+
+        >>> F.cross(gc.tensor([1.0, 2.0, 3.0]), gc.tensor([4.0, 5.0, 6.0])).numpy()
+        array([-3.,  6., -3.], dtype=float32)
+    """
+    from .creation import zeros
+    from .shape import concat, stack, transpose
+
+    def moveaxis(x, src, dst):
+        nd = x.ndim
+        perm = [i for i in range(nd) if i != src % nd]
+        perm.insert(dst % nd, src % nd)
+        return transpose(x, tuple(perm))
+    if axis is not None:
+        axisa = axisb = axisc = axis
+    a, b = _t(a), _t(b)
+    a, b = moveaxis(a, axisa, -1), moveaxis(b, axisb, -1)
+    comps = []
+    for v in (a, b):
+        if v.shape[-1] not in (2, 3):
+            raise ArgumentError(f"cross: the vectors must have 2 or 3 components, got shapes {a.shape} and {b.shape}")
+        if v.shape[-1] == 2:
+            v = concat([v, zeros(v.shape[:-1] + (1,), v.dtype, v.device)], -1)
+        comps.append([v[..., i] for i in range(3)])
+    (a0, a1, a2), (b0, b1, b2) = comps
+    out = stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], -1)
+    return moveaxis(out, -1, axisc)
+

@@ -24,6 +24,7 @@ from .elemwise_table import abs, log, maximum, sqrt
 from .indexing import _int_labels, indexing_one_hot
 from .reduce import mean, sum
 from .shape import astype, expand_dims
+from ..op import ArgumentError
 
 __all__ = ["nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss", "cosine_similarity"]
 
@@ -37,7 +38,7 @@ def _reduce_loss(name: str, loss: Tensor, reduction: str) -> Tensor:
         return sum(loss)
     if reduction == "none":
         return loss
-    raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    raise ArgumentError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def _same_shape(name: str, a: Tensor, b: Tensor) -> None:
@@ -47,7 +48,7 @@ def _same_shape(name: str, a: Tensor, b: Tensor) -> None:
         except ValueError:
             ok = False
         if not ok:
-            raise ValueError(f"{name}: target must have input's shape (or broadcast to it), got shapes "
+            raise ArgumentError(f"{name}: target must have input's shape (or broadcast to it), got shapes "
                              f"{a.shape} and {b.shape}")
 
 
@@ -67,10 +68,10 @@ def nll_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, ign
     t = _int_labels(_on(target, x), "nll_loss", "target")
     if x.ndim < 1 or t.ndim != max(x.ndim - 1, 0) or (x.ndim > 1 and (t.shape[0] != x.shape[0]
                                                                          or t.shape[1:] != x.shape[2:])):
-        raise ValueError(f"nll_loss: expected input (N, C, ...) and target (N, ...), got shapes {x.shape} "
+        raise ArgumentError(f"nll_loss: expected input (N, C, ...) and target (N, ...), got shapes {x.shape} "
                          f"and {t.shape}")
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        raise ArgumentError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     axis = 1 if x.ndim > 1 else 0
     C = x.shape[axis]
     keep = t != ignore_index
@@ -88,7 +89,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, ign
     if weight is not None:
         wt = _t(weight, x)
         if wt.shape != (C,):
-            raise ValueError(f"nll_loss: weight must be ({C},) (one per class), got shape {wt.shape}")
+            raise ArgumentError(f"nll_loss: weight must be ({C},) (one per class), got shape {wt.shape}")
         w = w * wt[safe.reshape(-1)].reshape(t.shape)
     loss = -picked * w
     if reduction == "none":
@@ -111,7 +112,7 @@ def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta:
     y = astype(_t(target, x), x.dtype)
     _same_shape("smooth_l1_loss", x, y)
     if not beta >= 0:
-        raise ValueError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
+        raise ArgumentError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
     d = abs(x - y)
     if beta == 0:
         return _reduce_loss("smooth_l1_loss", d, reduction)
@@ -158,47 +159,63 @@ def cosine_similarity(x1: Tensor, x2: Tensor, axis: int = 1, eps: float = 1e-8) 
     try:
         shape = tuple(np.broadcast_shapes(a.shape, b.shape))
     except ValueError:
-        raise ValueError(f"cosine_similarity: x1 and x2 must broadcast, got shapes {a.shape} and {b.shape}") \
+        raise ArgumentError(f"cosine_similarity: x1 and x2 must broadcast, got shapes {a.shape} and {b.shape}") \
             from None
     if not -len(shape) <= axis < max(len(shape), 1):
-        raise ValueError(f"cosine_similarity: axis {axis} is out of range for shape {shape}")
+        raise ArgumentError(f"cosine_similarity: axis {axis} is out of range for shape {shape}")
     na = maximum(sqrt(sum(a * a, axis, True)), eps)
     nb = maximum(sqrt(sum(b * b, axis, True)), eps)
     return sum((a / na) * (b / nb), axis)
 
 
-def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, blank: int = 0,
-             reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
-    """Connectionist temporal classification loss (PyTorch's
-    ``F.ctc_loss``): ``log_probs`` (T, N, C) log-softmax outputs,
-    ``targets`` (N, S) padded or 1-D concatenated (sum(target_lengths),),
-    ``input_lengths`` and ``target_lengths`` (N,). "mean" divides each
-    sample's loss by its target length (at least 1), then averages;
-    ``zero_infinity`` turns impossible alignments' infinite losses (and
-    their gradients) into 0.
+def ctc_loss(pred: Tensor, pred_lengths, label, label_lengths, blank: int = 0, reduction: str = "mean",
+             zero_infinity: bool = False) -> Tensor:
+    """Connectionist temporal classification loss, MegEngine's
+    ``F.nn.ctc_loss``: ``pred`` (T, N, C) the probabilities (a softmax's
+    output; their log is taken at no less than the dtype's tiniest number),
+    ``pred_lengths`` (N,), ``label`` (N, S) padded or 1-D concatenated
+    (sum(label_lengths),), ``label_lengths`` (N,). "mean" divides each
+    sample's loss by its label length, then averages (as PyTorch's
+    ``ctc_loss`` on the log-probabilities does); ``zero_infinity`` (as
+    PyTorch's) turns impossible alignments' infinite losses and their
+    gradients into 0.
 
     Example::
 
-        >>> loss = F.nn.ctc_loss(F.log_softmax(logits, 2), targets, [50] * N, lengths)
+        >>> pred = gc.tensor([[[0.0614, 0.9386], [0.8812, 0.1188]], [[0.699, 0.301], [0.2572, 0.7428]]])
+        >>> F.nn.ctc_loss(pred, gc.tensor([2, 2]), gc.tensor([1, 1]), gc.tensor([1, 1]))
+        Tensor(0.1504417, dtype=float32, device=cpu)
     """
+    p = _t(pred)
+    if p.ndim != 3:
+        raise ArgumentError(f"ctc_loss: pred must be (T, N, C), got shape {p.shape}")
+    tiny = float(np.finfo(p.dtype).tiny) if p.dtype.kind == "f" else 1e-38
+    return _ctc_of_log_probs(log(maximum(p, tiny)), label, pred_lengths, label_lengths, blank, reduction,
+                             zero_infinity)
+
+
+def _ctc_of_log_probs(log_probs: Tensor, targets, input_lengths, target_lengths, blank: int,
+                      reduction: str, zero_infinity: bool) -> Tensor:
+    """The CTC loss of log-probabilities (T, N, C), in PyTorch's argument
+    order: what ``ctc_loss`` computes after taking its ``pred``'s log."""
     lp = _t(log_probs)
     if lp.ndim != 3:
-        raise ValueError(f"ctc_loss: log_probs must be (T, N, C), got shape {lp.shape}")
+        raise ArgumentError(f"ctc_loss: pred must be (T, N, C), got shape {lp.shape}")
     N = lp.shape[1]
     def ints(v):
         return v if isinstance(v, Tensor) else Tensor(np.asarray(v, np.int64), device=lp.device)
     il, tl = astype(ints(input_lengths), "int64"), astype(ints(target_lengths), "int64")
-    for what, v in (("input_lengths", il), ("target_lengths", tl)):
+    for what, v in (("pred_lengths", il), ("label_lengths", tl)):
         if v.dtype.kind not in "iu" or v.device != lp.device:
             raise TypeError(f"ctc_loss: {what} must be integers on {lp.device}, got {v.dtype} on {v.device}")
     tg = targets if isinstance(targets, Tensor) else Tensor(np.asarray(targets, np.int64))
     if tg.dtype.kind not in "iu":
-        raise TypeError(f"ctc_loss: targets must be an integer tensor, got {tg.dtype}")
+        raise TypeError(f"ctc_loss: label must be an integer tensor, got {tg.dtype}")
     if tg.ndim == 1:       # concatenated: pad on the host
         lens = tl.numpy().astype(np.int64)
         flat = tg.numpy()
         if lens.sum() != flat.size:
-            raise ValueError(f"ctc_loss: 1-D targets must hold sum(target_lengths) = {lens.sum()} labels, "
+            raise ArgumentError(f"ctc_loss: a 1-D label must hold sum(label_lengths) = {lens.sum()} labels, "
                              f"got {flat.size}")
         pad = np.zeros((N, max(int(lens.max(initial=0)), 1)), np.int64)
         ends = np.cumsum(lens)
@@ -207,12 +224,12 @@ def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, 
         tg = Tensor(pad)
     tg = astype(_on(tg, lp), "int64")
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"ctc_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        raise ArgumentError(f"ctc_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if il.shape != (N,) or tl.shape != (N,) or tg.ndim != 2 or tg.shape[0] != N:
-        raise ValueError(f"ctc_loss: for log_probs {lp.shape}, expected targets ({N}, S) and lengths ({N},), "
+        raise ArgumentError(f"ctc_loss: for pred {lp.shape}, expected label ({N}, S) and lengths ({N},), "
                          f"got {tg.shape}, {il.shape} and {tl.shape}")
     if not 0 <= blank < lp.shape[2]:
-        raise ValueError(f"ctc_loss: blank {blank} is not a class of log_probs {lp.shape}")
+        raise ArgumentError(f"ctc_loss: blank {blank} is not a class of pred {lp.shape}")
     loss = _apply(CTCLoss(blank), lp, tg, il, tl)[0]
     if zero_infinity:
         loss = where(loss == float("inf"), 0.0, loss)

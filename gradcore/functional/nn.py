@@ -24,6 +24,7 @@ from .elemwise import _float_pair, clip, where
 from .elemwise_table import abs, eq, exp, log, maximum, relu, softplus, sqrt, square
 from .indexing import _int_labels, getitem, indexing_one_hot, topk as _topk
 from .reduce import _norm_ord, max, mean, norm, sum
+from .creation import zeros
 from .shape import astype, concat, copy, expand_dims, reshape, stack, stop_gradient
 
 # F.nn also has these functions of the other families, as in MegEngine
@@ -37,13 +38,14 @@ from .linalg import linear, matmul  # noqa: F401
 from .shape import pixel_shuffle  # noqa: F401
 from .rnn import gru_cell, lstm_cell, rnn_cell, rnn_layer  # noqa: F401
 from .loss import _reduce_loss, cosine_similarity, ctc_loss, kl_div, nll_loss, smooth_l1_loss  # noqa: F401
+from ..op import ArgumentError
 
 
 __all__ = [
     # written here
     "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy", "dropout", "batch_norm",
     "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
-    "group_norm", "pad", "topk_accuracy",
+    "group_norm", "instance_norm", "local_response_norm", "pad", "topk_accuracy",
     # re-exported
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
@@ -169,7 +171,7 @@ def _check_drop_prob(name: str, drop_prob) -> None:
     except TypeError:
         raise TypeError(f"{name}: drop_prob must be a number in [0, 1), got {drop_prob!r}") from None
     if not ok:
-        raise ValueError(f"{name}: drop_prob must be in [0, 1), got {drop_prob}")
+        raise ArgumentError(f"{name}: drop_prob must be in [0, 1), got {drop_prob}")
 
 
 def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
@@ -190,7 +192,7 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         >>> y = F.batch_norm(x, rm, rv, w, b, training=True)
     """
     if param_dim != "dim_1c11":
-        raise ValueError(f"batch_norm: only param_dim='dim_1c11' (NCHW) is supported, got {param_dim!r}")
+        raise ArgumentError(f"batch_norm: only param_dim='dim_1c11' (NCHW) is supported, got {param_dim!r}")
     x = _t(inp)
     if x.dtype.kind in "biu":
         # the documented rule: integer and bool inputs of a float op give float32
@@ -217,7 +219,7 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         new_stats = _running_stats(stats, m.detach(), v.detach(), x.size // x.shape[1], momentum, inplace)
     else:
         if running_mean is None or running_var is None:
-            raise ValueError("batch_norm: running_mean and running_var must be given in inference "
+            raise ArgumentError("batch_norm: running_mean and running_var must be given in inference "
                              "(training=False)")
         d = x - per_channel(running_mean)
         v = per_channel(running_var)
@@ -227,8 +229,63 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     if bias is not None:
         y = y + bias
     if training and not inplace and any(t is not None for t in stats):
-        return y, new_stats[0], new_stats[1]
+        return (y,) + _stats_out(new_stats)
     return y
+
+
+def _stats_out(new_stats) -> tuple:
+    """The new running statistics ``batch_norm(inplace=False)`` returns:
+    (1, C, 1, 1) as MegEngine's (which reshapes (C,) ones before its op)."""
+    return tuple(None if t is None else t.reshape((1, -1, 1, 1)) if t.ndim == 1 else t for t in new_stats)
+
+
+def instance_norm(inp: Tensor, affine: bool, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                  eps: float = 1e-5) -> Tensor:
+    """Instance normalisation of ``inp`` (N, C, ...), MegEngine's
+    ``F.nn.instance_norm``: each sample's channel normalised over its other
+    axes (biased variance), then ``* weight + bias`` per channel when
+    ``affine`` (``group_norm`` with one channel per group).
+
+    Example::
+
+        >>> F.nn.instance_norm(gc.tensor([[[0.0, 2.0], [4.0, 8.0]]]), affine=False).numpy()
+        array([[[-1., 1.],
+                [-1., 1.]]], dtype=float32)
+    """
+    x = _t(inp)
+    if x.ndim < 3:
+        raise ArgumentError(f"instance_norm: inp must be (N, C, ...) with at least one more axis, got shape {x.shape}")
+    if affine and (weight is None or bias is None):
+        raise ArgumentError("instance_norm: weight and bias must be given when affine is True")
+    return group_norm(x, x.shape[1], affine, weight, bias, eps)
+
+
+def local_response_norm(inp: Tensor, kernel_size: int = 5, k: float = 2.0, alpha: float = 1e-4,
+                        beta: float = 0.75) -> Tensor:
+    """Local response normalisation across channels, MegEngine's
+    ``F.nn.local_response_norm``: ``x / (k + alpha * s) ** beta`` with ``s``
+    the sum of ``x ** 2`` over the ``kernel_size // 2`` channels on each side
+    (within the image; PyTorch's ``local_response_norm`` divides alpha by
+    the window's size).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5))
+        >>> F.nn.local_response_norm(x, 3, 1.0, 1e-4, 0.75).numpy()[0, 0, 0, 1].round(6)
+        0.999925
+    """
+    x = _t(inp)
+    n = _int_arg("local_response_norm", "kernel_size", kernel_size, low=1)
+    if x.ndim < 3:
+        raise ArgumentError(f"local_response_norm: inp must be (N, C, ...), got shape {x.shape}")
+    half, c = n // 2, x.shape[1]
+    sq = x * x
+    zeros_side = zeros((x.shape[0], half) + tuple(x.shape[2:]), x.dtype, x.device)
+    padded = concat([zeros_side, sq, zeros_side], 1) if half else sq
+    s = padded[:, 0:c]
+    for j in range(1, 2 * half + 1):
+        s = s + padded[:, j:j + c]
+    return x / (k + alpha * s) ** beta
 
 
 def _one_per_channel(x, *params) -> bool:
@@ -258,7 +315,7 @@ def _batch_norm_ops(x, running_mean, running_var, weight, bias, training, moment
     new_stats = _running_stats(stats, m.detach(), 1 / square(invstd.detach()) - eps, x.size // x.shape[1],
                                momentum, inplace)
     if not inplace:
-        return y, new_stats[0], new_stats[1]
+        return (y,) + _stats_out(new_stats)
     return y
 
 
@@ -283,7 +340,7 @@ def _check_channel_params(x, training, **params) -> None:
     be a single one), and the running statistics updated in training are
     Tensors."""
     if x.ndim < 2:
-        raise ValueError(f"batch_norm: inp must be (N, C, ...), got shape {x.shape}")
+        raise ArgumentError(f"batch_norm: inp must be (N, C, ...), got shape {x.shape}")
     c = x.shape[1]
     for what, t in params.items():
         if t is None:
@@ -295,7 +352,7 @@ def _check_channel_params(x, training, **params) -> None:
         shape = tuple(t.shape) if hasattr(t, "shape") else np.shape(t)
         size = int(np.prod(shape))
         if size != c and (running or size != 1):
-            raise ValueError(f"batch_norm: {what} must have one element per channel ({c} for inp of shape "
+            raise ArgumentError(f"batch_norm: {what} must have one element per channel ({c} for inp of shape "
                              f"{x.shape}), got shape {shape}")
 
 
@@ -317,7 +374,7 @@ def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine:
     shape = tuple(_int_arg("layer_norm", "normalized_shape", d, low=1)
                   for d in _int_tuple("layer_norm", "normalized_shape", normalized_shape))
     if not shape or len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
-        raise ValueError(f"layer_norm: normalized_shape {shape} must be the trailing dimensions "
+        raise ArgumentError(f"layer_norm: normalized_shape {shape} must be the trailing dimensions "
                          f"of inp, got inp shape {x.shape}")
     axes = tuple(range(x.ndim - len(shape), x.ndim))
     d = x - mean(x, axes, True)
@@ -332,10 +389,10 @@ def _affine_param(name: str, what: str, t, shape: tuple, x: Tensor) -> Tensor:
     """An affine ``weight``/``bias`` reshaped to ``shape`` (it may come flat),
     or a clear error: None with ``affine=True``, or the wrong size."""
     if t is None:
-        raise ValueError(f"{name}: affine=True needs {what} (give affine=False for none)")
+        raise ArgumentError(f"{name}: affine=True needs {what} (give affine=False for none)")
     t = _t(t, x)
     if t.size != int(np.prod(shape)):
-        raise ValueError(f"{name}: {what} must have shape {shape}, got {t.shape}")
+        raise ArgumentError(f"{name}: {what} must have shape {shape}, got {t.shape}")
     return t if t.shape == shape else reshape(t, shape)
 
 
@@ -356,7 +413,7 @@ def group_norm(inp: Tensor, num_groups: int, affine: bool = True, weight: Option
     x = _t(inp)
     g = _int_arg("group_norm", "num_groups", num_groups, low=1)
     if x.ndim < 2 or x.shape[1] % g:
-        raise ValueError(f"group_norm: inp must be (N, C, ...) with C divisible by num_groups={g}, "
+        raise ArgumentError(f"group_norm: inp must be (N, C, ...) with C divisible by num_groups={g}, "
                          f"got shape {x.shape}")
     n, c = x.shape[:2]
     grouped = reshape(x, (n, g, (c // g) * int(np.prod(x.shape[2:]))))
@@ -413,7 +470,7 @@ def pad(src: Tensor, pad_width: Sequence[Sequence[int]], mode: str = "constant",
     kind = mode.lower() if isinstance(mode, str) else mode
     kind = "replicate" if kind == "edge" else kind
     if kind not in ("constant", "reflect", "replicate"):
-        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'edge', got {mode!r}")
+        raise ArgumentError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'edge', got {mode!r}")
     out = x
     if kind == "constant":
         _fill_value("pad", constant_value, x.dtype)
@@ -428,7 +485,7 @@ def pad(src: Tensor, pad_width: Sequence[Sequence[int]], mode: str = "constant",
             out = concat([head, out, tail], axis)
             continue
         if n == 0:
-            raise ValueError(f"pad: cannot {kind}-pad axis {axis} of size 0 (inp shape {x.shape})")
+            raise ArgumentError(f"pad: cannot {kind}-pad axis {axis} of size 0 (inp shape {x.shape})")
         # the source index of each output position along the axis: reflect
         # is periodic with period 2(n - 1), as np.pad's
         idx = np.arange(-before, n + after)
@@ -450,9 +507,9 @@ def _pad_widths(name: str, pad_width, ndim: int) -> list:
         raise TypeError(f"{name}: pad_width must be a sequence of (before, after) pairs, "
                         f"got {pad_width!r}") from None
     if any(len(p) != 2 for p in pairs):
-        raise ValueError(f"{name}: pad_width must be a sequence of (before, after) pairs, got {pad_width!r}")
+        raise ArgumentError(f"{name}: pad_width must be a sequence of (before, after) pairs, got {pad_width!r}")
     if len(pairs) > ndim:
-        raise ValueError(f"{name}: pad_width has {len(pairs)} pairs, more than the {ndim} axes of inp")
+        raise ArgumentError(f"{name}: pad_width has {len(pairs)} pairs, more than the {ndim} axes of inp")
     return [tuple(_int_arg(name, "pad_width", v) for v in p) for p in pairs]
 
 
@@ -484,13 +541,15 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
     if isinstance(label, Tensor) and label.device == "cpu" and label.size and label.numpy().min() < 0:
         # indexing would count a negative class from the end (NumPy's rule) and
         # score the wrong class silently; on cuda this check would cost a sync
-        raise ValueError(f"cross_entropy: labels must be class indices >= 0, got {label.numpy().min()} "
+        raise ArgumentError(f"cross_entropy: labels must be class indices >= 0, got {label.numpy().min()} "
                          f"(label shape {label.shape}, pred shape {pred.shape})")
     if label.ndim != pred.ndim - 1:
-        raise ValueError(f"cross_entropy: label must have one dimension less than pred, "
+        raise ArgumentError(f"cross_entropy: label must have one dimension less than pred, "
                          f"got shapes {pred.shape} and {label.shape}")
     if pred.shape is not None:
         axis = _axis_in("cross_entropy", axis, pred.ndim)
+    if label_smooth is None:        # MegEngine: None is no smoothing
+        label_smooth = 0.0
     if isinstance(label_smooth, bool) or not isinstance(label_smooth, (int, float, np.number)):
         raise TypeError(f"cross_entropy: label_smooth must be a number, got {label_smooth!r}")
     if with_logits and pred.dtype.kind == "f":
@@ -520,7 +579,7 @@ def _label(label, pred: Tensor, name: Optional[str] = None) -> Tensor:
         except ValueError:
             shape = None
         if shape != pred.shape:
-            raise ValueError(f"{name}: label must have pred's shape (or broadcast to it), got shapes "
+            raise ArgumentError(f"{name}: label must have pred's shape (or broadcast to it), got shapes "
                              f"{pred.shape} and {label.shape}")
     return label
 
@@ -586,10 +645,10 @@ def hinge_loss(pred: Tensor, label: Tensor, norm: str = "L1", reduction: str = "
     """
     kind = norm.upper() if isinstance(norm, str) else norm
     if kind not in ("L1", "L2"):
-        raise ValueError(f"hinge_loss: norm must be 'L1' or 'L2', got {norm!r}")
+        raise ArgumentError(f"hinge_loss: norm must be 'L1' or 'L2', got {norm!r}")
     pred = _t(pred)
     if pred.ndim < 2:
-        raise ValueError(f"hinge_loss: pred must be (N, C, ...), got shape {pred.shape}")
+        raise ArgumentError(f"hinge_loss: pred must be (N, C, ...), got shape {pred.shape}")
     margin = relu(1 - pred * _label(label, pred, "hinge_loss"))
     loss = sum(margin if kind == "L1" else square(margin), 1)
     return _reduce_loss("hinge_loss", loss, reduction)
@@ -611,11 +670,11 @@ def topk_accuracy(logits: Tensor, target: Tensor,
     x = _t(logits)
     ks = _int_tuple("topk_accuracy", "topk", topk)
     if x.ndim != 2 or not all(1 <= k <= x.shape[1] for k in ks):
-        raise ValueError(f"topk_accuracy: logits must be (batch, classes) and each k in [1, classes], "
+        raise ArgumentError(f"topk_accuracy: logits must be (batch, classes) and each k in [1, classes], "
                          f"got shape {x.shape} and topk={topk!r}")
     label = _int_labels(_on(target, x), "topk_accuracy", "target")
     if label.shape != x.shape[:1]:
-        raise ValueError(f"topk_accuracy: target must be ({x.shape[0]},), got shape {label.shape}")
+        raise ArgumentError(f"topk_accuracy: target must be ({x.shape[0]},), got shape {label.shape}")
     _, pred = _topk(stop_gradient(x), builtins_max(ks), descending=True)
     hit = astype(eq(pred, astype(expand_dims(label, 1), pred.dtype)), "float32")
     accs = [sum(hit[:, :k]) / builtins_max(x.shape[0], 1) for k in ks]
@@ -630,10 +689,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], add: Opt
     """(output, attention weights): softmax(q k^T * scale + add, masked
     where ``keep`` is False) (dropout) @ v."""
     if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
-        raise ValueError(f"{name}: query, key and value need at least 2 dimensions (..., L, E), got shapes "
+        raise ArgumentError(f"{name}: query, key and value need at least 2 dimensions (..., L, E), got shapes "
                          f"{q.shape}, {k.shape}, {v.shape}")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"{name}: query and key must share the last dimension and key and value the "
+        raise ArgumentError(f"{name}: query and key must share the last dimension and key and value the "
                          f"sequence one, got shapes {q.shape}, {k.shape}, {v.shape}")
     L, S = q.shape[-2], k.shape[-2]
     s = (1.0 / math.sqrt(q.shape[-1])) if scale is None else float(scale)
@@ -681,6 +740,6 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     q, k, v = _t(query), _t(key), _t(value)
     _check_drop_prob(name, dropout_p)
     if is_causal and attn_mask is not None:
-        raise ValueError(f"{name}: give attn_mask or is_causal, not both (PyTorch's rule)")
+        raise ArgumentError(f"{name}: give attn_mask or is_causal, not both (PyTorch's rule)")
     keep, add = _split_mask(name, attn_mask, q, True)
     return _attention(q, k, v, keep, add, dropout_p, is_causal, scale, training, name)[0]

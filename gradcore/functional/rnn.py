@@ -35,6 +35,7 @@ from ._args import _t
 from .elemwise_table import relu, tanh
 from .linalg import matmul
 from .shape import astype, reshape, stack
+from ..op import ArgumentError
 
 __all__ = ["rnn_cell", "lstm_cell", "gru_cell", "rnn_layer"]
 
@@ -46,11 +47,11 @@ def _check(name: str, x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, gates: i
     weights (gates * hidden, input) and (gates * hidden, hidden)."""
     xs = tuple(x.shape) if xshape is None else xshape
     if len(xs) != 2 or h.ndim != 2 or w_ih.ndim != 2 or w_hh.ndim != 2:
-        raise ValueError(f"{name}: expected input (batch, input_size), state (batch, hidden_size) and 2-d "
+        raise ArgumentError(f"{name}: expected input (batch, input_size), state (batch, hidden_size) and 2-d "
                          f"weights, got shapes {xs}, {h.shape}, {w_ih.shape}, {w_hh.shape}")
     H = h.shape[1]
     if w_ih.shape != (gates * H, xs[1]) or w_hh.shape != (gates * H, H) or h.shape[0] != xs[0]:
-        raise ValueError(f"{name}: for input {xs} and state {h.shape}, w_ih must be "
+        raise ArgumentError(f"{name}: for input {xs} and state {h.shape}, w_ih must be "
                          f"{(gates * H, xs[1])} and w_hh {(gates * H, H)}, got {w_ih.shape} and "
                          f"{w_hh.shape}")
 
@@ -77,7 +78,7 @@ def rnn_cell(inp: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional
     """
     x, h, wi, wh = _t(inp), _t(hx), _t(w_ih), _t(w_hh)
     if nonlinearity not in ("tanh", "relu"):
-        raise ValueError(f"rnn_cell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        raise ArgumentError(f"rnn_cell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
     _check("rnn_cell", x, h, wi, wh, 1)
     z = _proj(x, wi, _bias_sum(b_ih, b_hh)) + matmul(h, wh, transpose_b=True)
     return tanh(z) if nonlinearity == "tanh" else relu(z)
@@ -125,21 +126,21 @@ def rnn_layer(mode: str, inp: Tensor, h0: Tensor, c0: Optional[Tensor], w_ih: Te
         >>> out, h_n, c_n = F.nn.rnn_layer("LSTM", x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     """
     if mode not in _GATES:
-        raise ValueError(f"rnn_layer: mode must be one of {sorted(_GATES)}, got {mode!r}")
+        raise ArgumentError(f"rnn_layer: mode must be one of {sorted(_GATES)}, got {mode!r}")
     x, h, wi, wh = _t(inp), _t(h0), _t(w_ih), _t(w_hh)
     if x.ndim != 3:
-        raise ValueError(f"rnn_layer: expected input (seq_len, batch, input_size), got shape {x.shape}")
+        raise ArgumentError(f"rnn_layer: expected input (seq_len, batch, input_size), got shape {x.shape}")
     T, B, _ = x.shape
     _check(f"rnn_layer ({mode})", x, h, wi, wh, _GATES[mode], xshape=(B, x.shape[2]))
     if T == 0:
-        raise ValueError(f"rnn_layer: the sequence is empty (input shape {x.shape})")
+        raise ArgumentError(f"rnn_layer: the sequence is empty (input shape {x.shape})")
     # the input projection of every step in one product (for LSTM and the
     # plain RNN both biases go here; GRU's b_hh stays inside r * (...))
     bias = b_ih if mode == "GRU" else _bias_sum(b_ih, b_hh)
     gx = _proj(reshape(x, (T * B, x.shape[2])), wi, bias)
     c = _t(c0) if c0 is not None else None
     if mode == "LSTM" and c is None:
-        raise ValueError("rnn_layer: LSTM needs the initial cell state c0")
+        raise ArgumentError("rnn_layer: LSTM needs the initial cell state c0")
     if mode == "LSTM":
         return _lstm_layer(reshape(gx, (T, B, gx.shape[1])), h, c, wh, reverse)
     steps = _apply(Unstack(0, T), reshape(gx, (T, B, gx.shape[1])))

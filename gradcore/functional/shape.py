@@ -19,6 +19,7 @@ from ..op import OpError
 from ..ops.shape import (Broadcast, Cast, Concat, Copy, ExpandDims, Reshape, Split, Squeeze, Stack,
                          StopGradient, Transpose)
 from ._args import _axis_in, _axis_key, _int_arg, _int_or_err, _int_tuple, _ints, _t, builtins_max
+from ..op import ArgumentError
 
 
 def reshape(inp, target_shape: Sequence[int]):
@@ -71,22 +72,22 @@ def _dimshuffle(x, pattern):
     for p in pattern:
         if isinstance(p, str):
             if p != "x":
-                raise ValueError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}")
+                raise ArgumentError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}")
             continue
         try:
             a = p.__index__()
         except (AttributeError, TypeError):
             raise TypeError(f"transpose: pattern entries are axes or 'x', got {p!r} in {pattern}") from None
         if not 0 <= a < nd:
-            raise ValueError(f"transpose: axis {a} in {pattern} is out of range for a tensor of shape "
+            raise ArgumentError(f"transpose: axis {a} in {pattern} is out of range for a tensor of shape "
                              f"{x.shape} (a pattern with 'x' or fewer entries than axes takes axes "
                              f"0..{nd - 1} and 'x')")
         axes.append(a)
     if len(set(axes)) != len(axes):
-        raise ValueError(f"transpose: pattern {pattern} repeats an axis")
+        raise ArgumentError(f"transpose: pattern {pattern} repeats an axis")
     dropped = [a for a in range(nd) if a not in axes]
     if any(x.shape[a] != 1 for a in dropped):
-        raise ValueError(f"transpose: pattern {pattern} leaves out axes {dropped} of a tensor of shape "
+        raise ArgumentError(f"transpose: pattern {pattern} leaves out axes {dropped} of a tensor of shape "
                          f"{x.shape}; only axes of size 1 can be left out")
     y = transpose(x, tuple(axes) + tuple(dropped)) if nd else x
     it = iter(y.shape)
@@ -121,11 +122,11 @@ def broadcast_to(inp, shape: Sequence[int]):
         if d is None:
             lead = len(shape) - x.ndim
             if i < lead:
-                raise ValueError(f"broadcast_to: None at position {i} of {tuple(shape)} has no axis of "
+                raise ArgumentError(f"broadcast_to: None at position {i} of {tuple(shape)} has no axis of "
                                  f"inp (shape {x.shape}) to take its size from")
             shape[i] = x.shape[i - lead]
         elif _int_or_err("broadcast_to", "shape entries", d) < 0:
-            raise ValueError(f"broadcast_to: sizes must be >= 0 (or None to keep the input's), got {tuple(shape)}")
+            raise ArgumentError(f"broadcast_to: sizes must be >= 0 (or None to keep the input's), got {tuple(shape)}")
     try:
         return _apply(Broadcast(_ints("broadcast_to", "shape", shape)), x)[0]
     except OpError as exc:
@@ -167,7 +168,7 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1):
         return reshape(x, (1,))
     s, e = _axis_in("flatten", start_axis, nd), _axis_in("flatten", end_axis, nd)
     if s > e:
-        raise ValueError(f"flatten: start_axis {start_axis} comes after end_axis {end_axis} "
+        raise ArgumentError(f"flatten: start_axis {start_axis} comes after end_axis {end_axis} "
                          f"for a tensor of shape {x.shape}")
     shape = x.shape[:s] + (-1,) + x.shape[e + 1:]
     return reshape(x, shape)
@@ -188,7 +189,7 @@ def _tensor_list(name: str, inps) -> list:
             raise TypeError(f"{name}: expects a list of tensors, got {type(inps).__name__}")
         inps = list(inps)
     if not inps:
-        raise ValueError(f"{name}: expects at least one tensor, got an empty list")
+        raise ArgumentError(f"{name}: expects at least one tensor, got an empty list")
     return [_t(x, name=name) for x in inps]
 
 
@@ -344,7 +345,7 @@ def roll(inp: Tensor, shift: Union[int, Sequence[int]],
         return reshape(roll(reshape(x, (-1,)), shift, 0), x.shape)
     shifts, axes = _int_tuple("roll", "shift", shift), _int_tuple("roll", "axis", axis)
     if len(shifts) != len(axes):
-        raise ValueError(f"roll: shift {shift!r} and axis {axis!r} must have the same length")
+        raise ArgumentError(f"roll: shift {shift!r} and axis {axis!r} must have the same length")
     out = x
     for s, a in zip(shifts, axes):
         a = _axis_in("roll", a, x.ndim)
@@ -369,11 +370,11 @@ def meshgrid(*inputs: Tensor, indexing: str = "xy") -> list:
                [0., 1., 2.]], dtype=float32)
     """
     if indexing not in ("xy", "ij"):
-        raise ValueError(f"meshgrid: indexing must be 'xy' or 'ij', got {indexing!r}")
+        raise ArgumentError(f"meshgrid: indexing must be 'xy' or 'ij', got {indexing!r}")
     xs = [_t(v) for v in inputs]
     for i, v in enumerate(xs):
         if v.ndim != 1:
-            raise ValueError(f"meshgrid: every input must be 1-d, input {i} has shape {v.shape}")
+            raise ArgumentError(f"meshgrid: every input must be 1-d, input {i} has shape {v.shape}")
     axes = list(range(len(xs)))
     if indexing == "xy" and len(xs) >= 2:
         axes[0], axes[1] = 1, 0
@@ -399,7 +400,7 @@ def pixel_shuffle(inp: Tensor, upscale_factor: int) -> Tensor:
     r = _int_arg("pixel_shuffle", "upscale_factor", upscale_factor, low=1)
     x = _t(inp)
     if x.ndim < 3 or x.shape[-3] % (r * r):
-        raise ValueError(f"pixel_shuffle: inp must be (..., C * {r * r}, H, W) for upscale_factor={r}, "
+        raise ArgumentError(f"pixel_shuffle: inp must be (..., C * {r * r}, H, W) for upscale_factor={r}, "
                          f"got shape {x.shape}")
     lead, (c, h, w) = x.shape[:-3], x.shape[-3:]
     y = reshape(x, (int(np.prod(lead)), c // (r * r), r, r, h, w))

@@ -13,7 +13,8 @@ import numpy as np
 from .._core import Tensor, apply as _apply
 from ..ops.vision import INTERPOLATE_MODES as _INTERPOLATE_MODES, Interpolate
 from ._args import _int_arg, _int_tuple, _t
-from .shape import expand_dims, squeeze
+from .shape import expand_dims, squeeze, transpose
+from ..op import ArgumentError
 
 _Interpolate = Interpolate
 
@@ -22,21 +23,21 @@ def _resize_sizes(x: Tensor, size, scale_factor, n: int) -> tuple:
     """The output's ``n`` trailing sizes for ``interpolate``: ``size`` as
     given, or floor(input size * scale factor)."""
     if (size is None) == (scale_factor is None):
-        raise ValueError("interpolate: give exactly one of size and scale_factor, "
+        raise ArgumentError("interpolate: give exactly one of size and scale_factor, "
                          f"got size={size!r}, scale_factor={scale_factor!r}")
     if size is not None:
         out = _int_tuple("interpolate", "size", size)
         out = out * n if len(out) == 1 else out
         if len(out) != n:
-            raise ValueError(f"interpolate: size must have {n} element(s) for a {x.ndim}-D input, got {size!r}")
+            raise ArgumentError(f"interpolate: size must have {n} element(s) for a {x.ndim}-D input, got {size!r}")
         return tuple(_int_arg("interpolate", "size", s, 1) for s in out)
     factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * n
     if len(factors) != n or not all(isinstance(f, (int, float, np.integer, np.floating)) and not isinstance(f, bool)
                                     and f > 0 for f in factors):
-        raise ValueError(f"interpolate: scale_factor must be a positive number or {n} of them, got {scale_factor!r}")
+        raise ArgumentError(f"interpolate: scale_factor must be a positive number or {n} of them, got {scale_factor!r}")
     out = tuple(int(np.floor(s * float(f))) for s, f in zip(x.shape[-n:], factors))
     if min(out) < 1:
-        raise ValueError(f"interpolate: scale_factor {scale_factor!r} gives an empty output {out} "
+        raise ArgumentError(f"interpolate: scale_factor {scale_factor!r} gives an empty output {out} "
                          f"for input shape {x.shape}")
     return out
 
@@ -61,14 +62,49 @@ def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear
     mode = mode.lower() if isinstance(mode, str) else mode
     if mode == "linear":
         if x.ndim != 3:
-            raise ValueError(f"interpolate: mode 'linear' needs a 3-D (N, C, W) input, got shape {x.shape}")
+            raise ArgumentError(f"interpolate: mode 'linear' needs a 3-D (N, C, W) input, got shape {x.shape}")
         (ow,) = _resize_sizes(x, size, scale_factor, 1)
         op = _Interpolate((1, ow), "bilinear", bool(align_corners))
         return squeeze(_apply(op, expand_dims(x, -2))[0], -2)
     if mode not in _INTERPOLATE_MODES:
-        raise ValueError(f"interpolate: mode must be one of 'nearest', 'bilinear', 'linear', got {mode!r}")
+        raise ArgumentError(f"interpolate: mode must be one of 'nearest', 'bilinear', 'linear', got {mode!r}")
     if x.ndim != 4:
-        raise ValueError(f"interpolate: mode {mode!r} needs a 4-D (N, C, H, W) input, got shape {x.shape}")
+        raise ArgumentError(f"interpolate: mode {mode!r} needs a 4-D (N, C, H, W) input, got shape {x.shape}")
     if align_corners and mode == "nearest":
-        raise ValueError("interpolate: align_corners only applies to the linear modes, not 'nearest'")
+        raise ArgumentError("interpolate: align_corners only applies to the linear modes, not 'nearest'")
     return _apply(_Interpolate(_resize_sizes(x, size, scale_factor, 2), mode, bool(align_corners)), x)[0]
+
+
+def flip(inp: Tensor, vertical: bool = True, horizontal: bool = True) -> Tensor:
+    """Images (N, H, W, C) reversed top to bottom (``vertical``) and/or left
+    to right (``horizontal``), MegEngine's ``F.vision.flip`` (NHWC).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(4.0).reshape(1, 2, 2, 1))
+        >>> F.vision.flip(x).numpy().reshape(-1).tolist()
+        [3.0, 2.0, 1.0, 0.0]
+    """
+    x = _t(inp)
+    if x.ndim != 4:
+        raise ArgumentError(f"flip: inp must be images (N, H, W, C), got shape {x.shape}")
+    rows = slice(None, None, -1) if vertical else slice(None)
+    cols = slice(None, None, -1) if horizontal else slice(None)
+    return x[:, rows, cols]
+
+
+def rot90(inp: Tensor, clockwise: bool = True) -> Tensor:
+    """Images (N, H, W, C) turned by 90 degrees (clockwise, else
+    counterclockwise) into (N, W, H, C), MegEngine's ``F.vision.rot90``.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(4.0).reshape(1, 2, 2, 1))
+        >>> F.vision.rot90(x).numpy().reshape(-1).tolist()
+        [2.0, 0.0, 3.0, 1.0]
+    """
+    x = _t(inp)
+    if x.ndim != 4:
+        raise ArgumentError(f"rot90: inp must be images (N, H, W, C), got shape {x.shape}")
+    t = transpose(x, (0, 2, 1, 3))
+    return t[:, :, ::-1] if clockwise else t[:, ::-1]

@@ -29,6 +29,7 @@ from .conv import Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d, ConvTrans
 from .linear import Linear  # noqa: F401
 from .module import HookHandler, Module, _count  # noqa: F401
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: F401
+from ..op import ArgumentError
 
 
 class Identity(Module):
@@ -67,7 +68,7 @@ class Sequential(Module):
             if not callable(module):
                 raise TypeError(f"Sequential: layer {key!r} is not callable: {module!r}")
             if key in vars(self) or hasattr(type(self), key):
-                raise ValueError(f"Sequential: layer name {key!r} clashes with an attribute of Sequential")
+                raise ArgumentError(f"Sequential: layer name {key!r} clashes with an attribute of Sequential")
             setattr(self, key, module)
             self.layer_keys.append(key)
 
@@ -197,7 +198,7 @@ class _BatchNorm(Module):
                  affine: bool = True, track_running_stats: bool = True, freeze: bool = False, **kwargs):
         super().__init__(**kwargs)
         if freeze and not track_running_stats:
-            raise ValueError(f"{type(self).__name__}: freeze needs track_running_stats=True")
+            raise ArgumentError(f"{type(self).__name__}: freeze needs track_running_stats=True")
         self.num_features = _count(type(self).__name__, "num_features", num_features, 1)
         self.eps, self.momentum = eps, momentum
         self.affine, self.track_running_stats, self.freeze = affine, track_running_stats, freeze
@@ -232,7 +233,7 @@ class _BatchNorm(Module):
             x = F._t(x, name=type(self).__name__)
         self._check_input(x)
         if self.track_running_stats and not getattr(self, "_track_running_stats_saved", True):
-            raise ValueError(f"{type(self).__name__}: track_running_stats was False at construction "
+            raise ArgumentError(f"{type(self).__name__}: track_running_stats was False at construction "
                              f"(no running statistics exist) and cannot be turned on later")
         if x.size == 0:
             # an empty batch: nothing to normalise and no statistics to update
@@ -243,7 +244,7 @@ class _BatchNorm(Module):
                 and x.size // shape[1] == 1:
             # batch statistics of one value per channel: zeros; PyTorch refuses it
             # (BatchNorm1d only: MegEngine's own tests run BatchNorm2d on (1, C, 1, 1))
-            raise ValueError(f"{type(self).__name__}: expected more than 1 value per channel when "
+            raise ArgumentError(f"{type(self).__name__}: expected more than 1 value per channel when "
                              f"training, got input of shape {shape}")
         if x.ndim != 4:     # (N, C) or (N, C, L): normalised as (N, C, L, 1)
             x = x.reshape((shape[0], shape[1], -1, 1))
@@ -280,7 +281,7 @@ class BatchNorm2d(_BatchNorm):
 
     def _check_input(self, x):
         if x.ndim != 4 or x.shape[1] != self.num_features:
-            raise ValueError(f"BatchNorm2d({self.num_features}): expected input (N, {self.num_features}, H, W), "
+            raise ArgumentError(f"BatchNorm2d({self.num_features}): expected input (N, {self.num_features}, H, W), "
                              f"got shape {x.shape}")
 
 
@@ -289,7 +290,7 @@ class BatchNorm1d(_BatchNorm):
 
     def _check_input(self, x):
         if x.ndim not in (2, 3) or x.shape[1] != self.num_features:
-            raise ValueError(f"BatchNorm1d({self.num_features}): expected input (N, {self.num_features}) or "
+            raise ArgumentError(f"BatchNorm1d({self.num_features}): expected input (N, {self.num_features}) or "
                              f"(N, {self.num_features}, L), got shape {x.shape}")
 
 
@@ -479,7 +480,7 @@ class PReLU(Module):
         super().__init__(**kwargs)
         self.num_parameters = _count("PReLU", "num_parameters", num_parameters)
         if self.num_parameters < 1:
-            raise ValueError(f"PReLU: num_parameters must be positive, got {num_parameters}")
+            raise ArgumentError(f"PReLU: num_parameters must be positive, got {num_parameters}")
         shape = (1, self.num_parameters, 1, 1) if self.num_parameters > 1 else (1,)
         self.weight = Parameter(np.full(shape, init, "float32"))
 
@@ -487,7 +488,7 @@ class PReLU(Module):
         if self.num_parameters > 1:
             x = x if isinstance(x, Tensor) else F._t(x, name="PReLU")
             if x.ndim != 4 or x.shape[1] != self.num_parameters:
-                raise ValueError(f"PReLU({self.num_parameters}): expected input (N, {self.num_parameters}, H, W), "
+                raise ArgumentError(f"PReLU({self.num_parameters}): expected input (N, {self.num_parameters}, H, W), "
                                  f"got shape {x.shape}")
         return F.prelu(x, self.weight)
 
@@ -540,9 +541,9 @@ class Embedding(Module):
                  initial_weight: Union[Tensor, np.ndarray, None] = None, freeze: bool = False, **kwargs):
         super().__init__(**kwargs)
         if padding_idx is not None:
-            raise ValueError("Embedding: padding_idx is not supported (give None)")
+            raise ArgumentError("Embedding: padding_idx is not supported (give None)")
         if max_norm is not None or norm_type is not None:
-            raise ValueError("Embedding: max_norm and norm_type are not supported (give None)")
+            raise ArgumentError("Embedding: max_norm and norm_type are not supported (give None)")
         self.num_embeddings = _count("Embedding", "num_embeddings", num_embeddings)
         self.embedding_dim = _count("Embedding", "embedding_dim", embedding_dim)
         self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
@@ -554,7 +555,7 @@ class Embedding(Module):
         else:
             value = np.array(initial_weight.numpy() if isinstance(initial_weight, Tensor) else initial_weight)
             if value.shape != shape:
-                raise ValueError(f"Embedding: initial_weight has shape {value.shape}, expected {shape} "
+                raise ArgumentError(f"Embedding: initial_weight has shape {value.shape}, expected {shape} "
                                  f"(num_embeddings, embedding_dim)")
             self.weight = Parameter(value.astype("float32", copy=False))
 
@@ -580,7 +581,7 @@ class Embedding(Module):
         """
         shape = tuple(embeddings.shape)
         if len(shape) != 2:
-            raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-d, got shape {shape}")
+            raise ArgumentError(f"Embedding.from_pretrained: embeddings must be 2-d, got shape {shape}")
         return cls(shape[0], shape[1], padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,
                    initial_weight=embeddings, freeze=freeze)
 
@@ -640,7 +641,7 @@ class GroupNorm(Module):
         self.num_groups = _count("GroupNorm", "num_groups", num_groups, 1)
         self.num_channels = _count("GroupNorm", "num_channels", num_channels, 1)
         if self.num_groups < 1 or self.num_channels % self.num_groups:
-            raise ValueError(f"GroupNorm: num_channels={num_channels} must be divisible by "
+            raise ArgumentError(f"GroupNorm: num_channels={num_channels} must be divisible by "
                              f"num_groups={num_groups}")
         self.eps, self.affine = eps, affine
         self.weight = Parameter(np.ones(self.num_channels, "float32")) if affine else None
@@ -657,7 +658,7 @@ class GroupNorm(Module):
             x = F._t(x, name=name)
         c = self.num_channels
         if x.ndim < 2 or x.shape[1] != c:
-            raise ValueError(f"{name}: expected input (N, {c}, ...), got shape {x.shape}")
+            raise ArgumentError(f"{name}: expected input (N, {c}, ...), got shape {x.shape}")
         return F.nn.group_norm(x, self.num_groups, self.affine, self.weight, self.bias, self.eps)
 
     def _module_info_string(self):
@@ -682,3 +683,24 @@ class InstanceNorm(GroupNorm):
 
     def _module_info_string(self):
         return f"channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class LocalResponseNorm(Module):
+    """Local response normalisation across channels, MegEngine's
+    ``M.LocalResponseNorm`` (``F.nn.local_response_norm``): no parameters.
+
+    Example::
+
+        >>> M.LocalResponseNorm(kernel_size=3, k=1.0, alpha=1e-4, beta=0.75)(x).shape   # (N, C, H, W)
+    """
+
+    def __init__(self, kernel_size: int = 5, k: float = 2.0, alpha: float = 1e-4, beta: float = 0.75, **kwargs):
+        super().__init__(**kwargs)
+        self.kernel_size = _count("LocalResponseNorm", "kernel_size", kernel_size, 1)
+        self.k, self.alpha, self.beta = float(k), float(alpha), float(beta)
+
+    def forward(self, inp):
+        return F.nn.local_response_norm(inp, self.kernel_size, self.k, self.alpha, self.beta)
+
+    def _module_info_string(self):
+        return f"kernel_size={self.kernel_size}, k={self.k}, alpha={self.alpha}, beta={self.beta}"

@@ -19,6 +19,7 @@ from .. import functional as F
 from ..tensor import Parameter
 from . import init
 from .module import Module, _count, _sizes
+from ..op import ArgumentError
 
 IntOrTuple = Union[int, Tuple[int, ...]]
 _PADDING_MODES = ("zeros", "reflect", "replicate")
@@ -35,7 +36,7 @@ class _ConvLayer(Module):
         self.in_channels = _count(name, "in_channels", in_channels, 1)
         self.out_channels = _count(name, "out_channels", out_channels, 1)
         if self.in_channels % self.groups or self.out_channels % self.groups:
-            raise ValueError(f"{name}: in_channels={self.in_channels} and out_channels={self.out_channels} "
+            raise ArgumentError(f"{name}: in_channels={self.in_channels} and out_channels={self.out_channels} "
                              f"must both be divisible by groups={self.groups}")
         kernel = self.kernel_size if isinstance(self.kernel_size, tuple) else (self.kernel_size,)
         # a transposed convolution's weight is (in, out, ...) and its fan-in the output channels
@@ -58,7 +59,7 @@ class _ConvLayer(Module):
         self.output_padding = _sizes(output_padding, n, "output_padding", name=name)
         self.dilation = _sizes(dilation, n, "dilation", allow_zero=False, name=name)
         if any(op >= s for op, s in zip(self.output_padding, self.stride)):
-            raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than the "
+            raise ArgumentError(f"{name}: output_padding {self.output_padding} must be smaller than the "
                              f"stride {self.stride}")
         self._setup(name, in_channels, out_channels, groups, bias, transposed=True)
 
@@ -97,7 +98,7 @@ class _ConvLayer(Module):
 
 def _check_padding_mode(name: str, padding_mode: str) -> str:
     if padding_mode not in _PADDING_MODES:
-        raise ValueError(f"{name}: padding_mode must be 'zeros', 'reflect' or 'replicate', got {padding_mode!r}")
+        raise ArgumentError(f"{name}: padding_mode must be 'zeros', 'reflect' or 'replicate', got {padding_mode!r}")
     return padding_mode
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import random as _random
 from .._core import Tensor
+from ..op import ArgumentError
 
 __all__ = ["fill_", "zeros_", "ones_", "uniform_", "normal_", "calculate_gain",
            "calculate_fan_in_and_fan_out", "calculate_correct_fan", "xavier_uniform_",
@@ -94,9 +95,9 @@ def calculate_gain(nonlinearity: str, param: Optional[Union[int, float]] = None)
         elif isinstance(param, (int, float)) and not isinstance(param, bool):
             slope = param
         else:
-            raise ValueError(f"calculate_gain: negative_slope {param!r} is not a number")
+            raise ArgumentError(f"calculate_gain: negative_slope {param!r} is not a number")
         return math.sqrt(2.0 / (1 + slope ** 2))
-    raise ValueError(f"calculate_gain: unsupported nonlinearity {nonlinearity!r}")
+    raise ArgumentError(f"calculate_gain: unsupported nonlinearity {nonlinearity!r}")
 
 
 def calculate_fan_in_and_fan_out(tensor: Tensor) -> Tuple[int, int]:
@@ -112,9 +113,12 @@ def calculate_fan_in_and_fan_out(tensor: Tensor) -> Tuple[int, int]:
     """
     shape = tuple(tensor.shape)
     if len(shape) < 2:
-        raise ValueError(f"calculate_fan_in_and_fan_out: needs a tensor with at least 2 dimensions, "
+        raise ArgumentError(f"calculate_fan_in_and_fan_out: needs a tensor with at least 2 dimensions, "
                          f"got shape {shape}")
-    if len(shape) == 5:          # a grouped convolution's weight: the groups dimension is left out
+    if len(shape) >= 5:
+        # MegEngine's rule: the first dimension of a 5-d or 6-d weight is
+        # taken for a grouped convolution's groups and left out (a plain
+        # conv3d weight included, as there)
         shape = shape[1:]
     receptive = int(np.prod(shape[2:], dtype=np.int64)) if len(shape) > 2 else 1
     return shape[1] * receptive, shape[0] * receptive
@@ -124,7 +128,7 @@ def calculate_correct_fan(tensor: Tensor, mode: str) -> int:
     """fan_in or fan_out of ``tensor`` (``mode`` "fan_in" or "fan_out")."""
     mode = mode.lower()
     if mode not in ("fan_in", "fan_out"):
-        raise ValueError(f"calculate_correct_fan: mode must be 'fan_in' or 'fan_out', got {mode!r}")
+        raise ArgumentError(f"calculate_correct_fan: mode must be 'fan_in' or 'fan_out', got {mode!r}")
     fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
     return fan_in if mode == "fan_in" else fan_out
 

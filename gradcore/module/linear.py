@@ -11,14 +11,21 @@ from .._core import Tensor
 from ..tensor import Parameter
 from . import init
 from .module import Module, _count
+from ..op import ArgumentError
 
 
 class Linear(Module):
     """``y = x @ weight.T + bias`` with weight of shape (out_features, in_features)
     drawn from N(0, 1 / in_features) and bias of shape (out_features,) at zero."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_mode: str = "default",
+                 **kwargs):
         super().__init__(**kwargs)
+        # MegEngine's: "float32" accumulates float16 products in float32, which
+        # gradcore's kernels always do; kept for the module's description
+        if compute_mode not in ("default", "float32"):
+            raise ArgumentError(f"Linear: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
+        self.compute_mode = compute_mode
         self.in_features = _count("Linear", "in_features", in_features)
         self.out_features = _count("Linear", "out_features", out_features)
         self.weight = Parameter(np.zeros((self.out_features, self.in_features), "float32"))
@@ -34,7 +41,7 @@ class Linear(Module):
         if not isinstance(x, Tensor):
             x = F._t(x, name="Linear")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(f"{self!r}: expected input whose last dimension is {self.in_features}, "
+            raise ArgumentError(f"{self!r}: expected input whose last dimension is {self.in_features}, "
                              f"got shape {x.shape}")
         return F.linear(x, self.weight, self.bias)
 

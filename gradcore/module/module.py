@@ -28,6 +28,7 @@ import numpy as np
 from .. import functional as F
 from .._core import Tensor
 from ..tensor import Parameter
+from ..op import ArgumentError
 
 
 def _sorted_keys(keys) -> list:
@@ -70,7 +71,7 @@ def _count(name: str, what: str, v, low: int = 0) -> int:
         else:
             raise TypeError(f"{name}: {what} must be an int, got {type(v).__name__} {v!r}")
     if v < low:
-        raise ValueError(f"{name}: {what} must be >= {low}, got {v}")
+        raise ArgumentError(f"{name}: {what} must be >= {low}, got {v}")
     return int(v)
 
 
@@ -125,7 +126,7 @@ class Module:
 
     def __init__(self, name: str = None):
         if name is not None and not (isinstance(name, str) and name.strip()):
-            raise ValueError(f"Module name must be a non-empty string, got {name!r}")
+            raise ArgumentError(f"Module name must be a non-empty string, got {name!r}")
         self.name = name
         self.training = True
         self._forward_pre_hooks: "OrderedDict[int, Callable]" = OrderedDict()
@@ -342,7 +343,7 @@ class Module:
             if value.shape != t.shape:
                 flat_ok = owner._state_dict_flat and value.size == int(np.prod(t.shape))
                 if not flat_ok:
-                    raise ValueError(f"load_state_dict: {k}: shape {value.shape} does not match {t.shape}")
+                    raise ArgumentError(f"load_state_dict: {k}: shape {value.shape} does not match {t.shape}")
                 value = value.reshape(t.shape)
             loads.append((t, value))
         if strict and (missing or unexpected):
@@ -388,7 +389,7 @@ class Module:
                 new = params.get(start_pos + offset)
                 if new is not None:
                     if tuple(new.shape) != tuple(value.shape):
-                        raise ValueError(f"replace_param: {key!r} has shape {value.shape}, "
+                        raise ArgumentError(f"replace_param: {key!r} has shape {value.shape}, "
                                          f"the replacement {new.shape}")
                     setattr(self, key, new)
                 offset += 1
@@ -423,11 +424,11 @@ class Module:
 def _sizes(v, n: int, what: str, allow_zero: bool = True, name: str = "Conv2d") -> Tuple[int, ...]:
     """A layer's per-axis size argument (an int, or ``n`` ints) as ``n`` checked ints."""
     if isinstance(v, (tuple, list)) and len(v) != n:
-        raise ValueError(f"{name}: {what} must be an int or {('', 'a 1-tuple', 'a pair', 'a triple')[n]} "
+        raise ArgumentError(f"{name}: {what} must be an int or {('', 'a 1-tuple', 'a pair', 'a triple')[n]} "
                          f"of ints, got {v!r}")
     low = 0 if allow_zero else 1
     try:
         return tuple(_count(name, what, i, low) for i in v) if isinstance(v, (tuple, list)) else \
             (_count(name, what, v, low),) * n
     except ValueError:
-        raise ValueError(f"{name}: {what} must be {'non-negative' if allow_zero else 'positive'}, got {v}") from None
+        raise ArgumentError(f"{name}: {what} must be {'non-negative' if allow_zero else 'positive'}, got {v}") from None

@@ -33,6 +33,7 @@ from ..functional import rnn as _rnn
 from ..tensor import Parameter
 from . import init
 from .module import Module, _count
+from ..op import ArgumentError
 
 __all__ = ["RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU"]
 
@@ -73,7 +74,7 @@ class _CellBase(Module):
         name = type(self).__name__
         x = _as_tensor(name, x)
         if x.ndim not in (1, 2) or x.shape[-1] != self.input_size:
-            raise ValueError(f"{name}: expected input (batch, {self.input_size}) or ({self.input_size},), "
+            raise ArgumentError(f"{name}: expected input (batch, {self.input_size}) or ({self.input_size},), "
                              f"got shape {x.shape}")
         unbatched = x.ndim == 1
         if unbatched:
@@ -84,14 +85,14 @@ class _CellBase(Module):
         else:
             given = list(hx) if n_states > 1 else [hx]
             if len(given) != n_states:
-                raise ValueError(f"{name}: expected {n_states} initial states, got {len(given)}")
+                raise ArgumentError(f"{name}: expected {n_states} initial states, got {len(given)}")
             states = []
             for s in given:
                 s = _as_tensor(name, s)
                 if unbatched and s.ndim == 1:
                     s = F.expand_dims(s, 0)
                 if s.shape != (B, self.hidden_size):
-                    raise ValueError(f"{name}: expected a state of shape {(B, self.hidden_size)} for input "
+                    raise ArgumentError(f"{name}: expected a state of shape {(B, self.hidden_size)} for input "
                                      f"{x.shape}, got {s.shape}")
                 states.append(s)
         return x, states, unbatched
@@ -116,7 +117,7 @@ class RNNCell(_CellBase):
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
                  **kwargs):
         if nonlinearity not in ("tanh", "relu"):
-            raise ValueError(f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+            raise ArgumentError(f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
         self.nonlinearity = nonlinearity
         super().__init__(input_size, hidden_size, bias, **kwargs)
 
@@ -184,9 +185,9 @@ class _RNNBase(Module):
         self.num_layers = _count(name, "num_layers", num_layers, 1)
         if (not isinstance(dropout, numbers.Number) or isinstance(dropout, bool)
                 or not 0 <= dropout < 1):
-            raise ValueError(f"{name}: dropout must be a number in [0, 1), got {dropout!r}")
+            raise ArgumentError(f"{name}: dropout must be a number in [0, 1), got {dropout!r}")
         if proj_size:
-            raise ValueError(f"{name}: proj_size is not supported (give 0), got {proj_size!r}")
+            raise ArgumentError(f"{name}: proj_size is not supported (give 0), got {proj_size!r}")
         self.bias, self.batch_first = bool(bias), bool(batch_first)
         self.dropout, self.bidirectional = float(dropout), bool(bidirectional)
         self.proj_size = 0
@@ -246,7 +247,7 @@ class _RNNBase(Module):
         flat = np.asarray(flat.numpy() if isinstance(flat, Tensor) else flat).reshape(-1)
         want = sum(int(np.prod(getattr(self, n).shape)) for n in self._param_names())
         if flat.size != want:
-            raise ValueError(f"{type(self).__name__}.load_state_dict: {prefix}_flatten_weights has "
+            raise ArgumentError(f"{type(self).__name__}.load_state_dict: {prefix}_flatten_weights has "
                              f"{flat.size} values, this layer's parameters need {want}")
         out, pos = {}, 0
         for n in self._param_names():
@@ -282,12 +283,12 @@ class _RNNBase(Module):
             return [F.zeros(want, dtype=x.dtype, device=x.device) for _ in range(self.n_states)]
         given = list(hx) if self.n_states > 1 else [hx]
         if len(given) != self.n_states:
-            raise ValueError(f"{name}: expected {self.n_states} initial states, got {len(given)}")
+            raise ArgumentError(f"{name}: expected {self.n_states} initial states, got {len(given)}")
         out = []
         for s in given:
             s = _as_tensor(name, s)
             if s.shape != want:
-                raise ValueError(f"{name}: expected an initial state of shape {want} (num_layers * "
+                raise ArgumentError(f"{name}: expected an initial state of shape {want} (num_layers * "
                                  f"num_directions, batch, hidden_size) for input {x.shape}, got {s.shape}")
             out.append(s)
         return out
@@ -296,7 +297,7 @@ class _RNNBase(Module):
         name = type(self).__name__
         x = _as_tensor(name, input)
         if x.ndim not in (2, 3) or x.shape[-1] != self.input_size:
-            raise ValueError(f"{name}: expected input (seq_len, batch, {self.input_size})"
+            raise ArgumentError(f"{name}: expected input (seq_len, batch, {self.input_size})"
                              f"{' with batch_first: (batch, seq_len, ...)' if self.batch_first else ''} "
                              f"or (seq_len, {self.input_size}), got shape {x.shape}")
         unbatched = x.ndim == 2
@@ -308,7 +309,7 @@ class _RNNBase(Module):
         elif self.batch_first:
             x = F.transpose(x, (1, 0, 2))
         if x.shape[0] == 0:
-            raise ValueError(f"{name}: the sequence is empty (input shape {tuple(input.shape)})")
+            raise ArgumentError(f"{name}: the sequence is empty (input shape {tuple(input.shape)})")
         states = self._init_states(x, hx)
         from ..ops.shape import Unstack
         from .._core import apply
@@ -365,7 +366,7 @@ class RNN(_RNNBase):
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
                  bidirectional: bool = False, **kwargs):
         if nonlinearity not in ("tanh", "relu"):
-            raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+            raise ArgumentError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
         self.nonlinearity = nonlinearity
         self.mode = "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,

@@ -1,0 +1,133 @@
+"""MegEngine's signatures, defaults and exception types where gradcore had
+its own (found by comparing with MegEngine's sources function by
+function): keyword calls and MegEngine's own idioms work as written there."""
+import inspect
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+import gradcore.module as M
+import gradcore.optimizer as optim
+
+# the positional parameters (and defaults) as megengine.functional declares them
+SIGNATURES = {
+    F.hswish: "(x)", F.hsigmoid: "(x)", F.relu6: "(x)", F.prelu: "(x, y)",
+    F.softplus: "(inp)", F.logsigmoid: "(inp)",
+    F.sort: "(inp, descending=False, dim=-1)",
+    F.topk: "(inp, k, descending=True, kth_only=False, no_sort=False)",
+    F.nn.ctc_loss: "(pred, pred_lengths, label, label_lengths, blank=0, reduction='mean')",
+}
+
+
+@pytest.mark.parametrize("fn, want", list(SIGNATURES.items()), ids=lambda v: getattr(v, "__name__", ""))
+def test_signatures_are_megengines(fn, want):
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    got = "(" + ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params) + ")"
+    assert got.startswith(want[:-1]), got
+
+
+def test_topk_gives_the_largest_by_default():
+    x = gc.tensor([2.0, 4, 6, 8, 7, 5, 3, 1])
+    values, indices = F.topk(x, 3)
+    assert values.numpy().tolist() == [8, 7, 6] and indices.numpy().tolist() == [3, 4, 2]
+    assert F.topk(x, 2, descending=False)[0].numpy().tolist() == [1, 2]
+
+
+def test_sort_takes_dim_and_keyword_calls_work():
+    x = gc.tensor([[3.0, 1.0], [0.0, 2.0]])
+    assert F.sort(x, dim=0)[0].numpy().tolist() == [[0.0, 1.0], [3.0, 2.0]]
+    assert F.sort(x, axis=0)[0].numpy().tolist() == [[0.0, 1.0], [3.0, 2.0]]
+    assert F.softplus(inp=gc.tensor([0.0])).numpy()[0] == pytest.approx(np.log(2))
+    assert F.prelu(x=gc.tensor([-2.0, 3.0]), y=gc.tensor([0.25])).numpy().tolist() == [-0.5, 3.0]
+    assert F.hswish(x=gc.tensor([4.0])).numpy().tolist() == [4.0]
+
+
+def test_cross_entropy_label_smooth_none_is_none():
+    pred, label = gc.tensor([[1.0, 2.0, 0.5]]), gc.tensor([1])
+    assert F.nn.cross_entropy(pred, label, label_smooth=None).item() == F.nn.cross_entropy(pred, label).item()
+
+
+def test_tensor_is_the_class_and_has_megengines_methods():
+    x = gc.tensor([1.0, 2.0])
+    assert gc.tensor is gc.Tensor and isinstance(x, gc.tensor)
+    assert x.tolist() == [1.0, 2.0] and x.format == "default"
+    w = gc.Parameter([1.0, 2.0])
+    w.set_value([3, 4])
+    assert w.dtype == np.float32 and w.numpy().tolist() == [3.0, 4.0] and isinstance(w, gc.Parameter)
+    w.reset_zero()
+    assert w.numpy().tolist() == [0.0, 0.0]
+
+
+def test_linear_takes_compute_mode_and_fan_in_skips_the_groups_of_6d_weights():
+    assert M.Linear(3, 4, compute_mode="float32").compute_mode == "float32"
+    with pytest.raises(ValueError, match="compute_mode"):
+        M.Linear(3, 4, compute_mode="fast")
+    w = gc.tensor(np.zeros((2, 2, 1, 5, 7, 9), np.float32))      # a grouped conv3d weight
+    assert M.init.calculate_fan_in_and_fan_out(w) == (315, 630)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: F.nn.dropout(gc.tensor([1.0]), 1.5),
+    lambda: optim.SGD(M.Linear(2, 2).parameters(), lr=-1.0),
+    lambda: F.nn.interpolate(gc.tensor(np.ones((1, 1, 4, 4))), size=(8, 8), mode="linear"),
+    lambda: F.nn.cross_entropy(gc.tensor(np.ones((2, 3))), gc.tensor(np.zeros((2, 3), np.int32))),
+], ids=["dropout", "sgd", "interpolate", "cross_entropy"])
+def test_argument_errors_are_megengines_assertion_errors_and_value_errors(call):
+    with pytest.raises(AssertionError):
+        call()
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_non_zero_and_one_argument_where():
+    c = gc.tensor(np.array([[1, 0, 2], [0, 0, 3]]))
+    assert F.non_zero(c).numpy().tolist() == [[0, 0], [0, 2], [1, 2]]
+    rows, cols = F.non_zero(c, as_tuple=True)
+    assert rows.dtype == np.int32 and rows.numpy().tolist() == [0, 0, 1] and cols.numpy().tolist() == [0, 2, 2]
+    (i,) = F.where(gc.tensor([True, False, True]))
+    assert i.numpy().tolist() == [0, 2]
+
+
+def test_cross_matches_numpy_and_its_gradient_is_right():
+    from gradcore.testing import gradcheck
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((4, 3, 2)), rng.standard_normal((4, 3, 2))
+    np.testing.assert_allclose(F.cross(gc.tensor(a), gc.tensor(b), axis=1).numpy(), np.cross(a, b, axis=1))
+    a2, b3 = rng.standard_normal((5, 2)), rng.standard_normal((5, 3))
+    want = np.cross(np.concatenate([a2, np.zeros((5, 1))], 1), b3)
+    np.testing.assert_allclose(F.cross(gc.tensor(a2), gc.tensor(b3)).numpy(), want)
+    assert gradcheck(lambda x, y: F.cross(x, y, axisa=0, axisb=1, axisc=0), [gc.tensor(rng.standard_normal((3, 4))),
+                                                                             gc.tensor(rng.standard_normal((4, 3)))])
+
+
+def test_instance_and_local_response_norm_match_torch():
+    import torch
+    from gradcore.testing import gradcheck
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 6, 3, 3))
+    np.testing.assert_allclose(F.nn.instance_norm(gc.tensor(x), False).numpy(),
+                               torch.nn.functional.instance_norm(torch.tensor(x)).numpy(), rtol=1e-10, atol=1e-12)
+    w, b = rng.standard_normal(6), rng.standard_normal(6)
+    np.testing.assert_allclose(F.nn.instance_norm(gc.tensor(x), True, gc.tensor(w), gc.tensor(b)).numpy(),
+                               torch.nn.functional.instance_norm(torch.tensor(x), weight=torch.tensor(w),
+                                                                 bias=torch.tensor(b)).numpy(), rtol=1e-10, atol=1e-12)
+    # MegEngine's alpha is PyTorch's divided by the window's size
+    got = F.nn.local_response_norm(gc.tensor(x), 5, 2.0, 1e-2, 0.75).numpy()
+    want = torch.nn.functional.local_response_norm(torch.tensor(x), 5, alpha=5e-2, beta=0.75, k=2.0).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    assert gradcheck(lambda t: F.nn.local_response_norm(t, 3, 1.0, 0.5, 0.75), [gc.tensor(x[:1, :4])])
+    y = M.LocalResponseNorm(kernel_size=3, k=1.0, alpha=1e-4, beta=0.75)(gc.tensor(np.arange(25.0).reshape(1, 1, 5, 5)))
+    assert y.numpy()[0, 0, 0, 1] == pytest.approx(0.999925, rel=1e-6)     # MegEngine's docstring value
+
+
+def test_vision_flip_and_rot90_are_megengines_nhwc():
+    x = gc.tensor(np.arange(4.0).reshape(1, 2, 2, 1))
+    assert F.vision.flip(x).numpy().reshape(-1).tolist() == [3.0, 2.0, 1.0, 0.0]
+    assert F.vision.flip(x, vertical=False).numpy().reshape(-1).tolist() == [1.0, 0.0, 3.0, 2.0]
+    assert F.vision.rot90(x).numpy().reshape(-1).tolist() == [2.0, 0.0, 3.0, 1.0]
+    img = np.random.default_rng(2).standard_normal((2, 3, 5, 4))
+    np.testing.assert_array_equal(F.vision.rot90(gc.tensor(img)).numpy(), np.rot90(img, -1, axes=(1, 2)))
+    np.testing.assert_array_equal(F.vision.rot90(gc.tensor(img), False).numpy(), np.rot90(img, 1, axes=(1, 2)))
