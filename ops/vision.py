@@ -1,9 +1,9 @@
 """Resizing of NCHW images: ``Interpolate(size, mode, align_corners)`` and
 its adjoint ``InterpolateBackward``, MegEngine's ``F.vision.interpolate``.
 
-Both modes are separable linear maps: along each spatial axis the output is
+Every mode is a separable linear map: along each spatial axis the output is
 ``A @ x`` with A an (out, in) matrix of interpolation weights (one 1 per row
-for "nearest", two weights per row for "bilinear"), so
+for "nearest", two weights per row for "bilinear", four for "bicubic"), so
 
     Interpolate          y  = A_h @ x  @ A_w^T   -> InterpolateBackward (g, x_ref)
     InterpolateBackward  gx = A_h^T @ g @ A_w     -> Interpolate (gg)
@@ -11,9 +11,11 @@ for "nearest", two weights per row for "bilinear"), so
 and every order of derivative follows. Source coordinates follow the
 output/input size ratio (MegEngine's resize, PyTorch's with
 ``recompute_scale_factor=True``): "nearest" reads ``floor(o * in / out)``
-(computed in float32, as PyTorch does), "bilinear" samples at ``(o + 0.5) *
-in / out - 0.5`` clamped at 0, or at ``o * (in - 1) / (out - 1)`` with
-``align_corners``.
+(computed in float32, as PyTorch does), the others sample at ``(o + 0.5) *
+in / out - 0.5`` (clamped at 0 for "bilinear"), or at ``o * (in - 1) /
+(out - 1)`` with ``align_corners``; "bicubic" is Keys' cubic convolution
+(a = -0.75) over the taps floor(src) - 1 .. + 2, those outside the axis
+reading its edge (PyTorch's and OpenCV's).
 
 CPU kernels: the bilinear forward (``align_corners=False``, float32) is
 oneDNN's linear resampling (2x faster than the NumPy path here, on every
@@ -45,7 +47,22 @@ from gradcore.cuda.kernels import Kernel
 from .linalg import check_cuda_dtype
 from .reduce import op_int
 
-INTERPOLATE_MODES = ("nearest", "bilinear")
+INTERPOLATE_MODES = ("nearest", "bilinear", "bicubic")
+# the cubic convolution's coefficient (Keys' a; PyTorch's, OpenCV's and MegEngine's)
+_CUBIC_A = -0.75
+
+
+def _cubic_weights(t: np.ndarray) -> np.ndarray:
+    """The four cubic-convolution weights of taps -1, 0, 1, 2 for a source
+    position ``t`` in [0, 1) past tap 0: (len(t), 4)."""
+    a = _CUBIC_A
+
+    def near(d):        # |d| <= 1
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+
+    def far(d):         # 1 < |d| < 2
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], 1)
 
 
 def axis_weights(n_in: int, n_out: int, mode: str, align_corners: bool, dtype="float64") -> np.ndarray:
@@ -68,7 +85,16 @@ def axis_weights(n_in: int, n_out: int, mode: str, align_corners: bool, dtype="f
     if align_corners:
         src = rows * ((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros(n_out)
     else:
-        src = np.maximum((rows + 0.5) * (n_in / n_out) - 0.5, 0.0)
+        src = (rows + 0.5) * (n_in / n_out) - 0.5
+    if mode == "bicubic":
+        # taps floor(src) - 1 .. + 2, those outside the axis read its edge
+        # (PyTorch's bicubic: src is not clamped at 0 as the linear one is)
+        base = np.floor(src).astype(np.int64)
+        weights = _cubic_weights(src - base)
+        for k in range(4):
+            np.add.at(a, (rows, np.clip(base - 1 + k, 0, n_in - 1)), weights[:, k])
+        return a
+    src = np.maximum(src, 0.0)
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     i1 = np.minimum(i0 + 1, n_in - 1)
     lam = src - i0
@@ -165,12 +191,13 @@ class _InterpBase(Op):
         if mode not in INTERPOLATE_MODES:
             raise ValueError(f"{n}: mode must be one of {', '.join(INTERPOLATE_MODES)}, got {mode!r}")
         if align_corners and mode == "nearest":
-            raise ValueError(f"{n}: align_corners only applies to mode 'bilinear'")
+            raise ValueError(f"{n}: align_corners only applies to modes 'bilinear' and 'bicubic'")
         self.mode, self.align_corners = mode, bool(align_corners)
 
     @classmethod
     def _example_ops(cls):
-        return [cls((5, 3), "bilinear", False), cls((2, 7), "bilinear", True), cls((5, 2), "nearest", False)]
+        return [cls((5, 3), "bilinear", False), cls((2, 7), "bilinear", True), cls((5, 2), "nearest", False),
+                cls((5, 9), "bicubic", False), cls((2, 3), "bicubic", True)]
 
     def _check_input(self, x, descs, what="input"):
         if x.dtype.kind != "f":
@@ -230,8 +257,8 @@ class _InterpBase(Op):
 
 
 class Interpolate(_InterpBase):
-    """x (N, C, H, W) resized to (N, C, *size) by ``mode`` ("nearest" or
-    "bilinear", with or without ``align_corners``)."""
+    """x (N, C, H, W) resized to (N, C, *size) by ``mode`` ("nearest",
+    "bilinear" or "bicubic", the last two with or without ``align_corners``)."""
     name = "Interpolate"
     reduce_broadcast = False
 

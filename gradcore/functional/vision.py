@@ -13,7 +13,7 @@ import numpy as np
 from .._core import Tensor, apply as _apply
 from ..ops.vision import INTERPOLATE_MODES as _INTERPOLATE_MODES, Interpolate
 from ._args import _int_arg, _int_tuple, _t
-from .shape import expand_dims, squeeze, transpose
+from .shape import expand_dims, reshape, squeeze, transpose
 from ..op import ArgumentError
 
 _Interpolate = Interpolate
@@ -46,10 +46,12 @@ def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear
                 align_corners: Optional[bool] = None) -> Tensor:
     """Resize ``inp`` to ``size`` or by ``scale_factor`` (output size
     floor(input size * factor)), MegEngine's ``F.vision.interpolate``:
-    ``mode`` "bilinear" or "nearest" for (N, C, H, W) input, "linear" for
-    (N, C, W). ``align_corners`` (linear modes only; default False) maps
-    the corner pixels' centres onto each other. Source positions follow the
-    output/input size ratio (PyTorch's ``recompute_scale_factor=True``).
+    ``mode`` "bilinear", "bicubic" or "nearest" for (N, C, H, W) input,
+    "linear" for (N, C, W), "trilinear" for (N, C, D, H, W).
+    ``align_corners`` (the linear modes only, as MegEngine; default False)
+    maps the corner pixels' centres onto each other. Source positions follow
+    the output/input size ratio (PyTorch's ``recompute_scale_factor=True``);
+    "bicubic" is PyTorch's (a = -0.75, edges repeated).
 
     Example::
 
@@ -60,19 +62,30 @@ def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear
     """
     x = _t(inp)
     mode = mode.lower() if isinstance(mode, str) else mode
+    modes = ("nearest", "bilinear", "bicubic", "linear", "trilinear")
+    if mode not in modes:
+        raise ArgumentError(f"interpolate: mode must be one of {', '.join(map(repr, modes))}, got {mode!r}")
+    if align_corners is not None and mode not in ("bilinear", "linear", "trilinear"):
+        raise ArgumentError(f"interpolate: align_corners can only be set in the linear modes "
+                            f"('bilinear', 'linear', 'trilinear'), not {mode!r}")
+    corners = bool(align_corners)
+    want = {"linear": 3, "trilinear": 5}.get(mode, 4)
+    if x.ndim != want:
+        layout = {3: "(N, C, W)", 4: "(N, C, H, W)", 5: "(N, C, D, H, W)"}[want]
+        raise ArgumentError(f"interpolate: mode {mode!r} needs a {want}-D {layout} input, got shape {x.shape}")
     if mode == "linear":
-        if x.ndim != 3:
-            raise ArgumentError(f"interpolate: mode 'linear' needs a 3-D (N, C, W) input, got shape {x.shape}")
         (ow,) = _resize_sizes(x, size, scale_factor, 1)
-        op = _Interpolate((1, ow), "bilinear", bool(align_corners))
+        op = _Interpolate((1, ow), "bilinear", corners)
         return squeeze(_apply(op, expand_dims(x, -2))[0], -2)
-    if mode not in _INTERPOLATE_MODES:
-        raise ArgumentError(f"interpolate: mode must be one of 'nearest', 'bilinear', 'linear', got {mode!r}")
-    if x.ndim != 4:
-        raise ArgumentError(f"interpolate: mode {mode!r} needs a 4-D (N, C, H, W) input, got shape {x.shape}")
-    if align_corners and mode == "nearest":
-        raise ArgumentError("interpolate: align_corners only applies to the linear modes, not 'nearest'")
-    return _apply(_Interpolate(_resize_sizes(x, size, scale_factor, 2), mode, bool(align_corners)), x)[0]
+    if mode == "trilinear":
+        # separable: (H, W) with the depth folded into the channels, then
+        # the depth with (H, W) flattened into one axis that stays as it is
+        od, oh, ow = _resize_sizes(x, size, scale_factor, 3)
+        n, c, d, h, w = x.shape
+        y = _apply(_Interpolate((oh, ow), "bilinear", corners), reshape(x, (n, c * d, h, w)))[0]
+        y = _apply(_Interpolate((od, oh * ow), "bilinear", corners), reshape(y, (n, c, d, oh * ow)))[0]
+        return reshape(y, (n, c, od, oh, ow))
+    return _apply(_Interpolate(_resize_sizes(x, size, scale_factor, 2), mode, corners), x)[0]
 
 
 def flip(inp: Tensor, vertical: bool = True, horizontal: bool = True) -> Tensor:

@@ -1,5 +1,6 @@
-"""Interpolate and InterpolateBackward: nearest and bilinear resizing (with
-and without align_corners, up and down, both axes independently) against
+"""Interpolate and InterpolateBackward: nearest, bilinear and bicubic
+resizing (with and without align_corners, up and down, both axes
+independently; trilinear through F) against
 PyTorch's interpolate for values and gradients; first and second order
 against float64 finite differences; the weights of one axis; bad input."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ from oracle import compare_second_order
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 SIZES = [(10, 14), (3, 4), (5, 7), (1, 1), (11, 3), (2, 9), (8, 1)]
-MODES = [("nearest", False), ("bilinear", False), ("bilinear", True)]
+MODES = [("nearest", False), ("bilinear", False), ("bilinear", True), ("bicubic", False), ("bicubic", True)]
 
 
 def interp(size, mode, align_corners):
@@ -108,7 +109,7 @@ def test_bad_input(h):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (((4,),), "pair"), (((0, 3),), "positive"), (((2, 2), "bicubic"), "mode"),
+    (((4,),), "pair"), (((0, 3),), "positive"), (((2, 2), "bilinearish"), "mode"),
     (((2, 2), "nearest", True), "align_corners"),
 ])
 def test_bad_arguments(args, needle):
@@ -124,7 +125,7 @@ def test_bad_arguments(args, needle):
     (dict(scale_factor=(1.5, 0.5)), dict(scale_factor=(1.5, 0.5), recompute_scale_factor=True)),
 ])
 @pytest.mark.parametrize("mode, align_corners", [("nearest", None), ("bilinear", None), ("bilinear", True),
-                                                 ("BILINEAR", False)])
+                                                 ("BILINEAR", False), ("bicubic", None)])
 def test_functional_vs_torch(kw, tkw, mode, align_corners, rng, h, torch):
     import gradcore.functional as F
     x = rng.standard_normal((2, 2, 4, 5))
@@ -145,6 +146,16 @@ def test_functional_linear_vs_torch(kw, align_corners, rng, h, torch):
     h.check_grads(lambda x: gfn(x) ** 2, [x[:1, :1]])
 
 
+@pytest.mark.parametrize("kw", [dict(size=(5, 3, 7)), dict(scale_factor=2), dict(size=2)])
+@pytest.mark.parametrize("align_corners", [None, True])
+def test_functional_trilinear_vs_torch(kw, align_corners, rng, h, torch):
+    import gradcore.functional as F
+    x = rng.standard_normal((2, 2, 3, 4, 5))
+    gfn = lambda x: F.vision.interpolate(x, mode="trilinear", align_corners=align_corners, **kw)
+    tfn = lambda x: torch.nn.functional.interpolate(x, mode="trilinear", align_corners=bool(align_corners), **kw)
+    h.compare(torch, gfn, tfn, [x], need_grads=True, **TOL)
+
+
 def test_functional_names():
     import gradcore.functional as F
     assert F.interpolate is F.vision.interpolate is F.nn.interpolate
@@ -157,7 +168,10 @@ def test_functional_names():
     ((1, 1, 4, 4), dict(size=0), ">= 1"),
     ((1, 1, 4, 4), dict(scale_factor=-1), "positive"),
     ((1, 1, 4, 4), dict(scale_factor=0.1), "empty output"),
-    ((1, 1, 4, 4), dict(size=2, mode="bicubic"), "mode"),
+    ((1, 1, 4, 4), dict(size=2, mode="area"), "mode"),
+    ((1, 1, 4, 4), dict(size=2, mode="bicubic", align_corners=False), "align_corners"),     # MegEngine's rule
+    ((1, 1, 4, 4, 4), dict(size=2, mode="bilinear"), "4-D"),
+    ((1, 1, 4, 4), dict(size=2, mode="trilinear"), "5-D"),
     ((1, 1, 4, 4), dict(size=2, mode="nearest", align_corners=True), "align_corners"),
     ((1, 1, 4), dict(size=2), "4-D"),
     ((1, 1, 4, 4), dict(size=2, mode="linear"), "3-D"),
