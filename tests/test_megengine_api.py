@@ -131,3 +131,33 @@ def test_vision_flip_and_rot90_are_megengines_nhwc():
     img = np.random.default_rng(2).standard_normal((2, 3, 5, 4))
     np.testing.assert_array_equal(F.vision.rot90(gc.tensor(img)).numpy(), np.rot90(img, -1, axes=(1, 2)))
     np.testing.assert_array_equal(F.vision.rot90(gc.tensor(img), False).numpy(), np.rot90(img, 1, axes=(1, 2)))
+
+
+def test_megengines_fused_and_helper_modules():
+    rng = np.random.default_rng(3)
+    x = gc.tensor(rng.standard_normal((2, 8, 5, 5)))
+    up = M.ConvTransposeRelu2d(8, 4, 3)
+    np.testing.assert_allclose(up(x).numpy(), F.relu(M.ConvTranspose2d.forward(up, x)).numpy())
+    for cls, relu in ((M.ConvTransposeBn2d, False), (M.ConvTransposeBnRelu2d, True)):
+        block = cls(8, 4, 3, stride=2)
+        want = block.bn(block.conv_transpose2d(x))
+        np.testing.assert_allclose(block(x).numpy(), (F.relu(want) if relu else want).numpy(), rtol=1e-6)
+    assert sorted(M.ConvTransposeBn2d(8, 4, 3).state_dict()) == [
+        "bn.bias", "bn.running_mean", "bn.running_var", "bn.weight", "conv_transpose2d.bias",
+        "conv_transpose2d.weight"]
+    y = gc.tensor(rng.standard_normal((6, 4)))
+    lr = M.LinearRelu(4, 3)
+    np.testing.assert_allclose(lr(y).numpy(), F.relu(M.Linear.forward(lr, y)).numpy())
+    for cls, relu in ((M.LinearBn1d, False), (M.LinearBnRelu1d, True)):
+        block = cls(4, 3)
+        want = block.bn(block.linear(y))
+        np.testing.assert_allclose(block(y).numpy(), (F.relu(want) if relu else want).numpy(), rtol=1e-6)
+    # MegEngine's state_dict names, its unused block bias included
+    assert sorted(M.LinearBn1d(4, 3).state_dict()) == ["bias", "bn.bias", "bn.running_mean", "bn.running_var",
+                                                      "bn.weight", "linear.bias", "linear.weight"]
+    a, b = gc.tensor([1.0, -3.0]), gc.tensor([2.0, 1.0])
+    assert M.Elemwise("add")(a, b).numpy().tolist() == [3.0, -2.0]
+    assert M.Elemwise("FUSE_ADD_RELU")(a, b).numpy().tolist() == [3.0, 0.0]
+    with pytest.raises(ValueError, match="Elemwise: no elementwise function named 'frobnicate'"):
+        M.Elemwise("frobnicate")
+    assert M.Concat()([a, b], axis=0).numpy().tolist() == [1.0, -3.0, 2.0, 1.0]

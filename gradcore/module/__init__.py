@@ -25,8 +25,9 @@ from .._core import Tensor
 from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
 from .attention import MultiHeadAttention  # noqa: F401
-from .conv import Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d, ConvTranspose3d  # noqa: F401
-from .linear import Linear  # noqa: F401
+from .conv import (Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d, ConvTranspose3d,  # noqa: F401
+                   ConvTransposeRelu2d)
+from .linear import Linear, LinearRelu  # noqa: F401
 from .module import HookHandler, Module, _count  # noqa: F401
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: F401
 from ..op import ArgumentError
@@ -334,6 +335,124 @@ class ConvBnRelu2d(_ConvBn2d):
 
     def forward(self, x):
         return F.relu(self.bn(self.conv(x)))
+
+
+class _ConvTransposeBn2d(Module):
+    """A ConvTranspose2d (``conv_transpose2d``) and a BatchNorm2d (``bn``) as
+    one layer, MegEngine's fused modules: their arguments and parameter names."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                 dilation=1, groups: int = 1, bias: bool = True, conv_mode: str = "cross_correlation",
+                 compute_mode: str = "default", eps: float = 1e-5, momentum: float = 0.9, affine: bool = True,
+                 track_running_stats: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.conv_transpose2d = ConvTranspose2d(in_channels, out_channels, kernel_size, stride, padding,
+                                                output_padding, dilation, groups, bias, conv_mode, compute_mode)
+        self.bn = BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats)
+
+
+class ConvTransposeBn2d(_ConvTransposeBn2d):
+    """ConvTranspose2d then BatchNorm2d, MegEngine's ``M.ConvTransposeBn2d``.
+
+    Example::
+
+        >>> sorted(M.ConvTransposeBn2d(8, 4, 3).state_dict())[-2:]
+        ['conv_transpose2d.bias', 'conv_transpose2d.weight']
+    """
+
+    def forward(self, x):
+        return self.bn(self.conv_transpose2d(x))
+
+
+class ConvTransposeBnRelu2d(_ConvTransposeBn2d):
+    """ConvTranspose2d, BatchNorm2d, then ReLU, MegEngine's ``M.ConvTransposeBnRelu2d``.
+
+    Example::
+
+        >>> bool((M.ConvTransposeBnRelu2d(8, 4, 3)(x).numpy() >= 0).all())
+        True
+    """
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv_transpose2d(x)))
+
+
+class _LinearBn1d(Module):
+    """A Linear (``linear``) and a BatchNorm1d (``bn``) as one layer,
+    MegEngine's fused modules: their arguments and parameter names (and,
+    as there, a ``bias`` of the block itself that the forward does not use,
+    so that MegEngine's state_dicts load)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_mode: str = "default",
+                 eps: float = 1e-5, momentum: float = 0.9, affine: bool = True, track_running_stats: bool = True,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = Parameter(np.zeros((out_features,), "float32")) if bias else None
+        self.linear = Linear(in_features, out_features, bias, compute_mode)
+        self.bn = BatchNorm1d(out_features, eps, momentum, affine, track_running_stats)
+
+
+class LinearBn1d(_LinearBn1d):
+    """Linear then BatchNorm1d, MegEngine's ``M.LinearBn1d``.
+
+    Example::
+
+        >>> M.LinearBn1d(4, 3)(x).shape          # x: (N, 4) -> (N, 3)
+    """
+
+    def forward(self, x):
+        return self.bn(self.linear(x))
+
+
+class LinearBnRelu1d(_LinearBn1d):
+    """Linear, BatchNorm1d, then ReLU, MegEngine's ``M.LinearBnRelu1d``.
+
+    Example::
+
+        >>> bool((M.LinearBnRelu1d(4, 3)(x).numpy() >= 0).all())
+        True
+    """
+
+    def forward(self, x):
+        return F.relu(self.bn(self.linear(x)))
+
+
+class Elemwise(Module):
+    """An elementwise function of F by its name (``method``, as "add",
+    "relu", "fuse_add_relu"), MegEngine's ``M.Elemwise``.
+
+    Example::
+
+        >>> M.Elemwise("add")(gc.tensor([1.0]), gc.tensor([2.0])).numpy()
+        array([3.], dtype=float32)
+    """
+
+    def __init__(self, method: str, **kwargs):
+        super().__init__(**kwargs)
+        name = method.lower() if isinstance(method, str) else method
+        fused = {"fuse_add_relu": lambda x, y: F.relu(x + y), "fuse_add_sigmoid": lambda x, y: F.sigmoid(x + y),
+                 "fuse_add_tanh": lambda x, y: F.tanh(x + y), "fuse_mul_add3": lambda x, y, z: x * y + z}
+        fn = fused.get(name) or (getattr(F, name, None) if isinstance(name, str) else None)
+        if fn is None or not callable(fn):
+            raise ArgumentError(f"Elemwise: no elementwise function named {method!r}")
+        self.method, self._fn = method, fn
+
+    def forward(self, *inps):
+        return self._fn(*inps)
+
+
+class Concat(Module):
+    """``F.concat`` as a module, MegEngine's ``M.Concat``.
+
+    Example::
+
+        >>> M.Concat()([gc.tensor([1.0]), gc.tensor([2.0])]).numpy()
+        array([1., 2.], dtype=float32)
+    """
+
+    def forward(self, inps, axis: int = 0):
+        return F.concat(inps, axis)
 
 
 class Pad(Module):

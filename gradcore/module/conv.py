@@ -216,6 +216,20 @@ class ConvTranspose2d(_ConvLayer):
                                   self.dilation, self.groups, self.conv_mode, self.compute_mode)
 
 
+class ConvTransposeRelu2d(ConvTranspose2d):
+    """ConvTranspose2d followed by ReLU, MegEngine's ``M.ConvTransposeRelu2d``:
+    the same parameters and names as ``ConvTranspose2d``.
+
+    Example::
+
+        >>> bool((M.ConvTransposeRelu2d(8, 4, 3)(x).numpy() >= 0).all())
+        True
+    """
+
+    def forward(self, x):
+        return F.relu(super().forward(x))
+
+
 class ConvTranspose3d(_ConvLayer):
     """3-D transposed convolution over (N, C, D, H, W) input, MegEngine's
     ``M.ConvTranspose3d``: weight (in_channels, out_channels, kd, kh, kw)

@@ -47,3 +47,18 @@ class Linear(Module):
 
     def _module_info_string(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class LinearRelu(Linear):
+    """Linear followed by ReLU, MegEngine's ``M.LinearRelu``: the same
+    parameters and names as ``Linear``.
+
+    Example::
+
+        >>> bool((M.LinearRelu(4, 3)(x).numpy() >= 0).all())
+        True
+    """
+
+    def forward(self, x):
+        return F.relu(super().forward(x))
+
