@@ -161,3 +161,21 @@ def test_megengines_fused_and_helper_modules():
     with pytest.raises(ValueError, match="Elemwise: no elementwise function named 'frobnicate'"):
         M.Elemwise("frobnicate")
     assert M.Concat()([a, b], axis=0).numpy().tolist() == [1.0, -3.0, 2.0, 1.0]
+
+
+def test_general_norm_is_layer_norm_and_instance_norm_by_its_axes():
+    import torch
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 4, 5))
+    w, b = rng.standard_normal((4, 5)), rng.standard_normal((4, 5))
+    got = F.nn.general_norm(gc.tensor(x), (2, 3), True, gc.tensor(w), gc.tensor(b)).numpy()
+    want = torch.nn.functional.layer_norm(torch.tensor(x), (4, 5), torch.tensor(w), torch.tensor(b)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(F.nn.general_norm(gc.tensor(x), (2, 3), affine=False).numpy(),
+                               F.nn.instance_norm(gc.tensor(x), False).numpy(), rtol=1e-10, atol=1e-12)
+    m = M.GeneralNorm((3,), 1)
+    assert sorted(m.state_dict()) == ["bias", "weight"] and m.weight.shape == (3,)
+    np.testing.assert_allclose(m(gc.tensor(x)).numpy(), F.nn.general_norm(gc.tensor(x), 1, False).numpy(),
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="general_norm: weight and bias must have the normalised axes' shape"):
+        F.nn.general_norm(gc.tensor(x), 1, True, gc.tensor(np.ones(4)), gc.tensor(np.ones(4)))

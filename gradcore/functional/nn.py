@@ -45,7 +45,7 @@ __all__ = [
     # written here
     "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy", "dropout", "batch_norm",
     "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
-    "group_norm", "instance_norm", "local_response_norm", "pad", "topk_accuracy",
+    "group_norm", "instance_norm", "local_response_norm", "general_norm", "pad", "topk_accuracy",
     # re-exported
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
@@ -258,6 +258,41 @@ def instance_norm(inp: Tensor, affine: bool, weight: Optional[Tensor] = None, bi
     if affine and (weight is None or bias is None):
         raise ArgumentError("instance_norm: weight and bias must be given when affine is True")
     return group_norm(x, x.shape[1], affine, weight, bias, eps)
+
+
+def general_norm(inp: Tensor, normalized_axis, affine: bool = True, weight: Optional[Tensor] = None,
+                 bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """Normalisation over the axes ``normalized_axis`` (an int or a
+    sequence, biased variance), then ``* weight + bias`` when ``affine``,
+    both shaped as those axes of ``inp``, MegEngine's ``F.nn.general_norm``
+    (layer_norm over the last axes, instance norm over the spatial ones...).
+
+    Example::
+
+        >>> F.nn.general_norm(gc.tensor([[0.0, 2.0], [1.0, 5.0]]), 1, affine=False).numpy()
+        array([[-1.,  1.],
+               [-1.,  1.]], dtype=float32)
+    """
+    x = _t(inp)
+    axes = (normalized_axis,) if isinstance(normalized_axis, (int, np.integer)) else tuple(normalized_axis)
+    axes = tuple(_axis_in("general_norm", a, x.ndim) for a in axes)
+    if not axes or len(set(axes)) != len(axes):
+        raise ArgumentError(f"general_norm: normalized_axis must name distinct axes, got {normalized_axis!r}")
+    m = mean(x, axes, True)
+    d = x - m
+    y = d / sqrt(mean(d * d, axes, True) + eps)
+    if not affine:
+        return y
+    if weight is None or bias is None:
+        raise ArgumentError("general_norm: weight and bias must be given when affine is True")
+    # the parameters' shape is that of the normalised axes, in their order
+    shape = tuple(x.shape[a] if a in axes else 1 for a in range(x.ndim))
+    want = tuple(x.shape[a] for a in sorted(axes))
+    w, b = _t(weight, x), _t(bias, x)
+    if w.shape != want or b.shape != want:
+        raise ArgumentError(f"general_norm: weight and bias must have the normalised axes' shape {want}, "
+                            f"got {w.shape} and {b.shape}")
+    return y * reshape(w, shape) + reshape(b, shape)
 
 
 def local_response_norm(inp: Tensor, kernel_size: int = 5, k: float = 2.0, alpha: float = 1e-4,

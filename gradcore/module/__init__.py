@@ -804,6 +804,46 @@ class InstanceNorm(GroupNorm):
         return f"channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
+class GeneralNorm(Module):
+    """Normalisation over the axes ``normalized_axis`` of the input, then a
+    learnt ``* weight + bias`` of shape ``normalized_shape`` (those axes'
+    sizes) when ``affine``, MegEngine's ``M.GeneralNorm`` (``F.nn.general_norm``).
+
+    Example::
+
+        >>> M.GeneralNorm((3, 4), (1, 2))(x).shape       # x: (N, 3, 4, W) -> (N, 3, 4, W)
+    """
+
+    def __init__(self, normalized_shape=None, normalized_axis=0, eps: float = 1e-5, affine: bool = True,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.eps, self.affine = float(eps), bool(affine)
+        axes = [normalized_axis] if isinstance(normalized_axis, (int, np.integer)) else list(normalized_axis)
+        if affine:
+            if normalized_shape is None:
+                raise ArgumentError("GeneralNorm: normalized_shape must be given when affine is True")
+            shape = [normalized_shape] if isinstance(normalized_shape, (int, np.integer)) else list(normalized_shape)
+            if len(shape) != len(axes) or len(set(axes)) != len(axes):
+                raise ArgumentError(f"GeneralNorm: normalized_shape {normalized_shape!r} and normalized_axis "
+                                    f"{normalized_axis!r} must name as many distinct axes")
+            self.weight = Parameter(np.ones(shape, "float32"))
+            self.bias = Parameter(np.zeros(shape, "float32"))
+        else:
+            self.weight = self.bias = None
+        self.normalized_shape, self.normalized_axis = normalized_shape, axes
+
+    def forward(self, x):
+        x = x if isinstance(x, Tensor) else F._t(x, name="GeneralNorm")
+        axes = [a + x.ndim if a < 0 else a for a in self.normalized_axis]
+        if axes != sorted(axes):
+            raise ArgumentError(f"GeneralNorm: normalized_axis must be in increasing order, got {self.normalized_axis}")
+        return F.nn.general_norm(x, axes, self.affine, self.weight, self.bias, self.eps)
+
+    def _module_info_string(self):
+        return (f"normalized_shape={self.normalized_shape}, normalized_axis={self.normalized_axis}, "
+                f"eps={self.eps}, affine={self.affine}")
+
+
 class LocalResponseNorm(Module):
     """Local response normalisation across channels, MegEngine's
     ``M.LocalResponseNorm`` (``F.nn.local_response_norm``): no parameters.
