@@ -294,3 +294,88 @@ _MATMUL_DIRECT = Kernel("matmul_direct", "const T* __restrict__ a, const T* __re
     for (long long q = 0; q < K; ++q)
         acc = (T)(acc + (ta ? A[q * M + i] : A[i * K + q]) * (tb ? B[j * K + q] : B[q * N + j]));
     c[idx] = acc;""", over="total", setup="const long long total = batch * M * N;")
+
+
+# one thread per matrix: Gauss-Jordan with partial pivoting on a copy of it
+# (``work``), the inverse built in ``y`` from the identity (a singular matrix
+# gives inf/NaN, as a division by its zero pivot does on the CPU's LAPACK path)
+_MATINV = Kernel("matinv", "const T* __restrict__ x, T* __restrict__ work, T* __restrict__ y, long long batch, int n", """
+    const long long nn = (long long)n * n;
+    const T* a0 = x + b * nn;
+    T* a = work + b * nn;
+    T* v = y + b * nn;
+    for (long long k = 0; k < nn; ++k) { a[k] = a0[k]; v[k] = (k / n == k % n) ? (T)1 : (T)0; }
+    for (int c = 0; c < n; ++c) {
+        int p = c;
+        for (int r = c + 1; r < n; ++r)
+            if (fabs(a[(long long)r * n + c]) > fabs(a[(long long)p * n + c])) p = r;
+        if (p != c)
+            for (int k = 0; k < n; ++k) {
+                T t = a[(long long)c * n + k]; a[(long long)c * n + k] = a[(long long)p * n + k]; a[(long long)p * n + k] = t;
+                t = v[(long long)c * n + k]; v[(long long)c * n + k] = v[(long long)p * n + k]; v[(long long)p * n + k] = t;
+            }
+        const T d = a[(long long)c * n + c];
+        for (int k = 0; k < n; ++k) { a[(long long)c * n + k] /= d; v[(long long)c * n + k] /= d; }
+        for (int r = 0; r < n; ++r) {
+            if (r == c) continue;
+            const T f = a[(long long)r * n + c];
+            if (f == (T)0) continue;
+            for (int k = 0; k < n; ++k) {
+                a[(long long)r * n + k] -= f * a[(long long)c * n + k];
+                v[(long long)r * n + k] -= f * v[(long long)c * n + k];
+            }
+        }
+    }""", over="batch", index="b")
+
+
+class MatrixInverse(Op):
+    """The inverse of each (n, n) matrix over the last two axes (leading
+    axes batch), MegEngine's ``F.matinv``. Its gradient is ``-y^T @ g @ y^T``
+    (y the inverse), written with MatrixMul: every order follows."""
+    name = "MatrixInverse"
+    reduce_broadcast = False
+    domain = (0.5, 1.5)          # (check_op's generated inputs; examples() gives invertible ones)
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: well-conditioned matrices, one and batched."""
+        rng = np.random.default_rng(0)
+        return [(cls(), [rng.standard_normal((3, 3)) + 3 * np.eye(3)]),
+                (cls(), [rng.standard_normal((2, 4, 4)) + 4 * np.eye(4)])]
+
+    def infer(self, x):
+        if x.dtype.kind != "f":
+            raise self.error(f"needs a floating-point input, got {x.dtype}", x)
+        if x.shape is not None and (len(x.shape) < 2 or x.shape[-1] != x.shape[-2]):
+            raise self.error("needs square matrices over its last two axes (..., n, n)", x)
+        return (TensorDesc(x.shape, x.dtype, x.device),)
+
+    def cpu(self, x):
+        if x.size == 0:
+            return np.empty_like(x)
+        with np.errstate(all="ignore"):
+            try:
+                return np.linalg.inv(x)
+            except np.linalg.LinAlgError:      # singular: inf/NaN, as the GPU kernel gives
+                return np.full_like(x, np.nan)
+
+    def cuda(self, be, x):
+        check_cuda_dtype(self, x.dtype)
+        y = be.empty(x.shape, x.dtype)
+        if x.size == 0:
+            return y
+        n = x.shape[-1]
+        batch = x.size // (n * n)
+        work = be.empty(x.shape, x.dtype)
+        be.launch_n(be.kernel(self, be.ctype(x.dtype)), batch, x, work, y, np.int64(batch), np.int32(n))
+        return y
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_matinv_<ctype>(x, work, y, long long batch, int n)``: one
+        thread per matrix (Gauss-Jordan with partial pivoting)."""
+        return _MATINV.source(ctype)
+
+    def vjp(self, inputs, outputs, grads):
+        (y,), (g,) = outputs, grads
+        gy = _core.apply(MatrixMul(transpose_a=True), y, g)[0]          # y^T @ g
+        return [-_core.apply(MatrixMul(transpose_b=True), gy, y)[0]]    # ... @ y^T

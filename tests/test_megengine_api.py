@@ -179,3 +179,55 @@ def test_general_norm_is_layer_norm_and_instance_norm_by_its_axes():
                                rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="general_norm: weight and bias must have the normalised axes' shape"):
         F.nn.general_norm(gc.tensor(x), 1, True, gc.tensor(np.ones(4)), gc.tensor(np.ones(4)))
+
+
+def test_nms_keeps_megengines_boxes():
+    x = np.zeros((100, 4))
+    np.random.seed(42)
+    x[:, :2] = np.random.rand(100, 2) * 20
+    x[:, 2:] = np.random.rand(100, 2) * 20 + 100
+    scores = gc.tensor(np.random.rand(100))
+    assert F.vision.nms(gc.tensor(x), scores, iou_thresh=0.7).numpy().tolist() == [75, 69]   # MegEngine's example
+    rng = np.random.default_rng(5)
+    corners = rng.uniform(0, 50, (60, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(5, 30, (60, 2))], 1)
+    s = rng.random(60)
+
+    def reference(thresh):          # the definition, box by box
+        kept = []
+        for i in np.argsort(-s, kind="stable"):
+            ok = True
+            for j in kept:
+                w = max(0.0, min(boxes[i, 2], boxes[j, 2]) - max(boxes[i, 0], boxes[j, 0]))
+                h = max(0.0, min(boxes[i, 3], boxes[j, 3]) - max(boxes[i, 1], boxes[j, 1]))
+                area = lambda k: (boxes[k, 2] - boxes[k, 0]) * (boxes[k, 3] - boxes[k, 1])
+                if w * h / (area(i) + area(j) - w * h) > thresh:
+                    ok = False
+                    break
+            if ok:
+                kept.append(int(i))
+        return kept
+    for thresh in (0.1, 0.3, 0.6):
+        got = F.vision.nms(gc.tensor(boxes), gc.tensor(s), thresh)
+        assert got.dtype == np.int32 and got.numpy().tolist() == reference(thresh)
+    assert F.vision.nms(gc.tensor(boxes), gc.tensor(s), 0.3, max_output=3).numpy().tolist() == reference(0.3)[:3]
+    with pytest.raises(ValueError, match=r"nms: expected boxes \(N, 4\)"):
+        F.vision.nms(gc.tensor(boxes[:, :3]), gc.tensor(s), 0.5)
+
+
+def test_matinv_values_and_gradients_match_torch():
+    import torch
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((2, 3, 4, 4)) + 4 * np.eye(4)
+    np.testing.assert_allclose(F.matinv(gc.tensor(a)).numpy(), np.linalg.inv(a), rtol=1e-12, atol=1e-14)
+    x = gc.tensor(a)
+    w = rng.standard_normal(a.shape)
+    gm = gc.GradManager().attach([x])
+    with gm:
+        gm.backward(F.sum(F.matinv(x) * gc.tensor(w)))
+    xt = torch.tensor(a, requires_grad=True)
+    (torch.linalg.inv(xt) * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert F.matinv(gc.tensor([[1, 0], [1, 1]])).numpy().tolist() == [[1.0, 0.0], [-1.0, 1.0]]   # ints: float32
+    with pytest.raises(ValueError, match="MatrixInverse: needs square matrices"):
+        F.matinv(gc.tensor(np.ones((2, 3))))

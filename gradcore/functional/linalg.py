@@ -7,9 +7,9 @@ Example::
 """
 from __future__ import annotations
 
-from .._core import apply as _apply
+from .._core import Tensor, apply as _apply
 from ..op import OpError
-from ..ops.linalg import MatrixMul
+from ..ops.linalg import MatrixInverse, MatrixMul
 from ._args import _named, _t
 from .reduce import sum
 from .shape import expand_dims, squeeze
@@ -112,4 +112,21 @@ def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
     (a0, a1, a2), (b0, b1, b2) = comps
     out = stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], -1)
     return moveaxis(out, -1, axisc)
+
+
+def matinv(inp) -> Tensor:
+    """The inverse of each square matrix over the last two axes of ``inp``
+    (..., n, n), MegEngine's ``F.matinv`` (the ``MatrixInverse`` op); a
+    singular matrix gives inf/NaN.
+
+    Example::
+
+        >>> F.matinv(gc.tensor([[1.0, 0.0], [1.0, 1.0]])).numpy()
+        array([[ 1.,  0.],
+               [-1.,  1.]], dtype=float32)
+    """
+    x = _t(inp)
+    if x.dtype.kind in "biu":
+        x = x.astype("float32")
+    return _apply(MatrixInverse(), x)[0]
 

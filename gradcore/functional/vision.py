@@ -121,3 +121,41 @@ def rot90(inp: Tensor, clockwise: bool = True) -> Tensor:
         raise ArgumentError(f"rot90: inp must be images (N, H, W, C), got shape {x.shape}")
     t = transpose(x, (0, 2, 1, 3))
     return t[:, :, ::-1] if clockwise else t[:, ::-1]
+
+
+def nms(boxes: Tensor, scores: Tensor, iou_thresh: float, max_output: Optional[int] = None) -> Tensor:
+    """Non-maximum suppression, MegEngine's ``F.vision.nms``: the int32
+    indices of the boxes (N, 4) as (x1, y1, x2, y2) kept, by decreasing
+    ``scores`` (N,): a box is dropped when its IoU with a kept box of a
+    higher score exceeds ``iou_thresh``; at most ``max_output`` (None:
+    all). Computed on the host (no gradient: indices).
+
+    Example::
+
+        >>> boxes = gc.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0]])
+        >>> F.vision.nms(boxes, gc.tensor([0.9, 0.8, 0.7]), iou_thresh=0.5).numpy()
+        array([0, 2], dtype=int32)
+    """
+    b, s = _t(boxes), _t(scores)
+    if b.ndim != 2 or b.shape[1] != 4 or s.ndim != 1 or s.shape[0] != b.shape[0]:
+        raise ArgumentError(f"nms: expected boxes (N, 4) and scores (N,), got shapes {b.shape} and {s.shape}")
+    limit = b.shape[0] if max_output is None else _int_arg("nms", "max_output", max_output, 1)
+    x1, y1, x2, y2 = np.asarray(b.numpy(), np.float64).T
+    area = (x2 - x1) * (y2 - y1)
+    order = np.argsort(-np.asarray(s.numpy(), np.float64), kind="stable")
+    alive = np.ones(len(order), bool)              # by position in order
+    keep = []
+    for k, i in enumerate(order):
+        if not alive[k]:
+            continue
+        keep.append(i)
+        if len(keep) == limit:
+            break
+        rest = order[k + 1:]
+        w = np.clip(np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]), 0, None)
+        h = np.clip(np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]), 0, None)
+        inter = w * h
+        with np.errstate(invalid="ignore", divide="ignore"):
+            iou = inter / (area[i] + area[rest] - inter)
+        alive[k + 1:] &= ~(iou > iou_thresh)
+    return Tensor(np.asarray(keep, np.int32), device=b.device)

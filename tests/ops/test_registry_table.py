@@ -90,6 +90,8 @@ def _cases():
                       (linalg.MatrixMul(False, True), [f(5, 2, 3), f(4, 3)], None),
                       (linalg.MatrixMul(True, False), [f(3, 1), f(3, 2)], None),
                       (linalg.MatrixMul(), [f(2, 0), f(0, 3)], None)],
+        "MatrixInverse": [(linalg.MatrixInverse(), [("inv", 3, 3)], None),
+                          (linalg.MatrixInverse(), [("inv", 2, 4, 4)], None)],
         "Reduce": [(reduce.Reduce(m, 1), [f(2, 3)], None) for m in ("sum", "mean", "max", "min", "prod")]
         + [(reduce.Reduce("sum"), [f()], None), (reduce.Reduce("mean", None, True), [f(1, 1)], None),
            (reduce.Reduce("sum", 0), [f(0, 3)], None), (reduce.Reduce("max", (0, 2), True), [f(2, 1, 3)], None)],
@@ -179,6 +181,8 @@ def _inputs(spec, rng):
             out.append(gradcore.Tensor(vals))
         elif s[0] == "pos":                     # positive: a variance, an inverse std
             out.append(gradcore.Tensor(rng.uniform(0.5, 1.5, s[1:])))
+        elif s[0] == "inv":                     # well-conditioned square matrices
+            out.append(gradcore.Tensor(rng.uniform(-1, 1, s[1:]) + s[-1] * np.eye(s[-1])))
         else:
             # distinct values: no ties in max/min/pooling
             n = int(np.prod(s[1:], dtype=int))
