@@ -28,7 +28,8 @@ NN_NAMES = {
     "sigmoid", "silu", "softmax", "softplus", "square_loss", "tanh", "topk_accuracy",
     "conv3d", "conv_transpose1d", "conv_transpose2d", "interpolate",
     "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer", "nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss",
-    "cosine_similarity", "scaled_dot_product_attention", "instance_norm", "local_response_norm", "general_norm"}
+    "cosine_similarity", "scaled_dot_product_attention", "instance_norm", "local_response_norm", "general_norm",
+    "sliding_window", "sliding_window_transpose"}
 
 
 REGENERATE = ("gradcore/functional/elemwise_table.py is out of date: run "

@@ -231,3 +231,21 @@ def test_matinv_values_and_gradients_match_torch():
     assert F.matinv(gc.tensor([[1, 0], [1, 1]])).numpy().tolist() == [[1.0, 0.0], [-1.0, 1.0]]   # ints: float32
     with pytest.raises(ValueError, match="MatrixInverse: needs square matrices"):
         F.matinv(gc.tensor(np.ones((2, 3))))
+
+
+@pytest.mark.parametrize("k, p, s, d", [(3, 1, 1, 1), ((2, 3), (0, 1), (2, 1), (1, 2)), (2, 0, 2, 1)])
+def test_sliding_window_and_its_transpose_are_torchs_unfold_and_fold(k, p, s, d):
+    import torch
+    from gradcore.testing import gradcheck
+    x = np.random.default_rng(7).standard_normal((2, 3, 7, 6))
+    w = F.sliding_window(gc.tensor(x), k, p, s, d).numpy()
+    u = torch.nn.functional.unfold(torch.tensor(x), k, d, p, s).numpy()        # (N, C * KH * KW, OH * OW)
+    n, c, oh, ow, kh, kw = w.shape
+    np.testing.assert_array_equal(w, u.reshape(n, c, kh, kw, oh, ow).transpose(0, 1, 4, 5, 2, 3))
+    folded = F.sliding_window_transpose(gc.tensor(w), (7, 6), k, p, s, d).numpy()
+    np.testing.assert_allclose(folded, torch.nn.functional.fold(torch.tensor(u), (7, 6), k, d, p, s).numpy(),
+                               rtol=1e-12)
+    assert gradcheck(lambda t: F.sliding_window(t, k, p, s, d), [gc.tensor(x[:1, :1])])
+    assert gradcheck(lambda t: F.sliding_window_transpose(t, (7, 6), k, p, s, d), [gc.tensor(w[:1, :1])])
+    with pytest.raises(ValueError, match="sliding_window_transpose: inp must be windows"):
+        F.sliding_window_transpose(gc.tensor(w[..., :1]), (7, 6), k, p, s, d)

@@ -46,6 +46,7 @@ __all__ = [
     "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy", "dropout", "batch_norm",
     "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
     "group_norm", "instance_norm", "local_response_norm", "general_norm", "pad", "topk_accuracy",
+    "sliding_window", "sliding_window_transpose",
     # re-exported
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
@@ -321,6 +322,76 @@ def local_response_norm(inp: Tensor, kernel_size: int = 5, k: float = 2.0, alpha
     for j in range(1, 2 * half + 1):
         s = s + padded[:, j:j + c]
     return x / (k + alpha * s) ** beta
+
+
+def _window_index(name: str, hw, kernel_size, padding, stride, dilation):
+    """The window geometry of ``sliding_window``: ((OH, OW), row index
+    (OH, 1, KH, 1), column index (1, OW, 1, KW)) into the padded image,
+    and the normalised (kernel, padding) pairs."""
+    pairs = []
+    for what, v in (("kernel_size", kernel_size), ("padding", padding), ("stride", stride), ("dilation", dilation)):
+        t = _int_tuple(name, what, v)
+        t = t * 2 if len(t) == 1 else t
+        if len(t) != 2:
+            raise ArgumentError(f"{name}: {what} must be an int or a pair, got {v!r}")
+        pairs.append(t)
+    k, p, s, d = pairs
+    out = tuple((hw[a] + 2 * p[a] - d[a] * (k[a] - 1) - 1) // s[a] + 1 for a in range(2))
+    if min(k) < 1 or min(s) < 1 or min(d) < 1 or min(p) < 0 or min(out) < 1:
+        raise ArgumentError(f"{name}: kernel_size {k}, padding {p}, stride {s} and dilation {d} leave no "
+                            f"window in an image of {tuple(hw)}")
+    rows = (np.arange(out[0]) * s[0])[:, None, None, None] + (np.arange(k[0]) * d[0])[None, None, :, None]
+    cols = (np.arange(out[1]) * s[1])[None, :, None, None] + (np.arange(k[1]) * d[1])[None, None, None, :]
+    return out, rows, cols, k, p
+
+
+def sliding_window(inp: Tensor, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
+    """Every window of ``inp`` (N, C, H, W) (zero padding, stride,
+    dilation) as (N, C, OH, OW, KH, KW), MegEngine's
+    ``F.sliding_window`` (PyTorch's ``unfold``, not flattened).
+
+    Example::
+
+        >>> F.sliding_window(gc.tensor(np.arange(9.0).reshape(1, 1, 3, 3)), 2).shape
+        (1, 1, 2, 2, 2, 2)
+    """
+    x = _t(inp)
+    if x.ndim != 4:
+        raise ArgumentError(f"sliding_window: inp must be (N, C, H, W), got shape {x.shape}")
+    _, rows, cols, _, p = _window_index("sliding_window", x.shape[2:], kernel_size, padding, stride, dilation)
+    if p[0] or p[1]:
+        x = pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    return getitem(x, (slice(None), slice(None), rows, cols))
+
+
+def sliding_window_transpose(inp: Tensor, output_size, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
+    """The adjoint of ``sliding_window``: windows (N, C, OH, OW, KH, KW)
+    summed back into an image (N, C, *output_size), where windows overlap
+    too, MegEngine's ``F.sliding_window_transpose`` (PyTorch's ``fold``).
+
+    Example::
+
+        >>> w = F.sliding_window(gc.tensor(np.ones((1, 1, 3, 3))), 2)
+        >>> F.sliding_window_transpose(w, (3, 3), 2).numpy()[0, 0]
+        array([[1., 2., 1.],
+               [2., 4., 2.],
+               [1., 2., 1.]], dtype=float32)
+    """
+    from ..ops.indexing import SubtensorGrad, split_index
+    g = _t(inp)
+    hw = _int_tuple("sliding_window_transpose", "output_size", output_size)
+    hw = hw * 2 if len(hw) == 1 else hw
+    if len(hw) != 2:
+        raise ArgumentError(f"sliding_window_transpose: output_size must be an int or a pair, got {output_size!r}")
+    out, rows, cols, k, p = _window_index("sliding_window_transpose", hw, kernel_size, padding, stride, dilation)
+    if g.ndim != 6 or tuple(g.shape[2:]) != out + k:
+        raise ArgumentError(f"sliding_window_transpose: inp must be windows (N, C, {out[0]}, {out[1]}, {k[0]}, "
+                            f"{k[1]}) for output_size {hw}, got shape {g.shape}")
+    padded = zeros(tuple(g.shape[:2]) + (hw[0] + 2 * p[0], hw[1] + 2 * p[1]), g.dtype, g.device)
+    spec, arrays = split_index((slice(None), slice(None), rows, cols))
+    # the scatter-add that is the gather's backward (overlapping windows add up)
+    y = _apply(SubtensorGrad(spec), g, padded, *[_on(a, g) for a in arrays])[0]
+    return y[:, :, p[0]:p[0] + hw[0], p[1]:p[1] + hw[1]]
 
 
 def _one_per_channel(x, *params) -> bool:
