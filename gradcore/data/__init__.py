@@ -20,10 +20,10 @@ Example::
 from . import transform
 from .collator import Collator
 from .dataloader import DataLoader
-from .dataset import ArrayDataset, Dataset, MapDataset, StreamDataset
+from .dataset import ArrayDataset, ConcatDataset, Dataset, MapDataset, StreamDataset
 from .sampler import (Infinite, MapSampler, RandomSampler, ReplacementSampler, Sampler, SequentialSampler,
                       StreamSampler)
 
-__all__ = ["Dataset", "MapDataset", "StreamDataset", "ArrayDataset", "Sampler", "MapSampler",
+__all__ = ["Dataset", "MapDataset", "StreamDataset", "ArrayDataset", "ConcatDataset", "Sampler", "MapSampler",
            "SequentialSampler", "RandomSampler", "ReplacementSampler", "StreamSampler", "Infinite",
            "Collator", "DataLoader", "transform"]

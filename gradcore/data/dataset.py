@@ -11,10 +11,14 @@ Example::
 """
 from __future__ import annotations
 
+import bisect
+import numbers
 from abc import ABC, abstractmethod
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterable, Iterator, List, Tuple
 
-__all__ = ["Dataset", "MapDataset", "StreamDataset", "ArrayDataset"]
+from ..op import ArgumentError
+
+__all__ = ["Dataset", "MapDataset", "StreamDataset", "ArrayDataset", "ConcatDataset"]
 
 
 class Dataset(ABC):
@@ -109,3 +113,45 @@ class ArrayDataset(MapDataset):
 
     def __len__(self) -> int:
         return len(self.arrays[0])
+
+
+class ConcatDataset(MapDataset):
+    """Several map-style datasets one after another: indices ``0 ..
+    len(datasets[0]) - 1`` read the first, the next ones the second, and so
+    on; negative indices count from the end.
+
+    Example::
+
+        >>> ds = ConcatDataset([ArrayDataset(np.arange(3)), ArrayDataset(np.arange(10, 15))])
+        >>> len(ds), int(ds[3][0]), int(ds[-1][0])
+        (8, 10, 14)
+    """
+
+    def __init__(self, datasets: Iterable[Any]) -> None:
+        super().__init__()
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise ArgumentError("ConcatDataset: datasets must not be empty")
+        for i, d in enumerate(self.datasets):
+            if isinstance(d, StreamDataset) or not (hasattr(d, "__len__") and hasattr(d, "__getitem__")):
+                raise ArgumentError(f"ConcatDataset: datasets[{i}] is a {type(d).__name__}, not a map-style "
+                                    f"dataset (StreamDatasets cannot be indexed)")
+        # where each dataset ends, to find an index's dataset by bisection
+        self.cumulative_sizes: List[int] = []
+        total = 0
+        for d in self.datasets:
+            total += len(d)
+            self.cumulative_sizes.append(total)
+
+    def __getitem__(self, index: int) -> Any:
+        if not isinstance(index, numbers.Integral):
+            raise TypeError(f"ConcatDataset: indices must be integers, got {type(index).__name__}")
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"ConcatDataset: index {index} is out of range for {n} samples")
+        index = int(index) + n if index < 0 else int(index)
+        k = bisect.bisect_right(self.cumulative_sizes, index)
+        return self.datasets[k][index - (self.cumulative_sizes[k - 1] if k else 0)]
+
+    def __len__(self) -> int:
+        return self.cumulative_sizes[-1]

@@ -9,8 +9,13 @@ Example::
     ...                T.Normalize(mean=0.5, std=0.25), T.ToMode("CHW")])
 """
 from .base import PseudoTransform, Transform, rng, seed
-from .vision import (INTER_LINEAR, INTER_NEAREST, Compose, Normalize, Pad, RandomCrop, RandomHorizontalFlip,
-                     Resize, ToMode, VisionTransform)
+from .vision import (INTER_LINEAR, INTER_NEAREST, BrightnessTransform, CenterCrop, ColorJitter, Compose,
+                     ContrastTransform, GaussianNoise, HueTransform, Lighting, Normalize, Pad, RandomCrop,
+                     RandomHorizontalFlip, RandomResize, RandomResizedCrop, RandomVerticalFlip, Resize,
+                     SaturationTransform, ShortestEdgeResize, ToMode, VisionTransform)
 
 __all__ = ["Transform", "PseudoTransform", "VisionTransform", "Compose", "ToMode", "Normalize", "Pad",
-           "RandomCrop", "RandomHorizontalFlip", "Resize", "INTER_NEAREST", "INTER_LINEAR", "rng", "seed"]
+           "RandomCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "Resize", "ShortestEdgeResize",
+           "RandomResize", "RandomResizedCrop", "CenterCrop", "GaussianNoise", "BrightnessTransform",
+           "ContrastTransform", "SaturationTransform", "HueTransform", "ColorJitter", "Lighting",
+           "INTER_NEAREST", "INTER_LINEAR", "rng", "seed"]
