@@ -158,6 +158,8 @@ def test_megengines_fused_and_helper_modules():
     a, b = gc.tensor([1.0, -3.0]), gc.tensor([2.0, 1.0])
     assert M.Elemwise("add")(a, b).numpy().tolist() == [3.0, -2.0]
     assert M.Elemwise("FUSE_ADD_RELU")(a, b).numpy().tolist() == [3.0, 0.0]
+    np.testing.assert_allclose(M.Elemwise("h_swish")(a).numpy(), F.hswish(a).numpy())    # MegEngine's mode names
+    np.testing.assert_allclose(M.Elemwise("TRUE_DIV")(a, b).numpy(), (a / b).numpy())
     with pytest.raises(ValueError, match="Elemwise: no elementwise function named 'frobnicate'"):
         M.Elemwise("frobnicate")
     assert M.Concat()([a, b], axis=0).numpy().tolist() == [1.0, -3.0, 2.0, 1.0]

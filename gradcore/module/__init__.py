@@ -418,9 +418,21 @@ class LinearBnRelu1d(_LinearBn1d):
         return F.relu(self.bn(self.linear(x)))
 
 
+# MegEngine's Elemwise mode names (lower case) that are not F's function names
+_ELEMWISE_MODES = {
+    "h_swish": F.hswish, "h_sigmoid": F.hsigmoid, "true_div": F.div, "max": F.maximum, "min": F.minimum,
+    "negate": F.neg, "leq": F.le, "neq": F.ne, "fast_tanh": F.tanh,
+    "switch_gt0": lambda x, y: F.where(x > 0, y, 0.0),
+    "fuse_add_relu": lambda x, y: F.relu(x + y), "fuse_add_sigmoid": lambda x, y: F.sigmoid(x + y),
+    "fuse_add_tanh": lambda x, y: F.tanh(x + y), "fuse_add_h_swish": lambda x, y: F.hswish(x + y),
+    "fuse_mul_add3": lambda x, y, z: x * y + z, "fuse_mul_add4": lambda x, y, z, w: x * y + z * w,
+}
+
+
 class Elemwise(Module):
-    """An elementwise function of F by its name (``method``, as "add",
-    "relu", "fuse_add_relu"), MegEngine's ``M.Elemwise``.
+    """An elementwise function by its MegEngine mode name (``method``, any
+    case: "add", "relu", "h_swish", "true_div", "fuse_add_relu", ...) or
+    F's name for it, MegEngine's ``M.Elemwise``.
 
     Example::
 
@@ -431,9 +443,7 @@ class Elemwise(Module):
     def __init__(self, method: str, **kwargs):
         super().__init__(**kwargs)
         name = method.lower() if isinstance(method, str) else method
-        fused = {"fuse_add_relu": lambda x, y: F.relu(x + y), "fuse_add_sigmoid": lambda x, y: F.sigmoid(x + y),
-                 "fuse_add_tanh": lambda x, y: F.tanh(x + y), "fuse_mul_add3": lambda x, y, z: x * y + z}
-        fn = fused.get(name) or (getattr(F, name, None) if isinstance(name, str) else None)
+        fn = _ELEMWISE_MODES.get(name) or (getattr(F, name, None) if isinstance(name, str) else None)
         if fn is None or not callable(fn):
             raise ArgumentError(f"Elemwise: no elementwise function named {method!r}")
         self.method, self._fn = method, fn
