@@ -166,6 +166,46 @@ class RNG:
         lm = _positive("poisson", "lam", lam)
         return self._tensor(self._gen().poisson(lm, _param_shape(size, lm)), like=_first_tensor(lam))
 
+    def exponential(self, rate=1.0, size: Optional[Sequence[int]] = None):
+        """Exponential(rate) (mean 1 / rate), shaped as ``gamma``'s.
+
+        Example::
+
+            >>> gradcore.random.exponential(2.0, size=(2, 3)).shape
+            (2, 3)
+        """
+        lam = _positive("exponential", "rate", rate)
+        return self._tensor(self._gen().exponential(1.0 / lam, _param_shape(size, lam)), like=_first_tensor(rate))
+
+    def multinomial(self, input, num_samples: int, replacement: bool = False):
+        """``num_samples`` int32 category indices per row of ``input``
+        ((k,) or (rows, k) non-negative weights), drawn in proportion to
+        the weights, with or without replacement; MegEngine's ``multinomial``.
+
+        Example::
+
+            >>> gradcore.random.multinomial(gc.tensor([1.0, 2.0, 3.0, 4.0]), 2).shape
+            (2,)
+        """
+        from ._core import Tensor
+        w = np.asarray(input.numpy() if isinstance(input, Tensor) else input, np.float64)
+        if w.ndim not in (1, 2) or w.shape[-1] == 0:
+            raise RandomArgumentError(f"multinomial: input must be (k,) or (rows, k) weights, got shape {w.shape}")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+            raise RandomArgumentError(f"multinomial: num_samples must be a positive int, got {num_samples!r}")
+        rows = w.reshape(-1, w.shape[-1])
+        if rows.shape[0] == 0:          # no rows: no samples
+            return self._tensor(np.zeros((0, num_samples)), dtype="int32", like=_first_tensor(input))
+        if (rows < 0).any() or not (rows.sum(1) > 0).all():
+            raise RandomArgumentError("multinomial: the weights must be non-negative with a positive sum per row")
+        if not replacement and num_samples > (rows > 0).sum(1).min():
+            raise RandomArgumentError(f"multinomial: {num_samples} samples without replacement from rows with "
+                                      f"fewer non-zero weights")
+        gen = self._gen()
+        out = np.stack([gen.choice(rows.shape[1], num_samples, replace=bool(replacement), p=r / r.sum())
+                        for r in rows]).astype(np.int32)
+        return self._tensor(out[0] if w.ndim == 1 else out, dtype="int32", like=_first_tensor(input))
+
     def permutation(self, n, *, dtype: str = "int32"):
         """A random permutation of ``range(n)`` (int32, int16 or float32),
         or, for a tensor ``n``, a copy of it shuffled along its first axis.
@@ -295,6 +335,28 @@ def poisson(lam, size: Optional[Sequence[int]] = None):
         (2,)
     """
     return _default.poisson(lam, size)
+
+
+def exponential(rate=1.0, size: Optional[Sequence[int]] = None):
+    """``RNG().exponential`` on the global generator.
+
+    Example::
+
+        >>> gradcore.random.exponential(1.5, size=3).shape
+        (3,)
+    """
+    return _default.exponential(rate, size)
+
+
+def multinomial(input, num_samples: int, replacement: bool = False):  # noqa: A002 (MegEngine's name)
+    """``RNG().multinomial`` on the global generator.
+
+    Example::
+
+        >>> gradcore.random.multinomial(gc.tensor([[1.0, 0.0], [0.0, 1.0]]), 1).numpy().tolist()
+        [[0], [1]]
+    """
+    return _default.multinomial(input, num_samples, replacement)
 
 
 def permutation(n, *, dtype: str = "int32"):

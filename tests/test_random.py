@@ -62,3 +62,23 @@ def test_arguments_out_of_their_domain_are_assertion_and_value_errors():
             call()
         with pytest.raises(ValueError):
             call()
+
+
+def test_exponential_and_multinomial():
+    gc.random.seed(5)
+    e = R.exponential(2.0, size=20000).numpy()
+    assert e.dtype == np.float32 and e.min() >= 0 and abs(e.mean() - 0.5) < 0.02
+    assert R.exponential(gc.tensor([[1.0], [4.0]]), size=3).shape == (3, 2, 1)
+    for shape in ((0,), (10, 0, 10)):       # empty sizes, as MegEngine's test
+        for t in (R.uniform(0, 1, shape), R.normal(0, 1, shape), R.gamma(2, 1, shape), R.beta(2, 1, shape),
+                  R.poisson(2, shape), R.exponential(1.5, shape)):
+            assert t.shape == shape
+    counts = np.bincount(R.multinomial(gc.tensor([1.0, 2.0, 3.0, 4.0]), 20000, replacement=True).numpy(),
+                         minlength=4) / 20000
+    np.testing.assert_allclose(counts, [0.1, 0.2, 0.3, 0.4], atol=0.02)
+    rows = R.multinomial(gc.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]), 2)
+    assert rows.dtype == np.int32 and rows.shape == (2, 2)
+    assert R.multinomial(gc.tensor(np.ones((0, 10))), 2).shape == (0, 2)
+    assert sorted(rows.numpy()[0].tolist()) == [0, 1] and sorted(rows.numpy()[1].tolist()) == [1, 2]
+    with pytest.raises(AssertionError):
+        R.multinomial(gc.tensor([1.0, 0.0]), 2)         # without replacement: one non-zero weight
