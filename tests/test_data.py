@@ -707,3 +707,31 @@ def test_forked_workers_do_not_restart_openblas_threads():
     finally:
         blas._lookup()[2](before)
     assert threads.tolist() == [1, 1, 1, 1]
+
+
+def test_preload_gives_tensors_and_a_blocking_stream_times_out():
+    """MegEngine's ``preload``: the batches' arrays as Tensors; a stream
+    that blocks is reported after ``timeout`` (read in a thread), with or
+    without workers."""
+    import gradcore as gc
+    from gradcore.data import StreamDataset, StreamSampler
+    ds = ArrayDataset(np.arange(10, dtype=np.float32).reshape(5, 2), np.arange(5))
+    batches = list(DataLoader(ds, SequentialSampler(ds, batch_size=2), preload=True))
+    assert len(batches) == 3 and all(isinstance(t, gc.Tensor) for b in batches for t in b)
+    assert batches[2][0].numpy().tolist() == [[8.0, 9.0]]
+
+    class Blocking(StreamDataset):
+        def __init__(self):
+            pass
+
+        def __iter__(self):
+            yield (np.zeros(2, np.float32), 0)
+            time.sleep(30)
+            yield (np.zeros(2, np.float32), 1)
+
+    for workers in (0, 2):
+        loader = DataLoader(Blocking(), StreamSampler(batch_size=2), num_workers=workers, timeout=1)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="DataLoader timeout: the stream dataset gave no sample in 1 s"):
+            next(iter(loader))
+        assert time.monotonic() - start < 10

@@ -94,7 +94,14 @@ class DataLoader:
       them). It is off by default, as workers are started per epoch in
       MegEngine (and PyTorch): the workers of each epoch see the loader's
       dataset and transforms as they are then. Turn it on for speed when
-      they do not change between epochs.
+      they do not change between epochs; ``preload`` (MegEngine's) gives
+      the batches' arrays as gradcore Tensors (the next batch converted
+      while the current one is used). A ``StreamDataset`` is read once, in
+      this process, its samples shared out among the workers, whether or
+      not ``parallel_stream`` is set (MegEngine's workers then each iterate
+      the stream themselves, which a stream must shard by worker to avoid
+      duplicates); with a ``timeout`` the reading runs in a thread, so that
+      a stream that blocks is reported after ``timeout`` as well.
 
     Batches come out as NumPy arrays (as MegEngine's); with workers, they
     are views of shared memory that the workers write again only once the
@@ -113,7 +120,8 @@ class DataLoader:
     """
 
     def __init__(self, dataset: Any, sampler: Optional[Sampler] = None, transform: Optional[Transform] = None,
-                 collator: Optional[Collator] = None, num_workers: int = 0, timeout: float = 0, *,
+                 collator: Optional[Collator] = None, num_workers: int = 0, timeout: float = 0,
+                 preload: bool = False, parallel_stream: bool = False, *,
                  seed: Optional[int] = None, prefetch_factor: int = 2,
                  multiprocessing_context: Optional[str] = None, persistent_workers: bool = False):
         self._stream = isinstance(dataset, StreamDataset)
@@ -165,6 +173,7 @@ class DataLoader:
         self.prefetch_factor = prefetch_factor
         self.multiprocessing_context = multiprocessing_context
         self.persistent_workers = bool(persistent_workers)
+        self.preload, self.parallel_stream = bool(preload), bool(parallel_stream)
         self._pool: Optional[_Workers] = None      # persistent workers between epochs
         self._epoch = 0             # the epoch the next iteration is
         self._skip = 0              # batches of that epoch already consumed (after a load)
@@ -185,7 +194,7 @@ class DataLoader:
         cls = _ParallelIter if self.num_workers > 0 else _SerialIter
         it = cls(self, epoch, skip, sampler_state)
         self._current = weakref.ref(it)
-        return it
+        return _Preloaded(it) if self.preload else it
 
     # ------------------------------------------------------------ resuming
     def state_dict(self) -> Dict[str, Any]:
@@ -323,6 +332,8 @@ def _tasks(loader: DataLoader, skip: int) -> Iterator[List]:
         return
     stream = iter(loader.dataset)
     per_batch = loader.sampler.batch_size * loader.sampler.world_size
+    if loader.timeout:
+        stream = _TimedStream(stream, loader.timeout)
     for offsets in loader.sampler:
         chunk = list(itertools.islice(stream, per_batch))
         mine = [chunk[k] for k in offsets if k < len(chunk)]
@@ -331,6 +342,79 @@ def _tasks(loader: DataLoader, skip: int) -> Iterator[List]:
         yield mine
         if len(chunk) < per_batch:
             return
+
+
+class _TimedStream:
+    """A stream's samples read ahead by a daemon thread (a queue of a few):
+    ``next`` raises the loader's timeout error when none comes in time,
+    where the stream itself would block the loader for ever."""
+
+    def __init__(self, stream, timeout: float):
+        import queue
+        import threading
+        self.timeout, self.queue = timeout, queue.Queue(maxsize=64)
+
+        def pump(q=self.queue):
+            try:
+                for sample in stream:
+                    q.put(("item", sample))
+                q.put(("end", None))
+            except BaseException as exc:       # the stream's own error, raised where it is read
+                q.put(("error", exc))
+        threading.Thread(target=pump, name="gradcore-dataloader-stream", daemon=True).start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import queue
+        try:
+            kind, value = self.queue.get(timeout=self.timeout)
+        except queue.Empty:
+            raise RuntimeError(f"DataLoader timeout: the stream dataset gave no sample in {self.timeout} s") from None
+        if kind == "item":
+            return value
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+
+def _as_tensors(batch):
+    """``batch`` with its NumPy arrays made Tensors (``preload``)."""
+    from .._core import Tensor
+    if isinstance(batch, np.ndarray):
+        return Tensor(batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*[_as_tensors(b) for b in batch])
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_as_tensors(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _as_tensors(v) for k, v in batch.items()}
+    return batch
+
+
+class _Preloaded:
+    """An epoch's batches as Tensors, the next one converted ahead
+    (MegEngine's ``preload``); ends with the epoch it wraps."""
+
+    def __init__(self, it):
+        self.it, self.ahead = it, None
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+    def __next__(self):
+        if self.ahead is None:
+            self.ahead = _as_tensors(next(self.it))
+        batch, self.ahead = self.ahead, None
+        try:
+            self.ahead = _as_tensors(next(self.it))
+        except StopIteration:
+            pass
+        return batch
 
 
 class _BaseIter:
