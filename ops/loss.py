@@ -451,15 +451,17 @@ def _ctc_setup(lp, targets, il, tl, blank):
     lpe = lp[:, np.arange(N)[:, None], ext]                 # (T, N, L)
     lpe = np.where(valid[None], lpe, -np.inf)
     skip = np.zeros((N, L), bool)
-    skip[:, 2:] = (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])
+    # (MegEngine's rule: a label the same as the blank symbol may be skipped to too)
+    skip[:, 2:] = ext[:, 2:] != ext[:, :-2]
     return T, N, C, L, il, tl, ext, lpe, skip
 
 
-def _ctc_alpha(lpe, skip, T, N, L):
+def _ctc_alpha(lpe, skip, T, N, L, floor=-np.inf):
     alpha = np.full((T, N, L), -np.inf, lpe.dtype)
     if T == 0:
         return alpha
     alpha[0, :, :2] = lpe[0, :, :2]
+    alpha[0, :, 2:] = floor             # the states no alignment starts in (MegEngine: log of the tiniest float)
     neg = np.full((N, 1), -np.inf, lpe.dtype)
     for t in range(1, T):
         a = alpha[t - 1]
@@ -485,11 +487,14 @@ class CTCLoss(Op):
     name = "CTCLoss"
     reduce_broadcast = False
     devices = ("cpu", "cuda")
-    attrs = ("blank",)
+    attrs = ("blank", "floor")
     max_grad_order = 1      # CTCLossGrad declares no gradient: check_op's gradgrad is not applicable
 
-    def __init__(self, blank: int = 0):
-        self.blank = int(blank)
+    def __init__(self, blank: int = 0, floor: float = -math.inf):
+        # floor: the log-probability the alignments that cannot start at t = 0
+        # start with: -inf (PyTorch's: an impossible target's loss is inf),
+        # or MegEngine's log of the dtype's tiniest number (a large finite loss)
+        self.blank, self.floor = int(blank), float(floor)
 
     @classmethod
     def examples(cls):
@@ -506,18 +511,18 @@ class CTCLoss(Op):
 
     def cpu(self, lp, targets, il, tl):
         T, N, C, L, il, tl, ext, lpe, skip = _ctc_setup(lp, targets, il, tl, self.blank)
-        return _ctc_nll(_ctc_alpha(lpe, skip, T, N, L), il, tl, N).astype(lp.dtype)
+        return _ctc_nll(_ctc_alpha(lpe, skip, T, N, L, self.floor), il, tl, N).astype(lp.dtype)
 
     def vjp(self, inputs, outputs, grads):
         (lp, targets, il, tl), (nll,), (g,) = inputs, outputs, grads
-        (d,) = apply(CTCLossGrad(self.blank), lp, targets, il, tl, nll, g)
+        (d,) = apply(CTCLossGrad(self.blank, self.floor), lp, targets, il, tl, nll, g)
         return [d, None, None, None]
 
     def cuda(self, be, lp, targets, il, tl):
         return _ctc_launch(self, be, lp, targets, il, tl)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        """``gc_ctcloss_<ctype>(lp, targets, il, tl, nll, work, T, N, C, S, blank)``:
+        """``gc_ctcloss_<ctype>(lp, targets, il, tl, nll, work, T, N, C, S, blank, floor)``:
         one thread per sample, the alpha recursion in log space over a
         (N, 2, 2S+1) workspace of two rows; lengths and targets int64."""
         return _ctc_source(ctype, backward=False)
@@ -529,10 +534,10 @@ class CTCLossGrad(Op):
     Declares no gradient of its own (as PyTorch's ctc_loss: no double backward)."""
     name = "CTCLossGrad"
     devices = ("cpu", "cuda")
-    attrs = ("blank",)
+    attrs = ("blank", "floor")
 
-    def __init__(self, blank: int = 0):
-        self.blank = int(blank)
+    def __init__(self, blank: int = 0, floor: float = -math.inf):
+        self.blank, self.floor = int(blank), float(floor)
 
     @classmethod
     def examples(cls):
@@ -550,7 +555,7 @@ class CTCLossGrad(Op):
 
     def cpu(self, lp, targets, il, tl, nll, g):
         T, N, C, L, il, tl, ext, lpe, skip = _ctc_setup(lp, targets, il, tl, self.blank)
-        alpha = _ctc_alpha(lpe, skip, T, N, L)
+        alpha = _ctc_alpha(lpe, skip, T, N, L, self.floor)
         beta = np.full((T, N, L), -np.inf, lp.dtype)
         n = np.arange(N)
         neg = np.full((N, 1), -np.inf, lp.dtype)
@@ -572,6 +577,8 @@ class CTCLossGrad(Op):
         with np.errstate(invalid="ignore", over="ignore"):
             occ = np.exp(alpha + beta - lpe + np.where(ok, nll, 0)[None, :, None])
         occ = np.where(np.isfinite(alpha + beta)[...] & ok[None, :, None], occ, 0.0)
+        if T:
+            occ[0, :, 2:] = 0.0         # a floor start depends on no log-probability
         onehot = (ext[:, :, None] == np.arange(C)[None, None, :]).astype(lp.dtype)   # (N, L, C)
         grad = -np.einsum("tns,nsc->tnc", occ, onehot)
         return (grad * np.asarray(g, lp.dtype)[None, :, None]).astype(lp.dtype)
@@ -580,7 +587,7 @@ class CTCLossGrad(Op):
         return _ctc_launch(self, be, lp, targets, il, tl, nll, g)
 
     def cuda_source(self, ctype: str = "float") -> str:
-        """``gc_ctclossgrad_<ctype>(lp, targets, il, tl, nll, g, grad, work, T, N, C, S, blank)``:
+        """``gc_ctclossgrad_<ctype>(lp, targets, il, tl, nll, g, grad, work, T, N, C, S, blank, floor)``:
         one thread per sample: alpha forward into a (N, T, 2S+1) workspace,
         then beta backward (two rows) accumulating the gradient of its
         (T, C) slice, zeroed first."""
@@ -600,12 +607,14 @@ def _ctc_launch(op, be, lp, targets, il, tl, nll=None, g=None):
         out = be.empty((N,), lp.dtype)
         work = be.empty((max(N * 2 * L, 1),), lp.dtype)
         if N:
-            be.launch_n(be.kernel(op, T_), N, lp, targets, il, tl, out, work, T, N, C, S, op.blank)
+            be.launch_n(be.kernel(op, T_), N, lp, targets, il, tl, out, work, T, N, C, S, op.blank,
+                        lp.dtype.type(op.floor))
         return out
     out = be.empty((T, N, C), lp.dtype)
     work = be.empty((max(N * (T + 2) * L, 1),), lp.dtype)
     if N:
-        be.launch_n(be.kernel(op, T_), N, lp, targets, il, tl, nll, g, out, work, T, N, C, S, op.blank)
+        be.launch_n(be.kernel(op, T_), N, lp, targets, il, tl, nll, g, out, work, T, N, C, S, op.blank,
+                    lp.dtype.type(op.floor))
     return out
 
 
@@ -624,19 +633,19 @@ template <class V> static __device__ V gc_ctc_lse(V a, V b) {
 #define GC_LAB(s) ((s) % 2 == 0 ? blank : (targets[n * S + (s) / 2] < 0 ? 0 : \
     (targets[n * S + (s) / 2] >= C ? C - 1 : targets[n * S + (s) / 2])))
 #define GC_LP(t, s) lp[((t) * N + n) * C + GC_LAB(s)]
-#define GC_SKIP(s) ((s) >= 2 && GC_LAB(s) != blank && GC_LAB(s) != GC_LAB((s) - 2))
+#define GC_SKIP(s) ((s) >= 2 && GC_LAB(s) != GC_LAB((s) - 2))
 #endif
 """
 _CTC = Kernel('ctcloss', 'const T* __restrict__ lp, const long long* __restrict__ targets, '
               'const long long* __restrict__ il, const long long* __restrict__ tl, T* __restrict__ nll, '
-              'T* __restrict__ work, long long Tmax, long long N, long long C, long long S, long long blank', """
+              'T* __restrict__ work, long long Tmax, long long N, long long C, long long S, long long blank, T floor', """
     const T NEG = -INFINITY;
     long long Tn = il[n] < 0 ? 0 : (il[n] > Tmax ? Tmax : il[n]);
     long long Sn = tl[n] < 0 ? 0 : (tl[n] > S ? S : tl[n]);
     const long long Ln = 2 * Sn + 1, LL = 2 * S + 1;
     T* a0 = work + n * 2 * LL; T* a1 = a0 + LL;
     if (Tn == 0) { nll[n] = Sn == 0 ? 0 : INFINITY; continue; }
-    for (long long s = 0; s < Ln; ++s) a0[s] = s < 2 ? GC_LP(0, s) : NEG;
+    for (long long s = 0; s < Ln; ++s) a0[s] = s < 2 ? GC_LP(0, s) : floor;
     for (long long t = 1; t < Tn; ++t) {
         for (long long s = 0; s < Ln; ++s) {
             T v = a0[s];
@@ -652,7 +661,7 @@ _CTC = Kernel('ctcloss', 'const T* __restrict__ lp, const long long* __restrict_
 _CTC_GRAD = Kernel('ctclossgrad', 'const T* __restrict__ lp, const long long* __restrict__ targets, '
                    'const long long* __restrict__ il, const long long* __restrict__ tl, const T* __restrict__ nll, '
                    'const T* __restrict__ g, T* __restrict__ grad, T* __restrict__ work, long long Tmax, '
-                   'long long N, long long C, long long S, long long blank', """
+                   'long long N, long long C, long long S, long long blank, T floor', """
     const T NEG = -INFINITY;
     long long Tn = il[n] < 0 ? 0 : (il[n] > Tmax ? Tmax : il[n]);
     long long Sn = tl[n] < 0 ? 0 : (tl[n] > S ? S : tl[n]);
@@ -662,7 +671,7 @@ _CTC_GRAD = Kernel('ctclossgrad', 'const T* __restrict__ lp, const long long* __
     if (Tn == 0 || isinf(total) || isnan(total)) continue;
     T* alpha = work + n * (Tmax + 2) * LL;
     T* b0 = alpha + Tmax * LL; T* b1 = b0 + LL;
-    for (long long s = 0; s < Ln; ++s) alpha[s] = s < 2 ? GC_LP(0, s) : NEG;
+    for (long long s = 0; s < Ln; ++s) alpha[s] = s < 2 ? GC_LP(0, s) : floor;
     for (long long t = 1; t < Tn; ++t)
         for (long long s = 0; s < Ln; ++s) {
             T v = alpha[(t - 1) * LL + s];
@@ -683,7 +692,7 @@ _CTC_GRAD = Kernel('ctclossgrad', 'const T* __restrict__ lp, const long long* __
         }
         for (long long s = 0; s < Ln; ++s) {
             const T ab = alpha[t * LL + s] + b0[s];
-            if (isinf(ab)) continue;
+            if (isinf(ab) || (t == 0 && s >= 2)) continue;      // (a floor start depends on no log prob)
             grad[(t * N + n) * C + GC_LAB(s)] -= g[n] * exp(ab - GC_LP(t, s) + total);
         }
     }""", over="N", index="n")

@@ -154,13 +154,17 @@ def test_ctc_loss_concatenated_targets_and_zero_infinity():
     # an impossible alignment: 4 labels with a repeat in 2 frames
     il2 = np.array([2, 9, 11])
     ref = TF.ctc_loss(torch.tensor(logits).log_softmax(2), torch.tensor(targets), torch.tensor(il2),
-                      torch.tensor(tl), reduction="none", zero_infinity=False)
-    got = F.nn.ctc_loss(lp, il2, gc.tensor(targets), tl, reduction="none")
-    assert np.isinf(got.numpy()[0]) and np.isinf(ref.numpy()[0])
+                      torch.tensor(tl), reduction="none", zero_infinity=False).numpy()
+    got = F.nn.ctc_loss(lp, il2, gc.tensor(targets), tl, reduction="none").numpy()
+    # MegEngine's: a large finite loss (paths from log(tiny)); PyTorch's inf; the others equal
+    assert np.isinf(ref[0]) and np.isfinite(got[0]) and got[0] > 60         # about -log(float32 tiny) = 87
+    np.testing.assert_allclose(got[1:], ref[1:], **TOL)
+    # PyTorch's semantics (the op's default floor, -inf), zero_infinity included
+    from gradcore.functional.loss import _ctc_of_log_probs
     x = gc.tensor(logits)
     gm = gc.GradManager().attach([x])
     with gm:
-        loss = F.nn.ctc_loss(F.softmax(x, 2), il2, gc.tensor(targets), tl, zero_infinity=True)
+        loss = _ctc_of_log_probs(F.log_softmax(x, 2), gc.tensor(targets), il2, tl, 0, "mean", True)
         gm.backward(loss)
     xt = torch.tensor(logits, requires_grad=True)
     lt = TF.ctc_loss(xt.log_softmax(2), torch.tensor(targets), torch.tensor(il2), torch.tensor(tl),
@@ -168,6 +172,45 @@ def test_ctc_loss_concatenated_targets_and_zero_infinity():
     lt.backward()
     np.testing.assert_allclose(loss.numpy(), lt.detach().numpy(), **TOL)
     np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), **TOL)
+
+
+def test_ctc_loss_megengines_naive_reference_with_impossible_labels():
+    """MegEngine's own test: random labels up to T + 1 long (some impossible),
+    against its NumPy reference (the recursion from log(tiny)); values and
+    the gradient of the probabilities by finite differences."""
+    def reference(pred, pred_lengths, label, label_lengths, blank):
+        tiny = np.finfo(np.float32).tiny        # MegEngine computes in float32
+        safelog = lambda v: np.log(np.maximum(v, tiny))
+        out, start = [], 0
+        for n in range(pred.shape[1]):
+            lab = label[start:start + label_lengths[n]]
+            start += label_lengths[n]
+            ext = np.full(2 * len(lab) + 1, blank)
+            ext[1::2] = lab
+            p = pred[:pred_lengths[n], n]
+            a = np.zeros(len(ext), pred.dtype)
+            a[:2] = p[0, ext[:2]]
+            a = safelog(a)
+            mask = ext[2:] != ext[:-2]
+            for t in range(1, len(p)):
+                b = a.copy()
+                b[1:] = np.logaddexp(b[1:], a[:-1])
+                b[2:] = np.where(mask, np.logaddexp(b[2:], a[:-2]), b[2:])
+                a = b + safelog(p[t, ext])
+            out.append(-np.logaddexp(a[-1], a[-2]))
+        return np.array(out)
+    rng = np.random.default_rng(8)
+    for T, C, N in ((1, 2, 1), (6, 5, 4), (9, 3, 6)):
+        x = rng.standard_normal((T, N, C))
+        pred = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+        il = np.full(N, T, np.int32)
+        tl = rng.integers(1, T + 2, N).astype(np.int32)
+        label = rng.integers(1, C, tl.sum()).astype(np.int32)
+        blank = int(rng.integers(C))            # labels may be the blank symbol, as in MegEngine's test
+        got = F.nn.ctc_loss(gc.tensor(pred), gc.tensor(il), gc.tensor(label), gc.tensor(tl), blank, "none")
+        np.testing.assert_allclose(got.numpy(), reference(pred, il, label, tl, blank), rtol=1e-10)
+        assert gradcheck(lambda p: F.nn.ctc_loss(p, gc.tensor(il), gc.tensor(label), gc.tensor(tl), blank, "sum"),
+                         [gc.tensor(pred)], atol=1e-4, rtol=1e-3)
 
 
 def test_ctc_loss_gradient_wrt_log_probs_is_the_true_one():

@@ -172,13 +172,15 @@ def ctc_loss(pred: Tensor, pred_lengths, label, label_lengths, blank: int = 0, r
              zero_infinity: bool = False) -> Tensor:
     """Connectionist temporal classification loss, MegEngine's
     ``F.nn.ctc_loss``: ``pred`` (T, N, C) the probabilities (a softmax's
-    output; their log is taken at no less than the dtype's tiniest number),
+    output; their log is taken at no less than float32's tiniest number),
     ``pred_lengths`` (N,), ``label`` (N, S) padded or 1-D concatenated
     (sum(label_lengths),), ``label_lengths`` (N,). "mean" divides each
     sample's loss by its label length, then averages (as PyTorch's
-    ``ctc_loss`` on the log-probabilities does); ``zero_infinity`` (as
-    PyTorch's) turns impossible alignments' infinite losses and their
-    gradients into 0.
+    ``ctc_loss`` on the log-probabilities does). As MegEngine's, a label no
+    alignment can produce gets a large finite loss (every path starts from
+    at least float32's tiniest probability), where PyTorch's is inf; for
+    the others the values are PyTorch's. ``zero_infinity`` (PyTorch's)
+    turns infinite losses and their gradients into 0.
 
     Example::
 
@@ -189,13 +191,17 @@ def ctc_loss(pred: Tensor, pred_lengths, label, label_lengths, blank: int = 0, r
     p = _t(pred)
     if p.ndim != 3:
         raise ArgumentError(f"ctc_loss: pred must be (T, N, C), got shape {p.shape}")
-    tiny = float(np.finfo(p.dtype).tiny) if p.dtype.kind == "f" else 1e-38
+    # MegEngine's recursion starts the states no alignment starts in at
+    # log(tiny) too: an impossible label gets a large finite loss, not inf.
+    # float32's tiny whatever the dtype: MegEngine computes in float32, and a
+    # float64 run gives its losses
+    tiny = float(np.finfo(np.float32).tiny)
     return _ctc_of_log_probs(log(maximum(p, tiny)), label, pred_lengths, label_lengths, blank, reduction,
-                             zero_infinity)
+                             zero_infinity, floor=float(np.log(tiny)))
 
 
 def _ctc_of_log_probs(log_probs: Tensor, targets, input_lengths, target_lengths, blank: int,
-                      reduction: str, zero_infinity: bool) -> Tensor:
+                      reduction: str, zero_infinity: bool, floor: float = float("-inf")) -> Tensor:
     """The CTC loss of log-probabilities (T, N, C), in PyTorch's argument
     order: what ``ctc_loss`` computes after taking its ``pred``'s log."""
     lp = _t(log_probs)
@@ -230,7 +236,7 @@ def _ctc_of_log_probs(log_probs: Tensor, targets, input_lengths, target_lengths,
                          f"got {tg.shape}, {il.shape} and {tl.shape}")
     if not 0 <= blank < lp.shape[2]:
         raise ArgumentError(f"ctc_loss: blank {blank} is not a class of pred {lp.shape}")
-    loss = _apply(CTCLoss(blank), lp, tg, il, tl)[0]
+    loss = _apply(CTCLoss(blank, floor), lp, tg, il, tl)[0]
     if zero_infinity:
         loss = where(loss == float("inf"), 0.0, loss)
     if reduction == "none":
