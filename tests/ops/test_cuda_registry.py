@@ -38,6 +38,7 @@ def _instances():
         "ArgReduce": [reduce.ArgReduce("argmax", 1), reduce.ArgReduce("argmin")],
         "CumSum": [reduce.CumSum(1), reduce.CumSum(0, True)],
         "MatrixMul": [linalg.MatrixMul(ta, tb) for ta in (False, True) for tb in (False, True)],
+        "MatrixInverse": [linalg.MatrixInverse()],
         "Reshape": [shape.Reshape((3, -1))],
         "ReshapeLike": [shape.ReshapeLike()],
         "Transpose": [shape.Transpose((1, 0, 2)), shape.Transpose(())],
