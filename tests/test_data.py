@@ -735,3 +735,31 @@ def test_preload_gives_tensors_and_a_blocking_stream_times_out():
         with pytest.raises(RuntimeError, match="DataLoader timeout: the stream dataset gave no sample in 1 s"):
             next(iter(loader))
         assert time.monotonic() - start < 10
+
+
+class _Sharded(StreamDataset):
+    """A stream that shards itself by the worker reading it (MegEngine's
+    parallel_stream idiom): 0..n-1, each value once over all workers."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        from gradcore.data import get_worker_info
+        info = get_worker_info()
+        start, step = (info.idx, info.worker) if info is not None else (0, 1)
+        for v in range(start, self.n, step):
+            yield (np.full(2, v, np.float32), v)
+
+
+def test_parallel_stream_workers_read_their_own_shards():
+    from gradcore.data import StreamSampler, get_worker_info
+    assert get_worker_info() is None                  # not in a worker
+    for persistent in (False, True):
+        loader = DataLoader(_Sharded(20), StreamSampler(batch_size=3), num_workers=2, parallel_stream=True,
+                            timeout=60, persistent_workers=persistent)
+        for _ in range(2):                             # each epoch from the stream's start
+            seen = [int(v) for _, labels in loader for v in labels]
+            # batches alternate between the workers until one's shard ends
+            assert seen[:6] == [0, 2, 4, 1, 3, 5] and len(seen) == len(set(seen))
+            assert set(seen) <= set(range(20)) and len(seen) >= 18

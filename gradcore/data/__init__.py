@@ -19,11 +19,11 @@ Example::
 """
 from . import transform
 from .collator import Collator
-from .dataloader import DataLoader
+from .dataloader import DataLoader, WorkerInfo, get_worker_info
 from .dataset import ArrayDataset, ConcatDataset, Dataset, MapDataset, StreamDataset
 from .sampler import (Infinite, MapSampler, RandomSampler, ReplacementSampler, Sampler, SequentialSampler,
                       StreamSampler)
 
 __all__ = ["Dataset", "MapDataset", "StreamDataset", "ArrayDataset", "ConcatDataset", "Sampler", "MapSampler",
            "SequentialSampler", "RandomSampler", "ReplacementSampler", "StreamSampler", "Infinite",
-           "Collator", "DataLoader", "transform"]
+           "Collator", "DataLoader", "WorkerInfo", "get_worker_info", "transform"]

@@ -96,12 +96,13 @@ class DataLoader:
       dataset and transforms as they are then. Turn it on for speed when
       they do not change between epochs; ``preload`` (MegEngine's) gives
       the batches' arrays as gradcore Tensors (the next batch converted
-      while the current one is used). A ``StreamDataset`` is read once, in
-      this process, its samples shared out among the workers, whether or
-      not ``parallel_stream`` is set (MegEngine's workers then each iterate
-      the stream themselves, which a stream must shard by worker to avoid
-      duplicates); with a ``timeout`` the reading runs in a thread, so that
-      a stream that blocks is reported after ``timeout`` as well.
+      while the current one is used). A ``StreamDataset`` is read in this
+      process, its samples shared out among the workers, or with
+      ``parallel_stream`` (MegEngine's) by each worker itself, each epoch
+      from the start (a stream shards itself by ``get_worker_info()``;
+      the epoch ends when a worker's stream does); with a ``timeout`` the
+      reading in this process runs in a thread, so that a stream that
+      blocks is reported after ``timeout`` as well.
 
     Batches come out as NumPy arrays (as MegEngine's); with workers, they
     are views of shared memory that the workers write again only once the
@@ -245,6 +246,45 @@ class DataLoader:
 
 # ---------------------------------------------------------------- loading one batch
 
+class WorkerInfo:
+    """Which worker process this is, MegEngine's ``WorkerInfo``: ``idx``
+    (0 .. worker - 1), ``worker`` (how many), ``seed`` (the loader's).
+    Read-only."""
+
+    __slots__ = ("idx", "worker", "seed")
+
+    def __init__(self, idx: int, worker: int, seed: int):
+        object.__setattr__(self, "idx", idx)
+        object.__setattr__(self, "worker", worker)
+        object.__setattr__(self, "seed", seed)
+
+    def __setattr__(self, key, value):
+        raise RuntimeError(f"Cannot assign attributes to {type(self).__name__} objects")
+
+    def __repr__(self):
+        return f"WorkerInfo(idx={self.idx}, worker={self.worker}, seed={self.seed})"
+
+
+_worker_info: Optional[WorkerInfo] = None
+
+
+def get_worker_info() -> Optional[WorkerInfo]:
+    """In a DataLoader worker process, its ``WorkerInfo``; None elsewhere
+    (MegEngine's ``get_worker_info``): a ``StreamDataset`` read with
+    ``parallel_stream=True`` shards itself by ``idx`` and ``worker``.
+
+    Example::
+
+        >>> info = get_worker_info()          # in a dataset's __iter__
+        >>> mine = data[info.idx::info.worker] if info is not None else data
+    """
+    return _worker_info
+
+
+class _StreamEnd(Exception):
+    """A worker's own stream (``parallel_stream``) has no more samples."""
+
+
 def _seed_batch(seed: int, epoch: int, position: int, in_worker: bool) -> None:
     # rng()'s generator is made from (seed, epoch, position) when a
     # transform first asks for it
@@ -281,11 +321,14 @@ class _Job:
     """What loading a batch needs, and nothing else: a worker gets this
     (pickled under "spawn"), not the loader with its sampler and iterators."""
 
-    __slots__ = ("dataset", "transform", "collator", "stream", "plain", "gather")
+    __slots__ = ("dataset", "transform", "collator", "stream", "plain", "gather", "own_stream", "_own")
 
     def __init__(self, loader: DataLoader):
         self.dataset, self.transform, self.collator = loader.dataset, loader.transform, loader.collator
         self.stream = loader._stream
+        # each worker iterates the stream itself (MegEngine's parallel_stream)
+        self.own_stream = loader._stream and loader.parallel_stream and loader.num_workers > 0
+        self._own = None            # (epoch, this worker's iterator of the stream)
         self.plain = _is_plain_arrays(loader)
         # an ArrayDataset's samples: one fancy index per array, then rows
         # (the values of dataset[i], at a third of the cost; rows of a copy,
@@ -296,9 +339,10 @@ class _Job:
                        and all(type(a) is np.ndarray and a.ndim >= 1 for a in ds.arrays))
 
     def __getstate__(self):
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {k: getattr(self, k) for k in self.__slots__ if k != "_own"}
 
     def __setstate__(self, state):
+        self._own = None
         for k, v in state.items():
             setattr(self, k, v)
 
@@ -306,7 +350,15 @@ class _Job:
         """The batch at ``position`` of ``epoch``: ``payload`` is its
         indices (map dataset) or its samples (stream)."""
         _seed_batch(seed, epoch, position, in_worker)
-        if self.stream:
+        if self.own_stream:
+            # payload: how many samples; from this worker's own iterator of
+            # the stream, made anew each epoch
+            if self._own is None or self._own[0] != epoch:
+                self._own = (epoch, iter(self.dataset))
+            samples = list(itertools.islice(self._own[1], payload))
+            if not samples:
+                raise _StreamEnd
+        elif self.stream:
             samples = payload
         elif self.plain:
             idx = np.asarray(payload, dtype=np.int64)
@@ -329,6 +381,11 @@ def _tasks(loader: DataLoader, skip: int) -> Iterator[List]:
             if next(batches, None) is None:
                 break
         yield from batches
+        return
+    if loader.parallel_stream and loader.num_workers > 0:
+        # the workers read the stream themselves: a batch's task is its size
+        for offsets in loader.sampler:
+            yield len(offsets)
         return
     stream = iter(loader.dataset)
     per_batch = loader.sampler.batch_size * loader.sampler.world_size
@@ -505,11 +562,14 @@ class _PlainStr(str):
         return str(self)
 
 
-def _worker_loop(wid: int, job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> None:
+def _worker_loop(wid: int, workers: int, seed: int, job: _Job, task_conn, result_conn, prefix: str,
+                 parent_pid: int) -> None:
     """A worker process: take (seed, epoch, position, payload, freed slots)
     tasks until None, send back each batch's slot message or its error."""
     # Ctrl-C reaches the whole process group; the parent stops the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    global _worker_info
+    _worker_info = WorkerInfo(wid, workers, seed)
     try:
         # NumPy's BLAS on one thread in the workers (as PyTorch's workers): a
         # worker per core, each with a BLAS thread per core, would
@@ -543,6 +603,8 @@ def _serve(job: _Job, task_conn, result_conn, prefix: str, parent_pid: int) -> N
         try:
             batch = job.load(seed, epoch, position, payload, in_worker=True)
             message = ("ok", position, slots.write(batch, _segment_name(prefix, epoch, position)))
+        except _StreamEnd:
+            message = ("end", position, None)
         except Exception as exc:
             try:
                 cls = pickle.dumps(type(exc))
@@ -670,7 +732,8 @@ class _ParallelIter(_BaseIter):
             task_r, task_w = ctx.Pipe(duplex=False)
             result_r, result_w = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker_loop, name=f"gradcore-dataloader-{wid}", daemon=True,
-                            args=(wid, _Job(loader), task_r, result_w, w.prefix, os.getpid()))
+                            args=(wid, loader.num_workers, loader.seed, _Job(loader), task_r, result_w, w.prefix,
+                                  os.getpid()))
             p.start()
             task_r.close()
             result_w.close()
@@ -723,6 +786,10 @@ class _ParallelIter(_BaseIter):
             wid, message = self._wait_for(position)
             self._owner.pop(position, None)
             status, _, body = message
+            if status == "end":         # a worker's own stream ended (parallel_stream): so does the epoch
+                w.pending.discard(_segment_name(w.prefix, self.epoch, position))
+                self._shutdown()
+                raise StopIteration
             if status == "err":
                 w.pending.discard(_segment_name(w.prefix, self.epoch, position))
                 _reraise(wid, position, body)
