@@ -726,8 +726,9 @@ def test_preload_gives_tensors_and_a_blocking_stream_times_out():
 
         def __iter__(self):
             yield (np.zeros(2, np.float32), 0)
-            time.sleep(30)
+            time.sleep(3)
             yield (np.zeros(2, np.float32), 1)
+            yield (np.zeros(2, np.float32), 2)
 
     for workers in (0, 2):
         loader = DataLoader(Blocking(), StreamSampler(batch_size=2), num_workers=workers, timeout=1)
@@ -735,6 +736,11 @@ def test_preload_gives_tensors_and_a_blocking_stream_times_out():
         with pytest.raises(RuntimeError, match="DataLoader timeout: the stream dataset gave no sample in 1 s"):
             next(iter(loader))
         assert time.monotonic() - start < 10
+    # the reading threads end once the stream gives them a sample (nothing reads it any more)
+    import threading
+    for t in [t for t in threading.enumerate() if t.name == "gradcore-dataloader-stream"]:
+        t.join(10)
+        assert not t.is_alive()
 
 
 class _Sharded(StreamDataset):

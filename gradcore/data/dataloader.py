@@ -410,15 +410,27 @@ class _TimedStream:
         import queue
         import threading
         self.timeout, self.queue = timeout, queue.Queue(maxsize=64)
+        self.stopped = stop = threading.Event()     # set when the loader gave up: the thread ends
 
-        def pump(q=self.queue):
+        def put(item, q=self.queue):
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    pass
+            return False
+
+        def pump():
             try:
                 for sample in stream:
-                    q.put(("item", sample))
-                q.put(("end", None))
+                    if stop.is_set() or not put(("item", sample)):
+                        return
+                put(("end", None))
             except BaseException as exc:       # the stream's own error, raised where it is read
-                q.put(("error", exc))
-        threading.Thread(target=pump, name="gradcore-dataloader-stream", daemon=True).start()
+                put(("error", exc))
+        self.thread = threading.Thread(target=pump, name="gradcore-dataloader-stream", daemon=True)
+        self.thread.start()
 
     def __iter__(self):
         return self
@@ -428,6 +440,8 @@ class _TimedStream:
         try:
             kind, value = self.queue.get(timeout=self.timeout)
         except queue.Empty:
+            # the thread stops once the stream gives it its next sample
+            self.stopped.set()
             raise RuntimeError(f"DataLoader timeout: the stream dataset gave no sample in {self.timeout} s") from None
         if kind == "item":
             return value
