@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from .._core import Tensor, apply as _apply
-from ..ops.vision import INTERPOLATE_MODES as _INTERPOLATE_MODES, Interpolate
+from ..ops.vision import Interpolate
 from ._args import _int_arg, _int_tuple, _t
 from .shape import expand_dims, reshape, squeeze, transpose
 from ..op import ArgumentError
