@@ -87,6 +87,19 @@ cdef object _scalar_array(int typenum, double value):
     return out
 
 
+cdef double _sum(cnp.ndarray a, int typenum):
+    """The sum of ``a``'s elements in its own dtype (NumPy starts from the
+    identity: a sum of -0.0 is 0.0), exactly representable as a double."""
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(a)
+    cdef float s32 = 0
+    cdef double s64 = 0
+    if typenum == cnp.NPY_FLOAT32:
+        s32 += _pairwise(<const float*>cnp.PyArray_DATA(a), n)
+        return s32
+    s64 += _pairwise(<const double*>cnp.PyArray_DATA(a), n)
+    return s64
+
+
 def full_sum(x):
     """``np.add.reduce(x, axis=None)`` as a 0-d array, bit for bit.
 
@@ -98,17 +111,7 @@ def full_sum(x):
     cdef int typenum = _small_float(x)
     if typenum < 0:
         return _np_sum(x, axis=None)
-    cdef cnp.ndarray a = <cnp.ndarray>x
-    cdef Py_ssize_t n = cnp.PyArray_SIZE(a)
-    cdef float s32
-    if typenum == cnp.NPY_FLOAT32:
-        # NumPy starts from the identity: a sum of -0.0 is 0.0
-        s32 = 0
-        s32 += _pairwise(<const float*>cnp.PyArray_DATA(a), n)
-        return _scalar_array(typenum, s32)
-    cdef double s64 = 0
-    s64 += _pairwise(<const double*>cnp.PyArray_DATA(a), n)
-    return _scalar_array(typenum, s64)
+    return _scalar_array(typenum, _sum(<cnp.ndarray>x, typenum))
 
 
 def full_mean(x):
@@ -123,14 +126,4 @@ def full_mean(x):
     cdef int typenum = _small_float(x)
     if typenum < 0:
         return _np_mean(x)
-    cdef cnp.ndarray a = <cnp.ndarray>x
-    cdef Py_ssize_t n = cnp.PyArray_SIZE(a)
-    cdef float s32
-    cdef double s64
-    if typenum == cnp.NPY_FLOAT32:
-        s32 = 0
-        s32 += _pairwise(<const float*>cnp.PyArray_DATA(a), n)
-        return _scalar_array(typenum, <double>s32 / <double>n)
-    s64 = 0
-    s64 += _pairwise(<const double*>cnp.PyArray_DATA(a), n)
-    return _scalar_array(typenum, s64 / <double>n)
+    return _scalar_array(typenum, _sum(<cnp.ndarray>x, typenum) / <double>cnp.PyArray_SIZE(<cnp.ndarray>x))
