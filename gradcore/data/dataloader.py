@@ -451,17 +451,12 @@ class _TimedStream:
 
 
 def _as_tensors(batch):
-    """``batch`` with its NumPy arrays made Tensors (``preload``)."""
+    """``batch`` with its NumPy arrays made Tensors (``preload``), its
+    structure kept as the shared-memory slots take it apart."""
     from .._core import Tensor
-    if isinstance(batch, np.ndarray):
-        return Tensor(batch)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*[_as_tensors(b) for b in batch])
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_as_tensors(b) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _as_tensors(v) for k, v in batch.items()}
-    return batch
+    arrays: List[np.ndarray] = []
+    spec = _shm._flatten(batch, arrays)
+    return _shm._rebuild(spec, [Tensor(a) for a in arrays])
 
 
 class _Preloaded:

@@ -88,6 +88,14 @@ def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear
     return _apply(_Interpolate(_resize_sizes(x, size, scale_factor, 2), mode, corners), x)[0]
 
 
+def _images(name: str, inp) -> Tensor:
+    """``inp`` as a tensor of NHWC images, or an error naming ``name``."""
+    x = _t(inp)
+    if x.ndim != 4:
+        raise ArgumentError(f"{name}: inp must be images (N, H, W, C), got shape {x.shape}")
+    return x
+
+
 def flip(inp: Tensor, vertical: bool = True, horizontal: bool = True) -> Tensor:
     """Images (N, H, W, C) reversed top to bottom (``vertical``) and/or left
     to right (``horizontal``), MegEngine's ``F.vision.flip`` (NHWC).
@@ -98,9 +106,7 @@ def flip(inp: Tensor, vertical: bool = True, horizontal: bool = True) -> Tensor:
         >>> F.vision.flip(x).numpy().reshape(-1).tolist()
         [3.0, 2.0, 1.0, 0.0]
     """
-    x = _t(inp)
-    if x.ndim != 4:
-        raise ArgumentError(f"flip: inp must be images (N, H, W, C), got shape {x.shape}")
+    x = _images("flip", inp)
     rows = slice(None, None, -1) if vertical else slice(None)
     cols = slice(None, None, -1) if horizontal else slice(None)
     return x[:, rows, cols]
@@ -116,9 +122,7 @@ def rot90(inp: Tensor, clockwise: bool = True) -> Tensor:
         >>> F.vision.rot90(x).numpy().reshape(-1).tolist()
         [2.0, 0.0, 3.0, 1.0]
     """
-    x = _t(inp)
-    if x.ndim != 4:
-        raise ArgumentError(f"rot90: inp must be images (N, H, W, C), got shape {x.shape}")
+    x = _images("rot90", inp)
     t = transpose(x, (0, 2, 1, 3))
     return t[:, :, ::-1] if clockwise else t[:, ::-1]
 
