@@ -279,9 +279,7 @@ def general_norm(inp: Tensor, normalized_axis, affine: bool = True, weight: Opti
     axes = tuple(_axis_in("general_norm", a, x.ndim) for a in axes)
     if not axes or len(set(axes)) != len(axes):
         raise ArgumentError(f"general_norm: normalized_axis must name distinct axes, got {normalized_axis!r}")
-    m = mean(x, axes, True)
-    d = x - m
-    y = d / sqrt(mean(d * d, axes, True) + eps)
+    y = _standardized(x, axes, eps)
     if not affine:
         return y
     if weight is None or bias is None:
@@ -482,13 +480,18 @@ def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine:
     if not shape or len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
         raise ArgumentError(f"layer_norm: normalized_shape {shape} must be the trailing dimensions "
                          f"of inp, got inp shape {x.shape}")
-    axes = tuple(range(x.ndim - len(shape), x.ndim))
-    d = x - mean(x, axes, True)
-    y = d / sqrt(mean(d * d, axes, True) + eps)
+    y = _standardized(x, tuple(range(x.ndim - len(shape), x.ndim)), eps)
     if not affine:
         return y
     return y * _affine_param("layer_norm", "weight", weight, shape, x) + \
         _affine_param("layer_norm", "bias", bias, shape, x)
+
+
+def _standardized(x: Tensor, axes: tuple, eps: float) -> Tensor:
+    """``(x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance): the
+    layer, group, instance and general normalisations."""
+    d = x - mean(x, axes, True)
+    return d / sqrt(mean(d * d, axes, True) + eps)
 
 
 def _affine_param(name: str, what: str, t, shape: tuple, x: Tensor) -> Tensor:
@@ -523,8 +526,7 @@ def group_norm(inp: Tensor, num_groups: int, affine: bool = True, weight: Option
                          f"got shape {x.shape}")
     n, c = x.shape[:2]
     grouped = reshape(x, (n, g, (c // g) * int(np.prod(x.shape[2:]))))
-    d = grouped - mean(grouped, 2, True)
-    y = reshape(d / sqrt(mean(d * d, 2, True) + eps), x.shape)
+    y = reshape(_standardized(grouped, (2,), eps), x.shape)
     if not affine:
         return y
     per_channel = (1, c) + (1,) * (x.ndim - 2)
