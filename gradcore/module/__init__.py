@@ -295,10 +295,22 @@ class BatchNorm1d(_BatchNorm):
                              f"(N, {self.num_features}, L), got shape {x.shape}")
 
 
-class _ConvBn2d(Module):
+class _BnBlock(Module):
+    """A layer (the attribute ``_layer`` names) then its BatchNorm (``bn``),
+    and a ReLU when ``_relu``: MegEngine's fused blocks, one forward."""
+    _layer = ""
+    _relu = False
+
+    def forward(self, x):
+        y = self.bn(getattr(self, self._layer)(x))
+        return F.relu(y) if self._relu else y
+
+
+class _ConvBn2d(_BnBlock):
     """A Conv2d (``conv``) and a BatchNorm2d (``bn``) as one layer, MegEngine's
     fused modules: their arguments and parameter names (``conv.weight``,
     ``conv.bias``, ``bn.weight``, ``bn.bias``, ``bn.running_mean``, ...)."""
+    _layer = "conv"
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, conv_mode: str = "cross_correlation",
@@ -320,9 +332,6 @@ class ConvBn2d(_ConvBn2d):
         ['bn.bias', 'bn.running_mean', 'bn.running_var']
     """
 
-    def forward(self, x):
-        return self.bn(self.conv(x))
-
 
 class ConvBnRelu2d(_ConvBn2d):
     """Conv2d, BatchNorm2d, then ReLU, MegEngine's ``M.ConvBnRelu2d``.
@@ -332,14 +341,13 @@ class ConvBnRelu2d(_ConvBn2d):
         >>> bool((ConvBnRelu2d(3, 8, 3)(x).numpy() >= 0).all())
         True
     """
-
-    def forward(self, x):
-        return F.relu(self.bn(self.conv(x)))
+    _relu = True
 
 
-class _ConvTransposeBn2d(Module):
+class _ConvTransposeBn2d(_BnBlock):
     """A ConvTranspose2d (``conv_transpose2d``) and a BatchNorm2d (``bn``) as
     one layer, MegEngine's fused modules: their arguments and parameter names."""
+    _layer = "conv_transpose2d"
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
                  dilation=1, groups: int = 1, bias: bool = True, conv_mode: str = "cross_correlation",
@@ -360,9 +368,6 @@ class ConvTransposeBn2d(_ConvTransposeBn2d):
         ['conv_transpose2d.bias', 'conv_transpose2d.weight']
     """
 
-    def forward(self, x):
-        return self.bn(self.conv_transpose2d(x))
-
 
 class ConvTransposeBnRelu2d(_ConvTransposeBn2d):
     """ConvTranspose2d, BatchNorm2d, then ReLU, MegEngine's ``M.ConvTransposeBnRelu2d``.
@@ -372,16 +377,15 @@ class ConvTransposeBnRelu2d(_ConvTransposeBn2d):
         >>> bool((M.ConvTransposeBnRelu2d(8, 4, 3)(x).numpy() >= 0).all())
         True
     """
-
-    def forward(self, x):
-        return F.relu(self.bn(self.conv_transpose2d(x)))
+    _relu = True
 
 
-class _LinearBn1d(Module):
+class _LinearBn1d(_BnBlock):
     """A Linear (``linear``) and a BatchNorm1d (``bn``) as one layer,
     MegEngine's fused modules: their arguments and parameter names (and,
     as there, a ``bias`` of the block itself that the forward does not use,
     so that MegEngine's state_dicts load)."""
+    _layer = "linear"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_mode: str = "default",
                  eps: float = 1e-5, momentum: float = 0.9, affine: bool = True, track_running_stats: bool = True,
@@ -401,9 +405,6 @@ class LinearBn1d(_LinearBn1d):
         >>> M.LinearBn1d(4, 3)(x).shape          # x: (N, 4) -> (N, 3)
     """
 
-    def forward(self, x):
-        return self.bn(self.linear(x))
-
 
 class LinearBnRelu1d(_LinearBn1d):
     """Linear, BatchNorm1d, then ReLU, MegEngine's ``M.LinearBnRelu1d``.
@@ -413,9 +414,7 @@ class LinearBnRelu1d(_LinearBn1d):
         >>> bool((M.LinearBnRelu1d(4, 3)(x).numpy() >= 0).all())
         True
     """
-
-    def forward(self, x):
-        return F.relu(self.bn(self.linear(x)))
+    _relu = True
 
 
 # MegEngine's Elemwise mode names (lower case) that are not F's function names
