@@ -14,7 +14,7 @@ per op family, as the ops do in ops/:
 - creation.py        zeros, ones, full, arange, linspace, eye, the ``*_like`` forms
 - conv.py            conv1d, conv2d, conv3d, conv_transpose1d/2d/3d, max_pool2d, avg_pool2d,
                      adaptive poolings
-- vision.py          ``F.vision``: interpolate (nearest, bilinear, linear)
+- vision.py          ``F.vision``: interpolate (nearest, bilinear, linear), resize, remap and the warps
 - nn.py              ``F.nn``: softmax family, dropout, normalisations, pad, losses,
                      scaled_dot_product_attention
 - loss.py            nll_loss, smooth_l1_loss, kl_div, ctc_loss, cosine_similarity (in F.nn)
@@ -59,7 +59,7 @@ from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entro
 from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, nll_loss, rnn_cell,  # noqa: F401
                  rnn_layer, scaled_dot_product_attention, smooth_l1_loss)
 from .reduce import AxisError, _Reduce, argmax, argmin, cumsum, max, mean, min, norm, prod, std, sum, var
-from .vision import interpolate
+from .vision import interpolate, remap, warp_affine, warp_perspective
 from .shape import (ShapeError, astype, broadcast_to, concat, copy, expand_dims, flatten, meshgrid,
                     pixel_shuffle, repeat, reshape, roll, split, squeeze, stack, stop_gradient, swapaxes,
                     tile, transpose)

@@ -29,8 +29,8 @@ from .shape import astype, concat, copy, expand_dims, reshape, stack, stop_gradi
 
 # F.nn also has these functions of the other families, as in MegEngine
 from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, conv3d,  # noqa: F401
-                   conv_transpose1d, conv_transpose2d, max_pool2d)
-from .vision import interpolate  # noqa: F401
+                   conv_transpose1d, conv_transpose2d, conv_transpose3d, max_pool2d)
+from .vision import interpolate, remap, warp_affine, warp_perspective  # noqa: F401
 from .elemwise import hsigmoid, hswish, leaky_relu, prelu, relu6  # noqa: F401
 from .elemwise_table import gelu, logsigmoid, sigmoid, silu, tanh  # noqa: F401
 from .indexing import embedding, one_hot  # noqa: F401
@@ -51,7 +51,8 @@ __all__ = [
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
     "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
-    "pixel_shuffle", "conv3d", "conv_transpose1d", "conv_transpose2d", "interpolate",
+    "pixel_shuffle", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "interpolate",
+    "remap", "warp_affine", "warp_perspective",
     # recurrent cells (rnn.py)
     "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer",
     # more losses (loss.py)

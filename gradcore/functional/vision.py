@@ -13,7 +13,10 @@ import numpy as np
 from .._core import Tensor, apply as _apply
 from ..ops.vision import Interpolate
 from ._args import _int_arg, _int_tuple, _t
-from .shape import expand_dims, reshape, squeeze, transpose
+from .elemwise import where
+from .elemwise_table import floor, logical_and, maximum, minimum, mod, round
+from .indexing import gather
+from .shape import astype, broadcast_to, expand_dims, reshape, squeeze, stack, stop_gradient, transpose
 from ..op import ArgumentError
 
 _Interpolate = Interpolate
@@ -163,3 +166,278 @@ def nms(boxes: Tensor, scores: Tensor, iou_thresh: float, max_output: Optional[i
             iou = inter / (area[i] + area[rest] - inter)
         alive[k + 1:] &= ~(iou > iou_thresh)
     return Tensor(np.asarray(keep, np.int32), device=b.device)
+
+
+# ---- sampling at given coordinates: remap and the warps built on it
+
+REMAP_BORDERS = ("replicate", "constant", "reflect", "reflect_101", "wrap")
+REMAP_MODES = ("linear", "nearest")
+# coordinates are clamped into +-2**22 first: integers stay exact in float32,
+# and an inf or a huge coordinate folds (reflect, wrap) without overflowing
+_COORD_LIMIT = float(2 ** 22)
+
+
+def _fold(p: Tensor, n: int, border_mode: str) -> Tensor:
+    """Integer-valued coordinates ``p`` (float) brought into [0, n) by the
+    border mode (OpenCV's, as MegEngine's ``border_interpolate``)."""
+    if border_mode in ("replicate", "constant") or n == 1:
+        return minimum(maximum(p, 0.0), float(n - 1))
+    if border_mode == "wrap":
+        return mod(p, float(n))
+    edge = int(border_mode == "reflect_101")       # 1: the edge pixel is not repeated
+    q = mod(p, float(2 * n - 2 * edge))
+    # past the image, q mirrors back to (2n - 1 - edge) - q
+    return where(q >= float(n), float(2 * n - 1 - edge) - q, q)
+
+
+def remap(inp: Tensor, map_xy: Tensor, border_mode: str = "replicate", scalar: float = 0.0,
+          interp_mode: str = "linear") -> Tensor:
+    """Images ``inp`` (N, C, H, W) sampled at the points ``map_xy`` (N, OH,
+    OW, 2) of (column, row) coordinates into (N, C, OH, OW), MegEngine's
+    ``F.vision.remap``.
+
+    ``interp_mode`` "linear" blends the four pixels around a point by its
+    distances to them; "nearest" reads the pixel at the coordinates rounded
+    half to even (MegEngine's kernels). A pixel outside the image reads, by
+    ``border_mode``, the edge ("replicate"), ``scalar`` ("constant"), the
+    image mirrored with its edge ("reflect", fedcba|abcdef) or without
+    ("reflect_101", fedcb|abcdef), or the image repeated ("wrap").
+
+    Built from gathers of the flattened image and a blend, so it runs on
+    every device and differentiates to any order: in ``inp`` (a
+    scatter-add) and, for "linear", in ``map_xy`` (the blend's slopes).
+    Integer images are sampled in float32, rounded and saturated back.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> xy = gc.tensor(np.array([[[[1., 0.], [0., 1.]], [[0., 1.], [0., 1.]]]], "float32"))
+        >>> F.vision.remap(x, xy).numpy()
+        array([[[[1., 4.],
+                 [4., 4.]]]], dtype=float32)
+    """
+    x, xy = _t(inp), _t(map_xy)
+    border, imode = str(border_mode).lower(), str(interp_mode).lower()
+    if border not in REMAP_BORDERS:
+        raise ArgumentError(f"remap: border_mode must be one of {', '.join(REMAP_BORDERS)}, got {border_mode!r}")
+    if imode not in REMAP_MODES:
+        raise ArgumentError(f"remap: interp_mode must be one of {', '.join(REMAP_MODES)}, got {interp_mode!r}")
+    shapes = f"(inp {x.shape}, map_xy {xy.shape})"
+    if x.ndim != 4 or xy.ndim != 4 or xy.shape[-1] != 2 or x.shape[0] != xy.shape[0]:
+        raise ArgumentError(f"remap: expected inp (N, C, H, W) and map_xy (N, OH, OW, 2), got {shapes}")
+    if 0 in x.shape[2:]:
+        raise ArgumentError(f"remap: inp has an empty spatial axis, nothing to sample {shapes}")
+    if x.dtype.kind not in "iuf" or xy.dtype.kind != "f":
+        raise ArgumentError(f"remap: needs a numeric inp and a floating-point map_xy, got {x.dtype} and {xy.dtype}")
+    dtype = x.dtype
+    if dtype.kind in "iu":
+        x = astype(x, "float32")
+    if xy.dtype != x.dtype:
+        xy = astype(xy, x.dtype)
+    n, c, h, w = x.shape
+    oh, ow = xy.shape[1:3]
+    flat = reshape(x, (n, c, h * w))
+    # (column, row); a NaN coordinate reads outside the image
+    col, row = (minimum(maximum(where(p != p, -1.0, p), -_COORD_LIMIT), _COORD_LIMIT)
+                for p in (xy[..., 0], xy[..., 1]))
+    if imode == "nearest":
+        taps = [(round(row), round(col), None)]
+    else:
+        r0, c0 = stop_gradient(floor(row)), stop_gradient(floor(col))
+        u, v = row - r0, col - c0           # the blend's weights carry the gradient to map_xy
+        taps = [(r0, c0, (1 - u) * (1 - v)), (r0, c0 + 1, (1 - u) * v),
+                (r0 + 1, c0, u * (1 - v)), (r0 + 1, c0 + 1, u * v)]
+    out = None
+    for r, q, weight in taps:
+        index = astype(_fold(r, h, border) * float(w) + _fold(q, w, border), "int32")
+        index = broadcast_to(reshape(index, (n, 1, oh * ow)), (n, c, oh * ow))
+        val = reshape(gather(flat, 2, index), (n, c, oh, ow))
+        if border == "constant":
+            inside = logical_and(logical_and(r >= 0.0, r <= float(h - 1)), logical_and(q >= 0.0, q <= float(w - 1)))
+            val = where(reshape(inside, (n, 1, oh, ow)), val, float(scalar))
+        if weight is not None:
+            val = val * reshape(weight, (n, 1, oh, ow))
+        out = val if out is None else out + val
+    if dtype.kind in "iu":          # rounded and saturated, as MegEngine's rounding converter
+        info = np.iinfo(dtype)
+        out = astype(minimum(maximum(round(out), float(info.min)), float(info.max)), dtype)
+    return out
+
+
+def _out_hw(name: str, out_shape) -> tuple:
+    if isinstance(out_shape, Tensor):
+        out_shape = out_shape.numpy().tolist()
+    hw = _int_tuple(name, "out_shape", out_shape)
+    if len(hw) == 1:
+        hw = hw * 2
+    if len(hw) != 2:
+        raise ArgumentError(f"{name}: out_shape must be (height, width), got {out_shape!r}")
+    return tuple(_int_arg(name, "out_shape", v, 1) for v in hw)
+
+
+def _warp(name: str, inp, mat, rows: int, out_shape, mat_idx, border_mode, border_val, format: str,
+          interp_mode: str) -> Tensor:
+    """Remap ``inp`` at the points ``mat`` (B, rows, 3) sends the output
+    pixel grid to: (x, y) = (m0 w + m1 h + m2, m3 w + m4 h + m5), divided by
+    m6 w + m7 h + m8 for a perspective (rows 3)."""
+    x, m = _t(inp), _t(mat)
+    if format not in ("NCHW", "NHWC"):
+        raise ArgumentError(f"{name}: format must be 'NCHW' or 'NHWC', got {format!r}")
+    if x.ndim != 4:
+        raise ArgumentError(f"{name}: inp must be 4-D images ({format}), got shape {x.shape}")
+    if m.ndim != 3 or m.shape[1:] != (rows, 3):
+        raise ArgumentError(f"{name}: mat must be (batch, {rows}, 3), got shape {m.shape}")
+    if format == "NHWC":
+        x = transpose(x, (0, 3, 1, 2))
+    if x.dtype == np.float16:       # computed in float32, as MegEngine
+        x = astype(x, "float32")
+    if x.dtype.kind == "f" and m.dtype != x.dtype:
+        m = astype(m, x.dtype)
+    elif m.dtype.kind != "f":
+        m = astype(m, "float32")
+    if mat_idx is not None:
+        x = x[_t(mat_idx)]          # the image of each matrix
+    elif m.shape[0] != x.shape[0]:
+        if m.shape[0] != 1:
+            raise ArgumentError(f"{name}: mat has {m.shape[0]} matrices for {x.shape[0]} images "
+                                f"(give one per image, one for all, or mat_idx)")
+        m = broadcast_to(m, (x.shape[0], rows, 3))
+    oh, ow = _out_hw(name, out_shape)
+    b = m.shape[0]
+    mode = "linear" if interp_mode == "bilinear" else interp_mode
+    if rows == 2 and format == "NHWC" and x.shape[1] in (1, 2, 3) and x.dtype in (np.float32, np.uint8):
+        # MegEngine's CPU kernel for these (OpenCV's) puts the points on a
+        # 1/32 pixel grid, which its tests expect: the same grid here (no
+        # gradient to the matrices on it; MegEngine's warp_affine has none)
+        grid = Tensor(_opencv_affine_points(m.numpy(), oh, ow, mode == "nearest"), device=x.device)
+        return transpose(remap(x, grid, border_mode, border_val, mode), (0, 2, 3, 1))
+    gw = np.arange(ow, dtype=m.dtype).reshape(1, 1, ow)
+    gh = np.arange(oh, dtype=m.dtype).reshape(1, oh, 1)
+
+    def entry(i, j):
+        return reshape(m[:, i, j], (b, 1, 1))
+    # MegEngine's order of operations: (m0 * w + m1 * h) + m2
+    px = entry(0, 0) * gw + entry(0, 1) * gh + entry(0, 2)
+    py = entry(1, 0) * gw + entry(1, 1) * gh + entry(1, 2)
+    if rows == 3:
+        d = entry(2, 0) * gw + entry(2, 1) * gh + entry(2, 2)
+        px, py = px / d, py / d
+    out = remap(x, stack([px, py], -1), border_mode, border_val, mode)
+    return transpose(out, (0, 2, 3, 1)) if format == "NHWC" else out
+
+
+def _opencv_affine_points(mat: np.ndarray, oh: int, ow: int, nearest: bool) -> np.ndarray:
+    """The (B, OH, OW, 2) points of OpenCV's warpAffine (MegEngine's CPU
+    kernel): each coordinate in 1/1024 units, rounded (half to even), then
+    on a 1/32 grid (rounded to nearest, half up), a whole pixel for
+    "nearest"; float32 matrices computed in double, as there."""
+    m = np.asarray(mat, np.float32).astype(np.float64)
+    xs, ys = np.arange(ow), np.arange(oh)
+    delta = 512 if nearest else 16
+    points = []
+    for row in (0, 1):
+        along_x = np.rint(m[:, row, 0, None] * xs * 1024).astype(np.int64)                   # (B, OW)
+        along_y = np.rint((m[:, row, 1, None] * ys + m[:, row, 2, None]) * 1024).astype(np.int64) + delta
+        units = along_y[:, :, None] + along_x[:, None, :]                                   # (B, OH, OW)
+        if nearest:
+            points.append(np.clip(units >> 10, -32768, 32767))
+        else:
+            thirty_seconds = units >> 5
+            # OpenCV keeps the whole pixel in a short, the fraction apart
+            points.append(np.clip(thirty_seconds >> 5, -32768, 32767) + (thirty_seconds & 31) / 32.0)
+    return np.stack(points, -1).astype(np.float32)
+
+
+def warp_perspective(inp: Tensor, mat: Tensor, out_shape, mat_idx=None, border_mode: str = "replicate",
+                     border_val: float = 0.0, format: str = "NCHW", interp_mode: str = "linear") -> Tensor:
+    """Images warped by perspective matrices ``mat`` (B, 3, 3), MegEngine's
+    ``F.vision.warp_perspective``: output pixel (h, w) of image n reads the
+    input at ((m0 w + m1 h + m2) / d, (m3 w + m4 h + m5) / d), d = m6 w +
+    m7 h + m8 (the inverse of what ``cv2.warpPerspective`` takes), output
+    ``out_shape`` (OH, OW). ``mat_idx`` (B,) picks the input image of each
+    matrix; border and interpolation as ``remap``. Differentiable in the
+    images and in ``mat``.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> shift = gc.tensor(np.array([[[1., 0., 1.], [0., 1., 1.], [0., 0., 1.]]], "float32"))
+        >>> F.vision.warp_perspective(x, shift, (2, 2)).numpy()
+        array([[[[ 5.,  6.],
+                 [ 9., 10.]]]], dtype=float32)
+    """
+    return _warp("warp_perspective", inp, mat, 3, out_shape, mat_idx, border_mode, border_val, format,
+                 interp_mode)
+
+
+def warp_affine(inp: Tensor, mat: Tensor, out_shape, border_mode: str = "replicate", border_val: float = 0.0,
+                format: str = "NHWC", interp_mode: str = "linear") -> Tensor:
+    """Images (NHWC by default, as MegEngine's) warped by affine matrices
+    ``mat`` (B, 2, 3): output pixel (h, w) reads the input at (m0 w + m1 h
+    + m2, m3 w + m4 h + m5), MegEngine's ``F.vision.warp_affine``; border
+    and interpolation as ``remap``. Differentiable (MegEngine's is
+    forward-only).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 4, 4, 1))
+        >>> shift = gc.tensor(np.array([[[1., 0., 1.], [0., 1., 1.]]], "float32"))
+        >>> F.vision.warp_affine(x, shift, (2, 2)).numpy().reshape(2, 2)
+        array([[ 5.,  6.],
+               [ 9., 10.]], dtype=float32)
+    """
+    return _warp("warp_affine", inp, mat, 2, out_shape, None, border_mode, border_val, format, interp_mode)
+
+
+def rotate(inp: Tensor, angle: float = 0.0, format: str = "NCHW", interp_mode: str = "bilinear") -> Tensor:
+    """Images turned by ``angle`` degrees about their centre, the same size,
+    zeros where no input pixel lands, MegEngine's ``F.vision.rotate``
+    (bilinear; MegEngine's "area" mode for NHWC is not implemented).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(9, dtype="float32").reshape(1, 1, 3, 3))
+        >>> F.vision.rotate(x, 180.0).numpy().round(4).reshape(3, 3)
+        array([[8., 7., 6.],
+               [5., 4., 3.],
+               [2., 1., 0.]], dtype=float32)
+    """
+    if interp_mode != "bilinear":
+        raise ArgumentError(f"rotate: interp_mode must be 'bilinear', got {interp_mode!r}")
+    x = _t(inp)
+    if x.ndim != 4 or format not in ("NCHW", "NHWC"):
+        raise ArgumentError(f"rotate: inp must be 4-D images in format 'NCHW' or 'NHWC', got shape {x.shape} "
+                            f"and format {format!r}")
+    height, width = x.shape[2:] if format == "NCHW" else x.shape[1:3]
+    a = float(angle) / 180.0 * np.pi
+    cx, cy = (width - 1) / 2, (height - 1) / 2
+    mat = np.array([[[np.cos(a), -np.sin(a), (1 - np.cos(a)) * cx + np.sin(a) * cy],
+                     [np.sin(a), np.cos(a), -np.sin(a) * cx + (1 - np.cos(a)) * cy]]],
+                   x.dtype if x.dtype.kind == "f" else "float32")
+    return warp_affine(x, Tensor(mat, device=x.device), (height, width), border_mode="constant", format=format)
+
+
+def resize(inp: Tensor, size, format: str = "NCHW", imode: str = "bilinear", max_size: Optional[int] = None) -> Tensor:
+    """Images resized to ``size`` (OH, OW), MegEngine's
+    ``F.vision.resize``: ``interpolate`` without corner alignment, modes
+    "bilinear", "nearest", "bicubic"; NCHW or NHWC; ``max_size`` caps each
+    output side (MegEngine's rule).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.vision.resize(x, (2, 2)).numpy()
+        array([[[[ 2.5,  4.5],
+                 [10.5, 12.5]]]], dtype=float32)
+    """
+    if isinstance(size, Tensor):
+        size = size.numpy().tolist()
+    hw = _int_tuple("resize", "size", size)
+    if max_size is not None:
+        hw = tuple(min(v, _int_arg("resize", "max_size", max_size, 1)) for v in hw)
+    if format not in ("NCHW", "NHWC"):
+        raise ArgumentError(f"resize: format must be 'NCHW' or 'NHWC', got {format!r}")
+    x = _t(inp)
+    if format == "NHWC":
+        return transpose(interpolate(transpose(x, (0, 3, 1, 2)), hw, mode=imode), (0, 2, 3, 1))
+    return interpolate(x, hw, mode=imode)

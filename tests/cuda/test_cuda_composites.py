@@ -135,3 +135,13 @@ def test_a_training_step_with_the_newer_modules_matches_the_cpu(cuda):
     np.testing.assert_allclose(dev_losses, cpu_losses, rtol=1e-5)
     for a, b in zip(dev_params, cpu_params):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("border", ["replicate", "constant", "reflect_101", "wrap"])
+def test_remap_and_warp_perspective(cuda, matches_cpu, border):
+    rng = np.random.default_rng(4)
+    xy = (np.floor(rng.uniform(-3, 6, (2, 3, 4, 2))) + rng.uniform(0.1, 0.9, (2, 3, 4, 2))).astype(np.float32)
+    matches_cpu(lambda x, m: F.vision.remap(x, m, border, 0.5), [_x((2, 2, 3, 4)), xy], second_order=False)
+    mat = (np.eye(3) + rng.uniform(-0.05, 0.05, (2, 3, 3))).astype(np.float32)
+    matches_cpu(lambda x, m: F.vision.warp_perspective(x, m, (3, 5), border_mode=border), [_x((2, 2, 4, 4)), mat],
+                second_order=False)
