@@ -46,7 +46,7 @@ __all__ = [
     "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy", "dropout", "batch_norm",
     "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
     "group_norm", "instance_norm", "local_response_norm", "general_norm", "pad", "topk_accuracy",
-    "sliding_window", "sliding_window_transpose",
+    "sliding_window", "sliding_window_transpose", "sync_batch_norm",
     # re-exported
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
@@ -233,6 +233,67 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     if training and not inplace and any(t is not None for t in stats):
         return (y,) + _stats_out(new_stats)
     return y
+
+
+def sync_batch_norm(inp: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                    weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, training: bool = False,
+                    momentum: float = 0.9, eps: float = 1e-5, eps_mode: str = "additive", group=None) -> Tensor:
+    """Batch normalisation whose training statistics cover the whole batch
+    across the ranks of ``group`` (``gradcore.distributed``'s WORLD when
+    None), MegEngine's ``F.nn.sync_batch_norm``: each rank's per-channel
+    count, sum and sum of squares are summed over the ranks (differentiably,
+    so the gradient crosses ranks too), then normalise as ``batch_norm``;
+    the running statistics get the global mean and unbiased variance.
+    ``eps_mode`` "max" divides by sqrt(max(var, eps)) instead of sqrt(var
+    + eps). In one process, or in inference, it is ``batch_norm``.
+
+    Example::
+
+        >>> y = F.nn.sync_batch_norm(x, rm, rv, w, b, training=True)
+    """
+    mode = str(eps_mode).lower()
+    if mode not in ("additive", "max"):
+        raise ArgumentError(f"sync_batch_norm: eps_mode must be 'additive' or 'max', got {eps_mode!r}")
+    across = False
+    if training:
+        # (gradcore.distributed reaches nothing of gradcore.functional: no loop)
+        from ..distributed import is_distributed
+        across = is_distributed()
+    if mode == "additive" and not across:
+        return batch_norm(inp, running_mean, running_var, weight, bias, training=training, momentum=momentum,
+                          eps=eps)
+    x = _t(inp)
+    if x.dtype.kind in "biu":
+        x = x.astype("float32")
+    _check_channel_params(x, training, running_mean=running_mean, running_var=running_var, weight=weight,
+                          bias=bias)
+    c = x.shape[1]
+    pshape = (1, c) + (1,) * (x.ndim - 2)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    if training:
+        count = x.size // c
+        s1, s2 = sum(x, axes, True), sum(x * x, axes, True)
+        if across:
+            from ..distributed.functional import WORLD, all_reduce_sum
+            stats = all_reduce_sum(concat([Tensor(np.array([count], x.dtype), device=x.device),
+                                           reshape(s1, (c,)), reshape(s2, (c,))]), WORLD if group is None else group)
+            count = int(stats[0].item())
+            s1, s2 = reshape(stats[1:c + 1], pshape), reshape(stats[c + 1:], pshape)
+        m = s1 / count
+        v = s2 / count - m * m
+        _running_stats((running_mean, running_var), m.detach(), v.detach(), count, momentum, True)
+    else:
+        if running_mean is None or running_var is None:
+            raise ArgumentError("sync_batch_norm: running_mean and running_var must be given in inference "
+                                "(training=False)")
+        m, v = reshape(_t(running_mean, x), pshape), reshape(_t(running_var, x), pshape)
+    scale = (maximum(v, eps) if mode == "max" else v + eps) ** -0.5
+    if weight is not None:
+        scale = scale * reshape(_t(weight, x), pshape)
+    shift = -m * scale
+    if bias is not None:
+        shift = shift + reshape(_t(bias, x), pshape)
+    return x * scale + shift
 
 
 def _stats_out(new_stats) -> tuple:

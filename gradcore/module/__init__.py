@@ -2,7 +2,7 @@
 
 Module, Sequential, Identity, Linear, Conv1d, Conv2d, ConvRelu2d, ConvBn2d,
 ConvBnRelu2d, Conv3d, ConvTranspose2d, ConvTranspose3d, MaxPool2d, AvgPool2d, Pad, PixelShuffle,
-AdaptiveMaxPool2d, AdaptiveAvgPool2d, Flatten, BatchNorm1d, BatchNorm2d,
+AdaptiveMaxPool2d, AdaptiveAvgPool2d, Flatten, BatchNorm1d, BatchNorm2d, SyncBatchNorm,
 LayerNorm, GroupNorm, InstanceNorm, Dropout, Embedding, and the activations
 ReLU, Sigmoid, SiLU, GELU, LeakyReLU, PReLU, Softmax.
 
@@ -262,10 +262,12 @@ class _BatchNorm(Module):
             # without tracking, batch statistics in train and eval alike, and
             # the running statistics (if any) are left alone
             track = self.track_running_stats
-            y = F.batch_norm(x, self.running_mean if track else None, self.running_var if track else None,
-                             self.weight, self.bias, training=self.training or not track,
-                             momentum=self.momentum, eps=self.eps)
+            y = self._normalize(x, self.running_mean if track else None, self.running_var if track else None,
+                                self.weight, self.bias, training=self.training or not track,
+                                momentum=self.momentum, eps=self.eps)
         return y if y.shape == shape else y.reshape(shape)
+
+    _normalize = staticmethod(F.batch_norm)
 
     def _module_info_string(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
@@ -293,6 +295,34 @@ class BatchNorm1d(_BatchNorm):
         if x.ndim not in (2, 3) or x.shape[1] != self.num_features:
             raise ArgumentError(f"BatchNorm1d({self.num_features}): expected input (N, {self.num_features}) or "
                              f"(N, {self.num_features}, L), got shape {x.shape}")
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Batch normalisation whose training statistics are those of the whole
+    batch across the ranks of ``group`` (``gradcore.distributed``'s WORLD
+    when None), MegEngine's ``M.SyncBatchNorm``: (N, C), (N, C, L) or (N,
+    C, H, W) inputs; one process normalises as ``BatchNorm2d`` does.
+    ``eps_mode`` "max" uses max(var, eps) instead of var + eps.
+
+    Example::
+
+        >>> bn = SyncBatchNorm(16); y = bn(x)
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.9, affine: bool = True,
+                 track_running_stats: bool = True, freeze: bool = False, group=None, eps_mode: str = "additive",
+                 **kwargs):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, freeze, **kwargs)
+        self.group, self.eps_mode = group, eps_mode
+
+    def _check_input(self, x):
+        if x.ndim not in (2, 3, 4) or x.shape[1] != self.num_features:
+            raise ArgumentError(f"SyncBatchNorm({self.num_features}): expected input (N, {self.num_features}), "
+                                f"(N, {self.num_features}, L) or (N, {self.num_features}, H, W), got shape {x.shape}")
+
+    def _normalize(self, x, running_mean, running_var, weight, bias, training, momentum, eps):
+        return F.nn.sync_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                                    self.eps_mode, self.group)
 
 
 class _BnBlock(Module):
