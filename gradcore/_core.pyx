@@ -639,7 +639,8 @@ cdef class OpBase:
     cdef dict _cb_cache
     cdef signed char _infer_state  # -1 unknown, 0 the forward does not consult infer, 1 it does
     cdef unsigned long long _infer_last   # descriptor key of the last inputs infer accepted (0: none)
-    cdef set _infer_ok            # descriptor keys infer accepted (bounded)
+    cdef dict _infer_ok           # descriptor keys infer accepted (bounded) -> how many outputs it declared
+    cdef Py_ssize_t _infer_nout   # outputs infer declared for the last inputs (-1: not known)
 
     def __cinit__(self):
         self._own_rule = -1
@@ -647,6 +648,7 @@ cdef class OpBase:
         self._last_key = -1
         self._nin = -2
         self._infer_state = -1
+        self._infer_nout = -1
 
     def __call__(self, *args):
         """``op(x, ...)``: ``apply(op, x, ...)``, the output itself when the
@@ -664,6 +666,7 @@ cdef class OpBase:
         self._infer_state = -1
         self._infer_last = 0
         self._infer_ok = None
+        self._infer_nout = -1
 
 
 cdef unsigned long long _desc_key(tuple args, object device):
@@ -702,13 +705,26 @@ cdef int _guard_infer(OpBase op, tuple args, object device) except -1:
     cdef unsigned long long key = _desc_key(args, device)
     if key == op._infer_last:
         return 0
-    if op._infer_ok is None or key not in op._infer_ok:
-        _h_infer_check(op, args)
+    nout = None if op._infer_ok is None else op._infer_ok.get(key)
+    if nout is None:
+        nout = _h_infer_check(op, args)
         if op._infer_ok is None or len(op._infer_ok) > 256:
-            op._infer_ok = set()
-        op._infer_ok.add(key)
+            op._infer_ok = {}
+        op._infer_ok[key] = nout
+    op._infer_nout = nout
     op._infer_last = key
     return 0
+
+
+cdef object _check_output_count(OpBase op, object res, tuple args):
+    """A kernel's result against the outputs ``infer`` declared: a forgotten
+    output would otherwise reach the backward graph, which reads one
+    gradient per declared output."""
+    cdef Py_ssize_t got = len(res) if type(res) is tuple or type(res) is list else 1
+    if got != op._infer_nout:
+        raise _h_kernel_error(op, args, ValueError(
+            f"infer declares {op._infer_nout} output{'s' * (op._infer_nout != 1)}, the kernel returned {got}"))
+    return res
 
 
 # ---------------------------------------------------------------- slots
@@ -1144,18 +1160,22 @@ cdef object _kernel_call(op, tuple args, object device):
     try:
         if takes_op:
             if n == 1:
-                return kernel(op, (<Tensor>args[0])._data)
+                res = kernel(op, (<Tensor>args[0])._data)
             elif n == 2:
-                return kernel(op, (<Tensor>args[0])._data, (<Tensor>args[1])._data)
-            return kernel(op, *[(<Tensor>a)._data for a in args])
-        if n == 1:
-            return kernel((<Tensor>args[0])._data)
+                res = kernel(op, (<Tensor>args[0])._data, (<Tensor>args[1])._data)
+            else:
+                res = kernel(op, *[(<Tensor>a)._data for a in args])
+        elif n == 1:
+            res = kernel((<Tensor>args[0])._data)
         elif n == 2:
-            return kernel((<Tensor>args[0])._data, (<Tensor>args[1])._data)
+            res = kernel((<Tensor>args[0])._data, (<Tensor>args[1])._data)
         else:
-            return kernel(*[(<Tensor>a)._data for a in args])
+            res = kernel(*[(<Tensor>a)._data for a in args])
     except Exception as exc:
         raise _h_kernel_error(op, args, exc) from exc
+    if isinstance(op, OpBase) and (<OpBase>op)._infer_state == 1 and (<OpBase>op)._infer_nout >= 0:
+        return _check_output_count(<OpBase>op, res, args)
+    return res
 
 
 cdef inline tuple _wrap_outputs(object res, object device):

@@ -27,8 +27,13 @@ def _ops() -> int:
     for e in entries:
         print(f"{e.name:<{width}}  {e.dist:<{pwidth}}  {','.join(e.devices):<10}  {e.grad_path}")
     for f in failures:
-        print(f"FAILED plugin {f.dist} ({f.entry_point}): {f.error}")
+        print(f"FAILED plugin {f.dist} ({_entry_point_label(f)}): {f.error}")
     return 1 if failures else 0
+
+
+def _entry_point_label(failure) -> str:
+    """"name = module:function" of a failed entry point (its value alone when the name is unknown)."""
+    return f"{failure.name} = {failure.entry_point}" if failure.name else failure.entry_point
 
 
 def _entry_point_hint(dist: str) -> str:
@@ -316,7 +321,7 @@ def _doctor(args: List[str]) -> int:
         if "gradcore" not in per:
             problems.append("the standard op library registered no ops")
         for f in failures:
-            line("", f"FAILED plugin {f.dist} ({f.entry_point}): {f.error}")
+            line("", f"FAILED plugin {f.dist} ({_entry_point_label(f)}): {f.error}")
             problems.append(f"plugin {f.dist!r} failed to load")
     except Exception as exc:
         line("registry", f"BROKEN: {type(exc).__name__}: {exc}")
@@ -354,6 +359,22 @@ def _blas_info(np) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The ``gradcore`` command (``gradcore ops | head`` ends quietly, as Unix tools do).
+
+    Example::
+
+        >>> main(["ops"])           # doctest: +SKIP
+    """
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader left: send what Python still flushes at exit nowhere
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)

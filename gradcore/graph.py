@@ -27,7 +27,7 @@ import numpy as np
 from . import _core, dtypes
 from .cuda import events as _device_events
 from . import op as _op_module
-from .op import TensorDesc, describe, op_label
+from .op import TensorDesc, checked_infer_result, describe, op_label
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
 
@@ -282,10 +282,28 @@ def _vjp(op, inputs, outputs, grads):
     """Symbolic VJP of one op (its own rule, or through its decomposition)."""
     traced = describe(op).traced
     if traced == "vjp":
-        return list(op.vjp(inputs, outputs, grads))
+        return _checked_vjp_result(op, op.vjp(inputs, outputs, grads))
     if traced == "decompose":
         return _vjp_of_decomposition(op, inputs, outputs, grads)
     raise _core.NotDifferentiableError(_not_differentiable_msg(op))
+
+
+def _checked_vjp_result(op, res) -> list:
+    """A ``vjp``'s result: a tuple or list holding, per input, a gradient
+    built from gradcore ops (traced here) or None; anything else (a bare
+    tensor, NumPy arrays, numbers) is refused naming the op, never taken as
+    "no gradient"."""
+    name = op_label(op)
+    if not isinstance(res, (tuple, list)):
+        what = "a single tensor: return (g,)" if isinstance(res, SymbolicTensor) else type(res).__name__
+        raise TypeError(f"{name}: vjp must return a tuple with one gradient (a Tensor or None) per input, "
+                        f"got {what}")
+    for i, g in enumerate(res):
+        if g is not None and not isinstance(g, SymbolicTensor):
+            raise TypeError(f"{name}: vjp returned a {type(g).__name__} as the gradient of input {i}: gradients "
+                            f"must be Tensors computed with gradcore ops or gradcore.functional from the vjp's "
+                            f"arguments (traced, not run), or None for no gradient")
+    return list(res)
 
 
 def _vjp_of_decomposition(op, inputs, outputs, grads):
@@ -333,7 +351,7 @@ def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> B
     # shapes stay unknown: the graph must hold for every shape
     ins = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in descs]
     trace.no_grad = frozenset(x.vid for x, r in zip(ins, requires_grad) if not r)
-    out_descs = op.infer(*[x.desc for x in ins])
+    out_descs = checked_infer_result(op, op.infer(*[x.desc for x in ins]))
     outs = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in out_descs]
     grads = [trace.new_value(TensorDesc(None, d.dtype, d.device)) for d in out_descs]
     n_in, n_out = len(ins), len(outs)

@@ -711,14 +711,32 @@ def install_composite_tracer(tracer) -> None:
 
 
 # ---- the forward path consults infer (see _core._guard_infer: once per op and input descriptors)
-def _infer_check(op, args) -> None:
+def _infer_check(op, args) -> int:
     """``op.infer`` on the descriptors of ``args``: raises the op's own error
     for inputs it rejects, and a clear one for an ``infer`` that does not
-    return a tuple of ``TensorDesc`` (one per output)."""
-    out = op.infer(*[TensorDesc(t.shape, t.dtype, str(t.device)) for t in args])
+    return a tuple of ``TensorDesc`` (one per output); returns how many
+    outputs it declares (the core holds the kernel's result to it)."""
+    arity = describe(op).arity
+    if arity is not None:
+        low, high = arity[1]
+        if len(args) < low or (high is not None and len(args) > high):
+            takes = f"{low}" if low == high else f"{low} to {high}" if high is not None else f"at least {low}"
+            raise TypeError(f"{op._name()}: takes {takes} input{'s' * (takes != '1')}, got {len(args)}")
+    return len(checked_infer_result(op, op.infer(*[TensorDesc(t.shape, t.dtype, str(t.device)) for t in args])))
+
+
+def checked_infer_result(op, out) -> tuple:
+    """``out``, what ``op.infer`` returned, if it is a tuple (or list) of
+    ``TensorDesc``; else a TypeError naming the op and saying what to return.
+
+    Example::
+
+        >>> checked_infer_result(op, (TensorDesc((2,), "float32"),))
+    """
     if not isinstance(out, (tuple, list)) or not all(isinstance(d, TensorDesc) for d in out):
         what = "a TensorDesc: return (desc,)" if isinstance(out, TensorDesc) else repr(out)[:80]
         raise TypeError(f"{op._name()}: infer must return a tuple of TensorDesc, one per output; got {what}")
+    return tuple(out)
 
 
 _core._install_hooks(infer_check=_infer_check, describe=describe)

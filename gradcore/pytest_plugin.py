@@ -101,7 +101,7 @@ def op_cases(dist_or_ops: Union[str, Iterable]) -> list:
     params = []
     for item in items:
         if isinstance(item, _LoadFailure):
-            params.append(pytest.param(item, None, id=f"load-{item.failure.entry_point}"))
+            params.append(pytest.param(item, None, id=f"load-{item.failure.name or item.failure.entry_point}"))
             continue
         if isinstance(item, tuple):
             op, inputs = item[0], list(item[1])

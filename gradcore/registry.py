@@ -18,7 +18,7 @@ from .op import Op, describe, positional_arity as _positional_arity
 
 GROUP = "gradcore.ops"
 ENV_DISABLE = "GRADCORE_NO_PLUGINS"        # "1": load only the standard library
-ENV_BLOCK = "GRADCORE_BLOCK_PLUGINS"       # comma-separated distribution names to skip
+ENV_BLOCK = "GRADCORE_BLOCK_PLUGINS"       # comma-separated distribution or entry point names to skip
 STANDARD_DIST = "gradcore"
 
 
@@ -45,8 +45,9 @@ class OpEntry:
 @dataclass
 class PluginFailure:
     dist: str
-    entry_point: str
+    entry_point: str        # the entry point's value (module:function)
     error: str
+    name: str = ""          # the entry point's name
 
 
 @dataclass
@@ -342,7 +343,7 @@ def load(force: bool = False) -> None:
         for dist, ep in eps:
             if _norm(dist) == STANDARD_DIST:
                 has_standard = True
-            elif no_plugins or _norm(dist) in blocked:
+            elif no_plugins or _norm(dist) in blocked or _norm(ep.name) in blocked:
                 continue
             _load_one(ep, dist)
         if not has_standard and _standard_library is not None:
@@ -385,12 +386,12 @@ def _load_one(ep, dist):
             _state.rules.setdefault(dist, []).extend(added)
     except PluginConflictError as exc:
         _state.ops = before
-        _state.failures.append(PluginFailure(dist, ep.value, str(exc)))
+        _state.failures.append(PluginFailure(dist, ep.value, str(exc), ep.name))
         warnings.warn(f"gradcore plugin {dist!r} was not loaded: {exc}", RuntimeWarning, stacklevel=3)
     except Exception as exc:  # a broken plugin must not break the others
         _state.ops = before
         msg = f"{type(exc).__name__}: {exc}"
-        _state.failures.append(PluginFailure(dist, ep.value, msg))
+        _state.failures.append(PluginFailure(dist, ep.value, msg, ep.name))
         warnings.warn(f"gradcore plugin {dist!r} failed to load ({ep.value}): {msg}",
                       RuntimeWarning, stacklevel=3)
 

@@ -822,6 +822,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     # ---- forward, cuda
     c = checks["forward[cuda]"]
     cuda_skip = None              # why the cuda gradients cannot be checked in this case
+    cuda_float = False            # the cuda forward gave a floating-point output
     cuda_na = False               # ... and whether that is "not applicable" rather than "skipped"
     if "cuda" not in declared:
         c.not_applicable(cuda_skip := "the op declares no cuda kernel")
@@ -846,6 +847,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                     c.failed(f"{tag}{dt} inputs: output {j}: infer says device {w}, the cuda kernel returned it on "
                              f"{g}" + (" (a NumPy array: host memory); return device arrays (be.empty, "
                                        "be.to_device, be.elementwise, ...)" if g.startswith("cpu") else ""))
+            cuda_float = cuda_float or any(getattr(o, "dtype", np.dtype("O")).kind == "f" for o in got)
             if outs.get(dt) is not None:
                 _compare_with_cpu(c, f"{tag}{dt} inputs: output", got, outs[dt], exact=dt == "float64")
             for i in modified:
@@ -922,6 +924,8 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             c.skipped("second order not requested")
         elif not chosen:
             c.not_applicable("no floating-point input to differentiate")
+        elif "cpu" not in devices:
+            c.skipped("cpu not requested")
         elif "float64" not in outs:
             c.not_applicable("the forward did not run")
         elif not out_float:
@@ -958,7 +962,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     c = checks["grad[cuda]"]
     if cuda_skip:
         (c.not_applicable if cuda_na else c.skipped)(cuda_skip)
-    elif path is None or not chosen or not out_float:
+    elif path is None or not chosen or not (out_float or cuda_float):
         c.not_applicable("nothing to differentiate")
     else:
         try:

@@ -574,3 +574,137 @@ def test_examples_at_the_defaults_only_still_check_other_parameter_values():
     assert report.status("grad") == "failed", report
     assert "parameters derived from the defaults" in report["grad"].message
     assert len(report.instances) == 3          # the default and two derived values of p
+
+
+# ---------------------------------------------------------------- found by the third docs-only plugin
+class OneForTwo(_Double):
+    """infer declares two outputs, the kernel forgets the second."""
+    name = "MistakeOneForTwo"
+
+    def infer(self, x):
+        return (x, x)
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 2 + grads[1],)
+
+
+def test_a_kernel_returning_fewer_outputs_than_infer_declares_is_an_error_not_a_crash():
+    x = gradcore.tensor([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"MistakeOneForTwo: infer declares 2 outputs, the kernel returned 1"):
+        OneForTwo()(x)
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(ValueError, match=r"MistakeOneForTwo: infer declares 2 outputs, the kernel returned 1"):
+        with gm:
+            gm.backward(OneForTwo()(x)[0].sum())
+    report = check_op(OneForTwo(), np.array([1.0, 2.0]))
+    assert report.status("forward[cpu]") == "failed" and "the kernel returned 1" in report["forward[cpu]"].message
+
+
+class VjpOf(_Double):
+    """A vjp returning ``kind``: a NumPy array, a float, a bare tensor or None."""
+    name = "MistakeVjpOf"
+    attrs = ("kind",)
+
+    def __init__(self, kind="numpy"):
+        self.kind = kind
+
+    def vjp(self, inputs, outputs, grads):
+        return {"numpy": (np.full(2, 2.0),), "float": (2.0,), "bare": grads[0] * 2, "none": None}[self.kind]
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("numpy", "vjp returned a ndarray as the gradient of input 0: gradients must be Tensors"),
+    ("float", "vjp returned a float as the gradient of input 0"),
+    ("bare", r"vjp must return a tuple with one gradient \(a Tensor or None\) per input, got a single tensor: "
+             r"return \(g,\)"),
+    ("none", "vjp must return a tuple with one gradient .* got NoneType")])
+def test_a_vjp_returning_no_tuple_of_tensors_is_refused_naming_the_op(kind, message):
+    x = gradcore.tensor([1.0, 2.0])
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(TypeError, match=f"MistakeVjpOf\\(kind='{kind}'\\): {message}"):
+        with gm:
+            gm.backward(VjpOf(kind)(x).sum())
+
+
+class RowSum(Op):
+    """A reduction whose vjp broadcasts the gradient back with zeros_like (the tutorial's way)."""
+    name = "MistakeRowSum"
+
+    def infer(self, x):
+        return (TensorDesc(None if x.shape is None else x.shape[:-1], x.dtype, x.device),)
+
+    def cpu(self, x):
+        return x.sum(-1)
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return (F.zeros_like(x) + F.expand_dims(g, -1),)
+
+
+def test_the_like_functions_work_on_traced_tensors_so_a_reduction_vjp_broadcasts_back():
+    x = gradcore.tensor([[1.0, np.inf, 2.0], [0.5, 1.0, -1.0]])
+    gm = gradcore.GradManager().attach([x])
+    with gm:
+        gm.backward((RowSum()(x) * gradcore.tensor([2.0, 3.0])).sum())
+    assert x.grad.numpy().tolist() == [[2.0, 2.0, 2.0], [3.0, 3.0, 3.0]]      # no NaN from the inf
+    check_op(RowSum(), np.random.default_rng(0).standard_normal((2, 3))).raise_on_failure()
+    for like, value in ((F.ones_like, 1.0), (lambda t: F.full_like(t, 2.5), 2.5)):
+        class Filled(_Double):
+            name = "MistakeFilledLike"
+
+            def vjp(self, inputs, outputs, grads):
+                return (grads[0] * like(inputs[0]),)
+        y = gradcore.tensor([1.0, -2.0])
+        gm = gradcore.GradManager().attach([y])
+        with gm:
+            gm.backward(Filled()(y).sum())
+        assert y.grad.numpy().tolist() == [value, value]
+
+
+class CudaCube(Op):
+    name = "MistakeCudaCube"
+    devices = ("cpu", "cuda")
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * x * x
+
+    def cuda_source(self, ctype="float"):
+        from gradcore.cuda.kernels import Kernel
+        return Kernel("mistakecube", "const T* x, T* y, long long n", "y[i] = x[i] * x[i] * x[i];",
+                      over="n", index="i").source(ctype)
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 3 * inputs[0] * inputs[0],)
+
+
+def test_check_op_on_cuda_alone_still_checks_the_cuda_gradients(emulated_cuda):
+    report = check_op(CudaCube(), np.linspace(-1, 1, 6).reshape(2, 3), devices=["cuda"])
+    assert report.status("grad[cuda]") == "passed"
+    assert report.status("grad") == "skipped" and report["grad"].message == "cpu not requested"
+
+
+def test_the_wrong_input_count_is_named_at_the_op_not_its_python_class():
+    with pytest.raises(TypeError, match=r"MistakeBroadcastMul: takes 2 inputs, got 1"):
+        BroadcastMul()(gradcore.tensor([1.0]))
+
+
+def test_a_plugin_may_be_blocked_by_its_entry_point_name(monkeypatch):
+    from gradcore import registry
+
+    class EP:
+        name, value, dist = "probe-broken", "probe_missing:register", None
+        module = "probe_missing"
+
+        def load(self):
+            raise ImportError("No module named 'probe_missing'")
+    monkeypatch.setattr(registry, "_entry_points", lambda: [EP()])
+    monkeypatch.setattr(registry, "_state", registry._State())
+    with pytest.warns(RuntimeWarning, match="probe_missing:register"):
+        registry.load(force=True)
+    assert [(f.name, f.entry_point) for f in registry.failures()] == [("probe-broken", "probe_missing:register")]
+    monkeypatch.setenv("GRADCORE_BLOCK_PLUGINS", "probe-broken")
+    registry.load(force=True)
+    assert registry.failures() == []

@@ -1,5 +1,7 @@
 """Tensors made from nothing or from a shape: zeros, ones, full, the
-``*_like`` forms, arange, linspace, eye (no op: NumPy builds the data).
+``*_like`` forms, arange, linspace, eye (no op: NumPy builds the data; a
+``*_like`` of a tensor whose shape is known only when the graph runs, as
+inside a ``vjp`` being traced, is the ZerosLike op).
 
 Example::
 
@@ -12,7 +14,8 @@ from typing import Union
 
 import numpy as np
 
-from .._core import Tensor
+from .._core import Tensor, apply as _apply
+from ..ops.shape import ZerosLike
 from ..devices import filled, norm_device
 from ._args import _fill_value, _host, _int_or_err, _ints, _t
 from ..op import ArgumentError
@@ -48,14 +51,36 @@ def full(shape, value, dtype=None, device=None):
     return _filled("full", shape, value, dtype, device)
 
 
+def _filled_like(name: str, x, value) -> Tensor:
+    if x.shape is None:
+        # a traced tensor (a vjp, a decomposition): its shape is known when the graph runs
+        zeros = _apply(ZerosLike(), x)[0]
+        return zeros if value == 0 else zeros + value
+    return _filled(name, x.shape, value, x.dtype, x.device)
+
+
 def zeros_like(inp):
-    inp = _t(inp, name="zeros_like")
-    return _filled("zeros_like", inp.shape, 0, inp.dtype, inp.device)
+    """Zeros of ``inp``'s shape, dtype and device (also of a tensor traced
+    in a ``vjp``: ``F.zeros_like(x) + F.expand_dims(g, -1)`` gives a
+    reduction's gradient back x's shape).
+
+    Example::
+
+        >>> F.zeros_like(gc.tensor([1.0, 2.0])).numpy()
+        array([0., 0.], dtype=float32)
+    """
+    return _filled_like("zeros_like", _t(inp, name="zeros_like"), 0)
 
 
 def ones_like(inp):
-    inp = _t(inp, name="ones_like")
-    return _filled("ones_like", inp.shape, 1, inp.dtype, inp.device)
+    """Ones of ``inp``'s shape, dtype and device.
+
+    Example::
+
+        >>> F.ones_like(gc.tensor([1, 2])).numpy()
+        array([1, 1], dtype=int32)
+    """
+    return _filled_like("ones_like", _t(inp, name="ones_like"), 1)
 
 
 def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
@@ -69,7 +94,7 @@ def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
     """
     x = _t(inp)
     _fill_value("full_like", value, x.dtype)
-    return _filled("full_like", x.shape, value, x.dtype, x.device)
+    return _filled_like("full_like", x, value)
 
 
 def arange(start=0, stop=None, step=1, dtype="float32", device=None):
