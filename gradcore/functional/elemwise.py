@@ -16,7 +16,7 @@ from .._core import Tensor, apply1 as _apply1
 from ..op import OpError
 from ..ops.elemwise import Elemwise
 from ._args import _named, _t
-from .elemwise_table import abs, atan, eq, expm1, ge, gt, le, lt, ne
+from .elemwise_table import abs, atan, eq, expm1, ge, gt, le, lt, ne, sign
 from .shape import astype, broadcast_to
 from ..op import ArgumentError
 
@@ -117,6 +117,9 @@ def atan2(y: Tensor, x: Tensor) -> Tensor:
         array([0.7853982, 2.3561945], dtype=float32)
     """
     y, x = _float_pair("atan2", y, x)
+    # both infinite: the direction of (sign x, sign y), as NumPy's and torch's
+    both = eq(abs(x), np.inf) & eq(abs(y), np.inf)
+    x, y = where(both, sign(x), x), where(both, sign(y), y)
     # atan of the smaller over the larger coordinate: the ratio stays in
     # [-1, 1] and its gradient, (x dy - y dx) / (x^2 + y^2), is finite
     # everywhere but the origin
@@ -151,7 +154,7 @@ def relu6(x: Tensor) -> Tensor:
     """
     # not clip(x, 0, 6): PyTorch's relu6 has gradient 0 at both kinks
     x = _t(x)
-    return where(ge(x, 6), 6, x * gt(x, 0) + 0.0)   # (+ 0.0: no -0.0 below zero)
+    return where(ge(x, 6), 6, where(gt(x, 0), x, 0.0))   # (0.0: no -0.0 below zero, no NaN at -inf)
 
 
 def hsigmoid(x: Tensor) -> Tensor:
@@ -174,7 +177,11 @@ def hswish(x: Tensor) -> Tensor:
         array([0.       , 0.6666667, 4.       ], dtype=float32)
     """
     x = _t(x)
-    return x * hsigmoid(x)
+    # below -3 it is 0; computed on a finite stand-in there, or -inf * 0
+    # would make the value (and the gradient through where) NaN
+    low = lt(x, -3)
+    safe = where(low, 0.0, x)
+    return where(low, 0.0, safe * hsigmoid(safe))
 
 
 def elu(inp: Tensor, alpha: float = 1.0) -> Tensor:

@@ -96,7 +96,10 @@ def nll_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, ign
         return loss
     if reduction == "sum":
         return sum(loss)
-    return sum(loss) / sum(w)
+    total = sum(w)
+    none_kept = total == 0
+    # every target ignored: NaN, as PyTorch's, but zero gradients (not 0 / 0)
+    return sum(loss) / where(none_kept, 1, total) + where(none_kept, np.asarray(np.nan, total.dtype), 0)
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
@@ -113,10 +116,13 @@ def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta:
     _same_shape("smooth_l1_loss", x, y)
     if not beta >= 0:
         raise ArgumentError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
-    d = abs(x - y)
+    diff = x - y
+    d = abs(diff)
     if beta == 0:
         return _reduce_loss("smooth_l1_loss", d, reduction)
-    loss = where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta)
+    # the square of the difference itself, not of |d|: abs's zero slope at 0
+    # would zero the second derivative there (PyTorch's is 1 / beta)
+    loss = where(d < beta, diff * diff * (0.5 / beta), d - 0.5 * beta)
     return _reduce_loss("smooth_l1_loss", loss, reduction)
 
 
@@ -163,8 +169,10 @@ def cosine_similarity(x1: Tensor, x2: Tensor, axis: int = 1, eps: float = 1e-8) 
             from None
     if not -len(shape) <= axis < max(len(shape), 1):
         raise ArgumentError(f"cosine_similarity: axis {axis} is out of range for shape {shape}")
-    na = maximum(sqrt(sum(a * a, axis, True)), eps)
-    nb = maximum(sqrt(sum(b * b, axis, True)), eps)
+    # clamped inside the root: a zero vector's norm is eps with a zero
+    # gradient (outside, the root's infinite slope at 0 gives NaN)
+    na = sqrt(maximum(sum(a * a, axis, True), eps * eps))
+    nb = sqrt(maximum(sum(b * b, axis, True), eps * eps))
     return sum((a / na) * (b / nb), axis)
 
 

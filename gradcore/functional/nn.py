@@ -21,7 +21,7 @@ from ..ops.loss import CrossEntropy as _CrossEntropy
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
 from .elemwise import _float_pair, clip, where
-from .elemwise_table import abs, eq, exp, log, maximum, relu, softplus, sqrt, square
+from .elemwise_table import abs, eq, exp, log, log1p, maximum, relu, softplus, sqrt, square
 from .indexing import _int_labels, getitem, indexing_one_hot, topk as _topk
 from .reduce import _norm_ord, max, mean, norm, sum
 from .creation import zeros
@@ -120,7 +120,11 @@ def logaddexp(x: Tensor, y: Tensor) -> Tensor:
         array([1000.6932, 1000.    ], dtype=float32)
     """
     x, y = _float_pair("logaddexp", x, y)
-    return logsumexp(stack([x, y], 0), 0)
+    # max + log1p(exp(-|x - y|)), as PyTorch's: an infinite input has gradient
+    # 1 (its partner 0), and equal ones (infinite too) give x + log 2
+    same = eq(x, y)
+    d = where(same, 0.0, x) - where(same, 0.0, y)       # (no inf - inf computed)
+    return maximum(x, y) + log1p(exp(-abs(d)))
 
 
 def softmax(inp, axis=None):
@@ -798,7 +802,13 @@ def binary_cross_entropy(pred: Tensor, label: Tensor, with_logits: bool = True,
     if with_logits:
         loss = softplus(-pred) + (1 - label) * pred
     else:
-        loss = -(label * log(pred) + (1 - label) * log(1 - pred))
+        # each log at no less than -100, as PyTorch's: a probability of
+        # exactly 0 or 1 gives a large finite loss, not inf or NaN (the log
+        # of a stand-in there, so that no 0 * inf reaches the gradient)
+        def clamped_log(p):
+            tiny = p > np.exp(-100.0)
+            return where(tiny, log(where(tiny, p, 1.0)), -100.0)
+        loss = -(label * clamped_log(pred) + (1 - label) * clamped_log(1 - pred))
     return _reduce_loss("binary_cross_entropy", loss, reduction)
 
 
