@@ -223,3 +223,100 @@ def test_bad_arguments_name_the_function(rng):
         F.vision.warp_affine(x, gc.tensor(np.zeros((2, 2, 3))), (2, 2), format="NCHW")
     with pytest.raises(ArgumentError, match="rotate: interp_mode must be 'bilinear'"):
         F.vision.rotate(x, 30.0, interp_mode="area")
+
+
+# ---------------------------------------------------------------- regions of interest
+def reference_roi_align(x, rois, out_hw, mode, scale, samples, aligned):
+    """MegEngine's naive roi_align, loop for loop (float32 box arithmetic)."""
+    f32 = np.float32
+    ph_n, pw_n = out_hw
+    sh, sw = samples
+    k, (n, c, h, w) = len(rois), x.shape
+    out = np.zeros((k, c, ph_n, pw_n))
+    off = f32(0.5 if aligned else 0.0)
+
+    def interp(img, yy, xx):
+        y0, x0 = int(np.floor(yy)), int(np.floor(xx))
+        px = [[img[r, q] if 0 <= r < h and 0 <= q < w else 0.0 for q in (x0, x0 + 1)] for r in (y0, y0 + 1)]
+        top = px[0][0] + (px[0][1] - px[0][0]) * (xx - x0)
+        bottom = px[1][0] + (px[1][1] - px[1][0]) * (xx - x0)
+        return top + (bottom - top) * (yy - y0)
+    for i, roi in enumerate(np.asarray(rois, f32)):
+        b = int(roi[0])
+        sw0, sh0 = roi[1] * f32(scale) - off, roi[2] * f32(scale) - off
+        ew, eh = roi[3] * f32(scale) - off, roi[4] * f32(scale) - off
+        bh, bw = max(eh - sh0, f32(0)) / f32(ph_n), max(ew - sw0, f32(0)) / f32(pw_n)
+        for ch in range(c):
+            for p in range(ph_n):
+                for q in range(pw_n):
+                    vals = [interp(x[b, ch], float(sh0 + bh * (p + f32(1) / f32(sh) * (a + f32(0.5)))),
+                                   float(sw0 + bw * (q + f32(1) / f32(sw) * (e + f32(0.5)))))
+                            for a in range(sh) for e in range(sw)]
+                    out[i, ch, p, q] = max(vals) if mode == "max" else np.mean(vals)
+    return out
+
+
+def reference_roi_pooling(x, rois, out_hw, mode, scale):
+    f32 = np.float32
+    ph_n, pw_n = out_hw
+    k, (n, c, h, w) = len(rois), x.shape
+    out = np.zeros((k, c, ph_n, pw_n))
+    for i, roi in enumerate(np.asarray(rois, f32)):
+        b = int(roi[0])
+        x1, y1, x2, y2 = (int(np.round(v * f32(scale))) for v in roi[1:])
+        rw, rh = max(x2 - x1 + 1, 1), max(y2 - y1 + 1, 1)
+        bh, bw = f32(rh) / f32(ph_n), f32(rw) / f32(pw_n)
+        for p in range(ph_n):
+            for q in range(pw_n):
+                hs = min(max(int(np.floor(f32(p) * bh)) + y1, 0), h)
+                he = min(max(int(np.ceil(f32(p + 1) * bh)) + y1, 0), h)
+                ws = min(max(int(np.floor(f32(q) * bw)) + x1, 0), w)
+                we = min(max(int(np.ceil(f32(q + 1) * bw)) + x1, 0), w)
+                region = x[b, :, hs:he, ws:we].reshape(c, -1)
+                if region.shape[1]:
+                    out[i, :, p, q] = region.max(1) if mode == "max" else region.mean(1)
+    return out
+
+
+def _boxes(rng, k, n, h, w, spread=1.3):
+    x1, y1 = rng.uniform(-2, w * spread, k), rng.uniform(-2, h * spread, k)
+    return np.stack([rng.integers(0, n, k), x1, y1, x1 + rng.uniform(0, w, k), y1 + rng.uniform(0, h, k)], 1)
+
+
+@pytest.mark.parametrize("mode", ["average", "max"])
+@pytest.mark.parametrize("scale, samples, aligned", [(1.0, (2, 2), True), (0.5, (1, 3), False), (1.5, (3, 1), True)])
+def test_roi_align_matches_megengine_reference(mode, scale, samples, aligned, rng):
+    x = rng.standard_normal((2, 3, 7, 9))
+    rois = _boxes(rng, 6, 2, 7, 9)
+    got = F.vision.roi_align(gc.tensor(x), gc.tensor(rois), (3, 2), mode, scale, samples, aligned).numpy()
+    np.testing.assert_allclose(got, reference_roi_align(x, rois, (3, 2), mode, scale, samples, aligned),
+                               rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["max", "average"])
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_roi_pooling_matches_megengine_reference(mode, scale, rng):
+    x = rng.standard_normal((2, 3, 7, 9))
+    rois = _boxes(rng, 6, 2, 7 / scale, 9 / scale)
+    rois[0, 1:] = [10.0, 10.0, 3.0, 2.0]           # malformed: one pixel
+    got = F.vision.roi_pooling(gc.tensor(x), gc.tensor(rois), (3, 4), mode, scale).numpy()
+    np.testing.assert_allclose(got, reference_roi_pooling(x, rois, (3, 4), mode, scale), rtol=1e-12, atol=1e-12)
+
+
+def test_roi_megengine_examples_gradients_and_errors(rng):
+    np.random.seed(42)
+    inp, rois = gc.Tensor(np.random.randn(1, 1, 128, 128)), gc.Tensor(np.random.random((4, 5)))
+    assert F.vision.roi_pooling(inp, rois, (2, 2)).numpy()[0].round(4).tolist() == [[[-0.1383, -0.1383],
+                                                                                     [-0.5035, -0.5035]]]
+    assert F.vision.roi_align(inp, rois, (2, 2)).numpy()[0].round(4).tolist() == [[[0.175, 0.175],
+                                                                                   [0.1359, 0.1359]]]
+    x = rng.standard_normal((2, 2, 5, 6))
+    boxes = gc.tensor(_boxes(rng, 3, 2, 5, 6))
+    for mode in ("average", "max"):
+        gradcheck(lambda a: F.vision.roi_align(a, boxes, (2, 2), mode) ** 2, [x])
+        gradcheck(lambda a: F.vision.roi_pooling(a, boxes, (2, 3), mode) ** 2, [x])
+    assert F.vision.roi_align(gc.tensor(x), gc.tensor(np.zeros((0, 5))), 2).shape == (0, 2, 2, 2)
+    with pytest.raises(ArgumentError, match=r"roi_align: expected inp \(N, C, H, W\) and rois \(K, 5\)"):
+        F.vision.roi_align(gc.tensor(x), gc.tensor(np.zeros((3, 4))), 2)
+    with pytest.raises(ArgumentError, match=r"roi_pooling: a box's image index is outside \[0, 2\)"):
+        F.vision.roi_pooling(gc.tensor(x), gc.tensor([[2.0, 0, 0, 1, 1]]), 2)

@@ -14,7 +14,7 @@ per op family, as the ops do in ops/:
 - creation.py        zeros, ones, full, arange, linspace, eye, the ``*_like`` forms
 - conv.py            conv1d, conv2d, conv3d, conv_transpose1d/2d/3d, max_pool2d, avg_pool2d,
                      adaptive poolings
-- vision.py          ``F.vision``: interpolate (nearest, bilinear, linear), resize, remap and the warps
+- vision.py          ``F.vision``: interpolate, resize, remap and the warps, roi_align/roi_pooling
 - nn.py              ``F.nn``: softmax family, dropout, normalisations, pad, losses,
                      scaled_dot_product_attention
 - loss.py            nll_loss, smooth_l1_loss, kl_div, ctc_loss, cosine_similarity (in F.nn)

@@ -1,4 +1,8 @@
-"""``F.vision``: resizing images, MegEngine's ``functional.vision``.
+"""``F.vision``: MegEngine's ``functional.vision``: resizing images
+(interpolate, resize), sampling them at given points (remap, and the
+warps and rotate built on it), regions of interest (roi_align,
+roi_pooling), flips, nms. Everything but interpolate is composed of ops
+that have both kernels, so it differentiates to any order on every device.
 
 Example::
 
@@ -441,3 +445,139 @@ def resize(inp: Tensor, size, format: str = "NCHW", imode: str = "bilinear", max
     if format == "NHWC":
         return transpose(interpolate(transpose(x, (0, 3, 1, 2)), hw, mode=imode), (0, 2, 3, 1))
     return interpolate(x, hw, mode=imode)
+
+
+# ---- regions of interest: values at computed points of each box's image
+
+def _rois(name: str, x: Tensor, rois) -> tuple:
+    """``rois`` (K, 5) as host arrays: the image of each box (int) and its
+    (x1, y1, x2, y2) in float32 (MegEngine computes its boxes in float)."""
+    r = _t(rois)
+    if x.ndim != 4 or r.ndim != 2 or r.shape[1] != 5:
+        raise ArgumentError(f"{name}: expected inp (N, C, H, W) and rois (K, 5) as (index, x1, y1, x2, y2), "
+                            f"got shapes {x.shape} and {r.shape}")
+    host = np.asarray(r.numpy(), np.float32)
+    index = host[:, 0].astype(np.int64)
+    if index.size and (index.min() < 0 or index.max() >= x.shape[0]):
+        raise ArgumentError(f"{name}: a box's image index is outside [0, {x.shape[0]}): {index.tolist()}")
+    return index, host[:, 1:]
+
+
+def _gather_weighted(x: Tensor, flat, weights) -> Tensor:
+    """sum_t weights[m, t] * x's pixel flat[m, t] (an index into N * H * W):
+    (M, C) from x (N, C, H, W); flat and weights (M, T) host arrays. A fixed
+    sparse linear map of x: its gradient is the scatter-add of the same."""
+    n, c, h, w = x.shape
+    m, taps = flat.shape
+    rows = reshape(transpose(x, (0, 2, 3, 1)), (n * h * w, c))
+    picked = reshape(rows[Tensor(flat.reshape(-1).astype(np.int32), device=x.device)], (m, taps, c))
+    scale = Tensor(weights.astype(x.dtype).reshape(m, taps, 1), device=x.device)
+    return (picked * scale).sum(axis=1)
+
+
+def roi_align(inp: Tensor, rois: Tensor, output_shape, mode: str = "average", spatial_scale: float = 1.0,
+              sample_points=2, aligned: bool = True) -> Tensor:
+    """RoIAlign (Mask R-CNN), MegEngine's ``F.vision.roi_align``: for each
+    box of ``rois`` (K, 5) as (image index, x1, y1, x2, y2), scaled by
+    ``spatial_scale`` (and shifted by -0.5 when ``aligned``), each of the
+    ``output_shape`` (PH, PW) bins is the average (or ``mode`` "max") of
+    ``sample_points`` (SH, SW) bilinear samples at the centres of its
+    sub-bins; pixels outside the image read 0. Output (K, C, PH, PW);
+    differentiable in ``inp`` (the boxes are positions, not learnt).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.vision.roi_align(x, gc.tensor([[0, 0.5, 0.5, 2.5, 2.5]]), 1, sample_points=1).numpy()
+        array([[[[5.]]]], dtype=float32)
+    """
+    x = _t(inp)
+    mode = str(mode).lower()
+    if mode not in ("average", "max"):
+        raise ArgumentError(f"roi_align: mode must be 'average' or 'max', got {mode!r}")
+    ph, pw = _out_hw("roi_align", output_shape)
+    sh, sw = _out_hw("roi_align", sample_points)
+    index, boxes = _rois("roi_align", x, rois)
+    n, c, h, w = x.shape
+    f32 = np.float32
+    offset = f32(0.5 if aligned else 0.0)
+    start = boxes[:, :2] * f32(spatial_scale) - offset                  # (K, 2) as (w, h)
+    size = np.maximum(boxes[:, 2:] * f32(spatial_scale) - offset - start, f32(0))
+    bin_w, bin_h = size[:, 0] / f32(pw), size[:, 1] / f32(ph)
+    # sample centres, MegEngine's float arithmetic: start + bin * (p + (s + 0.5) / S)
+    hs = start[:, 1, None] + bin_h[:, None] * (np.repeat(np.arange(ph, dtype=f32), sh)
+                                               + f32(1.0) / f32(sh) * (np.tile(np.arange(sh, dtype=f32), ph) + f32(0.5)))
+    ws = start[:, 0, None] + bin_w[:, None] * (np.repeat(np.arange(pw, dtype=f32), sw)
+                                               + f32(1.0) / f32(sw) * (np.tile(np.arange(sw, dtype=f32), pw) + f32(0.5)))
+    k = len(index)
+    yy = np.broadcast_to(hs[:, :, None], (k, ph * sh, pw * sw)).astype(np.float64)
+    xx = np.broadcast_to(ws[:, None, :], (k, ph * sh, pw * sw)).astype(np.float64)
+    y0, x0 = np.floor(yy), np.floor(xx)
+    u, v = yy - y0, xx - x0
+    flat, weights = [], []
+    for dy, dx, wt in ((0, 0, (1 - u) * (1 - v)), (0, 1, (1 - u) * v), (1, 0, u * (1 - v)), (1, 1, u * v)):
+        r, q = y0 + dy, x0 + dx
+        inside = (r >= 0) & (r < h) & (q >= 0) & (q < w)            # outside the image: 0
+        flat.append(index[:, None, None] * (h * w) + np.where(inside, r * w + q, 0).astype(np.int64))
+        weights.append(np.where(inside, wt, 0.0))
+    flat = np.stack(flat, -1).reshape(-1, 4)
+    samples = _gather_weighted(x, flat, np.stack(weights, -1).reshape(-1, 4))     # (K * PH*SH * PW*SW, C)
+    samples = transpose(reshape(samples, (k, ph, sh, pw, sw, c)), (0, 5, 1, 3, 2, 4))
+    samples = reshape(samples, (k, c, ph, pw, sh * sw))
+    return samples.max(axis=4) if mode == "max" else samples.mean(axis=4)
+
+
+def roi_pooling(inp: Tensor, rois: Tensor, output_shape, mode: str = "max", scale: float = 1.0) -> Tensor:
+    """RoI pooling (Fast R-CNN), MegEngine's ``F.vision.roi_pooling``: each
+    box of ``rois`` (K, 5) as (image index, x1, y1, x2, y2), scaled by
+    ``scale`` and rounded to whole pixels (at least 1 x 1), is cut into
+    ``output_shape`` (PH, PW) bins of whole pixels (floor of the start,
+    ceiling of the end, inside the image), each pooled by ``mode`` "max" or
+    "average" (0 for an empty bin). Output (K, C, PH, PW); differentiable in
+    ``inp``.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.vision.roi_pooling(x, gc.tensor([[0, 0, 0, 3, 3]]), (2, 2)).numpy()
+        array([[[[ 5.,  7.],
+                 [13., 15.]]]], dtype=float32)
+    """
+    x = _t(inp)
+    mode = str(mode).lower()
+    if mode not in ("max", "average"):
+        raise ArgumentError(f"roi_pooling: mode must be 'max' or 'average', got {mode!r}")
+    ph, pw = _out_hw("roi_pooling", output_shape)
+    index, boxes = _rois("roi_pooling", x, rois)
+    n, c, h, w = x.shape
+    f32 = np.float32
+    corners = np.round(boxes * f32(scale)).astype(np.int64)                # (K, 4): x1, y1, x2, y2
+    extent = np.maximum(corners[:, 2:] - corners[:, :2] + 1, 1)            # (K, 2): width, height
+
+    def bins(p: int, extent_, start, limit):
+        """(K, p) start and end of each bin along one axis, inside [0, limit]."""
+        size = extent_.astype(f32)[:, None] / f32(p)
+        lo = np.floor(np.arange(p, dtype=f32) * size).astype(np.int64) + start[:, None]
+        hi = np.ceil(np.arange(1, p + 1, dtype=f32) * size).astype(np.int64) + start[:, None]
+        return np.clip(lo, 0, limit), np.clip(hi, 0, limit)
+    h_lo, h_hi = bins(ph, extent[:, 1], corners[:, 1], h)
+    w_lo, w_hi = bins(pw, extent[:, 0], corners[:, 0], w)
+    k = len(index)
+    bh = max(int((h_hi - h_lo).max(initial=0)), 1)
+    bw = max(int((w_hi - w_lo).max(initial=0)), 1)
+    rr = h_lo[:, :, None] + np.arange(bh)                  # (K, PH, BH)
+    qq = w_lo[:, :, None] + np.arange(bw)                  # (K, PW, BW)
+    r_in, q_in = rr < h_hi[:, :, None], qq < w_hi[:, :, None]
+    inside = r_in[:, :, None, :, None] & q_in[:, None, :, None, :]           # (K, PH, PW, BH, BW)
+    flat = (index[:, None, None, None, None] * (h * w) + np.minimum(rr, h - 1)[:, :, None, :, None] * w
+            + np.minimum(qq, w - 1)[:, None, :, None, :])
+    flat = np.where(inside, flat, 0).reshape(-1, 1)
+    values = reshape(_gather_weighted(x, flat, np.ones(flat.shape)), (k, ph, pw, bh * bw, c))
+    values = transpose(values, (0, 4, 1, 2, 3))                                # (K, C, PH, PW, B)
+    mask = Tensor(inside.reshape(k, 1, ph, pw, bh * bw), device=x.device)
+    count = inside.reshape(k, 1, ph, pw, bh * bw).sum(-1)
+    if mode == "max":
+        best = where(mask, values, np.asarray(-np.inf, x.dtype)).max(axis=4)
+        return where(Tensor(count > 0, device=x.device), best, np.asarray(0, x.dtype))
+    total = where(mask, values, np.asarray(0, x.dtype)).sum(axis=4)
+    return total / Tensor(np.maximum(count, 1).astype(x.dtype), device=x.device)

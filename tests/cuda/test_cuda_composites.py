@@ -145,3 +145,12 @@ def test_remap_and_warp_perspective(cuda, matches_cpu, border):
     mat = (np.eye(3) + rng.uniform(-0.05, 0.05, (2, 3, 3))).astype(np.float32)
     matches_cpu(lambda x, m: F.vision.warp_perspective(x, m, (3, 5), border_mode=border), [_x((2, 2, 4, 4)), mat],
                 second_order=False)
+
+
+@pytest.mark.parametrize("mode", ["average", "max"])
+def test_roi_align_and_pooling(cuda, matches_cpu, mode):
+    rois = np.array([[0, 0.5, 0.2, 3.1, 2.9], [1, -1.0, 1.0, 2.0, 5.0], [1, 2.0, 0.0, 3.5, 1.5]], np.float32)
+    matches_cpu(lambda x: F.vision.roi_align(x, gc.tensor(rois), (2, 3), mode), [_x((2, 2, 4, 5))],
+                second_order=False)
+    matches_cpu(lambda x: F.vision.roi_pooling(x, gc.tensor(rois), (2, 2), "max" if mode == "max" else "average"),
+                [_x((2, 2, 4, 5))], second_order=False)
