@@ -1195,3 +1195,22 @@ def test_random_empty_shapes(shape):
     grandom.seed(1024)
     assert grandom.uniform(0, 1, shape).shape == shape
     assert grandom.normal(0, 1, shape).shape == shape
+
+
+def test_sliding_window_modules_batch_matmul_activation_and_quant_stubs():
+    x = gc.tensor(np.arange(18, dtype="float32").reshape(1, 2, 3, 3))
+    blocks = M.SlidingWindow(2, padding=1, stride=2)(x)
+    np.testing.assert_array_equal(blocks.numpy(), F.sliding_window(x, 2, 1, 2).numpy())
+    back = M.SlidingWindowTranspose((3, 3), 2, padding=1, stride=2)(blocks)
+    np.testing.assert_array_equal(back.numpy(), F.sliding_window_transpose(blocks, (3, 3), 2, 1, 2).numpy())
+    gc.random.seed(0)
+    m = M.BatchMatMulActivation(2, 3, 4, nonlinear_mode="relu")
+    assert [n for n, _ in m.named_parameters()] == ["bias", "weight"] and m.weight.shape == (2, 4, 3)
+    m.bias.set_value(np.array([0.5, -0.5, 1.0, 0.0], "float32"))
+    inp = np.random.default_rng(0).standard_normal((2, 3, 4)).astype("float32")
+    want = np.maximum(m.weight.numpy() @ inp + m.bias.numpy(), 0)
+    np.testing.assert_allclose(m(gc.tensor(inp)).numpy(), want, rtol=1e-6)
+    assert 0.3 < m.weight.numpy().std() < 0.9          # N(0, 1/3)
+    with pytest.raises(ValueError, match="nonlinear_mode must be 'identity' or 'relu'"):
+        M.BatchMatMulActivation(1, 2, 2, nonlinear_mode="tanh")
+    assert M.QuantStub()(x) is x and M.DequantStub()(x) is x

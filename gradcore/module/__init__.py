@@ -3,6 +3,7 @@
 Module, Sequential, Identity, Linear, Conv1d, Conv2d, ConvRelu2d, ConvBn2d,
 ConvBnRelu2d, Conv3d, ConvTranspose2d, ConvTranspose3d, MaxPool2d, AvgPool2d, Pad, PixelShuffle,
 AdaptiveMaxPool2d, AdaptiveAvgPool2d, Flatten, BatchNorm1d, BatchNorm2d, SyncBatchNorm,
+SlidingWindow, SlidingWindowTranspose, BatchMatMulActivation, QuantStub, DequantStub,
 LayerNorm, GroupNorm, InstanceNorm, Dropout, Embedding, and the activations
 ReLU, Sigmoid, SiLU, GELU, LeakyReLU, PReLU, Softmax.
 
@@ -531,6 +532,105 @@ class PixelShuffle(Module):
 
     def forward(self, x):
         return F.nn.pixel_shuffle(x, self.upscale_factor)
+
+
+class SlidingWindow(Module):
+    """The sliding blocks of (N, C, H, W) images, MegEngine's
+    ``M.SlidingWindow`` (``F.sliding_window``).
+
+    Example::
+
+        >>> SlidingWindow(2)(gc.tensor(np.zeros((1, 1, 3, 3), "float32"))).shape
+        (1, 1, 2, 2, 2, 2)
+    """
+
+    def __init__(self, kernel_size, padding=0, stride=1, dilation=1, **kwargs):
+        super().__init__(**kwargs)
+        self.kernel_size, self.padding, self.stride, self.dilation = kernel_size, padding, stride, dilation
+
+    def forward(self, inp):
+        return F.sliding_window(inp, self.kernel_size, self.padding, self.stride, self.dilation)
+
+
+class SlidingWindowTranspose(Module):
+    """Blocks summed back into (N, C, *output_size) images, MegEngine's
+    ``M.SlidingWindowTranspose`` (``F.sliding_window_transpose``).
+
+    Example::
+
+        >>> SlidingWindowTranspose((3, 3), 2)(gc.tensor(np.ones((1, 1, 2, 2, 2, 2), "float32"))).shape
+        (1, 1, 3, 3)
+    """
+
+    def __init__(self, output_size, kernel_size, padding=0, stride=1, dilation=1, **kwargs):
+        super().__init__(**kwargs)
+        self.output_size, self.kernel_size = output_size, kernel_size
+        self.padding, self.stride, self.dilation = padding, stride, dilation
+
+    def forward(self, inp):
+        return F.sliding_window_transpose(inp, self.output_size, self.kernel_size, self.padding, self.stride,
+                                          self.dilation)
+
+
+class BatchMatMulActivation(Module):
+    """``weight @ x (+ bias)`` with a weight per batch element (batch,
+    out_features, in_features), then ReLU when ``nonlinear_mode`` is
+    "relu", MegEngine's ``M.BatchMatMulActivation`` (its initialisation:
+    weight N(0, 1 / in_features), bias 0).
+
+    Example::
+
+        >>> BatchMatMulActivation(2, 3, 4)(gc.tensor(np.ones((2, 3, 4), "float32"))).shape
+        (2, 4, 4)
+    """
+
+    def __init__(self, batch: int, in_features: int, out_features: int, bias: bool = True,
+                 nonlinear_mode: str = "identity", **kwargs):
+        super().__init__(**kwargs)
+        self.batch, self.in_features, self.out_features = batch, in_features, out_features
+        self.nonlinear_mode = nonlinear_mode.lower()
+        if self.nonlinear_mode not in ("identity", "relu"):
+            raise ArgumentError(f"BatchMatMulActivation: nonlinear_mode must be 'identity' or 'relu', "
+                                f"got {nonlinear_mode!r}")
+        self.weight = Parameter(np.zeros((batch, out_features, in_features), "float32"))
+        self.bias = Parameter(np.zeros((out_features,), "float32")) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.normal_(self.weight, 0.0, float(np.sqrt(1 / self.in_features)))
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def forward(self, x):
+        y = F.matmul(self.weight, x)
+        if self.bias is not None:
+            y = y + self.bias       # (along the last axis, as MegEngine's: x (batch, in, out))
+        return F.relu(y) if self.nonlinear_mode == "relu" else y
+
+    def _module_info_string(self) -> str:
+        return (f"batch={self.batch}, in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+class QuantStub(Identity):
+    """Returns its input: where a quantisation-aware model quantises (MegEngine's ``M.QuantStub``;
+    gradcore trains in floating point only).
+
+    Example::
+
+        >>> QuantStub()(gc.tensor([1.0])).numpy()
+        array([1.], dtype=float32)
+    """
+
+
+class DequantStub(Identity):
+    """Returns its input: where a quantisation-aware model dequantises (MegEngine's ``M.DequantStub``).
+
+    Example::
+
+        >>> DequantStub()(gc.tensor([1.0])).numpy()
+        array([1.], dtype=float32)
+    """
 
 
 class Dropout(Module):
