@@ -17,7 +17,7 @@ from .conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilte
 from .elemwise import CUDA_HELPERS, Elemwise
 from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, Scatter, SetSubtensor, Sort,
                        Subtensor, SubtensorGrad, TopK)
-from .linalg import MatrixInverse, MatrixMul
+from .linalg import SVD, MatrixInverse, MatrixMul
 from .pool import AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, MaxPool2dGather
 from .nn import BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from .loss import CrossEntropy, CrossEntropyGrad, CTCLoss, CTCLossGrad
@@ -30,7 +30,7 @@ from .shape import (Broadcast, BroadcastToLike, Cast, Concat, Copy, ExpandDims, 
                     Transpose, Unstack, ZerosLike)
 
 STANDARD_OPS = [
-    Elemwise, Reduce, BroadcastBack, ArgReduce, CumSum, MatrixMul, MatrixInverse, Reshape, ReshapeLike, Transpose, Broadcast,
+    Elemwise, Reduce, BroadcastBack, ArgReduce, CumSum, MatrixMul, MatrixInverse, SVD, Reshape, ReshapeLike, Transpose, Broadcast,
     BroadcastToLike, SumTo, SumToLike, ZerosLike, ExpandDims, Squeeze, Cast, Copy, Identity,
     StopGradient, Concat, SplitLike, Subtensor, SubtensorGrad, SetSubtensor, IndexingOneHot,
     IndexingOneHotGrad, LogSoftmax, LogSumExp, Softmax,

@@ -23,6 +23,9 @@ from gradcore.cpu import blas, onednn
 from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc
 
+from .elemwise import Elemwise
+from .shape import ExpandDims
+
 
 # OpenBLAS runs a GEMM of up to this many multiply-adds on one thread by itself
 # (its SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD)
@@ -379,3 +382,233 @@ class MatrixInverse(Op):
         (y,), (g,) = outputs, grads
         gy = _core.apply(MatrixMul(transpose_a=True), y, g)[0]          # y^T @ g
         return [-_core.apply(MatrixMul(transpose_b=True), gy, y)[0]]    # ... @ y^T
+
+
+# one thread per matrix: one-sided Jacobi (Hestenes) on W = A, or A^T when
+# A is wide (p x q, p >= q), the rotations accumulated in V; singular values
+# the column norms, sorted; the left vectors the normalised columns, completed
+# to an orthonormal basis from the standard one where a column is zero or
+# full_matrices asks for more; each left vector's largest entry made
+# positive (with its right vector), as the cpu kernel does
+_SVD = Kernel("svd", "const T* __restrict__ x, T* __restrict__ work, T* __restrict__ vbuf, T* __restrict__ u, "
+              "T* __restrict__ s, T* __restrict__ vh, long long batch, int m, int n, int full", """
+    const bool ge = m >= n;
+    const int p = ge ? m : n, q = ge ? n : m;
+    const int ku = full ? m : q, kv = full ? n : q, kl = ge ? ku : kv;
+    const T* a = x + b * (long long)m * n;
+    T* w = work + b * (long long)p * q;
+    T* v = vbuf + b * (long long)q * q;
+    T* uo = u + b * (long long)m * ku;
+    T* so = s + b * (long long)q;
+    T* vo = vh + b * (long long)kv * n;
+    T* lo = ge ? uo : vo;       // the left vectors of W: U's columns, or Vh's rows
+    for (int i = 0; i < p; ++i)
+        for (int j = 0; j < q; ++j) w[(long long)i * q + j] = ge ? a[(long long)i * n + j] : a[(long long)j * n + i];
+    for (int i = 0; i < q; ++i)
+        for (int j = 0; j < q; ++j) v[(long long)i * q + j] = (i == j) ? (T)1 : (T)0;
+    const T eps = sizeof(T) == 4 ? (T)1e-7 : (T)1e-15;
+    for (int sweep = 0; sweep < 80; ++sweep) {
+        bool rotated = false;
+        for (int j = 0; j + 1 < q; ++j)
+            for (int l = j + 1; l < q; ++l) {
+                T al = 0, be = 0, ga = 0;
+                for (int i = 0; i < p; ++i) {
+                    const T x1 = w[(long long)i * q + j], x2 = w[(long long)i * q + l];
+                    al += x1 * x1; be += x2 * x2; ga += x1 * x2;
+                }
+                if (ga == (T)0 || fabs(ga) <= eps * sqrt(al * be)) continue;
+                rotated = true;
+                const T zeta = (be - al) / (2 * ga);
+                const T t = (zeta >= 0 ? (T)1 : (T)-1) / (fabs(zeta) + sqrt(1 + zeta * zeta));
+                const T c = 1 / sqrt(1 + t * t), sn = c * t;
+                for (int i = 0; i < p; ++i) {
+                    const T x1 = w[(long long)i * q + j], x2 = w[(long long)i * q + l];
+                    w[(long long)i * q + j] = c * x1 - sn * x2; w[(long long)i * q + l] = sn * x1 + c * x2;
+                }
+                for (int i = 0; i < q; ++i) {
+                    const T x1 = v[(long long)i * q + j], x2 = v[(long long)i * q + l];
+                    v[(long long)i * q + j] = c * x1 - sn * x2; v[(long long)i * q + l] = sn * x1 + c * x2;
+                }
+            }
+        if (!rotated) break;
+    }
+    for (int j = 0; j < q; ++j) {
+        T acc = 0;
+        for (int i = 0; i < p; ++i) acc += w[(long long)i * q + j] * w[(long long)i * q + j];
+        so[j] = sqrt(acc);
+    }
+    for (int j = 0; j < q; ++j) {          // descending: selection sort, columns along
+        int best = j;
+        for (int l = j + 1; l < q; ++l) if (so[l] > so[best]) best = l;
+        if (best == j) continue;
+        T t = so[j]; so[j] = so[best]; so[best] = t;
+        for (int i = 0; i < p; ++i) { t = w[(long long)i * q + j]; w[(long long)i * q + j] = w[(long long)i * q + best]; w[(long long)i * q + best] = t; }
+        for (int i = 0; i < q; ++i) { t = v[(long long)i * q + j]; v[(long long)i * q + j] = v[(long long)i * q + best]; v[(long long)i * q + best] = t; }
+    }
+    int r = 0;
+    for (int j = 0; j < q; ++j) {
+        if (!(so[j] > 0)) break;
+        for (int i = 0; i < p; ++i) lo[ge ? (long long)i * kl + j : (long long)j * p + i] = w[(long long)i * q + j] / so[j];
+        r = j + 1;
+    }
+    for (int j = r; j < kl; ++j) {         // complete: the standard vector least inside the span so far
+        int best = 0; T best_norm = -1;
+        for (int pass = 0; pass < 2; ++pass) {
+            for (int t = (pass ? best : 0); t < (pass ? best + 1 : p); ++t) {
+                for (int i = 0; i < p; ++i) lo[ge ? (long long)i * kl + j : (long long)j * p + i] = (i == t) ? (T)1 : (T)0;
+                for (int twice = 0; twice < 2; ++twice)
+                    for (int c = 0; c < j; ++c) {
+                        T dot = 0;
+                        for (int i = 0; i < p; ++i)
+                            dot += lo[ge ? (long long)i * kl + c : (long long)c * p + i] * lo[ge ? (long long)i * kl + j : (long long)j * p + i];
+                        for (int i = 0; i < p; ++i)
+                            lo[ge ? (long long)i * kl + j : (long long)j * p + i] -= dot * lo[ge ? (long long)i * kl + c : (long long)c * p + i];
+                    }
+                T nrm = 0;
+                for (int i = 0; i < p; ++i) nrm += lo[ge ? (long long)i * kl + j : (long long)j * p + i] * lo[ge ? (long long)i * kl + j : (long long)j * p + i];
+                nrm = sqrt(nrm);
+                if (!pass && nrm > best_norm) { best_norm = nrm; best = t; }
+                if (pass) for (int i = 0; i < p; ++i) lo[ge ? (long long)i * kl + j : (long long)j * p + i] /= nrm;
+            }
+        }
+    }
+    for (int i = 0; i < q; ++i)            // the right vectors: Vh = V^T, or U = V
+        for (int j = 0; j < q; ++j) {
+            if (ge) vo[(long long)j * n + i] = v[(long long)i * q + j];
+            else uo[(long long)i * ku + j] = v[(long long)i * q + j];
+        }
+    const int ncols = ku > kv ? ku : kv;   // signs: each U column's largest entry positive (first if tied)
+    for (int j = 0; j < ncols; ++j) {
+        const bool has_u = j < ku, has_v = j < kv;
+        int at = 0; T big = -1;
+        if (has_u) { for (int i = 0; i < m; ++i) if (fabs(uo[(long long)i * ku + j]) > big) { big = fabs(uo[(long long)i * ku + j]); at = i; } }
+        else { for (int i = 0; i < n; ++i) if (fabs(vo[(long long)j * n + i]) > big) { big = fabs(vo[(long long)j * n + i]); at = i; } }
+        const bool flip = has_u ? uo[(long long)at * ku + j] < 0 : vo[(long long)j * n + at] < 0;
+        if (!flip) continue;
+        if (has_u) for (int i = 0; i < m; ++i) uo[(long long)i * ku + j] = -uo[(long long)i * ku + j];
+        if (has_v && (j < q || !has_u)) for (int i = 0; i < n; ++i) vo[(long long)j * n + i] = -vo[(long long)j * n + i];
+    }""", over="batch", index="b")
+
+
+def canonical_signs(u: np.ndarray, vh: np.ndarray) -> None:
+    """Flip singular vector pairs in place so that each column of ``u`` has
+    its largest entry (the first of equal ones) positive; a row of ``vh``
+    with no column of ``u`` (a full, wide ``vh``) by its own largest entry.
+
+    Example::
+
+        >>> u, vh = np.array([[-1.0]]), np.array([[-1.0]]); canonical_signs(u, vh); u.tolist()
+        [[1.0]]
+    """
+    ku, kv = u.shape[-1], vh.shape[-2]
+    k = min(ku, kv)
+    if ku:
+        cols = np.take_along_axis(u, np.abs(u).argmax(-2)[..., None, :], -2)[..., 0, :] < 0   # (..., ku)
+        u *= np.where(cols, -1, 1)[..., None, :]
+        vh[..., :k, :] *= np.where(cols[..., :k], -1, 1)[..., :, None]
+    if kv > ku:
+        rows = np.take_along_axis(vh[..., ku:, :], np.abs(vh[..., ku:, :]).argmax(-1)[..., :, None], -1)[..., 0] < 0
+        vh[..., ku:, :] *= np.where(rows, -1, 1)[..., :, None]
+
+
+class SVD(Op):
+    """The singular value decomposition of each (M, N) matrix over the last
+    two axes: (U, S, Vh) with ``x = U @ diag(S) @ Vh``, S descending,
+    MegEngine's ``F.svd``; U (..., M, K) and Vh (..., K, N) for K = min(M,
+    N), or (..., M, M) and (..., N, N) with ``full_matrices``. Singular
+    vectors are unique only up to sign: each column of U has its largest
+    entry positive, on both devices. Gradient (reduced form, Townsend's
+    formula written with MatrixMul and elementwise ops: every order follows;
+    undefined where singular values repeat or, for U and Vh, are zero)."""
+    name = "SVD"
+    reduce_broadcast = False
+    attrs = ("full_matrices",)
+    check_params = ({"full_matrices": False},)
+
+    def __init__(self, full_matrices: bool = False):
+        self.full_matrices = bool(full_matrices)
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: tall, wide and batched
+        matrices (the reduced form: full matrices have no gradient; tests/ops/test_svd.py
+        checks their values on both devices)."""
+        rng = np.random.default_rng(0)
+        return [(cls(), [rng.standard_normal((4, 3))]), (cls(), [rng.standard_normal((2, 3, 5))])]
+
+    def infer(self, x):
+        if x.dtype.kind != "f":
+            raise self.error(f"needs a floating-point input, got {x.dtype}", x)
+        if x.shape is not None and len(x.shape) < 2:
+            raise self.error("needs matrices over its last two axes (..., M, N)", x)
+        if x.shape is None:
+            return tuple(TensorDesc(None, x.dtype, x.device) for _ in range(3))
+        *lead, m, n = x.shape
+        k = min(m, n)
+        ku, kv = (m, n) if self.full_matrices else (k, k)
+        return (TensorDesc((*lead, m, ku), x.dtype, x.device), TensorDesc((*lead, k), x.dtype, x.device),
+                TensorDesc((*lead, kv, n), x.dtype, x.device))
+
+    def cpu(self, x):
+        u_d, s_d, vh_d = self.infer(TensorDesc(x.shape, x.dtype))
+        if x.size == 0:
+            return (np.zeros(u_d.shape, x.dtype), np.zeros(s_d.shape, x.dtype), np.zeros(vh_d.shape, x.dtype))
+        with np.errstate(all="ignore"):
+            try:
+                u, s, vh = np.linalg.svd(x, full_matrices=self.full_matrices)
+            except np.linalg.LinAlgError:           # inf or NaN in x
+                return (np.full(u_d.shape, np.nan, x.dtype), np.full(s_d.shape, np.nan, x.dtype),
+                        np.full(vh_d.shape, np.nan, x.dtype))
+        u, vh = np.ascontiguousarray(u), np.ascontiguousarray(vh)
+        canonical_signs(u, vh)
+        return u, s, vh
+
+    def cuda(self, be, x):
+        check_cuda_dtype(self, x.dtype)
+        u_d, s_d, vh_d = self.infer_arrays(x)
+        u, s, vh = be.empty(u_d.shape, x.dtype), be.empty(s_d.shape, x.dtype), be.empty(vh_d.shape, x.dtype)
+        m, n = x.shape[-2:]
+        batch = int(np.prod(x.shape[:-2], dtype=np.int64))
+        if batch == 0 or m == 0 or n == 0:
+            return u, s, vh
+        p, q = max(m, n), min(m, n)
+        work, vbuf = be.empty((batch, p, q), x.dtype), be.empty((batch, q, q), x.dtype)
+        be.launch_n(be.kernel(self, be.ctype(x.dtype)), batch, x, work, vbuf, u, s, vh, np.int64(batch),
+                    np.int32(m), np.int32(n), np.int32(self.full_matrices))
+        return u, s, vh
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_svd_<ctype>(x, work, vbuf, u, s, vh, long long batch, int m,
+        int n, int full)``: one thread per matrix (one-sided Jacobi)."""
+        return _SVD.source(ctype)
+
+    def vjp(self, inputs, outputs, grads):
+        if self.full_matrices:
+            raise _core.NotDifferentiableError(
+                "SVD(full_matrices=True): the extra singular vectors are not unique, so it has no gradient; "
+                "differentiate the reduced form (full_matrices=False), as PyTorch does")
+        (u, s, vh), (gu, gs, gvh) = outputs, grads
+
+        def mm(a, b, ta=False, tb=False):
+            return _core.apply(MatrixMul(transpose_a=ta, transpose_b=tb), a, b)[0]
+
+        def col(a):     # (..., k) -> (..., 1, k): multiplying scales columns
+            return _core.apply(ExpandDims(-2), a)[0]
+
+        def row(a):     # (..., k) -> (..., k, 1): multiplying scales rows
+            return _core.apply(ExpandDims(-1), a)[0]
+
+        def where(c, a, b):
+            return _core.apply(Elemwise("where"), c, a, b)[0]
+        s2 = s * s
+        d = col(s2) - row(s2)                               # d[i, j] = s_j^2 - s_i^2
+        zero = _core.apply(Elemwise("eq"), d, 0)[0]
+        f = where(zero, 0, 1 / where(zero, 1, d))           # 0 on the diagonal
+        j = f * (mm(u, gu, ta=True) - mm(gu, u, ta=True))        # F o (U^T gU - gU^T U)
+        k = f * (mm(vh, gvh, tb=True) - mm(gvh, vh, tb=True))    # F o (V^T gV - gV^T V)
+        ga = mm(mm(u, j * col(s) + row(s) * k) + u * col(gs), vh)
+        gu_s = gu / col(s)                                  # gU S^-1
+        ga = ga + mm(gu_s - mm(u, mm(u, gu_s, ta=True)), vh)          # (I - U U^T) gU S^-1 Vh
+        sgvh = gvh / row(s)                                 # S^-1 gVh
+        ga = ga + mm(u, sgvh - mm(mm(sgvh, vh, tb=True), vh))          # U S^-1 gVh (I - V V^T)
+        return [ga]

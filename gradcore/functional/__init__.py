@@ -51,7 +51,7 @@ from .elemwise_table import (abs, acos, acosh, add, asin, asinh, atan, atanh, ce
                              square, sub, tan, tanh)
 from .indexing import (argsort, cond_take, diag, embedding, gather, getitem, indexing_one_hot, non_zero, one_hot,
                        scatter, setitem, sort, topk)
-from .linalg import cross, dot, linear, matinv, matmul
+from .linalg import cross, dot, linear, matinv, matmul, svd
 from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, dropout, group_norm,
                  general_norm, hinge_loss, instance_norm, l1_loss, layer_norm, local_response_norm, log_softmax, logaddexp,
                  logsoftmax, logsumexp, mse_loss, normalize, pad, sliding_window, sliding_window_transpose, softmax,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError
-from ..ops.linalg import MatrixInverse, MatrixMul
+from ..ops.linalg import SVD, MatrixInverse, MatrixMul
 from ._args import _named, _t
 from .reduce import sum
 from .shape import expand_dims, squeeze
@@ -130,3 +130,27 @@ def matinv(inp) -> Tensor:
         x = x.astype("float32")
     return _apply(MatrixInverse(), x)[0]
 
+
+
+def svd(inp: Tensor, full_matrices: bool = False, compute_uv: bool = True) -> tuple:
+    """The singular value decomposition of each matrix over the last two
+    axes of ``inp`` (..., M, N), MegEngine's ``F.svd``: ``(U, S, Vh)`` with
+    ``inp = U @ diag(S) @ Vh``, S descending; U (..., M, K) and Vh (..., K,
+    N) for K = min(M, N), or square with ``full_matrices``. The factors are
+    always computed (``compute_uv`` is MegEngine's and changes nothing
+    here). Each column of U has its largest entry positive. Differentiable
+    (the reduced form; the ``SVD`` op).
+
+    Example::
+
+        >>> u, s, vh = F.svd(gc.tensor([[3.0, 0.0], [0.0, -2.0]]))
+        >>> s.numpy(), u.numpy()
+        (array([3., 2.], dtype=float32), array([[1., 0.],
+               [0., 1.]], dtype=float32))
+    """
+    x = _t(inp)
+    if x.dtype.kind in "biu":
+        x = x.astype("float32")
+    if x.ndim < 2:
+        raise ArgumentError(f"svd: inp must have at least 2 dimensions (..., M, N), got shape {x.shape}")
+    return _apply(SVD(full_matrices), x)

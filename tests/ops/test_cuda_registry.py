@@ -39,6 +39,7 @@ def _instances():
         "CumSum": [reduce.CumSum(1), reduce.CumSum(0, True)],
         "MatrixMul": [linalg.MatrixMul(ta, tb) for ta in (False, True) for tb in (False, True)],
         "MatrixInverse": [linalg.MatrixInverse()],
+        "SVD": [linalg.SVD()],
         "Reshape": [shape.Reshape((3, -1))],
         "ReshapeLike": [shape.ReshapeLike()],
         "Transpose": [shape.Transpose((1, 0, 2)), shape.Transpose(())],
