@@ -320,3 +320,31 @@ def test_roi_megengine_examples_gradients_and_errors(rng):
         F.vision.roi_align(gc.tensor(x), gc.tensor(np.zeros((3, 4))), 2)
     with pytest.raises(ArgumentError, match=r"roi_pooling: a box's image index is outside \[0, 2\)"):
         F.vision.roi_pooling(gc.tensor(x), gc.tensor([[2.0, 0, 0, 1, 1]]), 2)
+
+
+def test_replicate_border_has_torchs_zero_slope_on_the_edge(torch):
+    """An identity warp (a spatial transformer's start): points exactly on
+    the first row and column; torch's border padding gives them slope 0."""
+    img = np.arange(12.0).reshape(1, 1, 3, 4) ** 1.5
+    mat = np.array([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
+    gx, gm_ = gc.tensor(img), gc.tensor(mat)
+    gm = GradManager().attach([gm_])
+    with gm:
+        gm.backward(F.vision.warp_affine(gx, gm_, (3, 4), format="NCHW").sum())
+    tm = torch.tensor(mat, requires_grad=True)
+    hh, ww = torch.meshgrid(torch.arange(3.0, dtype=torch.float64), torch.arange(4.0, dtype=torch.float64),
+                            indexing="ij")
+    px = tm[0, 0, 0] * ww + tm[0, 0, 1] * hh + tm[0, 0, 2]
+    py = tm[0, 1, 0] * ww + tm[0, 1, 1] * hh + tm[0, 1, 2]
+    grid = torch.stack([px * 2 / 3 - 1, py * 2 / 2 - 1], -1)[None]      # pixels -> torch's [-1, 1]
+    torch.nn.functional.grid_sample(torch.tensor(img), grid, padding_mode="border", align_corners=True).sum().backward()
+    np.testing.assert_allclose(gm_.grad.numpy(), tm.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_integer_images_resize_as_floats_rounded_back(rng):
+    img = rng.integers(0, 256, (1, 3, 5, 6)).astype(np.uint8)
+    for mode in ("bilinear", "nearest", "bicubic"):
+        got = F.vision.resize(gc.tensor(img), (7, 4), imode=mode)
+        want = F.vision.interpolate(gc.tensor(img.astype("float32")), (7, 4), mode=mode).numpy()
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(got.numpy(), np.clip(np.round(want), 0, 255).astype(np.uint8))

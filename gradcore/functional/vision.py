@@ -68,6 +68,9 @@ def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear
                  [1., 1., 2., 2.]]]], dtype=float32)
     """
     x = _t(inp)
+    if x.dtype.kind in "iu":
+        # integer images (uint8 most often): resized in float32, rounded and saturated back
+        return _to_integer(interpolate(astype(x, "float32"), size, scale_factor, mode, align_corners), x.dtype)
     mode = mode.lower() if isinstance(mode, str) else mode
     modes = ("nearest", "bilinear", "bicubic", "linear", "trilinear")
     if mode not in modes:
@@ -93,6 +96,13 @@ def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear
         y = _apply(_Interpolate((od, oh * ow), "bilinear", corners), reshape(y, (n, c, d, oh * ow)))[0]
         return reshape(y, (n, c, od, oh, ow))
     return _apply(_Interpolate(_resize_sizes(x, size, scale_factor, 2), mode, corners), x)[0]
+
+
+def _to_integer(y: Tensor, dtype) -> Tensor:
+    """A float result computed for an integer image, rounded (half to even)
+    and saturated into ``dtype``, as MegEngine's rounding converter."""
+    info = np.iinfo(dtype)
+    return astype(minimum(maximum(round(y), float(info.min)), float(info.max)), dtype)
 
 
 def _images(name: str, inp) -> Tensor:
@@ -244,6 +254,12 @@ def remap(inp: Tensor, map_xy: Tensor, border_mode: str = "replicate", scalar: f
     # (column, row); a NaN coordinate reads outside the image
     col, row = (minimum(maximum(where(p != p, -1.0, p), -_COORD_LIMIT), _COORD_LIMIT)
                 for p in (xy[..., 0], xy[..., 1]))
+    if border == "replicate":
+        # the point clamped into the image first: the same values as clamping
+        # each pixel read, and PyTorch's border padding's slope (0 on the edge
+        # and past it) for the gradient to the map
+        col = where(col <= 0.0, 0.0, where(col >= float(w - 1), float(w - 1), col))
+        row = where(row <= 0.0, 0.0, where(row >= float(h - 1), float(h - 1), row))
     if imode == "nearest":
         taps = [(round(row), round(col), None)]
     else:
@@ -262,10 +278,7 @@ def remap(inp: Tensor, map_xy: Tensor, border_mode: str = "replicate", scalar: f
         if weight is not None:
             val = val * reshape(weight, (n, 1, oh, ow))
         out = val if out is None else out + val
-    if dtype.kind in "iu":          # rounded and saturated, as MegEngine's rounding converter
-        info = np.iinfo(dtype)
-        out = astype(minimum(maximum(round(out), float(info.min)), float(info.max)), dtype)
-    return out
+    return _to_integer(out, dtype) if dtype.kind in "iu" else out
 
 
 def _out_hw(name: str, out_shape) -> tuple:
