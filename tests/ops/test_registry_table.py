@@ -92,6 +92,7 @@ def _cases():
                       (linalg.MatrixMul(), [f(2, 0), f(0, 3)], None)],
         "MatrixInverse": [(linalg.MatrixInverse(), [("inv", 3, 3)], None),
                           (linalg.MatrixInverse(), [("inv", 2, 4, 4)], None)],
+        "SVD": [(linalg.SVD(), [f(4, 3)], None), (linalg.SVD(), [f(2, 2, 3)], None)],
         "Reduce": [(reduce.Reduce(m, 1), [f(2, 3)], None) for m in ("sum", "mean", "max", "min", "prod")]
         + [(reduce.Reduce("sum"), [f()], None), (reduce.Reduce("mean", None, True), [f(1, 1)], None),
            (reduce.Reduce("sum", 0), [f(0, 3)], None), (reduce.Reduce("max", (0, 2), True), [f(2, 1, 3)], None)],
