@@ -316,7 +316,7 @@ def logical(kind, x, y=None):
 
 
 def round_(self, ndigits=None):
-    """``round(t)``: the tensor rounded half to even, elementwise (F.round);
+    """``round(t)``: the tensor rounded elementwise, halves away from zero (F.round, as MegEngine's);
     ``round(t, n)`` to n decimals."""
     F = _F()
     if not ndigits:

@@ -95,7 +95,8 @@ TABLE = [
     # rounding: zero gradient (almost everywhere), a zero .grad as in PyTorch
     Row("floor",    "np.floor(x)",            "gc_floor(x)",        ("g * 0",)),
     Row("ceil",     "np.ceil(x)",             "gc_ceil(x)",         ("g * 0",)),
-    Row("round",    "np.round(x)",            "gc_rint(x)",         ("g * 0",)),
+    # half away from zero, as MegEngine's kernels (C's round) and its examples
+    Row("round",    "round_half_away(x)",     "gc_round(x)",        ("g * 0",)),
     # predicates
     Row("lt",       "np.less(x, y)",          "x < y",              (None, None), out_dtype="bool", dtypes="compare"),
     Row("le",       "np.less_equal(x, y)",    "x <= y",             (None, None), out_dtype="bool", dtypes="compare"),
@@ -127,7 +128,7 @@ def _cpu_kernel(row: Row):
     if m and m.group(2) == ", ".join(_ARGS[:n]) and isinstance(getattr(np, m.group(1), None), np.ufunc):
         return getattr(np, m.group(1))
     src = f"lambda {', '.join(_ARGS[:n])}: {row.numpy}"
-    return eval(src, {"np": np, "_erf": _erf})  # noqa: S307 - our own table
+    return eval(src, {"np": np, "_erf": _erf, "round_half_away": round_half_away})  # noqa: S307 - our own table
 
 
 _erf_object = np.frompyfunc(math.erf, 1, 1)
@@ -138,6 +139,18 @@ def _erf(x):
     precision, at the price of a Python call per element)."""
     x = np.asarray(x)
     return np.asarray(_erf_object(x), dtype=x.dtype if x.dtype.kind == "f" else np.float64)
+
+
+def round_half_away(x):
+    """x rounded to the nearest integer, halves away from zero (C's round;
+    NumPy's rounds them to even): the integer part plus the sign where the
+    fraction (exact: x minus its integer part) is at least a half."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "fc":
+        return x.copy()
+    whole = np.trunc(x)
+    with np.errstate(invalid="ignore"):     # inf - inf: not a half, inf stays
+        return np.where(np.abs(x - whole) >= 0.5, whole + np.sign(x), whole).astype(x.dtype, copy=False)
 
 
 # Device functions the rows' CUDA expressions call where C's operators and
@@ -161,13 +174,13 @@ __device__ __forceinline__ double gc_abs(double a) { return fabs(a); }
 // rounding: integers are already whole
 template <class V> __device__ __forceinline__ V gc_floor(V a) { return a; }
 template <class V> __device__ __forceinline__ V gc_ceil(V a) { return a; }
-template <class V> __device__ __forceinline__ V gc_rint(V a) { return a; }
+template <class V> __device__ __forceinline__ V gc_round(V a) { return a; }
 __device__ __forceinline__ float gc_floor(float a) { return floorf(a); }
 __device__ __forceinline__ double gc_floor(double a) { return floor(a); }
 __device__ __forceinline__ float gc_ceil(float a) { return ceilf(a); }
 __device__ __forceinline__ double gc_ceil(double a) { return ceil(a); }
-__device__ __forceinline__ float gc_rint(float a) { return rintf(a); }     // half to even, as np.round
-__device__ __forceinline__ double gc_rint(double a) { return rint(a); }
+__device__ __forceinline__ float gc_round(float a) { return roundf(a); }    // halves away from zero
+__device__ __forceinline__ double gc_round(double a) { return round(a); }
 // integer floor division and modulo, Python's signs; x / 0 is 0 as in NumPy
 template <class V> __device__ __forceinline__ V gc_floor_div(V a, V b) {
     if (b == 0) return 0;

@@ -1289,3 +1289,13 @@ def test_transpose_pattern_with_new_and_dropped_axes():
         F.transpose(x, (1.0, 0))
     with pytest.raises(ValueError, match="only axes of size 1 can be left out"):
         F.transpose(x, (1,))
+
+
+def test_round_takes_halves_away_from_zero_as_megengine():
+    """MegEngine's kernel is C's round and its documented example is
+    F.round([1.5, 2.5, 3.5, 4.5]) = [2, 3, 4, 5] (NumPy and PyTorch round halves to even)."""
+    x = np.array([1.5, 2.5, 3.5, 4.5, -0.5, -2.5, 0.49999999999999994, -0.0, np.inf, -np.inf, np.nan])
+    got = F.round(Tensor(x)).numpy()
+    np.testing.assert_array_equal(got, [2, 3, 4, 5, -1, -3, 0, -0.0, np.inf, -np.inf, np.nan])
+    assert np.signbit(got[7]) and round(Tensor([2.5])).numpy().tolist() == [3.0]
+    assert F.round(Tensor(np.array([3, -4], np.int32))).numpy().tolist() == [3, -4]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from .._core import Tensor, apply1 as _apply1
 from ..ops.elemwise import Elemwise
 
-TABLE_DIGEST = "5fb1a7d9e6e4b8f3"
+TABLE_DIGEST = "979d71ecd0e2e8d3"
 
 # one op instance per row: the per-op caches stay warm
 _OP_ADD = Elemwise("add")
@@ -540,7 +540,7 @@ def ceil(x: Tensor) -> Tensor:
 
 
 def round(x: Tensor) -> Tensor:
-    """Elementwise ``np.round(x)``: the ``Elemwise("round")`` op
+    """Elementwise ``round_half_away(x)``: the ``Elemwise("round")`` op
     (kernels and gradient in ops/elemwise.py); numbers are accepted as inputs too.
 
     Example::

@@ -191,6 +191,15 @@ REMAP_MODES = ("linear", "nearest")
 _COORD_LIMIT = float(2 ** 22)
 
 
+def _round_half_to_even(p: Tensor) -> Tensor:
+    """p rounded to the nearest integer, halves to even (MegEngine's remap
+    rounds so; ``F.round`` takes them away from zero)."""
+    low = floor(p)
+    frac = p - low                          # exact
+    up = where(mod(low, 2.0) == 0, low, low + 1)       # a half: to the even neighbour
+    return where(frac > 0.5, low + 1, where(frac < 0.5, low, up))
+
+
 def _fold(p: Tensor, n: int, border_mode: str) -> Tensor:
     """Integer-valued coordinates ``p`` (float) brought into [0, n) by the
     border mode (OpenCV's, as MegEngine's ``border_interpolate``)."""
@@ -261,7 +270,7 @@ def remap(inp: Tensor, map_xy: Tensor, border_mode: str = "replicate", scalar: f
         col = where(col <= 0.0, 0.0, where(col >= float(w - 1), float(w - 1), col))
         row = where(row <= 0.0, 0.0, where(row >= float(h - 1), float(h - 1), row))
     if imode == "nearest":
-        taps = [(round(row), round(col), None)]
+        taps = [(_round_half_to_even(row), _round_half_to_even(col), None)]
     else:
         r0, c0 = stop_gradient(floor(row)), stop_gradient(floor(col))
         u, v = row - r0, col - c0           # the blend's weights carry the gradient to map_xy

@@ -247,3 +247,11 @@ def test_bad_inputs_raise_like_cpu(cuda):
     t = gc.Tensor(np.ones(2, bool), device="cuda")
     with pytest.raises(TypeError):
         -t
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_round_takes_halves_away_from_zero_on_cuda_too(cuda, dtype):
+    x = np.array([1.5, 2.5, -0.5, -2.5, 0.4, -0.0, np.inf, np.nan], dtype)
+    got = F.round(gc.tensor(x, device="cuda")).numpy()
+    np.testing.assert_array_equal(got, F.round(gc.tensor(x)).numpy())
+    np.testing.assert_array_equal(got, np.array([2, 3, -1, -3, 0, -0.0, np.inf, np.nan], dtype))

@@ -241,7 +241,8 @@ def test_kink_at_zero_like_torch(mode, h, torch):
 
 @pytest.mark.parametrize("mode", ["floor", "ceil", "round", "sign"])
 def test_rounding_gives_a_zero_gradient_like_torch(mode, h, torch):
-    x = np.array([-1.5, -0.2, 0.0, 0.7, 2.5])
+    # (no halves for round: MegEngine's takes them away from zero, torch's to even)
+    x = np.array([-1.5, -0.2, 0.0, 0.7, 2.5]) if mode != "round" else np.array([-1.6, -0.2, 0.0, 0.7, 2.4])
     _, grads, _ = h.gc_vjp(lambda a: run(mode, a), [x])
     assert grads[0] is not None and not grads[0].any()
     h.compare(torch, lambda a: run(mode, a), getattr(torch, mode), [x])
