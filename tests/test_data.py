@@ -769,3 +769,17 @@ def test_parallel_stream_workers_read_their_own_shards():
             # batches alternate between the workers until one's shard ends
             assert seen[:6] == [0, 2, 4, 1, 3, 5] and len(seen) == len(set(seen))
             assert set(seen) <= set(range(20)) and len(seen) >= 18
+
+
+def test_stream_sampler_counts_positions_and_a_batch_larger_than_the_data_is_refused():
+    """MegEngine's StreamSampler counts the stream's positions ([0, 1, 2],
+    [3, 4, 5], ...); its map samplers refuse fewer samples per rank than a
+    batch."""
+    it = iter(StreamSampler(batch_size=3))
+    assert [next(it) for _ in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    it = iter(StreamSampler(batch_size=2, world_size=2, rank=1))
+    assert [next(it), next(it)] == [[1, 3], [5, 7]]
+    with pytest.raises(ValueError, match="num_samples should be greater than batch_size"):
+        SequentialSampler(ArrayDataset(np.arange(5)), batch_size=6)
+    with pytest.raises(ValueError, match=r"num_samples=3 \(per rank\) and batch_size=4"):
+        RandomSampler(ArrayDataset(np.arange(5)), batch_size=4, world_size=2, rank=0)

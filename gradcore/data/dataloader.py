@@ -393,7 +393,8 @@ def _tasks(loader: DataLoader, skip: int) -> Iterator[List]:
         stream = _TimedStream(stream, loader.timeout)
     for offsets in loader.sampler:
         chunk = list(itertools.islice(stream, per_batch))
-        mine = [chunk[k] for k in offsets if k < len(chunk)]
+        # the sampler counts positions in the stream: this chunk's are offsets modulo its span
+        mine = [chunk[k % per_batch] for k in offsets if k % per_batch < len(chunk)]
         if not mine:
             return
         yield mine

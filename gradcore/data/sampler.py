@@ -20,6 +20,8 @@ Example::
 """
 from __future__ import annotations
 
+import itertools
+
 import math
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -135,6 +137,10 @@ class MapSampler(Sampler):
         self.drop_last = drop_last
         self.world_size, self.rank = _world(name, world_size, rank)
         self.num_samples = int(math.ceil((n if num_samples is None else num_samples) / self.world_size))
+        if self.num_samples < self.batch_size:
+            # (MegEngine's check: not even one full batch per rank)
+            raise ValueError(f"{name}: num_samples should be greater than batch_size, but got "
+                             f"num_samples={self.num_samples} (per rank) and batch_size={self.batch_size}")
         if seed is None:
             if self.world_size > 1:
                 seed = 0              # every rank must draw the same order
@@ -332,15 +338,17 @@ class ReplacementSampler(MapSampler):
 
 
 class StreamSampler(Sampler):
-    """Batches for a ``StreamDataset``: each batch takes ``batch_size *
-    world_size`` consecutive samples of the stream, of which this rank keeps
-    those at offsets ``rank, rank + world_size, ...``. Iterating it yields
-    those offsets; ``DataLoader`` reads the stream.
+    """Batches for a ``StreamDataset``, MegEngine's: the stream's positions
+    counted from 0 in batches of ``batch_size`` ([0, 1, 2], [3, 4, 5], ...).
+    With ``world_size`` ranks each batch spans ``batch_size * world_size``
+    consecutive samples, of which this rank keeps those at ``rank, rank +
+    world_size, ...``; ``DataLoader`` reads the stream.
 
     Example::
 
-        >>> next(iter(StreamSampler(batch_size=2, world_size=2, rank=1)))
-        [1, 3]
+        >>> it = iter(StreamSampler(batch_size=2, world_size=2, rank=1))
+        >>> next(it), next(it)
+        ([1, 3], [5, 7])
     """
 
     def __init__(self, batch_size: int = 1, world_size: Optional[int] = None, rank: Optional[int] = None):
@@ -349,9 +357,9 @@ class StreamSampler(Sampler):
         self.world_size, self.rank = _world("StreamSampler", world_size, rank)
 
     def __iter__(self) -> Iterator[List[int]]:
-        offsets = list(range(self.rank, self.batch_size * self.world_size, self.world_size))
-        while True:
-            yield list(offsets)
+        span = self.batch_size * self.world_size
+        for start in itertools.count(0, span):
+            yield list(range(start + self.rank, start + span, self.world_size))
 
     def __len__(self) -> int:
         raise TypeError("StreamSampler: a stream has no length")
