@@ -528,12 +528,11 @@ cdef class Tensor:
     def __ixor__(self, other): return self._inplace(self ^ other)
 
     def _inplace(self, Tensor result):
-        if result._data.dtype != self._data.dtype:
-            # NumPy's rule for in-place ufuncs: int += 1.5 is an error, not a truncation
-            if not np.can_cast(result._data.dtype, self._data.dtype, casting="same_kind"):
-                raise TypeError(f"in-place op: cannot store a {result._data.dtype} result in a "
-                                f"{self._data.dtype} tensor of shape {self._data.shape}; "
-                                f"use x = x <op> y, or astype first")
+        if result._data.dtype != self._data.dtype and np.can_cast(result._data.dtype, self._data.dtype,
+                                                                 casting="same_kind"):
+            # a wider result of the same kind keeps the tensor's dtype (a float32
+            # parameter stays float32); another kind (int += 1.5) becomes the
+            # result's, as MegEngine's in-place operators rebind to their result
             result = _h_getattr("astype")(result, self._data.dtype)
         if result._data.shape != self._data.shape:
             raise ValueError(f"in-place op: result shape {result._data.shape} does not match "
