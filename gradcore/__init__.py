@@ -43,10 +43,12 @@ from .functional import ones_like, zeros_like  # noqa: E402
 from .forward_mode import jvp, vjp  # noqa: E402
 from . import step_graphs as _step_graphs  # noqa: E402,F401 - gradcore.cuda.graphed's view of tensors
 from .visualization import record_details, visualize  # noqa: E402
+from .devices import get_default_device, get_device_count, is_cuda_available, set_default_device  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register_grad_rule",
-           "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "to_torch", "from_torch", "to_jax", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError"]
+           "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "to_torch", "from_torch", "to_jax", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError",
+           "is_cuda_available", "get_device_count", "set_default_device", "get_default_device", "get_logger"]
 
 
 # functions whose modules load on first use (a third of a warm start on a GPU
@@ -55,10 +57,22 @@ _LAZY_FUNCTIONS = {"save": "serialization", "load": "serialization", "from_dlpac
                    "from_torch": "interop", "to_torch": "interop", "to_jax": "interop"}
 
 
+def get_logger(name: str = "gradcore"):
+    """A ``logging`` logger (MegEngine's ``get_logger``).
+
+    Example::
+
+        >>> gc.get_logger().info("starting")
+    """
+    import logging
+    return logging.getLogger(name)
+
+
 def __getattr__(name):
     # heavier submodules, and the functions above, load on first use
     import importlib
-    if name in ("module", "optimizer", "core", "testing", "autodiff", "registry", "graph", "ops"):
+    if name in ("module", "optimizer", "core", "testing", "autodiff", "registry", "graph", "ops", "data",
+                "distributed", "devices"):
         return importlib.import_module(f"gradcore.{name}")
     if name in _LAZY_FUNCTIONS:
         value = getattr(importlib.import_module(f"gradcore.{_LAZY_FUNCTIONS[name]}"), name)

@@ -96,9 +96,60 @@ def elementwise_launcher(op, be, *arrays):
     return ys[0] if len(ys) == 1 else tuple(ys)
 
 
+# where tensors made without a device go (set_default_device)
+_default_device = "cpu"
+
+
+def set_default_device(device: str = "xpux") -> None:
+    """Make ``device`` where tensors go when none is named, MegEngine's
+    ``set_default_device`` (its default "xpux": the GPU where there is one).
+
+    Example::
+
+        >>> gc.set_default_device("cpu0"); gc.get_default_device()
+        'cpu'
+    """
+    global _default_device
+    _default_device = norm_device(device)
+
+
+def get_default_device() -> str:
+    """Where tensors made without a device go ("cpu" unless changed).
+
+    Example::
+
+        >>> gc.get_default_device()
+        'cpu'
+    """
+    return _default_device
+
+
+def get_device_count(device_type: str = "xpu") -> int:
+    """How many devices of ``device_type`` there are: "gpu"/"cuda" (0
+    without one; "xpu" counts the GPUs too), "cpu" (its cores), MegEngine's
+    ``get_device_count``.
+
+    Example::
+
+        >>> gc.get_device_count("cpu") >= 1
+        True
+    """
+    kind = str(device_type).lower()
+    if kind.startswith("cpu"):
+        import os
+        return os.cpu_count() or 1
+    if kind not in ("xpu", "gpu", "cuda"):
+        raise ValueError(f"get_device_count: unknown device type {device_type!r} (cpu, gpu, cuda or xpu)")
+    if not is_cuda_available():
+        return 0
+    from .cuda import runtime as _b
+    return int(getattr(_b.backend(), "device_count", lambda: 1)())
+
+
 def norm_device(device) -> str:
     """The device name gradcore uses ("cpu" or "cuda") for any spelling
-    MegEngine accepts ("cpu0", "gpu0", "xpux", ...).
+    MegEngine accepts ("cpu0", "gpu0", "xpux", ...); None is the default
+    device (``set_default_device``).
 
     Example::
 
@@ -106,7 +157,7 @@ def norm_device(device) -> str:
         'cpu'
     """
     if device is None:
-        return "cpu"
+        return _default_device
     d = str(device).lower()
     if d in ("cpu", "cpu0", "cpux") or d.startswith("cpu"):
         return "cpu"

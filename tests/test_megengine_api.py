@@ -251,3 +251,27 @@ def test_sliding_window_and_its_transpose_are_torchs_unfold_and_fold(k, p, s, d)
     assert gradcheck(lambda t: F.sliding_window_transpose(t, (7, 6), k, p, s, d), [gc.tensor(w[:1, :1])])
     with pytest.raises(ValueError, match="sliding_window_transpose: inp must be windows"):
         F.sliding_window_transpose(gc.tensor(w[..., :1]), (7, 6), k, p, s, d)
+
+
+def test_top_level_device_helpers_logger_and_lazy_subpackages(monkeypatch):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import gradcore as mge; d = mge.data.DataLoader; "
+                          "print(mge.distributed.is_distributed(), mge.get_default_device(), "
+                          "mge.get_device_count('cpu') >= 1, mge.get_logger().name)"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "cpu", "True", "gradcore"], out.stderr
+    assert gc.is_cuda_available() == gc.devices.is_cuda_available()
+    with pytest.raises(ValueError, match="get_device_count: unknown device type 'tpu'"):
+        gc.get_device_count("tpu")
+    monkeypatch.setattr(gc.devices, "_default_device", "cpu")
+    gc.set_default_device("cpu0")
+    assert gc.get_default_device() == "cpu" and gc.tensor([1.0]).device == "cpu"
+
+
+def test_default_device_places_new_tensors(emulated_cuda, monkeypatch):
+    monkeypatch.setattr(gc.devices, "_default_device", "cpu")
+    gc.set_default_device("gpu0")
+    assert gc.tensor([1.0]).device == "cuda" and F.zeros((2,)).device == "cuda"
+    assert gc.Tensor([1.0], device="cpu").device == "cpu"
+    assert gc.get_device_count("gpu") >= 1
