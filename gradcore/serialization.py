@@ -87,11 +87,13 @@ class _Unsupported(Exception):
 
 
 # ---------------------------------------------------------------- save
-def save(obj: Any, f: PathOrFile) -> None:
+def save(obj: Any, f: PathOrFile, pickle_module: Any = None, pickle_protocol: Optional[int] = None) -> None:
     """Write ``obj`` (Tensors, NumPy arrays and scalars, numbers, strings,
     bytes, None and nested dicts/lists/tuples/sets of them, e.g. a Module's
     or an optimizer's ``state_dict()``) to a path or a binary file object.
-    Other objects are pickled; such a file loads only with
+    Other objects are pickled (with ``pickle_module`` and
+    ``pickle_protocol``, MegEngine's arguments; the standard ``pickle`` at
+    its highest protocol by default); such a file loads only with
     ``weights_only=False``.
 
     Example::
@@ -99,11 +101,12 @@ def save(obj: Any, f: PathOrFile) -> None:
         >>> gradcore.save(net.state_dict(), "net.gc")          # doctest: +SKIP
         >>> net.load_state_dict(gradcore.load("net.gc"))       # doctest: +SKIP
     """
+    pickler = (pickle_module or pickle, pickle.HIGHEST_PROTOCOL if pickle_protocol is None else pickle_protocol)
     if isinstance(f, (str, os.PathLike)):
         with open(f, "wb") as fh:
-            _write(obj, fh)
+            _write(obj, fh, pickler)
     elif hasattr(f, "write"):
-        _write(obj, f)
+        _write(obj, f, pickler)
     else:
         raise TypeError(f"gradcore.save: expected a path or a binary file object, got {type(f).__name__}")
 
@@ -193,7 +196,7 @@ def _bytes_of(a: np.ndarray) -> np.ndarray:
     return (a if a.flags.c_contiguous else a.T).reshape(-1).view(np.uint8)
 
 
-def _write(obj, fh) -> None:
+def _write(obj, fh, pickler=(pickle, pickle.HIGHEST_PROTOCOL)) -> None:
     enc = _Encoder()
     try:
         root = enc.node(obj)
@@ -205,7 +208,8 @@ def _write(obj, fh) -> None:
     except (_Unsupported, ValueError, RecursionError) as exc:
         # not a tree of plain data (or an int too long for JSON): a pickle,
         # which only weights_only=False loads
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        module, protocol = pickler
+        data = module.dumps(obj, protocol=protocol)
         header = {"kind": "pickle", "holds": str(exc) if isinstance(exc, _Unsupported) else type(exc).__name__}
         header_bytes = json.dumps(header).encode("utf-8")
         chunks, offsets, payload_len = [np.frombuffer(data, np.uint8)], [0], len(data)
@@ -226,8 +230,12 @@ def _write(obj, fh) -> None:
 
 
 # ---------------------------------------------------------------- load
-def load(f: PathOrFile, map_location: MapLocation = None, weights_only: bool = True) -> Any:
-    """Read what ``gradcore.save`` wrote.
+def load(f: PathOrFile, map_location: MapLocation = None, pickle_module: Any = None,
+         weights_only: bool = True) -> Any:
+    """Read what ``gradcore.save`` wrote, or a file that is one pickle, as
+    ``megengine.save`` writes (a MegEngine checkpoint: its state_dict's NumPy
+    arrays load as arrays). ``pickle_module`` is MegEngine's argument,
+    accepted for its signature: gradcore's own (checked) readers unpickle.
 
     ``map_location`` puts the tensors on another device: a device name
     (``"cpu"``), a dict from saved to wanted device (``{"cuda": "cpu"}``) or
@@ -273,6 +281,8 @@ def _read(fh, name, mapper, weights_only):
             return _read_v1(fh, name, mapper, weights_only)
         if len(head) < len(MAGIC) and (MAGIC.startswith(head) or MAGIC_V1.startswith(head)):
             raise LoadError(f"gradcore.load: {name} is truncated (it ends inside the header)")
+        if len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5:        # a pickle's PROTO opcode
+            return _read_plain_pickle(head, fh, name, mapper, weights_only)
         raise LoadError(f"gradcore.load: {name} was not written by gradcore.save "
                         f"(it starts with {head[:8]!r}, expected {MAGIC[:8]!r})")
     except LoadError as exc:
@@ -546,7 +556,19 @@ _REFUSED_OPCODES = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "INST", "OBJ"
 
 def _read_v1(fh, name, mapper, weights_only):
     fh, left = _remaining(fh)
-    data = _read_exact(fh, left, name, "the pickle")
+    return _load_pickle(_read_exact(fh, left, name, "the pickle"), name, mapper, weights_only)
+
+
+def _read_plain_pickle(head: bytes, fh, name, mapper, weights_only):
+    """A file that is a pickle as a whole: MegEngine's ``megengine.save``
+    (a state_dict is a dict of NumPy arrays), PyTorch's legacy format...:
+    read as a version-1 file's pickle (with ``weights_only`` the same
+    checked loader: arrays, numbers, strings and containers only)."""
+    fh, left = _remaining(fh)
+    return _load_pickle(head + _read_exact(fh, left, name, "the pickle"), name, mapper, weights_only)
+
+
+def _load_pickle(data: bytes, name, mapper, weights_only):
     if not weights_only:
         return _Unpickler(io.BytesIO(data), mapper).load()
     # every length the stream declares is checked against the bytes present
@@ -591,6 +613,35 @@ class _DTypeRef:
 
     def dtype(self) -> np.dtype:
         return self.base.newbyteorder(self.order) if self.order in "<>" else self.base
+
+
+class _NDArrayClass:
+    """``numpy.ndarray`` named in a pickle: only ``_reconstruct`` may use it."""
+    __slots__ = ()
+
+    def __call__(self, *args, **kwargs):
+        raise LoadError("a record calls numpy.ndarray, whose constructor allocates by a size the file "
+                        "claims; NumPy's own pickles never do")
+
+
+class _ArrayRef:
+    """``numpy.core.multiarray._reconstruct(ndarray, (0,), b"b")`` of a
+    pickle before protocol 5: nothing is allocated until its BUILD state
+    (version, shape, dtype, Fortran order, the raw bytes) is checked; the
+    array then views bytes present in the file."""
+    __slots__ = ("array",)
+
+    def __setstate__(self, state):
+        if not (isinstance(state, tuple) and len(state) == 5 and state[0] == 1 and isinstance(state[3], bool)):
+            raise LoadError("an array record has a state that a NumPy array never has")
+        _, shape, dtype, fortran, raw = state
+        self.array = _frombuffer(raw, dtype, shape, "F" if fortran else "C")
+
+
+def _reconstruct(cls, shape, typecode):
+    if not (isinstance(cls, _NDArrayClass) and shape == (0,) and typecode == b"b"):
+        raise LoadError("an array record is built otherwise than NumPy pickles arrays")
+    return _ArrayRef()
 
 
 def _as_dtype(d) -> np.dtype:
@@ -645,6 +696,13 @@ def _set_of(make):
     return build
 
 
+def _latin1_bytes(text, encoding="utf-8"):
+    # bytes in a protocol-2 pickle: _codecs.encode(str, "latin1"), no larger than the text present
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise LoadError("a bytes record is not latin-1 text present in the file")
+    return text.encode("latin-1")
+
+
 def _ranged(make):
     def build(*args):
         if not all(x is None or _is_int(x) for x in args) or len(args) > 3:
@@ -660,9 +718,11 @@ _V1_GLOBALS = {
     ("numpy", "dtype"): _DTypeRef,
     ("numpy._core.multiarray", "scalar"): _scalar, ("numpy.core.multiarray", "scalar"): _scalar,
     ("numpy._core.numeric", "_frombuffer"): _frombuffer, ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy", "ndarray"): _NDArrayClass(),
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct, ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
     ("collections", "OrderedDict"): _set_of(collections.OrderedDict),
     ("builtins", "set"): _set_of(set), ("builtins", "frozenset"): _set_of(frozenset),
-    ("builtins", "complex"): _complex, ("builtins", "bytearray"): _bytearray,
+    ("builtins", "complex"): _complex, ("builtins", "bytearray"): _bytearray, ("_codecs", "encode"): _latin1_bytes,
     ("builtins", "slice"): _ranged(slice), ("builtins", "range"): _ranged(range),
 }
 
@@ -678,11 +738,6 @@ class _LegacyUnpickler(pickle.Unpickler):
             return self._rebuild_tensor
         if key in _V1_GLOBALS:
             return _V1_GLOBALS[key]
-        if key in (("numpy", "ndarray"), ("numpy._core.multiarray", "_reconstruct"),
-                   ("numpy.core.multiarray", "_reconstruct")):
-            raise LoadError(f"gradcore.load refused {self._name}: this version-1 file holds a NumPy array "
-                            f"built by {module}.{name} (a strided layout, or a constructor that allocates "
-                            f"by a size the file claims), which the safe loader does not read; {_CONVERT}")
         raise LoadError(f"gradcore.load refused to load the global {module}.{name}: with "
                         f"weights_only=True only tensors, NumPy arrays and plain containers load. "
                         f"If you trust this file, pass weights_only=False")
@@ -692,6 +747,8 @@ class _LegacyUnpickler(pickle.Unpickler):
             raise LoadError(f"gradcore.load: a tensor record names {cls!r}, which is not a Tensor class")
         if not (tname is None or isinstance(tname, str)):
             raise LoadError(f"gradcore.load: a tensor record has a name of type {type(tname).__name__}")
+        if isinstance(data, _ArrayRef):
+            data = _resolve_refs(data, self._name, {})
         return _make_tensor(cls.cls, data, device, tname, self._mapper, self._name)
 
 
@@ -702,6 +759,12 @@ def _resolve_refs(o, name, seen):
         return o.dtype()
     if isinstance(o, _ClassRef):
         return o.cls
+    if isinstance(o, _ArrayRef):
+        if not hasattr(o, "array"):
+            raise LoadError(f"gradcore.load: {name} holds an array record without its data")
+        return o.array
+    if isinstance(o, _NDArrayClass):
+        return np.ndarray
     if isinstance(o, (list, dict, tuple, set, frozenset)) and id(o) not in seen:
         seen[id(o)] = o
         if isinstance(o, list):
