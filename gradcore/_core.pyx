@@ -404,7 +404,10 @@ cdef class Tensor:
             arr.flags.writeable = False
         return arr
 
-    def item(self):
+    def item(self, *index):
+        """The one element as a Python number; ``t.item(i, j)`` is ``t[i, j].item()`` (MegEngine's)."""
+        if index:
+            return self[index if len(index) > 1 else index[0]].item()
         if self._data.size != 1:
             raise ValueError(f"item() needs a tensor with one element, got shape {self._data.shape}")
         return self._data.item()
@@ -460,6 +463,13 @@ cdef class Tensor:
 
     def __round__(self, ndigits=None):
         return _h_getattr("round")(self, ndigits)
+
+    # math.floor / math.ceil elementwise, as MegEngine's tensors
+    def __floor__(self):
+        return _h_getattr("floor")(self)
+
+    def __ceil__(self):
+        return _h_getattr("ceil")(self)
 
     def __index__(self):
         return self._data.__index__()

@@ -19,6 +19,7 @@ from . import _core
 from ._core import Tensor
 from ._core import GradKey, _thread_state
 from .anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled
+from .op import ArgumentTypeError
 
 __all__ = ["GradManager", "GradManagerGroup", "Function", "get_backwarding_grad_manager",
            "detect_anomaly", "is_anomaly_enabled", "AnomalyError", "set_backward_priority",
@@ -177,11 +178,11 @@ class GradManager:
         try:
             tensors = list(tensors)
         except TypeError:
-            raise TypeError(f"GradManager.attach: expected a Tensor or an iterable of Tensors, "
-                            f"got {type(tensors).__name__}") from None
+            raise ArgumentTypeError(f"GradManager.attach: expected a Tensor or an iterable of Tensors, "
+                                    f"got {type(tensors).__name__}") from None
         for t in tensors:
             if not isinstance(t, Tensor):
-                raise TypeError(f"GradManager.attach: expected Tensors, got {type(t).__name__}")
+                raise ArgumentTypeError(f"GradManager.attach: expected Tensors, got {type(t).__name__}")
             if t.dtype.kind not in "fc":
                 raise AttachDtypeError(f"GradManager.attach: only tensors of floating point dtype can be "
                                        f"attached, got {t.dtype} of shape {t.shape}")

@@ -75,6 +75,11 @@ class ArgumentError(ValueError, AssertionError):
     for the same."""
 
 
+class ArgumentTypeError(TypeError, AssertionError):
+    """An argument of the wrong kind (an array where Tensors are expected):
+    a TypeError, and the AssertionError MegEngine's checks raise."""
+
+
 class IndexOpError(OpError, IndexError):
     """An index out of range (or not an integer): one exception type for
     basic indexing, advanced indexing, index assignment, ``gather``,

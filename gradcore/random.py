@@ -25,15 +25,15 @@ from .op import ArgumentError
 _rng = np.random.default_rng(0)
 
 
-def seed(n: int) -> None:
-    """Seed every random op.
+def seed(seed: int) -> None:
+    """Seed every random op (MegEngine's ``random.seed(seed)``).
 
     Example::
 
         >>> gradcore.random.seed(42)
     """
     global _rng
-    _rng = np.random.default_rng(n)
+    _rng = np.random.default_rng(seed)
 
 
 def generator() -> np.random.Generator:

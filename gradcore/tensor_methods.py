@@ -378,6 +378,8 @@ _HOOK_FNS = {
     "logical": logical,
     "array_ufunc": array_ufunc,
     "round": round_,
+    "floor": lambda t: _F().floor(t),
+    "ceil": lambda t: _F().ceil(t),
     "matmul": lambda a, b: _F().matmul(a, b),
     "astype": astype,
     "_to_array": to_array,

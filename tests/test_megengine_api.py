@@ -275,3 +275,20 @@ def test_default_device_places_new_tensors(emulated_cuda, monkeypatch):
     assert gc.tensor([1.0]).device == "cuda" and F.zeros((2,)).device == "cuda"
     assert gc.Tensor([1.0], device="cpu").device == "cpu"
     assert gc.get_device_count("gpu") >= 1
+
+
+def test_item_with_an_index_math_floor_and_ceil_seed_keyword_and_attach_errors():
+    import math
+    t = gc.tensor([[1.5, -2.5], [3.0, 4.0]])
+    assert t.item(1, 0) == 3.0 and gc.tensor([7]).item(0) == 7
+    assert math.floor(t).numpy().tolist() == [[1.0, -3.0], [3.0, 4.0]]
+    assert math.ceil(t).numpy().tolist() == [[2.0, -2.0], [3.0, 4.0]]
+    gc.random.seed(seed=3)
+    a = gc.random.normal(size=(2,)).numpy()
+    gc.random.seed(3)
+    assert gc.random.normal(size=(2,)).numpy().tolist() == a.tolist()
+    for bad in (np.ones(3), 3):
+        with pytest.raises(AssertionError, match="GradManager.attach: expected"):
+            gc.GradManager().attach(bad)
+        with pytest.raises(TypeError):
+            gc.GradManager().attach(bad)
