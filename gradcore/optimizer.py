@@ -528,6 +528,77 @@ class Adadelta(Optimizer):
         acc_delta += (1 - rho) * delta * delta
 
 
+class LAMB(Optimizer):
+    """LAMB (layer-wise adaptive moments, for large batches), MegEngine's
+    ``optim.LAMB``: Adam's moments and bias correction give the step
+    ``r = m_hat / (sqrt(v_hat) + eps) (+ weight_decay * param)``, and each
+    parameter moves by ``lr * trust * r`` with ``trust = ||param|| / ||r||``
+    (1 when either norm is 0, or when there is no weight decay unless
+    ``always_adapt``).
+
+    Example::
+
+        >>> opt = LAMB(model.parameters(), lr=1e-3, weight_decay=0.01)
+    """
+
+    def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 bias_correction: bool = True, weight_decay: float = 0.0, always_adapt: bool = False):
+        name = type(self).__name__
+        _check_hyper(name, lr=lr, eps=eps, weight_decay=weight_decay)
+        betas = _check_betas(name, betas)
+        if lr < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ArgumentError(f"{name}: lr and weight_decay must be non-negative and betas in [0, 1)")
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps))
+        self.bias_correction, self.always_adapt = bool(bias_correction), bool(always_adapt)
+
+    def _master(self, param, state):
+        """The buffer the update writes (LAMBFp16: a float32 copy)."""
+        return self._writable(param)
+
+    def _update(self, param, grad, group, state):
+        p = self._master(param, state)
+        if "exp_avg" not in state:
+            state["step"] = 0
+            state["exp_avg"], state["exp_avg_sq"] = _zeros_like(p), _zeros_like(p)
+        state["step"] += 1
+        (b1, b2), step, wd = group["betas"], state["step"], group["weight_decay"]
+        grad = grad.astype(p.dtype, copy=False)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= b1
+        m += (1 - b1) * grad
+        v *= b2
+        v += (1 - b2) * grad * grad
+        bc1, bc2 = (1 - b1 ** step, 1 - b2 ** step) if self.bias_correction else (1.0, 1.0)
+        r = (m / bc1) / (np.sqrt(v / bc2) + group["eps"])
+        if wd != 0:
+            r = r + wd * p
+        trust = 1.0
+        if self.always_adapt or wd > 0:
+            p_norm, r_norm = float(np.sqrt((p * p).sum())), float(np.sqrt((r * r).sum()))
+            if p_norm > 0 and r_norm > 0:
+                trust = p_norm / r_norm
+        p -= (group["lr"] * trust * r).astype(p.dtype, copy=False)
+        if p is not param._data:            # a master copy: the parameter becomes it, in its own dtype
+            _core._bump_version(param)
+            param._data = p.astype(param.dtype)
+
+
+class LAMBFp16(LAMB):
+    """LAMB for float16 parameters, MegEngine's ``optim.LAMBFp16``: the
+    moments and a master copy of each parameter in float32, updated there
+    and copied back in float16.
+
+    Example::
+
+        >>> opt = LAMBFp16(half_model.parameters(), lr=1e-3)
+    """
+
+    def _master(self, param, state):
+        if "param_fp32" not in state:
+            state["param_fp32"] = self._writable(param).astype(np.float32)
+        return state["param_fp32"]
+
+
 # ---------------------------------------------------------------- gradient clipping
 def _with_grads(tensors) -> List[Tensor]:
     return [tensors] if isinstance(tensors, Tensor) else list(tensors)

@@ -394,3 +394,57 @@ def test_optimizer_state_dict_resumes_training_exactly(kind, kwargs):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
     with pytest.raises(ValueError, match="parameters"):
         getattr(optim, kind)(M.Linear(2, 2).parameters(), **kwargs).load_state_dict(saved_opt)
+
+
+def _lamb_reference(p, grads, lr, betas, eps, wd, bias_correction=True, always_adapt=False):
+    """MegEngine's LAMBUpdate kernel, in float64."""
+    (b1, b2), m, v, p = betas, np.zeros_like(p), np.zeros_like(p), p.copy()
+    for step, g in enumerate(grads, 1):
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        bc1, bc2 = (1 - b1 ** step, 1 - b2 ** step) if bias_correction else (1.0, 1.0)
+        r = (m / bc1) / (np.sqrt(v / bc2) + eps) + wd * p
+        pn, rn = np.linalg.norm(p), np.linalg.norm(r)
+        trust = pn / rn if (always_adapt or wd > 0) and pn > 0 and rn > 0 else 1.0
+        p = p - lr * trust * r
+    return p
+
+
+@pytest.mark.parametrize("wd, always_adapt, bias_correction", [(0.0, False, True), (0.01, False, True),
+                                                               (0.0, True, False), (0.1, True, True)])
+def test_lamb_matches_megengines_update(wd, always_adapt, bias_correction):
+    rng = np.random.default_rng(0)
+    p0, grads = rng.standard_normal((3, 4)), [rng.standard_normal((3, 4)) for _ in range(5)]
+    w = gc.Parameter(p0.copy())
+    opt = optim.LAMB([w], lr=0.1, betas=(0.8, 0.99), weight_decay=wd, always_adapt=always_adapt,
+                     bias_correction=bias_correction)
+    for g in grads[:3]:
+        w.grad = gc.tensor(g)
+        opt.step()
+    state = opt.state_dict()
+    resumed = optim.LAMB([w], lr=0.1, betas=(0.8, 0.99), weight_decay=wd, always_adapt=always_adapt,
+                         bias_correction=bias_correction)
+    resumed.load_state_dict(state)
+    for g in grads[3:]:
+        w.grad = gc.tensor(g)
+        resumed.step()
+    np.testing.assert_allclose(w.numpy(), _lamb_reference(p0, grads, 0.1, (0.8, 0.99), 1e-8, wd, bias_correction,
+                                                           always_adapt), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="LAMB"):
+        optim.LAMB([w], lr=-1.0)
+
+
+def test_lamb_fp16_keeps_a_float32_master_copy():
+    rng = np.random.default_rng(1)
+    p0, grads = rng.standard_normal((4,)).astype(np.float16), [rng.standard_normal(4).astype(np.float16)
+                                                             for _ in range(3)]
+    w = gc.Parameter(p0.copy())
+    opt = optim.LAMBFp16([w], lr=0.05, weight_decay=0.01)
+    for g in grads:
+        w.grad = gc.tensor(g)
+        opt.step()
+    master = opt._state[w]["param_fp32"]
+    assert w.dtype == np.float16 and master.dtype == np.float32
+    want = _lamb_reference(p0.astype(np.float64), [g.astype(np.float64) for g in grads], 0.05, (0.9, 0.999), 1e-8,
+                           0.01)
+    np.testing.assert_allclose(master, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(w.numpy(), master.astype(np.float16))
