@@ -402,6 +402,7 @@ _SVD = Kernel("svd", "const T* __restrict__ x, T* __restrict__ work, T* __restri
     T* so = s + b * (long long)q;
     T* vo = vh + b * (long long)kv * n;
     T* lo = ge ? uo : vo;       // the left vectors of W: U's columns, or Vh's rows
+    auto left = [&](int i, int j) -> T& { return lo[ge ? (long long)i * kl + j : (long long)j * p + i]; };
     for (int i = 0; i < p; ++i)
         for (int j = 0; j < q; ++j) w[(long long)i * q + j] = ge ? a[(long long)i * n + j] : a[(long long)j * n + i];
     for (int i = 0; i < q; ++i)
@@ -448,27 +449,27 @@ _SVD = Kernel("svd", "const T* __restrict__ x, T* __restrict__ work, T* __restri
     int r = 0;
     for (int j = 0; j < q; ++j) {
         if (!(so[j] > 0)) break;
-        for (int i = 0; i < p; ++i) lo[ge ? (long long)i * kl + j : (long long)j * p + i] = w[(long long)i * q + j] / so[j];
+        for (int i = 0; i < p; ++i) left(i, j) = w[(long long)i * q + j] / so[j];
         r = j + 1;
     }
     for (int j = r; j < kl; ++j) {         // complete: the standard vector least inside the span so far
         int best = 0; T best_norm = -1;
         for (int pass = 0; pass < 2; ++pass) {
             for (int t = (pass ? best : 0); t < (pass ? best + 1 : p); ++t) {
-                for (int i = 0; i < p; ++i) lo[ge ? (long long)i * kl + j : (long long)j * p + i] = (i == t) ? (T)1 : (T)0;
+                for (int i = 0; i < p; ++i) left(i, j) = (i == t) ? (T)1 : (T)0;
                 for (int twice = 0; twice < 2; ++twice)
                     for (int c = 0; c < j; ++c) {
                         T dot = 0;
                         for (int i = 0; i < p; ++i)
-                            dot += lo[ge ? (long long)i * kl + c : (long long)c * p + i] * lo[ge ? (long long)i * kl + j : (long long)j * p + i];
+                            dot += left(i, c) * left(i, j);
                         for (int i = 0; i < p; ++i)
-                            lo[ge ? (long long)i * kl + j : (long long)j * p + i] -= dot * lo[ge ? (long long)i * kl + c : (long long)c * p + i];
+                            left(i, j) -= dot * left(i, c);
                     }
                 T nrm = 0;
-                for (int i = 0; i < p; ++i) nrm += lo[ge ? (long long)i * kl + j : (long long)j * p + i] * lo[ge ? (long long)i * kl + j : (long long)j * p + i];
+                for (int i = 0; i < p; ++i) nrm += left(i, j) * left(i, j);
                 nrm = sqrt(nrm);
                 if (!pass && nrm > best_norm) { best_norm = nrm; best = t; }
-                if (pass) for (int i = 0; i < p; ++i) lo[ge ? (long long)i * kl + j : (long long)j * p + i] /= nrm;
+                if (pass) for (int i = 0; i < p; ++i) left(i, j) /= nrm;
             }
         }
     }
