@@ -674,16 +674,21 @@ def test_grad_release_leaves_no_objects():
     x = gc.Tensor([0.0])
     dy = gc.Tensor(np.ones_like(x.numpy()))
 
-    def steady(fn):
-        counts = []
+    def steady(fn, calls=20):
+        # A leak grows the count with every call; a single object created
+        # lazily somewhere else in the process (a cache's first entry, a
+        # thread left by an earlier test) must not fail the test.
         pygc.disable()
         try:
-            for _ in range(4):
+            for _ in range(3):
                 fn()
-                counts.append(len(pygc.get_objects()))
+            before = len(pygc.get_objects())
+            for _ in range(calls):
+                fn()
+            grown = len(pygc.get_objects()) - before
         finally:
             pygc.enable()
-        assert counts[-1] == counts[-2], counts
+        assert grown <= 2, f"{fn.__name__}: {grown} objects more after {calls} calls"
 
     def full():
         with Grad() as g:
