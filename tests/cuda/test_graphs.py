@@ -374,6 +374,7 @@ def test_a_failed_capture_leaves_no_unfilled_constant(gpu):
     assert be.capture is None and be.pool.redirect is None and be.pool.held is None and be.launcher.keep is None
 
 
+@pytest.mark.pool_statistics
 def test_blocks_freed_during_the_capture_stay_the_graphs(gpu):
     """An array alive before the capture and dropped inside it: a replay
     still reads its memory, so the pool must not lend it out until the

@@ -113,6 +113,7 @@ def test_labels_written_in_place_are_checked_again(cuda):
     assert copies()[1] == before[1] + 1
 
 
+@pytest.mark.pool_statistics
 def test_memory_stats_reports_the_allocator_and_copies(cuda):
     s0 = gcuda.memory_stats()
     for key in ("in_use_bytes", "cached_bytes", "peak_bytes", "driver_allocs", "driver_frees", "reuses",
