@@ -15,11 +15,12 @@ import contextlib
 import functools
 import inspect
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -500,7 +501,7 @@ class _Check:
                 self.ran = False
                 self.na.append("; ".join(self.notes))
         if self.fail:
-            res = CheckResult(self.label, self.check, FAILED, "; ".join(self.fail))
+            res = CheckResult(self.label, self.check, FAILED, _compact_failures(self.fail))
         elif self.ran:
             res = CheckResult(self.label, self.check, PASSED, "; ".join(self.notes))
         elif self.skip:
@@ -508,6 +509,33 @@ class _Check:
         else:
             res = CheckResult(self.label, self.check, NOT_APPLICABLE, "; ".join(self.na) or "nothing to test")
         self.report.results.append(res)
+
+
+_SHOWN_FAILURES = 4      # distinct failures a check's message quotes in full
+
+
+def _compact_failures(fails: List[str]) -> str:
+    """A check's failures for its message: each distinct one once (those
+    that differ only in the ``[instance; inputs]`` they came from are one,
+    with a count), the first few in full, then how many more: one mistake
+    repeated over every instance and input shape is one line, not dozens.
+
+    Example::
+
+        >>> _compact_failures(["[A(p=1.0); shapes (2,)] x wrong", "[A(p=2.0); shapes (2,)] x wrong"])
+        '[A(p=1.0); shapes (2,)] x wrong (and 1 more like it)'
+    """
+    groups: Dict[str, list] = {}
+    for msg in fails:
+        m = re.match(r"\[[^\]]*\] (.*)", msg, re.S)
+        entry = groups.setdefault(m.group(1) if m else msg, [msg, 0])
+        entry[1] += 1
+    shown = [msg + (f" (and {n - 1} more like it)" if n > 1 else "")
+             for msg, n in list(groups.values())[:_SHOWN_FAILURES]]
+    rest = sum(n for _, n in list(groups.values())[_SHOWN_FAILURES:])
+    if rest:
+        shown.append(f"... and {rest} more failure(s) of this check on other instances or inputs")
+    return "; ".join(shown)
 
 
 def op_devices(op) -> List[str]:
@@ -647,6 +675,7 @@ class UncheckedParameters(NoInputsError):
 # shapes tried for generated inputs, per input count: plain, broadcasting,
 # matrix-like, rank 4 (images), and 0-size; the op's infer picks those it accepts
 _SHAPES = {
+    0: [()],             # an op without inputs (a constant, a table): its one call
     1: [((2, 3),), ((4,),), ((2, 3, 4),), ((1, 2, 5, 5),), ((0, 3),)],
     2: [((2, 3), (2, 3)), ((2, 3), (3,)), ((3, 1), (1, 4)), ((3, 4), (4, 2)),
         ((1, 2, 5, 5), (3, 2, 3, 3)), ((0, 3), (0, 3)), ((0, 3), (3, 2))],
@@ -660,6 +689,8 @@ def _forward_arity(cls) -> tuple:
     if arity is None:
         return (1, 2)
     lo, hi = arity[1]
+    if hi == 0:            # an op that takes no inputs at all
+        return (0, 0)
     return (max(lo, 1), hi)
 
 
