@@ -855,3 +855,23 @@ def test_an_op_without_inputs_is_checked_not_refused_for_want_of_inputs():
     assert report.ok and report.status("forward[cpu]") == "passed" and report.status("infer") == "passed"
     bad = check_op(OffByOneTable)
     assert bad.status("infer") == "failed" and "MistakeOffByOneTable" in bad["infer"].message
+
+
+class CudaTriple(CudaCube):
+    """its cuda kernel computes 3x where the cpu kernel computes x**3."""
+    name = "MistakeCudaTriple"
+
+    def cuda_source(self, ctype="float"):
+        from gradcore.cuda.kernels import Kernel
+        return Kernel("mistaketriple", "const T* x, T* y, long long n", "y[i] = x[i] * 3;",
+                      over="n", index="i").source(ctype)
+
+
+def test_check_op_on_cuda_alone_compares_the_cuda_values_with_the_cpu_kernel(emulated_cuda):
+    # `gradcore check --devices cuda`: forward[cuda] compared with nothing and
+    # passed any values; infer and dtype said "the forward did not run"
+    report = check_op(CudaTriple(), np.linspace(-1, 1, 6).reshape(2, 3), devices=["cuda"])
+    assert report.status("forward[cuda]") == "failed"
+    assert "cuda and cpu values differ" in report["forward[cuda]"].message
+    assert report.status("infer") == "passed" and report.status("dtype") == "passed"
+    assert check_op(CudaCube(), np.linspace(-1, 1, 6).reshape(2, 3), devices=["cuda"]).ok
