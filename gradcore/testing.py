@@ -211,7 +211,10 @@ def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float
             raise GradcheckError(
                 f"{exc}. The second-order gradient is zero everywhere: a backward that computes with "
                 f"NumPy (on .numpy()) instead of gradcore ops is not recorded, so it cannot be "
-                f"differentiated again; write the backward with gradcore ops") from None
+                f"differentiated again; write the backward with gradcore ops. A _grad_rule's (or "
+                f"registered rule's) backward that reads a value its forward computed (the output y "
+                f"of `y = F.tanh(x)` inside the rule) has the same effect: the rule's forward is not "
+                f"recorded, so compute what the backward needs from the inputs inside it") from None
         raise
     return True
 
@@ -1124,7 +1127,9 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
       agree with the op's own (the rule unregistered for the reference);
     - ``rule[fallback]``: where it raises ``GradRuleFallback``, gradients
       through ``apply`` (the rule registered, so it declines and the core
-      falls back) agree with the op's own.
+      falls back) agree with the op's own;
+    - in both, for float64 inputs, second-order gradients with the rule
+      registered against finite differences (``gradgradcheck``).
 
     Example::
 
@@ -1172,6 +1177,14 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
                 elif _core.registered_grad_rule(op_cls) is not installed:
                     _core.register_grad_rule(op_cls)(installed)
             n_before = len(c.fail)
+            if dt is np.float64 and chosen and describe(op_cls).check["max_grad_order"] != 1:
+                # second order, the rule registered (finite differences of its own first
+                # order, itself compared with the op's below): a backward that reads what
+                # the rule's unrecorded forward computed is right once, zero the second time
+                try:
+                    gradgradcheck(_apply_fn(inst), [Tensor(a) for a in arrs], wrt=chosen, seed=seed)
+                except Exception as exc:
+                    c.failed(f"{where}second order: {_fmt_exc(exc)}")
             for what, gs, rs in (("output", got_out, ref_out), ("gradient of input", got, ref)):
                 for j, (g, r) in enumerate(zip(gs, rs)):
                     if r is None:

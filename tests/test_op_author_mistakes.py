@@ -875,3 +875,43 @@ def test_check_op_on_cuda_alone_compares_the_cuda_values_with_the_cpu_kernel(emu
     assert "cuda and cpu values differ" in report["forward[cuda]"].message
     assert report.status("infer") == "passed" and report.status("dtype") == "passed"
     assert check_op(CudaCube(), np.linspace(-1, 1, 6).reshape(2, 3), devices=["cuda"]).ok
+
+
+class TanhOp(Op):
+    name = "MistakeTanhOp"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return np.tanh(x)
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * (1 - outputs[0] * outputs[0]),)
+
+
+def tanh_rule_reading_its_output(op, x):
+    y = F.tanh(x)                       # computed with recording off: no history
+    return (y,), lambda dy: dy * (1 - y * y)
+
+
+def tanh_rule_from_its_input(op, x):
+    y = F.tanh(x)
+    return (y,), lambda dy: dy * (1 - F.tanh(x) ** 2)
+
+
+def test_check_grad_rule_checks_second_order():
+    # the rule's first order is right, its second order zero: `gradcore check`
+    # passed it (rule[accepted]) while check_op of the op failed gradgrad
+    from gradcore.testing import check_grad_rule
+    try:
+        gradcore.register_grad_rule(TanhOp)(tanh_rule_reading_its_output)
+        report = check_grad_rule(TanhOp, tanh_rule_reading_its_output)
+        assert report.status("rule[accepted]") == "failed"
+        assert "second order" in report["rule[accepted]"].message
+        assert "registered rule's) backward that reads a value its forward computed" in report["rule[accepted]"].message
+        gradcore.register_grad_rule(TanhOp)(tanh_rule_from_its_input)
+        assert check_grad_rule(TanhOp, tanh_rule_from_its_input).status("rule[accepted]") == "passed"
+    finally:
+        from gradcore import _core
+        _core.unregister_grad_rule(TanhOp)
