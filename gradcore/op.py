@@ -158,6 +158,15 @@ def _construct(cls, args, kwargs):
     return inst
 
 
+def _class_label(cls) -> str:
+    """An op class as its errors name it: the op's ``name`` (what ``gradcore ops``,
+    ``check_op`` and every other message say), and the Python class when it
+    differs. Example: ``_class_label(MyConv)`` -> ``'Convolution2 (class MyConv)'``."""
+    name = getattr(cls, "name", "") or ""
+    return cls.__name__ if not isinstance(name, str) or name in ("", cls.__name__) \
+        else f"{name} (class {cls.__name__})"
+
+
 def _seal(inst) -> None:
     """Compute the key (class and attributes) that hash and equality use,
     and make the op immutable. Run once per instance by the constructor
@@ -175,7 +184,7 @@ def _seal(inst) -> None:
     missing = [a for a in names if a not in d and not hasattr(cls, a)]
     if missing:
         raise OpDefinitionError(
-            f"{cls.__name__}: attribute(s) {', '.join(missing)} listed in attrs were never set; "
+            f"{_class_label(cls)}: attribute(s) {', '.join(missing)} listed in attrs were never set; "
             f"store them in __init__ (self.{missing[0]} = ...)")
     for a in names:
         # a list attribute becomes the tuple it is hashed as: left a list, a later
@@ -189,7 +198,7 @@ def _seal(inst) -> None:
     except TypeError:
         bad = [a for a in names if not _hashable(_freeze(getattr(inst, a)))]
         raise OpDefinitionError(
-            f"{cls.__name__}: op attribute(s) {', '.join(bad)} are not hashable "
+            f"{_class_label(cls)}: op attribute(s) {', '.join(bad)} are not hashable "
             f"({', '.join(type(getattr(inst, a)).__name__ for a in bad)}); an op's attributes are "
             f"values (numbers, strings, tuples): store a tuple, and pass arrays as inputs") from None
     object.__setattr__(inst, "_key", key)

@@ -915,3 +915,23 @@ def test_check_grad_rule_checks_second_order():
     finally:
         from gradcore import _core
         _core.unregister_grad_rule(TanhOp)
+
+
+class DictParam(Op):
+    name = "MistakeDictParam"
+
+    def __init__(self, table=None):
+        self.table = dict(table or {"a": 1.0})
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * self.table["a"]
+
+
+def test_an_unhashable_parameter_error_names_the_op_as_the_other_messages_do():
+    from gradcore.op import OpDefinitionError
+    with pytest.raises(OpDefinitionError, match=r"^MistakeDictParam \(class DictParam\): op attribute\(s\) "
+                                                 r"table are not hashable \(dict\)"):
+        DictParam()
