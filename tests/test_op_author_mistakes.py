@@ -745,17 +745,11 @@ def test_a_list_parameter_is_frozen_so_the_op_cannot_drift_from_its_cached_gradi
     np.testing.assert_allclose(x.grad.numpy(), 1.0 + 4.0 * x.numpy())
 
 
-class TransposedGrad(Op):
+class TransposedGrad(WrongShapeGrad):
     name = "MistakeTransposedGrad"
 
-    def infer(self, x):
-        return (x,)
-
-    def cpu(self, x):
-        return x * 3
-
     def vjp(self, inputs, outputs, grads):
-        return (F.transpose(grads[0] * 3, (1, 0)),)
+        return (F.transpose(grads[0] * 2, (1, 0)),)
 
 
 def test_a_vjp_returning_a_transposed_gradient_is_a_shape_error_naming_the_op():
@@ -774,7 +768,7 @@ class IndexedGrad(TransposedGrad):
     name = "MistakeIndexedGrad"
 
     def vjp(self, inputs, outputs, grads):
-        return (grads[0][..., ::-1] * 3,)
+        return (grads[0][..., ::-1] * 2,)
 
 
 def test_an_error_raised_inside_a_vjp_names_the_op():
