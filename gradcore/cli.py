@@ -74,7 +74,8 @@ declaration (arity, infer, check_params/check_shapes/domain hints) with a
 fixed seed (--seed, default 0) that every failure reports. Each op is
 checked on the devices it declares; without a GPU, cuda values and
 gradients run on the host emulator (GRADCORE_CUDA=emulator) when a C++
-compiler is present. --devices limits the devices checked.
+compiler is present. --devices limits the devices checked (--devices cuda
+still compares the cuda values with the cpu kernel's, the reference).
 
 Statuses: passed; failed; skipped (could not run for a reason outside the
 op author's control: no GPU and no emulator, no nvcc, not requested);

@@ -27,7 +27,7 @@ import numpy as np
 from . import _core, dtypes
 from .cuda import events as _device_events
 from . import op as _op_module
-from .op import TensorDesc, checked_infer_result, describe, op_label
+from .op import TensorDesc, checked_infer_result, describe, name_the_op, op_label
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
 
@@ -281,10 +281,14 @@ def _sum_to_like(g, x):
 def _vjp(op, inputs, outputs, grads):
     """Symbolic VJP of one op (its own rule, or through its decomposition)."""
     traced = describe(op).traced
-    if traced == "vjp":
-        return _checked_vjp_result(op, op.vjp(inputs, outputs, grads))
-    if traced == "decompose":
-        return _vjp_of_decomposition(op, inputs, outputs, grads)
+    if traced in ("vjp", "decompose"):
+        try:
+            if traced == "vjp":
+                return _checked_vjp_result(op, op.vjp(inputs, outputs, grads))
+            return _vjp_of_decomposition(op, inputs, outputs, grads)
+        except Exception as exc:
+            name_the_op(op, exc, traced)
+            raise
     raise _core.NotDifferentiableError(_not_differentiable_msg(op))
 
 

@@ -103,6 +103,28 @@ def op_label(op) -> str:
         return getattr(op, "name", "") or type(op).__name__
 
 
+def name_the_op(op, exc: BaseException, where: str) -> None:
+    """Put ``op``'s name in front of an error raised inside its ``where``
+    (its ``vjp``, its decomposition), unless the message names it already:
+    an error from an op or function used in there (``Elemwise(mul): shapes
+    cannot be broadcast``) must still say whose code was running. The
+    exception keeps its type and traceback (the caller re-raises it).
+
+    Example::
+
+        >>> try: op.vjp(ins, outs, grads)
+        ... except Exception as exc: name_the_op(op, exc, "vjp"); raise
+    """
+    label, short = op_label(op), getattr(op, "name", "") or type(op).__name__
+    text = str(exc)
+    if short in text or label in text:
+        return
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{label}: in its {where}: {exc.args[0]}",) + exc.args[1:]
+    else:
+        exc.add_note(f"(raised in the {where} of {label})")
+
+
 def _fmt(desc) -> str:
     return "?" if desc.shape is None else str(desc.shape)
 
@@ -136,6 +158,15 @@ def _construct(cls, args, kwargs):
     return inst
 
 
+def _class_label(cls) -> str:
+    """An op class as its errors name it: the op's ``name`` (what ``gradcore ops``,
+    ``check_op`` and every other message say), and the Python class when it
+    differs. Example: ``_class_label(MyConv)`` -> ``'Convolution2 (class MyConv)'``."""
+    name = getattr(cls, "name", "") or ""
+    return cls.__name__ if not isinstance(name, str) or name in ("", cls.__name__) \
+        else f"{name} (class {cls.__name__})"
+
+
 def _seal(inst) -> None:
     """Compute the key (class and attributes) that hash and equality use,
     and make the op immutable. Run once per instance by the constructor
@@ -153,15 +184,21 @@ def _seal(inst) -> None:
     missing = [a for a in names if a not in d and not hasattr(cls, a)]
     if missing:
         raise OpDefinitionError(
-            f"{cls.__name__}: attribute(s) {', '.join(missing)} listed in attrs were never set; "
+            f"{_class_label(cls)}: attribute(s) {', '.join(missing)} listed in attrs were never set; "
             f"store them in __init__ (self.{missing[0]} = ...)")
+    for a in names:
+        # a list attribute becomes the tuple it is hashed as: left a list, a later
+        # `op.coeffs[0] = ...` would change the interned op's forward while its cached
+        # backward graphs and kernels keep the old value (a silently wrong gradient)
+        if isinstance(d.get(a), list):
+            object.__setattr__(inst, a, _freeze(d[a]))
     key = (cls,) + tuple(_freeze(getattr(inst, a)) for a in names)
     try:
         h = hash(key)
     except TypeError:
         bad = [a for a in names if not _hashable(_freeze(getattr(inst, a)))]
         raise OpDefinitionError(
-            f"{cls.__name__}: op attribute(s) {', '.join(bad)} are not hashable "
+            f"{_class_label(cls)}: op attribute(s) {', '.join(bad)} are not hashable "
             f"({', '.join(type(getattr(inst, a)).__name__ for a in bad)}); an op's attributes are "
             f"values (numbers, strings, tuples): store a tuple, and pass arrays as inputs") from None
     object.__setattr__(inst, "_key", key)
@@ -470,7 +507,11 @@ def _decomposed_infer(self, *descs):
     if _composite_tracer is None:
         raise RuntimeError(f"{self._name()}: shape inference traces decompose(), and the tracer "
                            f"(gradcore.graph) is not loaded: import gradcore")
-    return _composite_tracer(self, descs)
+    try:
+        return _composite_tracer(self, descs)
+    except Exception as exc:
+        name_the_op(self, exc, "decomposition")
+        raise
 
 
 def _base_infer(self, *descs: "TensorDesc") -> Tuple["TensorDesc", ...]:

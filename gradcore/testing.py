@@ -15,11 +15,12 @@ import contextlib
 import functools
 import inspect
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -210,7 +211,10 @@ def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float
             raise GradcheckError(
                 f"{exc}. The second-order gradient is zero everywhere: a backward that computes with "
                 f"NumPy (on .numpy()) instead of gradcore ops is not recorded, so it cannot be "
-                f"differentiated again; write the backward with gradcore ops") from None
+                f"differentiated again; write the backward with gradcore ops. A _grad_rule's (or "
+                f"registered rule's) backward that reads a value its forward computed (the output y "
+                f"of `y = F.tanh(x)` inside the rule) has the same effect: the rule's forward is not "
+                f"recorded, so compute what the backward needs from the inputs inside it") from None
         raise
     return True
 
@@ -500,7 +504,7 @@ class _Check:
                 self.ran = False
                 self.na.append("; ".join(self.notes))
         if self.fail:
-            res = CheckResult(self.label, self.check, FAILED, "; ".join(self.fail))
+            res = CheckResult(self.label, self.check, FAILED, _compact_failures(self.fail))
         elif self.ran:
             res = CheckResult(self.label, self.check, PASSED, "; ".join(self.notes))
         elif self.skip:
@@ -508,6 +512,33 @@ class _Check:
         else:
             res = CheckResult(self.label, self.check, NOT_APPLICABLE, "; ".join(self.na) or "nothing to test")
         self.report.results.append(res)
+
+
+_SHOWN_FAILURES = 4      # distinct failures a check's message quotes in full
+
+
+def _compact_failures(fails: List[str]) -> str:
+    """A check's failures for its message: each distinct one once (those
+    that differ only in the ``[instance; inputs]`` they came from are one,
+    with a count), the first few in full, then how many more: one mistake
+    repeated over every instance and input shape is one line, not dozens.
+
+    Example::
+
+        >>> _compact_failures(["[A(p=1.0); shapes (2,)] x wrong", "[A(p=2.0); shapes (2,)] x wrong"])
+        '[A(p=1.0); shapes (2,)] x wrong (and 1 more like it)'
+    """
+    groups: Dict[str, list] = {}
+    for msg in fails:
+        m = re.match(r"\[[^\]]*\] (.*)", msg, re.S)
+        entry = groups.setdefault(m.group(1) if m else msg, [msg, 0])
+        entry[1] += 1
+    shown = [msg + (f" (and {n - 1} more like it)" if n > 1 else "")
+             for msg, n in list(groups.values())[:_SHOWN_FAILURES]]
+    rest = sum(n for _, n in list(groups.values())[_SHOWN_FAILURES:])
+    if rest:
+        shown.append(f"... and {rest} more failure(s) of this check on other instances or inputs")
+    return "; ".join(shown)
 
 
 def op_devices(op) -> List[str]:
@@ -647,6 +678,7 @@ class UncheckedParameters(NoInputsError):
 # shapes tried for generated inputs, per input count: plain, broadcasting,
 # matrix-like, rank 4 (images), and 0-size; the op's infer picks those it accepts
 _SHAPES = {
+    0: [()],             # an op without inputs (a constant, a table): its one call
     1: [((2, 3),), ((4,),), ((2, 3, 4),), ((1, 2, 5, 5),), ((0, 3),)],
     2: [((2, 3), (2, 3)), ((2, 3), (3,)), ((3, 1), (1, 4)), ((3, 4), (4, 2)),
         ((1, 2, 5, 5), (3, 2, 3, 3)), ((0, 3), (0, 3)), ((0, 3), (3, 2))],
@@ -660,6 +692,8 @@ def _forward_arity(cls) -> tuple:
     if arity is None:
         return (1, 2)
     lo, hi = arity[1]
+    if hi == 0:            # an op that takes no inputs at all
+        return (0, 0)
     return (max(lo, 1), hi)
 
 
@@ -824,6 +858,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     cuda_skip = None              # why the cuda gradients cannot be checked in this case
     cuda_float = False            # the cuda forward gave a floating-point output
     cuda_na = False               # ... and whether that is "not applicable" rather than "skipped"
+    cuda_outs = {}                # the cuda outputs per input dtype (infer and dtype read them without cpu)
     if "cuda" not in declared:
         c.not_applicable(cuda_skip := "the op declares no cuda kernel")
         cuda_na = True
@@ -848,8 +883,18 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                              f"{g}" + (" (a NumPy array: host memory); return device arrays (be.empty, "
                                        "be.to_device, be.elementwise, ...)" if g.startswith("cpu") else ""))
             cuda_float = cuda_float or any(getattr(o, "dtype", np.dtype("O")).kind == "f" for o in got)
-            if outs.get(dt) is not None:
-                _compare_with_cpu(c, f"{tag}{dt} inputs: output", got, outs[dt], exact=dt == "float64")
+            ref = outs.get(dt)
+            if ref is None and "cpu" in declared:
+                # cpu not requested (--devices cuda): its kernel is still the reference
+                # the cuda values are checked against, else any values pass
+                try:
+                    ref = _run(op, arrs)
+                except Exception as exc:
+                    c.failed(f"{tag}{dt} inputs: the cpu kernel, the reference for the cuda values, "
+                             f"fails: {_fmt_exc(exc)}")
+            if ref is not None:
+                _compare_with_cpu(c, f"{tag}{dt} inputs: output", got, ref, exact=dt == "float64")
+            cuda_outs[dt] = got
             for i in modified:
                 c.failed(f"{tag}{dt} inputs: the cuda kernel changed input {i} (shape {arrs[i].shape}) in "
                          f"place; a kernel must not write its inputs (declare them `const T*`)")
@@ -861,6 +906,8 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
     # ---- infer
     c = checks["infer"]
     infers = {}
+    # shapes and dtypes do not depend on the device: without a cpu run, the cuda outputs
+    outs = outs or cuda_outs
     if not hasattr(op, "infer"):
         c.not_applicable("the op has no infer()")
     else:
@@ -1080,7 +1127,9 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
       agree with the op's own (the rule unregistered for the reference);
     - ``rule[fallback]``: where it raises ``GradRuleFallback``, gradients
       through ``apply`` (the rule registered, so it declines and the core
-      falls back) agree with the op's own.
+      falls back) agree with the op's own;
+    - in both, for float64 inputs, second-order gradients with the rule
+      registered against finite differences (``gradgradcheck``).
 
     Example::
 
@@ -1128,6 +1177,14 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
                 elif _core.registered_grad_rule(op_cls) is not installed:
                     _core.register_grad_rule(op_cls)(installed)
             n_before = len(c.fail)
+            if dt is np.float64 and chosen and describe(op_cls).check["max_grad_order"] != 1:
+                # second order, the rule registered (finite differences of its own first
+                # order, itself compared with the op's below): a backward that reads what
+                # the rule's unrecorded forward computed is right once, zero the second time
+                try:
+                    gradgradcheck(_apply_fn(inst), [Tensor(a) for a in arrs], wrt=chosen, seed=seed)
+                except Exception as exc:
+                    c.failed(f"{where}second order: {_fmt_exc(exc)}")
             for what, gs, rs in (("output", got_out, ref_out), ("gradient of input", got, ref)):
                 for j, (g, r) in enumerate(zip(gs, rs)):
                     if r is None:

@@ -708,3 +708,224 @@ def test_a_plugin_may_be_blocked_by_its_entry_point_name(monkeypatch):
     monkeypatch.setenv("GRADCORE_BLOCK_PLUGINS", "probe-broken")
     registry.load(force=True)
     assert registry.failures() == []
+
+
+# ---- round 4 (docs/write-your-first-op.md, docs/cuda.md; repros in /work/trial-repros/round4/)
+
+class Poly(Op):
+    """c0 * x + c1 * x**2 with its coefficients stored as a list."""
+    name = "MistakePolyList"
+
+    def __init__(self, coeffs=(1.0, 2.0)):
+        self.coeffs = list(coeffs)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return self.coeffs[0] * x + self.coeffs[1] * x * x
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        return (g * (self.coeffs[0] + 2 * self.coeffs[1] * x),)
+
+
+def test_a_list_parameter_is_frozen_so_the_op_cannot_drift_from_its_cached_gradient():
+    op = Poly([1.0, 2.0])
+    x = gradcore.tensor([0.5, 1.0], dtype="float64")
+    gm = gradcore.GradManager().attach([x])
+    with gm:
+        gm.backward(op(x).sum())          # caches the backward graph under op
+    assert op.coeffs == (1.0, 2.0)        # stored as the tuple it is hashed as
+    with pytest.raises(TypeError):
+        op.coeffs[1] = 10.0               # a list here changed the forward, not the cached backward
+    x.grad = None
+    with gm:
+        gm.backward(Poly([1.0, 2.0])(x).sum())
+    np.testing.assert_allclose(x.grad.numpy(), 1.0 + 4.0 * x.numpy())
+
+
+class TransposedGrad(WrongShapeGrad):
+    name = "MistakeTransposedGrad"
+
+    def vjp(self, inputs, outputs, grads):
+        return (F.transpose(grads[0] * 2, (1, 0)),)
+
+
+def test_a_vjp_returning_a_transposed_gradient_is_a_shape_error_naming_the_op():
+    # F.transpose on a traced tensor (rank unknown) crashed with "'<' not supported
+    # between instances of 'int' and 'NoneType'", naming nothing
+    x = gradcore.tensor(np.ones((2, 3)))
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(ValueError, match=r"MistakeTransposedGrad: backward returned a gradient of shape "
+                                         r"\(3, 2\) for input 0 of shape \(2, 3\)"):
+        with gm:
+            gm.backward(TransposedGrad()(x).sum())
+
+
+class IndexedGrad(TransposedGrad):
+    """indexing is not among what a vjp may use: the error must say whose vjp."""
+    name = "MistakeIndexedGrad"
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0][..., ::-1] * 2,)
+
+
+def test_an_error_raised_inside_a_vjp_names_the_op():
+    x = gradcore.tensor(np.ones((2, 3)))
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(TypeError, match=r"^MistakeIndexedGrad: in its vjp: .*not subscriptable"):
+        with gm:
+            gm.backward(IndexedGrad()(x).sum())
+
+
+class MulThenSum(Op):
+    """a Composite-style op: its infer is derived from the decomposition."""
+    name = "MistakeMulThenSum"
+
+    def decompose(self, x, w):
+        return F.sum(x * w, axis=-1)
+
+
+def test_a_decomposed_ops_shape_error_names_the_op_not_only_the_op_inside():
+    with pytest.raises(ValueError, match=r"^MistakeMulThenSum: in its decomposition: Elemwise\(mul\): "
+                                         r"shapes cannot be broadcast"):
+        MulThenSum()(gradcore.tensor(np.ones((2, 6))), gradcore.tensor(np.ones(3)))
+    assert check_op(MulThenSum, devices=["cpu"]).status("bad_shapes") == "passed"
+
+
+class ForgetsItsParameter(Op):
+    """y = x ** p whose gradient is right only at p = 2."""
+    name = "MistakeForgetsP"
+    domain = (0.2, 2.0)
+
+    def __init__(self, p=2.0):
+        self.p = float(p)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x ** self.p
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 2 * inputs[0],)
+
+
+def test_one_mistake_over_every_instance_and_shape_is_reported_compactly():
+    # the message held one full copy per (instance, input shape): dozens of
+    # lines in one cell of `gradcore check`'s table
+    report = check_op(ForgetsItsParameter, devices=["cpu"])
+    msg = report["grad"].message
+    assert report.status("grad") == "failed" and "MistakeForgetsP(p=" in msg
+    assert msg.count("GradcheckError") <= 4 and "more failure(s) of this check" in msg
+
+
+class Table(Op):
+    """an op without inputs: a constant table of n values."""
+    name = "MistakeTable"
+
+    def __init__(self, n=3):
+        self.n = int(n)
+
+    def infer(self):
+        return (TensorDesc((self.n,), np.dtype("float32"), "cpu"),)
+
+    def cpu(self):
+        return np.arange(self.n, dtype=np.float32)
+
+
+class OffByOneTable(Table):
+    name = "MistakeOffByOneTable"
+
+    def cpu(self):
+        return np.arange(self.n + 1, dtype=np.float32)
+
+
+def test_an_op_without_inputs_is_checked_not_refused_for_want_of_inputs():
+    # check_op generated at least one input for every op: "no generated input
+    # was accepted (tried shapes )", and `gradcore check` failed the op
+    report = check_op(Table)
+    assert report.ok and report.status("forward[cpu]") == "passed" and report.status("infer") == "passed"
+    bad = check_op(OffByOneTable)
+    assert bad.status("infer") == "failed" and "MistakeOffByOneTable" in bad["infer"].message
+
+
+class CudaTriple(CudaCube):
+    """its cuda kernel computes 3x where the cpu kernel computes x**3."""
+    name = "MistakeCudaTriple"
+
+    def cuda_source(self, ctype="float"):
+        from gradcore.cuda.kernels import Kernel
+        return Kernel("mistaketriple", "const T* x, T* y, long long n", "y[i] = x[i] * 3;",
+                      over="n", index="i").source(ctype)
+
+
+def test_check_op_on_cuda_alone_compares_the_cuda_values_with_the_cpu_kernel(emulated_cuda):
+    # `gradcore check --devices cuda`: forward[cuda] compared with nothing and
+    # passed any values; infer and dtype said "the forward did not run"
+    report = check_op(CudaTriple(), np.linspace(-1, 1, 6).reshape(2, 3), devices=["cuda"])
+    assert report.status("forward[cuda]") == "failed"
+    assert "cuda and cpu values differ" in report["forward[cuda]"].message
+    assert report.status("infer") == "passed" and report.status("dtype") == "passed"
+    assert check_op(CudaCube(), np.linspace(-1, 1, 6).reshape(2, 3), devices=["cuda"]).ok
+
+
+class TanhOp(Op):
+    name = "MistakeTanhOp"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return np.tanh(x)
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * (1 - outputs[0] * outputs[0]),)
+
+
+def tanh_rule_reading_its_output(op, x):
+    y = F.tanh(x)                       # computed with recording off: no history
+    return (y,), lambda dy: dy * (1 - y * y)
+
+
+def tanh_rule_from_its_input(op, x):
+    y = F.tanh(x)
+    return (y,), lambda dy: dy * (1 - F.tanh(x) ** 2)
+
+
+def test_check_grad_rule_checks_second_order():
+    # the rule's first order is right, its second order zero: `gradcore check`
+    # passed it (rule[accepted]) while check_op of the op failed gradgrad
+    from gradcore.testing import check_grad_rule
+    try:
+        gradcore.register_grad_rule(TanhOp)(tanh_rule_reading_its_output)
+        report = check_grad_rule(TanhOp, tanh_rule_reading_its_output)
+        assert report.status("rule[accepted]") == "failed"
+        assert "second order" in report["rule[accepted]"].message
+        assert "registered rule's) backward that reads a value its forward computed" in report["rule[accepted]"].message
+        gradcore.register_grad_rule(TanhOp)(tanh_rule_from_its_input)
+        assert check_grad_rule(TanhOp, tanh_rule_from_its_input).status("rule[accepted]") == "passed"
+    finally:
+        from gradcore import _core
+        _core.unregister_grad_rule(TanhOp)
+
+
+class DictParam(Op):
+    name = "MistakeDictParam"
+
+    def __init__(self, table=None):
+        self.table = dict(table or {"a": 1.0})
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * self.table["a"]
+
+
+def test_an_unhashable_parameter_error_names_the_op_as_the_other_messages_do():
+    from gradcore.op import OpDefinitionError
+    with pytest.raises(OpDefinitionError, match=r"^MistakeDictParam \(class DictParam\): op attribute\(s\) "
+                                                 r"table are not hashable \(dict\)"):
+        DictParam()

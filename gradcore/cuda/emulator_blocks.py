@@ -64,7 +64,9 @@ def rewrite_dynamic_shared(source: str) -> str:
 
 
 # the block scheduler: compiled once per machine into its own library
-RUNTIME = f"#define SHARED_LIMIT {SHARED_LIMIT}\n" + r"""
+DYNAMIC_GUARD = 8 * 1024     # bytes after a launch's dynamic shared memory checked for stray writes
+RUNTIME = (f"#define SHARED_LIMIT {SHARED_LIMIT}\n#define DYNAMIC_GUARD {DYNAMIC_GUARD}\n"
+           f"#define GUARD_BYTE 0xa5\n") + r"""
 // ---- gradcore host emulator: block-cooperative fibers (gradcore/cuda/emulator_blocks.py)
 #include <csetjmp>
 #include <cstdarg>
@@ -358,6 +360,7 @@ extern "C" int gc_emu_run_blocks(void (*fn)(void*), void* arg, const unsigned* g
                  static_bytes, shared, SHARED_LIMIT);
         return -1;
     }
+    const size_t guard = SHARED_LIMIT - shared < DYNAMIC_GUARD ? SHARED_LIMIT - shared : DYNAMIC_GUARD;
     nfibers = b[0] * b[1] * b[2];
     if (!reserve(nfibers)) { snprintf(err, errlen, "no memory for %u fiber stacks", nfibers); return -1; }
     body = fn; body_arg = arg;
@@ -370,6 +373,9 @@ extern "C" int gc_emu_run_blocks(void (*fn)(void*), void* arg, const unsigned* g
         gc_emu_block_idx = {bx, by, bz};
         memset(static_begin, 0xff, static_bytes);        // shared memory starts as garbage in every block
         memset(gc_emu_dynamic_shared, 0xff, shared);
+        // a guard after the launch's dynamic size: a GPU has no memory there (a launch
+        // that forgot `shared=` faults or corrupts), so a write into it is an error here
+        memset(gc_emu_dynamic_shared + shared, GUARD_BYTE, guard);
         for (unsigned i = 0; i < nfibers; ++i) fibers[i].state = READY;
         barrier_gen = 0; barrier_count[0] = barrier_count[1] = 0;
         if (run_block() != 0) {
@@ -377,6 +383,14 @@ extern "C" int gc_emu_run_blocks(void (*fn)(void*), void* arg, const unsigned* g
             // fibers stopped half-way start afresh at the next launch
             for (unsigned i = 0; i < capacity; ++i) fibers[i].started = false;
             return -1;
+        }
+        for (size_t i = 0; i < guard; ++i) {
+            if ((unsigned char)gc_emu_dynamic_shared[shared + i] != GUARD_BYTE) {
+                snprintf(err, errlen, "block (%u, %u, %u): a thread wrote byte %zu of the dynamic shared "
+                         "memory (extern __shared__), but the launch gave it %u bytes: pass the size as "
+                         "be.launch(..., shared=bytes)", bx, by, bz, (size_t)shared + i, shared);
+                return -1;
+            }
         }
     }
     return 0;

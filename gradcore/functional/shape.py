@@ -43,9 +43,12 @@ def transpose(inp, pattern: Optional[Sequence[int]] = None):
     """
     x = _t(inp)
     if pattern is None:
+        if x.ndim is None:     # a traced tensor (a vjp): its rank is not known
+            raise TypeError("transpose: reversing the axes needs the rank, which is unknown while a "
+                            "backward graph is traced; pass the pattern, e.g. (1, 0)")
         pattern = tuple(range(x.ndim))[::-1]
     pattern = tuple(pattern)
-    if any(isinstance(p, str) for p in pattern) or 0 < len(pattern) < x.ndim:
+    if any(isinstance(p, str) for p in pattern) or (x.ndim is not None and 0 < len(pattern) < x.ndim):
         return _dimshuffle(x, pattern)
     try:
         pattern = tuple(operator.index(p) for p in pattern)

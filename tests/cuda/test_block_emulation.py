@@ -222,6 +222,19 @@ def test_dynamic_shared_memory(run):
         run.launch("dynamic_rotate", (1,), (8,), dx, dy, np.int32(8), shared=48 * 1024 + 4)
 
 
+@pytest.mark.parametrize("shared", [0, 4 * 4])
+def test_a_launch_that_forgets_the_dynamic_shared_size_is_an_error(run, shared):
+    # on a GPU the writes past the launch's size fault or corrupt memory; the
+    # emulator's buffer is 48 KiB whatever the size, so they used to pass unseen
+    x = np.arange(1, 9, dtype=np.float32)
+    dx, dy = run.device(x), run.device(np.zeros_like(x))
+    with pytest.raises(RuntimeError, match=rf"dynamic_rotate.*wrote byte {shared} of the dynamic shared "
+                                           rf"memory .* the launch gave it {shared} bytes: .*shared="):
+        run.launch("dynamic_rotate", (1,), (8,), dx, dy, np.int32(8), shared=shared)
+    run.launch("dynamic_rotate", (1,), (8,), dx, dy, np.int32(8), shared=8 * 4)   # and a right launch after it
+    np.testing.assert_array_equal(run.get(dy, x), np.roll(2 * x, -1))
+
+
 @pytest.mark.parametrize("kernel, block, message", [
     ("exit_before_barrier", 32, r"thread \(0, 0, 0\) exited while 16 threads .* wait at __syncthreads \(line \d+\)"),
     ("divergent_barriers", 32,
