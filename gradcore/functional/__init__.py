@@ -9,7 +9,7 @@ per op family, as the ops do in ops/:
                      the table's ops, MegEngine's comparison names (``F.equal``)
 - shape.py           reshape, transpose, broadcast_to, concat, split, stack, astype, ...
 - reduce.py          sum, mean, max, min, prod, argmax, argmin, cumsum, var, std, norm
-- linalg.py          matmul, dot, linear
+- linalg.py          matmul, dot, linear, einsum
 - indexing.py        getitem, setitem, gather, scatter, sort, topk, one_hot, embedding, ...
 - creation.py        zeros, ones, full, arange, linspace, eye, the ``*_like`` forms
 - conv.py            conv1d, conv2d, conv3d, conv_transpose1d/2d/3d, max_pool2d, avg_pool2d,
@@ -51,7 +51,7 @@ from .elemwise_table import (abs, acos, acosh, add, asin, asinh, atan, atanh, ce
                              square, sub, tan, tanh)
 from .indexing import (argsort, cond_take, diag, embedding, gather, getitem, indexing_one_hot, non_zero, one_hot,
                        scatter, setitem, sort, topk)
-from .linalg import cross, dot, linear, matinv, matmul, svd
+from .linalg import cross, dot, einsum, linear, matinv, matmul, svd
 from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, dropout, group_norm,
                  general_norm, hinge_loss, instance_norm, l1_loss, layer_norm, local_response_norm, log_softmax, logaddexp,
                  logsoftmax, logsumexp, mse_loss, normalize, pad, sliding_window, sliding_window_transpose, softmax,
