@@ -43,7 +43,7 @@ from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d,
                    conv_transpose1d, conv_transpose2d, conv_transpose3d, max_pool2d)
 from .creation import arange, eye, full, full_like, linspace, ones, ones_like, zeros, zeros_like
 from .elemwise import (atan2, clip, elu, equal, greater, greater_equal, hsigmoid, hswish, isinf, isnan,
-                       leaky_relu, less, less_equal, not_equal, prelu, relu6, where)
+                       leaky_relu, left_shift, less, less_equal, not_equal, prelu, relu6, right_shift, where)
 from .elemwise_table import (abs, acos, acosh, add, asin, asinh, atan, atanh, ceil, cos, cosh, div, eq,
                              erf, exp, expm1, floor, floor_div, ge, gelu, gt, le, log, log1p, logical_and,
                              logical_not, logical_or, logical_xor, logsigmoid, lt, maximum, minimum, mod,
