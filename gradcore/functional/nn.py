@@ -46,7 +46,7 @@ __all__ = [
     "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy", "dropout", "batch_norm",
     "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
     "group_norm", "instance_norm", "local_response_norm", "general_norm", "pad", "topk_accuracy",
-    "sliding_window", "sliding_window_transpose", "sync_batch_norm",
+    "sliding_window", "sliding_window_transpose", "sync_batch_norm", "local_conv2d",
     # re-exported
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
@@ -409,6 +409,48 @@ def sliding_window(inp: Tensor, kernel_size, padding=0, stride=1, dilation=1) ->
     if p[0] or p[1]:
         x = pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
     return getitem(x, (slice(None), slice(None), rows, cols))
+
+
+def local_conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+                 dilation=1, conv_mode: str = "cross_correlation") -> Tensor:
+    """A locally connected layer (a convolution whose kernel differs at each
+    output position), MegEngine's ``F.local_conv2d``: ``inp`` (N, C, H, W),
+    ``weight`` (groups, OH, OW, C // groups, KH, KW, OC // groups) and
+    ``out[n, g*OCg + o, y, x] = sum over c, i, j of window(n, g*Cg + c, y, x)[i, j]
+    * weight[g, y, x, c, i, j, o]``, the windows those of ``F.sliding_window``
+    (zero padding, stride, dilation; OH and OW must be the sizes they
+    give); ``bias`` is added as given. One batched matmul per (group,
+    position) over the windows, so gradients come from matmul's and the
+    windows'.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> w = gc.tensor(np.ones((1, 3, 3, 1, 2, 2, 1), "float32"))      # sums each 2x2 window
+        >>> F.local_conv2d(x, w).numpy()[0, 0]
+        array([[10., 14., 18.],
+               [26., 30., 34.],
+               [42., 46., 50.]], dtype=float32)
+    """
+    if str(conv_mode).lower() != "cross_correlation":
+        raise ArgumentError(f"local_conv2d: conv_mode must be 'cross_correlation', got {conv_mode!r}")
+    x, w = _t(inp), _t(weight)
+    if x.ndim != 4 or w.ndim != 7:
+        raise ArgumentError(f"local_conv2d: inp must be (N, C, H, W) and weight (groups, OH, OW, C // groups, "
+                            f"KH, KW, OC // groups), got shapes {x.shape} and {w.shape}")
+    g, oh, ow, cg, kh, kw, ocg = w.shape
+    n, c = x.shape[:2]
+    out, *_ = _window_index("local_conv2d", x.shape[2:], (kh, kw), padding, stride, dilation)
+    if cg * g != c or out != (oh, ow):
+        raise ArgumentError(f"local_conv2d: weight {w.shape} does not fit inp {x.shape}: it needs groups * "
+                            f"{cg} == {c} channels and an output of {out} (OH, OW) for these kernel, padding, "
+                            f"stride and dilation")
+    windows = reshape(sliding_window(x, (kh, kw), padding, stride, dilation), (n, g, cg, oh, ow, kh, kw))
+    # (g, OH, OW) positions as the batch: (N, Cg*KH*KW) @ (Cg*KH*KW, OCg) at each
+    windows = reshape(windows.transpose(1, 3, 4, 0, 2, 5, 6), (g * oh * ow, n, cg * kh * kw))
+    y = matmul(windows, reshape(w, (g * oh * ow, cg * kh * kw, ocg)))
+    y = reshape(reshape(y, (g, oh, ow, n, ocg)).transpose(3, 0, 4, 1, 2), (n, g * ocg, oh, ow))
+    return y if bias is None else y + bias
 
 
 def sliding_window_transpose(inp: Tensor, output_size, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:

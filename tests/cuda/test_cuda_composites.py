@@ -173,3 +173,8 @@ def test_shifts_stay_on_the_device(cuda, dtype):
     assert left.device == "cuda" and right.device == "cuda"
     np.testing.assert_array_equal(left.numpy(), np.left_shift(x, y))
     np.testing.assert_array_equal(right.numpy(), np.right_shift(x, y))
+
+
+def test_local_conv2d(cuda, matches_cpu):
+    matches_cpu(lambda x, w: F.local_conv2d(x, w, None, 1, 1), [_x((2, 4, 3, 3)), _x((2, 4, 4, 2, 2, 2, 3), 1)],
+                rtol=1e-4, atol=1e-5)
