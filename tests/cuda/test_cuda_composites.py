@@ -178,3 +178,8 @@ def test_shifts_stay_on_the_device(cuda, dtype):
 def test_local_conv2d(cuda, matches_cpu):
     matches_cpu(lambda x, w: F.local_conv2d(x, w, None, 1, 1), [_x((2, 4, 3, 3)), _x((2, 4, 4, 2, 2, 2, 3), 1)],
                 rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["RGB2GRAY", "YUV2RGB", "RGB2BGR"])
+def test_cvt_color(cuda, matches_cpu, mode):
+    matches_cpu(lambda x: F.vision.cvt_color(x, mode), [np.abs(_x((2, 3, 4, 3)))], rtol=1e-5, atol=1e-6)
