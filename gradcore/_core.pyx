@@ -516,6 +516,11 @@ cdef class Tensor:
     def __ror__(self, other): return _h_getattr("logical")("or", other, self)
     def __xor__(self, other): return _h_getattr("logical")("xor", self, other)
     def __rxor__(self, other): return _h_getattr("logical")("xor", other, self)
+    # << >> on integer tensors (MegEngine's F.left_shift / F.right_shift)
+    def __lshift__(self, other): return _h_getattr("left_shift")(self, other)
+    def __rlshift__(self, other): return _h_getattr("left_shift")(other, self)
+    def __rshift__(self, other): return _h_getattr("right_shift")(self, other)
+    def __rrshift__(self, other): return _h_getattr("right_shift")(other, self)
 
     def __richcmp__(self, other, int op):
         if other is None and (op == 2 or op == 3):

@@ -47,6 +47,7 @@ import math
 import os
 import pickle
 import pickletools
+import re
 import struct
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Union
 
@@ -234,7 +235,8 @@ def load(f: PathOrFile, map_location: MapLocation = None, pickle_module: Any = N
          weights_only: bool = True) -> Any:
     """Read what ``gradcore.save`` wrote, or a file that is one pickle, as
     ``megengine.save`` writes (a MegEngine checkpoint: its state_dict's NumPy
-    arrays load as arrays). ``pickle_module`` is MegEngine's argument,
+    arrays load as arrays, the tensors MegEngine pickles (an optimizer's
+    state) as gradcore Tensors and Parameters, their devices mapped). ``pickle_module`` is MegEngine's argument,
     accepted for its signature: gradcore's own (checked) readers unpickle.
 
     ``map_location`` puts the tensors on another device: a device name
@@ -518,6 +520,7 @@ def _make_tensor(cls, data, device, tname, mapper, name):
 
 _DEVICE_SPELLINGS = {"cpu": "cpu", "cpu0": "cpu", "cpux": "cpu",
                      "cuda": "cuda", "cuda0": "cuda", "cuda:0": "cuda", "gpu": "cuda", "gpu0": "cuda"}
+_MEGENGINE_DEVICE = re.compile(r"(cpu|gpu|xpu)(?:\d+|x)?(?::\d+)?")
 
 
 def _norm_device(device, name, source):
@@ -525,6 +528,10 @@ def _norm_device(device, name, source):
         raise LoadError(f"gradcore.load: {name}: {source} gives a device of type {type(device).__name__}, "
                         f"not a device name")
     d = _DEVICE_SPELLINGS.get(device.lower())
+    megengine = _MEGENGINE_DEVICE.fullmatch(device.lower())
+    if d is None and megengine is not None:     # MegEngine's logical names: "cpu0:0", "gpu1", "xpux:0"
+        device = megengine.group(1)
+        d = _DEVICE_SPELLINGS.get(device)
     if d is None and device.lower() in ("xpu", "xpu0", "xpux"):
         from .devices import is_cuda_available
         d = "cuda" if is_cuda_available() else "cpu"
@@ -551,7 +558,9 @@ def _device_mapper(map_location: MapLocation) -> Callable[[str], str]:
 _CONVERT = ("if you trust this file, convert it once to the current format: "
             "gradcore.save(gradcore.load(path, weights_only=False), path)")
 # opcodes a version-1 file never needed; refused rather than reasoned about
-_REFUSED_OPCODES = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX"}
+# (NEWOBJ is MegEngine's tensors': it reaches only the classes below that
+# define a checking __new__, _DTypeRef and _MegEngineTensorRef)
+_REFUSED_OPCODES = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "INST", "OBJ", "NEWOBJ_EX"}
 
 
 def _read_v1(fh, name, mapper, weights_only):
@@ -578,7 +587,7 @@ def _load_pickle(data: bytes, name, mapper, weights_only):
             raise LoadError(f"gradcore.load refused {name}: its pickle uses the opcode {op.name}, which a "
                             f"file of gradcore.save never holds; {_CONVERT}")
     result = _LegacyUnpickler(io.BytesIO(data), mapper, name).load()
-    return _resolve_refs(result, name, {})
+    return _resolve_refs(result, name, {}, mapper)
 
 
 class _ClassRef:
@@ -595,7 +604,8 @@ class _DTypeRef:
     order its BUILD sets; never a real dtype until checked."""
     __slots__ = ("base", "order")
 
-    def __init__(self, name, align=False, copy=True):
+    # (checked in __new__: a NEWOBJ record makes one without calling __init__)
+    def __new__(cls, name, align=False, copy=True):
         if not isinstance(name, str):
             raise LoadError(f"a dtype record names {type(name).__name__}")
         base = np.dtype(name) if name in ("b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8",
@@ -603,7 +613,9 @@ class _DTypeRef:
         if base is None:
             raise LoadError(f"a dtype record names {name!r}; arrays in a file are bool, integer, "
                             f"float or complex")
+        self = object.__new__(cls)
         self.base, self.order = base, "|" if base.itemsize == 1 else "<"
+        return self
 
     def __setstate__(self, state):
         if not (isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and state[1] in "<>|="
@@ -711,6 +723,64 @@ def _ranged(make):
     return build
 
 
+class _MegEngineTensorRef:
+    """A tensor ``megengine.save`` pickled (an optimizer's state_dict holds
+    them): NEWOBJ with MegEngine's ``__getnewargs__`` (array, dtype, device
+    name, two flags, name, format) and an empty BUILD state, or, in files of
+    MegEngine 1.1 and 1.2, no arguments and a state holding data, dtype and
+    device. Nothing is made until ``tensor`` checks it; quantized tensors'
+    parameters are refused (gradcore has none)."""
+    __slots__ = ("args", "state")
+    cls = Tensor
+
+    def __new__(cls, *args):
+        if len(args) > 7:
+            raise LoadError(f"a MegEngine tensor record has {len(args)} arguments; MegEngine writes 7")
+        self = object.__new__(cls)
+        self.args, self.state = args, {}
+        return self
+
+    def __init__(self, *args):     # (a REDUCE record calls the class: __new__ checked it)
+        pass
+
+    def __setstate__(self, state):
+        if not isinstance(state, dict) or set(state) - {"data", "dtype", "device", "qparams", "qdict"}:
+            raise LoadError("a MegEngine tensor record has a state that MegEngine never writes")
+        self.state = state
+
+    def tensor(self, name, mapper) -> Tensor:
+        q = self.state.get("qparams", self.state.get("qdict"))
+        if q is not None and not (isinstance(q, dict) and all(v is None for v in q.values())):
+            raise LoadError(f"{name} holds a quantized MegEngine tensor; gradcore has no quantized dtypes")
+        if self.args:
+            if len(self.args) < 3:
+                raise LoadError(f"a MegEngine tensor record has {len(self.args)} arguments, fewer than 3")
+            data, dtype, device = self.args[:3]
+        elif {"data", "dtype", "device"} <= set(self.state):
+            data, dtype, device = self.state["data"], self.state["dtype"], self.state["device"]
+        else:
+            raise LoadError("a MegEngine tensor record holds no data")
+        data = _resolve_refs(data, name, {})
+        if not isinstance(dtype, _DTypeRef) or type(data) is not np.ndarray or data.dtype != dtype.dtype():
+            raise LoadError(f"a MegEngine tensor record's data ({type(data).__name__}) does not have its "
+                            f"dtype ({dtype!r})")
+        return _make_tensor(self.cls, data, device, None, mapper, name)
+
+
+class _MegEngineParameterRef(_MegEngineTensorRef):
+    __slots__ = ()
+    cls = Parameter
+
+
+def _numpy_scalar_type(name):
+    """``numpy.int8`` and the like as a dtype (MegEngine 1.1 pickled a
+    tensor's dtype so): a fresh stand-in, as ``numpy.dtype`` records are."""
+    return _DTypeRef(np.dtype(name).str[1:])
+
+
+_NUMPY_SCALAR_TYPES = ("bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                       "float16", "float32", "float64")
+
 # the globals a restricted load of a version-1 file may resolve, each to a
 # checked stand-in; nothing else
 _V1_GLOBALS = {
@@ -724,6 +794,7 @@ _V1_GLOBALS = {
     ("builtins", "set"): _set_of(set), ("builtins", "frozenset"): _set_of(frozenset),
     ("builtins", "complex"): _complex, ("builtins", "bytearray"): _bytearray, ("_codecs", "encode"): _latin1_bytes,
     ("builtins", "slice"): _ranged(slice), ("builtins", "range"): _ranged(range),
+    ("megengine.tensor", "Tensor"): _MegEngineTensorRef, ("megengine.tensor", "Parameter"): _MegEngineParameterRef,
 }
 
 
@@ -738,6 +809,8 @@ class _LegacyUnpickler(pickle.Unpickler):
             return self._rebuild_tensor
         if key in _V1_GLOBALS:
             return _V1_GLOBALS[key]
+        if module == "numpy" and name in _NUMPY_SCALAR_TYPES:
+            return _numpy_scalar_type(name)
         raise LoadError(f"gradcore.load refused to load the global {module}.{name}: with "
                         f"weights_only=True only tensors, NumPy arrays and plain containers load. "
                         f"If you trust this file, pass weights_only=False")
@@ -752,9 +825,17 @@ class _LegacyUnpickler(pickle.Unpickler):
         return _make_tensor(cls.cls, data, device, tname, self._mapper, self._name)
 
 
-def _resolve_refs(o, name, seen):
+def _resolve_refs(o, name, seen, mapper=None):
     """The loaded tree with no stand-in left: a dtype or a class outside a
-    record becomes the real one (containers are rebuilt only if they hold one)."""
+    record becomes the real one, a MegEngine tensor record a tensor (once
+    per record: shared ones stay shared; containers are rebuilt only if
+    they hold one)."""
+    if isinstance(o, _MegEngineTensorRef):
+        if mapper is None:
+            raise LoadError("a MegEngine tensor record is nested in another record")
+        if id(o) not in seen:
+            seen[id(o)] = (o, o.tensor(name, mapper))     # (o kept alive: its id stays unique)
+        return seen[id(o)][1]
     if isinstance(o, _DTypeRef):
         return o.dtype()
     if isinstance(o, _ClassRef):
@@ -768,12 +849,12 @@ def _resolve_refs(o, name, seen):
     if isinstance(o, (list, dict, tuple, set, frozenset)) and id(o) not in seen:
         seen[id(o)] = o
         if isinstance(o, list):
-            o[:] = [_resolve_refs(x, name, seen) for x in o]
+            o[:] = [_resolve_refs(x, name, seen, mapper) for x in o]
         elif isinstance(o, dict):
             for k in list(o):
-                o[k] = _resolve_refs(o[k], name, seen)
+                o[k] = _resolve_refs(o[k], name, seen, mapper)
         else:
-            items = [_resolve_refs(x, name, seen) for x in o]
+            items = [_resolve_refs(x, name, seen, mapper) for x in o]
             if any(a is not b for a, b in zip(items, o)):
                 return type(o)(items)
     return o

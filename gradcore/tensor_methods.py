@@ -381,6 +381,8 @@ _HOOK_FNS = {
     "floor": lambda t: _F().floor(t),
     "ceil": lambda t: _F().ceil(t),
     "matmul": lambda a, b: _F().matmul(a, b),
+    "left_shift": lambda a, b: _F().left_shift(a, b),
+    "right_shift": lambda a, b: _F().right_shift(a, b),
     "astype": astype,
     "_to_array": to_array,
     "_norm_device": norm_device,

@@ -30,7 +30,7 @@ NN_NAMES = {
     "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer", "nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss",
     "cosine_similarity", "scaled_dot_product_attention", "instance_norm", "local_response_norm", "general_norm",
     "sliding_window", "sliding_window_transpose", "conv_transpose3d", "remap", "warp_affine", "warp_perspective",
-    "sync_batch_norm"}
+    "sync_batch_norm", "local_conv2d"}
 
 
 REGENERATE = ("gradcore/functional/elemwise_table.py is out of date: run "
@@ -169,3 +169,44 @@ def test_the_generated_module_works_uncompiled_too():
     x, y = gc.tensor([0.5, 2.0]), gc.tensor([1.5, -1.0])
     np.testing.assert_array_equal(source.add(x, y).numpy(), F.add(x, y).numpy())
     np.testing.assert_array_equal(source.exp(x=x).numpy(), F.exp(x).numpy())
+
+
+# MegEngine's functional.loss and functional.elemwise are modules users reach
+# through F (``F.loss.square_loss``, ``F.elemwise.add``): gradcore's modules of
+# those names hold every one of their names, the same functions as F's
+MEGENGINE_LOSS = ("l1_loss", "square_loss", "cross_entropy", "binary_cross_entropy", "hinge_loss", "ctc_loss")
+MEGENGINE_ELEMWISE = (
+    "abs", "add", "acos", "asin", "atan", "atan2", "asinh", "acosh", "atanh", "ceil", "clip", "cos", "cosh", "div",
+    "equal", "erf", "exp", "expm1", "floor", "floor_div", "greater", "greater_equal", "left_shift", "less",
+    "less_equal", "log", "log1p", "logical_and", "logical_not", "logical_or", "logical_xor", "logaddexp", "maximum",
+    "minimum", "mod", "mul", "neg", "not_equal", "pow", "right_shift", "round", "sin", "sinh", "sqrt", "square",
+    "sub", "tan", "tanh")
+
+
+@pytest.mark.parametrize("module, names", [("loss", MEGENGINE_LOSS), ("elemwise", MEGENGINE_ELEMWISE)])
+def test_megengine_submodule_names_reach_the_same_functions(module, names):
+    sub = getattr(F, module)
+    missing = [n for n in names if not hasattr(sub, n)]
+    assert missing == []
+    assert [n for n in names if getattr(sub, n) is not getattr(F, n)] == []
+
+
+def test_f_loss_values_match_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    pred, label = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(F.loss.square_loss(gc.tensor(pred), gc.tensor(label)).item(),
+                               torch.nn.functional.mse_loss(torch.tensor(pred), torch.tensor(label)).item(), rtol=1e-6)
+    cls = np.array([2, 0, 1, 2])
+    np.testing.assert_allclose(F.loss.cross_entropy(gc.tensor(pred), gc.tensor(cls)).item(),
+                               torch.nn.functional.cross_entropy(torch.tensor(pred), torch.tensor(cls)).item(),
+                               rtol=1e-6)
+    # probabilities (with_logits=False) take the composed path: log, then one-hot indexing
+    probs = np.exp(pred) / np.exp(pred).sum(1, keepdims=True)
+    np.testing.assert_allclose(F.loss.cross_entropy(gc.tensor(probs), gc.tensor(cls), with_logits=False).item(),
+                               torch.nn.functional.cross_entropy(torch.tensor(pred), torch.tensor(cls)).item(),
+                               rtol=1e-5)
+    x, y = gc.tensor([1000.0, -3.0]), gc.tensor([1000.0, 2.0])
+    np.testing.assert_allclose(F.elemwise.logaddexp(x, y).numpy(),
+                               torch.logaddexp(torch.tensor([1000.0, -3.0]), torch.tensor([1000.0, 2.0])).numpy(),
+                               rtol=1e-6)

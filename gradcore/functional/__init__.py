@@ -9,7 +9,7 @@ per op family, as the ops do in ops/:
                      the table's ops, MegEngine's comparison names (``F.equal``)
 - shape.py           reshape, transpose, broadcast_to, concat, split, stack, astype, ...
 - reduce.py          sum, mean, max, min, prod, argmax, argmin, cumsum, var, std, norm
-- linalg.py          matmul, dot, linear
+- linalg.py          matmul, dot, linear, einsum
 - indexing.py        getitem, setitem, gather, scatter, sort, topk, one_hot, embedding, ...
 - creation.py        zeros, ones, full, arange, linspace, eye, the ``*_like`` forms
 - conv.py            conv1d, conv2d, conv3d, conv_transpose1d/2d/3d, max_pool2d, avg_pool2d,
@@ -43,7 +43,7 @@ from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d,
                    conv_transpose1d, conv_transpose2d, conv_transpose3d, max_pool2d)
 from .creation import arange, eye, full, full_like, linspace, ones, ones_like, zeros, zeros_like
 from .elemwise import (atan2, clip, elu, equal, greater, greater_equal, hsigmoid, hswish, isinf, isnan,
-                       leaky_relu, less, less_equal, not_equal, prelu, relu6, where)
+                       leaky_relu, left_shift, less, less_equal, not_equal, prelu, relu6, right_shift, where)
 from .elemwise_table import (abs, acos, acosh, add, asin, asinh, atan, atanh, ceil, cos, cosh, div, eq,
                              erf, exp, expm1, floor, floor_div, ge, gelu, gt, le, log, log1p, logical_and,
                              logical_not, logical_or, logical_xor, logsigmoid, lt, maximum, minimum, mod,
@@ -51,10 +51,10 @@ from .elemwise_table import (abs, acos, acosh, add, asin, asinh, atan, atanh, ce
                              square, sub, tan, tanh)
 from .indexing import (argsort, cond_take, diag, embedding, gather, getitem, indexing_one_hot, non_zero, one_hot,
                        scatter, setitem, sort, topk)
-from .linalg import cross, dot, linear, matinv, matmul, svd
+from .linalg import cross, dot, einsum, linear, matinv, matmul, svd
 from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, dropout, group_norm,
-                 general_norm, hinge_loss, instance_norm, l1_loss, layer_norm, local_response_norm, log_softmax, logaddexp,
-                 logsoftmax, logsumexp, mse_loss, normalize, pad, sliding_window, sliding_window_transpose, softmax,
+                 general_norm, hinge_loss, instance_norm, l1_loss, layer_norm, local_conv2d, local_response_norm,
+                 log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss, normalize, pad, sliding_window, sliding_window_transpose, softmax,
                  square_loss, sync_batch_norm, topk_accuracy)
 from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, nll_loss, rnn_cell,  # noqa: F401
                  rnn_layer, scaled_dot_product_attention, smooth_l1_loss)

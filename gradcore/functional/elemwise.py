@@ -1,7 +1,9 @@
 """Elementwise functions written by hand: ``where`` (it checks its mask),
-``clip``, predicates and activations composed of the table's ops, and
-MegEngine's names for the comparisons. The functions of the table itself
-(``F.exp``, ``F.add``, ...) are generated: elemwise_table.py.
+``clip``, predicates and activations composed of the table's ops, logaddexp,
+and MegEngine's names for the comparisons. The functions of the table itself
+(``F.exp``, ``F.add``, ...) are generated: elemwise_table.py; this module
+re-exports them, so that ``F.elemwise`` holds every name of MegEngine's
+``functional.elemwise`` (``F.elemwise.add`` is ``F.add``).
 
 Example::
 
@@ -16,8 +18,13 @@ from .._core import Tensor, apply1 as _apply1
 from ..op import OpError
 from ..ops.elemwise import Elemwise
 from ._args import _named, _t
-from .elemwise_table import abs, atan, eq, expm1, ge, gt, le, lt, ne, sign
+from .elemwise_table import abs, atan, eq, exp, expm1, floor_div, ge, gt, le, log1p, lt, maximum, ne, sign
+# re-exported (MegEngine's functional.elemwise names): the generated table functions
+from .elemwise_table import (acos, acosh, add, asin, asinh, atanh, ceil, cos, cosh, div, erf,  # noqa: F401
+                             floor, log, logical_and, logical_not, logical_or, logical_xor,
+                             minimum, mod, mul, neg, pow, round, sin, sinh, sqrt, square, sub, tan, tanh)
 from .shape import astype, broadcast_to
+from ..dtypes import promote_types
 from ..op import ArgumentError
 
 _BOOL = np.dtype(bool)
@@ -135,6 +142,85 @@ def atan2(y: Tensor, x: Tensor) -> Tensor:
 
 
 # ---- activations composed of the table's ops (F.nn has them too)
+def logaddexp(x: Tensor, y: Tensor) -> Tensor:
+    """Elementwise ``log(exp(x) + exp(y))``, computed without overflow (a
+    logsumexp over the pair; ``x`` and ``y`` broadcast).
+
+    Example::
+
+        >>> F.logaddexp(gc.tensor([1000.0, -1000.0]), 1000.0).numpy()     # no overflow
+        array([1000.6932, 1000.    ], dtype=float32)
+    """
+    x, y = _float_pair("logaddexp", x, y)
+    # max + log1p(exp(-|x - y|)), as PyTorch's: an infinite input has gradient
+    # 1 (its partner 0), and equal ones (infinite too) give x + log 2
+    same = eq(x, y)
+    d = where(same, 0.0, x) - where(same, 0.0, y)       # (no inf - inf computed)
+    return maximum(x, y) + log1p(exp(-abs(d)))
+
+
+def _shift_pair(name: str, x, y) -> tuple:
+    """``x`` and ``y`` as tensors of one integer dtype, and its bit width
+    (MegEngine's shifts take integers; a count must be >= 0: checked on the
+    cpu, where the counts are at hand)."""
+    x, y = _pair_of(x, y)
+    if x.dtype.kind not in "iu" or y.dtype.kind not in "iu":
+        raise TypeError(f"{name}: x and y must be integer tensors, got {x.dtype} and {y.dtype} "
+                        f"(shapes {x.shape} and {y.shape})")
+    dtype = promote_types(x.dtype, y.dtype)
+    x, y = astype(x, dtype), astype(y, dtype)
+    if y.device == "cpu" and y.size and y.numpy().min() < 0:
+        raise ArgumentError(f"{name}: shift counts must be >= 0, got {y.numpy().min()} "
+                            f"(shapes {x.shape} and {y.shape})")
+    return x, y, dtype.itemsize * 8
+
+
+def _powers_of_two(dtype: np.dtype, n: int, count: Tensor) -> Tensor:
+    """``2 ** count`` in ``dtype``, for counts clipped to [0, n): a lookup in
+    a table of the n powers (2 ** (bits - 1) of a signed dtype wraps to its
+    minimum, as ``1 << (bits - 1)`` does)."""
+    table = Tensor((np.uint64(1) << np.arange(n, dtype=np.uint64)).astype(dtype), device=count.device)
+    return table[astype(clip(count, 0, n - 1), "int32")]
+
+
+def left_shift(x: Tensor, y: Tensor) -> Tensor:
+    """Elementwise ``x << y`` of integer tensors (they broadcast; the result
+    has their promoted dtype), MegEngine's ``F.left_shift``: the bits of
+    ``x`` move ``y`` places up, those past the top are lost (as in C; a
+    count of the bit width or more leaves 0, as NumPy's). Also ``x << y``.
+
+    Example::
+
+        >>> F.left_shift(gc.tensor([1, 2, -3]), 2).numpy()
+        array([  4,   8, -12], dtype=int32)
+    """
+    x, y, bits = _shift_pair("left_shift", x, y)
+    # x * 2**y wraps exactly as the shift does
+    return astype(where(lt(y, bits), x * _powers_of_two(x.dtype, bits, y), 0), x.dtype)
+
+
+def right_shift(x: Tensor, y: Tensor) -> Tensor:
+    """Elementwise ``x >> y`` of integer tensors (they broadcast; the result
+    has their promoted dtype), MegEngine's ``F.right_shift``: arithmetic
+    for signed dtypes (the sign fills in from the top: ``-5 >> 1`` is -3),
+    logical for unsigned; a count of the bit width or more leaves -1 for a
+    negative ``x``, else 0 (NumPy's). Also ``x >> y``.
+
+    Example::
+
+        >>> F.right_shift(gc.tensor([8, 7, -5]), 1).numpy()
+        array([ 4,  3, -3], dtype=int32)
+    """
+    x, y, bits = _shift_pair("right_shift", x, y)
+    signed = x.dtype.kind == "i"
+    # below this count the shift is a floor division by a positive power of two
+    top = bits - 1 if signed else bits
+    shifted = floor_div(x, _powers_of_two(x.dtype, top, y))
+    # beyond it every bit but the sign's is shifted out
+    rest = where(lt(x, 0), -1, 0) if signed else 0
+    return astype(where(lt(y, top), shifted, rest), x.dtype)
+
+
 def leaky_relu(inp, negative_slope: float = 0.01):
     """``x`` where positive, ``negative_slope * x`` elsewhere."""
     x = _t(inp)

@@ -1,8 +1,10 @@
-"""More losses for ``F.nn`` (PyTorch's numerics, ``reduction`` "mean",
-"sum" or "none"): nll_loss, smooth_l1_loss, kl_div, ctc_loss, and
-cosine_similarity. All but ctc_loss are compositions of existing ops (their
-gradients, of any order, come from those); ctc_loss runs the CTCLoss op
-(ops/loss.py).
+"""The losses, ``F.loss`` (MegEngine's module of that name; ``F.nn`` and
+``F`` re-export them), ``reduction`` "mean", "sum" or "none": MegEngine's
+cross_entropy, l1_loss, square_loss, binary_cross_entropy, hinge_loss and
+ctc_loss, and (PyTorch's numerics) nll_loss, smooth_l1_loss, kl_div and
+cosine_similarity. cross_entropy on logits runs the fused CrossEntropy op and
+ctc_loss the CTCLoss op (ops/loss.py); the others are compositions of
+existing ops (their gradients, of any order, come from those).
 
 Example::
 
@@ -17,16 +19,19 @@ from typing import Optional
 import numpy as np
 
 from .._core import Tensor, apply as _apply
-from ..ops.loss import CTCLoss
-from ._args import _on, _t
+from ..op import OpError
+from ..ops.loss import CrossEntropy as _CrossEntropy, CTCLoss
+from ..ops.nn import LogSoftmax
+from ._args import _axis_in, _named, _on, _t
 from .elemwise import where
-from .elemwise_table import abs, log, maximum, sqrt
+from .elemwise_table import abs, log, maximum, relu, softplus, sqrt, square
 from .indexing import _int_labels, indexing_one_hot
 from .reduce import mean, sum
 from .shape import astype, expand_dims
 from ..op import ArgumentError
 
-__all__ = ["nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss", "cosine_similarity"]
+__all__ = ["l1_loss", "square_loss", "cross_entropy", "binary_cross_entropy", "hinge_loss", "ctc_loss",
+           "nll_loss", "smooth_l1_loss", "kl_div", "cosine_similarity", "mse_loss"]
 
 
 def _reduce_loss(name: str, loss: Tensor, reduction: str) -> Tensor:
@@ -252,3 +257,150 @@ def _ctc_of_log_probs(log_probs: Tensor, targets, input_lengths, target_lengths,
     if reduction == "sum":
         return sum(loss)
     return mean(loss / astype(maximum(tl, 1), lp.dtype))
+
+
+# ---- losses: ``reduction`` is "mean" (default), "sum" or "none"
+def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
+                  label_smooth: float = 0.0, reduction: str = "mean"):
+    """Cross-entropy of class scores ``pred`` (logits by default) against
+    integer ``label``, MegEngine's ``F.nn.cross_entropy``: per sample
+    ``-log softmax(pred)[label]`` along ``axis``, with ``label_smooth`` a
+    mixes in ``-mean(log softmax(pred))``: ``(1 - a) * nll - a * mean``;
+    then ``reduction`` ("mean", "sum" or "none").
+
+    Logits run as one fused op, ``CrossEntropy`` (ops/loss.py; label
+    smoothing included), and its gradient as one more; probabilities
+    (``with_logits=False``) and integer scores take the composed path
+    (log, indexing_one_hot, negation). Labels must be in [0, n): out of
+    range is an IndexError (on cuda too, from the labels' range, read once
+    per content), a negative one on the cpu a ValueError.
+
+    Example::
+
+        >>> loss = F.cross_entropy(logits, labels)
+        >>> round(F.cross_entropy(gc.tensor([[0.0, 0.0]]), gc.tensor([1])).item(), 4)     # log 2
+        0.6931
+    """
+    pred = _t(pred)
+    label = _on(label, pred)
+    label = _int_labels(label, "cross_entropy", "label")
+    if isinstance(label, Tensor) and label.device == "cpu" and label.size and label.numpy().min() < 0:
+        # indexing would count a negative class from the end (NumPy's rule) and
+        # score the wrong class silently; on cuda this check would cost a sync
+        raise ArgumentError(f"cross_entropy: labels must be class indices >= 0, got {label.numpy().min()} "
+                         f"(label shape {label.shape}, pred shape {pred.shape})")
+    if label.ndim != pred.ndim - 1:
+        raise ArgumentError(f"cross_entropy: label must have one dimension less than pred, "
+                         f"got shapes {pred.shape} and {label.shape}")
+    if pred.shape is not None:
+        axis = _axis_in("cross_entropy", axis, pred.ndim)
+    if label_smooth is None:        # MegEngine: None is no smoothing
+        label_smooth = 0.0
+    if isinstance(label_smooth, bool) or not isinstance(label_smooth, (int, float, np.number)):
+        raise TypeError(f"cross_entropy: label_smooth must be a number, got {label_smooth!r}")
+    if with_logits and pred.dtype.kind == "f":
+        try:
+            nll = _apply(_CrossEntropy(axis, label_smooth), pred, label)[0]
+        except (OpError, IndexError) as exc:     # a label out of range, a shape
+            raise _named("cross_entropy", exc) from exc
+        return _reduce_loss("cross_entropy", nll, reduction)
+    logp = _apply(LogSoftmax(axis), pred)[0] if with_logits else log(pred)
+    try:
+        nll = -indexing_one_hot(logp, label, axis)
+    except (OpError, IndexError) as exc:         # a label out of range
+        raise _named("cross_entropy", exc) from exc
+    if label_smooth:
+        nll = nll * (1 - label_smooth) - mean(logp, axis) * label_smooth
+    return _reduce_loss("cross_entropy", nll, reduction)
+
+
+def _label(label, pred: Tensor, name: Optional[str] = None) -> Tensor:
+    """``label`` as a tensor of ``pred``'s dtype: the loss keeps ``pred``'s.
+    With ``name`` (a loss), ``label`` must broadcast to ``pred``'s shape (a
+    (N,) label against (N, 1) scores would silently make an (N, N) loss)."""
+    label = astype(_t(label, pred), pred.dtype)
+    if name is not None and label.shape != pred.shape and label.shape is not None and pred.shape is not None:
+        try:
+            shape = tuple(np.broadcast_shapes(pred.shape, label.shape))
+        except ValueError:
+            shape = None
+        if shape != pred.shape:
+            raise ArgumentError(f"{name}: label must have pred's shape (or broadcast to it), got shapes "
+                             f"{pred.shape} and {label.shape}")
+    return label
+
+
+def l1_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean absolute error, ``|pred - label|`` reduced.
+
+    Example::
+
+        >>> F.l1_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
+        3.0
+    """
+    pred = _t(pred)
+    return _reduce_loss("l1_loss", abs(pred - _label(label, pred, "l1_loss")), reduction)
+
+
+def square_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean squared error, ``(pred - label) ** 2`` reduced (also ``F.mse_loss``).
+
+    Example::
+
+        >>> F.square_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
+        13.0
+    """
+    pred = _t(pred)
+    return _reduce_loss("square_loss", square(pred - _label(label, pred, "square_loss")), reduction)
+
+
+mse_loss = square_loss
+
+
+def binary_cross_entropy(pred: Tensor, label: Tensor, with_logits: bool = True,
+                         reduction: str = "mean") -> Tensor:
+    """Binary cross-entropy of ``pred`` against probabilities ``label`` (same
+    shape). ``pred`` holds logits by default (computed stably as
+    ``softplus(-pred) + (1 - label) * pred``); with ``with_logits=False`` it
+    holds probabilities in (0, 1).
+
+    Example::
+
+        >>> F.binary_cross_entropy(gc.tensor([0.0, 0.0]), gc.tensor([1.0, 0.0])).item()
+        0.6931471824645996
+    """
+    pred = _t(pred)
+    label = _label(label, pred, "binary_cross_entropy")
+    if with_logits:
+        loss = softplus(-pred) + (1 - label) * pred
+    else:
+        # each log at no less than -100, as PyTorch's: a probability of
+        # exactly 0 or 1 gives a large finite loss, not inf or NaN (the log
+        # of a stand-in there, so that no 0 * inf reaches the gradient)
+        def clamped_log(p):
+            tiny = p > np.exp(-100.0)
+            return where(tiny, log(where(tiny, p, 1.0)), -100.0)
+        loss = -(label * clamped_log(pred) + (1 - label) * clamped_log(1 - pred))
+    return _reduce_loss("binary_cross_entropy", loss, reduction)
+
+
+def hinge_loss(pred: Tensor, label: Tensor, norm: str = "L1", reduction: str = "mean") -> Tensor:
+    """SVM hinge loss of scores ``pred`` (N, C) against labels of -1 or 1
+    (same shape): per sample, the sum over axis 1 of ``max(0, 1 - pred *
+    label)`` ("L1") or of its square ("L2"); then ``reduction`` over samples.
+
+    Example::
+
+        >>> pred = gc.tensor([[0.5, -0.5, 0.1], [-0.6, 0.7, 0.8]])
+        >>> F.hinge_loss(pred, gc.tensor([[1.0, -1, -1], [-1, 1, 1]]), reduction="none").numpy()
+        array([2.1, 0.9], dtype=float32)
+    """
+    kind = norm.upper() if isinstance(norm, str) else norm
+    if kind not in ("L1", "L2"):
+        raise ArgumentError(f"hinge_loss: norm must be 'L1' or 'L2', got {norm!r}")
+    pred = _t(pred)
+    if pred.ndim < 2:
+        raise ArgumentError(f"hinge_loss: pred must be (N, C, ...), got shape {pred.shape}")
+    margin = relu(1 - pred * _label(label, pred, "hinge_loss"))
+    loss = sum(margin if kind == "L1" else square(margin), 1)
+    return _reduce_loss("hinge_loss", loss, reduction)

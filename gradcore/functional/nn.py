@@ -17,11 +17,10 @@ import numpy as np
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError
-from ..ops.loss import CrossEntropy as _CrossEntropy
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
-from .elemwise import _float_pair, clip, where
-from .elemwise_table import abs, eq, exp, log, log1p, maximum, relu, softplus, sqrt, square
+from .elemwise import clip, logaddexp, where  # noqa: F401  (logaddexp: F.nn's before)
+from .elemwise_table import abs, eq, exp, log, maximum, relu, softplus, sqrt, square
 from .indexing import _int_labels, getitem, indexing_one_hot, topk as _topk
 from .reduce import _norm_ord, max, mean, norm, sum
 from .creation import zeros
@@ -37,7 +36,8 @@ from .indexing import embedding, one_hot  # noqa: F401
 from .linalg import linear, matmul  # noqa: F401
 from .shape import pixel_shuffle  # noqa: F401
 from .rnn import gru_cell, lstm_cell, rnn_cell, rnn_layer  # noqa: F401
-from .loss import _reduce_loss, cosine_similarity, ctc_loss, kl_div, nll_loss, smooth_l1_loss  # noqa: F401
+from .loss import (binary_cross_entropy, cosine_similarity, cross_entropy, ctc_loss,  # noqa: F401
+                   hinge_loss, kl_div, l1_loss, mse_loss, nll_loss, smooth_l1_loss, square_loss)
 from ..op import ArgumentError
 
 
@@ -46,7 +46,7 @@ __all__ = [
     "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy", "dropout", "batch_norm",
     "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
     "group_norm", "instance_norm", "local_response_norm", "general_norm", "pad", "topk_accuracy",
-    "sliding_window", "sliding_window_transpose", "sync_batch_norm",
+    "sliding_window", "sliding_window_transpose", "sync_batch_norm", "local_conv2d",
     # re-exported
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
@@ -108,23 +108,6 @@ def _empty_reduction(x, axis):
     if not any(x.shape[a] == 0 for a in axes):
         return None
     return x if x.dtype.kind == "f" else x.astype("float32")
-
-
-def logaddexp(x: Tensor, y: Tensor) -> Tensor:
-    """Elementwise ``log(exp(x) + exp(y))``, computed without overflow (a
-    logsumexp over the pair; ``x`` and ``y`` broadcast).
-
-    Example::
-
-        >>> F.logaddexp(gc.tensor([1000.0, -1000.0]), 1000.0).numpy()     # no overflow
-        array([1000.6932, 1000.    ], dtype=float32)
-    """
-    x, y = _float_pair("logaddexp", x, y)
-    # max + log1p(exp(-|x - y|)), as PyTorch's: an infinite input has gradient
-    # 1 (its partner 0), and equal ones (infinite too) give x + log 2
-    same = eq(x, y)
-    d = where(same, 0.0, x) - where(same, 0.0, y)       # (no inf - inf computed)
-    return maximum(x, y) + log1p(exp(-abs(d)))
 
 
 def softmax(inp, axis=None):
@@ -428,6 +411,48 @@ def sliding_window(inp: Tensor, kernel_size, padding=0, stride=1, dilation=1) ->
     return getitem(x, (slice(None), slice(None), rows, cols))
 
 
+def local_conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+                 dilation=1, conv_mode: str = "cross_correlation") -> Tensor:
+    """A locally connected layer (a convolution whose kernel differs at each
+    output position), MegEngine's ``F.local_conv2d``: ``inp`` (N, C, H, W),
+    ``weight`` (groups, OH, OW, C // groups, KH, KW, OC // groups) and
+    ``out[n, g*OCg + o, y, x] = sum over c, i, j of window(n, g*Cg + c, y, x)[i, j]
+    * weight[g, y, x, c, i, j, o]``, the windows those of ``F.sliding_window``
+    (zero padding, stride, dilation; OH and OW must be the sizes they
+    give); ``bias`` is added as given. One batched matmul per (group,
+    position) over the windows, so gradients come from matmul's and the
+    windows'.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> w = gc.tensor(np.ones((1, 3, 3, 1, 2, 2, 1), "float32"))      # sums each 2x2 window
+        >>> F.local_conv2d(x, w).numpy()[0, 0]
+        array([[10., 14., 18.],
+               [26., 30., 34.],
+               [42., 46., 50.]], dtype=float32)
+    """
+    if str(conv_mode).lower() != "cross_correlation":
+        raise ArgumentError(f"local_conv2d: conv_mode must be 'cross_correlation', got {conv_mode!r}")
+    x, w = _t(inp), _t(weight)
+    if x.ndim != 4 or w.ndim != 7:
+        raise ArgumentError(f"local_conv2d: inp must be (N, C, H, W) and weight (groups, OH, OW, C // groups, "
+                            f"KH, KW, OC // groups), got shapes {x.shape} and {w.shape}")
+    g, oh, ow, cg, kh, kw, ocg = w.shape
+    n, c = x.shape[:2]
+    out, *_ = _window_index("local_conv2d", x.shape[2:], (kh, kw), padding, stride, dilation)
+    if cg * g != c or out != (oh, ow):
+        raise ArgumentError(f"local_conv2d: weight {w.shape} does not fit inp {x.shape}: it needs groups * "
+                            f"{cg} == {c} channels and an output of {out} (OH, OW) for these kernel, padding, "
+                            f"stride and dilation")
+    windows = reshape(sliding_window(x, (kh, kw), padding, stride, dilation), (n, g, cg, oh, ow, kh, kw))
+    # (g, OH, OW) positions as the batch: (N, Cg*KH*KW) @ (Cg*KH*KW, OCg) at each
+    windows = reshape(windows.transpose(1, 3, 4, 0, 2, 5, 6), (g * oh * ow, n, cg * kh * kw))
+    y = matmul(windows, reshape(w, (g * oh * ow, cg * kh * kw, ocg)))
+    y = reshape(reshape(y, (g, oh, ow, n, ocg)).transpose(3, 0, 4, 1, 2), (n, g * ocg, oh, ow))
+    return y if bias is None else y + bias
+
+
 def sliding_window_transpose(inp: Tensor, output_size, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
     """The adjoint of ``sliding_window``: windows (N, C, OH, OW, KH, KW)
     summed back into an image (N, C, *output_size), where windows overlap
@@ -685,153 +710,6 @@ def _pad_widths(name: str, pad_width, ndim: int) -> list:
     if len(pairs) > ndim:
         raise ArgumentError(f"{name}: pad_width has {len(pairs)} pairs, more than the {ndim} axes of inp")
     return [tuple(_int_arg(name, "pad_width", v) for v in p) for p in pairs]
-
-
-# ---- losses: ``reduction`` is "mean" (default), "sum" or "none"
-def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
-                  label_smooth: float = 0.0, reduction: str = "mean"):
-    """Cross-entropy of class scores ``pred`` (logits by default) against
-    integer ``label``, MegEngine's ``F.nn.cross_entropy``: per sample
-    ``-log softmax(pred)[label]`` along ``axis``, with ``label_smooth`` a
-    mixes in ``-mean(log softmax(pred))``: ``(1 - a) * nll - a * mean``;
-    then ``reduction`` ("mean", "sum" or "none").
-
-    Logits run as one fused op, ``CrossEntropy`` (ops/loss.py; label
-    smoothing included), and its gradient as one more; probabilities
-    (``with_logits=False``) and integer scores take the composed path
-    (log, indexing_one_hot, negation). Labels must be in [0, n): out of
-    range is an IndexError (on cuda too, from the labels' range, read once
-    per content), a negative one on the cpu a ValueError.
-
-    Example::
-
-        >>> loss = F.cross_entropy(logits, labels)
-        >>> round(F.cross_entropy(gc.tensor([[0.0, 0.0]]), gc.tensor([1])).item(), 4)     # log 2
-        0.6931
-    """
-    pred = _t(pred)
-    label = _on(label, pred)
-    label = _int_labels(label, "cross_entropy", "label")
-    if isinstance(label, Tensor) and label.device == "cpu" and label.size and label.numpy().min() < 0:
-        # indexing would count a negative class from the end (NumPy's rule) and
-        # score the wrong class silently; on cuda this check would cost a sync
-        raise ArgumentError(f"cross_entropy: labels must be class indices >= 0, got {label.numpy().min()} "
-                         f"(label shape {label.shape}, pred shape {pred.shape})")
-    if label.ndim != pred.ndim - 1:
-        raise ArgumentError(f"cross_entropy: label must have one dimension less than pred, "
-                         f"got shapes {pred.shape} and {label.shape}")
-    if pred.shape is not None:
-        axis = _axis_in("cross_entropy", axis, pred.ndim)
-    if label_smooth is None:        # MegEngine: None is no smoothing
-        label_smooth = 0.0
-    if isinstance(label_smooth, bool) or not isinstance(label_smooth, (int, float, np.number)):
-        raise TypeError(f"cross_entropy: label_smooth must be a number, got {label_smooth!r}")
-    if with_logits and pred.dtype.kind == "f":
-        try:
-            nll = _apply(_CrossEntropy(axis, label_smooth), pred, label)[0]
-        except (OpError, IndexError) as exc:     # a label out of range, a shape
-            raise _named("cross_entropy", exc) from exc
-        return _reduce_loss("cross_entropy", nll, reduction)
-    logp = log_softmax(pred, axis) if with_logits else log(pred)
-    try:
-        nll = -indexing_one_hot(logp, label, axis)
-    except (OpError, IndexError) as exc:         # a label out of range
-        raise _named("cross_entropy", exc) from exc
-    if label_smooth:
-        nll = nll * (1 - label_smooth) - mean(logp, axis) * label_smooth
-    return _reduce_loss("cross_entropy", nll, reduction)
-
-
-def _label(label, pred: Tensor, name: Optional[str] = None) -> Tensor:
-    """``label`` as a tensor of ``pred``'s dtype: the loss keeps ``pred``'s.
-    With ``name`` (a loss), ``label`` must broadcast to ``pred``'s shape (a
-    (N,) label against (N, 1) scores would silently make an (N, N) loss)."""
-    label = astype(_t(label, pred), pred.dtype)
-    if name is not None and label.shape != pred.shape and label.shape is not None and pred.shape is not None:
-        try:
-            shape = tuple(np.broadcast_shapes(pred.shape, label.shape))
-        except ValueError:
-            shape = None
-        if shape != pred.shape:
-            raise ArgumentError(f"{name}: label must have pred's shape (or broadcast to it), got shapes "
-                             f"{pred.shape} and {label.shape}")
-    return label
-
-
-def l1_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
-    """Mean absolute error, ``|pred - label|`` reduced.
-
-    Example::
-
-        >>> F.l1_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
-        3.0
-    """
-    pred = _t(pred)
-    return _reduce_loss("l1_loss", abs(pred - _label(label, pred, "l1_loss")), reduction)
-
-
-def square_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
-    """Mean squared error, ``(pred - label) ** 2`` reduced (also ``F.mse_loss``).
-
-    Example::
-
-        >>> F.square_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
-        13.0
-    """
-    pred = _t(pred)
-    return _reduce_loss("square_loss", square(pred - _label(label, pred, "square_loss")), reduction)
-
-
-mse_loss = square_loss
-
-
-def binary_cross_entropy(pred: Tensor, label: Tensor, with_logits: bool = True,
-                         reduction: str = "mean") -> Tensor:
-    """Binary cross-entropy of ``pred`` against probabilities ``label`` (same
-    shape). ``pred`` holds logits by default (computed stably as
-    ``softplus(-pred) + (1 - label) * pred``); with ``with_logits=False`` it
-    holds probabilities in (0, 1).
-
-    Example::
-
-        >>> F.binary_cross_entropy(gc.tensor([0.0, 0.0]), gc.tensor([1.0, 0.0])).item()
-        0.6931471824645996
-    """
-    pred = _t(pred)
-    label = _label(label, pred, "binary_cross_entropy")
-    if with_logits:
-        loss = softplus(-pred) + (1 - label) * pred
-    else:
-        # each log at no less than -100, as PyTorch's: a probability of
-        # exactly 0 or 1 gives a large finite loss, not inf or NaN (the log
-        # of a stand-in there, so that no 0 * inf reaches the gradient)
-        def clamped_log(p):
-            tiny = p > np.exp(-100.0)
-            return where(tiny, log(where(tiny, p, 1.0)), -100.0)
-        loss = -(label * clamped_log(pred) + (1 - label) * clamped_log(1 - pred))
-    return _reduce_loss("binary_cross_entropy", loss, reduction)
-
-
-def hinge_loss(pred: Tensor, label: Tensor, norm: str = "L1", reduction: str = "mean") -> Tensor:
-    """SVM hinge loss of scores ``pred`` (N, C) against labels of -1 or 1
-    (same shape): per sample, the sum over axis 1 of ``max(0, 1 - pred *
-    label)`` ("L1") or of its square ("L2"); then ``reduction`` over samples.
-
-    Example::
-
-        >>> pred = gc.tensor([[0.5, -0.5, 0.1], [-0.6, 0.7, 0.8]])
-        >>> F.hinge_loss(pred, gc.tensor([[1.0, -1, -1], [-1, 1, 1]]), reduction="none").numpy()
-        array([2.1, 0.9], dtype=float32)
-    """
-    kind = norm.upper() if isinstance(norm, str) else norm
-    if kind not in ("L1", "L2"):
-        raise ArgumentError(f"hinge_loss: norm must be 'L1' or 'L2', got {norm!r}")
-    pred = _t(pred)
-    if pred.ndim < 2:
-        raise ArgumentError(f"hinge_loss: pred must be (N, C, ...), got shape {pred.shape}")
-    margin = relu(1 - pred * _label(label, pred, "hinge_loss"))
-    loss = sum(margin if kind == "L1" else square(margin), 1)
-    return _reduce_loss("hinge_loss", loss, reduction)
 
 
 def topk_accuracy(logits: Tensor, target: Tensor,

@@ -1,7 +1,7 @@
 """``F.vision``: MegEngine's ``functional.vision``: resizing images
 (interpolate, resize), sampling them at given points (remap, and the
 warps and rotate built on it), regions of interest (roi_align,
-roi_pooling), flips, nms. Everything but interpolate is composed of ops
+roi_pooling), flips, nms, colour conversions (cvt_color). Everything but interpolate is composed of ops
 that have both kernels, so it differentiates to any order on every device.
 
 Example::
@@ -142,6 +142,61 @@ def rot90(inp: Tensor, clockwise: bool = True) -> Tensor:
     x = _images("rot90", inp)
     t = transpose(x, (0, 2, 1, 3))
     return t[:, :, ::-1] if clockwise else t[:, ::-1]
+
+
+# cvt_color's float modes, MegEngine's formulas per pixel (c: the input's
+# channels, last axis); its uint8 modes round in fixed point, not reproduced
+def _rgb2yuv(c):
+    # (MegEngine weighs channel 0 by 0.114 here, as in BGR2GRAY)
+    y = c[0] * 0.114 + c[1] * 0.587 + c[2] * 0.299
+    return [y, (c[0] - y) * 0.492 + 0.5, (c[2] - y) * 0.877 + 0.5]
+
+
+def _yuv2rgb(c):
+    cr, cb = c[1] - 0.5, c[2] - 0.5
+    return [c[0] + cr * 2.032, c[0] + cb * -0.581 + cr * -0.395, c[0] + cb * 1.140]
+
+
+_CVT_ARITHMETIC = {    # mode: (input channels, output channels from the input's)
+    "RGB2GRAY": (3, lambda c: [c[0] * 0.299 + c[1] * 0.587 + c[2] * 0.114]),
+    "BGR2GRAY": (3, lambda c: [c[2] * 0.299 + c[1] * 0.587 + c[0] * 0.114]),
+    "RGB2YUV": (3, _rgb2yuv),
+    "YUV2RGB": (3, _yuv2rgb),
+}
+_CVT_SELECT = {        # mode: (input channels, the input channel of each output channel)
+    "GRAY2RGB": (1, [0, 0, 0]), "RGB2BGR": (3, [2, 1, 0]), "BGR2RGB": (3, [2, 1, 0]),
+    "RGBA2RGB": (4, [0, 1, 2]), "RGBA2BGR": (4, [2, 1, 0]),
+}
+
+
+def cvt_color(inp: Tensor, mode: str = "") -> Tensor:
+    """Images (N, H, W, C) converted between colour formats, MegEngine's
+    ``F.vision.cvt_color``: "RGB2GRAY" and "BGR2GRAY" (0.299 R + 0.587 G +
+    0.114 B), "RGB2YUV" and "YUV2RGB" (MegEngine's float formulas, offsets
+    of 0.5) on floating images; "GRAY2RGB", "RGB2BGR", "BGR2RGB",
+    "RGBA2RGB" and "RGBA2BGR" (channels copied) on any dtype. The result
+    has the input's dtype; the channel count is the mode's output's.
+
+    Example::
+
+        >>> x = gc.tensor(np.array([[[[1.0, 0.0, 0.0]]]], "float32"))    # one red pixel
+        >>> F.vision.cvt_color(x, "RGB2GRAY").numpy().reshape(-1).tolist()
+        [0.29899999499320984]
+    """
+    x = _images("cvt_color", inp)
+    key = mode.upper() if isinstance(mode, str) else mode
+    if key not in _CVT_ARITHMETIC and key not in _CVT_SELECT:
+        raise ArgumentError(f"cvt_color: mode must be one of {sorted(_CVT_ARITHMETIC) + sorted(_CVT_SELECT)}, "
+                            f"got {mode!r}")
+    channels, how = _CVT_ARITHMETIC.get(key) or _CVT_SELECT[key]
+    if x.shape[3] != channels:
+        raise ArgumentError(f"cvt_color: mode {key} takes images of {channels} channel(s), got shape {x.shape}")
+    if key in _CVT_SELECT:
+        return x[..., how]
+    if x.dtype.kind != "f":
+        raise TypeError(f"cvt_color: mode {key} computes on floating images, got {x.dtype} (shape {x.shape}); "
+                        f"cast first, e.g. x.astype('float32')")
+    return stack(how([x[..., k] for k in range(channels)]), axis=3)
 
 
 def nms(boxes: Tensor, scores: Tensor, iou_thresh: float, max_output: Optional[int] = None) -> Tensor:

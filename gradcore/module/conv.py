@@ -135,6 +135,53 @@ class Conv2d(_ConvLayer):
                         self.groups, self.conv_mode, self.compute_mode)
 
 
+class LocalConv2d(Conv2d):
+    """A locally connected layer over NCHW input of a fixed size (a kernel
+    per output position, ``F.local_conv2d``), MegEngine's ``M.LocalConv2d``:
+    weight of shape (groups, OH, OW, in_channels // groups, kh, kw,
+    out_channels // groups), OH and OW the output size for ``input_height``
+    and ``input_width``, drawn from N(0, 1 / (kh * kw * in_channels)); no
+    bias (MegEngine's). Zero padding only.
+
+    Example::
+
+        >>> lc = LocalConv2d(3, 8, 7, 7, 3)
+        >>> lc(x).shape                  # x: (N, 3, 7, 7) -> (N, 8, 5, 5)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, input_height: int, input_width: int, kernel_size,
+                 stride=1, padding=0, dilation=1, groups: int = 1, conv_mode: str = "cross_correlation",
+                 **kwargs):
+        self.input_height = _count("LocalConv2d", "input_height", input_height, 1)
+        self.input_width = _count("LocalConv2d", "input_width", input_width, 1)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias=False,
+                         conv_mode=conv_mode, **kwargs)
+        if self.padding_mode != "zeros":
+            raise ArgumentError(f"LocalConv2d: zero padding only, got padding_mode={self.padding_mode!r}")
+
+    def _setup(self, name, in_channels, out_channels, groups, bias, transposed=False):
+        # Conv2d's checks and initialisation, then the weight in the local layout
+        super()._setup("LocalConv2d", in_channels, out_channels, groups, bias)
+        (kh, kw), (ph, pw), (sh, sw), (dh, dw) = self.kernel_size, self.padding, self.stride, self.dilation
+        oh = (self.input_height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (self.input_width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        if oh < 1 or ow < 1:
+            raise ArgumentError(f"LocalConv2d: kernel_size {self.kernel_size}, padding {self.padding}, stride "
+                                f"{self.stride} and dilation {self.dilation} leave no output for an input of "
+                                f"({self.input_height}, {self.input_width})")
+        g = self.groups
+        self.weight = Parameter(np.zeros((g, oh, ow, self.in_channels // g, kh, kw, self.out_channels // g),
+                                         "float32"))
+        self.reset_parameters()
+
+    def forward(self, x):
+        return F.local_conv2d(x, self.weight, None, self.stride, self.padding, self.dilation, self.conv_mode)
+
+    def _module_info_string(self):
+        return (f"{super()._module_info_string()}, input_height={self.input_height}, "
+                f"input_width={self.input_width}")
+
+
 class ConvRelu2d(Conv2d):
     """Conv2d followed by ReLU, as one op (MegEngine's ``M.ConvRelu2d``):
     the convolution, its bias and the ReLU in one Convolution op

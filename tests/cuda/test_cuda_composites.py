@@ -154,3 +154,32 @@ def test_roi_align_and_pooling(cuda, matches_cpu, mode):
                 second_order=False)
     matches_cpu(lambda x: F.vision.roi_pooling(x, gc.tensor(rois), (2, 2), "max" if mode == "max" else "average"),
                 [_x((2, 2, 4, 5))], second_order=False)
+
+
+@pytest.mark.parametrize("equation, shapes", [("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ii->i", [(3, 3)]),
+                                              ("...ij,jk", [(2, 3, 4), (4, 2)])])
+def test_einsum(cuda, matches_cpu, equation, shapes):
+    matches_cpu(lambda *xs: F.einsum(equation, *xs), [_x(s, k) for k, s in enumerate(shapes)], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint8])
+def test_shifts_stay_on_the_device(cuda, dtype):
+    rng = np.random.default_rng(4)
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, size=64, dtype=dtype, endpoint=True)
+    y = rng.integers(0, info.bits + 3, size=64).astype(dtype)
+    gx, gy = gc.Tensor(x, device="cuda"), gc.Tensor(y, device="cuda")
+    left, right = F.left_shift(gx, gy), gx >> gy
+    assert left.device == "cuda" and right.device == "cuda"
+    np.testing.assert_array_equal(left.numpy(), np.left_shift(x, y))
+    np.testing.assert_array_equal(right.numpy(), np.right_shift(x, y))
+
+
+def test_local_conv2d(cuda, matches_cpu):
+    matches_cpu(lambda x, w: F.local_conv2d(x, w, None, 1, 1), [_x((2, 4, 3, 3)), _x((2, 4, 4, 2, 2, 2, 3), 1)],
+                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["RGB2GRAY", "YUV2RGB", "RGB2BGR"])
+def test_cvt_color(cuda, matches_cpu, mode):
+    matches_cpu(lambda x: F.vision.cvt_color(x, mode), [np.abs(_x((2, 3, 4, 3)))], rtol=1e-5, atol=1e-6)
