@@ -504,7 +504,15 @@ class Identity(Op):
 
 
 class StopGradient(Identity):
-    """Identity in the forward, no gradient in the backward."""
+    """Identity in the forward, no gradient in the backward.
+
+    Example::
+
+        >>> from gradcore.functional import StopGradient
+        >>> y, = gc.core.apply(StopGradient(), gc.tensor([1.0, 2.0]))
+        >>> y.numpy()
+        array([1., 2.], dtype=float32)
+    """
     name = "StopGradient"
     reduce_broadcast = False
     check_gradient = "zero"      # by design: check_op checks that it is exactly zero

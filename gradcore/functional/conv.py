@@ -270,7 +270,10 @@ def max_pool2d(inp, kernel_size, stride=None, padding=0):
 
     Example::
 
-        >>> F.max_pool2d(x, 2)          # (N, C, H, W) -> (N, C, H // 2, W // 2)
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.max_pool2d(x, 2).numpy()
+        array([[[[ 5.,  7.],
+                 [13., 15.]]]], dtype=float32)
     """
     stride = kernel_size if stride is None else stride
     return _apply(_MaxPool2d(_pair(kernel_size), _pair(stride), _pair(padding)), _t(inp))[0]
@@ -283,7 +286,12 @@ def avg_pool2d(inp, kernel_size, stride=None, padding=0, mode: str = "average_co
 
     Example::
 
-        >>> F.avg_pool2d(x, 3, stride=1, padding=1)
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.avg_pool2d(x, 2).numpy()
+        array([[[[ 2.5,  4.5],
+                 [10.5, 12.5]]]], dtype=float32)
+        >>> F.avg_pool2d(x, 3, stride=1, padding=1).shape
+        (1, 1, 4, 4)
     """
     stride = kernel_size if stride is None else stride
     return _apply(_AvgPool2d(_pair(kernel_size), _pair(stride), _pair(padding), mode), _t(inp))[0]

@@ -35,16 +35,41 @@ def _filled(name: str, shape, value, dtype, device) -> Tensor:
 
 
 def zeros(shape, dtype="float32", device=None):
+    """A tensor of ``shape`` filled with 0 (float32 unless ``dtype`` says otherwise).
+
+    Example::
+
+        >>> F.zeros((2, 3)).shape
+        (2, 3)
+        >>> F.zeros(2, dtype="int32").numpy()
+        array([0, 0], dtype=int32)
+    """
     return _filled("zeros", shape, 0, dtype, device)
 
 
 def ones(shape, dtype="float32", device=None):
+    """A tensor of ``shape`` filled with 1 (float32 unless ``dtype`` says otherwise).
+
+    Example::
+
+        >>> F.ones((2, 2)).numpy()
+        array([[1., 1.],
+               [1., 1.]], dtype=float32)
+    """
     return _filled("ones", shape, 1, dtype, device)
 
 
 def full(shape, value, dtype=None, device=None):
     """A tensor of ``shape`` filled with ``value``. Without ``dtype`` it comes
-    from the value as in MegEngine: bool, int32 for an int, float32 for a float."""
+    from the value as in MegEngine: bool, int32 for an int, float32 for a float.
+
+    Example::
+
+        >>> F.full((2,), 7).numpy()
+        array([7, 7], dtype=int32)
+        >>> F.full((2,), 0.5).numpy()
+        array([0.5, 0.5], dtype=float32)
+    """
     if dtype is None:
         dtype = _t(value, name="full").dtype
     _host("full", lambda: _fill_value("full", value, dtype), dtype=dtype)   # (dtype may be unknown)
@@ -98,6 +123,16 @@ def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
 
 
 def arange(start=0, stop=None, step=1, dtype="float32", device=None):
+    """Evenly spaced values in [start, stop) ``step`` apart, NumPy's ``arange``;
+    one argument is ``stop``. float32 by default, as MegEngine's.
+
+    Example::
+
+        >>> F.arange(4).numpy()
+        array([0., 1., 2., 3.], dtype=float32)
+        >>> F.arange(1, 2, 0.25).numpy()
+        array([1.  , 1.25, 1.5 , 1.75], dtype=float32)
+    """
     if step == 0:
         raise ArgumentError("arange: step must not be 0")
     if stop is None:
@@ -107,6 +142,13 @@ def arange(start=0, stop=None, step=1, dtype="float32", device=None):
 
 
 def linspace(start, stop, num, dtype="float32", device=None):
+    """``num`` evenly spaced values from ``start`` to ``stop``, both included.
+
+    Example::
+
+        >>> F.linspace(0, 1, 5).numpy()
+        array([0.  , 0.25, 0.5 , 0.75, 1.  ], dtype=float32)
+    """
     num = _int_or_err("linspace", "num", num)
     if num < 0:
         raise ArgumentError(f"linspace: num must be >= 0, got {num}")
@@ -117,7 +159,14 @@ def linspace(start, stop, num, dtype="float32", device=None):
 def eye(N, M=None, dtype="float32", device=None):
     """An (N, M) matrix (M defaults to N) with ones on the diagonal. As in
     MegEngine, ``N`` may also be the shape: ``(N,)``, ``(N, M)`` or a 1-d
-    integer Tensor holding it (``F.eye(x.shape)``)."""
+    integer Tensor holding it (``F.eye(x.shape)``).
+
+    Example::
+
+        >>> F.eye(2, 3).numpy()
+        array([[1., 0., 0.],
+               [0., 1., 0.]], dtype=float32)
+    """
     if M is None and not isinstance(N, (int, np.integer, float, np.floating)):
         if N is None:
             raise TypeError("eye: N must be an int or a shape, got None")

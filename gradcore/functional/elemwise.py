@@ -51,7 +51,8 @@ def clip(x, lower=None, upper=None):
 
     Example::
 
-        >>> F.clip(x, 0.0, 1.0)
+        >>> F.clip(gc.tensor([-1.0, 0.5, 2.0]), 0.0, 1.0).numpy()
+        array([0. , 0.5, 1. ], dtype=float32)
     """
     x = _t(x)
     try:
@@ -136,7 +137,13 @@ def atan2(y: Tensor, x: Tensor) -> Tensor:
 
 # ---- activations composed of the table's ops (F.nn has them too)
 def leaky_relu(inp, negative_slope: float = 0.01):
-    """``x`` where positive, ``negative_slope * x`` elsewhere."""
+    """``x`` where positive, ``negative_slope * x`` elsewhere.
+
+    Example::
+
+        >>> F.leaky_relu(gc.tensor([-2.0, 3.0]), negative_slope=0.1).numpy()
+        array([-0.2,  3. ], dtype=float32)
+    """
     x = _t(inp)
     try:
         return where(gt(x, 0), x, x * negative_slope)

@@ -26,13 +26,32 @@ from ..op import ArgumentError
 
 
 def getitem(x, index):
+    """``x[index]`` with NumPy's indexing rules (basic and advanced), recorded
+    for the gradient; what ``Tensor.__getitem__`` calls.
+
+    Example::
+
+        >>> x = gc.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        >>> F.getitem(x, (slice(None), [2, 0])).numpy()     # x[:, [2, 0]]
+        array([[3., 1.],
+               [6., 4.]], dtype=float32)
+    """
     spec, arrays = split_index(index)
     arrays = [_on(a if isinstance(a, Tensor) else np.asarray(a), x) for a in arrays]
     return _apply(Subtensor(spec), x, *arrays)[0]
 
 
 def setitem(x, index, value):
-    """A copy of ``x`` with ``value`` written at ``index`` (recorded)."""
+    """A copy of ``x`` with ``value`` written at ``index`` (recorded).
+
+    Example::
+
+        >>> x = gc.tensor([1.0, 2.0, 3.0])
+        >>> F.setitem(x, 1, 0.0).numpy()
+        array([1., 0., 3.], dtype=float32)
+        >>> x.numpy()     # unchanged
+        array([1., 2., 3.], dtype=float32)
+    """
     spec, arrays = split_index(index)
     arrays = [_on(a if isinstance(a, Tensor) else np.asarray(a), x) for a in arrays]
     value = value if isinstance(value, Tensor) else _value_like("setitem", value, x)
@@ -59,7 +78,9 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
 
     Example::
 
-        >>> F.indexing_one_hot(logits, labels)     # (N, C), (N,) -> (N,)
+        >>> logits = gc.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        >>> F.indexing_one_hot(logits, gc.tensor([2, 0])).numpy()
+        array([3., 4.], dtype=float32)
     """
     src = _t(src)
     index = _int_labels(_on(index, src), "indexing_one_hot", "index")
@@ -91,7 +112,10 @@ def gather(inp, axis: int, index):
 
     Example::
 
-        >>> F.gather(x, 1, gc.tensor([[0, 0], [1, 0]]))
+        >>> x = gc.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> F.gather(x, 1, gc.tensor([[0, 0], [1, 0]])).numpy()
+        array([[1., 1.],
+               [4., 3.]], dtype=float32)
     """
     x = _t(inp)
     return _apply(Gather(_int_or_err("gather", "axis", axis)), x, _on(index, x))[0]
@@ -103,7 +127,11 @@ def scatter(inp, axis: int, index, source):
 
     Example::
 
-        >>> F.scatter(x, 0, gc.tensor([[1, 0, 2]]), src)
+        >>> x = gc.tensor(np.zeros((2, 3), "float32"))
+        >>> src = gc.tensor([[1.0, 2.0, 3.0]])
+        >>> F.scatter(x, 0, gc.tensor([[1, 0, 1]]), src).numpy()
+        array([[0., 2., 0.],
+               [1., 0., 3.]], dtype=float32)
     """
     x = _t(inp)
     src = source if isinstance(source, Tensor) or hasattr(source, "trace") else _value_like("scatter", source, x)
@@ -119,7 +147,9 @@ def sort(inp, descending: bool = False, dim: int = -1, *, axis=None):
 
     Example::
 
-        >>> values, indices = F.sort(x, descending=True)
+        >>> values, indices = F.sort(gc.tensor([3.0, 1.0, 2.0]), descending=True)
+        >>> values.numpy(), indices.numpy()
+        (array([3., 2., 1.], dtype=float32), array([0, 2, 1], dtype=int32))
     """
     x = _t(inp)
     axis = _int_or_err("sort", "axis" if axis is not None else "dim", dim if axis is None else axis)
@@ -140,7 +170,9 @@ def topk(inp, k: int, descending: bool = True, kth_only: bool = False, no_sort: 
 
     Example::
 
-        >>> values, indices = F.topk(x, 3, descending=True)
+        >>> values, indices = F.topk(gc.tensor([1.0, 4.0, 2.0, 3.0]), 2)
+        >>> values.numpy(), indices.numpy()
+        (array([4., 3.], dtype=float32), array([1, 3], dtype=int32))
     """
     mode = "kth_only" if kth_only else "no_sort" if no_sort else "sorted"
     return _apply(TopK(_int_or_err("topk", "k", k), bool(descending), mode), _t(inp))

@@ -26,7 +26,13 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
 
     Example::
 
-        >>> F.matmul(a, b, transpose_b=True)
+        >>> a = gc.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> F.matmul(a, a).numpy()
+        array([[ 7., 10.],
+               [15., 22.]], dtype=float32)
+        >>> F.matmul(a, a, transpose_b=True).numpy()
+        array([[ 5., 11.],
+               [11., 25.]], dtype=float32)
     """
     if compute_mode not in ("default", "float32"):
         # MegEngine's two modes; anything else is a typo, not a silent default
@@ -57,7 +63,13 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
 
 
 def dot(inp1, inp2):
-    """Inner product of two vectors."""
+    """Inner product of two vectors.
+
+    Example::
+
+        >>> F.dot(gc.tensor([1.0, 2.0, 3.0]), gc.tensor([4.0, 5.0, 6.0])).item()
+        32.0
+    """
     a, b = _t(inp1), _t(inp2)
     if a.ndim > 1 or b.ndim > 1 or (a.ndim == 1 and b.ndim == 1 and a.shape != b.shape):
         raise ArgumentError(f"dot: expects vectors of the same length, got shapes {a.shape} and {b.shape}")
@@ -66,7 +78,15 @@ def dot(inp1, inp2):
 
 def linear(inp, weight, bias=None, compute_mode: str = "default"):
     """``inp @ weight.T + bias`` (weight is (out_features, in_features));
-    ``compute_mode`` as in ``matmul``."""
+    ``compute_mode`` as in ``matmul``.
+
+    Example::
+
+        >>> x = gc.tensor([[1.0, 2.0]])
+        >>> w, b = gc.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, -1.0]]), gc.tensor([0.0, 0.0, 10.0])
+        >>> F.linear(x, w, b).numpy()     # (1, 2) @ (2, 3) + (3,)
+        array([[1., 3., 8.]], dtype=float32)
+    """
     w = _t(weight, name="linear")
     if w.shape is not None and w.ndim != 2:
         raise ArgumentError(f"linear: weight must be 2-d (out_features, in_features), got shape {w.shape}")

@@ -62,7 +62,9 @@ def nll_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, ign
 
     Example::
 
-        >>> F.nn.nll_loss(F.log_softmax(logits, 1), labels, reduction="sum")
+        >>> logp = F.log_softmax(gc.tensor([[0.0, 0.0], [0.0, 0.0]]), 1)
+        >>> round(F.nn.nll_loss(logp, gc.tensor([0, 1]), reduction="sum").item(), 4)     # 2 log 2
+        1.3863
     """
     x = _t(input)
     t = _int_labels(_on(target, x), "nll_loss", "target")
@@ -135,7 +137,11 @@ def kl_div(input: Tensor, target: Tensor, reduction: str = "mean", log_target: b
 
     Example::
 
-        >>> F.nn.kl_div(F.log_softmax(x, 1), p, reduction="batchmean")
+        >>> p = gc.tensor([[0.5, 0.5]])
+        >>> F.nn.kl_div(F.log(p), p, reduction="batchmean").item()
+        0.0
+        >>> round(F.nn.kl_div(F.log(gc.tensor([[0.25, 0.75]])), p, reduction="sum").item(), 4)
+        0.1438
     """
     x = _t(input)
     y = astype(_t(target, x), x.dtype)
@@ -193,8 +199,9 @@ def ctc_loss(pred: Tensor, pred_lengths, label, label_lengths, blank: int = 0, r
     Example::
 
         >>> pred = gc.tensor([[[0.0614, 0.9386], [0.8812, 0.1188]], [[0.699, 0.301], [0.2572, 0.7428]]])
-        >>> F.nn.ctc_loss(pred, gc.tensor([2, 2]), gc.tensor([1, 1]), gc.tensor([1, 1]))
-        Tensor(0.1504417, dtype=float32, device=cpu)
+        >>> loss = F.nn.ctc_loss(pred, gc.tensor([2, 2]), gc.tensor([1, 1]), gc.tensor([1, 1]))
+        >>> round(loss.item(), 5)
+        0.15044
     """
     p = _t(pred)
     if p.ndim != 3:

@@ -64,7 +64,13 @@ __all__ = [
 
 # ---- the softmax family
 def log_softmax(inp, axis: int = -1):
-    """log(softmax(x)) along ``axis`` (an int or a sequence of axes)."""
+    """log(softmax(x)) along ``axis`` (an int or a sequence of axes).
+
+    Example::
+
+        >>> F.log_softmax(gc.tensor([0.0, 0.0])).numpy().round(4)     # log(1 / 2)
+        array([-0.6931, -0.6931], dtype=float32)
+    """
     x = _t(inp)
     if isinstance(axis, (tuple, list)):
         try:
@@ -79,7 +85,13 @@ logsoftmax = log_softmax     # MegEngine 1.x's name
 
 def logsumexp(inp, axis: int = -1, keepdims: bool = False):
     """log(sum(exp(x))) over ``axis``: an int, a sequence of axes (as in
-    MegEngine) or None (every axis)."""
+    MegEngine) or None (every axis).
+
+    Example::
+
+        >>> F.logsumexp(gc.tensor([[0.0, 0.0], [1.0, 1.0]]), axis=1).numpy().round(4)     # x + log 2
+        array([0.6931, 1.6931], dtype=float32)
+    """
     x = _t(inp)
     empty = _empty_reduction(x, axis)
     if empty is not None:
@@ -133,7 +145,9 @@ def softmax(inp, axis=None):
 
     Example::
 
-        >>> F.softmax(x)               # (N, C) or (N, C, H, W): over C
+        >>> F.softmax(gc.tensor([[0.0, 0.0], [0.0, np.log(3.0)]])).numpy()     # 2-d: over axis 1
+        array([[0.5 , 0.5 ],
+               [0.25, 0.75]], dtype=float32)
     """
     x = _t(inp)
     if axis is None:
@@ -156,7 +170,12 @@ def dropout(inp, drop_prob: float, training: bool = True):
 
     Example::
 
-        >>> F.dropout(x, 0.5)
+        >>> gc.random.seed(0)
+        >>> y = F.dropout(gc.tensor(np.ones(1000, "float32")), 0.5)
+        >>> sorted(set(y.numpy().tolist()))     # dropped, or kept and scaled by 1 / (1 - 0.5)
+        [0.0, 2.0]
+        >>> F.dropout(gc.tensor([1.0, 2.0]), 0.5, training=False).numpy()
+        array([1., 2.], dtype=float32)
     """
     x = _t(inp)
     _check_drop_prob("dropout", drop_prob)
@@ -195,7 +214,13 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
 
     Example::
 
-        >>> y = F.batch_norm(x, rm, rv, w, b, training=True)
+        >>> x = gc.tensor([[1.0], [3.0]])
+        >>> rm, rv = gc.tensor([0.0]), gc.tensor([1.0])
+        >>> F.batch_norm(x, rm, rv, training=True).numpy().round(4)
+        array([[-1.],
+               [ 1.]], dtype=float32)
+        >>> rm.numpy(), rv.numpy()     # 0.9 * old + 0.1 * batch (unbiased variance 2)
+        (array([0.2], dtype=float32), array([1.1], dtype=float32))
     """
     if param_dim != "dim_1c11":
         raise ArgumentError(f"batch_norm: only param_dim='dim_1c11' (NCHW) is supported, got {param_dim!r}")
@@ -253,7 +278,11 @@ def sync_batch_norm(inp: Tensor, running_mean: Optional[Tensor], running_var: Op
 
     Example::
 
-        >>> y = F.nn.sync_batch_norm(x, rm, rv, w, b, training=True)
+        >>> x = gc.tensor([[1.0], [3.0]])
+        >>> rm, rv = gc.tensor([0.0]), gc.tensor([1.0])
+        >>> F.nn.sync_batch_norm(x, rm, rv, training=True).numpy().round(4)     # one process: batch_norm
+        array([[-1.],
+               [ 1.]], dtype=float32)
     """
     mode = str(eps_mode).lower()
     if mode not in ("additive", "max"):
@@ -315,9 +344,10 @@ def instance_norm(inp: Tensor, affine: bool, weight: Optional[Tensor] = None, bi
 
     Example::
 
-        >>> F.nn.instance_norm(gc.tensor([[[0.0, 2.0], [4.0, 8.0]]]), affine=False).numpy()
-        array([[[-1., 1.],
-                [-1., 1.]]], dtype=float32)
+        >>> x = gc.tensor([[[0.0, 2.0], [4.0, 8.0]]])
+        >>> F.nn.instance_norm(x, affine=False).numpy().round(4)
+        array([[[-1.,  1.],
+                [-1.,  1.]]], dtype=float32)
     """
     x = _t(inp)
     if x.ndim < 3:
@@ -336,7 +366,8 @@ def general_norm(inp: Tensor, normalized_axis, affine: bool = True, weight: Opti
 
     Example::
 
-        >>> F.nn.general_norm(gc.tensor([[0.0, 2.0], [1.0, 5.0]]), 1, affine=False).numpy()
+        >>> x = gc.tensor([[0.0, 2.0], [1.0, 5.0]])
+        >>> F.nn.general_norm(x, 1, affine=False).numpy().round(4)
         array([[-1.,  1.],
                [-1.,  1.]], dtype=float32)
     """
@@ -371,8 +402,9 @@ def local_response_norm(inp: Tensor, kernel_size: int = 5, k: float = 2.0, alpha
     Example::
 
         >>> x = gc.tensor(np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5))
-        >>> F.nn.local_response_norm(x, 3, 1.0, 1e-4, 0.75).numpy()[0, 0, 0, 1].round(6)
-        0.999925
+        >>> y = F.nn.local_response_norm(x, 3, 1.0, 1e-4, 0.75)
+        >>> y.shape, round(float(y.numpy()[0, 0, 0, 1]), 6)
+        ((1, 1, 5, 5), 0.999925)
     """
     x = _t(inp)
     n = _int_arg("local_response_norm", "kernel_size", kernel_size, low=1)
@@ -435,8 +467,10 @@ def sliding_window_transpose(inp: Tensor, output_size, kernel_size, padding=0, s
 
     Example::
 
-        >>> w = F.sliding_window(gc.tensor(np.ones((1, 1, 3, 3))), 2)
-        >>> F.sliding_window_transpose(w, (3, 3), 2).numpy()[0, 0]
+        >>> w = F.sliding_window(gc.tensor(np.ones((1, 1, 3, 3), "float32")), 2)
+        >>> w.shape
+        (1, 1, 2, 2, 2, 2)
+        >>> F.sliding_window_transpose(w, (3, 3), 2).numpy()[0, 0]     # how many windows cover each pixel
         array([[1., 2., 1.],
                [2., 4., 2.],
                [1., 2., 1.]], dtype=float32)
@@ -705,8 +739,8 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
 
     Example::
 
-        >>> loss = F.cross_entropy(logits, labels)
-        >>> round(F.cross_entropy(gc.tensor([[0.0, 0.0]]), gc.tensor([1])).item(), 4)     # log 2
+        >>> logits = gc.tensor([[0.0, 0.0], [0.0, 0.0]])
+        >>> round(F.cross_entropy(logits, gc.tensor([1, 0])).item(), 4)     # log 2
         0.6931
     """
     pred = _t(pred)
@@ -914,7 +948,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
     Example::
 
-        >>> out = F.nn.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> q = gc.tensor(np.ones((1, 3, 4), "float32"))
+        >>> v = gc.tensor(np.arange(3, dtype="float32").reshape(1, 3, 1))
+        >>> F.nn.scaled_dot_product_attention(q, q, v, is_causal=True).numpy()[0, :, 0]     # running means
+        array([0. , 0.5, 1. ], dtype=float32)
     """
     name = "scaled_dot_product_attention"
     q, k, v = _t(query), _t(key), _t(value)

@@ -124,13 +124,28 @@ def _arg_reduce(mode, inp, axis, keepdims):
 def argmax(inp, axis=None, keepdims: bool = False):
     """Index of the largest element along ``axis`` (None: flattened), int32.
     For a sequence of axes, as MegEngine: argmax over each in turn, the
-    last axis first (each step on the previous step's indices)."""
+    last axis first (each step on the previous step's indices).
+
+    Example::
+
+        >>> x = gc.tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]])
+        >>> F.argmax(x, axis=1).numpy()
+        array([1, 0], dtype=int32)
+        >>> F.argmax(x).item()     # of the flattened tensor
+        3
+    """
     return _arg_reduce("argmax", inp, axis, keepdims)
 
 
 def argmin(inp, axis=None, keepdims: bool = False):
     """Index of the smallest element along ``axis`` (None: flattened), int32;
-    a sequence of axes as in ``argmax``."""
+    a sequence of axes as in ``argmax``.
+
+    Example::
+
+        >>> F.argmin(gc.tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]]), axis=0).numpy()
+        array([0, 1, 0], dtype=int32)
+    """
     return _arg_reduce("argmin", inp, axis, keepdims)
 
 
@@ -139,7 +154,9 @@ def cumsum(inp, axis: int = 0):
 
     Example::
 
-        >>> F.cumsum(x, axis=1)
+        >>> F.cumsum(gc.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), axis=1).numpy()
+        array([[ 1.,  3.,  6.],
+               [ 4.,  9., 15.]], dtype=float32)
     """
     return _apply(CumSum(axis, False), _t(inp))[0]
 
@@ -150,7 +167,8 @@ def var(inp, axis=None, keepdims: bool = False):
 
     Example::
 
-        >>> F.var(x, axis=1)
+        >>> F.var(gc.tensor([[1.0, 3.0], [2.0, 2.0]]), axis=1).numpy()
+        array([1., 0.], dtype=float32)
     """
     x = _t(inp)
     try:
@@ -163,7 +181,13 @@ def var(inp, axis=None, keepdims: bool = False):
 
 def std(inp, axis=None, keepdims: bool = False):
     """Population standard deviation over ``axis``. Where it is 0 (constant
-    data) the gradient is 0, as PyTorch's, not 0 * inf."""
+    data) the gradient is 0, as PyTorch's, not 0 * inf.
+
+    Example::
+
+        >>> F.std(gc.tensor([[1.0, 3.0], [2.0, 2.0]]), axis=1).numpy()
+        array([1., 0.], dtype=float32)
+    """
     try:
         v = var(inp, axis, keepdims)
     except (OpError, TypeError) as exc:
@@ -182,7 +206,10 @@ def norm(inp, ord: Optional[float] = None, axis=None, keepdims: bool = False):
 
     Example::
 
-        >>> F.norm(x, ord=2, axis=-1)
+        >>> F.norm(gc.tensor([[3.0, 4.0], [6.0, 8.0]]), ord=2, axis=-1).numpy()
+        array([ 5., 10.], dtype=float32)
+        >>> F.norm(gc.tensor([3.0, -4.0]), ord=1).item()
+        7.0
     """
     x = _t(inp)
     ord = _norm_ord("norm", ord)

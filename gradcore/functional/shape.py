@@ -23,6 +23,15 @@ from ..op import ArgumentError
 
 
 def reshape(inp, target_shape: Sequence[int]):
+    """``inp`` with the same elements in ``target_shape``; one entry may be -1
+    (inferred from the others).
+
+    Example::
+
+        >>> F.reshape(gc.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), (2, -1)).numpy()
+        array([[1., 2., 3.],
+               [4., 5., 6.]], dtype=float32)
+    """
     if isinstance(target_shape, int):
         target_shape = (target_shape,)
     if isinstance(target_shape, (tuple, list)) and any(isinstance(d, (float, np.floating)) for d in target_shape):
@@ -134,6 +143,15 @@ def broadcast_to(inp, shape: Sequence[int]):
 
 
 def expand_dims(inp, axis):
+    """``inp`` with a new axis of size 1 at ``axis`` (an int or a sequence of
+    them, positions in the result).
+
+    Example::
+
+        >>> x = gc.tensor([1.0, 2.0])
+        >>> F.expand_dims(x, 0).shape, F.expand_dims(x, (0, 2)).shape
+        ((1, 2), (1, 2, 1))
+    """
     try:
         return _apply(ExpandDims(_axis_key(axis)), _t(inp))[0]
     except OpError as exc:       # an axis out of range: MegEngine's RuntimeError too
@@ -144,6 +162,15 @@ def expand_dims(inp, axis):
 
 
 def squeeze(inp, axis=None):
+    """``inp`` without its size-1 axes: those in ``axis`` (an int or a sequence),
+    or every one when None.
+
+    Example::
+
+        >>> x = gc.tensor(np.zeros((1, 3, 1), "float32"))
+        >>> F.squeeze(x).shape, F.squeeze(x, 2).shape
+        ((3,), (1, 3))
+    """
     try:
         return _apply(Squeeze(_axis_key(axis)), _t(inp))[0]
     except (TypeError, ValueError) as exc:
@@ -162,6 +189,15 @@ def _check_axes(name: str, axis) -> None:
 
 
 def flatten(inp, start_axis: int = 0, end_axis: int = -1):
+    """``inp`` with the axes ``start_axis .. end_axis`` (both included) merged
+    into one.
+
+    Example::
+
+        >>> x = gc.tensor(np.zeros((2, 3, 4, 5), "float32"))
+        >>> F.flatten(x).shape, F.flatten(x, 1).shape, F.flatten(x, 1, 2).shape
+        ((120,), (2, 60), (2, 12, 5))
+    """
     x = _t(inp)
     nd = x.ndim
     if nd == 0:
@@ -176,7 +212,14 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1):
 
 def concat(inps, axis: int = 0, device=None):
     """Join tensors along an existing ``axis``; ``device`` (MegEngine's
-    argument) moves the result there."""
+    argument) moves the result there.
+
+    Example::
+
+        >>> F.concat([gc.tensor([[1.0, 2.0]]), gc.tensor([[3.0, 4.0]])], axis=0).numpy()
+        array([[1., 2.],
+               [3., 4.]], dtype=float32)
+    """
     out = _apply(Concat(_int_or_err("concat", "axis", axis)), *_tensor_list("concat", inps))[0]
     return out if device is None else out.to(device)
 
@@ -216,7 +259,11 @@ def stack(inps, axis: int = 0, device=None):
 
     Example::
 
-        >>> F.stack([x, y], axis=1)         # (3,), (3,) -> (3, 2)
+        >>> x, y = gc.tensor([1.0, 2.0, 3.0]), gc.tensor([4.0, 5.0, 6.0])
+        >>> F.stack([x, y], axis=1).numpy()
+        array([[1., 4.],
+               [2., 5.],
+               [3., 6.]], dtype=float32)
     """
     out = _apply(Stack(_int_or_err("stack", "axis", axis)), *_tensor_list("stack", inps))[0]
     return out if device is None else out.to(device)
@@ -241,11 +288,28 @@ def copy(inp, device=None):
 
 
 def stop_gradient(x):
-    """``x`` with no gradient flowing back through it."""
+    """``x`` with no gradient flowing back through it.
+
+    Example::
+
+        >>> x = gc.tensor([2.0, 3.0])
+        >>> gm = gc.GradManager().attach([x])
+        >>> with gm:
+        ...     gm.backward((x * F.stop_gradient(x)).sum())     # d/dx of x * c, c = x held constant
+        >>> x.grad.numpy()
+        array([2., 3.], dtype=float32)
+    """
     return _apply(StopGradient(), _t(x))[0]
 
 
 def astype(x, dtype):
+    """``x`` converted to ``dtype`` (``x`` itself when it already has it).
+
+    Example::
+
+        >>> F.astype(gc.tensor([1.7, -1.7]), "int32").numpy()
+        array([ 1, -1], dtype=int32)
+    """
     x = _t(x)
     dt = _numeric_dtype("astype", dtype)
     if x.dtype == dt:
