@@ -10,7 +10,7 @@ PyTorch's does.
 
 Example::
 
-    >>> opt = optim.SGD([gc.Parameter([1.0])], lr=0.1)
+    >>> opt = optim.SGD(model.parameters(), lr=0.1)
     >>> sched = optim.MultiStepLR(opt, milestones=[30, 80], gamma=0.1)
     >>> for epoch in range(100):
     ...     train_one_epoch(model, opt)
