@@ -30,7 +30,7 @@ def seed(seed: int) -> None:
 
     Example::
 
-        >>> gradcore.random.seed(42)
+        >>> gc.random.seed(42)
     """
     global _rng
     _rng = np.random.default_rng(seed)
@@ -41,7 +41,7 @@ def generator() -> np.random.Generator:
 
     Example::
 
-        >>> keep = gradcore.random.generator().random((2, 3)) >= 0.5
+        >>> keep = gc.random.generator().random((2, 3)) >= 0.5
     """
     return _rng
 
@@ -52,7 +52,13 @@ def get_rng_state() -> Dict[str, Any]:
 
     Example::
 
-        >>> gc.save({"model": model.state_dict(), "rng": gc.random.get_rng_state()}, "ckpt.gc")
+        >>> import io
+        >>> gc.random.seed(7)
+        >>> buf = io.BytesIO(); gc.save({"rng": gc.random.get_rng_state()}, buf)
+        >>> a = gc.random.uniform(size=3).numpy()
+        >>> gc.random.set_rng_state(gc.load(io.BytesIO(buf.getvalue()))["rng"])
+        >>> bool((gc.random.uniform(size=3).numpy() == a).all())     # the same draws again
+        True
     """
     return copy.deepcopy(_rng.bit_generator.state)
 
@@ -63,7 +69,11 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
     Example::
 
-        >>> gc.random.set_rng_state(gc.load("ckpt.gc")["rng"])
+        >>> state = gc.random.get_rng_state()
+        >>> a = gc.random.normal(size=2).numpy()
+        >>> gc.random.set_rng_state(state)
+        >>> bool((gc.random.normal(size=2).numpy() == a).all())
+        True
     """
     global _rng
     if not isinstance(state, dict) or "bit_generator" not in state:
@@ -92,7 +102,7 @@ class RNG:
 
     Example::
 
-        >>> rng = gradcore.random.RNG(seed=100)
+        >>> rng = gc.random.RNG(seed=100)
         >>> rng.uniform(size=(2, 2)).shape
         (2, 2)
     """
@@ -287,7 +297,7 @@ def uniform(low: float = 0, high: float = 1, size: Optional[Sequence[int]] = Non
 
     Example::
 
-        >>> gradcore.random.uniform(size=3).shape
+        >>> gc.random.uniform(size=3).shape
         (3,)
     """
     return _default.uniform(low, high, size)
@@ -298,7 +308,7 @@ def normal(mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None
 
     Example::
 
-        >>> gradcore.random.normal(size=(2,)).shape
+        >>> gc.random.normal(size=(2,)).shape
         (2,)
     """
     return _default.normal(mean, std, size)
@@ -309,7 +319,7 @@ def gamma(shape, scale=1, size: Optional[Sequence[int]] = None):
 
     Example::
 
-        >>> gradcore.random.gamma(2.0, size=(2,)).shape
+        >>> gc.random.gamma(2.0, size=(2,)).shape
         (2,)
     """
     return _default.gamma(shape, scale, size)
@@ -320,7 +330,7 @@ def beta(alpha, beta, size: Optional[Sequence[int]] = None):  # noqa: F811 (MegE
 
     Example::
 
-        >>> gradcore.random.beta(2.0, 3.0, size=2).shape
+        >>> gc.random.beta(2.0, 3.0, size=2).shape
         (2,)
     """
     return _default.beta(alpha, beta, size)
@@ -331,7 +341,7 @@ def poisson(lam, size: Optional[Sequence[int]] = None):
 
     Example::
 
-        >>> gradcore.random.poisson(3.0, size=2).shape
+        >>> gc.random.poisson(3.0, size=2).shape
         (2,)
     """
     return _default.poisson(lam, size)
@@ -342,7 +352,7 @@ def exponential(rate=1.0, size: Optional[Sequence[int]] = None):
 
     Example::
 
-        >>> gradcore.random.exponential(1.5, size=3).shape
+        >>> gc.random.exponential(1.5, size=3).shape
         (3,)
     """
     return _default.exponential(rate, size)
@@ -353,7 +363,7 @@ def multinomial(input, num_samples: int, replacement: bool = False):  # noqa: A0
 
     Example::
 
-        >>> gradcore.random.multinomial(gc.tensor([[1.0, 0.0], [0.0, 1.0]]), 1).numpy().tolist()
+        >>> gc.random.multinomial(gc.tensor([[1.0, 0.0], [0.0, 1.0]]), 1).numpy().tolist()
         [[0], [1]]
     """
     return _default.multinomial(input, num_samples, replacement)
@@ -364,7 +374,7 @@ def permutation(n, *, dtype: str = "int32"):
 
     Example::
 
-        >>> gradcore.random.permutation(5).shape
+        >>> gc.random.permutation(5).shape
         (5,)
     """
     return _default.permutation(n, dtype=dtype)
@@ -375,6 +385,10 @@ def shuffle(inp) -> None:
 
     Example::
 
-        >>> gradcore.random.shuffle(x)
+        >>> gc.random.seed(0)
+        >>> x = gc.tensor([1.0, 2.0, 3.0, 4.0])
+        >>> gc.random.shuffle(x)     # in place
+        >>> sorted(x.numpy().tolist()), x.shape
+        ([1.0, 2.0, 3.0, 4.0], (4,))
     """
     _default.shuffle(inp)
