@@ -145,5 +145,15 @@ class detect_anomaly:
 
 
 def is_anomaly_enabled() -> bool:
-    """Whether anomaly mode is on."""
+    """Whether anomaly mode is on.
+
+    Example::
+
+        >>> from gradcore.autodiff import detect_anomaly, is_anomaly_enabled
+        >>> with detect_anomaly():
+        ...     print(is_anomaly_enabled())
+        True
+        >>> is_anomaly_enabled()
+        False
+    """
     return bool(_core._anomaly_enabled())
