@@ -117,9 +117,12 @@ class detect_anomaly:
 
     Example::
 
-        >>> with detect_anomaly():                # doctest: +SKIP
-        ...     with gm:
-        ...         gm.backward(loss_fn(x))
+        >>> from gradcore.autodiff import detect_anomaly
+        >>> x = gc.tensor([0.0, 1.0]); gm = gc.GradManager().attach([x])
+        >>> with detect_anomaly(), gm:
+        ...     gm.backward(F.sqrt(x).sum())     # d sqrt(x) / dx is inf at 0
+        Traceback (most recent call last):
+        gradcore.anomaly.AnomalyError: Elemwise(sqrt): its backward returned inf values in the gradient of input 0 ...
     """
 
     def __init__(self, check_nan: bool = True):

@@ -36,6 +36,16 @@ def _check_axis(op, x):
 
 
 class LogSoftmax(Op):
+    """log(softmax(x)) along ``axis``.
+
+    Example::
+
+        >>> from gradcore.functional import LogSoftmax
+        >>> y, = gc.core.apply(LogSoftmax(axis=-1), gc.tensor([0.0, 0.0]))
+        >>> y.numpy().round(4)
+        array([-0.6931, -0.6931], dtype=float32)
+    """
+
     name = "LogSoftmax"
     reduce_broadcast = False
     attrs = ("axis",)
