@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Tuple
+from typing import Any, Tuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -25,7 +25,7 @@ def _apply1(op, *args):
     return _core.apply(op, *args)[0]
 
 
-def split_index(index) -> Tuple[tuple, list]:
+def split_index(index: Any) -> Tuple[tuple, list]:
     """(spec, index arrays) for a Python index expression.
 
     Example::

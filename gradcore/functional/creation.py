@@ -10,7 +10,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -34,7 +34,8 @@ def _filled(name: str, shape, value, dtype, device) -> Tensor:
     return Tensor(filled(spec.shape, spec.dtype.type(value), spec.dtype, device), device=device)
 
 
-def zeros(shape, dtype="float32", device=None):
+def zeros(shape: Union[int, Sequence[int]], dtype: Union[str, np.dtype] = "float32",
+          device: Optional[str] = None) -> Tensor:
     """A tensor of ``shape`` filled with 0 (float32 unless ``dtype`` says otherwise).
 
     Example::
@@ -47,7 +48,8 @@ def zeros(shape, dtype="float32", device=None):
     return _filled("zeros", shape, 0, dtype, device)
 
 
-def ones(shape, dtype="float32", device=None):
+def ones(shape: Union[int, Sequence[int]], dtype: Union[str, np.dtype] = "float32",
+         device: Optional[str] = None) -> Tensor:
     """A tensor of ``shape`` filled with 1 (float32 unless ``dtype`` says otherwise).
 
     Example::
@@ -59,7 +61,8 @@ def ones(shape, dtype="float32", device=None):
     return _filled("ones", shape, 1, dtype, device)
 
 
-def full(shape, value, dtype=None, device=None):
+def full(shape: Union[int, Sequence[int]], value: Union[int, float, bool, Tensor],
+         dtype: Optional[Union[str, np.dtype]] = None, device: Optional[str] = None) -> Tensor:
     """A tensor of ``shape`` filled with ``value``. Without ``dtype`` it comes
     from the value as in MegEngine: bool, int32 for an int, float32 for a float.
 
@@ -84,7 +87,7 @@ def _filled_like(name: str, x, value) -> Tensor:
     return _filled(name, x.shape, value, x.dtype, x.device)
 
 
-def zeros_like(inp):
+def zeros_like(inp: Tensor) -> Tensor:
     """Zeros of ``inp``'s shape, dtype and device (also of a tensor traced
     in a ``vjp``: ``F.zeros_like(x) + F.expand_dims(g, -1)`` gives a
     reduction's gradient back x's shape).
@@ -97,7 +100,7 @@ def zeros_like(inp):
     return _filled_like("zeros_like", _t(inp, name="zeros_like"), 0)
 
 
-def ones_like(inp):
+def ones_like(inp: Tensor) -> Tensor:
     """Ones of ``inp``'s shape, dtype and device.
 
     Example::
@@ -122,7 +125,8 @@ def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
     return _filled_like("full_like", x, value)
 
 
-def arange(start=0, stop=None, step=1, dtype="float32", device=None):
+def arange(start: float = 0, stop: Optional[float] = None, step: float = 1,
+           dtype: Union[str, np.dtype] = "float32", device: Optional[str] = None) -> Tensor:
     """Evenly spaced values in [start, stop) ``step`` apart, NumPy's ``arange``;
     one argument is ``stop``. float32 by default, as MegEngine's.
 
@@ -141,7 +145,8 @@ def arange(start=0, stop=None, step=1, dtype="float32", device=None):
                         start=start, stop=stop, step=step, dtype=dtype), device=device)
 
 
-def linspace(start, stop, num, dtype="float32", device=None):
+def linspace(start: float, stop: float, num: int, dtype: Union[str, np.dtype] = "float32",
+             device: Optional[str] = None) -> Tensor:
     """``num`` evenly spaced values from ``start`` to ``stop``, both included.
 
     Example::
@@ -156,7 +161,8 @@ def linspace(start, stop, num, dtype="float32", device=None):
                         start=start, stop=stop, num=num, dtype=dtype), device=device)
 
 
-def eye(N, M=None, dtype="float32", device=None):
+def eye(N: Union[int, Sequence[int], Tensor], M: Optional[int] = None,
+        dtype: Union[str, np.dtype] = "float32", device: Optional[str] = None) -> Tensor:
     """An (N, M) matrix (M defaults to N) with ones on the diagonal. As in
     MegEngine, ``N`` may also be the shape: ``(N,)``, ``(N, M)`` or a 1-d
     integer Tensor holding it (``F.eye(x.shape)``).

@@ -10,6 +10,8 @@ Example::
 """
 from __future__ import annotations
 
+from typing import Optional, Union
+
 import numpy as np
 
 from .._core import Tensor, apply1 as _apply1
@@ -44,7 +46,8 @@ def where(mask: Tensor, x: Tensor = None, y: Tensor = None) -> Tensor:
     return _apply1(_OP_WHERE, mask, x, y)
 
 
-def clip(x, lower=None, upper=None):
+def clip(x: Tensor, lower: Optional[Union[float, Tensor]] = None,
+         upper: Optional[Union[float, Tensor]] = None) -> Tensor:
     """Limit ``x`` to [lower, upper] (either may be None). The gradient
     passes where ``lower <= x <= upper``, bounds included (PyTorch's
     ``clamp``); a bound given as a tensor gets it where ``x`` is beyond it.
@@ -136,7 +139,7 @@ def atan2(y: Tensor, x: Tensor) -> Tensor:
 
 
 # ---- activations composed of the table's ops (F.nn has them too)
-def leaky_relu(inp, negative_slope: float = 0.01):
+def leaky_relu(inp: Tensor, negative_slope: float = 0.01) -> Tensor:
     """``x`` where positive, ``negative_slope * x`` elsewhere.
 
     Example::

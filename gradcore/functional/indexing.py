@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import builtins
-from typing import Optional
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from .shape import astype, concat, expand_dims, reshape, swapaxes
 from ..op import ArgumentError
 
 
-def getitem(x, index):
+def getitem(x: Tensor, index: Any) -> Tensor:
     """``x[index]`` with NumPy's indexing rules (basic and advanced), recorded
     for the gradient; what ``Tensor.__getitem__`` calls.
 
@@ -41,7 +41,7 @@ def getitem(x, index):
     return _apply(Subtensor(spec), x, *arrays)[0]
 
 
-def setitem(x, index, value):
+def setitem(x: Tensor, index: Any, value: Union[Tensor, float, np.ndarray]) -> Tensor:
     """A copy of ``x`` with ``value`` written at ``index`` (recorded).
 
     Example::
@@ -73,7 +73,7 @@ def _value_like(name: str, value, x):
                         f"of dtype {x.dtype} and shape {x.shape}: {exc}") from None
 
 
-def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
+def indexing_one_hot(src: Tensor, index: Tensor, axis: int = 1, keepdims: bool = False) -> Tensor:
     """``src[i, index[i]]`` along ``axis``.
 
     Example::
@@ -105,7 +105,7 @@ def _int_labels(label, name: str, what: str):
     return astype(label, np.int32)
 
 
-def gather(inp, axis: int, index):
+def gather(inp: Tensor, axis: int, index: Tensor) -> Tensor:
     """``out[i][j] = inp[i][index[i][j]]`` for axis 1 (torch.gather): ``index``
     is an integer tensor of ``inp``'s rank, no larger than ``inp`` outside
     ``axis``; the result has ``index``'s shape.
@@ -121,7 +121,7 @@ def gather(inp, axis: int, index):
     return _apply(Gather(_int_or_err("gather", "axis", axis)), x, _on(index, x))[0]
 
 
-def scatter(inp, axis: int, index, source):
+def scatter(inp: Tensor, axis: int, index: Tensor, source: Tensor) -> Tensor:
     """A copy of ``inp`` with ``out[i][index[i][j]] = source[i][j]`` for axis 1
     (torch.scatter, not accumulating). ``source`` is cast to ``inp``'s dtype.
 
@@ -140,7 +140,7 @@ def scatter(inp, axis: int, index, source):
     return _apply(Scatter(_int_or_err("scatter", "axis", axis)), x, _on(index, x), src)[0]
 
 
-def sort(inp, descending: bool = False, dim: int = -1, *, axis=None):
+def sort(inp: Tensor, descending: bool = False, dim: int = -1, *, axis: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """``(sorted, indices)`` along ``dim`` (the last by default, as newer
     MegEngine's ``F.sort(inp, descending, dim)``; ``axis=`` is the same);
     a stable sort, indices int32.
@@ -161,7 +161,8 @@ def sort(inp, descending: bool = False, dim: int = -1, *, axis=None):
     return swapaxes(values, ax, -1), swapaxes(indices, ax, -1)
 
 
-def topk(inp, k: int, descending: bool = True, kth_only: bool = False, no_sort: bool = False):
+def topk(inp: Tensor, k: int, descending: bool = True, kth_only: bool = False,
+         no_sort: bool = False) -> Tuple[Tensor, Tensor]:
     """``(values, indices)`` of the ``k`` largest elements along the last
     axis (the smallest with ``descending=False``), MegEngine's ``F.topk``
     (whose default is the largest since MegEngine 1.12):
@@ -241,7 +242,7 @@ def cond_take(mask: Tensor, x: Tensor) -> tuple:
     return getitem(reshape(x, (-1,)), index), Tensor(index, device=x.device)
 
 
-def non_zero(condition: Tensor, as_tuple: bool = False):
+def non_zero(condition: Tensor, as_tuple: bool = False) -> Union[Tensor, Tuple[Tensor, ...]]:
     """The int32 indices of the nonzero (true) elements of ``condition``, in
     C order, MegEngine's ``F.non_zero``: one row per element, (count, ndim),
     or with ``as_tuple`` one 1-d tensor per dimension (as ``np.nonzero``).

@@ -7,6 +7,8 @@ Example::
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from .._core import Tensor, apply as _apply
 from ..op import OpError
 from ..ops.linalg import SVD, MatrixInverse, MatrixMul
@@ -18,8 +20,8 @@ from ..op import ArgumentError
 _MatrixMul = MatrixMul     # one op instance per attributes: its caches stay warm
 
 
-def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
-           compute_mode: str = "default"):
+def matmul(inp1: Tensor, inp2: Tensor, transpose_a: bool = False, transpose_b: bool = False,
+           compute_mode: str = "default") -> Tensor:
     """Matrix product with NumPy's rules for 1-D operands and broadcast batch axes.
     ``compute_mode`` is accepted for MegEngine compatibility (a float16
     precision hint) and changes nothing here.
@@ -62,7 +64,7 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
     return out
 
 
-def dot(inp1, inp2):
+def dot(inp1: Tensor, inp2: Tensor) -> Tensor:
     """Inner product of two vectors.
 
     Example::
@@ -76,7 +78,7 @@ def dot(inp1, inp2):
     return sum(a * b)
 
 
-def linear(inp, weight, bias=None, compute_mode: str = "default"):
+def linear(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, compute_mode: str = "default") -> Tensor:
     """``inp @ weight.T + bias`` (weight is (out_features, in_features));
     ``compute_mode`` as in ``matmul``.
 
@@ -99,7 +101,8 @@ def linear(inp, weight, bias=None, compute_mode: str = "default"):
         raise _named("linear", exc) from exc
 
 
-def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
+def cross(a: Tensor, b: Tensor, axisa: int = -1, axisb: int = -1, axisc: int = -1,
+          axis: Optional[int] = None) -> Tensor:
     """The cross product of (arrays of) 3-vectors along ``axisa`` of ``a``
     and ``axisb`` of ``b`` (2-vectors have a zero third component), put
     along ``axisc``; ``axis`` sets all three. MegEngine's ``F.cross``
@@ -134,7 +137,7 @@ def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
     return moveaxis(out, -1, axisc)
 
 
-def matinv(inp) -> Tensor:
+def matinv(inp: Tensor) -> Tensor:
     """The inverse of each square matrix over the last two axes of ``inp``
     (..., n, n), MegEngine's ``F.matinv`` (the ``MatrixInverse`` op); a
     singular matrix gives inf/NaN.

@@ -182,8 +182,8 @@ def cosine_similarity(x1: Tensor, x2: Tensor, axis: int = 1, eps: float = 1e-8) 
     return sum((a / na) * (b / nb), axis)
 
 
-def ctc_loss(pred: Tensor, pred_lengths, label, label_lengths, blank: int = 0, reduction: str = "mean",
-             zero_infinity: bool = False) -> Tensor:
+def ctc_loss(pred: Tensor, pred_lengths: Tensor, label: Tensor, label_lengths: Tensor, blank: int = 0,
+             reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
     """Connectionist temporal classification loss, MegEngine's
     ``F.nn.ctc_loss``: ``pred`` (T, N, C) the probabilities (a softmax's
     output; their log is taken at no less than float32's tiniest number),

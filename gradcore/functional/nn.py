@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -63,7 +63,7 @@ __all__ = [
 
 
 # ---- the softmax family
-def log_softmax(inp, axis: int = -1):
+def log_softmax(inp: Tensor, axis: int = -1) -> Tensor:
     """log(softmax(x)) along ``axis`` (an int or a sequence of axes).
 
     Example::
@@ -83,7 +83,7 @@ def log_softmax(inp, axis: int = -1):
 logsoftmax = log_softmax     # MegEngine 1.x's name
 
 
-def logsumexp(inp, axis: int = -1, keepdims: bool = False):
+def logsumexp(inp: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x))) over ``axis``: an int, a sequence of axes (as in
     MegEngine) or None (every axis).
 
@@ -139,7 +139,7 @@ def logaddexp(x: Tensor, y: Tensor) -> Tensor:
     return maximum(x, y) + log1p(exp(-abs(d)))
 
 
-def softmax(inp, axis=None):
+def softmax(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``axis`` (an int or a sequence of axes).
     The default axis is MegEngine's: 0 for a 0-, 1- or 3-d input, else 1.
 
@@ -163,7 +163,7 @@ def softmax(inp, axis=None):
 
 # ---- dropout and normalisation (composites: gradients of any order and every
 # device come from the recorded ops they are made of)
-def dropout(inp, drop_prob: float, training: bool = True):
+def dropout(inp: Tensor, drop_prob: float, training: bool = True) -> Tensor:
     """Zero each element with probability ``drop_prob`` and scale the rest by
     ``1 / (1 - drop_prob)``; the identity when not training. The mask comes
     from ``gradcore.random`` (``gradcore.random.seed`` makes it repeatable).
@@ -199,9 +199,10 @@ def _check_drop_prob(name: str, drop_prob) -> None:
         raise ArgumentError(f"{name}: drop_prob must be in [0, 1), got {drop_prob}")
 
 
-def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
-               training: bool = False, momentum: float = 0.9, eps: float = 1e-5, inplace: bool = True,
-               compute_mode: str = "default", param_dim: str = "dim_1c11"):
+def batch_norm(inp: Tensor, running_mean: Optional[Tensor] = None, running_var: Optional[Tensor] = None,
+               weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, *, training: bool = False,
+               momentum: float = 0.9, eps: float = 1e-5, inplace: bool = True, compute_mode: str = "default",
+               param_dim: str = "dim_1c11") -> Union[Tensor, Tuple[Tensor, Optional[Tensor], Optional[Tensor]]]:
     """Batch normalisation over every axis but 1 (MegEngine's ``F.batch_norm``).
 
     In training the batch statistics normalise ``inp`` and, when given,
@@ -266,7 +267,8 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
 
 def sync_batch_norm(inp: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
                     weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, training: bool = False,
-                    momentum: float = 0.9, eps: float = 1e-5, eps_mode: str = "additive", group=None) -> Tensor:
+                    momentum: float = 0.9, eps: float = 1e-5, eps_mode: str = "additive",
+                    group: Optional[Any] = None) -> Tensor:
     """Batch normalisation whose training statistics cover the whole batch
     across the ranks of ``group`` (``gradcore.distributed``'s WORLD when
     None), MegEngine's ``F.nn.sync_batch_norm``: each rank's per-channel
@@ -357,8 +359,8 @@ def instance_norm(inp: Tensor, affine: bool, weight: Optional[Tensor] = None, bi
     return group_norm(x, x.shape[1], affine, weight, bias, eps)
 
 
-def general_norm(inp: Tensor, normalized_axis, affine: bool = True, weight: Optional[Tensor] = None,
-                 bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+def general_norm(inp: Tensor, normalized_axis: Union[int, Sequence[int]], affine: bool = True,
+                 weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
     """Normalisation over the axes ``normalized_axis`` (an int or a
     sequence, biased variance), then ``* weight + bias`` when ``affine``,
     both shaped as those axes of ``inp``, MegEngine's ``F.nn.general_norm``
@@ -441,7 +443,9 @@ def _window_index(name: str, hw, kernel_size, padding, stride, dilation):
     return out, rows, cols, k, p
 
 
-def sliding_window(inp: Tensor, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
+def sliding_window(inp: Tensor, kernel_size: Union[int, Sequence[int]],
+                   padding: Union[int, Sequence[int]] = 0, stride: Union[int, Sequence[int]] = 1,
+                   dilation: Union[int, Sequence[int]] = 1) -> Tensor:
     """Every window of ``inp`` (N, C, H, W) (zero padding, stride,
     dilation) as (N, C, OH, OW, KH, KW), MegEngine's
     ``F.sliding_window`` (PyTorch's ``unfold``, not flattened).
@@ -460,7 +464,9 @@ def sliding_window(inp: Tensor, kernel_size, padding=0, stride=1, dilation=1) ->
     return getitem(x, (slice(None), slice(None), rows, cols))
 
 
-def sliding_window_transpose(inp: Tensor, output_size, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
+def sliding_window_transpose(inp: Tensor, output_size: Union[int, Sequence[int]],
+                             kernel_size: Union[int, Sequence[int]], padding: Union[int, Sequence[int]] = 0,
+                             stride: Union[int, Sequence[int]] = 1, dilation: Union[int, Sequence[int]] = 1) -> Tensor:
     """The adjoint of ``sliding_window``: windows (N, C, OH, OW, KH, KW)
     summed back into an image (N, C, *output_size), where windows overlap
     too, MegEngine's ``F.sliding_window_transpose`` (PyTorch's ``fold``).
@@ -722,8 +728,8 @@ def _pad_widths(name: str, pad_width, ndim: int) -> list:
 
 
 # ---- losses: ``reduction`` is "mean" (default), "sum" or "none"
-def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True,
-                  label_smooth: float = 0.0, reduction: str = "mean"):
+def cross_entropy(pred: Tensor, label: Tensor, axis: int = 1, with_logits: bool = True,
+                  label_smooth: float = 0.0, reduction: str = "mean") -> Tensor:
     """Cross-entropy of class scores ``pred`` (logits by default) against
     integer ``label``, MegEngine's ``F.nn.cross_entropy``: per sample
     ``-log softmax(pred)[label]`` along ``axis``, with ``label_smooth`` a

@@ -10,7 +10,7 @@ Example::
 from __future__ import annotations
 
 import operator
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from ._args import _axis_in, _axis_key, _int_arg, _int_or_err, _int_tuple, _ints
 from ..op import ArgumentError
 
 
-def reshape(inp, target_shape: Sequence[int]):
+def reshape(inp: Tensor, target_shape: Sequence[int]) -> Tensor:
     """``inp`` with the same elements in ``target_shape``; one entry may be -1
     (inferred from the others).
 
@@ -40,7 +40,7 @@ def reshape(inp, target_shape: Sequence[int]):
     return _apply(Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
 
 
-def transpose(inp, pattern: Optional[Sequence[int]] = None):
+def transpose(inp: Tensor, pattern: Optional[Sequence[int]] = None) -> Tensor:
     """``inp`` with its axes permuted by ``pattern`` (reversed when None). As
     in MegEngine, an ``'x'`` in the pattern adds an axis of size 1, and an
     axis of size 1 may be left out.
@@ -109,7 +109,7 @@ class ShapeError(OpError, RuntimeError):
     and the RuntimeError MegEngine raises for the same input."""
 
 
-def broadcast_to(inp, shape: Sequence[int]):
+def broadcast_to(inp: Tensor, shape: Sequence[int]) -> Tensor:
     """``inp`` broadcast to ``shape``; as in MegEngine, a ``None`` in
     ``shape`` keeps the size of the matching (right-aligned) axis of ``inp``.
 
@@ -142,7 +142,7 @@ def broadcast_to(inp, shape: Sequence[int]):
         raise ShapeError(str(exc)) from None
 
 
-def expand_dims(inp, axis):
+def expand_dims(inp: Tensor, axis: Union[int, Sequence[int]]) -> Tensor:
     """``inp`` with a new axis of size 1 at ``axis`` (an int or a sequence of
     them, positions in the result).
 
@@ -161,7 +161,7 @@ def expand_dims(inp, axis):
         raise
 
 
-def squeeze(inp, axis=None):
+def squeeze(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None) -> Tensor:
     """``inp`` without its size-1 axes: those in ``axis`` (an int or a sequence),
     or every one when None.
 
@@ -188,7 +188,7 @@ def _check_axes(name: str, axis) -> None:
         _int_or_err(name, "axis", axis)
 
 
-def flatten(inp, start_axis: int = 0, end_axis: int = -1):
+def flatten(inp: Tensor, start_axis: int = 0, end_axis: int = -1) -> Tensor:
     """``inp`` with the axes ``start_axis .. end_axis`` (both included) merged
     into one.
 
@@ -210,7 +210,7 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1):
     return reshape(x, shape)
 
 
-def concat(inps, axis: int = 0, device=None):
+def concat(inps: Sequence[Tensor], axis: int = 0, device: Optional[str] = None) -> Tensor:
     """Join tensors along an existing ``axis``; ``device`` (MegEngine's
     argument) moves the result there.
 
@@ -236,7 +236,7 @@ def _tensor_list(name: str, inps) -> list:
     return [_t(x, name=name) for x in inps]
 
 
-def split(inp, nsplits_or_sections, axis: int = 0):
+def split(inp: Tensor, nsplits_or_sections: Union[int, Sequence[int]], axis: int = 0) -> List[Tensor]:
     """Split ``inp`` along ``axis`` into a list of tensors, MegEngine's
     ``F.split``: an int is a number of pieces (sizes as np.array_split: the
     first ``size % n`` pieces one longer), a list gives the split indices.
@@ -253,7 +253,7 @@ def split(inp, nsplits_or_sections, axis: int = 0):
     return list(_apply(Split(_int_or_err("split", "axis", axis), sections), _t(inp)))
 
 
-def stack(inps, axis: int = 0, device=None):
+def stack(inps: Sequence[Tensor], axis: int = 0, device: Optional[str] = None) -> Tensor:
     """Stack equally shaped tensors along a new ``axis`` (``device``, as in
     MegEngine, moves the result there).
 
@@ -269,7 +269,7 @@ def stack(inps, axis: int = 0, device=None):
     return out if device is None else out.to(device)
 
 
-def copy(inp, device=None):
+def copy(inp: Tensor, device: Optional[str] = None) -> Tensor:
     """A recorded copy of ``inp`` in memory of its own (on ``device`` when
     given), C-contiguous: what to export by DLPack when the tensor is a
     reversed view (``t[::-1].copy()``), and what stays apart from memory
@@ -287,7 +287,7 @@ def copy(inp, device=None):
     return out if device is None else out.to(device)
 
 
-def stop_gradient(x):
+def stop_gradient(x: Tensor) -> Tensor:
     """``x`` with no gradient flowing back through it.
 
     Example::
@@ -302,7 +302,7 @@ def stop_gradient(x):
     return _apply(StopGradient(), _t(x))[0]
 
 
-def astype(x, dtype):
+def astype(x: Tensor, dtype: Union[str, np.dtype]) -> Tensor:
     """``x`` converted to ``dtype`` (``x`` itself when it already has it).
 
     Example::
