@@ -118,11 +118,11 @@ class detect_anomaly:
     Example::
 
         >>> from gradcore.autodiff import detect_anomaly
-        >>> x = gc.tensor([0.0, 1.0]); gm = gc.GradManager().attach([x])
+        >>> x = gc.tensor([1.0, np.inf]); gm = gc.GradManager().attach([x])
         >>> with detect_anomaly(), gm:
-        ...     gm.backward(F.sqrt(x).sum())     # d sqrt(x) / dx is inf at 0
+        ...     gm.backward(F.exp(x).sum())     # d exp(x) / dx is inf at inf
         Traceback (most recent call last):
-        gradcore.anomaly.AnomalyError: Elemwise(sqrt): its backward returned inf values in the gradient of input 0 ...
+        gradcore.anomaly.AnomalyError: Elemwise(exp): its backward returned inf values in the gradient of input 0 ...
     """
 
     def __init__(self, check_nan: bool = True):

@@ -16,11 +16,14 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 
 from .op import ArgumentError
+
+if TYPE_CHECKING:     # annotations only: the functions import _core when called
+    from ._core import Tensor
 
 _rng = np.random.default_rng(0)
 
@@ -292,7 +295,7 @@ def _rows(t) -> np.ndarray:
 _default = RNG()
 
 
-def uniform(low: float = 0, high: float = 1, size: Optional[Sequence[int]] = None):
+def uniform(low: float = 0, high: float = 1, size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().uniform`` on the global generator.
 
     Example::
@@ -303,7 +306,7 @@ def uniform(low: float = 0, high: float = 1, size: Optional[Sequence[int]] = Non
     return _default.uniform(low, high, size)
 
 
-def normal(mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None):
+def normal(mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().normal`` on the global generator.
 
     Example::
@@ -314,7 +317,7 @@ def normal(mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None
     return _default.normal(mean, std, size)
 
 
-def gamma(shape, scale=1, size: Optional[Sequence[int]] = None):
+def gamma(shape: Union[float, Tensor], scale: Union[float, Tensor] = 1, size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().gamma`` on the global generator.
 
     Example::
@@ -325,7 +328,7 @@ def gamma(shape, scale=1, size: Optional[Sequence[int]] = None):
     return _default.gamma(shape, scale, size)
 
 
-def beta(alpha, beta, size: Optional[Sequence[int]] = None):  # noqa: F811 (MegEngine's names)
+def beta(alpha: Union[float, Tensor], beta: Union[float, Tensor], size: Optional[Sequence[int]] = None) -> Tensor:  # noqa: F811 (MegEngine's names)
     """``RNG().beta`` on the global generator.
 
     Example::
@@ -336,7 +339,7 @@ def beta(alpha, beta, size: Optional[Sequence[int]] = None):  # noqa: F811 (MegE
     return _default.beta(alpha, beta, size)
 
 
-def poisson(lam, size: Optional[Sequence[int]] = None):
+def poisson(lam: Union[float, Tensor], size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().poisson`` on the global generator.
 
     Example::
@@ -347,7 +350,7 @@ def poisson(lam, size: Optional[Sequence[int]] = None):
     return _default.poisson(lam, size)
 
 
-def exponential(rate=1.0, size: Optional[Sequence[int]] = None):
+def exponential(rate: Union[float, Tensor] = 1.0, size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().exponential`` on the global generator.
 
     Example::
@@ -358,7 +361,7 @@ def exponential(rate=1.0, size: Optional[Sequence[int]] = None):
     return _default.exponential(rate, size)
 
 
-def multinomial(input, num_samples: int, replacement: bool = False):  # noqa: A002 (MegEngine's name)
+def multinomial(input: Tensor, num_samples: int, replacement: bool = False) -> Tensor:  # noqa: A002 (MegEngine's name)
     """``RNG().multinomial`` on the global generator.
 
     Example::
@@ -369,7 +372,7 @@ def multinomial(input, num_samples: int, replacement: bool = False):  # noqa: A0
     return _default.multinomial(input, num_samples, replacement)
 
 
-def permutation(n, *, dtype: str = "int32"):
+def permutation(n: Union[int, Tensor], *, dtype: str = "int32") -> Tensor:
     """``RNG().permutation`` on the global generator.
 
     Example::
@@ -380,7 +383,7 @@ def permutation(n, *, dtype: str = "int32"):
     return _default.permutation(n, dtype=dtype)
 
 
-def shuffle(inp) -> None:
+def shuffle(inp: Tensor) -> None:
     """``RNG().shuffle`` on the global generator: ``inp`` in place.
 
     Example::

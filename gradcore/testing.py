@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def _objective(fn, xs, ws) -> float:
     return total
 
 
-def numerical_grads(fn: Callable, inputs: Sequence[Tensor], weights, eps: float = 1e-6,
+def numerical_grads(fn: Callable, inputs: Sequence[Tensor], weights: Sequence[np.ndarray], eps: float = 1e-6,
                     wrt: Optional[Sequence[int]] = None) -> List[Optional[np.ndarray]]:
     """Central differences of ``sum(w * fn(*inputs))`` with respect to each input.
 
@@ -121,7 +121,7 @@ def _host_grads(xs, chosen) -> List[Optional[np.ndarray]]:
             else np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64) for x in xs]
 
 
-def analytic_grads(fn: Callable, inputs: Sequence[Tensor], weights,
+def analytic_grads(fn: Callable, inputs: Sequence[Tensor], weights: Sequence[np.ndarray],
                    wrt: Optional[Sequence[int]] = None) -> List[Optional[np.ndarray]]:
     """The gradients of ``sum(w * fn(*inputs))`` with respect to each input,
     computed by a GradManager (None for an input not differentiated).
@@ -336,7 +336,7 @@ def _op_short_name(op) -> str:
     return getattr(cls, "name", "") or cls.__name__
 
 
-def op_examples(op_or_cls) -> List[tuple]:
+def op_examples(op_or_cls: Any) -> List[tuple]:
     """The op's own sample inputs: ``examples()`` (a classmethod, method or
     attribute) as a list of ``(op_instance, [arrays])`` or
     ``(op_instance, [arrays], wrt)``; [] when the op has none.
@@ -549,7 +549,7 @@ class _Check:
         self.report.results.append(res)
 
 
-def op_devices(op) -> List[str]:
+def op_devices(op: Any) -> List[str]:
     """The devices of an op (its description's: declared, else those it has
     kernels for).
 
@@ -580,7 +580,7 @@ def _bad_shape_variants(arrays):
                 arrays[:i] + [np.full(shp, 0.5, a.dtype)] + arrays[i + 1:]
 
 
-def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: float = 1e-5,
+def check_op(op: Any, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: float = 1e-5,
              rtol: float = 1e-3, eps: float = 1e-6, wrt: Optional[Sequence[int]] = None,
              second_order: bool = True, compile_cuda: bool = True, seed: int = 0) -> CheckReport:
     """Run every check an op should pass and return a ``CheckReport``:
@@ -778,7 +778,7 @@ def _sample(rng, shape, domain):
     return np.where(near, x + np.where(x > (lo + hi) / 2, -0.1, 0.1), x)
 
 
-def generated_cases(op, seed: int = 0) -> List[tuple]:
+def generated_cases(op: Any, seed: int = 0) -> List[tuple]:
     """Sample inputs built from an op's declaration when it gives no
     ``examples()``: ``(op_instance, [float64 arrays])`` per case.
 
@@ -1083,7 +1083,7 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
 
 
 @contextlib.contextmanager
-def cuda_for_checks(wanted: bool = True):
+def cuda_for_checks(wanted: bool = True) -> Iterator[str]:
     """A context manager yielding where cuda checks run: the GPU, else the
     host emulator (selected for the duration, and forgotten after), else
     nowhere (why). ``gradcore check`` and the pytest plugin check in it.

@@ -27,7 +27,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -122,7 +122,7 @@ def _escape(text: str) -> str:
 
 
 def visualize(y: "_core.Tensor", params: Optional[Dict[str, "_core.Tensor"]] = None,
-              graph_attr: Optional[dict] = None):
+              graph_attr: Optional[dict] = None) -> Any:
     """The recorded backward graph behind ``y`` as a ``graphviz.Digraph``
     (see the module docstring). ``params`` names tensors (e.g.
     ``dict(net.named_parameters())``) so attached ones are labelled.

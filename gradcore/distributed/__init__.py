@@ -43,7 +43,7 @@ import os
 import sys
 import time
 import weakref
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -261,7 +261,7 @@ def _wait(requests, what: str, timeout=None) -> None:
             time.sleep(0.0002 if spins < 5000 else 0.002)
 
 
-def barrier(timeout=None) -> None:
+def barrier(timeout: Optional[float] = None) -> None:
     """A barrier with a deadline.
 
     Example::
@@ -273,7 +273,7 @@ def barrier(timeout=None) -> None:
     _wait(comm.Ibarrier(), "barrier", timeout)
 
 
-def allreduce(array, op: str = "sum", timeout=None) -> np.ndarray:
+def allreduce(array: Union[np.ndarray, Tensor], op: str = "sum", timeout: Optional[float] = None) -> np.ndarray:
     """Allreduce a NumPy array (or Tensor) over the ranks: "sum", "mean",
     "max" or "min". Returns a new array.
 
@@ -325,7 +325,7 @@ def _check_same_parameters(tensors: Sequence[Tensor], what: str, timeout=None) -
 
 # ---------------------------------------------------------------- broadcast
 
-def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout=None) -> None:
+def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout: Optional[float] = None) -> None:
     """Give every rank ``root``'s values of ``params`` (call it on every rank
     after building the model, before training). The parameter lists are
     checked to match first.
