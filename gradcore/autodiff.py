@@ -654,8 +654,7 @@ class Function:
         ...     def backward(self, dy):
         ...         (x,) = self.saved_tensors; return dy * 2 * x
         >>> x = gc.tensor([1.0, 3.0]); gm = gc.GradManager().attach([x])
-        >>> with gm:
-        ...     gm.backward(Square()(x).sum())
+        >>> with gm: gm.backward(Square()(x).sum())
         >>> x.grad.numpy()
         array([2., 6.], dtype=float32)
     """
