@@ -317,7 +317,8 @@ def normal(mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None
     return _default.normal(mean, std, size)
 
 
-def gamma(shape: Union[float, Tensor], scale: Union[float, Tensor] = 1, size: Optional[Sequence[int]] = None) -> Tensor:
+def gamma(shape: Union[float, Tensor], scale: Union[float, Tensor] = 1,
+          size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().gamma`` on the global generator.
 
     Example::

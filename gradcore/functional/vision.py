@@ -502,7 +502,8 @@ def _gather_weighted(x: Tensor, flat, weights) -> Tensor:
 
 
 def roi_align(inp: Tensor, rois: Tensor, output_shape: Union[int, Sequence[int]], mode: str = "average",
-              spatial_scale: float = 1.0, sample_points: Union[int, Sequence[int]] = 2, aligned: bool = True) -> Tensor:
+              spatial_scale: float = 1.0, sample_points: Union[int, Sequence[int]] = 2,
+              aligned: bool = True) -> Tensor:
     """RoIAlign (Mask R-CNN), MegEngine's ``F.vision.roi_align``: for each
     box of ``rois`` (K, 5) as (image index, x1, y1, x2, y2), scaled by
     ``spatial_scale`` (and shifted by -0.5 when ``aligned``), each of the
