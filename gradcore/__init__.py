@@ -57,7 +57,7 @@ _LAZY_FUNCTIONS = {"save": "serialization", "load": "serialization", "from_dlpac
                    "from_torch": "interop", "to_torch": "interop", "to_jax": "interop"}
 
 
-def get_logger(name: str = "gradcore"):
+def get_logger(name: str = "gradcore") -> "logging.Logger":     # (logging loads when called)
     """A ``logging`` logger (MegEngine's ``get_logger``).
 
     Example::

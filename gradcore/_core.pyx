@@ -329,7 +329,7 @@ cdef class Tensor:
 
     Example::
 
-        >>> x = gradcore.Tensor([1.0, 2.0])
+        >>> x = gc.Tensor([1.0, 2.0])
         >>> (x * x).sum().item()
         5.0
     """

@@ -117,9 +117,12 @@ class detect_anomaly:
 
     Example::
 
-        >>> with detect_anomaly():                # doctest: +SKIP
-        ...     with gm:
-        ...         gm.backward(loss_fn(x))
+        >>> from gradcore.autodiff import detect_anomaly
+        >>> x = gc.tensor([1.0, np.inf]); gm = gc.GradManager().attach([x])
+        >>> with detect_anomaly(), gm:
+        ...     gm.backward(F.exp(x).sum())     # d exp(x) / dx is inf at inf
+        Traceback (most recent call last):
+        gradcore.anomaly.AnomalyError: Elemwise(exp): its backward returned inf values in the gradient of input 0 ...
     """
 
     def __init__(self, check_nan: bool = True):
@@ -145,5 +148,15 @@ class detect_anomaly:
 
 
 def is_anomaly_enabled() -> bool:
-    """Whether anomaly mode is on."""
+    """Whether anomaly mode is on.
+
+    Example::
+
+        >>> from gradcore.autodiff import detect_anomaly, is_anomaly_enabled
+        >>> with detect_anomaly():
+        ...     print(is_anomaly_enabled())
+        True
+        >>> is_anomaly_enabled()
+        False
+    """
     return bool(_core._anomaly_enabled())

@@ -24,7 +24,15 @@ def cuda_unavailable_reason() -> str:
 
 
 def is_cuda_available() -> bool:
-    """True when tensors can be put on ``cuda``."""
+    """True when tensors can be put on ``cuda``.
+
+    Example::
+
+        >>> device = "cuda" if gc.is_cuda_available() else "cpu"
+        >>> x = gc.tensor([1.0, 2.0], device=device)
+        >>> (x * 2).numpy()
+        array([2., 4.], dtype=float32)
+    """
     return not cuda_unavailable_reason()
 
 

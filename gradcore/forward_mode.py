@@ -75,7 +75,10 @@ def jvp(fn: Callable[..., Tensors], primals: Tensors, tangents: Tensors) -> Tupl
 
     Example::
 
-        >>> out, tangent_out = gradcore.jvp(F.softmax, (x,), (v,))     # doctest: +SKIP
+        >>> x, v = gc.tensor([1.0, 2.0]), gc.tensor([1.0, 1.0])
+        >>> out, tangent_out = gc.jvp(lambda x: x * x * x, (x,), (v,))
+        >>> out.numpy(), tangent_out.numpy()     # x^3 and 3 x^2 * v
+        (array([1., 8.], dtype=float32), array([ 3., 12.], dtype=float32))
     """
     primals = _as_tuple("primals", "jvp", primals)
     tangents = _as_tuple("tangents", "jvp", tangents)
@@ -142,8 +145,10 @@ def vjp(fn: Callable[..., Tensors], *primals: Tensor) -> Tuple[Tensors, Callable
 
     Example::
 
-        >>> y, vjp_fn = gradcore.vjp(lambda x: (x * x).sum(), x)   # doctest: +SKIP
-        >>> (gx,) = vjp_fn(gradcore.tensor(1.0))                   # doctest: +SKIP
+        >>> y, vjp_fn = gc.vjp(lambda x: (x * x).sum(), gc.tensor([1.0, 3.0]))
+        >>> (gx,) = vjp_fn(gc.tensor(1.0))
+        >>> y.item(), gx.numpy()
+        (10.0, array([2., 6.], dtype=float32))
     """
     primals = _as_tuple("primals", "vjp", primals)
     key = Grad("vjp")

@@ -35,7 +35,8 @@ def accept_optimizer_class(cls: type) -> None:
 
     Example::
 
-        >>> accept_optimizer_class(gradcore.optimizer.Optimizer)
+        >>> from gradcore.lr_scheduler import accept_optimizer_class
+        >>> accept_optimizer_class(optim.Optimizer)
     """
     global _optimizer_class
     _optimizer_class = cls
@@ -57,10 +58,13 @@ class LRScheduler:
 
     Example::
 
-        >>> class Halving(LRScheduler):
+        >>> class Halving(optim.LRScheduler):
         ...     def get_lr(self):
         ...         return [lr * 0.5 ** self.current_epoch for lr in self.base_lrs]
-        >>> sched = Halving(optim.SGD(model.parameters(), lr=1.0))
+        >>> opt = optim.SGD([gc.Parameter([1.0])], lr=1.0)
+        >>> sched = Halving(opt); sched.step(); sched.step()
+        >>> opt.param_groups[0]["lr"]
+        0.25
     """
 
     _state_keys: Tuple[str, ...] = ("current_epoch",)
@@ -160,7 +164,7 @@ class MultiStepLR(LRScheduler):
 
     Example::
 
-        >>> opt = optim.SGD(model.parameters(), lr=0.1)
+        >>> opt = optim.SGD([gc.Parameter([1.0])], lr=0.1)
         >>> sched = optim.MultiStepLR(opt, milestones=[2, 4], gamma=0.5)
         >>> lrs = []
         >>> for epoch in range(6):
@@ -206,7 +210,7 @@ class StepLR(LRScheduler):
 
     Example::
 
-        >>> opt = optim.SGD(model.parameters(), lr=1.0)
+        >>> opt = optim.SGD([gc.Parameter([1.0])], lr=1.0)
         >>> sched = optim.StepLR(opt, step_size=2, gamma=0.5)
         >>> lrs = []
         >>> for epoch in range(5):
@@ -244,7 +248,7 @@ class CosineAnnealingLR(LRScheduler):
 
     Example::
 
-        >>> opt = optim.SGD(model.parameters(), lr=1.0)
+        >>> opt = optim.SGD([gc.Parameter([1.0])], lr=1.0)
         >>> sched = optim.CosineAnnealingLR(opt, T_max=4)
         >>> lrs = []
         >>> for epoch in range(5):
@@ -291,9 +295,13 @@ class LambdaLR(LRScheduler):
 
     Example::
 
-        >>> opt = optim.SGD(model.parameters(), lr=0.1)
-        >>> warmup_then_decay = lambda e: (e + 1) / 3 if e < 3 else 0.9 ** (e - 3)
-        >>> sched = optim.LambdaLR(opt, warmup_then_decay)
+        >>> opt = optim.SGD([gc.Parameter([1.0])], lr=0.1)
+        >>> sched = optim.LambdaLR(opt, lambda e: (e + 1) / 4 if e < 3 else 1.0)     # warm-up
+        >>> lrs = []
+        >>> for epoch in range(5):
+        ...     lrs.append(round(opt.param_groups[0]["lr"], 4)); sched.step()
+        >>> lrs
+        [0.025, 0.05, 0.075, 0.1, 0.1]
     """
 
     _state_keys = ("current_epoch",)
@@ -323,7 +331,7 @@ class LinearLR(LRScheduler):
 
     Example::
 
-        >>> opt = optim.SGD(model.parameters(), lr=1.0)
+        >>> opt = optim.SGD([gc.Parameter([1.0])], lr=1.0)
         >>> sched = optim.LinearLR(opt, start_factor=0.25, total_iters=3)
         >>> lrs = []
         >>> for epoch in range(5):

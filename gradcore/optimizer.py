@@ -103,7 +103,15 @@ class Optimizer:
 
     ``params`` is a Parameter, an iterable of them, a dict
     ``{"params": [...], "lr": ...}`` or an iterable of such dicts (a value a
-    group leaves out comes from the optimizer's arguments)."""
+    group leaves out comes from the optimizer's arguments).
+
+    Example::
+
+        >>> w, b = gc.Parameter([1.0]), gc.Parameter([0.0])
+        >>> opt = optim.SGD([{"params": [w]}, {"params": [b], "lr": 0.5}], lr=0.1)
+        >>> [group["lr"] for group in opt.param_groups]
+        [0.1, 0.5]
+    """
 
     def __init__(self, params: Union[Tensor, Dict, Iterable[Tensor], Iterable[Dict]], defaults: Dict):
         name = type(self).__name__
@@ -314,7 +322,18 @@ _lr_scheduler.accept_optimizer_class(Optimizer)
 
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum, Nesterov and weight decay
-    (MegEngine's update rule)."""
+    (MegEngine's update rule).
+
+    Example::
+
+        >>> w = gc.Parameter([1.0, -2.0])
+        >>> gm = gc.GradManager().attach([w])
+        >>> with gm:
+        ...     gm.backward((w * w).sum())     # gradient 2 * w
+        >>> _ = optim.SGD([w], lr=0.1).step().clear_grad()
+        >>> w.numpy()
+        array([ 0.8, -1.6], dtype=float32)
+    """
 
     def __init__(self, params, lr: float, momentum: float = 0.0, nesterov: bool = False,
                  weight_decay: float = 0.0):
@@ -353,7 +372,11 @@ class Adam(Optimizer):
 
     Example::
 
-        >>> opt = Adam(model.parameters(), lr=1e-3)
+        >>> w = gc.Parameter([1.0, -2.0])
+        >>> w.grad = gc.tensor([0.5, -4.0])
+        >>> _ = optim.Adam([w], lr=0.1).step()     # the first step: lr * sign(g)
+        >>> w.numpy()
+        array([ 0.9, -1.9], dtype=float32)
     """
 
     # AdamW: the decay is kept out of the moments and added to the step
@@ -443,8 +466,11 @@ class AdamW(Adam):
 
     Example::
 
-        >>> opt = AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
-        >>> opt.step().clear_grad()
+        >>> w = gc.Parameter([1.0, -2.0])
+        >>> w.grad = gc.tensor([0.5, -4.0])
+        >>> _ = optim.AdamW([w], lr=0.1, weight_decay=0.5).step()     # lr * (sign(g) + 0.5 * w)
+        >>> w.numpy()
+        array([ 0.85, -1.8 ], dtype=float32)
     """
 
     _decoupled_decay = True
@@ -477,7 +503,11 @@ class Adagrad(Optimizer):
 
     Example::
 
-        >>> opt = Adagrad(model.parameters(), lr=1e-2)
+        >>> w = gc.Parameter([1.0, -2.0])
+        >>> w.grad = gc.tensor([0.5, -4.0])
+        >>> _ = optim.Adagrad([w], lr=0.1).step()     # the first step: lr * sign(g)
+        >>> w.numpy()
+        array([ 0.9, -1.9], dtype=float32)
     """
 
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, eps: float = 1e-10,
@@ -506,7 +536,11 @@ class Adadelta(Optimizer):
 
     Example::
 
-        >>> opt = Adadelta(model.parameters(), lr=1.0, rho=0.9)
+        >>> w = gc.Parameter([1.0, -2.0])
+        >>> w.grad = gc.tensor([0.5, -4.0])
+        >>> _ = optim.Adadelta([w], lr=1.0, rho=0.9).step()
+        >>> w.numpy()
+        array([ 0.9968378, -1.9968377], dtype=float32)
     """
 
     def __init__(self, params, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6,
@@ -538,7 +572,11 @@ class LAMB(Optimizer):
 
     Example::
 
-        >>> opt = LAMB(model.parameters(), lr=1e-3, weight_decay=0.01)
+        >>> w = gc.Parameter([3.0, -4.0])
+        >>> w.grad = gc.tensor([1.0, 1.0])
+        >>> _ = optim.LAMB([w], lr=0.1, weight_decay=0.01).step()
+        >>> w.numpy().round(4)
+        array([ 2.6342, -4.3409], dtype=float32)
     """
 
     def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -590,7 +628,11 @@ class LAMBFp16(LAMB):
 
     Example::
 
-        >>> opt = LAMBFp16(half_model.parameters(), lr=1e-3)
+        >>> w = gc.Parameter(np.array([3.0, -4.0], "float16"))
+        >>> w.grad = gc.tensor(np.array([1.0, 1.0], "float16"))
+        >>> _ = optim.LAMBFp16([w], lr=0.1, weight_decay=0.01).step()
+        >>> w.dtype, w.numpy()
+        (dtype('float16'), array([ 2.635, -4.34 ], dtype=float16))
     """
 
     def _master(self, param, state):
@@ -614,7 +656,12 @@ def clip_grad_norm(tensors: Union[Tensor, Iterable[Tensor]], max_norm: float, or
 
     Example::
 
-        >>> total = optim.clip_grad_norm(model.parameters(), max_norm=1.0)
+        >>> w = gc.Parameter([0.0, 0.0])
+        >>> w.grad = gc.tensor([3.0, 4.0])
+        >>> optim.clip_grad_norm([w], max_norm=1.0).item()     # the norm before clipping
+        5.0
+        >>> w.grad.numpy().round(4)
+        array([0.6, 0.8], dtype=float32)
     """
     from . import functional as F
     if isinstance(ord, str):        # "inf" / "-inf", as MegEngine's docs allow
@@ -644,7 +691,11 @@ def clip_grad_value(tensors: Union[Tensor, Iterable[Tensor]], lower: float, uppe
 
     Example::
 
-        >>> optim.clip_grad_value(model.parameters(), lower=-1.0, upper=1.0)
+        >>> w = gc.Parameter([0.0, 0.0, 0.0])
+        >>> w.grad = gc.tensor([-3.0, 0.5, 4.0])
+        >>> optim.clip_grad_value([w], lower=-1.0, upper=1.0)
+        >>> w.grad.numpy()
+        array([-1. ,  0.5,  1. ], dtype=float32)
     """
     from . import functional as F
     _check_hyper("clip_grad_value", lower=lower, upper=upper)

@@ -16,11 +16,14 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 
 from .op import ArgumentError
+
+if TYPE_CHECKING:     # annotations only: the functions import _core when called
+    from ._core import Tensor
 
 _rng = np.random.default_rng(0)
 
@@ -30,7 +33,7 @@ def seed(seed: int) -> None:
 
     Example::
 
-        >>> gradcore.random.seed(42)
+        >>> gc.random.seed(42)
     """
     global _rng
     _rng = np.random.default_rng(seed)
@@ -41,7 +44,7 @@ def generator() -> np.random.Generator:
 
     Example::
 
-        >>> keep = gradcore.random.generator().random((2, 3)) >= 0.5
+        >>> keep = gc.random.generator().random((2, 3)) >= 0.5
     """
     return _rng
 
@@ -52,7 +55,13 @@ def get_rng_state() -> Dict[str, Any]:
 
     Example::
 
-        >>> gc.save({"model": model.state_dict(), "rng": gc.random.get_rng_state()}, "ckpt.gc")
+        >>> import io
+        >>> gc.random.seed(7)
+        >>> buf = io.BytesIO(); gc.save({"rng": gc.random.get_rng_state()}, buf)
+        >>> a = gc.random.uniform(size=3).numpy()
+        >>> gc.random.set_rng_state(gc.load(io.BytesIO(buf.getvalue()))["rng"])
+        >>> bool((gc.random.uniform(size=3).numpy() == a).all())     # the same draws again
+        True
     """
     return copy.deepcopy(_rng.bit_generator.state)
 
@@ -63,7 +72,11 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
     Example::
 
-        >>> gc.random.set_rng_state(gc.load("ckpt.gc")["rng"])
+        >>> state = gc.random.get_rng_state()
+        >>> a = gc.random.normal(size=2).numpy()
+        >>> gc.random.set_rng_state(state)
+        >>> bool((gc.random.normal(size=2).numpy() == a).all())
+        True
     """
     global _rng
     if not isinstance(state, dict) or "bit_generator" not in state:
@@ -92,7 +105,7 @@ class RNG:
 
     Example::
 
-        >>> rng = gradcore.random.RNG(seed=100)
+        >>> rng = gc.random.RNG(seed=100)
         >>> rng.uniform(size=(2, 2)).shape
         (2, 2)
     """
@@ -282,99 +295,104 @@ def _rows(t) -> np.ndarray:
 _default = RNG()
 
 
-def uniform(low: float = 0, high: float = 1, size: Optional[Sequence[int]] = None):
+def uniform(low: float = 0, high: float = 1, size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().uniform`` on the global generator.
 
     Example::
 
-        >>> gradcore.random.uniform(size=3).shape
+        >>> gc.random.uniform(size=3).shape
         (3,)
     """
     return _default.uniform(low, high, size)
 
 
-def normal(mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None):
+def normal(mean: float = 0, std: float = 1, size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().normal`` on the global generator.
 
     Example::
 
-        >>> gradcore.random.normal(size=(2,)).shape
+        >>> gc.random.normal(size=(2,)).shape
         (2,)
     """
     return _default.normal(mean, std, size)
 
 
-def gamma(shape, scale=1, size: Optional[Sequence[int]] = None):
+def gamma(shape: Union[float, Tensor], scale: Union[float, Tensor] = 1,
+          size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().gamma`` on the global generator.
 
     Example::
 
-        >>> gradcore.random.gamma(2.0, size=(2,)).shape
+        >>> gc.random.gamma(2.0, size=(2,)).shape
         (2,)
     """
     return _default.gamma(shape, scale, size)
 
 
-def beta(alpha, beta, size: Optional[Sequence[int]] = None):  # noqa: F811 (MegEngine's names)
+def beta(alpha: Union[float, Tensor], beta: Union[float, Tensor], size: Optional[Sequence[int]] = None) -> Tensor:  # noqa: F811 (MegEngine's names)
     """``RNG().beta`` on the global generator.
 
     Example::
 
-        >>> gradcore.random.beta(2.0, 3.0, size=2).shape
+        >>> gc.random.beta(2.0, 3.0, size=2).shape
         (2,)
     """
     return _default.beta(alpha, beta, size)
 
 
-def poisson(lam, size: Optional[Sequence[int]] = None):
+def poisson(lam: Union[float, Tensor], size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().poisson`` on the global generator.
 
     Example::
 
-        >>> gradcore.random.poisson(3.0, size=2).shape
+        >>> gc.random.poisson(3.0, size=2).shape
         (2,)
     """
     return _default.poisson(lam, size)
 
 
-def exponential(rate=1.0, size: Optional[Sequence[int]] = None):
+def exponential(rate: Union[float, Tensor] = 1.0, size: Optional[Sequence[int]] = None) -> Tensor:
     """``RNG().exponential`` on the global generator.
 
     Example::
 
-        >>> gradcore.random.exponential(1.5, size=3).shape
+        >>> gc.random.exponential(1.5, size=3).shape
         (3,)
     """
     return _default.exponential(rate, size)
 
 
-def multinomial(input, num_samples: int, replacement: bool = False):  # noqa: A002 (MegEngine's name)
+def multinomial(input: Tensor, num_samples: int, replacement: bool = False) -> Tensor:  # noqa: A002 (MegEngine's name)
     """``RNG().multinomial`` on the global generator.
 
     Example::
 
-        >>> gradcore.random.multinomial(gc.tensor([[1.0, 0.0], [0.0, 1.0]]), 1).numpy().tolist()
+        >>> gc.random.multinomial(gc.tensor([[1.0, 0.0], [0.0, 1.0]]), 1).numpy().tolist()
         [[0], [1]]
     """
     return _default.multinomial(input, num_samples, replacement)
 
 
-def permutation(n, *, dtype: str = "int32"):
+def permutation(n: Union[int, Tensor], *, dtype: str = "int32") -> Tensor:
     """``RNG().permutation`` on the global generator.
 
     Example::
 
-        >>> gradcore.random.permutation(5).shape
+        >>> gc.random.permutation(5).shape
         (5,)
     """
     return _default.permutation(n, dtype=dtype)
 
 
-def shuffle(inp) -> None:
+def shuffle(inp: Tensor) -> None:
     """``RNG().shuffle`` on the global generator: ``inp`` in place.
 
     Example::
 
-        >>> gradcore.random.shuffle(x)
+        >>> gc.random.seed(0)
+        >>> x = gc.tensor([1.0, 2.0, 3.0, 4.0])
+        >>> gc.random.shuffle(x)     # in place
+        >>> sorted(x.numpy().tolist()), x.shape
+        ([1.0, 2.0, 3.0, 4.0], (4,))
     """
     _default.shuffle(inp)

@@ -99,8 +99,11 @@ def save(obj: Any, f: PathOrFile, pickle_module: Any = None, pickle_protocol: Op
 
     Example::
 
-        >>> gradcore.save(net.state_dict(), "net.gc")          # doctest: +SKIP
-        >>> net.load_state_dict(gradcore.load("net.gc"))       # doctest: +SKIP
+        >>> import io
+        >>> buf = io.BytesIO()
+        >>> gc.save({"w": gc.tensor([1.0, 2.0]), "step": 3}, buf)
+        >>> gc.load(io.BytesIO(buf.getvalue()))
+        {'w': Tensor([1., 2.], dtype=float32, device=cpu), 'step': 3}
     """
     pickler = (pickle_module or pickle, pickle.HIGHEST_PROTOCOL if pickle_protocol is None else pickle_protocol)
     if isinstance(f, (str, os.PathLike)):
@@ -253,7 +256,12 @@ def load(f: PathOrFile, map_location: MapLocation = None, pickle_module: Any = N
 
     Example::
 
-        >>> state = gradcore.load("net.gc", map_location="cpu")   # doctest: +SKIP
+        >>> import io
+        >>> net = M.Linear(2, 1); buf = io.BytesIO()
+        >>> gc.save(net.state_dict(), buf)
+        >>> state = gc.load(io.BytesIO(buf.getvalue()), map_location="cpu")
+        >>> sorted(state), state["weight"].shape
+        (['bias', 'weight'], (1, 2))
     """
     mapper = _device_mapper(map_location)
     if isinstance(f, (str, os.PathLike)):

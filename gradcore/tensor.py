@@ -10,7 +10,16 @@ tensor = Tensor
 
 
 class Parameter(Tensor):
-    """A Tensor that a Module owns and an optimizer updates."""
+    """A Tensor that a Module owns and an optimizer updates.
+
+    Example::
+
+        >>> w = gc.Parameter([1.0, 2.0])
+        >>> w
+        Parameter([1., 2.], dtype=float32, device=cpu)
+        >>> isinstance(w, gc.Tensor), isinstance(w * 2, gc.Parameter)
+        (True, False)
+    """
 
     def __repr__(self):
         return "Parameter" + super().__repr__()[len("Tensor"):]

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -72,9 +72,17 @@ def _objective(fn, xs, ws) -> float:
     return total
 
 
-def numerical_grads(fn: Callable, inputs: Sequence[Tensor], weights, eps: float = 1e-6,
+def numerical_grads(fn: Callable, inputs: Sequence[Tensor], weights: Sequence[np.ndarray], eps: float = 1e-6,
                     wrt: Optional[Sequence[int]] = None) -> List[Optional[np.ndarray]]:
-    """Central differences of ``sum(w * fn(*inputs))`` with respect to each input."""
+    """Central differences of ``sum(w * fn(*inputs))`` with respect to each input.
+
+    Example::
+
+        >>> from gradcore.testing import numerical_grads
+        >>> x = gc.tensor([3.0], dtype="float64")
+        >>> [g.round(6) for g in numerical_grads(lambda x: x * x, [x], [np.ones(1)])]     # d(x^2)/dx = 6
+        [array([6.])]
+    """
     xs = list(inputs)
     grads = []
     for i, x in enumerate(xs):
@@ -114,14 +122,15 @@ def _host_grads(xs, chosen) -> List[Optional[np.ndarray]]:
             else np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64) for x in xs]
 
 
-def analytic_grads(fn: Callable, inputs: Sequence[Tensor], weights,
+def analytic_grads(fn: Callable, inputs: Sequence[Tensor], weights: Sequence[np.ndarray],
                    wrt: Optional[Sequence[int]] = None) -> List[Optional[np.ndarray]]:
     """The gradients of ``sum(w * fn(*inputs))`` with respect to each input,
     computed by a GradManager (None for an input not differentiated).
 
     Example::
 
-        >>> analytic_grads(lambda x: x * x, [gradcore.tensor([3.0], dtype="float64")], [np.ones(1)])
+        >>> from gradcore.testing import analytic_grads
+        >>> analytic_grads(lambda x: x * x, [gc.tensor([3.0], dtype="float64")], [np.ones(1)])
         [array([6.])]
     """
     xs = [x.detach() for x in inputs]
@@ -157,7 +166,8 @@ def gradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float = 1
 
     Example::
 
-        >>> gradcheck(F.sin, [gradcore.tensor(np.random.rand(4), dtype="float64")])
+        >>> from gradcore.testing import gradcheck
+        >>> gradcheck(F.sin, [gc.tensor(np.random.rand(4), dtype="float64")])
         True
     """
     xs = _as_tensors(inputs)
@@ -193,7 +203,8 @@ def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float
 
     Example::
 
-        >>> gradgradcheck(lambda x: x * x * x, [gradcore.tensor([0.5, 2.0], dtype="float64")])
+        >>> from gradcore.testing import gradgradcheck
+        >>> gradgradcheck(lambda x: x * x * x, [gc.tensor([0.5, 2.0], dtype="float64")])
         True
     """
     xs = _as_tensors(inputs)
@@ -237,6 +248,17 @@ class OpCheckError(AssertionError):
 
 @dataclass
 class CheckResult:
+    """One line of a ``CheckReport``: which op, which check, its status
+    ("passed", "failed", "skipped" or "not applicable") and why.
+
+    Example::
+
+        >>> from gradcore.testing import CheckResult
+        >>> r = CheckResult("Elemwise(mul)", "grad", "failed", "input 0: off by 0.5")
+        >>> r.ok, r.status
+        (False, 'failed')
+    """
+
     op: str
     check: str
     status: str           # "passed" | "failed" | "skipped" | "not applicable"
@@ -253,7 +275,16 @@ class CheckReport:
 
     ``ok`` is False when any check failed (skipped and not-applicable
     checks do not fail; ``passed`` tells whether anything was tested);
-    ``raise_on_failure()`` raises ``OpCheckError`` with the table."""
+    ``raise_on_failure()`` raises ``OpCheckError`` with the table.
+
+    Example::
+
+        >>> from gradcore.testing import check_op
+        >>> from gradcore.functional import Elemwise
+        >>> report = check_op(Elemwise("mul"), np.ones((2, 3)), np.full(3, 2.0), devices=["cpu"])
+        >>> report.ok, report.results[0].check, report.results[0].status
+        (True, 'forward[cpu]', 'passed')
+    """
     results: List[CheckResult] = field(default_factory=list)
     instances: List[str] = field(default_factory=list)    # the ops checked, parameters included
 
@@ -309,10 +340,18 @@ def _op_short_name(op) -> str:
     return getattr(cls, "name", "") or cls.__name__
 
 
-def op_examples(op_or_cls) -> List[tuple]:
+def op_examples(op_or_cls: Any) -> List[tuple]:
     """The op's own sample inputs: ``examples()`` (a classmethod, method or
     attribute) as a list of ``(op_instance, [arrays])`` or
-    ``(op_instance, [arrays], wrt)``; [] when the op has none."""
+    ``(op_instance, [arrays], wrt)``; [] when the op has none.
+
+    Example::
+
+        >>> from gradcore.testing import op_examples
+        >>> from gradcore.functional import Elemwise
+        >>> [(op, [a.shape for a in arrays]) for op, arrays, wrt in op_examples(Elemwise("mul"))]
+        [(Elemwise(mul), [(2, 3), (3,)]), (Elemwise(add), [(3, 1), (1, 2)]), (Elemwise(tanh), [(4,)])]
+    """
     ex = getattr(op_or_cls, "examples", None)
     if ex is None:
         return []
@@ -541,9 +580,17 @@ def _compact_failures(fails: List[str]) -> str:
     return "; ".join(shown)
 
 
-def op_devices(op) -> List[str]:
+def op_devices(op: Any) -> List[str]:
     """The devices of an op (its description's: declared, else those it has
-    kernels for)."""
+    kernels for).
+
+    Example::
+
+        >>> from gradcore.testing import op_devices
+        >>> from gradcore.functional import Elemwise
+        >>> op_devices(Elemwise("mul"))
+        ['cpu', 'cuda']
+    """
     return list(describe(op).devices)
 
 
@@ -564,7 +611,7 @@ def _bad_shape_variants(arrays):
                 arrays[:i] + [np.full(shp, 0.5, a.dtype)] + arrays[i + 1:]
 
 
-def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: float = 1e-5,
+def check_op(op: Any, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: float = 1e-5,
              rtol: float = 1e-3, eps: float = 1e-6, wrt: Optional[Sequence[int]] = None,
              second_order: bool = True, compile_cuda: bool = True, seed: int = 0) -> CheckReport:
     """Run every check an op should pass and return a ``CheckReport``:
@@ -599,7 +646,10 @@ def check_op(op, *sample_inputs, devices: Optional[Sequence[str]] = None, atol: 
 
     Example::
 
-        >>> report = check_op(Elemwise("mul"), np.random.rand(2, 3), np.random.rand(3))
+        >>> from gradcore.testing import check_op
+        >>> from gradcore.functional import Elemwise
+        >>> rng = np.random.default_rng(0)
+        >>> report = check_op(Elemwise("mul"), rng.random((2, 3)), rng.random(3), devices=["cpu"])
         >>> report.ok
         True
     """
@@ -762,7 +812,7 @@ def _sample(rng, shape, domain):
     return np.where(near, x + np.where(x > (lo + hi) / 2, -0.1, 0.1), x)
 
 
-def generated_cases(op, seed: int = 0) -> List[tuple]:
+def generated_cases(op: Any, seed: int = 0) -> List[tuple]:
     """Sample inputs built from an op's declaration when it gives no
     ``examples()``: ``(op_instance, [float64 arrays])`` per case.
 
@@ -776,8 +826,11 @@ def generated_cases(op, seed: int = 0) -> List[tuple]:
 
     Example::
 
-        >>> [(op, [a.shape for a in arrays]) for op, arrays in generated_cases(Softmax)]
-        [(Softmax(axis=-1), [(2, 3)]), (Softmax(axis=-1), [(4,)]), ...]
+        >>> from gradcore.testing import generated_cases
+        >>> from gradcore.functional import Softmax
+        >>> cases = generated_cases(Softmax)
+        >>> [(op, [a.shape for a in arrays]) for op, arrays in cases[:2]]
+        [(Softmax(axis=-1), [(2, 3)]), (Softmax(axis=-1), [(4,)])]
     """
     cls = op if isinstance(op, type) else type(op)
     rng = np.random.default_rng(seed)
@@ -1077,15 +1130,19 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
 
 
 @contextlib.contextmanager
-def cuda_for_checks(wanted: bool = True):
+def cuda_for_checks(wanted: bool = True) -> Iterator[str]:
     """A context manager yielding where cuda checks run: the GPU, else the
     host emulator (selected for the duration, and forgotten after), else
     nowhere (why). ``gradcore check`` and the pytest plugin check in it.
 
     Example::
 
-        >>> with cuda_for_checks() as where:
-        ...     report = check_op(MyCube)        # cuda checks on the GPU or the emulator
+        >>> from gradcore.testing import check_op, cuda_for_checks
+        >>> from gradcore.functional import Elemwise
+        >>> with cuda_for_checks() as where:     # "GPU", "host emulator (no GPU)", ...
+        ...     report = check_op(Elemwise("mul"), np.ones((2, 3)), np.ones(3))
+        >>> [r.status for r in report.results if r.check == "forward[cuda]"]
+        ['passed']
     """
     if not wanted:
         yield "not requested"
@@ -1133,7 +1190,12 @@ def check_grad_rule(op_cls: type, rule: Callable, seed: int = 0, atol: float = 1
 
     Example::
 
-        >>> check_grad_rule(MatrixMul, matmul_2d_float32_rule).ok
+        >>> from gradcore.testing import check_grad_rule
+        >>> from gradcore.functional import CumSum
+        >>> def cumsum_rule(op, x):     # a cumsum's gradient: the cumsum of dy the other way
+        ...     y = gc.core.apply(op, x)[0]
+        ...     return (y,), lambda dy: gc.core.apply(CumSum(op.axis, not op.reverse), dy)[0]
+        >>> check_grad_rule(CumSum, cumsum_rule).ok
         True
     """
     label = f"{_op_short_name(op_cls)} rule {getattr(rule, '__name__', 'rule')}"

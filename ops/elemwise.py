@@ -307,7 +307,10 @@ class Elemwise(Op):
 
     Example::
 
-        >>> y, = gradcore.core.apply(Elemwise("mul"), a, b)
+        >>> from gradcore.functional import Elemwise
+        >>> y, = gc.core.apply(Elemwise("mul"), gc.tensor([2.0, 3.0]), gc.tensor([4.0, 5.0]))
+        >>> y.numpy()
+        array([ 8., 15.], dtype=float32)
     """
 
     name = "Elemwise"

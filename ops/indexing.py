@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Tuple
+from typing import Any, Tuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -25,8 +25,15 @@ def _apply1(op, *args):
     return _core.apply(op, *args)[0]
 
 
-def split_index(index) -> Tuple[tuple, list]:
-    """(spec, index arrays) for a Python index expression."""
+def split_index(index: Any) -> Tuple[tuple, list]:
+    """(spec, index arrays) for a Python index expression.
+
+    Example::
+
+        >>> from gradcore.functional import split_index
+        >>> split_index((slice(1, None), [0, 1]))     # the slice in the spec, the list an extra input
+        ((('s', 1, None, None), ('t', 0)), [[0, 1]])
+    """
     if not isinstance(index, tuple):
         index = (index,)
     spec, arrays = [], []
@@ -215,7 +222,18 @@ def _outer_n_inner(shape, ax):
 
 
 class Subtensor(Op):
-    """``x[index]``; index arrays are extra inputs."""
+    """``x[index]``; index arrays are extra inputs.
+
+    Example::
+
+        >>> from gradcore.functional import Subtensor, split_index
+        >>> spec, arrays = split_index((slice(None), [2, 0]))
+        >>> x = gc.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        >>> y, = gc.core.apply(Subtensor(spec), x, *[gc.tensor(a) for a in arrays])
+        >>> y.numpy()
+        array([[3., 1.],
+               [6., 4.]], dtype=float32)
+    """
     name = "Subtensor"
     reduce_broadcast = False
     check_params = ({"spec": (("s", 1, 3, None), ("s", None, None, 2))}, {"spec": (("s", None, -1, None),)})
@@ -330,7 +348,16 @@ def _check_assignable(op, value, shape, descs):
 
 
 class SetSubtensor(Op):
-    """A copy of ``x`` with ``value`` (broadcast) written at ``index``."""
+    """A copy of ``x`` with ``value`` (broadcast) written at ``index``.
+
+    Example::
+
+        >>> from gradcore.functional import SetSubtensor, split_index
+        >>> spec, arrays = split_index(slice(0, 2))
+        >>> y, = gc.core.apply(SetSubtensor(spec), gc.tensor([1.0, 2.0, 3.0]), gc.tensor(0.0))
+        >>> y.numpy()
+        array([0., 0., 3.], dtype=float32)
+    """
     name = "SetSubtensor"
     check_params = ({"spec": (("s", 1, 3, None), ("s", None, None, 2))},)
     check_shapes = (((2, 3), (1, 2)), ((3, 4), (2,)))
@@ -399,7 +426,16 @@ class SetSubtensor(Op):
 
 class IndexingOneHot(Op):
     """``out[..., i, ...] = x[..., index[i], ...]`` along ``axis``: one element
-    per position (MegEngine's indexing_one_hot)."""
+    per position (MegEngine's indexing_one_hot).
+
+    Example::
+
+        >>> from gradcore.functional import IndexingOneHot
+        >>> x, idx = gc.tensor([[1.0, 2.0], [3.0, 4.0]]), gc.tensor([1, 0])
+        >>> y, = gc.core.apply(IndexingOneHot(axis=1), x, idx)
+        >>> y.numpy()
+        array([2., 3.], dtype=float32)
+    """
     name = "IndexingOneHot"
     reduce_broadcast = False
     attrs = ("axis", "keepdims")

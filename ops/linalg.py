@@ -34,7 +34,16 @@ _OPENBLAS_ONE_THREAD = 1 << 18
 
 class MatrixMul(Op):
     """Batched ``a @ b`` over the last two axes (leading axes broadcast),
-    with optional transposition of either operand."""
+    with optional transposition of either operand.
+
+    Example::
+
+        >>> from gradcore.functional import MatrixMul
+        >>> a = gc.tensor(np.ones((4, 2, 3), "float32"))
+        >>> y, = gc.core.apply(MatrixMul(transpose_b=True), a, a)
+        >>> y.shape
+        (4, 2, 2)
+    """
     name = "MatrixMul"
     attrs = ("transpose_a", "transpose_b")
     reduce_broadcast = True   # batch axes broadcast: grads are summed down centrally

@@ -36,6 +36,16 @@ def _check_axis(op, x):
 
 
 class LogSoftmax(Op):
+    """log(softmax(x)) along ``axis``.
+
+    Example::
+
+        >>> from gradcore.functional import LogSoftmax
+        >>> y, = gc.core.apply(LogSoftmax(axis=-1), gc.tensor([0.0, 0.0]))
+        >>> y.numpy().round(4)
+        array([-0.6931, -0.6931], dtype=float32)
+    """
+
     name = "LogSoftmax"
     reduce_broadcast = False
     attrs = ("axis",)
@@ -86,7 +96,15 @@ class LogSoftmax(Op):
 class Softmax(Op):
     """exp(x) / sum(exp(x)) along ``axis``. Declared by decomposition
     (``exp(log_softmax(x))``) too, but its hand VJP is measurably better: it
-    reads only the output, where the derived graph recomputes from x."""
+    reads only the output, where the derived graph recomputes from x.
+
+    Example::
+
+        >>> from gradcore.functional import Softmax
+        >>> y, = gc.core.apply(Softmax(axis=-1), gc.tensor([0.0, np.log(3.0)]))
+        >>> y.numpy()
+        array([0.25, 0.75], dtype=float32)
+    """
     name = "Softmax"
     reduce_broadcast = False
     attrs = ("axis",)
@@ -129,7 +147,15 @@ class Softmax(Op):
 
 class LogSumExp(Composite):
     """log(sum(exp(x), axis)): forward and backward both come from the
-    decomposition below."""
+    decomposition below.
+
+    Example::
+
+        >>> from gradcore.functional import LogSumExp
+        >>> y, = gc.core.apply(LogSumExp(axis=-1), gc.tensor([[0.0, 0.0]]))
+        >>> y.numpy().round(4)
+        array([0.6931], dtype=float32)
+    """
     name = "LogSumExp"
     attrs = ("axis", "keepdims")
 

@@ -71,7 +71,15 @@ _SMALL_FULL = {"sum": _small.full_sum, "mean": _small.full_mean}
 
 
 class Reduce(Op):
-    """Reduce over ``axis`` (None: all) with mode sum, mean, max, min or prod."""
+    """Reduce over ``axis`` (None: all) with mode sum, mean, max, min or prod.
+
+    Example::
+
+        >>> from gradcore.functional import Reduce
+        >>> y, = gc.core.apply(Reduce("max", axis=0), gc.tensor([[1.0, 5.0], [7.0, 0.0]]))
+        >>> y.numpy()
+        array([7., 5.], dtype=float32)
+    """
     name = "Reduce"
     reduce_broadcast = False
     check_params = ({"mode": "sum", "axis": 1}, {"mode": "mean"}, {"mode": "max", "axis": 0},
@@ -477,7 +485,15 @@ class BroadcastBack(Op):
 
 class ArgReduce(Op):
     """Index of the max ("argmax") or min ("argmin") along ``axis`` (None:
-    of the flattened tensor), int32. Not differentiable: no gradient flows."""
+    of the flattened tensor), int32. Not differentiable: no gradient flows.
+
+    Example::
+
+        >>> from gradcore.functional import ArgReduce
+        >>> y, = gc.core.apply(ArgReduce("argmax", axis=1), gc.tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]]))
+        >>> y.numpy()
+        array([1, 0], dtype=int32)
+    """
     name = "ArgReduce"
     reduce_broadcast = False
     check_params = ({"mode": "argmax", "axis": 1}, {"mode": "argmin"})  # for generated checks
@@ -537,7 +553,15 @@ class ArgReduce(Op):
 
 class CumSum(Op):
     """Cumulative sum along ``axis`` (``reverse``: from the end), the
-    gradient of one being the other."""
+    gradient of one being the other.
+
+    Example::
+
+        >>> from gradcore.functional import CumSum
+        >>> y, = gc.core.apply(CumSum(axis=0, reverse=True), gc.tensor([1.0, 2.0, 3.0]))
+        >>> y.numpy()
+        array([6., 5., 3.], dtype=float32)
+    """
     name = "CumSum"
     reduce_broadcast = False
     attrs = ("axis", "reverse")

@@ -58,6 +58,17 @@ def _resolve_shape(op, shape, in_shape, desc):
 
 
 class Reshape(Op):
+    """``x`` with its elements in ``shape`` (one entry may be -1).
+
+    Example::
+
+        >>> from gradcore.functional import Reshape
+        >>> y, = gc.core.apply(Reshape((2, -1)), gc.tensor([1.0, 2.0, 3.0, 4.0]))
+        >>> y.numpy()
+        array([[1., 2.],
+               [3., 4.]], dtype=float32)
+    """
+
     name = "Reshape"
     reduce_broadcast = False
     check_params = ({"shape": (3, 2)}, {"shape": (-1,)})
@@ -121,6 +132,18 @@ class ReshapeLike(Op):
 
 
 class Transpose(Op):
+    """``x`` with its axes permuted by ``perm``.
+
+    Example::
+
+        >>> from gradcore.functional import Transpose
+        >>> y, = gc.core.apply(Transpose((1, 0)), gc.tensor([[1.0, 2.0, 3.0]]))
+        >>> y.numpy()
+        array([[1.],
+               [2.],
+               [3.]], dtype=float32)
+    """
+
     name = "Transpose"
     reduce_broadcast = False
     check_params = ({"perm": (1, 0)}, {"perm": (2, 0, 1)})
@@ -188,6 +211,17 @@ class Transpose(Op):
 
 
 class Broadcast(Op):
+    """``x`` broadcast to ``shape`` (NumPy's rules); the gradient is summed back.
+
+    Example::
+
+        >>> from gradcore.functional import Broadcast
+        >>> y, = gc.core.apply(Broadcast((2, 3)), gc.tensor([1.0, 2.0, 3.0]))
+        >>> y.numpy()
+        array([[1., 2., 3.],
+               [1., 2., 3.]], dtype=float32)
+    """
+
     name = "Broadcast"
     check_params = ({"shape": (2, 3)}, {"shape": (2, 4, 3)})
     attrs = ("shape",)
@@ -337,6 +371,16 @@ class ZerosLike(Op):
 
 
 class ExpandDims(Op):
+    """``x`` with new size-1 axes at ``axis`` (an int or a tuple).
+
+    Example::
+
+        >>> from gradcore.functional import ExpandDims
+        >>> y, = gc.core.apply(ExpandDims(axis=1), gc.tensor([1.0, 2.0]))
+        >>> y.shape
+        (2, 1)
+    """
+
     name = "ExpandDims"
     reduce_broadcast = False
     check_params = ({"axis": 0}, {"axis": -1})
@@ -367,6 +411,16 @@ class ExpandDims(Op):
 
 
 class Squeeze(Op):
+    """``x`` without the size-1 axes in ``axis`` (every one when None).
+
+    Example::
+
+        >>> from gradcore.functional import Squeeze
+        >>> y, = gc.core.apply(Squeeze(axis=0), gc.tensor([[1.0, 2.0]]))
+        >>> y.numpy()
+        array([1., 2.], dtype=float32)
+    """
+
     name = "Squeeze"
     reduce_broadcast = False
     attrs = ("axis",)
@@ -401,6 +455,17 @@ class Squeeze(Op):
 
 
 class Cast(Op):
+    """``x`` converted to ``dtype``; the gradient is cast back to the input's
+    dtype (none unless both dtypes are floating).
+
+    Example::
+
+        >>> from gradcore.functional import Cast
+        >>> y, = gc.core.apply(Cast("int32"), gc.tensor([1.5, -2.5]))
+        >>> y.numpy()
+        array([ 1, -2], dtype=int32)
+    """
+
     name = "Cast"
     reduce_broadcast = False
     # float64 only: a float32 output cannot be checked against float64 finite differences
@@ -484,6 +549,16 @@ class Copy(Op):
 
 
 class Identity(Op):
+    """``x`` itself: the gradient passes unchanged.
+
+    Example::
+
+        >>> from gradcore.functional import Identity
+        >>> y, = gc.core.apply(Identity(), gc.tensor([1.0, 2.0]))
+        >>> y.numpy()
+        array([1., 2.], dtype=float32)
+    """
+
     name = "Identity"
     reduce_broadcast = False
 
@@ -504,7 +579,15 @@ class Identity(Op):
 
 
 class StopGradient(Identity):
-    """Identity in the forward, no gradient in the backward."""
+    """Identity in the forward, no gradient in the backward.
+
+    Example::
+
+        >>> from gradcore.functional import StopGradient
+        >>> y, = gc.core.apply(StopGradient(), gc.tensor([1.0, 2.0]))
+        >>> y.numpy()
+        array([1., 2.], dtype=float32)
+    """
     name = "StopGradient"
     reduce_broadcast = False
     check_gradient = "zero"      # by design: check_op checks that it is exactly zero
@@ -517,6 +600,17 @@ class StopGradient(Identity):
 
 
 class Concat(Op):
+    """The inputs joined along ``axis``.
+
+    Example::
+
+        >>> from gradcore.functional import Concat
+        >>> y, = gc.core.apply(Concat(axis=1), gc.tensor([[1.0], [2.0]]), gc.tensor([[3.0], [4.0]]))
+        >>> y.numpy()
+        array([[1., 3.],
+               [2., 4.]], dtype=float32)
+    """
+
     name = "Concat"
     reduce_broadcast = False
     attrs = ("axis",)

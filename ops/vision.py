@@ -258,7 +258,17 @@ class _InterpBase(Op):
 
 class Interpolate(_InterpBase):
     """x (N, C, H, W) resized to (N, C, *size) by ``mode`` ("nearest",
-    "bilinear" or "bicubic", the last two with or without ``align_corners``)."""
+    "bilinear" or "bicubic", the last two with or without ``align_corners``).
+
+    Example::
+
+        >>> from gradcore.functional.vision import Interpolate
+        >>> x = gc.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+        >>> y, = gc.core.apply(Interpolate((2, 4), mode="nearest"), x)
+        >>> y.numpy()
+        array([[[[1., 1., 2., 2.],
+                 [3., 3., 4., 4.]]]], dtype=float32)
+    """
     name = "Interpolate"
     reduce_broadcast = False
 

@@ -27,6 +27,7 @@ class Collator:
 
     Example::
 
+        >>> from gradcore.data import Collator
         >>> batch = Collator().apply([{"x": np.float32(1)}, {"x": np.float32(2)}])
         >>> batch["x"].dtype
         dtype('float32')

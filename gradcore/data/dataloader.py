@@ -112,6 +112,7 @@ class DataLoader:
 
     Example::
 
+        >>> from gradcore.data import ArrayDataset, DataLoader, SequentialSampler
         >>> ds = ArrayDataset(np.zeros((5, 2), np.float32), np.arange(5))
         >>> for x, y in DataLoader(ds, SequentialSampler(ds, batch_size=2)):
         ...     print(x.shape, y)
@@ -249,7 +250,15 @@ class DataLoader:
 class WorkerInfo:
     """Which worker process this is, MegEngine's ``WorkerInfo``: ``idx``
     (0 .. worker - 1), ``worker`` (how many), ``seed`` (the loader's).
-    Read-only."""
+    Read-only.
+
+    Example::
+
+        >>> from gradcore.data import WorkerInfo
+        >>> info = WorkerInfo(idx=1, worker=4, seed=7)
+        >>> list(range(10))[info.idx::info.worker]
+        [1, 5, 9]
+    """
 
     __slots__ = ("idx", "worker", "seed")
 
@@ -275,8 +284,11 @@ def get_worker_info() -> Optional[WorkerInfo]:
 
     Example::
 
-        >>> info = get_worker_info()          # in a dataset's __iter__
-        >>> mine = data[info.idx::info.worker] if info is not None else data
+        >>> from gradcore.data import get_worker_info
+        >>> data = list(range(6))
+        >>> info = get_worker_info()          # None outside a DataLoader worker
+        >>> data[info.idx::info.worker] if info is not None else data
+        [0, 1, 2, 3, 4, 5]
     """
     return _worker_info
 

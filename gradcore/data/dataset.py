@@ -27,6 +27,7 @@ class Dataset(ABC):
 
     Example::
 
+        >>> from gradcore.data import ArrayDataset, Dataset
         >>> isinstance(ArrayDataset(np.arange(3)), Dataset)
         True
     """
@@ -43,12 +44,13 @@ class MapDataset(Dataset):
 
     Example::
 
+        >>> from gradcore.data import MapDataset
         >>> class Squares(MapDataset):
         ...     def __init__(self, n): self.n = n
         ...     def __getitem__(self, i): return (np.float32(i * i),)
         ...     def __len__(self): return self.n
-        >>> Squares(4)[3]
-        (9.0,)
+        >>> len(Squares(4)), float(Squares(4)[3][0])
+        (4, 9.0)
     """
 
     @abstractmethod
@@ -71,11 +73,12 @@ class StreamDataset(Dataset):
 
     Example::
 
+        >>> from gradcore.data import StreamDataset
         >>> class Counter(StreamDataset):
         ...     def __init__(self, n): self.n = n
         ...     def __iter__(self): return ((np.float32(i),) for i in range(self.n))
-        >>> list(Counter(2))
-        [(0.0,), (1.0,)]
+        >>> [float(x) for x, in Counter(3)]
+        [0.0, 1.0, 2.0]
     """
 
     @abstractmethod
@@ -93,6 +96,7 @@ class ArrayDataset(MapDataset):
 
     Example::
 
+        >>> from gradcore.data import ArrayDataset
         >>> ds = ArrayDataset(np.ones((5, 2)), np.arange(5))
         >>> x, y = ds[4]
         >>> x.shape, int(y)
@@ -122,6 +126,7 @@ class ConcatDataset(MapDataset):
 
     Example::
 
+        >>> from gradcore.data import ConcatDataset, ArrayDataset
         >>> ds = ConcatDataset([ArrayDataset(np.arange(3)), ArrayDataset(np.arange(10, 15))])
         >>> len(ds), int(ds[3][0]), int(ds[-1][0])
         (8, 10, 14)

@@ -58,6 +58,7 @@ class Sampler:
 
     Example::
 
+        >>> from gradcore.data import Sampler
         >>> class Evens(Sampler):
         ...     def __iter__(self): return iter([[0, 2], [4]])
         ...     def __len__(self): return 2
@@ -113,6 +114,7 @@ class MapSampler(Sampler):
 
     Example::
 
+        >>> from gradcore.data import SequentialSampler, ArrayDataset
         >>> s = SequentialSampler(ArrayDataset(np.arange(5)), batch_size=2, world_size=2, rank=1)
         >>> list(s)        # rank 1 of 2: indices 1, 3 and 0 (wrapped around)
         [[1, 3], [0]]
@@ -251,6 +253,7 @@ class SequentialSampler(MapSampler):
 
     Example::
 
+        >>> from gradcore.data import SequentialSampler, ArrayDataset
         >>> list(SequentialSampler(ArrayDataset(np.arange(5)), batch_size=2, drop_last=True))
         [[0, 1], [2, 3]]
     """
@@ -281,6 +284,7 @@ class RandomSampler(MapSampler):
 
     Example::
 
+        >>> from gradcore.data import RandomSampler, ArrayDataset
         >>> s = RandomSampler(ArrayDataset(np.arange(6)), batch_size=3, seed=0)
         >>> list(s), list(s)      # a new order each epoch
         ([[5, 2, 1], [3, 0, 4]], [[1, 3, 4], [0, 2, 5]])
@@ -306,6 +310,7 @@ class ReplacementSampler(MapSampler):
 
     Example::
 
+        >>> from gradcore.data import ReplacementSampler, ArrayDataset
         >>> s = ReplacementSampler(ArrayDataset(np.arange(3)), batch_size=2, num_samples=4,
         ...                        weights=[0, 0, 1], seed=0)
         >>> list(s)
@@ -346,6 +351,7 @@ class StreamSampler(Sampler):
 
     Example::
 
+        >>> from gradcore.data import StreamSampler
         >>> it = iter(StreamSampler(batch_size=2, world_size=2, rank=1))
         >>> next(it), next(it)
         ([1, 3], [5, 7])
@@ -371,6 +377,7 @@ class Infinite(Sampler):
 
     Example::
 
+        >>> from gradcore.data import Infinite, SequentialSampler, ArrayDataset
         >>> it = iter(Infinite(SequentialSampler(ArrayDataset(np.arange(3)), batch_size=2)))
         >>> [next(it) for _ in range(3)]
         [[0, 1], [2], [0, 1]]

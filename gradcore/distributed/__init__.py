@@ -43,7 +43,7 @@ import os
 import sys
 import time
 import weakref
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -106,7 +106,14 @@ def _import_mpi():
 
 def launched_by_mpi() -> int:
     """The world size an MPI launcher (mpirun, mpiexec, srun) announced in the
-    environment, or 0 when this process was not started by one. Needs no mpi4py."""
+    environment, or 0 when this process was not started by one. Needs no mpi4py.
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.launched_by_mpi()     # mpirun -n 4 python train.py: 4
+        0
+    """
     for size_var, rank_var in _LAUNCHER_ENV:
         if size_var in os.environ and (rank_var in os.environ or size_var != "SLURM_NTASKS"):
             try:
@@ -126,6 +133,13 @@ def init(timeout: Optional[float] = None, abort_on_error: bool = True) -> None:
     more than one rank, an uncaught exception on any rank prints its traceback
     and calls ``MPI_Abort``, which ends every rank at once (as ``python -m
     mpi4py`` does) instead of leaving the others to time out.
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.init()     # once, before the first collective (get_rank etc. call it too)
+        >>> dist.is_initialized(), dist.get_world_size()
+        (True, 1)
     """
     if timeout is not None:
         _state.timeout = float(timeout)
@@ -159,13 +173,30 @@ def _install_abort_hook():
 
 
 def is_initialized() -> bool:
+    """Whether this process has joined the world (``init``, which
+    ``get_rank`` and the collectives call when needed).
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.init()
+        >>> dist.is_initialized()
+        True
+    """
     return _state.comm is not None
 
 
 def is_distributed() -> bool:
     """True when this process is one of several MPI ranks. Never raises for a
     plain single process without mpi4py; under an MPI launcher with more than
-    one rank it initialises (and says what to install when mpi4py is missing)."""
+    one rank it initialises (and says what to install when mpi4py is missing).
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.is_distributed()     # True only under mpirun with several ranks
+        False
+    """
     if _state.comm is not None:
         return _state.size > 1
     if launched_by_mpi() > 1:
@@ -181,13 +212,27 @@ def _comm():
 
 
 def get_rank() -> int:
-    """This process's rank in the world (0 .. world size - 1)."""
+    """This process's rank in the world (0 .. world size - 1).
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.get_rank()     # under mpirun -n 4: 0, 1, 2 or 3
+        0
+    """
     _comm()
     return _state.rank
 
 
 def get_world_size() -> int:
-    """The number of processes."""
+    """The number of processes.
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.get_world_size()     # a plain python process is a world of one
+        1
+    """
     _comm()
     return _state.size
 
@@ -216,15 +261,28 @@ def _wait(requests, what: str, timeout=None) -> None:
             time.sleep(0.0002 if spins < 5000 else 0.002)
 
 
-def barrier(timeout=None) -> None:
-    """A barrier with a deadline."""
+def barrier(timeout: Optional[float] = None) -> None:
+    """A barrier with a deadline.
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.barrier(timeout=10)     # returns once every rank reached it (here the only one)
+    """
     comm = _comm()
     _wait(comm.Ibarrier(), "barrier", timeout)
 
 
-def allreduce(array, op: str = "sum", timeout=None) -> np.ndarray:
+def allreduce(array: Union[np.ndarray, Tensor], op: str = "sum", timeout: Optional[float] = None) -> np.ndarray:
     """Allreduce a NumPy array (or Tensor) over the ranks: "sum", "mean",
-    "max" or "min". Returns a new array."""
+    "max" or "min". Returns a new array.
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.allreduce(np.array([1.0, 2.0]), "sum")     # on N ranks: the sum of their arrays
+        array([1., 2.])
+    """
     comm = _comm()
     MPI = _state.MPI
     a = np.ascontiguousarray(array.numpy() if isinstance(array, Tensor) else np.asarray(array))
@@ -267,10 +325,19 @@ def _check_same_parameters(tensors: Sequence[Tensor], what: str, timeout=None) -
 
 # ---------------------------------------------------------------- broadcast
 
-def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout=None) -> None:
+def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout: Optional[float] = None) -> None:
     """Give every rank ``root``'s values of ``params`` (call it on every rank
     after building the model, before training). The parameter lists are
-    checked to match first."""
+    checked to match first.
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> net = M.Linear(2, 1)
+        >>> dist.broadcast_parameters(net.parameters())     # every rank gets rank 0's weights
+        >>> net.weight.shape
+        (1, 2)
+    """
     params = list(params)
     comm = _comm()
     if _state.size == 1:
@@ -308,7 +375,16 @@ def shard(n_items: int, rank: Optional[int] = None, world_size: Optional[int] = 
     disjoint contiguous blocks of ``arange(n_items)`` (or of a permutation of
     it when ``shuffle_seed`` is given; every rank must pass the same seed).
     With ``drop_remainder`` the last ``n_items % world_size`` items are left
-    out; otherwise the blocks are padded by wrapping around to the start."""
+    out; otherwise the blocks are padded by wrapping around to the start.
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> dist.shard(10, rank=1, world_size=3)
+        array([3, 4, 5])
+        >>> dist.shard(10, rank=2, world_size=3, drop_remainder=False)     # padded from the start
+        array([8, 9, 0, 1])
+    """
     if rank is None:
         rank = get_rank() if is_initialized() or launched_by_mpi() > 1 else 0
     if world_size is None:
@@ -387,7 +463,18 @@ class _GMState:
 
 class AllreduceCallback:
     """``cb(tensor, grad) -> future`` for ``GradManager.attach(params,
-    callbacks=cb)``; made by :func:`make_allreduce_cb`."""
+    callbacks=cb)``; made by :func:`make_allreduce_cb`.
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> w = gc.Parameter([1.0, 2.0])
+        >>> gm = gc.GradManager().attach([w], callbacks=[dist.make_allreduce_cb("mean")])
+        >>> with gm:
+        ...     gm.backward((w * w).sum())     # the gradient averaged over the ranks
+        >>> w.grad.numpy()     # one process: its own
+        array([2., 4.], dtype=float32)
+    """
 
     def __init__(self, reduce_method: str = "mean", bucket_bytes: int = 512 * 1024,
                  timeout: Optional[float] = None, trace: Optional[Callable[[str], None]] = None):
@@ -582,5 +669,16 @@ def make_allreduce_cb(reduce_method: str = "mean", bucket_bytes: int = 512 * 102
     the backward; the rest is sent and everything is waited for at the end of
     ``GradManager.backward``. ``timeout`` (seconds) bounds every wait.
     ``trace(event)``, if given, is called with "allreduce started: ...",
-    "grad ready: ..." events (for tests and profiling)."""
+    "grad ready: ..." events (for tests and profiling).
+
+    Example::
+
+        >>> import gradcore.distributed as dist
+        >>> cb = dist.make_allreduce_cb("sum")
+        >>> w = gc.Parameter([3.0]); gm = gc.GradManager().attach([w], callbacks=[cb])
+        >>> with gm:
+        ...     gm.backward(w * w)
+        >>> w.grad.numpy()     # summed over the ranks: one process, 2 * 3
+        array([6.], dtype=float32)
+    """
     return AllreduceCallback(reduce_method, bucket_bytes, timeout, trace)

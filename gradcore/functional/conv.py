@@ -154,9 +154,10 @@ def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: i
     return _conv("conv1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
 
 
-def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
+def conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Union[int, Sequence[int]] = 1,
+           padding: Union[int, Sequence[int]] = 0, dilation: Union[int, Sequence[int]] = 1, groups: int = 1,
            conv_mode: str = "cross_correlation", compute_mode: str = "default", *,
-           nonlinear_mode: str = "identity"):
+           nonlinear_mode: str = "identity") -> Tensor:
     """2-D convolution (cross-correlation) of ``inp`` (N, C, H, W) with
     ``weight`` (O, C // groups, KH, KW), MegEngine's ``F.conv2d``. A grouped
     weight may also be given in MegEngine's 5-D form (groups, O // groups,
@@ -177,8 +178,9 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
                  nonlinear_mode=nonlinear_mode)
 
 
-def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1,
-           groups: int = 1, conv_mode: str = "cross_correlation") -> Tensor:
+def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Union[int, Sequence[int]] = 1,
+           padding: Union[int, Sequence[int]] = 0, dilation: Union[int, Sequence[int]] = 1, groups: int = 1,
+           conv_mode: str = "cross_correlation") -> Tensor:
     """3-D convolution (cross-correlation) of ``inp`` (N, C, D, H, W) with
     ``weight`` (O, C // groups, KD, KH, KW), or MegEngine's grouped (groups,
     O // groups, C // groups, KD, KH, KW); MegEngine's ``F.conv3d``.
@@ -211,9 +213,10 @@ def conv_transpose1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                  output_padding)
 
 
-def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
-                     output_padding=0, dilation=1, groups: int = 1, conv_mode: str = "cross_correlation",
-                     compute_mode: str = "default") -> Tensor:
+def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                     stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+                     output_padding: Union[int, Sequence[int]] = 0, dilation: Union[int, Sequence[int]] = 1,
+                     groups: int = 1, conv_mode: str = "cross_correlation", compute_mode: str = "default") -> Tensor:
     """2-D transposed convolution ("deconvolution") of ``inp`` (N, C_in, H, W)
     with ``weight`` (C_in, C_out // groups, KH, KW), or MegEngine's grouped
     (groups, C_in // groups, C_out // groups, KH, KW); MegEngine's
@@ -234,8 +237,10 @@ def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                  output_padding)
 
 
-def conv_transpose3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
-                     output_padding=0, dilation=1, groups: int = 1) -> Tensor:
+def conv_transpose3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                     stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+                     output_padding: Union[int, Sequence[int]] = 0, dilation: Union[int, Sequence[int]] = 1,
+                     groups: int = 1) -> Tensor:
     """3-D transposed convolution of ``inp`` (N, C_in, D, H, W) with
     ``weight`` (C_in, C_out // groups, KD, KH, KW) (or grouped (groups,
     C_in // groups, C_out // groups, KD, KH, KW)); MegEngine's
@@ -264,26 +269,37 @@ def _pair(v):
         return tuple(v) if isinstance(v, (tuple, list)) else v
 
 
-def max_pool2d(inp, kernel_size, stride=None, padding=0):
+def max_pool2d(inp: Tensor, kernel_size: Union[int, Sequence[int]],
+               stride: Optional[Union[int, Sequence[int]]] = None, padding: Union[int, Sequence[int]] = 0) -> Tensor:
     """Max over ``kernel_size`` windows of ``inp`` (N, C, H, W); ``stride``
     defaults to ``kernel_size``; padding never wins.
 
     Example::
 
-        >>> F.max_pool2d(x, 2)          # (N, C, H, W) -> (N, C, H // 2, W // 2)
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.max_pool2d(x, 2).numpy()
+        array([[[[ 5.,  7.],
+                 [13., 15.]]]], dtype=float32)
     """
     stride = kernel_size if stride is None else stride
     return _apply(_MaxPool2d(_pair(kernel_size), _pair(stride), _pair(padding)), _t(inp))[0]
 
 
-def avg_pool2d(inp, kernel_size, stride=None, padding=0, mode: str = "average_count_exclude_padding"):
+def avg_pool2d(inp: Tensor, kernel_size: Union[int, Sequence[int]],
+               stride: Optional[Union[int, Sequence[int]]] = None, padding: Union[int, Sequence[int]] = 0,
+               mode: str = "average_count_exclude_padding") -> Tensor:
     """Mean over ``kernel_size`` windows of ``inp`` (N, C, H, W). ``mode``
     "average_count_exclude_padding" (default) divides by the number of
     non-padding elements of each window, "average" by the kernel's size.
 
     Example::
 
-        >>> F.avg_pool2d(x, 3, stride=1, padding=1)
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> F.avg_pool2d(x, 2).numpy()
+        array([[[[ 2.5,  4.5],
+                 [10.5, 12.5]]]], dtype=float32)
+        >>> F.avg_pool2d(x, 3, stride=1, padding=1).shape
+        (1, 1, 4, 4)
     """
     stride = kernel_size if stride is None else stride
     return _apply(_AvgPool2d(_pair(kernel_size), _pair(stride), _pair(padding), mode), _t(inp))[0]

@@ -10,7 +10,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -34,17 +34,45 @@ def _filled(name: str, shape, value, dtype, device) -> Tensor:
     return Tensor(filled(spec.shape, spec.dtype.type(value), spec.dtype, device), device=device)
 
 
-def zeros(shape, dtype="float32", device=None):
+def zeros(shape: Union[int, Sequence[int]], dtype: Union[str, np.dtype] = "float32",
+          device: Optional[str] = None) -> Tensor:
+    """A tensor of ``shape`` filled with 0 (float32 unless ``dtype`` says otherwise).
+
+    Example::
+
+        >>> F.zeros((2, 3)).shape
+        (2, 3)
+        >>> F.zeros(2, dtype="int32").numpy()
+        array([0, 0], dtype=int32)
+    """
     return _filled("zeros", shape, 0, dtype, device)
 
 
-def ones(shape, dtype="float32", device=None):
+def ones(shape: Union[int, Sequence[int]], dtype: Union[str, np.dtype] = "float32",
+         device: Optional[str] = None) -> Tensor:
+    """A tensor of ``shape`` filled with 1 (float32 unless ``dtype`` says otherwise).
+
+    Example::
+
+        >>> F.ones((2, 2)).numpy()
+        array([[1., 1.],
+               [1., 1.]], dtype=float32)
+    """
     return _filled("ones", shape, 1, dtype, device)
 
 
-def full(shape, value, dtype=None, device=None):
+def full(shape: Union[int, Sequence[int]], value: Union[int, float, bool, Tensor],
+         dtype: Optional[Union[str, np.dtype]] = None, device: Optional[str] = None) -> Tensor:
     """A tensor of ``shape`` filled with ``value``. Without ``dtype`` it comes
-    from the value as in MegEngine: bool, int32 for an int, float32 for a float."""
+    from the value as in MegEngine: bool, int32 for an int, float32 for a float.
+
+    Example::
+
+        >>> F.full((2,), 7).numpy()
+        array([7, 7], dtype=int32)
+        >>> F.full((2,), 0.5).numpy()
+        array([0.5, 0.5], dtype=float32)
+    """
     if dtype is None:
         dtype = _t(value, name="full").dtype
     _host("full", lambda: _fill_value("full", value, dtype), dtype=dtype)   # (dtype may be unknown)
@@ -59,7 +87,7 @@ def _filled_like(name: str, x, value) -> Tensor:
     return _filled(name, x.shape, value, x.dtype, x.device)
 
 
-def zeros_like(inp):
+def zeros_like(inp: Tensor) -> Tensor:
     """Zeros of ``inp``'s shape, dtype and device (also of a tensor traced
     in a ``vjp``: ``F.zeros_like(x) + F.expand_dims(g, -1)`` gives a
     reduction's gradient back x's shape).
@@ -72,7 +100,7 @@ def zeros_like(inp):
     return _filled_like("zeros_like", _t(inp, name="zeros_like"), 0)
 
 
-def ones_like(inp):
+def ones_like(inp: Tensor) -> Tensor:
     """Ones of ``inp``'s shape, dtype and device.
 
     Example::
@@ -97,7 +125,18 @@ def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
     return _filled_like("full_like", x, value)
 
 
-def arange(start=0, stop=None, step=1, dtype="float32", device=None):
+def arange(start: float = 0, stop: Optional[float] = None, step: float = 1,
+           dtype: Union[str, np.dtype] = "float32", device: Optional[str] = None) -> Tensor:
+    """Evenly spaced values in [start, stop) ``step`` apart, NumPy's ``arange``;
+    one argument is ``stop``. float32 by default, as MegEngine's.
+
+    Example::
+
+        >>> F.arange(4).numpy()
+        array([0., 1., 2., 3.], dtype=float32)
+        >>> F.arange(1, 2, 0.25).numpy()
+        array([1.  , 1.25, 1.5 , 1.75], dtype=float32)
+    """
     if step == 0:
         raise ArgumentError("arange: step must not be 0")
     if stop is None:
@@ -106,7 +145,15 @@ def arange(start=0, stop=None, step=1, dtype="float32", device=None):
                         start=start, stop=stop, step=step, dtype=dtype), device=device)
 
 
-def linspace(start, stop, num, dtype="float32", device=None):
+def linspace(start: float, stop: float, num: int, dtype: Union[str, np.dtype] = "float32",
+             device: Optional[str] = None) -> Tensor:
+    """``num`` evenly spaced values from ``start`` to ``stop``, both included.
+
+    Example::
+
+        >>> F.linspace(0, 1, 5).numpy()
+        array([0.  , 0.25, 0.5 , 0.75, 1.  ], dtype=float32)
+    """
     num = _int_or_err("linspace", "num", num)
     if num < 0:
         raise ArgumentError(f"linspace: num must be >= 0, got {num}")
@@ -114,10 +161,18 @@ def linspace(start, stop, num, dtype="float32", device=None):
                         start=start, stop=stop, num=num, dtype=dtype), device=device)
 
 
-def eye(N, M=None, dtype="float32", device=None):
+def eye(N: Union[int, Sequence[int], Tensor], M: Optional[int] = None,
+        dtype: Union[str, np.dtype] = "float32", device: Optional[str] = None) -> Tensor:
     """An (N, M) matrix (M defaults to N) with ones on the diagonal. As in
     MegEngine, ``N`` may also be the shape: ``(N,)``, ``(N, M)`` or a 1-d
-    integer Tensor holding it (``F.eye(x.shape)``)."""
+    integer Tensor holding it (``F.eye(x.shape)``).
+
+    Example::
+
+        >>> F.eye(2, 3).numpy()
+        array([[1., 0., 0.],
+               [0., 1., 0.]], dtype=float32)
+    """
     if M is None and not isinstance(N, (int, np.integer, float, np.floating)):
         if N is None:
             raise TypeError("eye: N must be an int or a shape, got None")

@@ -12,6 +12,8 @@ Example::
 """
 from __future__ import annotations
 
+from typing import Optional, Union
+
 import numpy as np
 
 from .._core import Tensor, apply1 as _apply1
@@ -51,14 +53,16 @@ def where(mask: Tensor, x: Tensor = None, y: Tensor = None) -> Tensor:
     return _apply1(_OP_WHERE, mask, x, y)
 
 
-def clip(x, lower=None, upper=None):
+def clip(x: Tensor, lower: Optional[Union[float, Tensor]] = None,
+         upper: Optional[Union[float, Tensor]] = None) -> Tensor:
     """Limit ``x`` to [lower, upper] (either may be None). The gradient
     passes where ``lower <= x <= upper``, bounds included (PyTorch's
     ``clamp``); a bound given as a tensor gets it where ``x`` is beyond it.
 
     Example::
 
-        >>> F.clip(x, 0.0, 1.0)
+        >>> F.clip(gc.tensor([-1.0, 0.5, 2.0]), 0.0, 1.0).numpy()
+        array([0. , 0.5, 1. ], dtype=float32)
     """
     x = _t(x)
     try:
@@ -221,8 +225,14 @@ def right_shift(x: Tensor, y: Tensor) -> Tensor:
     return astype(where(lt(y, top), shifted, rest), x.dtype)
 
 
-def leaky_relu(inp, negative_slope: float = 0.01):
-    """``x`` where positive, ``negative_slope * x`` elsewhere."""
+def leaky_relu(inp: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """``x`` where positive, ``negative_slope * x`` elsewhere.
+
+    Example::
+
+        >>> F.leaky_relu(gc.tensor([-2.0, 3.0]), negative_slope=0.1).numpy()
+        array([-0.2,  3. ], dtype=float32)
+    """
     x = _t(inp)
     try:
         return where(gt(x, 0), x, x * negative_slope)

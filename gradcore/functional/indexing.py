@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import builtins
-from typing import Optional
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
@@ -25,14 +25,33 @@ from .shape import astype, concat, expand_dims, reshape, swapaxes
 from ..op import ArgumentError
 
 
-def getitem(x, index):
+def getitem(x: Tensor, index: Any) -> Tensor:
+    """``x[index]`` with NumPy's indexing rules (basic and advanced), recorded
+    for the gradient; what ``Tensor.__getitem__`` calls.
+
+    Example::
+
+        >>> x = gc.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        >>> F.getitem(x, (slice(None), [2, 0])).numpy()     # x[:, [2, 0]]
+        array([[3., 1.],
+               [6., 4.]], dtype=float32)
+    """
     spec, arrays = split_index(index)
     arrays = [_on(a if isinstance(a, Tensor) else np.asarray(a), x) for a in arrays]
     return _apply(Subtensor(spec), x, *arrays)[0]
 
 
-def setitem(x, index, value):
-    """A copy of ``x`` with ``value`` written at ``index`` (recorded)."""
+def setitem(x: Tensor, index: Any, value: Union[Tensor, float, np.ndarray]) -> Tensor:
+    """A copy of ``x`` with ``value`` written at ``index`` (recorded).
+
+    Example::
+
+        >>> x = gc.tensor([1.0, 2.0, 3.0])
+        >>> F.setitem(x, 1, 0.0).numpy()
+        array([1., 0., 3.], dtype=float32)
+        >>> x.numpy()     # unchanged
+        array([1., 2., 3.], dtype=float32)
+    """
     spec, arrays = split_index(index)
     arrays = [_on(a if isinstance(a, Tensor) else np.asarray(a), x) for a in arrays]
     value = value if isinstance(value, Tensor) else _value_like("setitem", value, x)
@@ -54,12 +73,14 @@ def _value_like(name: str, value, x):
                         f"of dtype {x.dtype} and shape {x.shape}: {exc}") from None
 
 
-def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False):
+def indexing_one_hot(src: Tensor, index: Tensor, axis: int = 1, keepdims: bool = False) -> Tensor:
     """``src[i, index[i]]`` along ``axis``.
 
     Example::
 
-        >>> F.indexing_one_hot(logits, labels)     # (N, C), (N,) -> (N,)
+        >>> logits = gc.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        >>> F.indexing_one_hot(logits, gc.tensor([2, 0])).numpy()
+        array([3., 4.], dtype=float32)
     """
     src = _t(src)
     index = _int_labels(_on(index, src), "indexing_one_hot", "index")
@@ -84,26 +105,33 @@ def _int_labels(label, name: str, what: str):
     return astype(label, np.int32)
 
 
-def gather(inp, axis: int, index):
+def gather(inp: Tensor, axis: int, index: Tensor) -> Tensor:
     """``out[i][j] = inp[i][index[i][j]]`` for axis 1 (torch.gather): ``index``
     is an integer tensor of ``inp``'s rank, no larger than ``inp`` outside
     ``axis``; the result has ``index``'s shape.
 
     Example::
 
-        >>> F.gather(x, 1, gc.tensor([[0, 0], [1, 0]]))
+        >>> x = gc.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> F.gather(x, 1, gc.tensor([[0, 0], [1, 0]])).numpy()
+        array([[1., 1.],
+               [4., 3.]], dtype=float32)
     """
     x = _t(inp)
     return _apply(Gather(_int_or_err("gather", "axis", axis)), x, _on(index, x))[0]
 
 
-def scatter(inp, axis: int, index, source):
+def scatter(inp: Tensor, axis: int, index: Tensor, source: Tensor) -> Tensor:
     """A copy of ``inp`` with ``out[i][index[i][j]] = source[i][j]`` for axis 1
     (torch.scatter, not accumulating). ``source`` is cast to ``inp``'s dtype.
 
     Example::
 
-        >>> F.scatter(x, 0, gc.tensor([[1, 0, 2]]), src)
+        >>> x = gc.tensor(np.zeros((2, 3), "float32"))
+        >>> src = gc.tensor([[1.0, 2.0, 3.0]])
+        >>> F.scatter(x, 0, gc.tensor([[1, 0, 1]]), src).numpy()
+        array([[0., 2., 0.],
+               [1., 0., 3.]], dtype=float32)
     """
     x = _t(inp)
     src = source if isinstance(source, Tensor) or hasattr(source, "trace") else _value_like("scatter", source, x)
@@ -112,14 +140,16 @@ def scatter(inp, axis: int, index, source):
     return _apply(Scatter(_int_or_err("scatter", "axis", axis)), x, _on(index, x), src)[0]
 
 
-def sort(inp, descending: bool = False, dim: int = -1, *, axis=None):
+def sort(inp: Tensor, descending: bool = False, dim: int = -1, *, axis: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """``(sorted, indices)`` along ``dim`` (the last by default, as newer
     MegEngine's ``F.sort(inp, descending, dim)``; ``axis=`` is the same);
     a stable sort, indices int32.
 
     Example::
 
-        >>> values, indices = F.sort(x, descending=True)
+        >>> values, indices = F.sort(gc.tensor([3.0, 1.0, 2.0]), descending=True)
+        >>> values.numpy(), indices.numpy()
+        (array([3., 2., 1.], dtype=float32), array([0, 2, 1], dtype=int32))
     """
     x = _t(inp)
     axis = _int_or_err("sort", "axis" if axis is not None else "dim", dim if axis is None else axis)
@@ -131,7 +161,8 @@ def sort(inp, descending: bool = False, dim: int = -1, *, axis=None):
     return swapaxes(values, ax, -1), swapaxes(indices, ax, -1)
 
 
-def topk(inp, k: int, descending: bool = True, kth_only: bool = False, no_sort: bool = False):
+def topk(inp: Tensor, k: int, descending: bool = True, kth_only: bool = False,
+         no_sort: bool = False) -> Tuple[Tensor, Tensor]:
     """``(values, indices)`` of the ``k`` largest elements along the last
     axis (the smallest with ``descending=False``), MegEngine's ``F.topk``
     (whose default is the largest since MegEngine 1.12):
@@ -140,7 +171,9 @@ def topk(inp, k: int, descending: bool = True, kth_only: bool = False, no_sort: 
 
     Example::
 
-        >>> values, indices = F.topk(x, 3, descending=True)
+        >>> values, indices = F.topk(gc.tensor([1.0, 4.0, 2.0, 3.0]), 2)
+        >>> values.numpy(), indices.numpy()
+        (array([4., 3.], dtype=float32), array([1, 3], dtype=int32))
     """
     mode = "kth_only" if kth_only else "no_sort" if no_sort else "sorted"
     return _apply(TopK(_int_or_err("topk", "k", k), bool(descending), mode), _t(inp))
@@ -209,7 +242,7 @@ def cond_take(mask: Tensor, x: Tensor) -> tuple:
     return getitem(reshape(x, (-1,)), index), Tensor(index, device=x.device)
 
 
-def non_zero(condition: Tensor, as_tuple: bool = False):
+def non_zero(condition: Tensor, as_tuple: bool = False) -> Union[Tensor, Tuple[Tensor, ...]]:
     """The int32 indices of the nonzero (true) elements of ``condition``, in
     C order, MegEngine's ``F.non_zero``: one row per element, (count, ndim),
     or with ``as_tuple`` one 1-d tensor per dimension (as ``np.nonzero``).

@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from .._core import Tensor, apply as _apply
 from ..op import OpError
@@ -22,15 +23,21 @@ from ..op import ArgumentError
 _MatrixMul = MatrixMul     # one op instance per attributes: its caches stay warm
 
 
-def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
-           compute_mode: str = "default"):
+def matmul(inp1: Tensor, inp2: Tensor, transpose_a: bool = False, transpose_b: bool = False,
+           compute_mode: str = "default") -> Tensor:
     """Matrix product with NumPy's rules for 1-D operands and broadcast batch axes.
     ``compute_mode`` is accepted for MegEngine compatibility (a float16
     precision hint) and changes nothing here.
 
     Example::
 
-        >>> F.matmul(a, b, transpose_b=True)
+        >>> a = gc.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> F.matmul(a, a).numpy()
+        array([[ 7., 10.],
+               [15., 22.]], dtype=float32)
+        >>> F.matmul(a, a, transpose_b=True).numpy()
+        array([[ 5., 11.],
+               [11., 25.]], dtype=float32)
     """
     if compute_mode not in ("default", "float32"):
         # MegEngine's two modes; anything else is a typo, not a silent default
@@ -60,17 +67,31 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
     return out
 
 
-def dot(inp1, inp2):
-    """Inner product of two vectors."""
+def dot(inp1: Tensor, inp2: Tensor) -> Tensor:
+    """Inner product of two vectors.
+
+    Example::
+
+        >>> F.dot(gc.tensor([1.0, 2.0, 3.0]), gc.tensor([4.0, 5.0, 6.0])).item()
+        32.0
+    """
     a, b = _t(inp1), _t(inp2)
     if a.ndim > 1 or b.ndim > 1 or (a.ndim == 1 and b.ndim == 1 and a.shape != b.shape):
         raise ArgumentError(f"dot: expects vectors of the same length, got shapes {a.shape} and {b.shape}")
     return sum(a * b)
 
 
-def linear(inp, weight, bias=None, compute_mode: str = "default"):
+def linear(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, compute_mode: str = "default") -> Tensor:
     """``inp @ weight.T + bias`` (weight is (out_features, in_features));
-    ``compute_mode`` as in ``matmul``."""
+    ``compute_mode`` as in ``matmul``.
+
+    Example::
+
+        >>> x = gc.tensor([[1.0, 2.0]])
+        >>> w, b = gc.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, -1.0]]), gc.tensor([0.0, 0.0, 10.0])
+        >>> F.linear(x, w, b).numpy()     # (1, 2) @ (2, 3) + (3,)
+        array([[1., 3., 8.]], dtype=float32)
+    """
     w = _t(weight, name="linear")
     if w.shape is not None and w.ndim != 2:
         raise ArgumentError(f"linear: weight must be 2-d (out_features, in_features), got shape {w.shape}")
@@ -83,7 +104,8 @@ def linear(inp, weight, bias=None, compute_mode: str = "default"):
         raise _named("linear", exc) from exc
 
 
-def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
+def cross(a: Tensor, b: Tensor, axisa: int = -1, axisb: int = -1, axisc: int = -1,
+          axis: Optional[int] = None) -> Tensor:
     """The cross product of (arrays of) 3-vectors along ``axisa`` of ``a``
     and ``axisb`` of ``b`` (2-vectors have a zero third component), put
     along ``axisc``; ``axis`` sets all three. MegEngine's ``F.cross``
@@ -118,7 +140,7 @@ def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
     return moveaxis(out, -1, axisc)
 
 
-def matinv(inp) -> Tensor:
+def matinv(inp: Tensor) -> Tensor:
     """The inverse of each square matrix over the last two axes of ``inp``
     (..., n, n), MegEngine's ``F.matinv`` (the ``MatrixInverse`` op); a
     singular matrix gives inf/NaN.

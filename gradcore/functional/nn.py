@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -63,8 +63,14 @@ __all__ = [
 
 
 # ---- the softmax family
-def log_softmax(inp, axis: int = -1):
-    """log(softmax(x)) along ``axis`` (an int or a sequence of axes)."""
+def log_softmax(inp: Tensor, axis: int = -1) -> Tensor:
+    """log(softmax(x)) along ``axis`` (an int or a sequence of axes).
+
+    Example::
+
+        >>> F.log_softmax(gc.tensor([0.0, 0.0])).numpy().round(4)     # log(1 / 2)
+        array([-0.6931, -0.6931], dtype=float32)
+    """
     x = _t(inp)
     if isinstance(axis, (tuple, list)):
         try:
@@ -77,9 +83,15 @@ def log_softmax(inp, axis: int = -1):
 logsoftmax = log_softmax     # MegEngine 1.x's name
 
 
-def logsumexp(inp, axis: int = -1, keepdims: bool = False):
+def logsumexp(inp: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x))) over ``axis``: an int, a sequence of axes (as in
-    MegEngine) or None (every axis)."""
+    MegEngine) or None (every axis).
+
+    Example::
+
+        >>> F.logsumexp(gc.tensor([[0.0, 0.0], [1.0, 1.0]]), axis=1).numpy().round(4)     # x + log 2
+        array([0.6931, 1.6931], dtype=float32)
+    """
     x = _t(inp)
     empty = _empty_reduction(x, axis)
     if empty is not None:
@@ -110,13 +122,15 @@ def _empty_reduction(x, axis):
     return x if x.dtype.kind == "f" else x.astype("float32")
 
 
-def softmax(inp, axis=None):
+def softmax(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``axis`` (an int or a sequence of axes).
     The default axis is MegEngine's: 0 for a 0-, 1- or 3-d input, else 1.
 
     Example::
 
-        >>> F.softmax(x)               # (N, C) or (N, C, H, W): over C
+        >>> F.softmax(gc.tensor([[0.0, 0.0], [0.0, np.log(3.0)]])).numpy()     # 2-d: over axis 1
+        array([[0.5 , 0.5 ],
+               [0.25, 0.75]], dtype=float32)
     """
     x = _t(inp)
     if axis is None:
@@ -132,14 +146,19 @@ def softmax(inp, axis=None):
 
 # ---- dropout and normalisation (composites: gradients of any order and every
 # device come from the recorded ops they are made of)
-def dropout(inp, drop_prob: float, training: bool = True):
+def dropout(inp: Tensor, drop_prob: float, training: bool = True) -> Tensor:
     """Zero each element with probability ``drop_prob`` and scale the rest by
     ``1 / (1 - drop_prob)``; the identity when not training. The mask comes
     from ``gradcore.random`` (``gradcore.random.seed`` makes it repeatable).
 
     Example::
 
-        >>> F.dropout(x, 0.5)
+        >>> gc.random.seed(0)
+        >>> y = F.dropout(gc.tensor(np.ones(1000, "float32")), 0.5)
+        >>> sorted(set(y.numpy().tolist()))     # dropped, or kept and scaled by 1 / (1 - 0.5)
+        [0.0, 2.0]
+        >>> F.dropout(gc.tensor([1.0, 2.0]), 0.5, training=False).numpy()
+        array([1., 2.], dtype=float32)
     """
     x = _t(inp)
     _check_drop_prob("dropout", drop_prob)
@@ -163,9 +182,10 @@ def _check_drop_prob(name: str, drop_prob) -> None:
         raise ArgumentError(f"{name}: drop_prob must be in [0, 1), got {drop_prob}")
 
 
-def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
-               training: bool = False, momentum: float = 0.9, eps: float = 1e-5, inplace: bool = True,
-               compute_mode: str = "default", param_dim: str = "dim_1c11"):
+def batch_norm(inp: Tensor, running_mean: Optional[Tensor] = None, running_var: Optional[Tensor] = None,
+               weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, *, training: bool = False,
+               momentum: float = 0.9, eps: float = 1e-5, inplace: bool = True, compute_mode: str = "default",
+               param_dim: str = "dim_1c11") -> Union[Tensor, Tuple[Tensor, Optional[Tensor], Optional[Tensor]]]:
     """Batch normalisation over every axis but 1 (MegEngine's ``F.batch_norm``).
 
     In training the batch statistics normalise ``inp`` and, when given,
@@ -178,7 +198,13 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
 
     Example::
 
-        >>> y = F.batch_norm(x, rm, rv, w, b, training=True)
+        >>> x = gc.tensor([[1.0], [3.0]])
+        >>> rm, rv = gc.tensor([0.0]), gc.tensor([1.0])
+        >>> F.batch_norm(x, rm, rv, training=True).numpy().round(4)
+        array([[-1.],
+               [ 1.]], dtype=float32)
+        >>> rm.numpy(), rv.numpy()     # 0.9 * old + 0.1 * batch (unbiased variance 2)
+        (array([0.2], dtype=float32), array([1.1], dtype=float32))
     """
     if param_dim != "dim_1c11":
         raise ArgumentError(f"batch_norm: only param_dim='dim_1c11' (NCHW) is supported, got {param_dim!r}")
@@ -224,7 +250,8 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
 
 def sync_batch_norm(inp: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
                     weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, training: bool = False,
-                    momentum: float = 0.9, eps: float = 1e-5, eps_mode: str = "additive", group=None) -> Tensor:
+                    momentum: float = 0.9, eps: float = 1e-5, eps_mode: str = "additive",
+                    group: Optional[Any] = None) -> Tensor:
     """Batch normalisation whose training statistics cover the whole batch
     across the ranks of ``group`` (``gradcore.distributed``'s WORLD when
     None), MegEngine's ``F.nn.sync_batch_norm``: each rank's per-channel
@@ -236,7 +263,11 @@ def sync_batch_norm(inp: Tensor, running_mean: Optional[Tensor], running_var: Op
 
     Example::
 
-        >>> y = F.nn.sync_batch_norm(x, rm, rv, w, b, training=True)
+        >>> x = gc.tensor([[1.0], [3.0]])
+        >>> rm, rv = gc.tensor([0.0]), gc.tensor([1.0])
+        >>> F.nn.sync_batch_norm(x, rm, rv, training=True).numpy().round(4)     # one process: batch_norm
+        array([[-1.],
+               [ 1.]], dtype=float32)
     """
     mode = str(eps_mode).lower()
     if mode not in ("additive", "max"):
@@ -298,9 +329,10 @@ def instance_norm(inp: Tensor, affine: bool, weight: Optional[Tensor] = None, bi
 
     Example::
 
-        >>> F.nn.instance_norm(gc.tensor([[[0.0, 2.0], [4.0, 8.0]]]), affine=False).numpy()
-        array([[[-1., 1.],
-                [-1., 1.]]], dtype=float32)
+        >>> x = gc.tensor([[[0.0, 2.0], [4.0, 8.0]]])
+        >>> F.nn.instance_norm(x, affine=False).numpy().round(4)
+        array([[[-1.,  1.],
+                [-1.,  1.]]], dtype=float32)
     """
     x = _t(inp)
     if x.ndim < 3:
@@ -310,8 +342,8 @@ def instance_norm(inp: Tensor, affine: bool, weight: Optional[Tensor] = None, bi
     return group_norm(x, x.shape[1], affine, weight, bias, eps)
 
 
-def general_norm(inp: Tensor, normalized_axis, affine: bool = True, weight: Optional[Tensor] = None,
-                 bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+def general_norm(inp: Tensor, normalized_axis: Union[int, Sequence[int]], affine: bool = True,
+                 weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
     """Normalisation over the axes ``normalized_axis`` (an int or a
     sequence, biased variance), then ``* weight + bias`` when ``affine``,
     both shaped as those axes of ``inp``, MegEngine's ``F.nn.general_norm``
@@ -319,7 +351,8 @@ def general_norm(inp: Tensor, normalized_axis, affine: bool = True, weight: Opti
 
     Example::
 
-        >>> F.nn.general_norm(gc.tensor([[0.0, 2.0], [1.0, 5.0]]), 1, affine=False).numpy()
+        >>> x = gc.tensor([[0.0, 2.0], [1.0, 5.0]])
+        >>> F.nn.general_norm(x, 1, affine=False).numpy().round(4)
         array([[-1.,  1.],
                [-1.,  1.]], dtype=float32)
     """
@@ -354,8 +387,9 @@ def local_response_norm(inp: Tensor, kernel_size: int = 5, k: float = 2.0, alpha
     Example::
 
         >>> x = gc.tensor(np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5))
-        >>> F.nn.local_response_norm(x, 3, 1.0, 1e-4, 0.75).numpy()[0, 0, 0, 1].round(6)
-        0.999925
+        >>> y = F.nn.local_response_norm(x, 3, 1.0, 1e-4, 0.75)
+        >>> y.shape, round(float(y.numpy()[0, 0, 0, 1]), 6)
+        ((1, 1, 5, 5), 0.999925)
     """
     x = _t(inp)
     n = _int_arg("local_response_norm", "kernel_size", kernel_size, low=1)
@@ -392,7 +426,9 @@ def _window_index(name: str, hw, kernel_size, padding, stride, dilation):
     return out, rows, cols, k, p
 
 
-def sliding_window(inp: Tensor, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
+def sliding_window(inp: Tensor, kernel_size: Union[int, Sequence[int]],
+                   padding: Union[int, Sequence[int]] = 0, stride: Union[int, Sequence[int]] = 1,
+                   dilation: Union[int, Sequence[int]] = 1) -> Tensor:
     """Every window of ``inp`` (N, C, H, W) (zero padding, stride,
     dilation) as (N, C, OH, OW, KH, KW), MegEngine's
     ``F.sliding_window`` (PyTorch's ``unfold``, not flattened).
@@ -411,8 +447,9 @@ def sliding_window(inp: Tensor, kernel_size, padding=0, stride=1, dilation=1) ->
     return getitem(x, (slice(None), slice(None), rows, cols))
 
 
-def local_conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
-                 dilation=1, conv_mode: str = "cross_correlation") -> Tensor:
+def local_conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                 stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+                 dilation: Union[int, Sequence[int]] = 1, conv_mode: str = "cross_correlation") -> Tensor:
     """A locally connected layer (a convolution whose kernel differs at each
     output position), MegEngine's ``F.local_conv2d``: ``inp`` (N, C, H, W),
     ``weight`` (groups, OH, OW, C // groups, KH, KW, OC // groups) and
@@ -453,15 +490,19 @@ def local_conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, str
     return y if bias is None else y + bias
 
 
-def sliding_window_transpose(inp: Tensor, output_size, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
+def sliding_window_transpose(inp: Tensor, output_size: Union[int, Sequence[int]],
+                             kernel_size: Union[int, Sequence[int]], padding: Union[int, Sequence[int]] = 0,
+                             stride: Union[int, Sequence[int]] = 1, dilation: Union[int, Sequence[int]] = 1) -> Tensor:
     """The adjoint of ``sliding_window``: windows (N, C, OH, OW, KH, KW)
     summed back into an image (N, C, *output_size), where windows overlap
     too, MegEngine's ``F.sliding_window_transpose`` (PyTorch's ``fold``).
 
     Example::
 
-        >>> w = F.sliding_window(gc.tensor(np.ones((1, 1, 3, 3))), 2)
-        >>> F.sliding_window_transpose(w, (3, 3), 2).numpy()[0, 0]
+        >>> w = F.sliding_window(gc.tensor(np.ones((1, 1, 3, 3), "float32")), 2)
+        >>> w.shape
+        (1, 1, 2, 2, 2, 2)
+        >>> F.sliding_window_transpose(w, (3, 3), 2).numpy()[0, 0]     # how many windows cover each pixel
         array([[1., 2., 1.],
                [2., 4., 2.],
                [1., 2., 1.]], dtype=float32)
@@ -792,7 +833,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
     Example::
 
-        >>> out = F.nn.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> q = gc.tensor(np.ones((1, 3, 4), "float32"))
+        >>> v = gc.tensor(np.arange(3, dtype="float32").reshape(1, 3, 1))
+        >>> F.nn.scaled_dot_product_attention(q, q, v, is_causal=True).numpy()[0, :, 0]     # running means
+        array([0. , 0.5, 1. ], dtype=float32)
     """
     name = "scaled_dot_product_attention"
     q, k, v = _t(query), _t(key), _t(value)

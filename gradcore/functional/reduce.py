@@ -8,7 +8,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -43,7 +43,7 @@ def _reduce_input(mode: str, inp, axis) -> Tensor:
     return x
 
 
-def sum(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def sum(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Sum over ``axis``: an int, a sequence of axes, or None (every axis).
 
     Example::
@@ -57,7 +57,7 @@ def sum(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     return _apply(Reduce("sum", _axis_key(axis), bool(keepdims)), x)[0]
 
 
-def mean(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+def mean(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:
     """Mean over ``axis``: an int, a sequence of axes, or None (every axis).
 
     Example::
@@ -71,7 +71,7 @@ def mean(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     return _apply(Reduce("mean", _axis_key(axis), bool(keepdims)), x)[0]
 
 
-def max(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def max(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Largest element over ``axis``: an int, a sequence of axes, or None (every axis).
 
     Example::
@@ -83,7 +83,7 @@ def max(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     return _apply(Reduce("max", _axis_key(axis), bool(keepdims)), x)[0]
 
 
-def min(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def min(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Smallest element over ``axis``: an int, a sequence of axes, or None (every axis).
 
     Example::
@@ -95,7 +95,7 @@ def min(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     return _apply(Reduce("min", _axis_key(axis), bool(keepdims)), x)[0]
 
 
-def prod(inp: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+def prod(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:
     """Product over ``axis``: an int, a sequence of axes, or None (every axis).
 
     Example::
@@ -121,36 +121,54 @@ def _arg_reduce(mode, inp, axis, keepdims):
     return x
 
 
-def argmax(inp, axis=None, keepdims: bool = False):
+def argmax(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:
     """Index of the largest element along ``axis`` (None: flattened), int32.
     For a sequence of axes, as MegEngine: argmax over each in turn, the
-    last axis first (each step on the previous step's indices)."""
+    last axis first (each step on the previous step's indices).
+
+    Example::
+
+        >>> x = gc.tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]])
+        >>> F.argmax(x, axis=1).numpy()
+        array([1, 0], dtype=int32)
+        >>> F.argmax(x).item()     # of the flattened tensor
+        3
+    """
     return _arg_reduce("argmax", inp, axis, keepdims)
 
 
-def argmin(inp, axis=None, keepdims: bool = False):
+def argmin(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:
     """Index of the smallest element along ``axis`` (None: flattened), int32;
-    a sequence of axes as in ``argmax``."""
+    a sequence of axes as in ``argmax``.
+
+    Example::
+
+        >>> F.argmin(gc.tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]]), axis=0).numpy()
+        array([0, 1, 0], dtype=int32)
+    """
     return _arg_reduce("argmin", inp, axis, keepdims)
 
 
-def cumsum(inp, axis: int = 0):
+def cumsum(inp: Tensor, axis: int = 0) -> Tensor:
     """Cumulative sum along ``axis``.
 
     Example::
 
-        >>> F.cumsum(x, axis=1)
+        >>> F.cumsum(gc.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), axis=1).numpy()
+        array([[ 1.,  3.,  6.],
+               [ 4.,  9., 15.]], dtype=float32)
     """
     return _apply(CumSum(axis, False), _t(inp))[0]
 
 
 # ---- statistics (composites: their gradients come from the recorded ops they are made of)
-def var(inp, axis=None, keepdims: bool = False):
+def var(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:
     """Population variance over ``axis`` (MegEngine's ``F.var``).
 
     Example::
 
-        >>> F.var(x, axis=1)
+        >>> F.var(gc.tensor([[1.0, 3.0], [2.0, 2.0]]), axis=1).numpy()
+        array([1., 0.], dtype=float32)
     """
     x = _t(inp)
     try:
@@ -161,9 +179,15 @@ def var(inp, axis=None, keepdims: bool = False):
     return mean(d * d, axis, keepdims)
 
 
-def std(inp, axis=None, keepdims: bool = False):
+def std(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:
     """Population standard deviation over ``axis``. Where it is 0 (constant
-    data) the gradient is 0, as PyTorch's, not 0 * inf."""
+    data) the gradient is 0, as PyTorch's, not 0 * inf.
+
+    Example::
+
+        >>> F.std(gc.tensor([[1.0, 3.0], [2.0, 2.0]]), axis=1).numpy()
+        array([1., 0.], dtype=float32)
+    """
     try:
         v = var(inp, axis, keepdims)
     except (OpError, TypeError) as exc:
@@ -177,12 +201,16 @@ def _sqrt_zero_grad(v):
     return where(zero, 0, sqrt(where(zero, 1, v)))
 
 
-def norm(inp, ord: Optional[float] = None, axis=None, keepdims: bool = False):
+def norm(inp: Tensor, ord: Optional[float] = None, axis: Optional[Union[int, Sequence[int]]] = None,
+         keepdims: bool = False) -> Tensor:
     """Vector p-norm over ``axis`` (all elements when None); ``ord`` None is 2.
 
     Example::
 
-        >>> F.norm(x, ord=2, axis=-1)
+        >>> F.norm(gc.tensor([[3.0, 4.0], [6.0, 8.0]]), ord=2, axis=-1).numpy()
+        array([ 5., 10.], dtype=float32)
+        >>> F.norm(gc.tensor([3.0, -4.0]), ord=1).item()
+        7.0
     """
     x = _t(inp)
     ord = _norm_ord("norm", ord)

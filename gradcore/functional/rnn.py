@@ -74,7 +74,12 @@ def rnn_cell(inp: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional
 
     Example::
 
-        >>> h1 = F.nn.rnn_cell(x, h, w_ih, w_hh, b_ih, b_hh)     # (B, I), (B, H) -> (B, H)
+        >>> x, h = gc.tensor([[1.0, 2.0]]), gc.tensor([[0.0]])
+        >>> w_ih, w_hh = gc.tensor([[1.0, -1.0]]), gc.tensor([[1.0]])
+        >>> F.nn.rnn_cell(x, h, w_ih, w_hh, nonlinearity="relu").numpy()     # relu(1 - 2 + 0)
+        array([[0.]], dtype=float32)
+        >>> F.nn.rnn_cell(x, h, w_ih, w_hh).numpy().round(4)                 # tanh(-1)
+        array([[-0.7616]], dtype=float32)
     """
     x, h, wi, wh = _t(inp), _t(hx), _t(w_ih), _t(w_hh)
     if nonlinearity not in ("tanh", "relu"):
@@ -90,7 +95,12 @@ def lstm_cell(inp: Tensor, hx: Tensor, cx: Tensor, w_ih: Tensor, w_hh: Tensor, b
 
     Example::
 
-        >>> h1, c1 = F.nn.lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
+        >>> x, h = gc.tensor(np.ones((2, 3), "float32")), gc.tensor(np.zeros((2, 4), "float32"))
+        >>> c = gc.tensor(np.ones((2, 4), "float32"))
+        >>> w_ih, w_hh = gc.tensor(np.zeros((16, 3), "float32")), gc.tensor(np.zeros((16, 4), "float32"))
+        >>> h1, c1 = F.nn.lstm_cell(x, h, c, w_ih, w_hh)     # zero weights: gates 0.5, g = 0
+        >>> c1.numpy()[0], h1.shape     # c' = f * c + i * g
+        (array([0.5, 0.5, 0.5, 0.5], dtype=float32), (2, 4))
     """
     x, h, c, wi, wh = _t(inp), _t(hx), _t(cx), _t(w_ih), _t(w_hh)
     _check("lstm_cell", x, h, wi, wh, 4)
@@ -105,7 +115,11 @@ def gru_cell(inp: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Optional
 
     Example::
 
-        >>> h1 = F.nn.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
+        >>> x, h = gc.tensor(np.ones((2, 3), "float32")), gc.tensor(np.ones((2, 4), "float32"))
+        >>> w_ih, w_hh = gc.tensor(np.zeros((12, 3), "float32")), gc.tensor(np.zeros((12, 4), "float32"))
+        >>> F.nn.gru_cell(x, h, w_ih, w_hh).numpy()     # zero weights: z = 0.5, n = 0, so h' = h / 2
+        array([[0.5, 0.5, 0.5, 0.5],
+               [0.5, 0.5, 0.5, 0.5]], dtype=float32)
     """
     x, h, wi, wh = _t(inp), _t(hx), _t(w_ih), _t(w_hh)
     _check("gru_cell", x, h, wi, wh, 3)
@@ -123,7 +137,12 @@ def rnn_layer(mode: str, inp: Tensor, h0: Tensor, c0: Optional[Tensor], w_ih: Te
 
     Example::
 
-        >>> out, h_n, c_n = F.nn.rnn_layer("LSTM", x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+        >>> x = gc.tensor(np.ones((5, 2, 3), "float32"))     # (T, B, I)
+        >>> h0 = gc.tensor(np.zeros((2, 4), "float32"))
+        >>> w_ih, w_hh = gc.tensor(np.full((4, 3), 0.1, "float32")), gc.tensor(np.full((4, 4), 0.1, "float32"))
+        >>> out, h_n, c_n = F.nn.rnn_layer("RNN_TANH", x, h0, None, w_ih, w_hh)
+        >>> out.shape, h_n.shape, c_n
+        ((5, 2, 4), (2, 4), None)
     """
     if mode not in _GATES:
         raise ArgumentError(f"rnn_layer: mode must be one of {sorted(_GATES)}, got {mode!r}")

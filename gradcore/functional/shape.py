@@ -10,7 +10,7 @@ Example::
 from __future__ import annotations
 
 import operator
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -22,7 +22,16 @@ from ._args import _axis_in, _axis_key, _int_arg, _int_or_err, _int_tuple, _ints
 from ..op import ArgumentError
 
 
-def reshape(inp, target_shape: Sequence[int]):
+def reshape(inp: Tensor, target_shape: Sequence[int]) -> Tensor:
+    """``inp`` with the same elements in ``target_shape``; one entry may be -1
+    (inferred from the others).
+
+    Example::
+
+        >>> F.reshape(gc.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), (2, -1)).numpy()
+        array([[1., 2., 3.],
+               [4., 5., 6.]], dtype=float32)
+    """
     if isinstance(target_shape, int):
         target_shape = (target_shape,)
     if isinstance(target_shape, (tuple, list)) and any(isinstance(d, (float, np.floating)) for d in target_shape):
@@ -31,7 +40,7 @@ def reshape(inp, target_shape: Sequence[int]):
     return _apply(Reshape(_ints("reshape", "target_shape", target_shape)), _t(inp))[0]
 
 
-def transpose(inp, pattern: Optional[Sequence[int]] = None):
+def transpose(inp: Tensor, pattern: Optional[Sequence[int]] = None) -> Tensor:
     """``inp`` with its axes permuted by ``pattern`` (reversed when None). As
     in MegEngine, an ``'x'`` in the pattern adds an axis of size 1, and an
     axis of size 1 may be left out.
@@ -103,7 +112,7 @@ class ShapeError(OpError, RuntimeError):
     and the RuntimeError MegEngine raises for the same input."""
 
 
-def broadcast_to(inp, shape: Sequence[int]):
+def broadcast_to(inp: Tensor, shape: Sequence[int]) -> Tensor:
     """``inp`` broadcast to ``shape``; as in MegEngine, a ``None`` in
     ``shape`` keeps the size of the matching (right-aligned) axis of ``inp``.
 
@@ -136,7 +145,16 @@ def broadcast_to(inp, shape: Sequence[int]):
         raise ShapeError(str(exc)) from None
 
 
-def expand_dims(inp, axis):
+def expand_dims(inp: Tensor, axis: Union[int, Sequence[int]]) -> Tensor:
+    """``inp`` with a new axis of size 1 at ``axis`` (an int or a sequence of
+    them, positions in the result).
+
+    Example::
+
+        >>> x = gc.tensor([1.0, 2.0])
+        >>> F.expand_dims(x, 0).shape, F.expand_dims(x, (0, 2)).shape
+        ((1, 2), (1, 2, 1))
+    """
     try:
         return _apply(ExpandDims(_axis_key(axis)), _t(inp))[0]
     except OpError as exc:       # an axis out of range: MegEngine's RuntimeError too
@@ -146,7 +164,16 @@ def expand_dims(inp, axis):
         raise
 
 
-def squeeze(inp, axis=None):
+def squeeze(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None) -> Tensor:
+    """``inp`` without its size-1 axes: those in ``axis`` (an int or a sequence),
+    or every one when None.
+
+    Example::
+
+        >>> x = gc.tensor(np.zeros((1, 3, 1), "float32"))
+        >>> F.squeeze(x).shape, F.squeeze(x, 2).shape
+        ((3,), (1, 3))
+    """
     try:
         return _apply(Squeeze(_axis_key(axis)), _t(inp))[0]
     except (TypeError, ValueError) as exc:
@@ -164,7 +191,16 @@ def _check_axes(name: str, axis) -> None:
         _int_or_err(name, "axis", axis)
 
 
-def flatten(inp, start_axis: int = 0, end_axis: int = -1):
+def flatten(inp: Tensor, start_axis: int = 0, end_axis: int = -1) -> Tensor:
+    """``inp`` with the axes ``start_axis .. end_axis`` (both included) merged
+    into one.
+
+    Example::
+
+        >>> x = gc.tensor(np.zeros((2, 3, 4, 5), "float32"))
+        >>> F.flatten(x).shape, F.flatten(x, 1).shape, F.flatten(x, 1, 2).shape
+        ((120,), (2, 60), (2, 12, 5))
+    """
     x = _t(inp)
     nd = x.ndim
     if nd == 0:
@@ -177,9 +213,16 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1):
     return reshape(x, shape)
 
 
-def concat(inps, axis: int = 0, device=None):
+def concat(inps: Sequence[Tensor], axis: int = 0, device: Optional[str] = None) -> Tensor:
     """Join tensors along an existing ``axis``; ``device`` (MegEngine's
-    argument) moves the result there."""
+    argument) moves the result there.
+
+    Example::
+
+        >>> F.concat([gc.tensor([[1.0, 2.0]]), gc.tensor([[3.0, 4.0]])], axis=0).numpy()
+        array([[1., 2.],
+               [3., 4.]], dtype=float32)
+    """
     out = _apply(Concat(_int_or_err("concat", "axis", axis)), *_tensor_list("concat", inps))[0]
     return out if device is None else out.to(device)
 
@@ -196,7 +239,7 @@ def _tensor_list(name: str, inps) -> list:
     return [_t(x, name=name) for x in inps]
 
 
-def split(inp, nsplits_or_sections, axis: int = 0):
+def split(inp: Tensor, nsplits_or_sections: Union[int, Sequence[int]], axis: int = 0) -> List[Tensor]:
     """Split ``inp`` along ``axis`` into a list of tensors, MegEngine's
     ``F.split``: an int is a number of pieces (sizes as np.array_split: the
     first ``size % n`` pieces one longer), a list gives the split indices.
@@ -213,19 +256,23 @@ def split(inp, nsplits_or_sections, axis: int = 0):
     return list(_apply(Split(_int_or_err("split", "axis", axis), sections), _t(inp)))
 
 
-def stack(inps, axis: int = 0, device=None):
+def stack(inps: Sequence[Tensor], axis: int = 0, device: Optional[str] = None) -> Tensor:
     """Stack equally shaped tensors along a new ``axis`` (``device``, as in
     MegEngine, moves the result there).
 
     Example::
 
-        >>> F.stack([x, y], axis=1)         # (3,), (3,) -> (3, 2)
+        >>> x, y = gc.tensor([1.0, 2.0, 3.0]), gc.tensor([4.0, 5.0, 6.0])
+        >>> F.stack([x, y], axis=1).numpy()
+        array([[1., 4.],
+               [2., 5.],
+               [3., 6.]], dtype=float32)
     """
     out = _apply(Stack(_int_or_err("stack", "axis", axis)), *_tensor_list("stack", inps))[0]
     return out if device is None else out.to(device)
 
 
-def copy(inp, device=None):
+def copy(inp: Tensor, device: Optional[str] = None) -> Tensor:
     """A recorded copy of ``inp`` in memory of its own (on ``device`` when
     given), C-contiguous: what to export by DLPack when the tensor is a
     reversed view (``t[::-1].copy()``), and what stays apart from memory
@@ -243,12 +290,29 @@ def copy(inp, device=None):
     return out if device is None else out.to(device)
 
 
-def stop_gradient(x):
-    """``x`` with no gradient flowing back through it."""
+def stop_gradient(x: Tensor) -> Tensor:
+    """``x`` with no gradient flowing back through it.
+
+    Example::
+
+        >>> x = gc.tensor([2.0, 3.0])
+        >>> gm = gc.GradManager().attach([x])
+        >>> with gm:
+        ...     gm.backward((x * F.stop_gradient(x)).sum())     # d/dx of x * c, c = x held constant
+        >>> x.grad.numpy()
+        array([2., 3.], dtype=float32)
+    """
     return _apply(StopGradient(), _t(x))[0]
 
 
-def astype(x, dtype):
+def astype(x: Tensor, dtype: Union[str, np.dtype]) -> Tensor:
+    """``x`` converted to ``dtype`` (``x`` itself when it already has it).
+
+    Example::
+
+        >>> F.astype(gc.tensor([1.7, -1.7]), "int32").numpy()
+        array([ 1, -1], dtype=int32)
+    """
     x = _t(x)
     dt = _numeric_dtype("astype", dtype)
     if x.dtype == dt:

@@ -10,7 +10,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -49,7 +49,8 @@ def _resize_sizes(x: Tensor, size, scale_factor, n: int) -> tuple:
     return out
 
 
-def interpolate(inp: Tensor, size=None, scale_factor=None, mode: str = "bilinear",
+def interpolate(inp: Tensor, size: Optional[Union[int, Sequence[int]]] = None,
+                scale_factor: Optional[Union[float, Sequence[float]]] = None, mode: str = "bilinear",
                 align_corners: Optional[bool] = None) -> Tensor:
     """Resize ``inp`` to ``size`` or by ``scale_factor`` (output size
     floor(input size * factor)), MegEngine's ``F.vision.interpolate``:
@@ -429,7 +430,8 @@ def _opencv_affine_points(mat: np.ndarray, oh: int, ow: int, nearest: bool) -> n
     return np.stack(points, -1).astype(np.float32)
 
 
-def warp_perspective(inp: Tensor, mat: Tensor, out_shape, mat_idx=None, border_mode: str = "replicate",
+def warp_perspective(inp: Tensor, mat: Tensor, out_shape: Union[int, Sequence[int]],
+                     mat_idx: Optional[Union[Tensor, Sequence[int]]] = None, border_mode: str = "replicate",
                      border_val: float = 0.0, format: str = "NCHW", interp_mode: str = "linear") -> Tensor:
     """Images warped by perspective matrices ``mat`` (B, 3, 3), MegEngine's
     ``F.vision.warp_perspective``: output pixel (h, w) of image n reads the
@@ -451,8 +453,9 @@ def warp_perspective(inp: Tensor, mat: Tensor, out_shape, mat_idx=None, border_m
                  interp_mode)
 
 
-def warp_affine(inp: Tensor, mat: Tensor, out_shape, border_mode: str = "replicate", border_val: float = 0.0,
-                format: str = "NHWC", interp_mode: str = "linear") -> Tensor:
+def warp_affine(inp: Tensor, mat: Tensor, out_shape: Union[int, Sequence[int]],
+                border_mode: str = "replicate", border_val: float = 0.0, format: str = "NHWC",
+                interp_mode: str = "linear") -> Tensor:
     """Images (NHWC by default, as MegEngine's) warped by affine matrices
     ``mat`` (B, 2, 3): output pixel (h, w) reads the input at (m0 w + m1 h
     + m2, m3 w + m4 h + m5), MegEngine's ``F.vision.warp_affine``; border
@@ -498,7 +501,8 @@ def rotate(inp: Tensor, angle: float = 0.0, format: str = "NCHW", interp_mode: s
     return warp_affine(x, Tensor(mat, device=x.device), (height, width), border_mode="constant", format=format)
 
 
-def resize(inp: Tensor, size, format: str = "NCHW", imode: str = "bilinear", max_size: Optional[int] = None) -> Tensor:
+def resize(inp: Tensor, size: Union[int, Sequence[int]], format: str = "NCHW", imode: str = "bilinear",
+           max_size: Optional[int] = None) -> Tensor:
     """Images resized to ``size`` (OH, OW), MegEngine's
     ``F.vision.resize``: ``interpolate`` without corner alignment, modes
     "bilinear", "nearest", "bicubic"; NCHW or NHWC; ``max_size`` caps each
@@ -552,8 +556,9 @@ def _gather_weighted(x: Tensor, flat, weights) -> Tensor:
     return (picked * scale).sum(axis=1)
 
 
-def roi_align(inp: Tensor, rois: Tensor, output_shape, mode: str = "average", spatial_scale: float = 1.0,
-              sample_points=2, aligned: bool = True) -> Tensor:
+def roi_align(inp: Tensor, rois: Tensor, output_shape: Union[int, Sequence[int]], mode: str = "average",
+              spatial_scale: float = 1.0, sample_points: Union[int, Sequence[int]] = 2,
+              aligned: bool = True) -> Tensor:
     """RoIAlign (Mask R-CNN), MegEngine's ``F.vision.roi_align``: for each
     box of ``rois`` (K, 5) as (image index, x1, y1, x2, y2), scaled by
     ``spatial_scale`` (and shifted by -0.5 when ``aligned``), each of the
@@ -604,7 +609,8 @@ def roi_align(inp: Tensor, rois: Tensor, output_shape, mode: str = "average", sp
     return samples.max(axis=4) if mode == "max" else samples.mean(axis=4)
 
 
-def roi_pooling(inp: Tensor, rois: Tensor, output_shape, mode: str = "max", scale: float = 1.0) -> Tensor:
+def roi_pooling(inp: Tensor, rois: Tensor, output_shape: Union[int, Sequence[int]], mode: str = "max",
+                scale: float = 1.0) -> Tensor:
     """RoI pooling (Fast R-CNN), MegEngine's ``F.vision.roi_pooling``: each
     box of ``rois`` (K, 5) as (image index, x1, y1, x2, y2), scaled by
     ``scale`` and rounded to whole pixels (at least 1 x 1), is cut into

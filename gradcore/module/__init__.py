@@ -39,6 +39,7 @@ class Identity(Module):
 
     Example::
 
+        >>> x = gc.tensor([1.0, 2.0])
         >>> M.Identity()(x) is x
         True
     """
@@ -54,7 +55,7 @@ class Sequential(Module):
 
     Example::
 
-        >>> net = Sequential(Linear(2, 4), ReLU(), Linear(4, 1))
+        >>> net = M.Sequential(M.Linear(2, 4), M.ReLU(), M.Linear(4, 1))
         >>> [n for n, _ in net.named_parameters()]
         ['0.bias', '0.weight', '2.bias', '2.weight']
     """
@@ -105,7 +106,15 @@ class Sequential(Module):
 
 
 class MaxPool2d(Module):
-    """``F.max_pool2d`` as a layer (stride defaults to kernel_size)."""
+    """``F.max_pool2d`` as a layer (stride defaults to kernel_size).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> M.MaxPool2d(2)(x).numpy()
+        array([[[[ 5.,  7.],
+                 [13., 15.]]]], dtype=float32)
+    """
 
     def __init__(self, kernel_size, stride=None, padding=0, **kwargs):
         super().__init__(**kwargs)
@@ -122,7 +131,15 @@ class MaxPool2d(Module):
 
 
 class AvgPool2d(Module):
-    """``F.avg_pool2d`` as a layer (stride defaults to kernel_size)."""
+    """``F.avg_pool2d`` as a layer (stride defaults to kernel_size).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> M.AvgPool2d(2)(x).numpy()
+        array([[[[ 2.5,  4.5],
+                 [10.5, 12.5]]]], dtype=float32)
+    """
 
     def __init__(self, kernel_size, stride=None, padding=0, mode: str = "average_count_exclude_padding",
                  **kwargs):
@@ -154,7 +171,10 @@ class AdaptiveMaxPool2d(_AdaptivePool2d):
 
     Example::
 
-        >>> M.AdaptiveMaxPool2d((2, 2))(x).shape      # x: (N, C, H, W) -> (N, C, 2, 2)
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> M.AdaptiveMaxPool2d((2, 2))(x).numpy()
+        array([[[[ 5.,  7.],
+                 [13., 15.]]]], dtype=float32)
     """
 
     def forward(self, x):
@@ -167,7 +187,9 @@ class AdaptiveAvgPool2d(_AdaptivePool2d):
 
     Example::
 
-        >>> M.AdaptiveAvgPool2d(1)(x).shape           # x: (N, C, H, W) -> (N, C, 1, 1)
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> M.AdaptiveAvgPool2d(1)(x).numpy()     # (N, C, H, W) -> (N, C, 1, 1)
+        array([[[[7.5]]]], dtype=float32)
     """
 
     def forward(self, x):
@@ -175,7 +197,13 @@ class AdaptiveAvgPool2d(_AdaptivePool2d):
 
 
 class Flatten(Module):
-    """``F.flatten(x, start_axis, end_axis)``; by default keeps the batch axis."""
+    """``F.flatten(x, start_axis, end_axis)``; by default keeps the batch axis.
+
+    Example::
+
+        >>> M.Flatten()(gc.tensor(np.zeros((2, 3, 4, 5), "float32"))).shape     # from axis 1 on
+        (2, 60)
+    """
 
     def __init__(self, start_axis: int = 1, end_axis: int = -1, **kwargs):
         super().__init__(**kwargs)
@@ -280,7 +308,11 @@ class BatchNorm2d(_BatchNorm):
 
     Example::
 
-        >>> bn = BatchNorm2d(16); y = bn(x)
+        >>> bn = M.BatchNorm2d(16)
+        >>> x = gc.tensor(np.random.default_rng(0).normal(2.0, 1.0, (4, 16, 5, 5)).astype("float32"))
+        >>> y = bn(x)     # training: normalised with the batch's statistics
+        >>> y.shape, bool(abs(y.numpy().mean()) < 1e-5), bn.running_mean.shape
+        ((4, 16, 5, 5), True, (1, 16, 1, 1))
     """
 
     def _check_input(self, x):
@@ -290,7 +322,18 @@ class BatchNorm2d(_BatchNorm):
 
 
 class BatchNorm1d(_BatchNorm):
-    """Batch normalisation of (N, C) or (N, C, L) inputs (see ``_BatchNorm``)."""
+    """Batch normalisation of (N, C) or (N, C, L) inputs (see ``_BatchNorm``).
+
+    Example::
+
+        >>> bn = M.BatchNorm1d(2)
+        >>> y = bn(gc.tensor([[1.0, 0.0], [3.0, 8.0]]))     # training: the batch's statistics
+        >>> y.numpy().round(4)
+        array([[-1., -1.],
+               [ 1.,  1.]], dtype=float32)
+        >>> bn.running_mean.numpy().flatten()     # 0.9 * 0 + 0.1 * the batch mean
+        array([0.2, 0.4], dtype=float32)
+    """
 
     def _check_input(self, x):
         if x.ndim not in (2, 3) or x.shape[1] != self.num_features:
@@ -307,7 +350,10 @@ class SyncBatchNorm(_BatchNorm):
 
     Example::
 
-        >>> bn = SyncBatchNorm(16); y = bn(x)
+        >>> bn = M.SyncBatchNorm(2)     # in one process: BatchNorm2d
+        >>> bn(gc.tensor([[[[1.0]], [[0.0]]], [[[3.0]], [[4.0]]]])).numpy().round(4)[:, :, 0, 0]
+        array([[-1., -1.],
+               [ 1.,  1.]], dtype=float32)
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.9, affine: bool = True,
@@ -358,7 +404,7 @@ class ConvBn2d(_ConvBn2d):
 
     Example::
 
-        >>> block = ConvBn2d(3, 8, 3, padding=1)
+        >>> block = M.ConvBn2d(3, 8, 3, padding=1)
         >>> sorted(block.state_dict())[:3]
         ['bn.bias', 'bn.running_mean', 'bn.running_var']
     """
@@ -369,8 +415,10 @@ class ConvBnRelu2d(_ConvBn2d):
 
     Example::
 
-        >>> bool((ConvBnRelu2d(3, 8, 3)(x).numpy() >= 0).all())
-        True
+        >>> x = gc.tensor(np.ones((2, 3, 8, 8), "float32"))
+        >>> y = M.ConvBnRelu2d(3, 8, 3)(x)
+        >>> y.shape, bool((y.numpy() >= 0).all())
+        ((2, 8, 6, 6), True)
     """
     _relu = True
 
@@ -405,8 +453,10 @@ class ConvTransposeBnRelu2d(_ConvTransposeBn2d):
 
     Example::
 
-        >>> bool((M.ConvTransposeBnRelu2d(8, 4, 3)(x).numpy() >= 0).all())
-        True
+        >>> x = gc.tensor(np.ones((2, 8, 4, 4), "float32"))
+        >>> y = M.ConvTransposeBnRelu2d(8, 4, 3)(x)
+        >>> y.shape, bool((y.numpy() >= 0).all())
+        ((2, 4, 6, 6), True)
     """
     _relu = True
 
@@ -433,7 +483,9 @@ class LinearBn1d(_LinearBn1d):
 
     Example::
 
-        >>> M.LinearBn1d(4, 3)(x).shape          # x: (N, 4) -> (N, 3)
+        >>> x = gc.tensor(np.random.default_rng(0).normal(size=(5, 4)).astype("float32"))
+        >>> M.LinearBn1d(4, 3)(x).shape
+        (5, 3)
     """
 
 
@@ -442,8 +494,10 @@ class LinearBnRelu1d(_LinearBn1d):
 
     Example::
 
-        >>> bool((M.LinearBnRelu1d(4, 3)(x).numpy() >= 0).all())
-        True
+        >>> x = gc.tensor(np.random.default_rng(0).normal(size=(5, 4)).astype("float32"))
+        >>> y = M.LinearBnRelu1d(4, 3)(x)
+        >>> y.shape, bool((y.numpy() >= 0).all())
+        ((5, 3), True)
     """
     _relu = True
 
@@ -502,7 +556,7 @@ class Pad(Module):
 
     Example::
 
-        >>> Pad(((1, 1),))(gc.tensor([[1.0, 2.0]])).numpy()
+        >>> M.Pad(((1, 1),))(gc.tensor([[1.0, 2.0]])).numpy()
         array([[0., 0.],
                [1., 2.],
                [0., 0.]], dtype=float32)
@@ -522,7 +576,7 @@ class PixelShuffle(Module):
 
     Example::
 
-        >>> PixelShuffle(2)(gc.tensor(np.zeros((1, 8, 3, 3), "float32"))).shape
+        >>> M.PixelShuffle(2)(gc.tensor(np.zeros((1, 8, 3, 3), "float32"))).shape
         (1, 2, 6, 6)
     """
 
@@ -540,7 +594,7 @@ class SlidingWindow(Module):
 
     Example::
 
-        >>> SlidingWindow(2)(gc.tensor(np.zeros((1, 1, 3, 3), "float32"))).shape
+        >>> M.SlidingWindow(2)(gc.tensor(np.zeros((1, 1, 3, 3), "float32"))).shape
         (1, 1, 2, 2, 2, 2)
     """
 
@@ -558,7 +612,7 @@ class SlidingWindowTranspose(Module):
 
     Example::
 
-        >>> SlidingWindowTranspose((3, 3), 2)(gc.tensor(np.ones((1, 1, 2, 2, 2, 2), "float32"))).shape
+        >>> M.SlidingWindowTranspose((3, 3), 2)(gc.tensor(np.ones((1, 1, 2, 2, 2, 2), "float32"))).shape
         (1, 1, 3, 3)
     """
 
@@ -580,7 +634,7 @@ class BatchMatMulActivation(Module):
 
     Example::
 
-        >>> BatchMatMulActivation(2, 3, 4)(gc.tensor(np.ones((2, 3, 4), "float32"))).shape
+        >>> M.BatchMatMulActivation(2, 3, 4)(gc.tensor(np.ones((2, 3, 4), "float32"))).shape
         (2, 4, 4)
     """
 
@@ -618,7 +672,7 @@ class QuantStub(Identity):
 
     Example::
 
-        >>> QuantStub()(gc.tensor([1.0])).numpy()
+        >>> M.QuantStub()(gc.tensor([1.0])).numpy()
         array([1.], dtype=float32)
     """
 
@@ -628,13 +682,23 @@ class DequantStub(Identity):
 
     Example::
 
-        >>> DequantStub()(gc.tensor([1.0])).numpy()
+        >>> M.DequantStub()(gc.tensor([1.0])).numpy()
         array([1.], dtype=float32)
     """
 
 
 class Dropout(Module):
-    """Dropout with probability ``drop_prob`` while training; identity in eval()."""
+    """Dropout with probability ``drop_prob`` while training; identity in eval().
+
+    Example::
+
+        >>> gc.random.seed(0)
+        >>> drop = M.Dropout(0.5)
+        >>> sorted(set(drop(gc.tensor(np.ones(100, "float32"))).numpy().tolist()))     # training
+        [0.0, 2.0]
+        >>> drop.eval()(gc.tensor([1.0, 2.0])).numpy()     # the identity in eval mode
+        array([1., 2.], dtype=float32)
+    """
 
     def __init__(self, drop_prob: float = 0.0, **kwargs):
         super().__init__(**kwargs)
@@ -856,8 +920,10 @@ class LayerNorm(Module):
 
     Example::
 
-        >>> ln = M.LayerNorm(8)
-        >>> ln(x).shape              # x: (N, L, 8) -> (N, L, 8)
+        >>> ln = M.LayerNorm(2)
+        >>> ln(gc.tensor([[[0.0, 2.0], [4.0, 8.0]]])).numpy().round(4)     # over the last axis
+        array([[[-1.,  1.],
+                [-1.,  1.]]], dtype=float32)
     """
 
     def __init__(self, normalized_shape: Union[int, Tuple[int, ...]], eps: float = 1e-5,
@@ -891,7 +957,10 @@ class GroupNorm(Module):
     Example::
 
         >>> gn = M.GroupNorm(4, 16)
-        >>> gn(x).shape              # x: (N, 16, H, W) -> (N, 16, H, W)
+        >>> x = gc.tensor(np.random.default_rng(0).normal(size=(2, 16, 3, 3)).astype("float32"))
+        >>> y = gn(x)
+        >>> y.shape, round(float(y.numpy()[0, :4].std()), 3)     # each group of 4 channels: unit variance
+        ((2, 16, 3, 3), 1.0)
     """
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
@@ -931,8 +1000,10 @@ class InstanceNorm(GroupNorm):
 
     Example::
 
-        >>> norm = M.InstanceNorm(16)
-        >>> norm(x).shape            # x: (N, 16, H, W) -> (N, 16, H, W)
+        >>> norm = M.InstanceNorm(2)
+        >>> norm(gc.tensor([[[0.0, 2.0], [4.0, 8.0]]])).numpy().round(4)
+        array([[[-1.,  1.],
+                [-1.,  1.]]], dtype=float32)
     """
 
     def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
@@ -950,7 +1021,9 @@ class GeneralNorm(Module):
 
     Example::
 
-        >>> M.GeneralNorm((3, 4), (1, 2))(x).shape       # x: (N, 3, 4, W) -> (N, 3, 4, W)
+        >>> x = gc.tensor(np.random.default_rng(0).normal(size=(2, 3, 4, 5)).astype("float32"))
+        >>> M.GeneralNorm((3, 4), (1, 2))(x).shape     # normalised over axes 1 and 2
+        (2, 3, 4, 5)
     """
 
     def __init__(self, normalized_shape=None, normalized_axis=0, eps: float = 1e-5, affine: bool = True,
@@ -989,7 +1062,9 @@ class LocalResponseNorm(Module):
 
     Example::
 
-        >>> M.LocalResponseNorm(kernel_size=3, k=1.0, alpha=1e-4, beta=0.75)(x).shape   # (N, C, H, W)
+        >>> lrn = M.LocalResponseNorm(kernel_size=3, k=1.0, alpha=1e-4, beta=0.75)
+        >>> lrn(gc.tensor(np.ones((1, 4, 2, 2), "float32"))).shape
+        (1, 4, 2, 2)
     """
 
     def __init__(self, kernel_size: int = 5, k: float = 2.0, alpha: float = 1e-4, beta: float = 0.75, **kwargs):

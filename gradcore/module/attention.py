@@ -44,8 +44,12 @@ class MultiHeadAttention(Module):
 
     Example::
 
-        >>> mha = M.MultiHeadAttention(16, 4)
-        >>> out, _ = mha(q, k, v)             # (N, L, 16), (N, S, 16), (N, S, 16) -> (N, L, 16)
+        >>> mha = M.MultiHeadAttention(16, 4, batch_first=True)
+        >>> q = gc.tensor(np.ones((2, 3, 16), "float32"))
+        >>> kv = gc.tensor(np.ones((2, 5, 16), "float32"))
+        >>> out, weights = mha(q, kv, kv)
+        >>> out.shape, weights
+        ((2, 3, 16), None)
     """
 
     def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, out_dropout: float = 0.0,

@@ -112,8 +112,11 @@ class Conv2d(_ConvLayer):
 
     Example::
 
-        >>> conv = Conv2d(3, 8, 3, padding=1)
-        >>> conv(x).shape                # x: (N, 3, H, W) -> (N, 8, H, W)
+        >>> conv = M.Conv2d(3, 8, 3, padding=1)
+        >>> conv.weight.shape, conv.bias.shape
+        ((8, 3, 3, 3), (1, 8, 1, 1))
+        >>> conv(gc.tensor(np.ones((2, 3, 5, 5), "float32"))).shape     # (N, 3, H, W) -> (N, 8, H, W)
+        (2, 8, 5, 5)
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
@@ -145,8 +148,11 @@ class LocalConv2d(Conv2d):
 
     Example::
 
-        >>> lc = LocalConv2d(3, 8, 7, 7, 3)
-        >>> lc(x).shape                  # x: (N, 3, 7, 7) -> (N, 8, 5, 5)
+        >>> lc = M.LocalConv2d(3, 8, 7, 7, 3)
+        >>> lc.weight.shape
+        (1, 5, 5, 3, 3, 3, 8)
+        >>> lc(gc.tensor(np.ones((2, 3, 7, 7), "float32"))).shape
+        (2, 8, 5, 5)
     """
 
     def __init__(self, in_channels: int, out_channels: int, input_height: int, input_width: int, kernel_size,
@@ -191,9 +197,10 @@ class ConvRelu2d(Conv2d):
 
     Example::
 
-        >>> block = ConvRelu2d(3, 8, 3, padding=1)
-        >>> bool((block(x).numpy() >= 0).all())
-        True
+        >>> block = M.ConvRelu2d(3, 8, 3, padding=1)
+        >>> y = block(gc.tensor(np.ones((2, 3, 5, 5), "float32")))
+        >>> y.shape, bool((y.numpy() >= 0).all())
+        ((2, 8, 5, 5), True)
     """
 
     def forward(self, x):
@@ -212,8 +219,9 @@ class Conv1d(_ConvLayer):
 
     Example::
 
-        >>> conv = Conv1d(3, 8, 3, padding=1)
-        >>> conv(x).shape                # x: (N, 3, L) -> (N, 8, L)
+        >>> conv = M.Conv1d(3, 8, 3, padding=1)
+        >>> conv(gc.tensor(np.ones((2, 3, 10), "float32"))).shape     # (N, 3, L) -> (N, 8, L)
+        (2, 8, 10)
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
@@ -245,8 +253,9 @@ class ConvTranspose2d(_ConvLayer):
 
     Example::
 
-        >>> up = M.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
-        >>> up(x).shape              # x: (N, 8, H, W) -> (N, 4, 2H, 2W)
+        >>> up = M.ConvTranspose2d(8, 4, 2, stride=2)
+        >>> up(gc.tensor(np.ones((1, 8, 3, 3), "float32"))).shape     # (N, 8, H, W) -> (N, 4, 2H, 2W)
+        (1, 4, 6, 6)
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
@@ -269,8 +278,9 @@ class ConvTransposeRelu2d(ConvTranspose2d):
 
     Example::
 
-        >>> bool((M.ConvTransposeRelu2d(8, 4, 3)(x).numpy() >= 0).all())
-        True
+        >>> y = M.ConvTransposeRelu2d(8, 4, 3)(gc.tensor(np.ones((1, 8, 3, 3), "float32")))
+        >>> y.shape, bool((y.numpy() >= 0).all())
+        ((1, 4, 5, 5), True)
     """
 
     def forward(self, x):
@@ -288,7 +298,8 @@ class ConvTranspose3d(_ConvLayer):
     Example::
 
         >>> up = M.ConvTranspose3d(8, 4, 2, stride=2)
-        >>> up(x).shape              # x: (N, 8, D, H, W) -> (N, 4, 2D, 2H, 2W)
+        >>> up(gc.tensor(np.ones((1, 8, 2, 3, 3), "float32"))).shape
+        (1, 4, 4, 6, 6)
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
@@ -313,7 +324,8 @@ class Conv3d(_ConvLayer):
     Example::
 
         >>> conv = M.Conv3d(2, 8, 3, padding=1)
-        >>> conv(x).shape            # x: (N, 2, D, H, W) -> (N, 8, D, H, W)
+        >>> conv(gc.tensor(np.ones((1, 2, 4, 4, 4), "float32"))).shape
+        (1, 8, 4, 4, 4)
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrTuple, stride: IntOrTuple = 1,

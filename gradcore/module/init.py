@@ -36,18 +36,37 @@ def fill_(tensor: Tensor, val: Union[int, float]) -> None:
 
     Example::
 
-        >>> M.init.fill_(bn.weight, 1.0)
+        >>> fc = M.Linear(2, 3)
+        >>> M.init.fill_(fc.bias, 0.5)
+        >>> fc.bias.numpy()
+        array([0.5, 0.5, 0.5], dtype=float32)
     """
     _set(tensor, np.full(tensor.shape, val))
 
 
 def zeros_(tensor: Tensor) -> None:
-    """Set ``tensor`` to 0 everywhere."""
+    """Set ``tensor`` to 0 everywhere.
+
+    Example::
+
+        >>> w = gc.Parameter(np.ones(3, "float32"))
+        >>> M.init.zeros_(w)
+        >>> w.numpy()
+        array([0., 0., 0.], dtype=float32)
+    """
     fill_(tensor, 0)
 
 
 def ones_(tensor: Tensor) -> None:
-    """Set ``tensor`` to 1 everywhere."""
+    """Set ``tensor`` to 1 everywhere.
+
+    Example::
+
+        >>> w = gc.Parameter(np.zeros(3, "float32"))
+        >>> M.init.ones_(w)
+        >>> w.numpy()
+        array([1., 1., 1.], dtype=float32)
+    """
     fill_(tensor, 1)
 
 
@@ -56,7 +75,10 @@ def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0) -> None:
 
     Example::
 
+        >>> w = gc.Parameter(np.zeros((4, 4), "float32"))
         >>> M.init.uniform_(w, -0.1, 0.1)
+        >>> bool((np.abs(w.numpy()) <= 0.1).all())
+        True
     """
     _set(tensor, _random.generator().uniform(a, b, tensor.shape))
 
@@ -66,7 +88,11 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> None:
 
     Example::
 
-        >>> M.init.normal_(w, std=0.01)
+        >>> gc.random.seed(0)
+        >>> w = gc.Parameter(np.zeros((100, 100), "float32"))
+        >>> M.init.normal_(w, mean=1.0, std=0.01)
+        >>> round(float(w.numpy().mean()), 2), round(float(w.numpy().std()), 2)
+        (1.0, 0.01)
     """
     _set(tensor, _random.generator().normal(mean, std, tensor.shape))
 
@@ -125,7 +151,14 @@ def calculate_fan_in_and_fan_out(tensor: Tensor) -> Tuple[int, int]:
 
 
 def calculate_correct_fan(tensor: Tensor, mode: str) -> int:
-    """fan_in or fan_out of ``tensor`` (``mode`` "fan_in" or "fan_out")."""
+    """fan_in or fan_out of ``tensor`` (``mode`` "fan_in" or "fan_out").
+
+    Example::
+
+        >>> w = gc.Parameter(np.zeros((8, 3, 5, 5), "float32"))     # a conv weight (out, in, kh, kw)
+        >>> M.init.calculate_correct_fan(w, "fan_in"), M.init.calculate_correct_fan(w, "fan_out")
+        (75, 200)
+    """
     mode = mode.lower()
     if mode not in ("fan_in", "fan_out"):
         raise ArgumentError(f"calculate_correct_fan: mode must be 'fan_in' or 'fan_out', got {mode!r}")
@@ -138,7 +171,10 @@ def xavier_uniform_(tensor: Tensor, gain: float = 1.0) -> None:
 
     Example::
 
-        >>> M.init.xavier_uniform_(fc.weight)
+        >>> fc = M.Linear(4, 3)
+        >>> M.init.xavier_uniform_(fc.weight)     # U(-1, 1) for fan_in + fan_out = 6
+        >>> bool((np.abs(fc.weight.numpy()) <= 1.0).all())
+        True
     """
     fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
     a = math.sqrt(3.0) * gain * math.sqrt(2.0 / float(fan_in + fan_out))
@@ -146,7 +182,16 @@ def xavier_uniform_(tensor: Tensor, gain: float = 1.0) -> None:
 
 
 def xavier_normal_(tensor: Tensor, gain: float = 1.0) -> None:
-    """Glorot normal: N(0, std²), std = gain * sqrt(2 / (fan_in + fan_out))."""
+    """Glorot normal: N(0, std²), std = gain * sqrt(2 / (fan_in + fan_out)).
+
+    Example::
+
+        >>> gc.random.seed(0)
+        >>> w = gc.Parameter(np.zeros((200, 300), "float32"))
+        >>> M.init.xavier_normal_(w)     # std sqrt(2 / (300 + 200)) = 0.063
+        >>> round(float(w.numpy().std()), 3)
+        0.063
+    """
     fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
     normal_(tensor, 0.0, gain * math.sqrt(2.0 / float(fan_in + fan_out)))
 
@@ -162,7 +207,10 @@ def msra_uniform_(tensor: Tensor, a: float = 0, mode: str = "fan_in",
 
     Example::
 
-        >>> M.init.msra_uniform_(conv.weight, a=math.sqrt(5))
+        >>> conv = M.Conv2d(3, 8, 3)
+        >>> M.init.msra_uniform_(conv.weight, a=np.sqrt(5))     # bound sqrt(6 / (1 + 5) / 27) = 1 / sqrt(27)
+        >>> bool(np.abs(conv.weight.numpy()).max() <= 1 / np.sqrt(27))
+        True
     """
     bound = math.sqrt(3.0) * _msra_std(tensor, a, mode, nonlinearity)
     uniform_(tensor, -bound, bound)
@@ -175,6 +223,10 @@ def msra_normal_(tensor: Tensor, a: float = 0, mode: str = "fan_in",
 
     Example::
 
+        >>> gc.random.seed(0)
+        >>> conv = M.Conv2d(64, 64, 3)
         >>> M.init.msra_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+        >>> round(float(conv.weight.numpy().std()), 3)     # sqrt(2 / (64 * 3 * 3)) = 0.059
+        0.059
     """
     normal_(tensor, 0.0, _msra_std(tensor, a, mode, nonlinearity))

@@ -16,7 +16,16 @@ from ..op import ArgumentError
 
 class Linear(Module):
     """``y = x @ weight.T + bias`` with weight of shape (out_features, in_features)
-    drawn from N(0, 1 / in_features) and bias of shape (out_features,) at zero."""
+    drawn from N(0, 1 / in_features) and bias of shape (out_features,) at zero.
+
+    Example::
+
+        >>> fc = M.Linear(4, 3)
+        >>> fc.weight.shape, fc.bias.numpy()
+        ((3, 4), array([0., 0., 0.], dtype=float32))
+        >>> fc(gc.tensor(np.ones((2, 4), "float32"))).shape
+        (2, 3)
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, compute_mode: str = "default",
                  **kwargs):
@@ -55,8 +64,9 @@ class LinearRelu(Linear):
 
     Example::
 
-        >>> bool((M.LinearRelu(4, 3)(x).numpy() >= 0).all())
-        True
+        >>> y = M.LinearRelu(4, 3)(gc.tensor(np.ones((2, 4), "float32")))
+        >>> y.shape, bool((y.numpy() >= 0).all())
+        ((2, 3), True)
     """
 
     def forward(self, x):

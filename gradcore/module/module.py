@@ -88,7 +88,17 @@ def _is_module(obj) -> bool:
 
 
 class HookHandler:
-    """Returned by ``register_forward_*hook``; ``remove()`` unregisters the hook."""
+    """Returned by ``register_forward_*hook``; ``remove()`` unregisters the hook.
+
+    Example::
+
+        >>> fc, seen = M.Linear(2, 2), []
+        >>> handle = fc.register_forward_hook(lambda m, inputs, out: seen.append(out.shape))
+        >>> _ = fc(gc.tensor(np.ones((3, 2), "float32"))); handle.remove()
+        >>> _ = fc(gc.tensor(np.ones((1, 2), "float32")))
+        >>> seen     # the hook saw only the first call
+        [(3, 2)]
+    """
 
     _next_id = 0
 
@@ -115,6 +125,15 @@ class Module:
     order, MegEngine's too: a module's own tensors (sorted), then each
     sub-module's state (sorted by name), and it lists a tensor shared by two
     sub-modules under both names, as MegEngine and PyTorch do.
+
+    Example::
+
+        >>> class Net(M.Module):
+        ...     def __init__(self):
+        ...         super().__init__(); self.fc = M.Linear(2, 1)
+        ...     def forward(self, x): return F.relu(self.fc(x))
+        >>> [name for name, _ in Net().named_parameters()]
+        ['fc.bias', 'fc.weight']
     """
 
     # class-level defaults, so a subclass that forgets super().__init__() still works

@@ -40,6 +40,7 @@ def rng() -> np.random.Generator:
 
     Example::
 
+        >>> import gradcore.data.transform as T
         >>> flip = T.rng().random() < 0.5
     """
     global _rng, _pending
@@ -55,7 +56,8 @@ def seed(n: Any) -> None:
 
     Example::
 
-        >>> T.seed([7, 0, 3])       # loader seed 7, epoch 0, batch 3
+        >>> import gradcore.data.transform as T
+        >>> T.seed([7, 0, 3])       # loader T.seed 7, epoch 0, batch 3
     """
     global _pending
     _pending = n
@@ -66,6 +68,7 @@ class Transform(ABC):
 
     Example::
 
+        >>> from gradcore.data.transform import Transform
         >>> class Double(Transform):
         ...     def apply(self, input): return input * 2
         >>> Double().apply_batch([np.ones(2), np.zeros(2)])[0]
@@ -95,6 +98,7 @@ class PseudoTransform(Transform):
 
     Example::
 
+        >>> from gradcore.data.transform import PseudoTransform
         >>> PseudoTransform().apply((1, 2))
         (1, 2)
     """
