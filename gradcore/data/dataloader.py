@@ -521,10 +521,6 @@ class _SerialIter(_BaseIter):
         return batch
 
 
-class _WorkerError(Exception):
-    """Placeholder type for a worker's exception that cannot be rebuilt."""
-
-
 _RAISED_AS: Dict[type, type] = {}
 
 

@@ -129,8 +129,6 @@ class Module:
             raise ArgumentError(f"Module name must be a non-empty string, got {name!r}")
         self.name = name
         self.training = True
-        self._forward_pre_hooks: "OrderedDict[int, Callable]" = OrderedDict()
-        self._forward_hooks: "OrderedDict[int, Callable]" = OrderedDict()
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
