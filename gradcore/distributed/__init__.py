@@ -293,10 +293,7 @@ def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout=None) 
             for p in group:
                 value = buf[off:off + p.size].reshape(p.shape).copy()
                 off += p.size
-                if str(p.device) == "cpu":
-                    p._data = value
-                else:
-                    p._data = Tensor(value, device=p.device)._data
+                p._data = value if str(p.device) == "cpu" else Tensor(value, device=p.device)._data
                 _core._bump_version(p)
 
 
@@ -309,10 +306,11 @@ def shard(n_items: int, rank: Optional[int] = None, world_size: Optional[int] = 
     it when ``shuffle_seed`` is given; every rank must pass the same seed).
     With ``drop_remainder`` the last ``n_items % world_size`` items are left
     out; otherwise the blocks are padded by wrapping around to the start."""
+    on = is_initialized() or launched_by_mpi() > 1
     if rank is None:
-        rank = get_rank() if is_initialized() or launched_by_mpi() > 1 else 0
+        rank = get_rank() if on else 0
     if world_size is None:
-        world_size = get_world_size() if is_initialized() or launched_by_mpi() > 1 else 1
+        world_size = get_world_size() if on else 1
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"shard: rank {rank} is not in a world of {world_size}")
     order = (np.random.default_rng(shuffle_seed).permutation(n_items) if shuffle_seed is not None

@@ -243,6 +243,14 @@ class Normalize(VisionTransform):
         return mask
 
 
+def _shifted(coords: np.ndarray, dx: int, dy: int) -> np.ndarray:
+    """A copy of the (x, y) rows ``coords`` moved by (dx, dy)."""
+    coords = np.array(coords, copy=True)
+    coords[:, 0] += dx
+    coords[:, 1] += dy
+    return coords
+
+
 def _pad(image: np.ndarray, top: int, bottom: int, left: int, right: int, value) -> np.ndarray:
     if not (top or bottom or left or right):
         return image
@@ -290,10 +298,7 @@ class Pad(VisionTransform):
         return _pad(mask, *self.size, self.mask_value)
 
     def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        coords = np.array(coords, copy=True)
-        coords[:, 0] += self.size[2]
-        coords[:, 1] += self.size[0]
-        return coords
+        return _shifted(coords, self.size[2], self.size[0])
 
 
 def _size2(owner: str, size) -> Tuple[int, int]:
@@ -346,10 +351,7 @@ class RandomCrop(VisionTransform):
         return self._crop(mask, self.padding_maskvalue)
 
     def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        coords = np.array(coords, copy=True)
-        coords[:, 0] -= self._x
-        coords[:, 1] -= self._y
-        return coords
+        return _shifted(coords, -self._x, -self._y)
 
 
 class _RandomFlip(VisionTransform):
@@ -680,10 +682,7 @@ class CenterCrop(VisionTransform):
     _apply_mask = _apply_image
 
     def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        coords = np.array(coords, copy=True)
-        coords[:, 0] -= self._x
-        coords[:, 1] -= self._y
-        return coords
+        return _shifted(coords, -self._x, -self._y)
 
 
 # ---------------------------------------------------------------- pixel values
