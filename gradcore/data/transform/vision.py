@@ -50,6 +50,11 @@ def _hw(image: np.ndarray, who: str) -> Tuple[int, int]:
     return image.shape[0], image.shape[1]
 
 
+def _unchanged(self, value: Any) -> Any:
+    """A field kind a transform passes through (``_apply_<kind> = _unchanged``)."""
+    return value
+
+
 class VisionTransform(Transform):
     """The base of the image transforms: ``apply`` sends each field of the
     sample to ``_apply_<kind>`` by the kind ``order`` gives it. Subclasses
@@ -210,9 +215,7 @@ class ToMode(VisionTransform):
         return np.ascontiguousarray(np.moveaxis(image, 2, 0))
 
     _apply_mask = _apply_image
-
-    def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        return coords
+    _apply_coords = _unchanged
 
 
 class Normalize(VisionTransform):
@@ -236,11 +239,7 @@ class Normalize(VisionTransform):
         _hw(image, "Normalize")
         return ((image - self.mean) / self.std).astype(np.float32, copy=False)
 
-    def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        return coords
-
-    def _apply_mask(self, mask: np.ndarray) -> np.ndarray:
-        return mask
+    _apply_coords = _apply_mask = _unchanged
 
 
 def _shifted(coords: np.ndarray, dx: int, dy: int) -> np.ndarray:
@@ -761,10 +760,7 @@ def _hsv_to_bgr(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
 class _PixelTransform(VisionTransform):
     """A transform of pixel values only: masks, coordinates and boxes pass through."""
 
-    def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        return coords
-
-    _apply_mask = _apply_boxes = _apply_coords
+    _apply_coords = _apply_mask = _apply_boxes = _unchanged
 
 
 class GaussianNoise(_PixelTransform):
