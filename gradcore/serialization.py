@@ -148,10 +148,8 @@ class _Encoder:
             if o.dtype.str not in _ARRAY_DTYPES and o.dtype.newbyteorder("<").str not in _ARRAY_DTYPES:
                 raise _Unsupported(f"a NumPy scalar of dtype {o.dtype}")
             return {"npscalar": self.add_array(np.asarray(o))}
-        if isinstance(o, int):
-            return int(o)
-        if isinstance(o, float):
-            return float(o)
+        if isinstance(o, (int, float)):         # (subclasses, such as an IntEnum, as the plain type)
+            return int(o) if isinstance(o, int) else float(o)
         if isinstance(o, complex):
             return {"complex": [o.real, o.imag]}
         if isinstance(o, bytes):

@@ -138,13 +138,11 @@ class DataLoader:
         if not self._stream and isinstance(sampler, StreamSampler):
             raise ValueError("DataLoader: a StreamSampler is for a StreamDataset; "
                              f"{type(dataset).__name__} takes SequentialSampler, RandomSampler, ...")
-        if transform is None:
-            transform = PseudoTransform()
+        transform = PseudoTransform() if transform is None else transform
         if not hasattr(transform, "apply_batch"):
             raise TypeError(f"DataLoader: transform must have apply_batch (a Transform), "
                             f"got {type(transform).__name__}")
-        if collator is None:
-            collator = Collator()
+        collator = Collator() if collator is None else collator
         if not hasattr(collator, "apply"):
             raise TypeError(f"DataLoader: collator must have apply (a Collator), got {type(collator).__name__}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
