@@ -281,18 +281,15 @@ def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout=None) 
     for p in params:
         by_dtype.setdefault(np.dtype(p.dtype), []).append(p)
     for dtype, group in by_dtype.items():
-        buf = np.empty(sum(int(p.size) for p in group), dtype)
         if _state.rank == root:
-            off = 0
-            for p in group:
-                buf[off:off + p.size] = np.asarray(p.numpy()).ravel()
-                off += p.size
+            buf = np.concatenate([np.asarray(p.numpy(), dtype).ravel() for p in group])
+        else:
+            buf = np.empty(sum(int(p.size) for p in group), dtype)
         _wait(comm.Ibcast(buf, root=root), f"broadcast_parameters ({dtype})", timeout)
         if _state.rank != root:
-            off = 0
-            for p in group:
-                value = buf[off:off + p.size].reshape(p.shape).copy()
-                off += p.size
+            ends = np.cumsum([int(p.size) for p in group])
+            for p, part in zip(group, np.split(buf, ends[:-1])):
+                value = part.reshape(p.shape).copy()
                 p._data = value if str(p.device) == "cpu" else Tensor(value, device=p.device)._data
                 _core._bump_version(p)
 
