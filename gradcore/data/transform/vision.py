@@ -210,9 +210,7 @@ class ToMode(VisionTransform):
 
     def _apply_image(self, image: np.ndarray) -> np.ndarray:
         _hw(image, "ToMode")
-        if image.ndim == 2:
-            return np.ascontiguousarray(image[None])
-        return np.ascontiguousarray(np.moveaxis(image, 2, 0))
+        return np.ascontiguousarray(image[None] if image.ndim == 2 else np.moveaxis(image, 2, 0))
 
     _apply_mask = _apply_image
     _apply_coords = _unchanged
