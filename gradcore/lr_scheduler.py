@@ -191,10 +191,8 @@ class MultiStepLR(LRScheduler):
 
 
 def _check_number(owner: str, name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    if ok:
-        ok = (low < value if low_open else low <= value) and value <= high
-    if not ok:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not (low < value if low_open else low <= value) or value > high:
         interval = f"{'(' if low_open else '['}{low}, {high}]"
         raise ArgumentError(f"{owner}: {name} must be a number in {interval}, got {value!r}")
 

@@ -87,9 +87,6 @@ class _RawState:
         v = self._d[key]
         return v._data if isinstance(v, Tensor) else v
 
-    def get(self, key, default=None):
-        return self[key] if key in self._d else default
-
     def __setitem__(self, key, value) -> None:
         if isinstance(value, Tensor) or np.isscalar(value):
             self._d[key] = value

@@ -152,10 +152,8 @@ class _Encoder:
             if o.dtype.str not in _ARRAY_DTYPES and o.dtype.newbyteorder("<").str not in _ARRAY_DTYPES:
                 raise _Unsupported(f"a NumPy scalar of dtype {o.dtype}")
             return {"npscalar": self.add_array(np.asarray(o))}
-        if isinstance(o, int):
-            return int(o)
-        if isinstance(o, float):
-            return float(o)
+        if isinstance(o, (int, float)):         # (subclasses, such as an IntEnum, as the plain type)
+            return int(o) if isinstance(o, int) else float(o)
         if isinstance(o, complex):
             return {"complex": [o.real, o.imag]}
         if isinstance(o, bytes):
@@ -288,11 +286,11 @@ def _read(fh, name, mapper, weights_only):
         if head == MAGIC:
             return _read_v2(fh, name, mapper, weights_only)
         if head == MAGIC_V1:
-            return _read_v1(fh, name, mapper, weights_only)
+            return _read_pickle(b"", fh, name, mapper, weights_only)
         if len(head) < len(MAGIC) and (MAGIC.startswith(head) or MAGIC_V1.startswith(head)):
             raise LoadError(f"gradcore.load: {name} is truncated (it ends inside the header)")
         if len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5:        # a pickle's PROTO opcode
-            return _read_plain_pickle(head, fh, name, mapper, weights_only)
+            return _read_pickle(head, fh, name, mapper, weights_only)
         raise LoadError(f"gradcore.load: {name} was not written by gradcore.save "
                         f"(it starts with {head[:8]!r}, expected {MAGIC[:8]!r})")
     except LoadError as exc:
@@ -571,16 +569,12 @@ _CONVERT = ("if you trust this file, convert it once to the current format: "
 _REFUSED_OPCODES = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "INST", "OBJ", "NEWOBJ_EX"}
 
 
-def _read_v1(fh, name, mapper, weights_only):
-    fh, left = _remaining(fh)
-    return _load_pickle(_read_exact(fh, left, name, "the pickle"), name, mapper, weights_only)
-
-
-def _read_plain_pickle(head: bytes, fh, name, mapper, weights_only):
-    """A file that is a pickle as a whole: MegEngine's ``megengine.save``
-    (a state_dict is a dict of NumPy arrays), PyTorch's legacy format...:
-    read as a version-1 file's pickle (with ``weights_only`` the same
-    checked loader: arrays, numbers, strings and containers only)."""
+def _read_pickle(head: bytes, fh, name, mapper, weights_only):
+    """The pickle of a version-1 file (after its MAGIC_V1; ``head`` empty),
+    or a file that is a pickle as a whole (``head``: its first bytes):
+    MegEngine's ``megengine.save`` (a state_dict is a dict of NumPy arrays),
+    PyTorch's legacy format... (with ``weights_only`` the same checked
+    loader: arrays, numbers, strings and containers only)."""
     fh, left = _remaining(fh)
     return _load_pickle(head + _read_exact(fh, left, name, "the pickle"), name, mapper, weights_only)
 

@@ -52,14 +52,10 @@ class Collator:
                 raise ValueError(f"Collator: the samples' arrays have different shapes {sorted(shapes)}; "
                                  "resize them in a transform or pass your own collator")
             return np.ascontiguousarray(np.stack(inputs))
-        if isinstance(elem, np.generic) and not isinstance(elem, (np.str_, np.bytes_)):
-            return np.array(inputs)
-        if isinstance(elem, bool):
-            return np.array(inputs)
+        if isinstance(elem, (np.generic, int)) and not isinstance(elem, (np.str_, np.bytes_)):
+            return np.array(inputs)         # (bool is an int)
         if isinstance(elem, float):
             return np.array(inputs, dtype=np.float64)
-        if isinstance(elem, int):
-            return np.array(inputs)
         if isinstance(elem, (str, bytes)):
             return list(inputs)
         if isinstance(elem, collections.abc.Mapping):

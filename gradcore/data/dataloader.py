@@ -139,13 +139,11 @@ class DataLoader:
         if not self._stream and isinstance(sampler, StreamSampler):
             raise ValueError("DataLoader: a StreamSampler is for a StreamDataset; "
                              f"{type(dataset).__name__} takes SequentialSampler, RandomSampler, ...")
-        if transform is None:
-            transform = PseudoTransform()
+        transform = PseudoTransform() if transform is None else transform
         if not hasattr(transform, "apply_batch"):
             raise TypeError(f"DataLoader: transform must have apply_batch (a Transform), "
                             f"got {type(transform).__name__}")
-        if collator is None:
-            collator = Collator()
+        collator = Collator() if collator is None else collator
         if not hasattr(collator, "apply"):
             raise TypeError(f"DataLoader: collator must have apply (a Collator), got {type(collator).__name__}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
@@ -533,10 +531,6 @@ class _SerialIter(_BaseIter):
         return batch
 
 
-class _WorkerError(Exception):
-    """Placeholder type for a worker's exception that cannot be rebuilt."""
-
-
 _RAISED_AS: Dict[type, type] = {}
 
 
@@ -559,22 +553,11 @@ def _raised_as(cls: type) -> type:
 def _reraise(wid: int, position: int, info: Dict[str, Any]) -> None:
     msg = (f"Caught {info['name']} in DataLoader worker process {wid} (batch {position} of the epoch).\n"
            f"Original traceback (in the worker process):\n{info['traceback']}")
-    cls = None
-    if info["cls"] is not None:
-        try:
-            cls = pickle.loads(info["cls"])
-        except Exception:
-            cls = None
-    exc = None
-    if cls is not None:
-        if cls is KeyError:
-            # KeyError's str() is the repr of its argument: keep the lines readable
-            msg = _PlainStr(msg)
-        try:
-            exc = _raised_as(cls)(msg)
-        except Exception:       # an exception type whose constructor wants other arguments
-            exc = None
-    if exc is None:
+    try:
+        cls = pickle.loads(info["cls"])
+        # (KeyError's str() is the repr of its argument: keep the lines readable)
+        exc = _raised_as(cls)(_PlainStr(msg) if cls is KeyError else msg)
+    except Exception:   # no type sent, one that does not unpickle here, or a constructor wanting other arguments
         exc = RuntimeError(msg)
     raise exc
 
@@ -724,12 +707,11 @@ class _ParallelIter(_BaseIter):
         self._owner: Dict[int, int] = {}            # position -> worker id, for batches in flight
         self._next_send = skip
         self._exhausted = False
-        if not reuse:
-            if loader.persistent_workers:
-                if pool is not None:
-                    pool.stop()
-                loader._pool = self._workers
-                weakref.finalize(loader, self._workers.stop)
+        if not reuse and loader.persistent_workers:
+            if pool is not None:
+                pool.stop()
+            loader._pool = self._workers
+            weakref.finalize(loader, self._workers.stop)
         try:
             if not reuse:
                 self._start()
@@ -808,16 +790,16 @@ class _ParallelIter(_BaseIter):
             wid, message = self._wait_for(position)
             self._owner.pop(position, None)
             status, _, body = message
-            if status == "end":         # a worker's own stream ended (parallel_stream): so does the epoch
-                w.pending.discard(_segment_name(w.prefix, self.epoch, position))
-                self._shutdown()
+            segment = _segment_name(w.prefix, self.epoch, position)
+            if status != "ok":
+                w.pending.discard(segment)
+                if status == "err":
+                    _reraise(wid, position, body)
+                self._shutdown()        # "end": a worker's own stream ended (parallel_stream), so does the epoch
                 raise StopIteration
-            if status == "err":
-                w.pending.discard(_segment_name(w.prefix, self.epoch, position))
-                _reraise(wid, position, body)
             batch = w.slots[wid].read(body)
             # read (mapped and unlinked, if it made a slot): no longer pending
-            w.pending.discard(_segment_name(w.prefix, self.epoch, position))
+            w.pending.discard(segment)
             self.position += 1
             self._send_one()
             return batch

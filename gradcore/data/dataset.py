@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import bisect
+import itertools
 import numbers
 from abc import ABC, abstractmethod
 from typing import Any, Iterable, Iterator, List, Tuple
@@ -142,11 +143,7 @@ class ConcatDataset(MapDataset):
                 raise ArgumentError(f"ConcatDataset: datasets[{i}] is a {type(d).__name__}, not a map-style "
                                     f"dataset (StreamDatasets cannot be indexed)")
         # where each dataset ends, to find an index's dataset by bisection
-        self.cumulative_sizes: List[int] = []
-        total = 0
-        for d in self.datasets:
-            total += len(d)
-            self.cumulative_sizes.append(total)
+        self.cumulative_sizes: List[int] = list(itertools.accumulate(len(d) for d in self.datasets))
 
     def __getitem__(self, index: int) -> Any:
         if not isinstance(index, numbers.Integral):

@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import itertools
-
 import math
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -177,9 +176,8 @@ class MapSampler(Sampler):
         total = self.num_samples * self.world_size
         if not indices:
             return []
-        while len(indices) < total:
-            indices = indices + indices[:total - len(indices)]
-        return indices[self.rank:total:self.world_size]
+        indices = (indices * -(-total // len(indices)))[:total]
+        return indices[self.rank::self.world_size]
 
     def batch(self) -> Iterator[List[int]]:
         """The batches of one epoch (lists of indices).
@@ -242,12 +240,20 @@ class MapSampler(Sampler):
                              f"RandomState state: {exc}") from None
 
 
-def _check_indices(owner: str, indices):
-    if indices is not None and not isinstance(indices, (Sequence, np.ndarray)):
-        raise ValueError(f"{owner}: indices must be None or a sequence, got {type(indices).__name__}")
+class _IndexedSampler(MapSampler):
+    """A map sampler over ``range(len(dataset))`` or the given ``indices``."""
+
+    def __init__(self, dataset: Any, batch_size: int, drop_last: bool, indices: Optional[Sequence[int]],
+                 world_size: Optional[int], rank: Optional[int], seed: Optional[int]):
+        if indices is not None and not isinstance(indices, (Sequence, np.ndarray)):
+            raise ValueError(f"{type(self).__name__}: indices must be None or a sequence, "
+                             f"got {type(indices).__name__}")
+        super().__init__(dataset, batch_size, drop_last, None if indices is None else len(indices),
+                         world_size, rank, seed)
+        self.indices = indices
 
 
-class SequentialSampler(MapSampler):
+class SequentialSampler(_IndexedSampler):
     """The indices in order (``range(len(dataset))``, or ``indices``), cut
     into batches.
 
@@ -261,11 +267,8 @@ class SequentialSampler(MapSampler):
     def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False,
                  indices: Optional[Sequence[int]] = None, world_size: Optional[int] = None,
                  rank: Optional[int] = None):
-        _check_indices("SequentialSampler", indices)
         # no random state; seed 0 so that building one draws nothing from gradcore.random
-        super().__init__(dataset, batch_size, drop_last, None if indices is None else len(indices),
-                         world_size, rank, seed=0)
-        self.indices = indices
+        super().__init__(dataset, batch_size, drop_last, indices, world_size, rank, seed=0)
 
     def sample(self) -> List[int]:
         return list(range(len(self.dataset))) if self.indices is None else list(self.indices)
@@ -277,7 +280,7 @@ class SequentialSampler(MapSampler):
         Sampler.load_state_dict(self, state)
 
 
-class RandomSampler(MapSampler):
+class RandomSampler(_IndexedSampler):
     """The indices in a new random order every epoch (without
     replacement), cut into batches. With the same ``seed`` the order is
     MegEngine's (``RandomState(seed).permutation``).
@@ -293,15 +296,10 @@ class RandomSampler(MapSampler):
     def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False,
                  indices: Optional[Sequence[int]] = None, world_size: Optional[int] = None,
                  rank: Optional[int] = None, seed: Optional[int] = None):
-        _check_indices("RandomSampler", indices)
-        super().__init__(dataset, batch_size, drop_last, None if indices is None else len(indices),
-                         world_size, rank, seed)
-        self.indices = indices
+        super().__init__(dataset, batch_size, drop_last, indices, world_size, rank, seed)
 
     def sample(self) -> List[int]:
-        if self.indices is None:
-            return self.rng.permutation(len(self.dataset)).tolist()
-        return self.rng.permutation(np.asarray(self.indices)).tolist()
+        return self.rng.permutation(len(self.dataset) if self.indices is None else np.asarray(self.indices)).tolist()
 
 
 class ReplacementSampler(MapSampler):

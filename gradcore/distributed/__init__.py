@@ -348,22 +348,16 @@ def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout: Optio
     for p in params:
         by_dtype.setdefault(np.dtype(p.dtype), []).append(p)
     for dtype, group in by_dtype.items():
-        buf = np.empty(sum(int(p.size) for p in group), dtype)
         if _state.rank == root:
-            off = 0
-            for p in group:
-                buf[off:off + p.size] = np.asarray(p.numpy()).ravel()
-                off += p.size
+            buf = np.concatenate([np.asarray(p.numpy(), dtype).ravel() for p in group])
+        else:
+            buf = np.empty(sum(int(p.size) for p in group), dtype)
         _wait(comm.Ibcast(buf, root=root), f"broadcast_parameters ({dtype})", timeout)
         if _state.rank != root:
-            off = 0
-            for p in group:
-                value = buf[off:off + p.size].reshape(p.shape).copy()
-                off += p.size
-                if str(p.device) == "cpu":
-                    p._data = value
-                else:
-                    p._data = Tensor(value, device=p.device)._data
+            ends = np.cumsum([int(p.size) for p in group])
+            for p, part in zip(group, np.split(buf, ends[:-1])):
+                value = part.reshape(p.shape).copy()
+                p._data = value if str(p.device) == "cpu" else Tensor(value, device=p.device)._data
                 _core._bump_version(p)
 
 
@@ -385,10 +379,11 @@ def shard(n_items: int, rank: Optional[int] = None, world_size: Optional[int] = 
         >>> dist.shard(10, rank=2, world_size=3, drop_remainder=False)     # padded from the start
         array([8, 9, 0, 1])
     """
+    on = is_initialized() or launched_by_mpi() > 1
     if rank is None:
-        rank = get_rank() if is_initialized() or launched_by_mpi() > 1 else 0
+        rank = get_rank() if on else 0
     if world_size is None:
-        world_size = get_world_size() if is_initialized() or launched_by_mpi() > 1 else 1
+        world_size = get_world_size() if on else 1
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"shard: rank {rank} is not in a world of {world_size}")
     order = (np.random.default_rng(shuffle_seed).permutation(n_items) if shuffle_seed is not None

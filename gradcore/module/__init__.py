@@ -213,7 +213,22 @@ class Flatten(Module):
         return F.flatten(x, self.start_axis, self.end_axis)
 
 
-class _BatchNorm(Module):
+class _AffineNorm(Module):
+    """A normalisation followed, when ``affine``, by a learnt ``* weight +
+    bias`` (starting at ones and zeros)."""
+
+    def _affine(self, shape, affine: bool) -> None:
+        self.affine = affine
+        self.weight = Parameter(np.ones(shape, "float32")) if affine else None
+        self.bias = Parameter(np.zeros(shape, "float32")) if affine else None
+
+    def reset_parameters(self) -> None:
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+
+class _BatchNorm(_AffineNorm):
     """Batch normalisation with running statistics, MegEngine's convention:
     ``running = momentum * running + (1 - momentum) * batch`` (so the default
     ``momentum=0.9`` is PyTorch's 0.1), the running variance unbiased.
@@ -231,13 +246,12 @@ class _BatchNorm(Module):
             raise ArgumentError(f"{type(self).__name__}: freeze needs track_running_stats=True")
         self.num_features = _count(type(self).__name__, "num_features", num_features, 1)
         self.eps, self.momentum = eps, momentum
-        self.affine, self.track_running_stats, self.freeze = affine, track_running_stats, freeze
+        self.track_running_stats, self.freeze = track_running_stats, freeze
         # statistics exist only when tracked from the start; turning tracking
         # off later is allowed (batch statistics are used), turning it on is not
         self._track_running_stats_saved = track_running_stats
         shape = (1, self.num_features, 1, 1)
-        self.weight = Parameter(np.ones(shape, "float32")) if affine else None
-        self.bias = Parameter(np.zeros(shape, "float32")) if affine else None
+        self._affine(shape, affine)
         if track_running_stats:
             self.running_mean = Tensor(np.zeros(shape, "float32"))
             self.running_var = Tensor(np.ones(shape, "float32"))
@@ -251,9 +265,7 @@ class _BatchNorm(Module):
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
-        if self.affine:
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
+        super().reset_parameters()
 
     def _check_input(self, x):
         raise NotImplementedError
@@ -800,9 +812,7 @@ class PReLU(Module):
 
     def __init__(self, num_parameters: int = 1, init: float = 0.25, **kwargs):
         super().__init__(**kwargs)
-        self.num_parameters = _count("PReLU", "num_parameters", num_parameters)
-        if self.num_parameters < 1:
-            raise ArgumentError(f"PReLU: num_parameters must be positive, got {num_parameters}")
+        self.num_parameters = _count("PReLU", "num_parameters", num_parameters, 1)
         shape = (1, self.num_parameters, 1, 1) if self.num_parameters > 1 else (1,)
         self.weight = Parameter(np.full(shape, init, "float32"))
 
@@ -912,7 +922,7 @@ class Embedding(Module):
 
 
 # ---------------------------------------------------------------- normalisation
-class LayerNorm(Module):
+class LayerNorm(_AffineNorm):
     """Normalises over the last ``len(normalized_shape)`` axes,
     ``(x - mean) / sqrt(var + eps)`` with the biased variance, then
     ``* weight + bias`` (both of shape ``normalized_shape``, starting at ones
@@ -932,14 +942,8 @@ class LayerNorm(Module):
         if isinstance(normalized_shape, (int, np.integer, float, np.floating, str)) or normalized_shape is None:
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(_count("LayerNorm", "normalized_shape", d, 1) for d in normalized_shape)
-        self.eps, self.affine = eps, affine
-        self.weight = Parameter(np.ones(self.normalized_shape, "float32")) if affine else None
-        self.bias = Parameter(np.zeros(self.normalized_shape, "float32")) if affine else None
-
-    def reset_parameters(self) -> None:
-        if self.affine:
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
+        self.eps = eps
+        self._affine(self.normalized_shape, affine)
 
     def forward(self, x):
         return F.nn.layer_norm(x, self.normalized_shape, self.affine, self.weight, self.bias, self.eps)
@@ -948,7 +952,7 @@ class LayerNorm(Module):
         return f"normalized_shape={self.normalized_shape}, eps={self.eps}, affine={self.affine}"
 
 
-class GroupNorm(Module):
+class GroupNorm(_AffineNorm):
     """Group normalisation of (N, C, H, W) input (any (N, C, ...) works): the
     channels are split into ``num_groups`` groups, each normalised over its
     channels and the spatial axes with the biased variance; then
@@ -967,17 +971,11 @@ class GroupNorm(Module):
         super().__init__(**kwargs)
         self.num_groups = _count("GroupNorm", "num_groups", num_groups, 1)
         self.num_channels = _count("GroupNorm", "num_channels", num_channels, 1)
-        if self.num_groups < 1 or self.num_channels % self.num_groups:
+        if self.num_channels % self.num_groups:
             raise ArgumentError(f"GroupNorm: num_channels={num_channels} must be divisible by "
                              f"num_groups={num_groups}")
-        self.eps, self.affine = eps, affine
-        self.weight = Parameter(np.ones(self.num_channels, "float32")) if affine else None
-        self.bias = Parameter(np.zeros(self.num_channels, "float32")) if affine else None
-
-    def reset_parameters(self) -> None:
-        if self.affine:
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
+        self.eps = eps
+        self._affine(self.num_channels, affine)
 
     def forward(self, x):
         name = type(self).__name__
@@ -1014,7 +1012,7 @@ class InstanceNorm(GroupNorm):
         return f"channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
-class GeneralNorm(Module):
+class GeneralNorm(_AffineNorm):
     """Normalisation over the axes ``normalized_axis`` of the input, then a
     learnt ``* weight + bias`` of shape ``normalized_shape`` (those axes'
     sizes) when ``affine``, MegEngine's ``M.GeneralNorm`` (``F.nn.general_norm``).
@@ -1029,8 +1027,9 @@ class GeneralNorm(Module):
     def __init__(self, normalized_shape=None, normalized_axis=0, eps: float = 1e-5, affine: bool = True,
                  **kwargs):
         super().__init__(**kwargs)
-        self.eps, self.affine = float(eps), bool(affine)
+        self.eps = float(eps)
         axes = [normalized_axis] if isinstance(normalized_axis, (int, np.integer)) else list(normalized_axis)
+        shape = None
         if affine:
             if normalized_shape is None:
                 raise ArgumentError("GeneralNorm: normalized_shape must be given when affine is True")
@@ -1038,10 +1037,7 @@ class GeneralNorm(Module):
             if len(shape) != len(axes) or len(set(axes)) != len(axes):
                 raise ArgumentError(f"GeneralNorm: normalized_shape {normalized_shape!r} and normalized_axis "
                                     f"{normalized_axis!r} must name as many distinct axes")
-            self.weight = Parameter(np.ones(shape, "float32"))
-            self.bias = Parameter(np.zeros(shape, "float32"))
-        else:
-            self.weight = self.bias = None
+        self._affine(shape, bool(affine))
         self.normalized_shape, self.normalized_axis = normalized_shape, axes
 
     def forward(self, x):

@@ -49,15 +49,20 @@ class _ConvLayer(Module):
         self.bias = Parameter(np.zeros((1, self.out_channels) + (1,) * len(kernel), "float32")) if bias else None
         self.reset_parameters()
 
+    def _set_sizes(self, name: str, n: int, kernel_size, stride, padding, dilation) -> None:
+        """The checked per-axis sizes (``n`` of each; a 1-d layer keeps plain ints)."""
+        sizes = [_sizes(kernel_size, n, "kernel_size", allow_zero=False, name=name),
+                 _sizes(stride, n, "stride", allow_zero=False, name=name),
+                 _sizes(padding, n, "padding", name=name),
+                 _sizes(dilation, n, "dilation", allow_zero=False, name=name)]
+        self.kernel_size, self.stride, self.padding, self.dilation = (s[0] for s in sizes) if n == 1 else sizes
+
     def _setup_transposed(self, name: str, n: int, in_channels, out_channels, kernel_size, stride, padding,
                           output_padding, dilation, groups, bias: bool):
         """A transposed layer's checked per-axis sizes (``n`` axes; output
         padding smaller than the stride), then ``_setup``."""
-        self.kernel_size = _sizes(kernel_size, n, "kernel_size", allow_zero=False, name=name)
-        self.stride = _sizes(stride, n, "stride", allow_zero=False, name=name)
-        self.padding = _sizes(padding, n, "padding", name=name)
+        self._set_sizes(name, n, kernel_size, stride, padding, dilation)
         self.output_padding = _sizes(output_padding, n, "output_padding", name=name)
-        self.dilation = _sizes(dilation, n, "dilation", allow_zero=False, name=name)
         if any(op >= s for op, s in zip(self.output_padding, self.stride)):
             raise ArgumentError(f"{name}: output_padding {self.output_padding} must be smaller than the "
                              f"stride {self.stride}")
@@ -125,17 +130,16 @@ class Conv2d(_ConvLayer):
                  padding_mode: str = "zeros", **kwargs):
         super().__init__(**kwargs)
         self.padding_mode = _check_padding_mode("Conv2d", padding_mode)
-        self.kernel_size = _sizes(kernel_size, 2, "kernel_size", allow_zero=False)
-        self.stride = _sizes(stride, 2, "stride", allow_zero=False)
-        self.padding = _sizes(padding, 2, "padding")
-        self.dilation = _sizes(dilation, 2, "dilation", allow_zero=False)
+        self._set_sizes("Conv2d", 2, kernel_size, stride, padding, dilation)
         self.conv_mode, self.compute_mode = conv_mode, compute_mode
         self._setup("Conv2d", in_channels, out_channels, groups, bias)
+
+    _nonlinear_mode = "identity"
 
     def forward(self, x):
         x, padding = self._padded(x, getattr(self, "padding_mode", "zeros"))
         return F.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation,
-                        self.groups, self.conv_mode, self.compute_mode)
+                        self.groups, self.conv_mode, self.compute_mode, nonlinear_mode=self._nonlinear_mode)
 
 
 class LocalConv2d(Conv2d):
@@ -203,10 +207,7 @@ class ConvRelu2d(Conv2d):
         ((2, 8, 5, 5), True)
     """
 
-    def forward(self, x):
-        x, padding = self._padded(x, getattr(self, "padding_mode", "zeros"))
-        return F.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation,
-                        self.groups, self.conv_mode, self.compute_mode, nonlinear_mode="relu")
+    _nonlinear_mode = "relu"
 
 
 class Conv1d(_ConvLayer):
@@ -230,10 +231,7 @@ class Conv1d(_ConvLayer):
                  padding_mode: str = "zeros", **kwargs):
         super().__init__(**kwargs)
         self.padding_mode = _check_padding_mode("Conv1d", padding_mode)
-        (self.kernel_size,) = _sizes(kernel_size, 1, "kernel_size", allow_zero=False, name="Conv1d")
-        (self.stride,) = _sizes(stride, 1, "stride", allow_zero=False, name="Conv1d")
-        (self.padding,) = _sizes(padding, 1, "padding", name="Conv1d")
-        (self.dilation,) = _sizes(dilation, 1, "dilation", allow_zero=False, name="Conv1d")
+        self._set_sizes("Conv1d", 1, kernel_size, stride, padding, dilation)
         self.conv_mode, self.compute_mode = conv_mode, compute_mode
         self._setup("Conv1d", in_channels, out_channels, groups, bias)
 
@@ -332,10 +330,7 @@ class Conv3d(_ConvLayer):
                  padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1, bias: bool = True,
                  conv_mode: str = "cross_correlation", **kwargs):
         super().__init__(**kwargs)
-        self.kernel_size = _sizes(kernel_size, 3, "kernel_size", allow_zero=False, name="Conv3d")
-        self.stride = _sizes(stride, 3, "stride", allow_zero=False, name="Conv3d")
-        self.padding = _sizes(padding, 3, "padding", name="Conv3d")
-        self.dilation = _sizes(dilation, 3, "dilation", allow_zero=False, name="Conv3d")
+        self._set_sizes("Conv3d", 3, kernel_size, stride, padding, dilation)
         self.conv_mode = conv_mode
         self._setup("Conv3d", in_channels, out_channels, groups, bias)
 

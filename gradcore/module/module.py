@@ -79,6 +79,10 @@ def _is_parameter(obj) -> bool:
     return isinstance(obj, Parameter)
 
 
+def _is_tensor(obj) -> bool:
+    return isinstance(obj, Tensor)
+
+
 def _is_buffer(obj) -> bool:
     return isinstance(obj, Tensor) and not isinstance(obj, Parameter)
 
@@ -148,8 +152,6 @@ class Module:
             raise ArgumentError(f"Module name must be a non-empty string, got {name!r}")
         self.name = name
         self.training = True
-        self._forward_pre_hooks: "OrderedDict[int, Callable]" = OrderedDict()
-        self._forward_hooks: "OrderedDict[int, Callable]" = OrderedDict()
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
@@ -201,12 +203,6 @@ class Module:
                                              prefix=dotted + name, predicate=predicate, seen=seen)
 
     @staticmethod
-    def _drop_requires_grad(kwargs):
-        # MegEngine accepts (and ignores) requires_grad: every Parameter is trainable
-        kwargs.pop("requires_grad", None)
-        return Module._check_kwargs(kwargs)
-
-    @staticmethod
     def _check_kwargs(kwargs) -> bool:
         """The one extra keyword the iterators take, MegEngine's ``with_parent``."""
         with_parent = bool(kwargs.pop("with_parent", False))
@@ -214,46 +210,43 @@ class Module:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
         return with_parent
 
+    def _select(self, kwargs, predicate, recursive: bool = True, prefix: Optional[str] = None, named: bool = False):
+        """The iterators' shared part (a generator: ``kwargs`` are checked when it is iterated)."""
+        wp = self._check_kwargs(kwargs)
+        yield from self._flatten(recursive=recursive, with_key=named, with_parent=wp, prefix=prefix,
+                                 predicate=predicate)
+
     def parameters(self, recursive: bool = True, **kwargs) -> Iterator[Parameter]:
-        wp = self._drop_requires_grad(kwargs)
-        yield from self._flatten(recursive=recursive, with_parent=wp, predicate=_is_parameter)
+        kwargs.pop("requires_grad", None)   # MegEngine accepts (and ignores) it: every Parameter is trainable
+        return self._select(kwargs, _is_parameter, recursive)
 
     def named_parameters(self, prefix: Optional[str] = None, recursive: bool = True,
                          **kwargs) -> Iterator[Tuple[str, Parameter]]:
-        wp = self._drop_requires_grad(kwargs)
-        yield from self._flatten(recursive=recursive, with_key=True, with_parent=wp, prefix=prefix,
-                                 predicate=_is_parameter)
+        kwargs.pop("requires_grad", None)
+        return self._select(kwargs, _is_parameter, recursive, prefix, named=True)
 
     def buffers(self, recursive: bool = True, **kwargs) -> Iterator[Tensor]:
         """Tensor attributes that are not Parameters (e.g. running statistics)."""
-        wp = self._check_kwargs(kwargs)
-        yield from self._flatten(recursive=recursive, with_parent=wp, predicate=_is_buffer)
+        return self._select(kwargs, _is_buffer, recursive)
 
     def named_buffers(self, prefix: Optional[str] = None, recursive: bool = True,
                       **kwargs) -> Iterator[Tuple[str, Tensor]]:
-        wp = self._check_kwargs(kwargs)
-        yield from self._flatten(recursive=recursive, with_key=True, with_parent=wp, prefix=prefix,
-                                 predicate=_is_buffer)
+        return self._select(kwargs, _is_buffer, recursive, prefix, named=True)
 
     def tensors(self, recursive: bool = True, **kwargs) -> Iterator[Tensor]:
         """Parameters and buffers."""
-        wp = self._check_kwargs(kwargs)
-        yield from self._flatten(recursive=recursive, with_parent=wp, predicate=lambda o: isinstance(o, Tensor))
+        return self._select(kwargs, _is_tensor, recursive)
 
     def named_tensors(self, prefix: Optional[str] = None, recursive: bool = True,
                       **kwargs) -> Iterator[Tuple[str, Tensor]]:
-        wp = self._check_kwargs(kwargs)
-        yield from self._flatten(recursive=recursive, with_key=True, with_parent=wp, prefix=prefix,
-                                 predicate=lambda o: isinstance(o, Tensor))
+        return self._select(kwargs, _is_tensor, recursive, prefix, named=True)
 
     def children(self, **kwargs) -> Iterator["Module"]:
         """The sub-modules that are direct attributes (or inside one)."""
-        wp = self._check_kwargs(kwargs)
-        yield from self._flatten(recursive=False, with_parent=wp, predicate=_is_module)
+        return self._select(kwargs, _is_module, recursive=False)
 
     def named_children(self, **kwargs) -> Iterator[Tuple[str, "Module"]]:
-        wp = self._check_kwargs(kwargs)
-        yield from self._flatten(recursive=False, with_key=True, with_parent=wp, predicate=_is_module)
+        return self._select(kwargs, _is_module, recursive=False, named=True)
 
     def modules(self, **kwargs) -> Iterator["Module"]:
         """This module, then every sub-module (each once); with
@@ -294,7 +287,7 @@ class Module:
 
         def walk(module, dotted):
             active.add(id(module))      # only guards against a module containing itself
-            for k, t in module._flatten(recursive=False, with_key=True, predicate=lambda o: isinstance(o, Tensor)):
+            for k, t in module._flatten(recursive=False, with_key=True, predicate=_is_tensor):
                 yield dotted + k, t, module
             for k, sub in module._flatten(recursive=False, with_key=True, predicate=_is_module):
                 if id(sub) not in active:

@@ -50,6 +50,11 @@ def _hw(image: np.ndarray, who: str) -> Tuple[int, int]:
     return image.shape[0], image.shape[1]
 
 
+def _unchanged(self, value: Any) -> Any:
+    """A field kind a transform passes through (``_apply_<kind> = _unchanged``)."""
+    return value
+
+
 class VisionTransform(Transform):
     """The base of the image transforms: ``apply`` sends each field of the
     sample to ``_apply_<kind>`` by the kind ``order`` gives it. Subclasses
@@ -208,14 +213,10 @@ class ToMode(VisionTransform):
 
     def _apply_image(self, image: np.ndarray) -> np.ndarray:
         _hw(image, "ToMode")
-        if image.ndim == 2:
-            return np.ascontiguousarray(image[None])
-        return np.ascontiguousarray(np.moveaxis(image, 2, 0))
+        return np.ascontiguousarray(image[None] if image.ndim == 2 else np.moveaxis(image, 2, 0))
 
     _apply_mask = _apply_image
-
-    def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        return coords
+    _apply_coords = _unchanged
 
 
 class Normalize(VisionTransform):
@@ -240,11 +241,15 @@ class Normalize(VisionTransform):
         _hw(image, "Normalize")
         return ((image - self.mean) / self.std).astype(np.float32, copy=False)
 
-    def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        return coords
+    _apply_coords = _apply_mask = _unchanged
 
-    def _apply_mask(self, mask: np.ndarray) -> np.ndarray:
-        return mask
+
+def _shifted(coords: np.ndarray, dx: int, dy: int) -> np.ndarray:
+    """A copy of the (x, y) rows ``coords`` moved by (dx, dy)."""
+    coords = np.array(coords, copy=True)
+    coords[:, 0] += dx
+    coords[:, 1] += dy
+    return coords
 
 
 def _pad(image: np.ndarray, top: int, bottom: int, left: int, right: int, value) -> np.ndarray:
@@ -295,10 +300,7 @@ class Pad(VisionTransform):
         return _pad(mask, *self.size, self.mask_value)
 
     def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        coords = np.array(coords, copy=True)
-        coords[:, 0] += self.size[2]
-        coords[:, 1] += self.size[0]
-        return coords
+        return _shifted(coords, self.size[2], self.size[0])
 
 
 def _size2(owner: str, size) -> Tuple[int, int]:
@@ -352,10 +354,7 @@ class RandomCrop(VisionTransform):
         return self._crop(mask, self.padding_maskvalue)
 
     def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        coords = np.array(coords, copy=True)
-        coords[:, 0] -= self._x
-        coords[:, 1] -= self._y
-        return coords
+        return _shifted(coords, -self._x, -self._y)
 
 
 class _RandomFlip(VisionTransform):
@@ -693,10 +692,7 @@ class CenterCrop(VisionTransform):
     _apply_mask = _apply_image
 
     def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        coords = np.array(coords, copy=True)
-        coords[:, 0] -= self._x
-        coords[:, 1] -= self._y
-        return coords
+        return _shifted(coords, -self._x, -self._y)
 
 
 # ---------------------------------------------------------------- pixel values
@@ -775,10 +771,7 @@ def _hsv_to_bgr(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
 class _PixelTransform(VisionTransform):
     """A transform of pixel values only: masks, coordinates and boxes pass through."""
 
-    def _apply_coords(self, coords: np.ndarray) -> np.ndarray:
-        return coords
-
-    _apply_mask = _apply_boxes = _apply_coords
+    _apply_coords = _apply_mask = _apply_boxes = _unchanged
 
 
 class GaussianNoise(_PixelTransform):
