@@ -1,0 +1,72 @@
+"""Minimal programs from a differential fuzzer (random compositions of ops,
+gradcore against PyTorch, values and gradients up to the third order), one
+test per discrepancy it found, each failing before its fix."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+from gradcore.autodiff import GradManager
+
+
+def _gc_orders(fn, arrays, contractions):
+    """Gradients of order 1..len(contractions)+1 of the scalar fn: each next
+    order differentiates the sum of the last gradients times a contraction."""
+    xs = [gc.tensor(a) for a in arrays]
+    order = len(contractions) + 1
+    gms = [GradManager().attach(xs) for _ in range(order)]
+    result = []
+    with contextlib.ExitStack() as stack:
+        for gm in gms:
+            stack.enter_context(gm)
+        s = fn(*xs)
+        for k in range(order):
+            gms[order - 1 - k].backward(s)
+            gs = [x.grad if x.grad is not None else gc.tensor(np.zeros(x.shape)) for x in xs]
+            for x in xs:
+                x.grad = None
+            result.append([g.numpy() for g in gs])
+            if k < order - 1:
+                s = sum((g * gc.tensor(r)).sum() for g, r in zip(gs, contractions[k]))
+    return result
+
+
+def _torch_orders(torch, fn, arrays, contractions):
+    xs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    s, result = fn(*xs), []
+    for k in range(len(contractions) + 1):
+        gs = torch.autograd.grad(s, xs, create_graph=True, allow_unused=True, materialize_grads=True)
+        result.append([g.detach().numpy() for g in gs])
+        if k < len(contractions):
+            s = sum((g * torch.tensor(r)).sum() for g, r in zip(gs, contractions[k]))
+    return result
+
+
+def test_prod_third_derivative_at_two_zeros():
+    """d3 prod(x) / dx0 dx1 dx2 at x = (0, 0, 2) is 1 and d3 / dx0 dx1 dx1 is 0:
+    the zero that stood in for a 1 in the product of the others kept a slope."""
+    e = np.eye(3)
+    orders = _gc_orders(lambda x: F.prod(x), [np.array([0.0, 0.0, 2.0])], [[e[0]], [e[1]]])
+    assert orders[0][0].tolist() == [0, 0, 0]
+    assert orders[1][0].tolist() == [0, 2, 0]
+    assert orders[2][0].tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("zeros", [[(1, 1)], [(1, 1), (2, 1)], [(0, 1), (2, 1), (3, 1)],
+                                   [(0, 1), (1, 1), (2, 1), (4, 1)]],
+                         ids=["one", "two", "three", "four"])
+def test_prod_over_an_axis_with_zeros_to_the_fourth_order(zeros, torch):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 4))
+    for z in zeros:
+        x[z] = 0.0
+    w = rng.standard_normal(4)
+    rs = [[rng.standard_normal(x.shape)] for _ in range(3)]
+    got = _gc_orders(lambda t: (F.prod(t, axis=0) * gc.tensor(w)).sum(), [x], rs)
+    want = _torch_orders(torch, lambda t: (torch.prod(t, 0) * torch.tensor(w)).sum(), [x], rs)
+    for k, (g, t) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g[0], t[0], rtol=1e-9, atol=1e-12, err_msg=f"order {k + 1}")
