@@ -70,3 +70,21 @@ def test_prod_over_an_axis_with_zeros_to_the_fourth_order(zeros, torch):
     want = _torch_orders(torch, lambda t: (torch.prod(t, 0) * torch.tensor(w)).sum(), [x], rs)
     for k, (g, t) in enumerate(zip(got, want)):
         np.testing.assert_allclose(g[0], t[0], rtol=1e-9, atol=1e-12, err_msg=f"order {k + 1}")
+
+
+def test_logaddexp_second_and_third_order_at_ties(torch):
+    """logaddexp(x, x) has the Hessian of a smooth function ([[1, -1], [-1, 1]] / 4
+    at 0): max(x, y) + log1p(exp(-|x - y|)) had 0 there (its kinks cancel only in
+    the first order). Broadcast ties as in the fuzzer's program."""
+    rng = np.random.default_rng(3)
+    x = np.array([[0.0, 1.0, -0.5, 2.0], [0.5, 0.5, 1.0, -2.0]])
+    y = np.array([[0.0], [0.5]])
+    w = rng.standard_normal(x.shape)
+    rs = [[rng.standard_normal(x.shape), rng.standard_normal(y.shape)] for _ in range(2)]
+    got = _gc_orders(lambda a, b: (F.logaddexp(a, b) * gc.tensor(w)).sum(), [x, y], rs)
+    want = _torch_orders(torch, lambda a, b: (torch.logaddexp(a, b) * torch.tensor(w)).sum(), [x, y], rs)
+    for k, (g, t) in enumerate(zip(got, want)):
+        for gi, ti in zip(g, t):
+            np.testing.assert_allclose(gi, ti, rtol=1e-9, atol=1e-12, err_msg=f"order {k + 1}")
+    e = _gc_orders(lambda a, b: F.logaddexp(a, b).sum(), [np.array([0.0]), np.array([0.0])], [[[1.0], [0.0]]])
+    assert [h.tolist() for h in e[1]] == [[0.25], [-0.25]]

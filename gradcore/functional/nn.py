@@ -20,7 +20,7 @@ from ..op import OpError
 from ..ops.loss import CrossEntropy as _CrossEntropy
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
-from .elemwise import _float_pair, clip, where
+from .elemwise import _float_pair, clip, isinf, where
 from .elemwise_table import abs, eq, exp, log, log1p, maximum, relu, softplus, sqrt, square
 from .indexing import _int_labels, getitem, indexing_one_hot, topk as _topk
 from .reduce import _norm_ord, max, mean, norm, sum
@@ -120,11 +120,14 @@ def logaddexp(x: Tensor, y: Tensor) -> Tensor:
         array([1000.6932, 1000.    ], dtype=float32)
     """
     x, y = _float_pair("logaddexp", x, y)
-    # max + log1p(exp(-|x - y|)), as PyTorch's: an infinite input has gradient
-    # 1 (its partner 0), and equal ones (infinite too) give x + log 2
-    same = eq(x, y)
-    d = where(same, 0.0, x) - where(same, 0.0, y)       # (no inf - inf computed)
-    return maximum(x, y) + log1p(exp(-abs(d)))
+    # the larger plus softplus(smaller - larger): smooth in both inputs, so every
+    # order of derivative is right at ties too (max + log1p(exp(-|x - y|)) is not:
+    # its kinks cancel only in the first order). An infinite input has gradient 1
+    # (its partner 0); two equal infinities give x + log 2, with no inf - inf.
+    first = x >= y
+    hi, lo = where(first, x, y), where(first, y, x)
+    both_inf = eq(x, y) & isinf(x)
+    return hi + softplus(where(both_inf, 0.0, lo) - where(both_inf, 0.0, hi))
 
 
 def softmax(inp, axis=None):
