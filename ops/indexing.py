@@ -228,7 +228,8 @@ class Subtensor(Op):
         return (TensorDesc(_probe_shape(self, self.spec, x.shape, idx, (x,) + idx), x.dtype, x.device),)
 
     def cpu(self, x, *idx):
-        return x[build_index(self.spec, idx)]
+        # an array, not the NumPy scalar an all-integer (or empty) index gives
+        return np.asarray(x[build_index(self.spec, idx)])
 
     def vjp(self, inputs, outputs, grads):
         x, idx = inputs[0], inputs[1:]

@@ -88,3 +88,45 @@ def test_logaddexp_second_and_third_order_at_ties(torch):
             np.testing.assert_allclose(gi, ti, rtol=1e-9, atol=1e-12, err_msg=f"order {k + 1}")
     e = _gc_orders(lambda a, b: F.logaddexp(a, b).sum(), [np.array([0.0]), np.array([0.0])], [[[1.0], [0.0]]])
     assert [h.tolist() for h in e[1]] == [[0.25], [-0.25]]
+
+
+def test_index_assignment_into_a_0d_tensor_then_its_gradients():
+    """y[...] = v (or y[()] = v) on a 0-d y: the value's gradient went through
+    a Subtensor that gave a NumPy scalar, which the next op could not read."""
+    for index in [(Ellipsis,), ()]:
+        x, v = gc.tensor(np.array(0.7)), gc.tensor(np.array(0.6))
+        gm = GradManager().attach([x, v])
+        with gm:
+            y = F.copy(x) * 1.0
+            y[index] = v
+            gm.backward(F.copy(y) * 3.0)
+        assert x.grad.numpy().tolist() == 0.0 and v.grad.numpy().tolist() == 3.0
+    assert isinstance(gc.tensor(np.array([0.5, 2.0]))[1].numpy(), np.ndarray)
+
+
+def test_flatten_of_an_empty_tensor(torch):
+    x = np.zeros((0, 3, 4))
+    for start, end in [(1, -1), (0, 1), (0, -1), (1, 1)]:
+        want = torch.flatten(torch.tensor(x), start, end).shape
+        assert F.flatten(gc.tensor(x), start, end).shape == tuple(want)
+    assert F.flatten(gc.tensor(np.zeros((2, 0, 3))), 1).shape == (2, 0)
+
+
+def test_second_order_through_an_index_assignment_whose_value_has_extra_leading_ones():
+    """y[-2, ..., :] = v with v (1, 1, 4, 4) into a (1, 4, 4) part: NumPy drops
+    v's extra leading 1; recording the backward (for a second order) checked
+    SumToLike's shapes, which refused a target with more dims than its input."""
+    rng = np.random.default_rng(0)
+    x, v = gc.tensor(rng.standard_normal((2, 1, 4, 4))), gc.tensor(rng.standard_normal((1, 1, 4, 4)))
+    outer, inner = GradManager().attach([x, v]), GradManager().attach([x, v])
+    with outer:
+        with inner:
+            y = F.copy(x) * 1.0
+            y[-2, ..., :] = v
+            inner.backward((y * y * y).sum())
+        g = v.grad
+        x.grad = v.grad = None
+        outer.backward(g.sum())
+    np.testing.assert_allclose(g.numpy(), 3 * v.numpy() ** 2, rtol=1e-12)
+    np.testing.assert_allclose(v.grad.numpy(), 6 * v.numpy(), rtol=1e-12)
+    assert v.grad.shape == (1, 1, 4, 4) and not x.grad.numpy().any()
