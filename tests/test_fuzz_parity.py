@@ -130,3 +130,22 @@ def test_second_order_through_an_index_assignment_whose_value_has_extra_leading_
     np.testing.assert_allclose(g.numpy(), 3 * v.numpy() ** 2, rtol=1e-12)
     np.testing.assert_allclose(v.grad.numpy(), 6 * v.numpy(), rtol=1e-12)
     assert v.grad.shape == (1, 1, 4, 4) and not x.grad.numpy().any()
+
+
+@pytest.mark.parametrize("name, torch_name", [("relu6", "relu6"), ("hsigmoid", "hardsigmoid"),
+                                              ("hswish", "hardswish")])
+def test_hard_activations_keep_nan(name, torch_name, torch):
+    """NaN in, NaN out (relu6 and hsigmoid gave 0), as PyTorch's and as relu,
+    clip and maximum; the kinks and the infinities are unchanged."""
+    x = np.array([np.nan, -np.inf, -3.0, 0.0, 6.0, 3.0, np.inf])
+    xs = gc.tensor(x)
+    gm = GradManager().attach([xs])
+    with gm:
+        y = getattr(F, name)(xs)
+        gm.backward(y.sum())
+    t = torch.tensor(x, requires_grad=True)
+    ty = getattr(torch.nn.functional, torch_name)(t)
+    ty.sum().backward()
+    assert np.isnan(y.numpy()[0]) and y.numpy()[1] == 0     # (torch's hardswish(-inf) is NaN)
+    np.testing.assert_allclose(y.numpy()[2:], ty.detach().numpy()[2:])
+    np.testing.assert_allclose(xs.grad.numpy()[1:], t.grad.numpy()[1:])

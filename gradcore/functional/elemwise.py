@@ -154,7 +154,9 @@ def relu6(x: Tensor) -> Tensor:
     """
     # not clip(x, 0, 6): PyTorch's relu6 has gradient 0 at both kinks
     x = _t(x)
-    return where(ge(x, 6), 6, where(gt(x, 0), x, 0.0))   # (0.0: no -0.0 below zero, no NaN at -inf)
+    # 0.0: no -0.0 below zero, no NaN at -inf; NaN stays NaN (it is neither <= 0
+    # nor >= 6), as in PyTorch and in relu, clip and maximum
+    return where(ge(x, 6), 6, where(le(x, 0), 0.0, x))
 
 
 def hsigmoid(x: Tensor) -> Tensor:
