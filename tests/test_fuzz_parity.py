@@ -149,3 +149,15 @@ def test_hard_activations_keep_nan(name, torch_name, torch):
     assert np.isnan(y.numpy()[0]) and y.numpy()[1] == 0     # (torch's hardswish(-inf) is NaN)
     np.testing.assert_allclose(y.numpy()[2:], ty.detach().numpy()[2:])
     np.testing.assert_allclose(xs.grad.numpy()[1:], t.grad.numpy()[1:])
+
+
+def test_softmax_over_several_axes_of_an_empty_tensor(torch):
+    """As over one axis (and PyTorch's exp(x - logsumexp(x))): an empty result,
+    not the max's error for an empty axis; a bad axis still raises."""
+    x = np.zeros((2, 0, 3))
+    for axis in [(1, 2), (0, 1), 1]:
+        out = F.softmax(gc.tensor(x), axis=axis)
+        want = torch.softmax(torch.tensor(x), 1)
+        assert out.shape == tuple(want.shape) and out.dtype == np.float64
+    with pytest.raises(Exception, match="softmax"):
+        F.softmax(gc.tensor(x), axis=(1, 5))
