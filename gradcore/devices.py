@@ -210,6 +210,8 @@ def to_host(data) -> np.ndarray:
     """Host (NumPy) data for a tensor's data on any device."""
     if isinstance(data, np.ndarray):
         return data
+    if isinstance(data, np.generic):     # a 0-d result some NumPy kernel gave as a scalar
+        return np.asarray(data)
     return data.get()
 
 

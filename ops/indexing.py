@@ -154,8 +154,15 @@ def _basic_view(shape, spec):
 def _broadcast_strides(shape, to):
     """Element strides reading an array of ``shape`` broadcast to ``to`` (0 on
     broadcast axes)."""
+    shape = _assigned_shape(shape, len(to))
     probe = as_strided(np.zeros(1, np.uint8), shape, _c_strides(shape))
     return np.broadcast_to(probe, to).strides
+
+
+def _assigned_shape(shape, ndim):
+    """An assigned value's shape without the leading dims beyond ``ndim`` (size
+    1: NumPy's assignment drops them; infer checked that they are)."""
+    return tuple(shape[len(shape) - ndim:]) if len(shape) > ndim else tuple(shape)
 
 
 def _flat_offsets(shape, spec, idx):
@@ -246,7 +253,8 @@ class Subtensor(Op):
         return (TensorDesc(_probe_shape(self, self.spec, x.shape, idx, (x,) + idx), x.dtype, x.device),)
 
     def cpu(self, x, *idx):
-        return x[build_index(self.spec, idx)]
+        # an array, not the NumPy scalar an all-integer (or empty) index gives
+        return np.asarray(x[build_index(self.spec, idx)])
 
     def vjp(self, inputs, outputs, grads):
         x, idx = inputs[0], inputs[1:]
@@ -411,7 +419,8 @@ class SetSubtensor(Op):
         # here when a mask is involved)
         as_strided(np.zeros(1, np.int8), x.shape, (0,) * x.ndim, writeable=True)[
             build_index(self.spec, host_idx)] = as_strided(np.zeros(1, np.int8), value.shape, (0,) * value.ndim)
-        vpos = np.broadcast_to(np.arange(value.size, dtype=np.int64).reshape(value.shape), offsets.shape).ravel()
+        vpos = np.broadcast_to(np.arange(value.size, dtype=np.int64).reshape(_assigned_shape(value.shape, offsets.ndim)),
+                               offsets.shape).ravel()
         offsets = offsets.ravel()
         # threads write in no order: keep only the last write of a repeated offset
         _, last = np.unique(offsets[::-1], return_index=True)

@@ -70,6 +70,11 @@ _KERNELS = {"sum": np.add.reduce, "mean": _mean, "max": np.maximum.reduce,
 _SMALL_FULL = {"sum": _small.full_sum, "mean": _small.full_mean}
 
 
+# how many zeros besides its own an element's gradient of prod follows exactly
+# (see Reduce.vjp): derivatives of the product up to order 4 are exact
+_PROD_ZEROS = 3
+
+
 class Reduce(Op):
     """Reduce over ``axis`` (None: all) with mode sum, mean, max, min or prod.
 
@@ -133,18 +138,30 @@ class Reduce(Op):
             return [_apply1(BroadcastBack(self.axis, self.keepdims, self.mode == "mean"), g, x)]
         if self.mode == "prod":
             # d out / d x_i is the product of the other elements; out / x_i would be
-            # 0 / 0 at a zero. Zeros count as ones in ``others``; ``rest`` is the
-            # product of the other elements that are zero: 1 when there is none, the
-            # one zero itself when there is one (value 0, but slope 1 for the second
-            # order), 0 when there are more.
+            # 0 / 0 at a zero. Split it into the product of the other non-zero
+            # elements (``others``: zeros replaced by a constant 1, so they carry no
+            # slope) and ``rest``, the product of the other zeros. ``rest`` is 0 in
+            # value but not in its derivatives: it is the elementary symmetric
+            # polynomial e_k of the k other zeros (Newton's identities on their
+            # power sums), exact for up to _PROD_ZEROS of them, so every derivative
+            # below order _PROD_ZEROS + 2 of the product is right.
             back = BroadcastBack(self.axis, self.keepdims, False)
             red = lambda mode, t: _apply1(back, _apply1(Reduce(mode, self.axis, self.keepdims), t), x)
             is_ = lambda t, v: _apply1(Cast(x.dtype), _apply1(Elemwise("eq"), t, v))
             zero = is_(x, 0)
-            nz = x + zero
+            nz = x * (1 - zero) + zero
             others = red("prod", nz) / nz
             elsewhere = red("sum", zero) - zero
-            rest = is_(elsewhere, 0) + is_(elsewhere, 1) * (red("sum", x * zero) - x * zero)
+            xz = x * zero                   # 0 with slope 1 at the zeros, a constant 0 elsewhere
+            # powers by products: the pow op's derivatives are 0 * inf = NaN at 0
+            power, xp = [None], xz
+            for _ in range(_PROD_ZEROS):
+                power.append(red("sum", xp) - xp)
+                xp = xp * xz
+            e = [1.0]
+            for k in range(1, _PROD_ZEROS + 1):
+                e.append(sum((-1) ** (i - 1) * e[k - i] * power[i] for i in range(1, k + 1)) / k)
+            rest = sum(is_(elsewhere, k) * e[k] for k in range(_PROD_ZEROS + 1))
             return [_apply1(back, g, x) * others * rest]
         # max / min: the gradient is shared evenly between tied elements
         back = BroadcastBack(self.axis, self.keepdims, False)

@@ -107,6 +107,18 @@ def _check_broadcastable(op, src, dst, descs, what):
         raise op.error(what, *descs)
 
 
+def _drop_leading_ones(op, shape, ndim, descs, what):
+    """``shape`` without the size-1 dims it has in front beyond ``ndim`` (the
+    value of an index assignment NumPy broadcast by dropping them; its
+    gradient is summed to, and broadcast back from, the shape with them)."""
+    if shape is None or ndim is None or len(shape) <= ndim:
+        return shape
+    extra = len(shape) - ndim
+    if any(n != 1 for n in shape[:extra]):
+        raise op.error(what, *descs)
+    return tuple(shape[extra:])
+
+
 class ReshapeLike(Op):
     """reshape(x, shape of ref)."""
     name = "ReshapeLike"
@@ -259,11 +271,13 @@ class BroadcastToLike(Op):
     reduce_broadcast = True
 
     def infer(self, x, ref):
-        _check_broadcastable(self, x.shape, ref.shape, (x, ref), "x does not broadcast to ref's shape")
+        what = "x does not broadcast to ref's shape"
+        src = _drop_leading_ones(self, x.shape, None if ref.shape is None else len(ref.shape), (x, ref), what)
+        _check_broadcastable(self, src, ref.shape, (x, ref), what)
         return (TensorDesc(ref.shape, x.dtype, x.device),)
 
     def cpu(self, x, ref):
-        return np.broadcast_to(x, ref.shape)
+        return np.broadcast_to(_without_leading_ones(x, len(ref.shape)), ref.shape)
 
     def vjp(self, inputs, outputs, grads):
         return [grads[0], None]
@@ -272,7 +286,14 @@ class BroadcastToLike(Op):
         return _broadcast_source("broadcast_to_like", ctype, "ref's shape")
 
     def cuda(self, be, x, ref):
-        return _broadcast(be, self, x, ref.shape)      # ref may be shape-only: its shape is all we read
+        # ref may be shape-only: its shape is all we read
+        return _broadcast(be, self, _without_leading_ones(x, len(ref.shape)), ref.shape)
+
+
+def _without_leading_ones(x, ndim):
+    """x (an array of either device) reshaped without its extra leading dims
+    (size 1, checked by infer) beyond ``ndim``: SumToLike's gradient."""
+    return x.reshape(x.shape[x.ndim - ndim:]) if x.ndim > ndim else x
 
 
 class SumToLike(Op):
@@ -282,7 +303,9 @@ class SumToLike(Op):
     shape_only_inputs = (1,)
 
     def infer(self, x, ref):
-        _check_broadcastable(self, ref.shape, x.shape, (x, ref), "ref's shape does not broadcast to x's")
+        what = "ref's shape does not broadcast to x's"
+        target = _drop_leading_ones(self, ref.shape, None if x.shape is None else len(x.shape), (x, ref), what)
+        _check_broadcastable(self, target, x.shape, (x, ref), what)
         return (TensorDesc(ref.shape, x.dtype, x.device),)
 
     def cpu(self, x, ref):

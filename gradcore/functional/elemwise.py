@@ -20,11 +20,12 @@ from .._core import Tensor, apply1 as _apply1
 from ..op import OpError
 from ..ops.elemwise import Elemwise
 from ._args import _named, _t
-from .elemwise_table import abs, atan, eq, exp, expm1, floor_div, ge, gt, le, log1p, lt, maximum, ne, sign
+from .elemwise_table import abs, atan, eq, expm1, floor_div, ge, gt, le, lt, ne, sign
 # re-exported (MegEngine's functional.elemwise names): the generated table functions
 from .elemwise_table import (acos, acosh, add, asin, asinh, atanh, ceil, cos, cosh, div, erf,  # noqa: F401
-                             floor, log, logical_and, logical_not, logical_or, logical_xor,
-                             minimum, mod, mul, neg, pow, round, sin, sinh, sqrt, square, sub, tan, tanh)
+                             exp, floor, log, log1p, maximum, logical_and, logical_not, logical_or, logical_xor,
+                             minimum, mod, mul, neg, pow, round, sin, sinh, softplus, sqrt, square, sub, tan,
+                             tanh)
 from .shape import astype, broadcast_to
 from ..dtypes import promote_types
 from ..op import ArgumentError
@@ -156,11 +157,14 @@ def logaddexp(x: Tensor, y: Tensor) -> Tensor:
         array([1000.6932, 1000.    ], dtype=float32)
     """
     x, y = _float_pair("logaddexp", x, y)
-    # max + log1p(exp(-|x - y|)), as PyTorch's: an infinite input has gradient
-    # 1 (its partner 0), and equal ones (infinite too) give x + log 2
-    same = eq(x, y)
-    d = where(same, 0.0, x) - where(same, 0.0, y)       # (no inf - inf computed)
-    return maximum(x, y) + log1p(exp(-abs(d)))
+    # the larger plus softplus(smaller - larger): smooth in both inputs, so every
+    # order of derivative is right at ties too (max + log1p(exp(-|x - y|)) is not:
+    # its kinks cancel only in the first order). An infinite input has gradient 1
+    # (its partner 0); two equal infinities give x + log 2, with no inf - inf.
+    first = x >= y
+    hi, lo = where(first, x, y), where(first, y, x)
+    both_inf = eq(x, y) & isinf(x)
+    return hi + softplus(where(both_inf, 0.0, lo) - where(both_inf, 0.0, hi))
 
 
 def _shift_pair(name: str, x, y) -> tuple:
@@ -250,7 +254,9 @@ def relu6(x: Tensor) -> Tensor:
     """
     # not clip(x, 0, 6): PyTorch's relu6 has gradient 0 at both kinks
     x = _t(x)
-    return where(ge(x, 6), 6, where(gt(x, 0), x, 0.0))   # (0.0: no -0.0 below zero, no NaN at -inf)
+    # 0.0: no -0.0 below zero, no NaN at -inf; NaN stays NaN (it is neither <= 0
+    # nor >= 6), as in PyTorch and in relu, clip and maximum
+    return where(ge(x, 6), 6, where(le(x, 0), 0.0, x))
 
 
 def hsigmoid(x: Tensor) -> Tensor:

@@ -136,6 +136,12 @@ def softmax(inp: Tensor, axis: Optional[Union[int, Sequence[int]]] = None) -> Te
     if axis is None:
         axis = 0 if x.ndim in (0, 1, 3) else 1
     if isinstance(axis, (tuple, list)):
+        if x.size == 0:
+            # nothing to normalise (the max over an empty axis would raise), as
+            # the single-axis op and PyTorch: an empty result
+            for a in axis:
+                _axis_in("softmax", a, x.ndim)
+            return exp(x)
         try:
             e = exp(x - stop_gradient(max(x, _axis_key(axis), True)))
         except (OpError, TypeError) as exc:

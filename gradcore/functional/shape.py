@@ -193,13 +193,15 @@ def _check_axes(name: str, axis) -> None:
 
 def flatten(inp: Tensor, start_axis: int = 0, end_axis: int = -1) -> Tensor:
     """``inp`` with the axes ``start_axis .. end_axis`` (both included) merged
-    into one.
+    into one, MegEngine's ``F.flatten``; a 0-d tensor becomes shape (1,).
 
     Example::
 
         >>> x = gc.tensor(np.zeros((2, 3, 4, 5), "float32"))
         >>> F.flatten(x).shape, F.flatten(x, 1).shape, F.flatten(x, 1, 2).shape
         ((120,), (2, 60), (2, 12, 5))
+        >>> F.flatten(gc.tensor(np.zeros((0, 3, 4))), 1).shape
+        (0, 12)
     """
     x = _t(inp)
     nd = x.ndim
@@ -209,7 +211,8 @@ def flatten(inp: Tensor, start_axis: int = 0, end_axis: int = -1) -> Tensor:
     if s > e:
         raise ArgumentError(f"flatten: start_axis {start_axis} comes after end_axis {end_axis} "
                          f"for a tensor of shape {x.shape}")
-    shape = x.shape[:s] + (-1,) + x.shape[e + 1:]
+    # the size spelled out: -1 is ambiguous where another axis has size 0
+    shape = x.shape[:s] + (int(np.prod(x.shape[s:e + 1])),) + x.shape[e + 1:]
     return reshape(x, shape)
 
 

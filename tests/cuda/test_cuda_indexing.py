@@ -188,6 +188,10 @@ SETITEM = [
                  id="pair-broadcast"),
     pytest.param(lambda y, v, m: F.setitem(y, m, v), (2,), [rng.random((3, 4)) > 0.4], id="mask"),
     pytest.param(lambda y, v, m: F.setitem(y, m, v), (2,), [np.zeros((3, 4), bool)], id="mask-empty"),
+    # a value with more (size-1) leading dims than the part: the second order sums
+    # to, and broadcasts back from, that shape (the program fuzzer's case)
+    pytest.param(lambda y, v: F.setitem(y, (-2, Ellipsis, slice(None)), v), (1, 1, 4, 2), [], id="extra-leading-1s"),
+    pytest.param(lambda y, v, i: F.setitem(y, i, v), (1, 1, 4, 1), [ints(0, 2)], id="extra-leading-1s-advanced"),
 ]
 
 

@@ -1,0 +1,163 @@
+"""Minimal programs from a differential fuzzer (random compositions of ops,
+gradcore against PyTorch, values and gradients up to the third order), one
+test per discrepancy it found, each failing before its fix."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+from gradcore.autodiff import GradManager
+
+
+def _gc_orders(fn, arrays, contractions):
+    """Gradients of order 1..len(contractions)+1 of the scalar fn: each next
+    order differentiates the sum of the last gradients times a contraction."""
+    xs = [gc.tensor(a) for a in arrays]
+    order = len(contractions) + 1
+    gms = [GradManager().attach(xs) for _ in range(order)]
+    result = []
+    with contextlib.ExitStack() as stack:
+        for gm in gms:
+            stack.enter_context(gm)
+        s = fn(*xs)
+        for k in range(order):
+            gms[order - 1 - k].backward(s)
+            gs = [x.grad if x.grad is not None else gc.tensor(np.zeros(x.shape)) for x in xs]
+            for x in xs:
+                x.grad = None
+            result.append([g.numpy() for g in gs])
+            if k < order - 1:
+                s = sum((g * gc.tensor(r)).sum() for g, r in zip(gs, contractions[k]))
+    return result
+
+
+def _torch_orders(torch, fn, arrays, contractions):
+    xs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    s, result = fn(*xs), []
+    for k in range(len(contractions) + 1):
+        gs = torch.autograd.grad(s, xs, create_graph=True, allow_unused=True, materialize_grads=True)
+        result.append([g.detach().numpy() for g in gs])
+        if k < len(contractions):
+            s = sum((g * torch.tensor(r)).sum() for g, r in zip(gs, contractions[k]))
+    return result
+
+
+def test_prod_third_derivative_at_two_zeros():
+    """d3 prod(x) / dx0 dx1 dx2 at x = (0, 0, 2) is 1 and d3 / dx0 dx1 dx1 is 0:
+    the zero that stood in for a 1 in the product of the others kept a slope."""
+    e = np.eye(3)
+    orders = _gc_orders(lambda x: F.prod(x), [np.array([0.0, 0.0, 2.0])], [[e[0]], [e[1]]])
+    assert orders[0][0].tolist() == [0, 0, 0]
+    assert orders[1][0].tolist() == [0, 2, 0]
+    assert orders[2][0].tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("zeros", [[(1, 1)], [(1, 1), (2, 1)], [(0, 1), (2, 1), (3, 1)],
+                                   [(0, 1), (1, 1), (2, 1), (4, 1)]],
+                         ids=["one", "two", "three", "four"])
+def test_prod_over_an_axis_with_zeros_to_the_fourth_order(zeros, torch):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 4))
+    for z in zeros:
+        x[z] = 0.0
+    w = rng.standard_normal(4)
+    rs = [[rng.standard_normal(x.shape)] for _ in range(3)]
+    got = _gc_orders(lambda t: (F.prod(t, axis=0) * gc.tensor(w)).sum(), [x], rs)
+    want = _torch_orders(torch, lambda t: (torch.prod(t, 0) * torch.tensor(w)).sum(), [x], rs)
+    for k, (g, t) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g[0], t[0], rtol=1e-9, atol=1e-12, err_msg=f"order {k + 1}")
+
+
+def test_logaddexp_second_and_third_order_at_ties(torch):
+    """logaddexp(x, x) has the Hessian of a smooth function ([[1, -1], [-1, 1]] / 4
+    at 0): max(x, y) + log1p(exp(-|x - y|)) had 0 there (its kinks cancel only in
+    the first order). Broadcast ties as in the fuzzer's program."""
+    rng = np.random.default_rng(3)
+    x = np.array([[0.0, 1.0, -0.5, 2.0], [0.5, 0.5, 1.0, -2.0]])
+    y = np.array([[0.0], [0.5]])
+    w = rng.standard_normal(x.shape)
+    rs = [[rng.standard_normal(x.shape), rng.standard_normal(y.shape)] for _ in range(2)]
+    got = _gc_orders(lambda a, b: (F.logaddexp(a, b) * gc.tensor(w)).sum(), [x, y], rs)
+    want = _torch_orders(torch, lambda a, b: (torch.logaddexp(a, b) * torch.tensor(w)).sum(), [x, y], rs)
+    for k, (g, t) in enumerate(zip(got, want)):
+        for gi, ti in zip(g, t):
+            np.testing.assert_allclose(gi, ti, rtol=1e-9, atol=1e-12, err_msg=f"order {k + 1}")
+    e = _gc_orders(lambda a, b: F.logaddexp(a, b).sum(), [np.array([0.0]), np.array([0.0])], [[[1.0], [0.0]]])
+    assert [h.tolist() for h in e[1]] == [[0.25], [-0.25]]
+
+
+def test_index_assignment_into_a_0d_tensor_then_its_gradients():
+    """y[...] = v (or y[()] = v) on a 0-d y: the value's gradient went through
+    a Subtensor that gave a NumPy scalar, which the next op could not read."""
+    for index in [(Ellipsis,), ()]:
+        x, v = gc.tensor(np.array(0.7)), gc.tensor(np.array(0.6))
+        gm = GradManager().attach([x, v])
+        with gm:
+            y = F.copy(x) * 1.0
+            y[index] = v
+            gm.backward(F.copy(y) * 3.0)
+        assert x.grad.numpy().tolist() == 0.0 and v.grad.numpy().tolist() == 3.0
+    assert isinstance(gc.tensor(np.array([0.5, 2.0]))[1].numpy(), np.ndarray)
+
+
+def test_flatten_of_an_empty_tensor(torch):
+    x = np.zeros((0, 3, 4))
+    for start, end in [(1, -1), (0, 1), (0, -1), (1, 1)]:
+        want = torch.flatten(torch.tensor(x), start, end).shape
+        assert F.flatten(gc.tensor(x), start, end).shape == tuple(want)
+    assert F.flatten(gc.tensor(np.zeros((2, 0, 3))), 1).shape == (2, 0)
+
+
+def test_second_order_through_an_index_assignment_whose_value_has_extra_leading_ones():
+    """y[-2, ..., :] = v with v (1, 1, 4, 4) into a (1, 4, 4) part: NumPy drops
+    v's extra leading 1; recording the backward (for a second order) checked
+    SumToLike's shapes, which refused a target with more dims than its input."""
+    rng = np.random.default_rng(0)
+    x, v = gc.tensor(rng.standard_normal((2, 1, 4, 4))), gc.tensor(rng.standard_normal((1, 1, 4, 4)))
+    outer, inner = GradManager().attach([x, v]), GradManager().attach([x, v])
+    with outer:
+        with inner:
+            y = F.copy(x) * 1.0
+            y[-2, ..., :] = v
+            inner.backward((y * y * y).sum())
+        g = v.grad
+        x.grad = v.grad = None
+        outer.backward(g.sum())
+    np.testing.assert_allclose(g.numpy(), 3 * v.numpy() ** 2, rtol=1e-12)
+    np.testing.assert_allclose(v.grad.numpy(), 6 * v.numpy(), rtol=1e-12)
+    assert v.grad.shape == (1, 1, 4, 4) and not x.grad.numpy().any()
+
+
+@pytest.mark.parametrize("name, torch_name", [("relu6", "relu6"), ("hsigmoid", "hardsigmoid"),
+                                              ("hswish", "hardswish")])
+def test_hard_activations_keep_nan(name, torch_name, torch):
+    """NaN in, NaN out (relu6 and hsigmoid gave 0), as PyTorch's and as relu,
+    clip and maximum; the kinks and the infinities are unchanged."""
+    x = np.array([np.nan, -np.inf, -3.0, 0.0, 6.0, 3.0, np.inf])
+    xs = gc.tensor(x)
+    gm = GradManager().attach([xs])
+    with gm:
+        y = getattr(F, name)(xs)
+        gm.backward(y.sum())
+    t = torch.tensor(x, requires_grad=True)
+    ty = getattr(torch.nn.functional, torch_name)(t)
+    ty.sum().backward()
+    assert np.isnan(y.numpy()[0]) and y.numpy()[1] == 0     # (torch's hardswish(-inf) is NaN)
+    np.testing.assert_allclose(y.numpy()[2:], ty.detach().numpy()[2:])
+    np.testing.assert_allclose(xs.grad.numpy()[1:], t.grad.numpy()[1:])
+
+
+def test_softmax_over_several_axes_of_an_empty_tensor(torch):
+    """As over one axis (and PyTorch's exp(x - logsumexp(x))): an empty result,
+    not the max's error for an empty axis; a bad axis still raises."""
+    x = np.zeros((2, 0, 3))
+    for axis in [(1, 2), (0, 1), 1]:
+        out = F.softmax(gc.tensor(x), axis=axis)
+        want = torch.softmax(torch.tensor(x), 1)
+        assert out.shape == tuple(want.shape) and out.dtype == np.float64
+    with pytest.raises(Exception, match="softmax"):
+        F.softmax(gc.tensor(x), axis=(1, 5))
