@@ -393,19 +393,50 @@ def _cast(arrays, dtype):
     return [a.astype(dtype) if a.dtype.kind == "f" else a for a in arrays]
 
 
-def _run(op, arrays, device="cpu", modified=None, out_devices=None):
+def _run(op, arrays, device="cpu", modified=None, out_devices=None, overruns=None):
     """The op's outputs on ``arrays`` (host arrays). ``modified``: a list
     that receives the index of each input the kernel changed;
-    ``out_devices``: one that receives each output's device."""
-    xs = [Tensor(a) if device == "cpu" else Tensor(a, device=device) for a in arrays]
-    results = apply(op, *xs)
-    if out_devices is not None:
-        out_devices += [str(o.device) for o in results]
-    outs = [np.asarray(o.numpy()) for o in results]
+    ``out_devices``: one that receives each output's device; ``overruns``
+    (cuda): one that receives a description of each array a kernel wrote
+    past the end of (seen on the host emulator, whose arrays end in guard
+    bands)."""
+    with _guarded(device, overruns) as named:
+        xs = [Tensor(a) if device == "cpu" else Tensor(a, device=device) for a in arrays]
+        results = apply(op, *xs)
+        named += [(f"input {i}", x) for i, x in enumerate(xs)] + [(f"output {j}", o) for j, o in enumerate(results)]
+        if out_devices is not None:
+            out_devices += [str(o.device) for o in results]
+        outs = [np.asarray(o.numpy()) for o in results]
     if modified is not None:
         modified += [i for i, (x, a) in enumerate(zip(xs, arrays))
                      if not np.array_equal(np.asarray(x.numpy()), a, equal_nan=a.dtype.kind in "fc")]
     return outs
+
+
+@contextlib.contextmanager
+def _guarded(device, overruns):
+    """Within, on the cuda host emulator with ``overruns`` given, new device
+    arrays end in guard bands; after, ``overruns`` receives one line per
+    array whose band a kernel wrote, naming it by the (name, tensor) pairs
+    the caller added to the yielded list."""
+    named: List[tuple] = []
+    if device != "cuda" or overruns is None:
+        yield named
+        return
+    from .cuda import runtime
+    from .cuda.memory import guarded_writes
+    with guarded_writes(runtime.backend()) as guard:
+        yield named
+        damaged = guard.damaged() if guard is not None else []
+    where = {}
+    for name, t in named:
+        try:
+            where[t.__cuda_array_interface__["data"][0]] = f"{name} ({t.shape}, {t.dtype})"
+        except AttributeError:          # an output the kernel left on the host
+            pass
+    for ptr, nbytes, past in damaged:
+        overruns.append(f"a kernel wrote past the end of {where.get(ptr, 'a temporary array')}: {nbytes} bytes, "
+                        f"written at byte {nbytes + past}; an index check such as `i < n` is missing or off by one")
 
 
 def _compare_with_cpu(check, what, got, ref, exact=False):
@@ -448,13 +479,17 @@ def _compare_with_decomposition(check, op, tag, variant, outs) -> None:
                          f"definition) differ by up to {err:.3g}; fix the one that is wrong")
 
 
-def _device_grads(op, arrays, weights, wrt, device):
+def _device_grads(op, arrays, weights, wrt, device, overruns=None):
     """First-order gradients of ``sum(op(*arrays) * weights)`` computed on
-    ``device``, as float64 host arrays (None for inputs not in ``wrt``)."""
-    xs = [Tensor(a, device=device) for a in arrays]
-    chosen = [xs[i] for i in wrt]
-    _backward_weighted(_apply_fn(op), xs, chosen, weights)
-    return _host_grads(xs, chosen)
+    ``device``, as float64 host arrays (None for inputs not in ``wrt``);
+    ``overruns`` as ``_run``'s."""
+    with _guarded(device, overruns) as named:
+        xs = [Tensor(a, device=device) for a in arrays]
+        chosen = [xs[i] for i in wrt]
+        _backward_weighted(_apply_fn(op), xs, chosen, weights)
+        named += [(f"the gradient of input {i}", xs[i].grad) for i in wrt if xs[i].grad is not None]
+        grads = _host_grads(xs, chosen)
+    return grads
 
 
 @functools.lru_cache(maxsize=None)
@@ -923,9 +958,9 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
         # both float types: a launcher can be right for one element type only
         # (a float32 scalar argument handed to the double kernel reads garbage)
         for dt, arrs in (("float32", a32), ("float64", a64)) if has_float else (("input", arrays),):
-            modified, where = [], []
+            modified, where, overruns = [], [], []
             try:
-                got = _run(op, arrs, "cuda", modified=modified, out_devices=where)
+                got = _run(op, arrs, "cuda", modified=modified, out_devices=where, overruns=overruns)
                 want = [str(d.device) for d in op.infer(*[TensorDesc(a.shape, a.dtype, "cuda") for a in arrs])]
             except Exception as exc:
                 c.failed(f"{tag}{dt} inputs: {_fmt_exc(exc)}")
@@ -951,6 +986,8 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             for i in modified:
                 c.failed(f"{tag}{dt} inputs: the cuda kernel changed input {i} (shape {arrs[i].shape}) in "
                          f"place; a kernel must not write its inputs (declare them `const T*`)")
+            for overrun in overruns:
+                c.failed(f"{tag}{dt} inputs: {overrun}")
         if not c.fail:
             c.passed()
         else:
@@ -1068,8 +1105,11 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
         try:
             ws = _weights(_apply_fn(op), [Tensor(a) for a in a32], 0)
             ref = _device_grads(op, a32, ws, chosen, "cpu")
-            got = _device_grads(op, a32, ws, chosen, "cuda")
+            overruns = []
+            got = _device_grads(op, a32, ws, chosen, "cuda", overruns=overruns)
             _compare_with_cpu(c, f"{tag}gradient of input", got, ref)
+            for overrun in overruns:
+                c.failed(f"{tag}{overrun}")
             if not c.fail:
                 c.passed()
         except Exception as exc:

@@ -267,6 +267,33 @@ def test_a_cuda_kernel_writing_its_input_fails_check_op(emulated_cuda):
     assert "the cuda kernel changed input 0" in report["forward[cuda]"].message
 
 
+class OffByOneCuda(_Double):
+    """Right values, and one element written past the output's end
+    (``i <= n``): on a GPU that lands in the allocator's slack, unseen."""
+    name = "MistakeOffByOne"
+    devices = ("cpu", "cuda")
+
+    def cuda_source(self, ctype="float"):
+        return (f'extern "C" __global__ void gc_mistakeoffbyone_{ctype}(const {ctype}* x, {ctype}* y, long long n) '
+                f'{{ long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; '
+                f'if (i <= n) y[i] = 2 * x[i < n ? i : 0]; }}\n')
+
+
+def test_a_cuda_kernel_writing_past_the_end_fails_check_op(emulated_cuda):
+    report = check_op(OffByOneCuda(), np.array([1.0, 2.0, 3.0]))
+    assert report.status("forward[cuda]") == "failed"
+    message = report["forward[cuda]"].message
+    assert "a kernel wrote past the end of output 0 ((3,), float64): 24 bytes, written at byte 24" in message
+    assert "`i < n` is missing or off by one" in message
+    assert report.status("forward[cpu]") == "passed"
+
+
+def test_the_write_guard_is_gone_after_check_op(emulated_cuda):
+    from gradcore.cuda import runtime
+    check_op(OffByOneCuda(), np.array([1.0, 2.0, 3.0]))
+    assert runtime.backend().pool.redirect is None
+
+
 def test_a_launcher_right_for_float32_only_fails_the_float64_cuda_check(emulated_cuda):
     report = check_op(Leaky(0.25), np.array([-2.0, 1.0, -6.0]))
     assert report.status("forward[cuda]") == "failed"

@@ -40,10 +40,13 @@ class GuardedPool(MemoryPool):
 
     Example::
 
+        >>> import ctypes
+        >>> from gradcore.cuda.emulator import HostDriver
+        >>> from gradcore.cuda.memory import GuardedPool
         >>> pool = GuardedPool(HostDriver())
         >>> block = pool.malloc(100)
-        >>> ctypes.memset(block.ptr + 100, 0, 4)      # a write past the end
-        >>> pool.damaged()
+        >>> _ = ctypes.memset(block.ptr + 100, 0, 4)      # a write past the end
+        >>> [(nbytes, past) for _, nbytes, past in pool.damaged()]
         [(100, 0)]
     """
 
@@ -60,14 +63,14 @@ class GuardedPool(MemoryPool):
         self.bands[block.ptr] = (nbytes, length)
         return block
 
-    def damaged(self) -> List[Tuple[int, int]]:
-        """(array bytes, first byte past the end that was written) for every
-        block whose band changed; the bands are restored."""
+    def damaged(self) -> List[Tuple[int, int, int]]:
+        """(address, array bytes, first byte past the end that was written)
+        for every block whose band changed; the bands are restored."""
         found = []
         for ptr, (nbytes, length) in self.bands.items():
             band = ctypes.string_at(ptr + nbytes, length)
             if band.count(_GUARD_BYTE) != length:
-                found.append((nbytes, next(i for i, b in enumerate(band) if b != _GUARD_BYTE)))
+                found.append((ptr, nbytes, next(i for i, b in enumerate(band) if b != _GUARD_BYTE)))
                 ctypes.memset(ptr + nbytes, _GUARD_BYTE, length)
         return found
 
