@@ -143,6 +143,35 @@ class SymbolicTensor:
     def __neg__(self):
         return _core.apply(_operator_op("neg"), self)[0]
 
+    def __pos__(self):
+        return self
+
+    def __len__(self):
+        if not self.desc.shape:
+            self._no_value("len() (its shape is not known here, or it is 0-d)", "use F.* ops that take the "
+                           "whole tensor")
+        return self.desc.shape[0]
+
+    def _as_method(name):
+        # Tensor's other operators, through the functions Tensor's call
+        # (gradcore.tensor_methods installs them: it sits above this module)
+        def operator(self, *args):
+            return _tensor_method(self, name)(*args)
+        operator.__name__ = name
+        return operator
+
+    __getitem__ = _as_method("__getitem__")
+    __matmul__, __rmatmul__ = _as_method("__matmul__"), _as_method("__rmatmul__")
+    __floordiv__, __rfloordiv__ = _as_method("__floordiv__"), _as_method("__rfloordiv__")
+    __mod__, __rmod__ = _as_method("__mod__"), _as_method("__rmod__")
+    __abs__, __invert__ = _as_method("__abs__"), _as_method("__invert__")
+    __and__, __rand__ = _as_method("__and__"), _as_method("__rand__")
+    __or__, __ror__ = _as_method("__or__"), _as_method("__ror__")
+    __xor__, __rxor__ = _as_method("__xor__"), _as_method("__rxor__")
+    __lshift__, __rlshift__ = _as_method("__lshift__"), _as_method("__rlshift__")
+    __rshift__, __rrshift__ = _as_method("__rshift__"), _as_method("__rrshift__")
+    del _as_method
+
     def __getattr__(self, name):
         return _tensor_method(self, name)
 

@@ -286,7 +286,7 @@ def method(self, name):
     prop = _PROPS.get(name)
     if prop is not None:
         return prop(self)
-    fn = _METHODS.get(name)
+    fn = _METHODS.get(name) or _OPERATORS.get(name)
     if fn is None:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
     return functools.partial(fn, self)
@@ -306,7 +306,9 @@ def logical(kind, x, y=None):
     F = _F()
     args = (x,) if kind == "not" else (x, y)
     for a in args:
-        dtype = a.dtype if isinstance(a, Tensor) else np.result_type(a)
+        dtype = getattr(a, "dtype", None)         # a Tensor's, an array's, a traced tensor's
+        if dtype is None:
+            dtype = np.result_type(a)
         if dtype != np.bool_:
             sym = {"not": "~", "and": "&", "or": "|", "xor": "^"}[kind]
             shapes = " and ".join(str(tuple(np.shape(a))) for a in args)
@@ -365,6 +367,32 @@ def array_ufunc(self, ufunc, method, inputs, kwargs):
 def _reduce_op(mode, axis, keepdims):
     from .functional import _Reduce
     return _Reduce(mode, axis, keepdims)
+
+
+# Tensor's operators that have no op of their own in the compiled core, for
+# the symbolic tensors of a traced vjp or decompose (gradcore/graph.py): the
+# same functions Tensor's operators call, so both mean the same thing
+_OPERATORS = {
+    "__getitem__": getitem,
+    "__matmul__": lambda a, b: _F().matmul(a, b),
+    "__rmatmul__": lambda a, b: _F().matmul(b, a),
+    "__floordiv__": lambda a, b: _F().floor_div(a, b),
+    "__rfloordiv__": lambda a, b: _F().floor_div(b, a),
+    "__mod__": lambda a, b: _F().mod(a, b),
+    "__rmod__": lambda a, b: _F().mod(b, a),
+    "__abs__": lambda a: _F().abs(a),
+    "__invert__": lambda a: logical("not", a),
+    "__and__": lambda a, b: logical("and", a, b),
+    "__rand__": lambda a, b: logical("and", b, a),
+    "__or__": lambda a, b: logical("or", a, b),
+    "__ror__": lambda a, b: logical("or", b, a),
+    "__xor__": lambda a, b: logical("xor", a, b),
+    "__rxor__": lambda a, b: logical("xor", b, a),
+    "__lshift__": lambda a, b: _F().left_shift(a, b),
+    "__rlshift__": lambda a, b: _F().left_shift(b, a),
+    "__rshift__": lambda a, b: _F().right_shift(a, b),
+    "__rrshift__": lambda a, b: _F().right_shift(b, a),
+}
 
 
 _HOOK_FNS = {

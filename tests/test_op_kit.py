@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import gradcore
+import gradcore.autodiff
+import gradcore.functional as F
 from gradcore import registry
 from gradcore.op import Op, TensorDesc
 from gradcore.ops import Elemwise, MatrixMul, Softmax
@@ -647,3 +649,69 @@ def test_registration_refuses_parameters_kept_under_private_names(scratch_regist
 
     register_op(Derived)
     assert Derived(2.0) != Derived(4.0)
+
+
+# ---------------------------------------------------------------- a vjp written with Tensor's operators
+class ReverseRows(Op):
+    """y = x[::-1] @ w: its vjp uses indexing and @ on the traced gradients."""
+    name = "KitReverseRows"
+
+    def infer(self, x, w):
+        known = x.shape is not None and w.shape is not None      # None while a backward is traced
+        return (TensorDesc((x.shape[0], w.shape[1]) if known else None, x.dtype, x.device),)
+
+    def cpu(self, x, w):
+        if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+            raise ValueError(f"KitReverseRows: x (n, k) and w (k, m), got {x.shape} and {w.shape}")
+        return x[::-1] @ w
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w), (g,) = inputs, grads
+        return ((g @ F.transpose(w, (1, 0)))[::-1], F.transpose(x[::-1], (1, 0)) @ g)
+
+
+class Masked(Op):
+    """y = |x| where 0 < x < 2 or x is negative, else 0: a vjp built of
+    comparisons joined by & | ~, abs, // and %."""
+    name = "KitMasked"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        keep = ((x > 0) & (x < 2)) | ~(x >= 0)
+        return np.where(keep, np.abs(x), 0.0).astype(x.dtype)
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        keep = ((x > 0) & (x < 2)) | ~(x >= 0)
+        sign = (x > 0).astype(x.dtype) * 2 - 1
+        # (3 // 2) % 2 is 1: the integer operators trace too
+        one = (abs(sign) * 3) // 2 % 2
+        return (F.where(keep, g * sign * one, g * 0),)
+
+
+def test_a_vjp_may_use_every_tensor_operator():
+    """Indexing, @, abs, //, %, & | ~ on the gradients and inputs inside a
+    vjp are traced like + and * (they were TypeErrors: "not subscriptable",
+    "unsupported operand"), to every order."""
+    x = rng.uniform(-1, 1, (4, 3))
+    w = rng.uniform(-1, 1, (3, 2))
+    report = check_op(ReverseRows(), x, w)
+    assert report.status("grad") == report.status("gradgrad") == "passed", report
+    report = check_op(Masked(), np.array([-1.5, -0.5, 0.5, 1.5, 2.5, 3.5]))
+    assert report.ok, report
+    assert report.status("grad") == "passed"
+
+
+def test_a_traced_tensor_has_a_length_only_where_its_shape_is_known():
+    class LenOfGrad(Cube):
+        name = "KitLenOfGrad"
+
+        def vjp(self, inputs, outputs, grads):
+            return (grads[0] * len(grads[0]),)
+    x = gradcore.tensor(np.ones(3))
+    gm = gradcore.autodiff.GradManager().attach([x])
+    with pytest.raises(TypeError, match=r"KitLenOfGrad.*no len\(\)"):
+        with gm:
+            gm.backward(LenOfGrad()(x).sum())
