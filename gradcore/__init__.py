@@ -23,7 +23,7 @@ from . import memory
 
 memory._install_at_import()
 
-from ._core import GradRuleFallback, Tensor, register_grad_rule
+from ._core import GradRuleFallback, Tensor, register_grad_rule, registered_grad_rule, unregister_grad_rule
 from .op import IndexOpError, OpError
 from .tensor import Parameter, tensor
 from . import tensor_methods as _tm
@@ -47,6 +47,7 @@ from .devices import get_default_device, get_device_count, is_cuda_available, se
 
 __version__ = "0.1.0"
 __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register_grad_rule",
+           "unregister_grad_rule", "registered_grad_rule",
            "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "to_torch", "from_torch", "to_jax", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError",
            "is_cuda_available", "get_device_count", "set_default_device", "get_default_device", "get_logger"]
 

@@ -289,12 +289,25 @@ def register_grad_rule(op_type):
 
 
 def unregister_grad_rule(op_type):
-    """Remove a rule registered with ``register_grad_rule``."""
+    """Remove a rule registered with ``register_grad_rule`` (none: nothing
+    happens); ops of ``op_type`` differentiate by their own vjp again.
+
+    Example::
+
+        gradcore.unregister_grad_rule(MyOp)
+        assert gradcore.registered_grad_rule(MyOp) is None
+    """
     _grad_rules.pop(op_type, None)
+    _bw_front.clear()
 
 
 def registered_grad_rule(op_type):
-    """The rule registered for ``op_type``, or None."""
+    """The rule registered for ``op_type``, or None.
+
+    Example::
+
+        rule = gradcore.registered_grad_rule(MyOp)    # my_rule, or None
+    """
     return _grad_rules.get(op_type)
 
 

@@ -14,12 +14,12 @@ import itertools
 from typing import Callable, Optional
 
 from ._core import (GradKey, GradRuleFallback, NotDifferentiableError, Tensor,
-                    apply, register_grad_rule)
+                    apply, register_grad_rule, registered_grad_rule, unregister_grad_rule)
 from .graph import BackwardGraph, cache_info, make_backward_graph
 from .op import Composite, Op, OpError, TensorDesc
 
 __all__ = ["apply", "Grad", "GradKey", "TensorDesc", "make_backward_graph", "BackwardGraph",
-           "register_grad_rule", "GradRuleFallback", "NotDifferentiableError", "Op", "Composite",
+           "register_grad_rule", "unregister_grad_rule", "registered_grad_rule", "GradRuleFallback", "NotDifferentiableError", "Op", "Composite",
            "OpError", "cache_info"]
 
 _counter = itertools.count()

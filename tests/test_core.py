@@ -239,6 +239,26 @@ def test_path2_registered_rule_and_fallback():
         _core.unregister_grad_rule(Scale)
 
 
+def test_unregistering_a_rule_gives_the_ops_own_vjp_back_at_once():
+    """gradcore.unregister_grad_rule (public, as registered_grad_rule): the
+    next backward of the same op instance takes its vjp (the backward
+    cached for the rule is dropped, as registering drops it)."""
+    def rule(op, x):
+        return apply(op, x)[0], lambda dy: dy * op.k * 100     # deliberately distinguishable
+
+    op, x = Scale(2.0), gc.tensor([1.0])
+    gc.register_grad_rule(Scale)(rule)
+    try:
+        assert gc.registered_grad_rule(Scale) is rule
+        (g,) = grad_of(lambda x: apply(op, x)[0].sum(), x)
+        assert float(g.item()) == 200.0
+    finally:
+        gc.unregister_grad_rule(Scale)
+    assert gc.registered_grad_rule(Scale) is None
+    (g,) = grad_of(lambda x: apply(op, x)[0].sum(), gc.tensor([1.0]))
+    assert float(g.item()) == 2.0
+
+
 def test_rule_returning_wrong_count_names_op():
     @register_grad_rule(Scale)
     def rule(op, x):
