@@ -131,13 +131,14 @@ class SymbolicTensor:
     __mul__, __rmul__ = _bin("mul")
     __truediv__, __rtruediv__ = _bin("div")
     __pow__, __rpow__ = _bin("pow")
+    __floordiv__, __rfloordiv__ = _bin("floor_div")
+    __mod__, __rmod__ = _bin("mod")
     __lt__, _ = _bin("lt")
     __le__, _ = _bin("le")
     __gt__, _ = _bin("gt")
     __ge__, _ = _bin("ge")
     __eq__, _ = _bin("eq")
     __ne__, _ = _bin("ne")
-    del _bin, _
     __hash__ = object.__hash__
 
     def __neg__(self):
@@ -152,25 +153,26 @@ class SymbolicTensor:
                            "whole tensor")
         return self.desc.shape[0]
 
-    def _as_method(name):
-        # Tensor's other operators, through the functions Tensor's call
+    def __abs__(self):
+        return _core.apply(_operator_op("abs"), self)[0]
+
+    def _via_hook(name, *lead, swap=False):
+        # the operators that are functions, not ops: those Tensor's call, by
+        # the same hook names
         # (gradcore.tensor_methods installs them: it sits above this module)
         def operator(self, *args):
-            return _tensor_method(self, name)(*args)
-        operator.__name__ = name
+            return _tensor_hook(name)(*lead, *((*args, self) if swap else (self, *args)))
         return operator
 
-    __getitem__ = _as_method("__getitem__")
-    __matmul__, __rmatmul__ = _as_method("__matmul__"), _as_method("__rmatmul__")
-    __floordiv__, __rfloordiv__ = _as_method("__floordiv__"), _as_method("__rfloordiv__")
-    __mod__, __rmod__ = _as_method("__mod__"), _as_method("__rmod__")
-    __abs__, __invert__ = _as_method("__abs__"), _as_method("__invert__")
-    __and__, __rand__ = _as_method("__and__"), _as_method("__rand__")
-    __or__, __ror__ = _as_method("__or__"), _as_method("__ror__")
-    __xor__, __rxor__ = _as_method("__xor__"), _as_method("__rxor__")
-    __lshift__, __rlshift__ = _as_method("__lshift__"), _as_method("__rlshift__")
-    __rshift__, __rrshift__ = _as_method("__rshift__"), _as_method("__rrshift__")
-    del _as_method
+    __getitem__ = _via_hook("getitem")
+    __matmul__, __rmatmul__ = _via_hook("matmul"), _via_hook("matmul", swap=True)
+    __invert__ = _via_hook("logical", "not")
+    __and__, __rand__ = _via_hook("logical", "and"), _via_hook("logical", "and", swap=True)
+    __or__, __ror__ = _via_hook("logical", "or"), _via_hook("logical", "or", swap=True)
+    __xor__, __rxor__ = _via_hook("logical", "xor"), _via_hook("logical", "xor", swap=True)
+    __lshift__, __rlshift__ = _via_hook("left_shift"), _via_hook("left_shift", swap=True)
+    __rshift__, __rrshift__ = _via_hook("right_shift"), _via_hook("right_shift", swap=True)
+    del _via_hook, _bin, _
 
     def __getattr__(self, name):
         return _tensor_method(self, name)
@@ -181,22 +183,31 @@ def _operator_op(name):
     return operator_op(name)
 
 
-# Tensor's methods (``x.sum()``, ``x.reshape(...)``) for symbolic tensors too:
-# installed by gradcore.tensor_methods when it loads (it sits above this module)
+# Tensor's methods (``x.sum()``, ``x.reshape(...)``) and operator functions for
+# symbolic tensors too: installed by gradcore.tensor_methods when it loads (it
+# sits above this module)
 _method_lookup = None
+_hook_lookup = None
 
 
-def install_method_lookup(lookup) -> None:
+def install_method_lookup(lookup, hooks) -> None:
     """Called by ``gradcore.tensor_methods`` at import: ``lookup(tensor,
     name)`` gives a tensor's method or property, for SymbolicTensor's
-    attributes the class itself lacks.
+    attributes the class itself lacks; ``hooks(name)`` the function behind
+    one of Tensor's operators (the compiled core's ``tensor_method`` hook).
 
     Example::
 
-        >>> install_method_lookup(gradcore.tensor_methods.method)
+        >>> install_method_lookup(gradcore.tensor_methods.method, gradcore.tensor_methods._HOOK_FNS.__getitem__)
     """
-    global _method_lookup
-    _method_lookup = lookup
+    global _method_lookup, _hook_lookup
+    _method_lookup, _hook_lookup = lookup, hooks
+
+
+def _tensor_hook(name):
+    if _hook_lookup is None:
+        raise TypeError("this operator needs Tensor's functions, which are not installed: import gradcore")
+    return _hook_lookup(name)
 
 
 def _tensor_method(self, name):

@@ -286,7 +286,7 @@ def method(self, name):
     prop = _PROPS.get(name)
     if prop is not None:
         return prop(self)
-    fn = _METHODS.get(name) or _OPERATORS.get(name)
+    fn = _METHODS.get(name)
     if fn is None:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
     return functools.partial(fn, self)
@@ -369,32 +369,6 @@ def _reduce_op(mode, axis, keepdims):
     return _Reduce(mode, axis, keepdims)
 
 
-# Tensor's operators that have no op of their own in the compiled core, for
-# the symbolic tensors of a traced vjp or decompose (gradcore/graph.py): the
-# same functions Tensor's operators call, so both mean the same thing
-_OPERATORS = {
-    "__getitem__": getitem,
-    "__matmul__": lambda a, b: _F().matmul(a, b),
-    "__rmatmul__": lambda a, b: _F().matmul(b, a),
-    "__floordiv__": lambda a, b: _F().floor_div(a, b),
-    "__rfloordiv__": lambda a, b: _F().floor_div(b, a),
-    "__mod__": lambda a, b: _F().mod(a, b),
-    "__rmod__": lambda a, b: _F().mod(b, a),
-    "__abs__": lambda a: _F().abs(a),
-    "__invert__": lambda a: logical("not", a),
-    "__and__": lambda a, b: logical("and", a, b),
-    "__rand__": lambda a, b: logical("and", b, a),
-    "__or__": lambda a, b: logical("or", a, b),
-    "__ror__": lambda a, b: logical("or", b, a),
-    "__xor__": lambda a, b: logical("xor", a, b),
-    "__rxor__": lambda a, b: logical("xor", b, a),
-    "__lshift__": lambda a, b: _F().left_shift(a, b),
-    "__rlshift__": lambda a, b: _F().left_shift(b, a),
-    "__rshift__": lambda a, b: _F().right_shift(a, b),
-    "__rrshift__": lambda a, b: _F().right_shift(b, a),
-}
-
-
 _HOOK_FNS = {
     "method": method,
     "reduce_op": _reduce_op,
@@ -455,4 +429,4 @@ def install():
         device_array=DeviceArray,
         promote=promote,
     )
-    graph.install_method_lookup(method)      # SymbolicTensor has Tensor's methods
+    graph.install_method_lookup(method, _HOOK_FNS.__getitem__)   # SymbolicTensor has Tensor's methods and operators
