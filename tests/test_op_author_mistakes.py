@@ -251,14 +251,21 @@ class _Double(Op):
         return (grads[0] * 2,)
 
 
+def _one_thread_per_element(name: str, ctype: str, x_param: str, body: str) -> str:
+    """A kernel ``name_ctype(x_param, ctype* y, long long n)`` running
+    ``body`` with ``i`` its thread's element (the mistakes are in the body)."""
+    return (f'extern "C" __global__ void {name}_{ctype}({x_param}, {ctype}* y, long long n) {{\n'
+            f'    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n'
+            f'    {body}\n}}\n')
+
+
 class InPlaceCuda(_Double):
     name = "MistakeInPlaceCuda"
     devices = ("cpu", "cuda")
 
     def cuda_source(self, ctype="float"):
-        return (f'extern "C" __global__ void gc_mistakeinplace_{ctype}({ctype}* x, {ctype}* y, long long n) '
-                f'{{ long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; '
-                f'if (i < n) {{ x[i] = 2 * x[i]; y[i] = x[i]; }} }}\n')
+        return _one_thread_per_element("gc_mistakeinplace", ctype, f"{ctype}* x",
+                                       "if (i < n) { x[i] = 2 * x[i]; y[i] = x[i]; }")
 
 
 def test_a_cuda_kernel_writing_its_input_fails_check_op(emulated_cuda):
@@ -274,9 +281,8 @@ class OffByOneCuda(_Double):
     devices = ("cpu", "cuda")
 
     def cuda_source(self, ctype="float"):
-        return (f'extern "C" __global__ void gc_mistakeoffbyone_{ctype}(const {ctype}* x, {ctype}* y, long long n) '
-                f'{{ long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; '
-                f'if (i <= n) y[i] = 2 * x[i < n ? i : 0]; }}\n')
+        return _one_thread_per_element("gc_mistakeoffbyone", ctype, f"const {ctype}* x",
+                                       "if (i <= n) y[i] = 2 * x[i < n ? i : 0];")
 
 
 def test_a_cuda_kernel_writing_past_the_end_fails_check_op(emulated_cuda):
