@@ -73,6 +73,11 @@ TABLE = [
     Row("asin",     "np.arcsin(x)",           "asin(x)",            ("g / sqrt(1 - x * x)",), (-0.9, 0.9), dtypes="float"),
     Row("acos",     "np.arccos(x)",           "acos(x)",            ("-(g / sqrt(1 - x * x))",), (-0.9, 0.9), dtypes="float"),
     Row("atan",     "np.arctan(x)",           "atan(x)",            ("g / (x * x + 1)",), dtypes="float"),
+    # atan2(y, x) as atan2(x, y) here: the angle of the point (y, x); the sign of zero
+    # decides as in C and NumPy (atan2(0, -0.0) is pi); gradient 0 at the origin, as torch
+    Row("atan2",    "np.arctan2(x, y)",       "atan2(x, y)",        ("g * y / where(eq(x * x + y * y, 0), 1, x * x + y * y)",
+                                                                     "-(g * x) / where(eq(x * x + y * y, 0), 1, x * x + y * y)"),
+                    dtypes="float"),
     Row("sinh",     "np.sinh(x)",             "sinh(x)",            ("g * cosh(x)",), dtypes="float"),
     Row("cosh",     "np.cosh(x)",             "cosh(x)",            ("g * sinh(x)",), dtypes="float"),
     Row("asinh",    "np.arcsinh(x)",          "asinh(x)",           ("g / sqrt(x * x + 1)",), dtypes="float"),

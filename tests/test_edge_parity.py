@@ -92,6 +92,19 @@ def test_atan2_of_two_infinities_and_logaddexp_of_an_infinity(torch):
         np.testing.assert_allclose(g[:3], w[:3])      # (torch's gradient at (inf, inf) is NaN)
 
 
+def test_atan2_counts_the_sign_of_zero_and_its_gradient_at_the_origin_is_zero(torch):
+    # atan2(0, -0.0) is pi, atan2(-0.0, -1) is -pi, as C, NumPy and torch; the
+    # composed form this replaced took -0.0 for +0.0 there
+    y = np.array([0.0, -0.0, -0.0, 0.0, -0.0, 0.0, 2.0])
+    x = np.array([-0.0, -0.0, -1.0, 0.0, 0.0, -3.0, -0.0])
+    got = _value_and_grad(F.atan2, y, x)
+    want = _torch_value_and_grad(torch, torch.atan2, y, x)
+    np.testing.assert_array_equal(np.signbit(got[0]), np.signbit(np.arctan2(y, x)))
+    np.testing.assert_allclose(got[0], np.arctan2(y, x), rtol=1e-15)
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, rtol=1e-15)
+
+
 def test_binary_cross_entropy_of_probabilities_0_and_1_is_finite(torch):
     p, t = np.array([0.0, 1.0, 0.5]), np.array([1.0, 0.0, 0.5])
     value, (grad,) = _value_and_grad(lambda q: F.nn.binary_cross_entropy(q, gc.tensor(t), with_logits=False), p)

@@ -73,7 +73,7 @@ CASES = [
     (F.matmul, (x23, "a"), TypeError, r"matmul: cannot use str"),
     (F.prelu, (x23, None), TypeError, r"prelu: expected a tensor, got None"),
     (F.l1_loss, (x23, None), TypeError, r"l1_loss: expected a tensor, got None"),
-    (F.atan2, (None, x23), TypeError, r"atan2: expected a tensor, got None"),
+    (F.atan2, (None, x23), TypeError, r"operand is None(.|\n)*Elemwise\(atan2\)"),
     (F.dropout, (None, 0.5), TypeError, r"dropout: expected a tensor"),
     (F.meshgrid, (None, x3), TypeError, r"meshgrid: expected a tensor, got None"),
     (F.zeros_like, (None,), TypeError, r"zeros_like: expected a tensor"),

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 OUT = Path(__file__).with_name("elemwise_table.py")
-HAND_WRITTEN = ("where",)      # elemwise.py: it checks that its mask is a bool tensor
+HAND_WRITTEN = ("where",       # elemwise.py: it checks that its mask is a bool tensor
+                "atan2")       # elemwise.py: MegEngine names its inputs (y, x)
 _CANDIDATES = (-1.5, -0.5, 0.5, 1.0, 1.5, 2.5)
 _DECIMALS = 4
 # a float32 result may differ in its last bits between NumPy builds: a shown

@@ -20,9 +20,9 @@ from .._core import Tensor, apply1 as _apply1
 from ..op import OpError
 from ..ops.elemwise import Elemwise
 from ._args import _named, _t
-from .elemwise_table import abs, atan, eq, expm1, floor_div, ge, gt, le, lt, ne, sign
+from .elemwise_table import abs, eq, expm1, floor_div, ge, gt, le, lt, ne
 # re-exported (MegEngine's functional.elemwise names): the generated table functions
-from .elemwise_table import (acos, acosh, add, asin, asinh, atanh, ceil, cos, cosh, div, erf,  # noqa: F401
+from .elemwise_table import (acos, acosh, add, asin, asinh, atan, atanh, ceil, cos, cosh, div, erf,  # noqa: F401
                              exp, floor, log, log1p, maximum, logical_and, logical_not, logical_or, logical_xor,
                              minimum, mod, mul, neg, pow, round, sin, sinh, softplus, sqrt, square, sub, tan,
                              tanh)
@@ -32,6 +32,7 @@ from ..op import ArgumentError
 
 _BOOL = np.dtype(bool)
 _OP_WHERE = Elemwise("where")
+_OP_ATAN2 = Elemwise("atan2")
 
 
 def where(mask: Tensor, x: Tensor = None, y: Tensor = None) -> Tensor:
@@ -121,29 +122,16 @@ def _float_pair(name: str, x, y) -> tuple:
 
 
 def atan2(y: Tensor, x: Tensor) -> Tensor:
-    """Elementwise angle of the point (x, y), in [-pi, pi] (``np.arctan2``).
+    """Elementwise angle of the point (x, y), in [-pi, pi], as ``np.arctan2``
+    (the sign of a zero counts: ``atan2(0, -0.0)`` is pi). The
+    ``Elemwise("atan2")`` op: kernels and gradient in ops/elemwise.py.
 
     Example::
 
-        >>> F.atan2(gc.tensor([1.0, 1.0]), gc.tensor([1.0, -1.0])).numpy()
-        array([0.7853982, 2.3561945], dtype=float32)
+        >>> F.atan2(gc.tensor([1.0, 1.0]), gc.tensor([1.0, -1.0])).numpy().astype(float).round(4).tolist()
+        [0.7854, 2.3562]
     """
-    y, x = _float_pair("atan2", y, x)
-    # both infinite: the direction of (sign x, sign y), as NumPy's and torch's
-    both = eq(abs(x), np.inf) & eq(abs(y), np.inf)
-    x, y = where(both, sign(x), x), where(both, sign(y), y)
-    # atan of the smaller over the larger coordinate: the ratio stays in
-    # [-1, 1] and its gradient, (x dy - y dx) / (x^2 + y^2), is finite
-    # everywhere but the origin
-    wide = ge(abs(x), abs(y))
-    safe_x = where(wide & ne(x, 0), x, 1)
-    safe_y = where(wide, 1, y)
-    def const(v):       # a 0-d array of x's dtype (a NumPy scalar would be weak: float32)
-        return np.asarray(v, x.dtype)
-    # (at the origin the ratio is 0/1, constant: gradient 0 there, as torch)
-    near_x = atan(where(ne(x, 0), y, 0) / safe_x) + where(lt(x, 0), where(lt(y, 0), const(-np.pi), const(np.pi)), 0)
-    near_y = where(lt(y, 0), const(-np.pi / 2), const(np.pi / 2)) - atan(x / safe_y)
-    return where(wide, near_x, near_y)
+    return _apply1(_OP_ATAN2, y, x)
 
 
 # ---- activations composed of the table's ops (F.nn has them too)

@@ -59,6 +59,7 @@ NUMPY_REF = {
     "logical_or": lambda x, y: x.astype(bool) | y.astype(bool),
     "logical_xor": lambda x, y: x.astype(bool) ^ y.astype(bool),
     "asin": np.arcsin,
+    "atan2": lambda y, x: 2 * np.arctan(y / (np.sqrt(x * x + y * y) + x)),   # the half-angle form
     "acos": lambda x: np.pi / 2 - np.arcsin(x),
     "atan": np.arctan,
     "sinh": lambda x: (np.exp(x) - np.exp(-x)) / 2,
