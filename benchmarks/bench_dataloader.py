@@ -14,6 +14,11 @@ momentum, batch 32, the 1437 training images of the digits data), timed as:
   started anew for each epoch (their start-up is in the time);
 - ``... 2 persistent workers``: the same with ``persistent_workers=True``
   (started once, by the warm-up);
+- with ``--torch``: ``torch DataLoader, 2 workers`` (per epoch) and ``...
+  persistent``: PyTorch's loader over the same arrays, the same sampler order
+  (a seeded permutation), the same transform burnt in its collate function,
+  batches handed over as NumPy arrays; torch is imported for the whole run,
+  so every variant forks the same, larger process;
 - ``ideal overlap``: the model alone on the pre-cut batches while another
   process, already running, burns the transform's CPU (1 ms per batch)
   with no loader at all; the epoch ends when both are done. This is the
@@ -127,6 +132,31 @@ def make_trainer():
     return step
 
 
+def torch_variants(x_train, y_train, burn: BurnCPU, workers: int) -> dict:
+    """PyTorch's DataLoader over the same arrays: its default (per-epoch)
+    workers and persistent ones, the transform in the collate function."""
+    import torch.utils.data as tud
+
+    class Arrays(tud.Dataset):
+        def __len__(self):
+            return len(x_train)
+
+        def __getitem__(self, i):
+            return x_train[i], y_train[i]
+
+    def collate(samples):
+        xs, ys = zip(*samples)
+        return burn.apply_batch((np.stack(xs), np.stack(ys)))
+
+    def loader(persistent: bool):
+        generator = tud.RandomSampler(Arrays(), generator=__import__("torch").Generator().manual_seed(0))
+        return tud.DataLoader(Arrays(), batch_size=BATCH, sampler=generator, collate_fn=collate,
+                              num_workers=workers, persistent_workers=persistent)
+    kept = loader(True)
+    return {f"torch DataLoader, {workers} workers": lambda: loader(False),
+            f"... torch, {workers} persistent": lambda: kept}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -135,6 +165,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--wait", action="store_true",
                     help="the transform waits (sleeps) its time instead of burning CPU")
+    ap.add_argument("--torch", action="store_true",
+                    help="also time PyTorch's DataLoader (torch.utils.data) over the same data and transform")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
 
@@ -160,6 +192,8 @@ def main(argv=None) -> int:
         f"... {args.workers} persistent workers": lambda: kept,
         "ideal overlap": lambda: beside,
     }
+    if args.torch:
+        variants.update(torch_variants(x_train, y_train, burn, args.workers))
     for source in variants.values():        # warm-up: kernels, caches, first fork
         for xb, yb in source():
             step(xb, yb)
