@@ -31,6 +31,12 @@ from ..tensor import Parameter
 from ..op import ArgumentError
 
 
+def _logger() -> "logging.Logger":
+    """This module's logger (``logging`` loads on first use, as in ``gradcore.get_logger``)."""
+    import logging
+    return logging.getLogger(__name__)
+
+
 def _sorted_keys(keys) -> list:
     """Attribute names or dict keys in MegEngine's traversal order: sorted.
     Keys that are not strings (they name no Tensor or Module, see _expand)
@@ -323,7 +329,8 @@ class Module:
                         strict: bool = True) -> None:
         """Load values saved by ``state_dict``: a dict by name (a value of None
         skips that entry), or a callable ``fn(key, tensor) -> array or None``.
-        With ``strict``, a missing or an unexpected key raises KeyError; a shape
+        With ``strict``, a missing or an unexpected key raises KeyError (without,
+        each is named in a warning on the ``gradcore.module.module`` logger); a shape
         that differs raises ValueError (BatchNorm also accepts its flat (C,)
         form). Nothing is changed unless every check passes."""
         if isinstance(state_dict, dict):
@@ -361,6 +368,12 @@ class Module:
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict (strict): missing keys {missing}, "
                            f"unexpected keys {sorted(unexpected)}")
+        # strict=False loads what matches and, as MegEngine does, reports the
+        # rest as a logged warning (a misspelt key would otherwise go unseen)
+        if unexpected:
+            _logger().warning("load_state_dict: unused keys in strict=False mode, unused=%s", sorted(unexpected))
+        if missing:
+            _logger().warning("load_state_dict: missing keys in strict=False mode, missing=%s", missing)
         for t, value in loads:
             # a copy in the tensor's own dtype: later changes to the dict do not leak in
             t._reset(Tensor(value.astype(t.dtype), device=t.device))
