@@ -260,6 +260,11 @@ class Optimizer:
         return data
 
     # ---- saving and restoring
+    def _state_dtype(self, param: Tensor) -> np.dtype:
+        """The dtype of ``param``'s state arrays (its own, unless the update
+        keeps them in another, as LAMBFp16's float32 master copy and moments)."""
+        return param.dtype
+
     def state_dict(self, keep_var: bool = False) -> Dict:
         """``{"param_groups": [...], "state": {index: {...}}}``: hyper-parameters
         per group with the parameters as indices (their order across the
@@ -305,8 +310,9 @@ class Optimizer:
                     if v.shape != p.shape:
                         raise ArgumentError(f"{name}.load_state_dict: state {k!r} of shape {v.shape} "
                                          f"for a parameter of shape {p.shape}")
-                    # a private copy where the parameter lives
-                    st[k] = Tensor(v.astype(p.dtype), device=p.device)
+                    # a private copy where the parameter lives, in the dtype the
+                    # update keeps it in (LAMBFp16: float32, not the parameter's)
+                    st[k] = Tensor(v.astype(self._state_dtype(p)), device=p.device)
                 new_state[p] = st
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
@@ -631,6 +637,9 @@ class LAMBFp16(LAMB):
         >>> w.dtype, w.numpy()
         (dtype('float16'), array([ 2.635, -4.34 ], dtype=float16))
     """
+
+    def _state_dtype(self, param: Tensor) -> np.dtype:
+        return np.dtype(np.float32)
 
     def _master(self, param, state):
         if "param_fp32" not in state:
