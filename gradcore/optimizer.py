@@ -260,6 +260,17 @@ class Optimizer:
         return data
 
     # ---- saving and restoring
+    # per-parameter state kept as a number (a step count), not an array
+    _counters: Tuple[str, ...] = ("step",)
+    # options MegEngine keeps as attributes, outside its param groups: a group
+    # saved by MegEngine may lack them (the current value is kept)
+    _attribute_options: Tuple[str, ...] = ()
+
+    def _state_dtype(self, param: Tensor) -> np.dtype:
+        """The dtype of ``param``'s state arrays (its own, unless the update
+        keeps them in another, as LAMBFp16's float32 master copy and moments)."""
+        return param.dtype
+
     def state_dict(self, keep_var: bool = False) -> Dict:
         """``{"param_groups": [...], "state": {index: {...}}}``: hyper-parameters
         per group with the parameters as indices (their order across the
@@ -292,12 +303,18 @@ class Optimizer:
             if len(group["params"]) != len(saved["params"]):
                 raise ArgumentError(f"{name}.load_state_dict: a saved group has {len(saved['params'])} "
                                  f"parameters, this one {len(group['params'])}")
-            if set(group) != set(saved):
+            # MegEngine's groups lack the options it keeps on the optimizer (SGD's nesterov)
+            if not set(saved) <= set(group) or set(group) - set(saved) - set(self._attribute_options):
                 raise ArgumentError(f"{name}.load_state_dict: a saved group has keys {sorted(saved)}, "
                                  f"this one {sorted(group)}")
             for p, i in zip(group["params"], saved["params"]):
                 st = {}
                 for k, v in state["state"].get(i, {}).items():
+                    if k in self._counters:
+                        # MegEngine saves its step as a float32 scalar array (a Tensor once read
+                        # by gradcore.load); the update counts in a Python int
+                        st[k] = _count_of(name, k, v)
+                        continue
                     if np.isscalar(v):
                         st[k] = v
                         continue
@@ -305,12 +322,23 @@ class Optimizer:
                     if v.shape != p.shape:
                         raise ArgumentError(f"{name}.load_state_dict: state {k!r} of shape {v.shape} "
                                          f"for a parameter of shape {p.shape}")
-                    # a private copy where the parameter lives
-                    st[k] = Tensor(v.astype(p.dtype), device=p.device)
+                    # a private copy where the parameter lives, in the dtype the
+                    # update keeps it in (LAMBFp16: float32, not the parameter's)
+                    st[k] = Tensor(v.astype(self._state_dtype(p)), device=p.device)
                 new_state[p] = st
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self._state = new_state
+
+
+def _count_of(name: str, key: str, value) -> int:
+    """A saved step counter as an int: a number, or a one-element array or
+    Tensor holding a whole number (MegEngine's float32 ``step``)."""
+    v = np.asarray(value.numpy() if isinstance(value, Tensor) else value)
+    if v.size != 1 or v.dtype.kind not in "biuf" or float(v.reshape(-1)[0]) != int(v.reshape(-1)[0]):
+        raise ArgumentError(f"{name}.load_state_dict: state {key!r} must be a whole number, got "
+                            f"{v.dtype} of shape {v.shape}")
+    return int(v.reshape(-1)[0])
 
 
 # schedulers (gradcore.lr_scheduler, below this module) drive Optimizers
@@ -343,6 +371,7 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay))
 
     _capturable = True
+    _attribute_options = ("nesterov",)
 
     def _update(self, param, grad, group, state):
         p = self._writable(param)
@@ -631,6 +660,9 @@ class LAMBFp16(LAMB):
         >>> w.dtype, w.numpy()
         (dtype('float16'), array([ 2.635, -4.34 ], dtype=float16))
     """
+
+    def _state_dtype(self, param: Tensor) -> np.dtype:
+        return np.dtype(np.float32)
 
     def _master(self, param, state):
         if "param_fp32" not in state:

@@ -151,3 +151,12 @@ def compare_second_order(torch, gfn, tfn, arrays, rng, rtol=1e-9, atol=1e-11):
 # every floating input must get a gradient from both
 check_grads64 = functools.partial(check_grads, dtype=np.float64)
 compare_torch = functools.partial(compare_with_torch, rtol=1e-10, atol=1e-12, need_grads=True)
+
+
+def optimizer_steps(opt, param, grads) -> None:
+    """One ``opt.step()`` per gradient in ``grads``, each set as ``param.grad``
+    (the reference run of an optimizer test: a run resumed from a state_dict
+    must end where the uninterrupted one does)."""
+    for g in grads:
+        param.grad = gradcore.tensor(g)
+        opt.step()

@@ -17,6 +17,7 @@ Traversal order is MegEngine's (attribute names sorted at each level,
 depth first): test_traversal_order_is_megengines_sorted_order pins it, the
 other traversal tests check the content.
 """
+import logging
 import pickle
 from bisect import bisect_right
 from collections import OrderedDict
@@ -1214,3 +1215,21 @@ def test_sliding_window_modules_batch_matmul_activation_and_quant_stubs():
     with pytest.raises(ValueError, match="nonlinear_mode must be 'identity' or 'relu'"):
         M.BatchMatMulActivation(1, 2, 2, nonlinear_mode="tanh")
     assert M.QuantStub()(x) is x and M.DequantStub()(x) is x
+
+
+def test_load_state_dict_not_strict_reports_unused_and_missing(caplog):
+    # MegEngine's strict=False loads what matches and logs a warning naming
+    # the unused keys and the missing ones; a silent load hid misspelt keys
+    mlp = MLP()
+    state = mlp.state_dict()
+    del state["dense0.bias"]
+    state["dense9.weight"] = np.zeros((2, 2), "float32")
+    with caplog.at_level(logging.WARNING, logger="gradcore"):
+        mlp.load_state_dict(state, strict=False)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "unused" in text and "dense9.weight" in text
+    assert "missing" in text and "dense0.bias" in text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gradcore"):
+        mlp.load_state_dict(mlp.state_dict(), strict=False)      # everything matches: nothing to report
+    assert not caplog.records

@@ -1,5 +1,7 @@
 """Modules and optimizers: values and gradients against PyTorch (when
 installed) and finite differences."""
+import pickle
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ import gradcore.module as M
 import gradcore.optimizer as optim
 from gradcore.autodiff import GradManager
 from gradcore.testing import gradcheck, gradgradcheck
+from oracle import optimizer_steps
 
 
 def test_module_parameters_in_sorted_attribute_order_and_state_dict():
@@ -448,3 +451,28 @@ def test_lamb_fp16_keeps_a_float32_master_copy():
                            0.01)
     np.testing.assert_allclose(master, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(w.numpy(), master.astype(np.float16))
+
+
+
+def test_lamb_fp16_resumes_bit_identical_with_float32_state():
+    # load_state_dict cast every state array to the parameter's dtype: the
+    # float32 master copy and moments of a float16 parameter came back float16
+    rng = np.random.default_rng(2)
+    p0 = rng.standard_normal((3, 4)).astype(np.float16)
+    grads = [rng.standard_normal((3, 4)).astype(np.float16) for _ in range(6)]
+
+    whole = gc.Parameter(p0.copy())
+    whole_opt = optim.LAMBFp16([whole], lr=0.05, weight_decay=0.01)
+    optimizer_steps(whole_opt, whole, grads)
+    w = gc.Parameter(p0.copy())
+    opt = optim.LAMBFp16([w], lr=0.05, weight_decay=0.01)
+    optimizer_steps(opt, w, grads[:3])
+    saved = pickle.loads(pickle.dumps(opt.state_dict()))
+    resumed = optim.LAMBFp16([w], lr=0.05, weight_decay=0.01)
+    resumed.load_state_dict(saved)
+    assert {k: v.dtype for k, v in resumed._state[w].items() if k != "step"} == \
+        {"param_fp32": np.float32, "exp_avg": np.float32, "exp_avg_sq": np.float32}
+    optimizer_steps(resumed, w, grads[3:])
+    assert w.dtype == np.float16
+    np.testing.assert_array_equal(resumed._state[w]["param_fp32"].numpy(), whole_opt._state[whole]["param_fp32"].numpy())
+    np.testing.assert_array_equal(w.numpy(), whole.numpy())

@@ -341,3 +341,31 @@ def test_lstm_on_cuda_emulator_matches_cpu(monkeypatch):
             np.testing.assert_allclose(p.grad.numpy(), g_cpu[n], rtol=1e-4, atol=1e-5)
     finally:
         runtime.use(None)
+
+
+def test_a_model_holding_an_lstm_loads_megengines_flat_form():
+    # MegEngine saves an LSTM inside a model as "rnn._flatten_weights" (and
+    # "rnn.cells.*"); only the LSTM's own load_state_dict read that form, so a
+    # whole model's checkpoint failed with missing rnn.weight_* keys
+    class LM(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = M.Embedding(7, 4)
+            self.rnn = M.LSTM(4, 5, num_layers=2, bidirectional=True)
+            self.out = M.Linear(10, 7)
+
+        def forward(self, x):
+            return self.out(self.rnn(self.emb(x))[0])
+
+    src, dst = LM(), LM()
+    megengine_form = {k: v for k, v in src.state_dict().items() if not k.startswith("rnn.")}
+    megengine_form["rnn._flatten_weights"] = src.rnn.flatten_weights()
+    megengine_form["rnn.cells.0.weight_ih"] = np.zeros(1, "float32")      # unused by MegEngine's forward
+    dst.load_state_dict(megengine_form)
+    assert list(dst.state_dict()) == list(src.state_dict())
+    for (k, a), b in zip(src.state_dict().items(), dst.state_dict().values()):
+        np.testing.assert_array_equal(a, b, err_msg=k)
+    x = gc.tensor(np.array([[1, 2], [3, 4]], "int32"))
+    np.testing.assert_array_equal(dst(x).numpy(), src(x).numpy())
+    with pytest.raises(ValueError, match="rnn._flatten_weights has"):
+        dst.load_state_dict({**megengine_form, "rnn._flatten_weights": src.rnn.flatten_weights()[:, :-1]})

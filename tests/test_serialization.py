@@ -17,6 +17,7 @@ import gradcore.module as M
 import gradcore.optimizer as optim
 from gradcore.autodiff import GradManager
 from gradcore.serialization import MAGIC, MAGIC_V1, LoadError
+from oracle import optimizer_steps
 
 
 def _roundtrip(obj, **kw):
@@ -579,3 +580,42 @@ def test_megengine_tensor_records_are_checked():
     crafted = b"\x80\x04cbuiltins\nslice\n)\x81."       # (a stand-in that is no class)
     with pytest.raises(LoadError, match="corrupt"):
         gc.load(io.BytesIO(crafted))
+
+
+@pytest.mark.parametrize("kind, kwargs", [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+                                          ("Adam", dict(lr=0.05, weight_decay=0.01)),
+                                          ("Adagrad", dict(lr=0.1)), ("LAMB", dict(lr=0.05, weight_decay=0.01))])
+def test_optimizer_resumes_from_a_megengine_checkpoint(kind, kwargs):
+    """MegEngine's Optimizer.state_dict keeps "step" as a float32 scalar
+    array (a Tensor with keep_var=True) and SGD's nesterov outside the
+    groups; such a checkpoint read by gradcore.load resumes the run exactly
+    (load_state_dict refused the scalar step and the group without nesterov)."""
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((3, 2)).astype(np.float32)
+    grads = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(6)]
+
+    whole = gradcore.Parameter(w0.copy())
+    optimizer_steps(getattr(optim, kind)([whole], **kwargs), whole, grads)
+    w = gradcore.Parameter(w0.copy())
+    first = getattr(optim, kind)([w], **kwargs)
+    optimizer_steps(first, w, grads[:3])
+    ours = first.state_dict()
+    group = {k: v for k, v in ours["param_groups"][0].items() if k != "nesterov"}
+
+    def objs(T, P):     # MegEngine's form: state arrays as Tensors, the step a float32 scalar
+        state = {i: {k: T(np.array(v, np.float32)) for k, v in st.items()} for i, st in ours["state"].items()}
+        return {"param": P(w.numpy()), "opt": {"param_groups": [group], "state": state}}
+    ckpt = gc.load(io.BytesIO(_megengine_pickle(objs)))
+    if kind == "Adam":
+        assert ckpt["opt"]["state"][0]["step"].dtype == np.float32
+    resumed_w = gradcore.Parameter(ckpt["param"].numpy())
+    resumed = getattr(optim, kind)([resumed_w], **dict(kwargs, lr=9.0))
+    resumed.load_state_dict(ckpt["opt"])
+    assert resumed.param_groups[0]["lr"] == kwargs["lr"]
+    optimizer_steps(resumed, resumed_w, grads[3:])
+    np.testing.assert_array_equal(resumed_w.numpy(), whole.numpy())
+    # a step that is not a whole number is refused, naming the optimizer
+    bad = {"param_groups": [group], "state": {0: dict(ckpt["opt"]["state"][0], step=np.array([1.5, 2.0]))}}
+    if "step" in ckpt["opt"]["state"][0]:
+        with pytest.raises(ValueError, match=f"{kind}.load_state_dict: state 'step'"):
+            getattr(optim, kind)([resumed_w], **kwargs).load_state_dict(bad)

@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
@@ -29,6 +29,15 @@ from .. import functional as F
 from .._core import Tensor
 from ..tensor import Parameter
 from ..op import ArgumentError
+
+if TYPE_CHECKING:       # annotations only: logging loads on first use (see _logger)
+    import logging
+
+
+def _logger() -> "logging.Logger":
+    """This module's logger (``logging`` loads on first use, as in ``gradcore.get_logger``)."""
+    import logging
+    return logging.getLogger(__name__)
 
 
 def _sorted_keys(keys) -> list:
@@ -323,10 +332,12 @@ class Module:
                         strict: bool = True) -> None:
         """Load values saved by ``state_dict``: a dict by name (a value of None
         skips that entry), or a callable ``fn(key, tensor) -> array or None``.
-        With ``strict``, a missing or an unexpected key raises KeyError; a shape
+        With ``strict``, a missing or an unexpected key raises KeyError (without,
+        each is named in a warning on the ``gradcore.module.module`` logger); a shape
         that differs raises ValueError (BatchNorm also accepts its flat (C,)
         form). Nothing is changed unless every check passes."""
         if isinstance(state_dict, dict):
+            state_dict = self._saved_forms(state_dict)
             unexpected = set(state_dict)
 
             def closure(k, _):
@@ -361,9 +372,31 @@ class Module:
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict (strict): missing keys {missing}, "
                            f"unexpected keys {sorted(unexpected)}")
+        # strict=False loads what matches and, as MegEngine does, reports the
+        # rest as a logged warning (a misspelt key would otherwise go unseen)
+        if unexpected:
+            _logger().warning("load_state_dict: unused keys in strict=False mode, unused=%s", sorted(unexpected))
+        if missing:
+            _logger().warning("load_state_dict: missing keys in strict=False mode, missing=%s", missing)
         for t, value in loads:
             # a copy in the tensor's own dtype: later changes to the dict do not leak in
             t._reset(Tensor(value.astype(t.dtype), device=t.device))
+
+    def _saved_forms(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+        """``state_dict`` with the entries that this module or a sub-module
+        saves in another form (an RNN's MegEngine ``_flatten_weights``)
+        rewritten by that module's ``_load_form``, under its dotted prefix:
+        so a whole model's checkpoint loads, not only the layer's own."""
+        for name, m in self.named_modules():
+            if type(m)._load_form is not Module._load_form:
+                state_dict = m._load_form(state_dict, name + "." if name else "")
+        return state_dict
+
+    def _load_form(self, state_dict: Dict[str, Any], prefix: str) -> Dict[str, Any]:
+        """A layer whose checkpoints may hold its tensors in another form
+        returns ``state_dict`` with the entries under ``prefix`` rewritten
+        to its own names (none here)."""
+        return state_dict
 
     def to(self, device: str) -> "Module":
         """Move every parameter and buffer to ``device`` ("cpu" or "cuda"),

@@ -8,9 +8,9 @@ cells': ``weight_ih`` (G, input), ``weight_hh`` (G, hidden), ``bias_ih``,
 of a layer. So a PyTorch ``state_dict`` loads as it is. MegEngine's
 ``M.RNN``/``M.LSTM`` keep one ``_flatten_weights`` parameter instead (per
 layer and direction, in that order: weight_ih, weight_hh, bias_ih, bias_hh,
-each row-major, back to back); ``load_state_dict`` accepts that form too
-(its ``cells.*`` entries, unused by MegEngine's forward, are ignored) and
-``flatten_weights()`` gives it back.
+each row-major, back to back); ``load_state_dict``, of the layer or of a
+model holding it, accepts that form too (its ``cells.*`` entries, unused by
+MegEngine's forward, are ignored) and ``flatten_weights()`` gives it back.
 
 Example::
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -257,22 +257,19 @@ class _RNNBase(Module):
             pos += size
         return out
 
-    def load_state_dict(self, state_dict: Union[Dict[str, Any], Callable], strict: bool = True) -> None:
-        """As ``Module.load_state_dict``; a dict may also be MegEngine's form
-        (``_flatten_weights``, its ``cells.*`` entries ignored).
-
-        Example::
-
-            >>> lstm.load_state_dict(torch_lstm.state_dict())        # PyTorch's names
-        """
-        if isinstance(state_dict, dict) and "_flatten_weights" in state_dict:
-            rest = {k: v for k, v in state_dict.items() if k != "_flatten_weights" and not k.startswith("cells.")}
-            rest.update(self._from_flat(state_dict["_flatten_weights"]))
-            state_dict = rest
-        elif isinstance(state_dict, dict):
-            state_dict = {k: (v.detach().cpu().numpy() if hasattr(v, "detach") and hasattr(v, "cpu") else v)
-                          for k, v in state_dict.items()}
-        super().load_state_dict(state_dict, strict)
+    def _load_form(self, state_dict: Dict[str, Any], prefix: str) -> Dict[str, Any]:
+        """MegEngine's form (``_flatten_weights``, its ``cells.*`` entries
+        ignored) and PyTorch's tensors, under ``prefix``, as this layer's
+        entries; ``load_state_dict`` of this layer or of a model holding it
+        reads them."""
+        flat_key = prefix + "_flatten_weights"
+        if flat_key in state_dict:
+            cells = prefix + "cells."
+            rest = {k: v for k, v in state_dict.items() if k != flat_key and not k.startswith(cells)}
+            rest.update(self._from_flat(state_dict[flat_key], prefix))
+            return rest
+        return {k: (v.detach().cpu().numpy() if k.startswith(prefix) and hasattr(v, "detach") and hasattr(v, "cpu")
+                    else v) for k, v in state_dict.items()}
 
     # ---- forward
     def _init_states(self, x: Tensor, hx) -> list:
