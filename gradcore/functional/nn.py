@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .._core import Tensor, apply as _apply
+from ..dtypes import autocast_dtypes, promote_types
 from ..op import OpError
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
@@ -218,6 +219,27 @@ def batch_norm(inp: Tensor, running_mean: Optional[Tensor] = None, running_var: 
     if x.dtype.kind in "biu":
         # the documented rule: integer and bool inputs of a float op give float32
         x = x.astype("float32")
+    # MegEngine's BatchNorm gives its input's dtype whatever its parameters'
+    # (float32 ones with a float16 input: computed in float32); under
+    # gradcore.amp's autocast the input is first rounded to the low precision
+    # and the arithmetic is in the high one
+    amp = autocast_dtypes()
+    if amp is not None and x.dtype.kind == "f":
+        x = x.astype(amp[0])
+    params = [None if p is None else _t(p, x) for p in (weight, bias)]
+    compute = promote_types(x.dtype, *(p.dtype for p in params if p is not None and p.dtype.kind == "f"),
+                            *(() if amp is None else (amp[1],)))
+    if compute == x.dtype:
+        return _batch_norm(x, running_mean, running_var, *params, training, momentum, eps, inplace)
+    weight, bias = (None if p is None else p.astype(compute) for p in params)
+    out = _batch_norm(x.astype(compute), running_mean, running_var, weight, bias, training, momentum, eps,
+                      inplace)
+    return out.astype(x.dtype) if isinstance(out, Tensor) else (out[0].astype(x.dtype),) + tuple(out[1:])
+
+
+def _batch_norm(x: Tensor, running_mean, running_var, weight, bias, training: bool, momentum: float, eps: float,
+                inplace: bool):
+    """``batch_norm`` of a float ``x``, its arguments checked."""
     if x.shape is not None:
         _check_channel_params(x, training, running_mean=running_mean, running_var=running_var,
                               weight=weight, bias=bias)
@@ -612,7 +634,7 @@ def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine:
         >>> F.nn.layer_norm(x, 3, affine=False).numpy().round(4)
         array([[-1.2247,  0.    ,  1.2247]], dtype=float32)
     """
-    x = _t(inp)
+    x = _high_under_autocast(_t(inp))
     shape = tuple(_int_arg("layer_norm", "normalized_shape", d, low=1)
                   for d in _int_tuple("layer_norm", "normalized_shape", normalized_shape))
     if not shape or len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
@@ -623,6 +645,13 @@ def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine:
         return y
     return y * _affine_param("layer_norm", "weight", weight, shape, x) + \
         _affine_param("layer_norm", "bias", bias, shape, x)
+
+
+def _high_under_autocast(x: Tensor) -> Tensor:
+    """``x`` in gradcore.amp's high precision while autocast is on (MegEngine
+    normalises layers and groups in it), else ``x``."""
+    amp = autocast_dtypes()
+    return x if amp is None or x.dtype == amp[1] else x.astype(amp[1])
 
 
 def _standardized(x: Tensor, axes: tuple, eps: float) -> Tensor:
@@ -657,7 +686,7 @@ def group_norm(inp: Tensor, num_groups: int, affine: bool = True, weight: Option
         array([[[-1.3416, -0.4472],
                 [ 0.4472,  1.3416]]], dtype=float32)
     """
-    x = _t(inp)
+    x = _high_under_autocast(_t(inp))
     g = _int_arg("group_norm", "num_groups", num_groups, low=1)
     if x.ndim < 2 or x.shape[1] % g:
         raise ArgumentError(f"group_norm: inp must be (N, C, ...) with C divisible by num_groups={g}, "
