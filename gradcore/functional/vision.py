@@ -1,7 +1,8 @@
 """``F.vision``: MegEngine's ``functional.vision``: resizing images
 (interpolate, resize), sampling them at given points (remap, and the
 warps and rotate built on it), regions of interest (roi_align,
-roi_pooling), flips, nms, colour conversions (cvt_color). Everything but interpolate is composed of ops
+roi_pooling), flips, nms, colour conversions (cvt_color), FlowNet's
+correlation. Everything but interpolate is composed of ops
 that have both kernels, so it differentiates to any order on every device.
 
 Example::
@@ -20,7 +21,11 @@ from ._args import _int_arg, _int_tuple, _t
 from .elemwise import where
 from .elemwise_table import floor, logical_and, maximum, minimum, mod, round
 from .indexing import gather
-from .shape import astype, broadcast_to, expand_dims, reshape, squeeze, stack, stop_gradient, transpose
+from .conv import avg_pool2d
+from .creation import zeros
+from .reduce import mean
+from .shape import (astype, broadcast_to, concat, expand_dims, reshape, squeeze, stack, stop_gradient,
+                    transpose)
 from ..op import ArgumentError
 
 _Interpolate = Interpolate
@@ -664,3 +669,72 @@ def roi_pooling(inp: Tensor, rois: Tensor, output_shape: Union[int, Sequence[int
         return where(Tensor(count > 0, device=x.device), best, np.asarray(0, x.dtype))
     total = where(mask, values, np.asarray(0, x.dtype)).sum(axis=4)
     return total / Tensor(np.maximum(count, 1).astype(x.dtype), device=x.device)
+
+
+def _zero_pad_hw(x: Tensor, p: int) -> Tensor:
+    """``x`` (N, C, H, W) with ``p`` zeros around H and W."""
+    if p == 0:
+        return x
+    n, c, h, w = x.shape
+    side = zeros((n, c, h, p), dtype=x.dtype, device=x.device)
+    x = concat([side, x, side], axis=3)
+    row = zeros((n, c, p, w + 2 * p), dtype=x.dtype, device=x.device)
+    return concat([row, x, row], axis=2)
+
+
+def correlation(data1: Tensor, data2: Tensor, kernel_size: int = 1, max_displacement: int = 1, stride1: int = 1,
+                stride2: int = 1, pad_size: int = 0, is_multiply: bool = True) -> Tensor:
+    """FlowNet's correlation layer, MegEngine's ``F.vision.correlation``:
+    for each position of ``data1`` (N, C, H, W, zero-padded by
+    ``pad_size``; every ``stride1``-th one whose ``kernel_size`` window
+    displaced by up to ``max_displacement`` stays inside) and each
+    displacement (dy, dx) in multiples of ``stride2`` up to
+    ``max_displacement``, the mean over the window and the channels of
+    ``data1 * data2`` (``is_multiply``) or ``|data1 - data2|``, with
+    ``data2``'s window displaced. Output channel ``(dy / stride2 + D) * (2D
+    + 1) + dx / stride2 + D``, D = max_displacement // stride2. Composed of
+    slices, products and average pooling: it differentiates on every device.
+
+    Example::
+
+        >>> a = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> out = F.vision.correlation(a, a, kernel_size=1, max_displacement=1, pad_size=1)
+        >>> out.shape       # 9 displacements, over all 4 x 4 positions
+        (1, 9, 4, 4)
+        >>> out[0, 4].numpy()           # no displacement: a * a
+        array([[  0.,   1.,   4.,   9.],
+               [ 16.,  25.,  36.,  49.],
+               [ 64.,  81., 100., 121.],
+               [144., 169., 196., 225.]], dtype=float32)
+    """
+    a, b = _t(data1), _t(data2)
+    k = _int_arg("correlation", "kernel_size", kernel_size, low=1)
+    md = _int_arg("correlation", "max_displacement", max_displacement, low=0)
+    s1 = _int_arg("correlation", "stride1", stride1, low=1)
+    s2 = _int_arg("correlation", "stride2", stride2, low=1)
+    pad = _int_arg("correlation", "pad_size", pad_size, low=0)
+    if k % 2 == 0:
+        raise ArgumentError(f"correlation: kernel_size must be odd, got {k}")
+    if a.ndim != 4 or a.shape != b.shape:
+        raise ArgumentError(f"correlation: data1 and data2 must be (N, C, H, W) of one shape, got {a.shape} "
+                            f"and {b.shape}")
+    if a.dtype.kind != "f" or b.dtype.kind != "f":
+        a, b = a.astype("float32") if a.dtype.kind != "f" else a, b.astype("float32") if b.dtype.kind != "f" else b
+    hp, wp = a.shape[2] + 2 * pad, a.shape[3] + 2 * pad
+    border = md + (k - 1) // 2
+    if hp - 2 * border < 1 or wp - 2 * border < 1:
+        raise ArgumentError(f"correlation: inputs of shape {a.shape} padded by {pad} are too small for "
+                            f"kernel_size={k} and max_displacement={md}")
+    a, b = _zero_pad_hw(a, pad), _zero_pad_hw(b, pad)
+    # the rows and columns any window centred on an output position covers
+    base = a[:, :, md:hp - md, md:wp - md]
+    d = md // s2
+    maps = []
+    for dy in range(-d, d + 1):
+        for dx in range(-d, d + 1):
+            oy, ox = dy * s2, dx * s2
+            moved = b[:, :, md + oy:hp - md + oy, md + ox:wp - md + ox]
+            per = base * moved if is_multiply else abs(base - moved)
+            maps.append(mean(per, 1, True))
+    # the window mean with stride1: its windows fit exactly, no padding counted
+    return avg_pool2d(concat(maps, axis=1), k, stride=s1, mode="average")
