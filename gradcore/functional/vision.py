@@ -151,7 +151,7 @@ def rot90(inp: Tensor, clockwise: bool = True) -> Tensor:
 
 
 # cvt_color's float modes, MegEngine's formulas per pixel (c: the input's
-# channels, last axis); its uint8 modes round in fixed point, not reproduced
+# channels, last axis)
 def _rgb2yuv(c):
     # (MegEngine weighs channel 0 by 0.114 here, as in BGR2GRAY)
     y = c[0] * 0.114 + c[1] * 0.587 + c[2] * 0.299
@@ -169,6 +169,36 @@ _CVT_ARITHMETIC = {    # mode: (input channels, output channels from the input's
     "RGB2YUV": (3, _rgb2yuv),
     "YUV2RGB": (3, _yuv2rgb),
 }
+# MegEngine's uint8 modes: 14-bit fixed point, each sum rounded by
+# ``descale`` (add half, shift right: a floor), then saturated to 0..255
+_SHIFT = 14
+
+
+def _descale(v):
+    return (v + (1 << (_SHIFT - 1))) // (1 << _SHIFT)
+
+
+def _gray_u8(r, g, b):
+    return [_descale(r * 4899 + g * 9617 + b * 1868)]
+
+
+def _rgb2yuv_u8(c):
+    y = _descale(c[0] * 1868 + c[1] * 9617 + c[2] * 4899)     # channel 0 weighed as blue, as in floats
+    return [y, _descale((c[0] - y) * 8061 + (128 << _SHIFT)), _descale((c[2] - y) * 14369 + (128 << _SHIFT))]
+
+
+def _yuv2rgb_u8(c):
+    cr, cb = c[1] - 128, c[2] - 128
+    return [c[0] + _descale(cr * 33292), c[0] + _descale(cb * -9519 + cr * -6472), c[0] + _descale(cb * 18678)]
+
+
+_CVT_UINT8 = {         # mode: (input channels, int32 outputs from the int32 input channels)
+    "RGB2GRAY": (3, lambda c: _gray_u8(c[0], c[1], c[2])),
+    "BGR2GRAY": (3, lambda c: _gray_u8(c[2], c[1], c[0])),
+    "RGBA2GRAY": (4, lambda c: _gray_u8(c[0], c[1], c[2])),
+    "RGB2YUV": (3, _rgb2yuv_u8),
+    "YUV2RGB": (3, _yuv2rgb_u8),
+}
 _CVT_SELECT = {        # mode: (input channels, the input channel of each output channel)
     "GRAY2RGB": (1, [0, 0, 0]), "RGB2BGR": (3, [2, 1, 0]), "BGR2RGB": (3, [2, 1, 0]),
     "RGBA2RGB": (4, [0, 1, 2]), "RGBA2BGR": (4, [2, 1, 0]),
@@ -179,28 +209,42 @@ def cvt_color(inp: Tensor, mode: str = "") -> Tensor:
     """Images (N, H, W, C) converted between colour formats, MegEngine's
     ``F.vision.cvt_color``: "RGB2GRAY" and "BGR2GRAY" (0.299 R + 0.587 G +
     0.114 B), "RGB2YUV" and "YUV2RGB" (MegEngine's float formulas, offsets
-    of 0.5) on floating images; "GRAY2RGB", "RGB2BGR", "BGR2RGB",
-    "RGBA2RGB" and "RGBA2BGR" (channels copied) on any dtype. The result
-    has the input's dtype; the channel count is the mode's output's.
+    of 0.5) on floating images; the same and "RGBA2GRAY" on uint8 images
+    in MegEngine's 14-bit fixed point (OpenCV's weights, rounded,
+    saturated); "GRAY2RGB", "RGB2BGR", "BGR2RGB", "RGBA2RGB" and
+    "RGBA2BGR" (channels copied) on any dtype. The result has the input's
+    dtype; the channel count is the mode's output's.
 
     Example::
 
         >>> x = gc.tensor(np.array([[[[1.0, 0.0, 0.0]]]], "float32"))    # one red pixel
         >>> F.vision.cvt_color(x, "RGB2GRAY").numpy().reshape(-1).tolist()
         [0.29899999499320984]
+        >>> u8 = gc.tensor(np.array([[[[255, 0, 0], [10, 200, 30]]]], "uint8"))
+        >>> F.vision.cvt_color(u8, "RGB2GRAY").numpy().reshape(-1).tolist()
+        [76, 124]
     """
     x = _images("cvt_color", inp)
     key = mode.upper() if isinstance(mode, str) else mode
-    if key not in _CVT_ARITHMETIC and key not in _CVT_SELECT:
-        raise ArgumentError(f"cvt_color: mode must be one of {sorted(_CVT_ARITHMETIC) + sorted(_CVT_SELECT)}, "
-                            f"got {mode!r}")
-    channels, how = _CVT_ARITHMETIC.get(key) or _CVT_SELECT[key]
+    modes = sorted(set(_CVT_ARITHMETIC) | set(_CVT_UINT8)) + sorted(_CVT_SELECT)
+    if key not in modes:
+        raise ArgumentError(f"cvt_color: mode must be one of {modes}, got {mode!r}")
+    uint8 = x.dtype == np.uint8 and key in _CVT_UINT8
+    table = _CVT_UINT8 if uint8 or key not in _CVT_ARITHMETIC and key not in _CVT_SELECT else \
+        _CVT_ARITHMETIC if key in _CVT_ARITHMETIC else _CVT_SELECT
+    channels, how = table[key]
     if x.shape[3] != channels:
         raise ArgumentError(f"cvt_color: mode {key} takes images of {channels} channel(s), got shape {x.shape}")
     if key in _CVT_SELECT:
         return x[..., how]
-    if x.dtype.kind != "f":
-        raise TypeError(f"cvt_color: mode {key} computes on floating images, got {x.dtype} (shape {x.shape}); "
+    if uint8:
+        xi = x.astype("int32")
+        out = stack(how([xi[..., k] for k in range(channels)]), axis=3)
+        return minimum(maximum(out, 0), 255).astype("uint8")
+    if x.dtype.kind != "f" or key not in _CVT_ARITHMETIC:
+        kinds = "uint8 or floating" if key in _CVT_UINT8 and key in _CVT_ARITHMETIC else \
+            "uint8" if key in _CVT_UINT8 else "floating"
+        raise TypeError(f"cvt_color: mode {key} computes on {kinds} images, got {x.dtype} (shape {x.shape}); "
                         f"cast first, e.g. x.astype('float32')")
     return stack(how([x[..., k] for k in range(channels)]), axis=3)
 
