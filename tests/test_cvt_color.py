@@ -104,4 +104,6 @@ def test_uint8_yuv_follows_the_float_formulas():
     assert np.abs(back - np.clip(ref_back, 0, 255)).max() <= 1.01
     # saturated, not wrapped: far-off chroma stays within 0..255 at the ends
     extreme = gc.tensor(np.array([[[[255, 255, 255], [0, 0, 0]]]], np.uint8))
-    assert F.vision.cvt_color(extreme, "YUV2RGB").numpy().tolist() == [[[[255, 137, 255], [0, 0, 0]]]]
+    # by hand: G = 255 + floor((127 * -9519 + 127 * -6472 + 8192) / 2^14) = 255 - 124 = 131, R and B
+    # above 255; G = 0 + floor((128 * 9519 + 128 * 6472 + 8192) / 2^14) = 125, R and B below 0
+    assert F.vision.cvt_color(extreme, "YUV2RGB").numpy().tolist() == [[[[255, 131, 255], [0, 125, 0]]]]
