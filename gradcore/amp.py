@@ -6,8 +6,8 @@ In autocast mode the matrix products and the 1-d/2-d convolutions
 ``F.conv_transpose2d``, their modules) cast their inputs to
 ``low_prec_dtype`` (float16) and give float16; the elementwise ops that
 lose most in float16 (``/``, ``**``, exp, log, sqrt, the trigonometric and
-hyperbolic functions, softplus, logsigmoid) and softmax, log_softmax and
-logsumexp cast theirs to ``high_prec_dtype`` (float32), as layer and group
+hyperbolic functions, softplus, logsigmoid), softmax, log_softmax,
+logsumexp and cross_entropy cast theirs to ``high_prec_dtype`` (float32), as layer and group
 normalisation do; batch
 normalisation takes its input in float16 and its parameters in float32 and
 gives float16. Everything else keeps its inputs' dtypes (float16 with
@@ -46,6 +46,7 @@ from .functional.elemwise import isinf, isnan
 from .ops.conv import Convolution, ConvTranspose
 from .ops.elemwise import Elemwise
 from .ops.linalg import MatrixMul
+from .ops.loss import CrossEntropy
 from .ops.nn import LogSoftmax, LogSumExp, Softmax
 from .ops.shape import cast_to
 
@@ -53,7 +54,7 @@ __all__ = ["autocast", "GradScaler", "enabled", "low_prec_dtype", "high_prec_dty
 
 _LOW_OPS = (MatrixMul, Convolution, ConvTranspose)
 # MegEngine composes these of exp and log, which it computes in the high precision
-_HIGH_OPS = (LogSoftmax, Softmax, LogSumExp)
+_HIGH_OPS = (LogSoftmax, Softmax, LogSumExp, CrossEntropy)
 # MegEngine's elementwise modes computed in the high precision under autocast
 _HIGH_MODES = frozenset({"div", "pow", "exp", "expm1", "log", "log1p", "acos", "asin", "cos", "sin", "tan",
                          "asinh", "acosh", "atanh", "sinh", "cosh", "softplus", "logsigmoid", "sqrt"})
@@ -74,20 +75,17 @@ def _float_dtype(name: str, dtype) -> np.dtype:
 def _cast_inputs(op, args: tuple) -> tuple:
     """The core's autocast hook: ``args`` cast as the op's kind asks."""
     kind = type(op)
-    if kind is Elemwise:
-        if op.mode not in _HIGH_MODES:
-            return args
-        target = _state["high"]
-    elif kind in _HIGH_OPS:
-        target = _state["high"]
-    elif kind in _LOW_OPS:
-        # MegEngine's 3-d convolution is left to the ordinary promotion
-        if kind is not MatrixMul and args[0].ndim > 4:
-            return args
-        target = _state["low"]
+    if kind is Elemwise and op.mode in _HIGH_MODES or kind in _HIGH_OPS:
+        # the floating inputs only (cross_entropy's labels stay integers;
+        # these ops make floats of integer inputs anyway)
+        high = _state["high"]
+        want = tuple(high if a.dtype.kind == "f" else a.dtype for a in args)
+    elif kind in _LOW_OPS and (kind is MatrixMul or args[0].ndim <= 4):
+        # (MegEngine's 3-d convolution is left to the ordinary promotion)
+        want = (_state["low"],) * len(args)
     else:
         return args
-    cast = _dtypes.cast_inputs(args, (target,) * len(args), cast_to)
+    cast = _dtypes.cast_inputs(args, want, cast_to)
     return args if cast is None else cast
 
 

@@ -77,6 +77,11 @@ def test_elementwise_ops_by_kind():
         assert (h ** 2).dtype == np.float32
         assert F.sqrt(h).dtype == np.float32
         assert F.softmax(h).dtype == np.float32
+        logits = gc.tensor(np.array([[0.5, 1.5], [2.0, -1.0]], np.float16))
+        loss = F.nn.cross_entropy(logits, gc.tensor([1, 0]))      # integer labels left alone
+        assert loss.dtype == np.float32
+        ref = torch.nn.functional.cross_entropy(torch.tensor(logits.numpy()).float(), torch.tensor([1, 0]))
+        np.testing.assert_allclose(loss.numpy(), ref.numpy(), rtol=1e-6)
         assert F.relu(h).dtype == np.float16           # the others keep their inputs' dtypes
         assert (h * h).dtype == np.float16
         assert (h + f).dtype == np.float32
