@@ -73,7 +73,7 @@ def __getattr__(name):
     # heavier submodules, and the functions above, load on first use
     import importlib
     if name in ("module", "optimizer", "core", "testing", "autodiff", "registry", "graph", "ops", "data",
-                "distributed", "devices"):
+                "distributed", "devices", "amp", "distributions"):
         return importlib.import_module(f"gradcore.{name}")
     if name in _LAZY_FUNCTIONS:
         value = getattr(importlib.import_module(f"gradcore.{_LAZY_FUNCTIONS[name]}"), name)

@@ -101,6 +101,7 @@ cdef object _h_getattr = None         # (name) -> python-level Tensor method imp
 cdef object _h_infer_check = None     # (op, args) -> None; raises the op's error (op.infer on the inputs)
 cdef object _h_describe = None        # (op or class) -> its OpDescription (gradcore.op.describe)
 cdef object _h_promote = None         # (op, args) -> (op, args cast by the dtype rules)
+cdef object _h_autocast = None        # (op, args) -> args cast for gradcore.amp; None while autocast is off
 cdef dict _operator_ops = {}
 # the hottest operator ops, read without a dict lookup per call
 cdef object _op_add = None, _op_sub = None, _op_mul = None, _op_div = None, _op_pow = None
@@ -119,7 +120,7 @@ def _install_hooks(**hooks):
     """Called once by gradcore's Python modules to plug their parts in."""
     global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
     global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array, _h_promote
-    global _h_infer_check, _h_describe, _h_device_scalar
+    global _h_infer_check, _h_describe, _h_device_scalar, _h_autocast
     for name, fn in hooks.items():
         if name == "slow_apply": _h_slow_apply = fn
         elif name == "backward_graph": _h_backward_graph = fn
@@ -133,6 +134,7 @@ def _install_hooks(**hooks):
         elif name == "describe": _h_describe = fn
         elif name == "promote": _h_promote = fn
         elif name == "device_scalar": _h_device_scalar = fn
+        elif name == "autocast": _h_autocast = fn      # installed (and removed: None) by gradcore.amp
         elif name == "operator_ops":
             _operator_ops.update(fn)
             _set_hot_ops()
@@ -339,6 +341,9 @@ cdef object _UNINITIALISED = _Uninitialised()
 @cython.no_gc
 cdef class Tensor:
     """An n-dimensional array that gradients can flow through.
+    ``Tensor(data, dtype=None, device=None, name=None)``; MegEngine's
+    keywords ``is_const`` and ``no_cache`` (hints to its graph compiler
+    about constants) are accepted and change nothing here.
 
     Example::
 
@@ -366,7 +371,7 @@ cdef class Tensor:
     def __cinit__(self):
         self._data = _UNINITIALISED
 
-    def __init__(self, data=None, dtype=None, device=None, name=None):
+    def __init__(self, data=None, dtype=None, device=None, name=None, *, is_const=False, no_cache=False):
         if isinstance(data, Tensor):
             src = <Tensor>data
             # its own buffer: in-place updates of one never show in the other
@@ -1393,6 +1398,10 @@ cdef object _dispatch(op, tuple args, bint one):
                 return _first(_h_slow_apply(op, args), one)
             args = conv
             break
+    if _h_autocast is not None:
+        # gradcore.amp's autocast: matmul/conv inputs to the low precision,
+        # the precision-hungry elementwise ops' to the high (recorded casts)
+        args = _h_autocast(op, args)
     if _needs_promotion(op, args):
         # the dtype rules (gradcore.dtypes): the op casts its inputs (recorded
         # casts, so each input's gradient comes back in its own dtype) or
@@ -1439,7 +1448,7 @@ cdef object _apply_unwrapped(op, tuple args, bint first_only):
     tuple on the common path."""
     cdef Py_ssize_t n = len(args)
     cdef Py_ssize_t i
-    if n == 0 or (_recording and _ts().no_record == 0):
+    if n == 0 or _h_autocast is not None or (_recording and _ts().no_record == 0):
         return _dispatch(op, args, True) if first_only else _single_or_all(_apply(op, args), False)
     for i in range(n):
         if type(args[i]) is not Tensor:

@@ -213,3 +213,36 @@ def cast_inputs(args: Sequence, dtypes: Sequence[np.dtype], cast) -> Optional[tu
             a, changed = cast(a, d), True
         out.append(a)
     return tuple(out) if changed else None
+
+
+# gradcore.amp's autocast mode: None while it is off, else its (low, high)
+# precision dtypes. Kept here, below the ops and the functional layer, so
+# that both can ask it without importing gradcore.amp (a layer above them).
+_autocast: Optional[Tuple[np.dtype, np.dtype]] = None
+
+
+def autocast_dtypes() -> Optional[Tuple[np.dtype, np.dtype]]:
+    """``(low_prec_dtype, high_prec_dtype)`` while ``gradcore.amp``'s
+    autocast mode is on, else None.
+
+    Example::
+
+        >>> autocast_dtypes() is None       # autocast is off
+        True
+    """
+    return _autocast
+
+
+def set_autocast_dtypes(dtypes: Optional[Tuple[np.dtype, np.dtype]]) -> None:
+    """Turn autocast mode on with ``(low, high)`` dtypes, or off with None
+    (``gradcore.amp`` calls this; the ops read ``autocast_dtypes``).
+
+    Example::
+
+        >>> set_autocast_dtypes((np.dtype("float16"), np.dtype("float32")))
+        >>> autocast_dtypes()
+        (dtype('float16'), dtype('float32'))
+        >>> set_autocast_dtypes(None)
+    """
+    global _autocast
+    _autocast = None if dtypes is None else (np.dtype(dtypes[0]), np.dtype(dtypes[1]))

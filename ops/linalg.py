@@ -92,6 +92,11 @@ class MatrixMul(Op):
             c = onednn.matmul(rows, b) if rows is not None else None
             if c is not None:
                 return c.reshape(a.shape[:-1] + (b.shape[1],))
+        if a.dtype == b.dtype == np.float16:
+            # float32 accumulation, rounded once (MegEngine's compute_mode
+            # "float32", PyTorch's and every BLAS's half GEMM); NumPy's float16
+            # matmul rounds every partial sum to float16, and is slow
+            return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
         if a.ndim == b.ndim == 2 and _OPENBLAS_ONE_THREAD < a.shape[0] * a.shape[1] * b.shape[1] < onednn.grain:
             # the thread policy's grain for NumPy's BLAS too: OpenBLAS splits a
             # product above 2^18 multiply-adds over its threads, whose spinning

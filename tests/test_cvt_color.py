@@ -54,7 +54,56 @@ def test_cvt_color_errors():
     with pytest.raises(gc.op.ArgumentError, match=r"^cvt_color: mode RGB2GRAY takes images of 3 channel\(s\), "
                                                   r"got shape \(1, 1, 1, 4\)"):
         F.vision.cvt_color(gc.tensor(np.zeros((1, 1, 1, 4), "float32")), "RGB2GRAY")
-    with pytest.raises(TypeError, match=r"^cvt_color: mode RGB2YUV computes on floating images, got uint8"):
-        F.vision.cvt_color(gc.tensor(np.zeros((1, 1, 1, 3), "uint8")), "RGB2YUV")
+    with pytest.raises(TypeError, match=r"^cvt_color: mode RGB2YUV computes on uint8 or floating images, got int32"):
+        F.vision.cvt_color(gc.tensor(np.zeros((1, 1, 1, 3), "int32")), "RGB2YUV")
+    with pytest.raises(TypeError, match=r"^cvt_color: mode RGBA2GRAY computes on uint8 images, got float32"):
+        F.vision.cvt_color(gc.tensor(np.zeros((1, 1, 1, 4), "float32")), "RGBA2GRAY")
     with pytest.raises(gc.op.ArgumentError, match=r"^cvt_color: inp must be images \(N, H, W, C\)"):
         F.vision.cvt_color(gc.tensor(np.zeros((1, 3), "float32")), "RGB2GRAY")
+
+
+def _pixels_u8(channels, seed=5):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (2, 16, 16, channels)).astype(np.uint8)
+    x[0, 0, :3, :3] = np.diag([255, 255, 255])[:, :3]      # pure red, green, blue
+    return x
+
+
+def test_uint8_gray_is_opencvs_fixed_point():
+    x = _pixels_u8(4)
+    rgb = x[..., :3].astype(np.int64)
+    # the exact weighted sum, rounded: the fixed-point result may differ from it by its one rounding step
+    exact = np.floor(rgb @ np.array([0.299, 0.587, 0.114]) + 0.5)
+    for mode, src, order in (("RGB2GRAY", x[..., :3], [0, 1, 2]), ("BGR2GRAY", x[..., 2::-1], [0, 1, 2]),
+                             ("RGBA2GRAY", x, [0, 1, 2])):
+        out = F.vision.cvt_color(gc.tensor(np.ascontiguousarray(src)), mode).numpy()
+        assert out.dtype == np.uint8 and out.shape == x.shape[:3] + (1,)
+        assert np.abs(out[..., 0].astype(int) - exact).max() <= 1
+        # OpenCV's documented values for the pure primaries: 76, 150, 29
+        assert out[0, 0, :3, 0].tolist() == [76, 150, 29]
+        # per pixel, in Python integers: (r * 4899 + g * 9617 + b * 1868 + 2 ** 13) >> 14
+        r, g, b = (int(v) for v in x[1, 3, 4, :3])
+        assert int(out[1, 3, 4, 0]) == (r * 4899 + g * 9617 + b * 1868 + 8192) >> 14
+
+
+def test_uint8_yuv_follows_the_float_formulas():
+    # (not a round trip: MegEngine's RGB2YUV weighs channel 0 as blue, its YUV2RGB writes red there)
+    x = _pixels_u8(3)
+    yuv = F.vision.cvt_color(gc.tensor(x), "RGB2YUV")
+    assert yuv.dtype == np.uint8
+    # MegEngine's float formulas on [0, 1] images, scaled: within one step of
+    # the fixed-point ones, once the float chroma offset 0.5 (127.5 of 255)
+    # is moved to uint8's 128
+    ref = F.vision.cvt_color(gc.tensor(x.astype(np.float32) / 255), "RGB2YUV").numpy() * 255
+    ref[..., 1:] += 0.5
+    assert np.abs(yuv.numpy().astype(float) - np.clip(ref, 0, 255)).max() <= 1.01
+    back = F.vision.cvt_color(yuv, "YUV2RGB").numpy().astype(int)
+    yuv_f = yuv.numpy().astype(np.float32)
+    yuv_f[..., 1:] -= 0.5
+    ref_back = F.vision.cvt_color(gc.tensor(yuv_f / 255), "YUV2RGB").numpy() * 255
+    assert np.abs(back - np.clip(ref_back, 0, 255)).max() <= 1.01
+    # saturated, not wrapped: far-off chroma stays within 0..255 at the ends
+    extreme = gc.tensor(np.array([[[[255, 255, 255], [0, 0, 0]]]], np.uint8))
+    # by hand: G = 255 + floor((127 * -9519 + 127 * -6472 + 8192) / 2^14) = 255 - 124 = 131, R and B
+    # above 255; G = 0 + floor((128 * 9519 + 128 * 6472 + 8192) / 2^14) = 125, R and B below 0
+    assert F.vision.cvt_color(extreme, "YUV2RGB").numpy().tolist() == [[[[255, 131, 255], [0, 125, 0]]]]

@@ -26,7 +26,7 @@ import gradcore.optimizer as optim
 MODULES = ["gradcore", "gradcore.functional", "gradcore.functional.nn", "gradcore.functional.vision",
            "gradcore.module", "gradcore.module.init", "gradcore.optimizer", "gradcore.lr_scheduler",
            "gradcore.autodiff", "gradcore.random", "gradcore.data", "gradcore.data.transform",
-           "gradcore.distributed", "gradcore.testing"]
+           "gradcore.distributed", "gradcore.testing", "gradcore.amp", "gradcore.distributions"]
 
 # examples that need an optional package (not in the test extras): run where it is installed
 OPTIONAL = {"gradcore.to_jax": "jax"}

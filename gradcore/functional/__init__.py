@@ -54,7 +54,8 @@ from .indexing import (argsort, cond_take, diag, embedding, gather, getitem, ind
 from .linalg import cross, dot, einsum, linear, matinv, matmul, svd
 from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, dropout, group_norm,
                  general_norm, hinge_loss, instance_norm, l1_loss, layer_norm, local_conv2d, local_response_norm,
-                 log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss, normalize, pad, sliding_window, sliding_window_transpose, softmax,
+                 log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss, normalize, pad, region_restricted_conv,
+                 sliding_window, sliding_window_transpose, softmax,
                  square_loss, sync_batch_norm, topk_accuracy)
 from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, nll_loss, rnn_cell,  # noqa: F401
                  rnn_layer, scaled_dot_product_attention, smooth_l1_loss)

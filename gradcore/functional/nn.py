@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .._core import Tensor, apply as _apply
+from ..dtypes import autocast_dtypes, promote_types
 from ..op import OpError
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
@@ -27,6 +28,7 @@ from .creation import zeros
 from .shape import astype, concat, copy, expand_dims, reshape, stack, stop_gradient
 
 # F.nn also has these functions of the other families, as in MegEngine
+from .conv import _per_axis
 from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, conv3d,  # noqa: F401
                    conv_transpose1d, conv_transpose2d, conv_transpose3d, max_pool2d)
 from .vision import interpolate, remap, warp_affine, warp_perspective  # noqa: F401
@@ -46,7 +48,7 @@ __all__ = [
     "log_softmax", "logsoftmax", "logsumexp", "softmax", "cross_entropy", "dropout", "batch_norm",
     "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
     "group_norm", "instance_norm", "local_response_norm", "general_norm", "pad", "topk_accuracy",
-    "sliding_window", "sliding_window_transpose", "sync_batch_norm", "local_conv2d",
+    "sliding_window", "sliding_window_transpose", "sync_batch_norm", "local_conv2d", "region_restricted_conv",
     # re-exported
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
@@ -218,6 +220,27 @@ def batch_norm(inp: Tensor, running_mean: Optional[Tensor] = None, running_var: 
     if x.dtype.kind in "biu":
         # the documented rule: integer and bool inputs of a float op give float32
         x = x.astype("float32")
+    # MegEngine's BatchNorm gives its input's dtype whatever its parameters'
+    # (float32 ones with a float16 input: computed in float32); under
+    # gradcore.amp's autocast the input is first rounded to the low precision
+    # and the arithmetic is in the high one
+    amp = autocast_dtypes()
+    if amp is not None and x.dtype.kind == "f":
+        x = x.astype(amp[0])
+    params = [None if p is None else _t(p, x) for p in (weight, bias)]
+    compute = promote_types(x.dtype, *(p.dtype for p in params if p is not None and p.dtype.kind == "f"),
+                            *(() if amp is None else (amp[1],)))
+    if compute == x.dtype:
+        return _batch_norm(x, running_mean, running_var, *params, training, momentum, eps, inplace)
+    weight, bias = (None if p is None else p.astype(compute) for p in params)
+    out = _batch_norm(x.astype(compute), running_mean, running_var, weight, bias, training, momentum, eps,
+                      inplace)
+    return out.astype(x.dtype) if isinstance(out, Tensor) else (out[0].astype(x.dtype),) + tuple(out[1:])
+
+
+def _batch_norm(x: Tensor, running_mean, running_var, weight, bias, training: bool, momentum: float, eps: float,
+                inplace: bool):
+    """``batch_norm`` of a float ``x``, its arguments checked."""
     if x.shape is not None:
         _check_channel_params(x, training, running_mean=running_mean, running_var=running_var,
                               weight=weight, bias=bias)
@@ -453,6 +476,65 @@ def sliding_window(inp: Tensor, kernel_size: Union[int, Sequence[int]],
     return getitem(x, (slice(None), slice(None), rows, cols))
 
 
+def region_restricted_conv(inp: Tensor, weight: Tensor, rin: Tensor, rout: Tensor, bias: Optional[Tensor] = None,
+                           stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+                           dilation: Union[int, Sequence[int]] = 1, groups: int = 1,
+                           conv_mode: str = "cross_correlation", compute_mode: str = "default") -> Tensor:
+    """MegEngine's region-restricted convolution: a grouped 2-d convolution
+    of ``inp`` (N, C, H, W) with ``weight`` (groups, O // groups, C //
+    groups, KH, KW) in which an input position contributes to an output
+    position only where the integer region ids agree: ``rin`` (N, H, W)
+    at the input, ``rout`` (N, OH, OW) at the output (zero padding adds
+    nothing). Then ``+ bias``. ``compute_mode`` is MegEngine's and changes
+    nothing here. Composed of slices, masks and batched products: it
+    differentiates (in ``inp``, ``weight`` and ``bias``) on every device.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(4.0, dtype="float32").reshape(1, 1, 2, 2))
+        >>> w = gc.tensor(np.ones((1, 1, 1, 2, 2), "float32"))
+        >>> rin = gc.tensor(np.array([[[1, 1], [2, 2]]], "int32"))     # top row region 1, bottom row 2
+        >>> F.nn.region_restricted_conv(x, w, rin, gc.tensor(np.array([[[1]]], "int32"))).numpy()
+        array([[[[1.]]]], dtype=float32)
+        >>> F.nn.region_restricted_conv(x, w, rin, gc.tensor(np.array([[[2]]], "int32"))).numpy()
+        array([[[[5.]]]], dtype=float32)
+    """
+    name = "region_restricted_conv"
+    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
+        raise ArgumentError(f"{name}: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    x, w, ri, ro = _t(inp), _t(weight), _t(rin), _t(rout)
+    g = _int_arg(name, "groups", groups, low=1)
+    (sh, sw), (ph, pw), (dh, dw) = (_per_axis(name, what, v, 2, low) for what, v, low in
+                                    (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+    if x.ndim != 4 or w.ndim != 5 or w.shape[0] != g or w.shape[0] * w.shape[2] != x.shape[1]:
+        raise ArgumentError(f"{name}: inp must be (N, C, H, W) and weight (groups, O // groups, C // groups, "
+                            f"KH, KW) with groups={g}, got shapes {x.shape} and {w.shape}")
+    n, _, h, wd = x.shape
+    _, ocg, icg, kh, kw = w.shape
+    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ArgumentError(f"{name}: the kernel {(kh, kw)} (dilation {(dh, dw)}) does not fit inp {x.shape} "
+                            f"padded by {(ph, pw)}")
+    for what, r, shape in (("rin", ri, (n, h, wd)), ("rout", ro, (n, oh, ow))):
+        if r.dtype.kind not in "iu" or r.shape != shape:
+            raise ArgumentError(f"{name}: {what} must be an integer tensor of shape {shape}, got {r.dtype} "
+                                f"of shape {r.shape}")
+    xp = pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    rp = pad(ri, ((0, 0), (ph, ph), (pw, pw)))
+    out = None
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
+            cols = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
+            # the input under this kernel tap for every output, kept where the regions agree
+            keep = expand_dims(rp[:, rows, cols] == ro, 1).astype(x.dtype)
+            taps = reshape(xp[:, :, rows, cols] * keep, (n, g, icg, oh * ow))
+            term = matmul(w[:, :, :, i, j], taps)           # (g, O/g, C/g) @ (N, g, C/g, OH*OW)
+            out = term if out is None else out + term
+    out = reshape(out, (n, g * ocg, oh, ow))
+    return out if bias is None else out + bias
+
+
 def local_conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                  stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
                  dilation: Union[int, Sequence[int]] = 1, conv_mode: str = "cross_correlation") -> Tensor:
@@ -612,7 +694,7 @@ def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine:
         >>> F.nn.layer_norm(x, 3, affine=False).numpy().round(4)
         array([[-1.2247,  0.    ,  1.2247]], dtype=float32)
     """
-    x = _t(inp)
+    x = _high_under_autocast(_t(inp))
     shape = tuple(_int_arg("layer_norm", "normalized_shape", d, low=1)
                   for d in _int_tuple("layer_norm", "normalized_shape", normalized_shape))
     if not shape or len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
@@ -623,6 +705,13 @@ def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine:
         return y
     return y * _affine_param("layer_norm", "weight", weight, shape, x) + \
         _affine_param("layer_norm", "bias", bias, shape, x)
+
+
+def _high_under_autocast(x: Tensor) -> Tensor:
+    """``x`` in gradcore.amp's high precision while autocast is on (MegEngine
+    normalises layers and groups in it), else ``x``."""
+    amp = autocast_dtypes()
+    return x if amp is None or x.dtype == amp[1] else x.astype(amp[1])
 
 
 def _standardized(x: Tensor, axes: tuple, eps: float) -> Tensor:
@@ -657,7 +746,7 @@ def group_norm(inp: Tensor, num_groups: int, affine: bool = True, weight: Option
         array([[[-1.3416, -0.4472],
                 [ 0.4472,  1.3416]]], dtype=float32)
     """
-    x = _t(inp)
+    x = _high_under_autocast(_t(inp))
     g = _int_arg("group_norm", "num_groups", num_groups, low=1)
     if x.ndim < 2 or x.shape[1] % g:
         raise ArgumentError(f"group_norm: inp must be (N, C, ...) with C divisible by num_groups={g}, "

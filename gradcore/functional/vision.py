@@ -1,7 +1,8 @@
 """``F.vision``: MegEngine's ``functional.vision``: resizing images
 (interpolate, resize), sampling them at given points (remap, and the
 warps and rotate built on it), regions of interest (roi_align,
-roi_pooling), flips, nms, colour conversions (cvt_color). Everything but interpolate is composed of ops
+roi_pooling), flips, nms, colour conversions (cvt_color), FlowNet's
+correlation. Everything but interpolate is composed of ops
 that have both kernels, so it differentiates to any order on every device.
 
 Example::
@@ -20,7 +21,11 @@ from ._args import _int_arg, _int_tuple, _t
 from .elemwise import where
 from .elemwise_table import floor, logical_and, maximum, minimum, mod, round
 from .indexing import gather
-from .shape import astype, broadcast_to, expand_dims, reshape, squeeze, stack, stop_gradient, transpose
+from .conv import avg_pool2d
+from .creation import zeros
+from .reduce import mean
+from .shape import (astype, broadcast_to, concat, expand_dims, reshape, squeeze, stack, stop_gradient,
+                    transpose)
 from ..op import ArgumentError
 
 _Interpolate = Interpolate
@@ -146,7 +151,7 @@ def rot90(inp: Tensor, clockwise: bool = True) -> Tensor:
 
 
 # cvt_color's float modes, MegEngine's formulas per pixel (c: the input's
-# channels, last axis); its uint8 modes round in fixed point, not reproduced
+# channels, last axis)
 def _rgb2yuv(c):
     # (MegEngine weighs channel 0 by 0.114 here, as in BGR2GRAY)
     y = c[0] * 0.114 + c[1] * 0.587 + c[2] * 0.299
@@ -164,6 +169,36 @@ _CVT_ARITHMETIC = {    # mode: (input channels, output channels from the input's
     "RGB2YUV": (3, _rgb2yuv),
     "YUV2RGB": (3, _yuv2rgb),
 }
+# MegEngine's uint8 modes: 14-bit fixed point, each sum rounded by
+# ``descale`` (add half, shift right: a floor), then saturated to 0..255
+_SHIFT = 14
+
+
+def _descale(v):
+    return (v + (1 << (_SHIFT - 1))) // (1 << _SHIFT)
+
+
+def _gray_u8(r, g, b):
+    return [_descale(r * 4899 + g * 9617 + b * 1868)]
+
+
+def _rgb2yuv_u8(c):
+    y = _descale(c[0] * 1868 + c[1] * 9617 + c[2] * 4899)     # channel 0 weighed as blue, as in floats
+    return [y, _descale((c[0] - y) * 8061 + (128 << _SHIFT)), _descale((c[2] - y) * 14369 + (128 << _SHIFT))]
+
+
+def _yuv2rgb_u8(c):
+    cr, cb = c[1] - 128, c[2] - 128
+    return [c[0] + _descale(cr * 33292), c[0] + _descale(cb * -9519 + cr * -6472), c[0] + _descale(cb * 18678)]
+
+
+_CVT_UINT8 = {         # mode: (input channels, int32 outputs from the int32 input channels)
+    "RGB2GRAY": (3, lambda c: _gray_u8(c[0], c[1], c[2])),
+    "BGR2GRAY": (3, lambda c: _gray_u8(c[2], c[1], c[0])),
+    "RGBA2GRAY": (4, lambda c: _gray_u8(c[0], c[1], c[2])),
+    "RGB2YUV": (3, _rgb2yuv_u8),
+    "YUV2RGB": (3, _yuv2rgb_u8),
+}
 _CVT_SELECT = {        # mode: (input channels, the input channel of each output channel)
     "GRAY2RGB": (1, [0, 0, 0]), "RGB2BGR": (3, [2, 1, 0]), "BGR2RGB": (3, [2, 1, 0]),
     "RGBA2RGB": (4, [0, 1, 2]), "RGBA2BGR": (4, [2, 1, 0]),
@@ -174,28 +209,42 @@ def cvt_color(inp: Tensor, mode: str = "") -> Tensor:
     """Images (N, H, W, C) converted between colour formats, MegEngine's
     ``F.vision.cvt_color``: "RGB2GRAY" and "BGR2GRAY" (0.299 R + 0.587 G +
     0.114 B), "RGB2YUV" and "YUV2RGB" (MegEngine's float formulas, offsets
-    of 0.5) on floating images; "GRAY2RGB", "RGB2BGR", "BGR2RGB",
-    "RGBA2RGB" and "RGBA2BGR" (channels copied) on any dtype. The result
-    has the input's dtype; the channel count is the mode's output's.
+    of 0.5) on floating images; the same and "RGBA2GRAY" on uint8 images
+    in MegEngine's 14-bit fixed point (OpenCV's weights, rounded,
+    saturated); "GRAY2RGB", "RGB2BGR", "BGR2RGB", "RGBA2RGB" and
+    "RGBA2BGR" (channels copied) on any dtype. The result has the input's
+    dtype; the channel count is the mode's output's.
 
     Example::
 
         >>> x = gc.tensor(np.array([[[[1.0, 0.0, 0.0]]]], "float32"))    # one red pixel
         >>> F.vision.cvt_color(x, "RGB2GRAY").numpy().reshape(-1).tolist()
         [0.29899999499320984]
+        >>> u8 = gc.tensor(np.array([[[[255, 0, 0], [10, 200, 30]]]], "uint8"))
+        >>> F.vision.cvt_color(u8, "RGB2GRAY").numpy().reshape(-1).tolist()
+        [76, 124]
     """
     x = _images("cvt_color", inp)
     key = mode.upper() if isinstance(mode, str) else mode
-    if key not in _CVT_ARITHMETIC and key not in _CVT_SELECT:
-        raise ArgumentError(f"cvt_color: mode must be one of {sorted(_CVT_ARITHMETIC) + sorted(_CVT_SELECT)}, "
-                            f"got {mode!r}")
-    channels, how = _CVT_ARITHMETIC.get(key) or _CVT_SELECT[key]
+    modes = sorted(set(_CVT_ARITHMETIC) | set(_CVT_UINT8)) + sorted(_CVT_SELECT)
+    if key not in modes:
+        raise ArgumentError(f"cvt_color: mode must be one of {modes}, got {mode!r}")
+    uint8 = x.dtype == np.uint8 and key in _CVT_UINT8
+    table = _CVT_UINT8 if uint8 or key not in _CVT_ARITHMETIC and key not in _CVT_SELECT else \
+        _CVT_ARITHMETIC if key in _CVT_ARITHMETIC else _CVT_SELECT
+    channels, how = table[key]
     if x.shape[3] != channels:
         raise ArgumentError(f"cvt_color: mode {key} takes images of {channels} channel(s), got shape {x.shape}")
     if key in _CVT_SELECT:
         return x[..., how]
-    if x.dtype.kind != "f":
-        raise TypeError(f"cvt_color: mode {key} computes on floating images, got {x.dtype} (shape {x.shape}); "
+    if uint8:
+        xi = x.astype("int32")
+        out = stack(how([xi[..., k] for k in range(channels)]), axis=3)
+        return minimum(maximum(out, 0), 255).astype("uint8")
+    if x.dtype.kind != "f" or key not in _CVT_ARITHMETIC:
+        kinds = "uint8 or floating" if key in _CVT_UINT8 and key in _CVT_ARITHMETIC else \
+            "uint8" if key in _CVT_UINT8 else "floating"
+        raise TypeError(f"cvt_color: mode {key} computes on {kinds} images, got {x.dtype} (shape {x.shape}); "
                         f"cast first, e.g. x.astype('float32')")
     return stack(how([x[..., k] for k in range(channels)]), axis=3)
 
@@ -664,3 +713,72 @@ def roi_pooling(inp: Tensor, rois: Tensor, output_shape: Union[int, Sequence[int
         return where(Tensor(count > 0, device=x.device), best, np.asarray(0, x.dtype))
     total = where(mask, values, np.asarray(0, x.dtype)).sum(axis=4)
     return total / Tensor(np.maximum(count, 1).astype(x.dtype), device=x.device)
+
+
+def _zero_pad_hw(x: Tensor, p: int) -> Tensor:
+    """``x`` (N, C, H, W) with ``p`` zeros around H and W."""
+    if p == 0:
+        return x
+    n, c, h, w = x.shape
+    side = zeros((n, c, h, p), dtype=x.dtype, device=x.device)
+    x = concat([side, x, side], axis=3)
+    row = zeros((n, c, p, w + 2 * p), dtype=x.dtype, device=x.device)
+    return concat([row, x, row], axis=2)
+
+
+def correlation(data1: Tensor, data2: Tensor, kernel_size: int = 1, max_displacement: int = 1, stride1: int = 1,
+                stride2: int = 1, pad_size: int = 0, is_multiply: bool = True) -> Tensor:
+    """FlowNet's correlation layer, MegEngine's ``F.vision.correlation``:
+    for each position of ``data1`` (N, C, H, W, zero-padded by
+    ``pad_size``; every ``stride1``-th one whose ``kernel_size`` window
+    displaced by up to ``max_displacement`` stays inside) and each
+    displacement (dy, dx) in multiples of ``stride2`` up to
+    ``max_displacement``, the mean over the window and the channels of
+    ``data1 * data2`` (``is_multiply``) or ``|data1 - data2|``, with
+    ``data2``'s window displaced. Output channel ``(dy / stride2 + D) * (2D
+    + 1) + dx / stride2 + D``, D = max_displacement // stride2. Composed of
+    slices, products and average pooling: it differentiates on every device.
+
+    Example::
+
+        >>> a = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> out = F.vision.correlation(a, a, kernel_size=1, max_displacement=1, pad_size=1)
+        >>> out.shape       # 9 displacements, over all 4 x 4 positions
+        (1, 9, 4, 4)
+        >>> out[0, 4].numpy()           # no displacement: a * a
+        array([[  0.,   1.,   4.,   9.],
+               [ 16.,  25.,  36.,  49.],
+               [ 64.,  81., 100., 121.],
+               [144., 169., 196., 225.]], dtype=float32)
+    """
+    a, b = _t(data1), _t(data2)
+    k = _int_arg("correlation", "kernel_size", kernel_size, low=1)
+    md = _int_arg("correlation", "max_displacement", max_displacement, low=0)
+    s1 = _int_arg("correlation", "stride1", stride1, low=1)
+    s2 = _int_arg("correlation", "stride2", stride2, low=1)
+    pad = _int_arg("correlation", "pad_size", pad_size, low=0)
+    if k % 2 == 0:
+        raise ArgumentError(f"correlation: kernel_size must be odd, got {k}")
+    if a.ndim != 4 or a.shape != b.shape:
+        raise ArgumentError(f"correlation: data1 and data2 must be (N, C, H, W) of one shape, got {a.shape} "
+                            f"and {b.shape}")
+    if a.dtype.kind != "f" or b.dtype.kind != "f":
+        a, b = a.astype("float32") if a.dtype.kind != "f" else a, b.astype("float32") if b.dtype.kind != "f" else b
+    hp, wp = a.shape[2] + 2 * pad, a.shape[3] + 2 * pad
+    border = md + (k - 1) // 2
+    if hp - 2 * border < 1 or wp - 2 * border < 1:
+        raise ArgumentError(f"correlation: inputs of shape {a.shape} padded by {pad} are too small for "
+                            f"kernel_size={k} and max_displacement={md}")
+    a, b = _zero_pad_hw(a, pad), _zero_pad_hw(b, pad)
+    # the rows and columns any window centred on an output position covers
+    base = a[:, :, md:hp - md, md:wp - md]
+    d = md // s2
+    maps = []
+    for dy in range(-d, d + 1):
+        for dx in range(-d, d + 1):
+            oy, ox = dy * s2, dx * s2
+            moved = b[:, :, md + oy:hp - md + oy, md + ox:wp - md + ox]
+            per = base * moved if is_multiply else abs(base - moved)
+            maps.append(mean(per, 1, True))
+    # the window mean with stride1: its windows fit exactly, no padding counted
+    return avg_pool2d(concat(maps, axis=1), k, stride=s1, mode="average")
