@@ -161,3 +161,57 @@ def test_softmax_over_several_axes_of_an_empty_tensor(torch):
         assert out.shape == tuple(want.shape) and out.dtype == np.float64
     with pytest.raises(Exception, match="softmax"):
         F.softmax(gc.tensor(x), axis=(1, 5))
+
+
+def test_repeated_positions_in_an_index_assignment_give_the_overwritten_values_no_gradient(torch):
+    """y[i, j] = v with the pair (1, 0) twice: NumPy keeps the last write, so
+    the earlier element of v never reaches y and its gradient is 0 (the
+    gradient of every element of v was g at its position, counted twice)."""
+    rng = np.random.default_rng(0)
+    x, v = rng.standard_normal((2, 3)), rng.standard_normal((2, 2))
+    i, j = np.array([[0, 1], [1, 1]]), np.array([2, 0])
+    w = rng.standard_normal((2, 3))
+
+    def f(x_, v_):
+        y = x_ * 1.0
+        y[gc.tensor(i), gc.tensor(j)] = v_
+        return (y * y * gc.tensor(w)).sum()
+
+    got = _gc_orders(f, [x, v], [[rng.standard_normal(x.shape), rng.standard_normal(v.shape)]])
+    assert got[0][1][0, 1] == 0 and got[1][1][0, 1] == 0          # v[0, 1] is overwritten by v[1, 1]
+    # PyTorch's index_put leaves the winner of a repeated position unspecified:
+    # the same program with only the writes that stand, v[0, 0], v[1, 0], v[1, 1]
+    def t(x_, v_):
+        y = x_ * 1.0
+        y = y.index_put((torch.tensor([0, 1, 1]), torch.tensor([2, 2, 0])), torch.stack([v_[0, 0], v_[1, 0], v_[1, 1]]))
+        return (y * y * torch.tensor(w)).sum()
+
+    rs = [[rng.standard_normal(x.shape), rng.standard_normal(v.shape)]]
+    got = _gc_orders(f, [x, v], rs)
+    want = _torch_orders(torch, t, [x, v], rs)
+    for k in range(2):
+        for g, tt in zip(got[k], want[k]):
+            np.testing.assert_allclose(g, tt, rtol=1e-12, atol=1e-12, err_msg=f"order {k + 1}")
+
+
+def test_augmented_assignment_at_a_repeated_position_adds_once():
+    """y[[2, 1, 1]] += v: NumPy reads y[1] twice and keeps the last write,
+    y[1] + v[2]; x[1]'s gradient is 1 (it was 2, the read counted twice) and v[1]'s 0."""
+    x, v = gc.tensor(np.arange(4.0)), gc.tensor(np.array([10.0, 20.0, 30.0]))
+    gm = GradManager().attach([x, v])
+    with gm:
+        y = x * 1.0
+        y[gc.tensor(np.array([2, 1, 1]))] += v
+        gm.backward(y.sum())
+    assert y.numpy().tolist() == [0.0, 31.0, 12.0, 3.0]
+    assert x.grad.numpy().tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert v.grad.numpy().tolist() == [1.0, 0.0, 1.0]
+
+
+def test_relu_gradient_is_a_selection_not_a_product(torch):
+    """sqrt(relu(x)) at x <= 0: the infinite slope of sqrt at 0 times relu's
+    zero slope was NaN (g * mask); PyTorch's relu selects: 0."""
+    x = np.array([-1.0, 0.0, 4.0])
+    got = _gc_orders(lambda t: F.sqrt(F.relu(t)).sum(), [x], [])
+    want = _torch_orders(torch, lambda t: torch.sqrt(torch.relu(t)).sum(), [x], [])
+    assert got[0][0].tolist() == want[0][0].tolist() == [0.0, 0.0, 0.25]
