@@ -215,3 +215,29 @@ def test_relu_gradient_is_a_selection_not_a_product(torch):
     got = _gc_orders(lambda t: F.sqrt(F.relu(t)).sum(), [x], [])
     want = _torch_orders(torch, lambda t: torch.sqrt(torch.relu(t)).sum(), [x], [])
     assert got[0][0].tolist() == want[0][0].tolist() == [0.0, 0.0, 0.25]
+
+
+def test_cosine_similarity_of_a_lower_rank_operand_along_an_axis_it_lacks(torch):
+    """x2 (3,) against x1 (2, 3) along axis 0 (or -2): the norms are those of
+    the broadcast operands, as PyTorch's (x2's own norm was taken over its only
+    axis, and a 0-d x2 raised an error of Reduce)."""
+    rng = np.random.default_rng(0)
+    x1 = rng.standard_normal((2, 3))
+    for x2, axis in [(np.array([1.0, 2.0, -1.0]), 0), (np.array(-0.5), -2), (rng.standard_normal((1, 3)), 0)]:
+        rs = [[rng.standard_normal(x1.shape), rng.standard_normal(x2.shape)]]
+        w = rng.standard_normal(3)
+        got = _gc_orders(lambda a, b: (F.nn.cosine_similarity(a, b, axis=axis) * gc.tensor(w)).sum(), [x1, x2], rs)
+        want = _torch_orders(torch, lambda a, b: (torch.nn.functional.cosine_similarity(a, b, dim=axis)
+                                                  * torch.tensor(w)).sum(), [x1, x2], rs)
+        for k in range(2):
+            for g, t in zip(got[k], want[k]):
+                np.testing.assert_allclose(g, t, rtol=1e-10, atol=1e-12, err_msg=f"order {k + 1}")
+
+
+def test_binary_cross_entropy_of_a_nan_probability_is_nan():
+    """with_logits=False: the log clamped at -100 (PyTorch's) also turned a NaN
+    probability (a mean of nothing upstream) into the finite loss 100."""
+    loss = F.nn.binary_cross_entropy(gc.tensor([np.nan, 0.0, 0.3]), gc.tensor([0.0, 1.0, 0.0]),
+                                     with_logits=False, reduction="none").numpy()
+    assert np.isnan(loss[0]) and loss[1] == 100.0
+    np.testing.assert_allclose(loss[2], -np.log(0.7))
