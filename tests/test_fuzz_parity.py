@@ -241,3 +241,22 @@ def test_binary_cross_entropy_of_a_nan_probability_is_nan():
                                      with_logits=False, reduction="none").numpy()
     assert np.isnan(loss[0]) and loss[1] == 100.0
     np.testing.assert_allclose(loss[2], -np.log(0.7))
+
+
+@pytest.mark.parametrize("ord", [-1, -2, -0.5, 0.5, 3])
+def test_norm_with_a_zero_element_has_pytorchs_gradient(ord, torch):
+    """A zero element: its power's slope (inf for ord < 1) met abs's zero as
+    NaN; PyTorch gives that element 0, and with ord < 0 (norm 0) all of them,
+    and the same second order where PyTorch's is a number (at the zero element
+    its double backward is NaN, gradcore's 0); a zero row and a row without
+    zeros beside it."""
+    rng = np.random.default_rng(1)
+    x = np.array([[0.0, 1.0, -2.0], [0.5, 1.5, -2.0]])
+    rs = [[rng.standard_normal(x.shape)]]
+    w = np.array([0.7, -1.3])
+    got = _gc_orders(lambda t: (F.norm(t, ord=ord, axis=1) * gc.tensor(w)).sum(), [x], rs)
+    want = _torch_orders(torch, lambda t: (torch.linalg.vector_norm(t, ord=ord, dim=1) * torch.tensor(w)).sum(), [x], rs)
+    np.testing.assert_allclose(got[0][0], want[0][0], rtol=1e-10, atol=1e-12)
+    finite = ~np.isnan(want[1][0])
+    assert finite.sum() >= 5 and np.isfinite(got[1][0]).all()
+    np.testing.assert_allclose(got[1][0][finite], want[1][0][finite], rtol=1e-10, atol=1e-12)
