@@ -260,3 +260,25 @@ def test_norm_with_a_zero_element_has_pytorchs_gradient(ord, torch):
     finite = ~np.isnan(want[1][0])
     assert finite.sum() >= 5 and np.isfinite(got[1][0]).all()
     np.testing.assert_allclose(got[1][0][finite], want[1][0][finite], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode, align_corners", [("bilinear", False), ("bilinear", True), ("bicubic", None)])
+def test_interpolate_keeps_a_nan_where_it_is(mode, align_corners, torch):
+    """A NaN (or inf) in column 0 leaked, as NaN, into every output whose row
+    of weights has fewer taps than the most (the padding taps: weight 0 at
+    column 0; 0 * NaN). PyTorch's outputs, bilinear's NaN exactly where its
+    are; an inf gives no NaN (PyTorch's NaN beside it are its own zero
+    weights times inf)."""
+    x = np.arange(12.0).reshape(1, 1, 3, 4)
+    for bad in (np.nan, np.inf):
+        x[0, 0, 0, 0] = bad
+        for sf in [(0.75, 1.5), (1.0, 1.5), (2.0, 2.0)]:
+            got = F.nn.interpolate(gc.tensor(x), scale_factor=sf, mode=mode, align_corners=align_corners).numpy()
+            want = torch.nn.functional.interpolate(torch.tensor(x), scale_factor=sf, mode=mode, align_corners=align_corners,
+                                                   recompute_scale_factor=True).numpy()
+            if np.isnan(bad) and mode == "bilinear":
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{sf}")
+            # (bicubic: PyTorch also multiplies a NaN by the kernel's exact zeros)
+            assert (np.isnan(got) <= np.isnan(want)).all() and np.isnan(got).any() == np.isnan(bad)
+            keep = ~np.isnan(want)
+            np.testing.assert_allclose(got[keep], want[keep], rtol=1e-12, atol=1e-12)
