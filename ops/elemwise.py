@@ -88,7 +88,8 @@ TABLE = [
     # exp(-log(1 + e^-x)): no cancellation in the negative tail (1 + tanh(x/2)
     # would lose it), no overflow for large |x|
     Row("sigmoid",  "np.exp(-np.logaddexp(0, -x))", "1 / (1 + exp(-x))", ("g * out * (1 - out)",), dtypes="float"),
-    Row("relu",     "np.maximum(x, 0)",       "gc_max(x, (T)0)",    ("g * (out > 0)",)),
+    # a selection, not g * mask: an infinite g where x < 0 (sqrt(relu(x))) gives 0, as PyTorch's
+    Row("relu",     "np.maximum(x, 0)",       "gc_max(x, (T)0)",    ("where(out > 0, g, 0)",)),
     Row("softplus", "np.logaddexp(x, 0)",     "log1p(exp(-gc_abs(x))) + gc_max(x, (T)0)", ("g * sigmoid(x)",), dtypes="float"),
     Row("logsigmoid", "-np.logaddexp(-x, 0)", "-(log1p(exp(-gc_abs(x))) + gc_max(-x, (T)0))", ("g * sigmoid(-x)",), dtypes="float"),
     Row("silu",     "x * np.exp(-np.logaddexp(0, -x))", "x / (1 + exp(-x))",

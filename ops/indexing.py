@@ -228,8 +228,18 @@ def _outer_n_inner(shape, ax):
     return int(math.prod(shape[:ax])), int(shape[ax]), int(math.prod(shape[ax + 1:]))
 
 
+def _last_writes(offsets):
+    """Positions in the flat ``offsets`` of the last occurrence of each offset:
+    the writes that stand when an assignment repeats a position (NumPy's rule)."""
+    _, last = np.unique(offsets[::-1], return_index=True)
+    return offsets.size - 1 - last
+
+
 class Subtensor(Op):
-    """``x[index]``; index arrays are extra inputs.
+    """``x[index]``; index arrays are extra inputs. With ``last_only``, an
+    element whose position the index selects again later is 0: the gradient
+    of an assigned value (NumPy's last write wins, so an overwritten element
+    of the value does not reach the result).
 
     Example::
 
@@ -244,26 +254,43 @@ class Subtensor(Op):
     name = "Subtensor"
     reduce_broadcast = False
     check_params = ({"spec": (("s", 1, 3, None), ("s", None, None, 2))}, {"spec": (("s", None, -1, None),)})
-    attrs = ("spec",)
+    attrs = ("spec", "last_only")
 
-    def __init__(self, spec):
+    def __init__(self, spec, last_only: bool = False):
         self.spec = tuple(spec)
+        # only index arrays can select a position twice
+        self.last_only = bool(last_only) and _has_arrays(self.spec)
 
     def infer(self, x, *idx):
         return (TensorDesc(_probe_shape(self, self.spec, x.shape, idx, (x,) + idx), x.dtype, x.device),)
 
     def cpu(self, x, *idx):
         # an array, not the NumPy scalar an all-integer (or empty) index gives
-        return np.asarray(x[build_index(self.spec, idx)])
+        y = np.asarray(x[build_index(self.spec, idx)])
+        if self.last_only and y.size:
+            keep = np.zeros(y.size, bool)
+            keep[_last_writes(_flat_offsets(np.shape(x), self.spec, idx).ravel())] = True
+            y = np.where(keep.reshape(y.shape), y, np.zeros((), y.dtype))
+        return y
 
     def vjp(self, inputs, outputs, grads):
         x, idx = inputs[0], inputs[1:]
-        return [_apply1(SubtensorGrad(self.spec), grads[0], x, *idx)] + [None] * len(idx)
+        if self.last_only:
+            # the adjoint of "the elements that stand": an assignment into zeros
+            dx = _apply1(SetSubtensor(self.spec), _apply1(ZerosLike(), x), grads[0], *idx)
+        else:
+            dx = _apply1(SubtensorGrad(self.spec), grads[0], x, *idx)
+        return [dx] + [None] * len(idx)
 
     def cuda_source(self, ctype: str = "float") -> str:
         if not _has_arrays(self.spec):
             return _strided_source("subtensor", ctype, "y = x[index] for a basic index: a strided view of x (src) "
                                    "copied into contiguous y (dst)")
+        if self.last_only:
+            # offsets as below, -1 where a later element selects the same position
+            return Kernel("subtensor_last", "const T* __restrict__ x, const long long* __restrict__ offsets, "
+                          "T* __restrict__ y, long long total",
+                          "y[idx] = offsets[idx] < 0 ? (T)0 : x[offsets[idx]];", over="total").source(ctype)
         # y = x[index]: offsets[i] is the flat element offset in contiguous x of y's
         # element i, computed by the backend on the host from the index expression
         return Kernel("subtensor", "const T* __restrict__ x, const long long* __restrict__ offsets, "
@@ -277,6 +304,11 @@ class Subtensor(Op):
             _launch_strided(be, self, x, y, shape, strides, base, _c_strides(shape), 0)
             return y
         offsets = _flat_offsets(x.shape, self.spec, idx)
+        if self.last_only and offsets.size:
+            stand = np.full(offsets.size, -1, np.int64)
+            keep = _last_writes(offsets.ravel())
+            stand[keep] = offsets.ravel()[keep]
+            offsets = stand.reshape(offsets.shape)
         y = be.empty(offsets.shape, x.dtype)
         if y.size:
             be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, be.to_device(offsets), y, y.size)
@@ -389,8 +421,9 @@ class SetSubtensor(Op):
         g, idx = grads[0], inputs[2:]
         dx = _apply1(SetSubtensor(self.spec), g, 0, *idx)
         # in the value's own shape, whatever the assignment's broadcasting did
-        # (summed over broadcast axes; leading size-1 dims NumPy dropped, given back)
-        dv = _apply1(SumToLike(), _apply1(Subtensor(self.spec), g, *idx), inputs[1])
+        # (summed over broadcast axes; leading size-1 dims NumPy dropped, given back);
+        # of a repeated position only the last write reaches the result
+        dv = _apply1(SumToLike(), _apply1(Subtensor(self.spec, last_only=True), g, *idx), inputs[1])
         return [dx, dv] + [None] * len(idx)
 
     def cuda_source(self, ctype: str = "float") -> str:
@@ -423,8 +456,7 @@ class SetSubtensor(Op):
                                offsets.shape).ravel()
         offsets = offsets.ravel()
         # threads write in no order: keep only the last write of a repeated offset
-        _, last = np.unique(offsets[::-1], return_index=True)
-        keep = offsets.size - 1 - last
+        keep = _last_writes(offsets)
         y = x.copy()
         value = _on_device(be, value, x.dtype)
         if keep.size:

@@ -126,7 +126,8 @@ def _shape(ctype: str) -> List[str]:
 
 def _indexing(ctype: str) -> List[str]:
     spec = (("s", 1, 3, None),)
-    ops = [indexing.Subtensor(spec), indexing.SubtensorGrad(spec), indexing.SetSubtensor(spec),
+    ops = [indexing.Subtensor(spec), indexing.Subtensor((("t", 0),), last_only=True), indexing.SubtensorGrad(spec),
+           indexing.SetSubtensor(spec),
            indexing.IndexingOneHot(1), indexing.IndexingOneHotGrad(1, False), indexing.Gather(0),
            indexing.GatherGrad(0), indexing.Scatter(0), indexing.Sort(False), indexing.Sort(True)]
     ops += [indexing.TopK(1, descending, mode) for descending in (False, True) for mode in indexing.TOPK_MODES]

@@ -139,7 +139,9 @@ def _apply_axis(x, plan, axis: int, dense: bool):
     for k in range(1, idx.shape[1]):                          # loops over taps only
         term = np.take(x, idx[:, k], axis=axis)
         term *= scale[:, k]
-        out += term
+        # a row's padding taps (weight 0 at column 0) add nothing, also where
+        # column 0 holds an inf or NaN (0 * inf would be NaN)
+        out += np.where(scale[:, k] != 0, term, 0) if (wt[:, k] == 0).any() else term
     return out
 
 

@@ -161,3 +161,124 @@ def test_softmax_over_several_axes_of_an_empty_tensor(torch):
         assert out.shape == tuple(want.shape) and out.dtype == np.float64
     with pytest.raises(Exception, match="softmax"):
         F.softmax(gc.tensor(x), axis=(1, 5))
+
+
+def test_repeated_positions_in_an_index_assignment_give_the_overwritten_values_no_gradient(torch):
+    """y[i, j] = v with the pair (1, 0) twice: NumPy keeps the last write, so
+    the earlier element of v never reaches y and its gradient is 0 (the
+    gradient of every element of v was g at its position, counted twice)."""
+    rng = np.random.default_rng(0)
+    x, v = rng.standard_normal((2, 3)), rng.standard_normal((2, 2))
+    i, j = np.array([[0, 1], [1, 1]]), np.array([2, 0])
+    w = rng.standard_normal((2, 3))
+
+    def f(x_, v_):
+        y = x_ * 1.0
+        y[gc.tensor(i), gc.tensor(j)] = v_
+        return (y * y * gc.tensor(w)).sum()
+
+    got = _gc_orders(f, [x, v], [[rng.standard_normal(x.shape), rng.standard_normal(v.shape)]])
+    assert got[0][1][0, 1] == 0 and got[1][1][0, 1] == 0          # v[0, 1] is overwritten by v[1, 1]
+    # PyTorch's index_put leaves the winner of a repeated position unspecified:
+    # the same program with only the writes that stand, v[0, 0], v[1, 0], v[1, 1]
+    def t(x_, v_):
+        y = x_ * 1.0
+        y = y.index_put((torch.tensor([0, 1, 1]), torch.tensor([2, 2, 0])), torch.stack([v_[0, 0], v_[1, 0], v_[1, 1]]))
+        return (y * y * torch.tensor(w)).sum()
+
+    rs = [[rng.standard_normal(x.shape), rng.standard_normal(v.shape)]]
+    got = _gc_orders(f, [x, v], rs)
+    want = _torch_orders(torch, t, [x, v], rs)
+    for k in range(2):
+        for g, tt in zip(got[k], want[k]):
+            np.testing.assert_allclose(g, tt, rtol=1e-12, atol=1e-12, err_msg=f"order {k + 1}")
+
+
+def test_augmented_assignment_at_a_repeated_position_adds_once():
+    """y[[2, 1, 1]] += v: NumPy reads y[1] twice and keeps the last write,
+    y[1] + v[2]; x[1]'s gradient is 1 (it was 2, the read counted twice) and v[1]'s 0."""
+    x, v = gc.tensor(np.arange(4.0)), gc.tensor(np.array([10.0, 20.0, 30.0]))
+    gm = GradManager().attach([x, v])
+    with gm:
+        y = x * 1.0
+        y[gc.tensor(np.array([2, 1, 1]))] += v
+        gm.backward(y.sum())
+    assert y.numpy().tolist() == [0.0, 31.0, 12.0, 3.0]
+    assert x.grad.numpy().tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert v.grad.numpy().tolist() == [1.0, 0.0, 1.0]
+
+
+def test_relu_gradient_is_a_selection_not_a_product(torch):
+    """sqrt(relu(x)) at x <= 0: the infinite slope of sqrt at 0 times relu's
+    zero slope was NaN (g * mask); PyTorch's relu selects: 0."""
+    x = np.array([-1.0, 0.0, 4.0])
+    got = _gc_orders(lambda t: F.sqrt(F.relu(t)).sum(), [x], [])
+    want = _torch_orders(torch, lambda t: torch.sqrt(torch.relu(t)).sum(), [x], [])
+    assert got[0][0].tolist() == want[0][0].tolist() == [0.0, 0.0, 0.25]
+
+
+def test_cosine_similarity_of_a_lower_rank_operand_along_an_axis_it_lacks(torch):
+    """x2 (3,) against x1 (2, 3) along axis 0 (or -2): the norms are those of
+    the broadcast operands, as PyTorch's (x2's own norm was taken over its only
+    axis, and a 0-d x2 raised an error of Reduce)."""
+    rng = np.random.default_rng(0)
+    x1 = rng.standard_normal((2, 3))
+    for x2, axis in [(np.array([1.0, 2.0, -1.0]), 0), (np.array(-0.5), -2), (rng.standard_normal((1, 3)), 0)]:
+        rs = [[rng.standard_normal(x1.shape), rng.standard_normal(x2.shape)]]
+        w = rng.standard_normal(3)
+        got = _gc_orders(lambda a, b: (F.nn.cosine_similarity(a, b, axis=axis) * gc.tensor(w)).sum(), [x1, x2], rs)
+        want = _torch_orders(torch, lambda a, b: (torch.nn.functional.cosine_similarity(a, b, dim=axis)
+                                                  * torch.tensor(w)).sum(), [x1, x2], rs)
+        for k in range(2):
+            for g, t in zip(got[k], want[k]):
+                np.testing.assert_allclose(g, t, rtol=1e-10, atol=1e-12, err_msg=f"order {k + 1}")
+
+
+def test_binary_cross_entropy_of_a_nan_probability_is_nan():
+    """with_logits=False: the log clamped at -100 (PyTorch's) also turned a NaN
+    probability (a mean of nothing upstream) into the finite loss 100."""
+    loss = F.nn.binary_cross_entropy(gc.tensor([np.nan, 0.0, 0.3]), gc.tensor([0.0, 1.0, 0.0]),
+                                     with_logits=False, reduction="none").numpy()
+    assert np.isnan(loss[0]) and loss[1] == 100.0
+    np.testing.assert_allclose(loss[2], -np.log(0.7))
+
+
+@pytest.mark.parametrize("ord", [-1, -2, -0.5, 0.5, 3])
+def test_norm_with_a_zero_element_has_pytorchs_gradient(ord, torch):
+    """A zero element: its power's slope (inf for ord < 1) met abs's zero as
+    NaN; PyTorch gives that element 0, and with ord < 0 (norm 0) all of them,
+    and the same second order where PyTorch's is a number (at the zero element
+    its double backward is NaN, gradcore's 0); a zero row and a row without
+    zeros beside it."""
+    rng = np.random.default_rng(1)
+    x = np.array([[0.0, 1.0, -2.0], [0.5, 1.5, -2.0]])
+    rs = [[rng.standard_normal(x.shape)]]
+    w = np.array([0.7, -1.3])
+    got = _gc_orders(lambda t: (F.norm(t, ord=ord, axis=1) * gc.tensor(w)).sum(), [x], rs)
+    want = _torch_orders(torch, lambda t: (torch.linalg.vector_norm(t, ord=ord, dim=1) * torch.tensor(w)).sum(), [x], rs)
+    np.testing.assert_allclose(got[0][0], want[0][0], rtol=1e-10, atol=1e-12)
+    finite = ~np.isnan(want[1][0])
+    assert finite.sum() >= 5 and np.isfinite(got[1][0]).all()
+    np.testing.assert_allclose(got[1][0][finite], want[1][0][finite], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode, align_corners", [("bilinear", False), ("bilinear", True), ("bicubic", None)])
+def test_interpolate_keeps_a_nan_where_it_is(mode, align_corners, torch):
+    """A NaN (or inf) in column 0 leaked, as NaN, into every output whose row
+    of weights has fewer taps than the most (the padding taps: weight 0 at
+    column 0; 0 * NaN). PyTorch's outputs, bilinear's NaN exactly where its
+    are; an inf gives no NaN (PyTorch's NaN beside it are its own zero
+    weights times inf)."""
+    x = np.arange(12.0).reshape(1, 1, 3, 4)
+    for bad in (np.nan, np.inf):
+        x[0, 0, 0, 0] = bad
+        for sf in [(0.75, 1.5), (1.0, 1.5), (2.0, 2.0)]:
+            got = F.nn.interpolate(gc.tensor(x), scale_factor=sf, mode=mode, align_corners=align_corners).numpy()
+            want = torch.nn.functional.interpolate(torch.tensor(x), scale_factor=sf, mode=mode, align_corners=align_corners,
+                                                   recompute_scale_factor=True).numpy()
+            if np.isnan(bad) and mode == "bilinear":
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{sf}")
+            # (bicubic: PyTorch also multiplies a NaN by the kernel's exact zeros)
+            assert (np.isnan(got) <= np.isnan(want)).all() and np.isnan(got).any() == np.isnan(bad)
+            keep = ~np.isnan(want)
+            np.testing.assert_allclose(got[keep], want[keep], rtol=1e-12, atol=1e-12)

@@ -27,7 +27,7 @@ from .elemwise import where
 from .elemwise_table import abs, log, maximum, relu, softplus, sqrt, square
 from .indexing import _int_labels, indexing_one_hot
 from .reduce import mean, sum
-from .shape import astype, expand_dims
+from .shape import astype, broadcast_to, expand_dims
 from ..op import ArgumentError
 
 __all__ = ["l1_loss", "square_loss", "cross_entropy", "binary_cross_entropy", "hinge_loss", "ctc_loss",
@@ -182,6 +182,8 @@ def cosine_similarity(x1: Tensor, x2: Tensor, axis: int = 1, eps: float = 1e-8) 
         raise ArgumentError(f"cosine_similarity: axis {axis} is out of range for shape {shape}")
     # clamped inside the root: a zero vector's norm is eps with a zero
     # gradient (outside, the root's infinite slope at 0 gives NaN)
+    # the norms of the broadcast operands (a lower-rank x2 has no axis of its own)
+    a, b = broadcast_to(a, shape), broadcast_to(b, shape)
     na = sqrt(maximum(sum(a * a, axis, True), eps * eps))
     nb = sqrt(maximum(sum(b * b, axis, True), eps * eps))
     return sum((a / na) * (b / nb), axis)
@@ -385,8 +387,9 @@ def binary_cross_entropy(pred: Tensor, label: Tensor, with_logits: bool = True,
         # exactly 0 or 1 gives a large finite loss, not inf or NaN (the log
         # of a stand-in there, so that no 0 * inf reaches the gradient)
         def clamped_log(p):
-            tiny = p > np.exp(-100.0)
-            return where(tiny, log(where(tiny, p, 1.0)), -100.0)
+            # (a NaN probability stays NaN, as PyTorch's clamp of its log)
+            tiny = p <= np.exp(-100.0)
+            return where(tiny, -100.0, log(where(tiny, 1.0, p)))
         loss = -(label * clamped_log(pred) + (1 - label) * clamped_log(1 - pred))
     return _reduce_loss("binary_cross_entropy", loss, reduction)
 

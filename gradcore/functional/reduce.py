@@ -244,7 +244,13 @@ def _norm(x, ord, axis, keepdims):
         return min(abs(x), axis, keepdims)
     if ord == 0:
         return sum(astype(ne(x, 0), x.dtype), axis, keepdims)
-    # as for ord 2: a zero vector has norm 0 and gradient 0, not 0 * inf
-    s = sum(abs(x) ** ord, axis, keepdims)
+    # a zero element adds nothing (its power's slope, inf for ord < 1, would
+    # meet abs's 0 as NaN): it is selected out; with ord < 0 it makes the norm
+    # 0 (its power is inf). As for ord 2, a norm of 0 has gradient 0 (PyTorch's)
+    a = abs(x)
+    hit = eq(a, 0)
+    s = sum(where(hit, 0, where(hit, 1, a) ** ord), axis, keepdims)
     zero = eq(s, 0)
+    if ord < 0:
+        zero = zero | (sum(astype(hit, x.dtype), axis, keepdims) > 0)
     return where(zero, 0, where(zero, 1, s) ** (1.0 / ord))

@@ -176,6 +176,17 @@ def test_subtensor_grad_direct(cuda):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
 
 
+def test_subtensor_last_only_direct(cuda):
+    # the gradient of an assigned value: of a repeated position the last element only
+    spec = I.split_index((slice(None), [2, 0, 2, 2]))[0]
+    op = I.Subtensor(spec, last_only=True)
+    x, idx = rand(3, 4), ints(2, 0, 2, 2)
+    want = op.cpu(x, idx)
+    assert (want[:, :3] == 0).sum() == 6 and (want[:, 1] == x[:, 0]).all()
+    got = apply1(op, gc.Tensor(x, device="cuda"), gc.Tensor(idx, device="cuda"))
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
 # ---------------------------------------------------------------- setitem
 SETITEM = [
     pytest.param(lambda y, v: F.setitem(y, (slice(1, None), 0), v), (2,), [], id="slice-int"),
