@@ -289,6 +289,7 @@ class BackwardGraph:
         self.precomp = precomp                      # [(source vid, carrier vid)]
         self.nodes = nodes
         self.grad_vids = grad_vids                  # per input: vid or None
+        self.integer_input_grads = []               # inputs not float yet given a gradient by the vjp
         self.compiled = None
 
     def __repr__(self):
@@ -405,7 +406,11 @@ def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> B
                          f"for {n_in} input{'s' * (n_in != 1)}")
     grad_vids = [g.vid if r and isinstance(g, SymbolicTensor) and x.dtype.kind in "fc" else None
                  for g, r, x in zip(in_grads, requires_grad, ins)]
-    return _optimise(op, trace, n_in, n_out, grad_vids)
+    graph = _optimise(op, trace, n_in, n_out, grad_vids)
+    # gradients the vjp computed for integer or bool inputs (dropped here): check_op fails them
+    graph.integer_input_grads = [i for i, (g, x) in enumerate(zip(in_grads, ins))
+                                 if isinstance(g, SymbolicTensor) and x.dtype.kind not in "fc"]
+    return graph
 
 
 def _optimise(op, trace: Trace, n_in, n_out, grad_vids) -> BackwardGraph:

@@ -962,3 +962,174 @@ def test_an_unhashable_parameter_error_names_the_op_as_the_other_messages_do():
     with pytest.raises(OpDefinitionError, match=r"^MistakeDictParam \(class DictParam\): op attribute\(s\) "
                                                  r"table are not hashable \(dict\)"):
         DictParam()
+
+
+# ---- round 5 (a plugin family, index inputs, entry points; repros in /work/trial-repros/round5/)
+
+class PrivateScale(Op):
+    """y = k * x with k stored under a private name: not a parameter."""
+    name = "MistakePrivateScale"
+
+    def __init__(self, k=1.0):
+        self._k = float(k)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * self._k
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * self._k,)
+
+
+def test_an_op_storing_its_parameter_privately_is_refused_when_a_second_value_is_built():
+    from gradcore.op import OpDefinitionError
+    x = gradcore.tensor([1.0, 2.0])
+    np.testing.assert_allclose(PrivateScale(2.0)(x).numpy(), [2.0, 4.0])
+    assert PrivateScale(2) is PrivateScale(2.0)           # the same value: the same op
+    with pytest.raises(OpDefinitionError, match=r"MistakePrivateScale.*_k=3\.0 is ignored by the op's equality"):
+        PrivateScale(3.0)                                  # was PrivateScale(2.0), silently
+
+
+class NamedLikeDist(Op):
+    name = "MistakeNamedLikeDist"
+
+    def __init__(self, dist=1.0):
+        self.dist = float(dist)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * self.dist
+
+
+@pytest.mark.parametrize("param", ["name", "dist", "nin", "devices", "domain", "infer", "cpu", "examples"])
+def test_a_parameter_named_like_a_protocol_member_is_refused_naming_it(param):
+    ns = {}
+    exec(f"class Clash(Op):\n"
+         f"    name = 'MistakeClash_{param}'\n"
+         f"    def __init__(self, {param}=2.0): self.{param} = {param}\n"
+         f"    def infer(self, x): return (x,)\n"
+         f"    def cpu(self, x): return x * 2\n", {"Op": Op}, ns)
+    with pytest.raises(OpDeclarationError, match=rf"MistakeClash_{param}.*constructor parameter\(s\) {param} "
+                                                 rf"named like a member"):
+        validate_op_class(ns["Clash"])
+
+
+def test_a_parameter_named_like_a_class_attribute_is_not_silently_shared():
+    from gradcore.op import OpDefinitionError
+    x = gradcore.tensor([1.0])
+    assert NamedLikeDist(2.0)(x).numpy().tolist() == [2.0]
+    with pytest.raises(OpDefinitionError, match=r"MistakeNamedLikeDist.*dist=3\.0"):
+        NamedLikeDist(3.0)
+    assert check_op(NamedLikeDist).status("declaration") == "failed"
+
+
+class MistakeTypoUnregistered(Op):
+    name = "MistakeMistakeTypoUnregistered"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * 2
+
+    def vpj(self, inputs, outputs, grads):
+        return (grads[0] * 2,)
+
+
+def test_check_op_holds_an_unregistered_op_to_the_declaration_rules():
+    report = check_op(MistakeTypoUnregistered(), np.array([1.0, 2.0]))
+    assert not report.ok
+    assert report.status("declaration") == "failed" and "'vpj' (did you mean 'vjp'?)" in report["declaration"].message
+    assert report.status("forward[cpu]") == "passed"       # the other checks still run
+
+
+@pytest.mark.parametrize("bad, says", [(int, "got <class 'int'> (a type)"),
+                                        (lambda x: x, "(a function)"),
+                                        (None, "got None")])
+def test_register_op_refuses_what_is_not_an_op_class(bad, says):
+    with pytest.raises(OpDeclarationError, match=r"register_op expects an op class") as exc:
+        register_op(bad) if bad is not None else register_op(None, name="x")(None)
+    assert says in str(exc.value)
+    with pytest.raises(OpDeclarationError, match=r"got an instance of MistakeTypoUnregistered \(register the class"):
+        register_op(MistakeTypoUnregistered())
+
+
+@pytest.mark.parametrize("target, says", [
+    ("class", "names the op class MistakeEntryPointOp (class EntryOp) itself, which registers nothing"),
+    ("dict", "names a dict, not a function that registers ops"),
+    ("returns", "returned the op classes MistakeEntryPointOp (class EntryOp) instead of registering them")])
+def test_an_entry_point_that_is_not_a_register_function_is_a_load_failure(monkeypatch, target, says):
+    from gradcore import registry
+
+    class EntryOp(Op):
+        name = "MistakeEntryPointOp"
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return x
+
+    obj = {"class": EntryOp, "dict": {"ops": [EntryOp]}, "returns": lambda: [EntryOp]}[target]
+
+    class EP:
+        name, value, dist = "probe-" + target, "probe_mod:thing", None
+        module = "probe_mod"
+
+        def load(self):
+            return obj
+    monkeypatch.setattr(registry, "_entry_points", lambda: [EP()])
+    monkeypatch.setattr(registry, "_state", registry._State())
+    with pytest.warns(RuntimeWarning, match="probe_mod:thing"):
+        registry.load(force=True)
+    (failure,) = registry.failures()
+    assert failure.name == "probe-" + target and says in failure.error
+    assert "MistakeEntryPointOp" not in [e.name for e in registry.entries()]
+
+
+class IntTimes(Op):
+    """y = x * idx, idx an integer tensor; the vjp wrongly differentiates idx."""
+    name = "MistakeIntTimes"
+
+    def infer(self, x, idx):
+        return (x,)
+
+    def cpu(self, x, idx):
+        return (x * idx).astype(x.dtype)
+
+    def vjp(self, inputs, outputs, grads):
+        (x, idx), (g,) = inputs, grads
+        return (g * idx, g * x)
+
+
+def test_a_vjp_gradient_for_an_integer_input_fails_check_op():
+    report = check_op(IntTimes(), np.array([0.5, 1.0, 2.0]), np.array([1, 2, 3]))
+    assert report.status("grad") == "failed"
+    assert "gradient for input 1, of dtype int64" in report["grad"].message
+
+
+class RowsOf(Op):
+    """y = x[idx]: an index out of range for a reshaped x is a value check."""
+    name = "MistakeRowsOf"
+
+    def infer(self, x, idx):
+        if idx.dtype.kind not in "iu":
+            raise self.error("idx must be integer", x, idx)
+        if x.shape is None or idx.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        return (TensorDesc(tuple(idx.shape) + tuple(x.shape[1:]), x.dtype, x.device),)
+
+    def cpu(self, x, idx):
+        return x[idx]
+
+    def vjp(self, inputs, outputs, grads):
+        return (None, None)
+
+
+def test_bad_shapes_takes_an_index_out_of_range_naming_the_op_as_a_rejection():
+    report = check_op(RowsOf(), np.ones((5, 3)), np.array([0, 4]))
+    assert report.status("bad_shapes") == "passed", report["bad_shapes"].message
