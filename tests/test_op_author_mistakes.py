@@ -1133,3 +1133,17 @@ class RowsOf(Op):
 def test_bad_shapes_takes_an_index_out_of_range_naming_the_op_as_a_rejection():
     report = check_op(RowsOf(), np.ones((5, 3)), np.array([0, 4]))
     assert report.status("bad_shapes") == "passed", report["bad_shapes"].message
+
+
+@pytest.mark.parametrize("key, says", [("instance", "got an instance of MatrixMul: pass the class"),
+                                        ("name", "got 'MatrixMul' (a str)"),
+                                        ("int", "got <class 'int'> (a type)")])
+def test_a_grad_rule_for_what_is_not_an_op_class_is_refused(key, says):
+    from gradcore.ops import MatrixMul
+    target = {"instance": MatrixMul(), "name": "MatrixMul", "int": int}[key]
+    with pytest.raises(TypeError, match="register_grad_rule expects an op class") as exc:
+        gradcore.register_grad_rule(target)(lambda op, a, b: None)     # was never looked up: silent
+    assert says in str(exc.value)
+    assert gradcore.registered_grad_rule(MatrixMul) is None
+    with pytest.raises(TypeError, match=r"register_grad_rule\(MatrixMul\): the rule must be a function"):
+        gradcore.register_grad_rule(MatrixMul)(3)
