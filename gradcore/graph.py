@@ -27,7 +27,7 @@ import numpy as np
 from . import _core, dtypes
 from .cuda import events as _device_events
 from . import op as _op_module
-from .op import TensorDesc, checked_infer_result, describe, name_the_op, op_label
+from .op import TensorDesc, checked_decompose_result, checked_infer_result, describe, name_the_op, op_label
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
 
@@ -354,8 +354,7 @@ def _checked_vjp_result(op, res) -> list:
 def _vjp_of_decomposition(op, inputs, outputs, grads):
     trace = inputs[0].trace
     start = len(trace.nodes)
-    res = op.decompose(*inputs)
-    res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)
+    res = tuple(checked_decompose_result(op, op.decompose(*inputs), SymbolicTensor))
     fwd_nodes = trace.nodes[start:]
     # the op's real outputs stand in for the decomposition's: no recomputation
     alias = {r.vid: o for r, o in zip(res, outputs)}
@@ -736,8 +735,7 @@ def infer_by_tracing(op, descs):
     trace = Trace()
     trace.op = op
     ins = [trace.new_value(d) for d in descs]
-    res = op.decompose(*ins)
-    res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)
+    res = checked_decompose_result(op, op.decompose(*ins), SymbolicTensor)
     return tuple(r.desc for r in res)
 
 

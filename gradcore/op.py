@@ -532,7 +532,30 @@ def _decomposed_cpu(self, *arrays):
         _core._no_record_exit()
     if isinstance(res, _core.Tensor):
         return res._data
-    return tuple(r._data for r in res)
+    return tuple(r._data for r in checked_decompose_result(self, res, _core.Tensor))
+
+
+def checked_decompose_result(op, res, tensor_type) -> tuple:
+    """What ``op.decompose`` returned, as a tuple of ``tensor_type``, one per
+    output (a single one made a 1-tuple); anything else (None, a number, a
+    NumPy array, no output) is a TypeError naming the op and saying what to
+    return.
+
+    Example::
+
+        >>> checked_decompose_result(op, x * 2, Tensor)      # (x * 2,)
+    """
+    if isinstance(res, tensor_type):
+        return (res,)
+    bad = None
+    if isinstance(res, (tuple, list)):
+        bad = next(((i, r) for i, r in enumerate(res) if not isinstance(r, tensor_type)), None)
+        if bad is None and res:
+            return tuple(res)
+    what = (f"{type(bad[1]).__name__} as output {bad[0]}" if bad is not None else
+            "no output" if isinstance(res, (tuple, list)) else type(res).__name__)
+    raise TypeError(f"{op._name()}: decompose must return its outputs, a Tensor or a tuple of Tensors "
+                    f"computed with gradcore ops from its inputs, got {what}")
 
 
 def _decomposed_cuda(self, be, *arrays):

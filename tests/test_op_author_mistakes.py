@@ -1147,3 +1147,22 @@ def test_a_grad_rule_for_what_is_not_an_op_class_is_refused(key, says):
     assert gradcore.registered_grad_rule(MatrixMul) is None
     with pytest.raises(TypeError, match=r"register_grad_rule\(MatrixMul\): the rule must be a function"):
         gradcore.register_grad_rule(MatrixMul)(3)
+
+
+@pytest.mark.parametrize("ret, says", [("None", "got NoneType"), ("2.0", "got float"),
+                                        ("x.numpy()", "got ndarray"), ("(x * 2, None)", "got NoneType as output 1"),
+                                        ("()", "got no output")])
+def test_a_decompose_returning_no_tensors_is_named_in_the_forward_and_the_backward(ret, says):
+    ns = {}
+    exec(f"class D(Op):\n    name = 'MistakeDecomposeReturns'\n    def decompose(self, x): return {ret}\n",
+         {"Op": Op}, ns)
+    x = gradcore.tensor([1.0, 2.0])
+    with pytest.raises(TypeError, match="MistakeDecomposeReturns: decompose must return its outputs") as exc:
+        ns["D"]()(x)                              # was: 'NoneType' object is not iterable / has no '_data'
+    assert says in str(exc.value)
+    gm = gradcore.GradManager().attach([x])
+    # recorded, the decomposition is traced first (where .numpy() has its own error)
+    traced = "no .numpy() value" if ret == "x.numpy()" else "decompose must return its outputs"
+    with pytest.raises(TypeError, match=f"MistakeDecomposeReturns: .*{traced}"):
+        with gm:
+            gm.backward(gradcore.core.apply(ns["D"](), x)[0].sum())
