@@ -1166,3 +1166,38 @@ def test_a_decompose_returning_no_tensors_is_named_in_the_forward_and_the_backwa
     with pytest.raises(TypeError, match=f"MistakeDecomposeReturns: .*{traced}"):
         with gm:
             gm.backward(gradcore.core.apply(ns["D"](), x)[0].sum())
+
+
+class ScaleByLaunch(Op):
+    """y = a * x with a launcher whose grid is given as `grid`."""
+    name = "MistakeScaleByLaunch"
+    devices = ("cpu", "cuda")
+
+    def __init__(self, grid=(1,)):
+        self.grid = grid
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * 2
+
+    def cuda_source(self, ctype="float"):
+        from gradcore.cuda.kernels import Kernel
+        return Kernel("mistakescale", "const T* x, T* y, long long n", "y[i] = 2 * x[i];",
+                      over="n", index="i").source(ctype)
+
+    def cuda(self, be, x):
+        y = be.empty(x.shape, x.dtype)
+        be.launch(be.kernel(self, be.ctype(x.dtype)), self.grid, (128,), x, y, y.size)
+        return y
+
+
+@pytest.mark.parametrize("grid, says", [(4, "got grid=4"), ((-1,), "got grid=(-1,)")])
+def test_a_launch_with_a_grid_that_is_not_a_tuple_of_sizes_says_what_it_takes(emulated_cuda, grid, says):
+    x = gradcore.tensor([1.0, 2.0], device="cuda")
+    with pytest.raises(ValueError, match=r"MistakeScaleByLaunch\(grid=.*\): gc_mistakescale_float: the grid and "
+                                         r"the block are tuples of 1 to 3 non-negative ints") as exc:
+        ScaleByLaunch(grid)(x)               # was: "object of type 'int' has no len()"
+    assert says in str(exc.value)
+    np.testing.assert_allclose(ScaleByLaunch((1,))(x).numpy(), [2.0, 4.0])
