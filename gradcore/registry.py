@@ -404,6 +404,20 @@ def _load_one(ep, dist):
         # which grad rules this plugin installed (for `gradcore check`)
         classes = known | {e.cls for e in _state.ops.values()}
         added = [(c, r) for c, r in _rules_of(classes).items() if rules_before.get(c) is not r]
+        # a rule another plugin installed, replaced: the one in force would
+        # depend on the load order, silently
+        owners = {c: d for d, pairs in _state.rules.items() for c, r in pairs if rules_before.get(c) is r}
+        clash = [(c, owners[c]) for c, _ in added if c in owners and _norm(owners[c]) != _norm(dist)]
+        if clash:
+            from . import _core
+            for c, r in rules_before.items():
+                _core.register_grad_rule(c)(r)
+            for c, _ in added:
+                if c not in rules_before:
+                    _core.unregister_grad_rule(c)
+            raise PluginConflictError(
+                "; ".join(f"a grad rule for {c.__name__} is registered by two distributions: {o!r} and {dist!r}"
+                          for c, o in clash) + f"; block one with {ENV_BLOCK}")
         if added:
             _state.rules.setdefault(dist, []).extend(added)
     except PluginConflictError as exc:
@@ -421,8 +435,9 @@ def _load_one(ep, dist):
 def _run_entry_point(ep, obj) -> None:
     """Run what an entry point names: a function that registers ops (the
     documented form) or a module that registers them when imported. Anything
-    else (an op class, an instance, a dict) would register nothing, silently:
-    an error naming the entry point and saying what to point it at."""
+    else (an op class, an instance, a dict, a function returning op classes
+    it did not register) would register nothing, silently: an error naming
+    the entry point and saying what to point it at."""
     where = f"entry point {ep.name} = {ep.value}"
     if isinstance(obj, type) and issubclass(obj, Op):
         raise OpDeclarationError(
@@ -435,13 +450,15 @@ def _run_entry_point(ep, obj) -> None:
             f"{where} names a {type(obj).__name__}, not a function that registers ops; point it at "
             f"a function calling register_op (docs/write-your-first-op.md, section 2)")
     result = obj()
-    if result is not None:
-        items = result if isinstance(result, (list, tuple, set)) else [result]
-        ops = [_class_label(x) for x in items if isinstance(x, type) and issubclass(x, Op)]
+    # what it returns is ignored (`return register_op(C)` returns C), unless
+    # it is op classes that were never registered: returned instead
+    items = result if isinstance(result, (list, tuple, set)) else [result]
+    registered = {e.cls for e in _state.ops.values()}
+    ops = [_class_label(x) for x in items if isinstance(x, type) and issubclass(x, Op) and x not in registered]
+    if ops:
         raise OpDeclarationError(
-            f"{where} returned {'the op classes ' + ', '.join(ops) if ops else type(result).__name__} "
-            f"instead of registering them; an entry point function registers its ops itself, "
-            f"calling register_op(cls) for each, and returns None")
+            f"{where} returned the op classes {', '.join(ops)} instead of registering them; an entry point "
+            f"function registers its ops itself, calling register_op(cls) for each")
 
 
 def get(name: str) -> type:

@@ -1201,3 +1201,36 @@ def test_a_launch_with_a_grid_that_is_not_a_tuple_of_sizes_says_what_it_takes(em
         ScaleByLaunch(grid)(x)               # was: "object of type 'int' has no len()"
     assert says in str(exc.value)
     np.testing.assert_allclose(ScaleByLaunch((1,))(x).numpy(), [2.0, 4.0])
+
+
+def test_a_grad_rule_two_plugins_register_for_one_op_is_a_conflict_not_a_silent_replacement(monkeypatch):
+    from gradcore import registry
+    from gradcore.ops import MatrixMul
+    standard = [ep for ep in registry._entry_points() if registry._dist_name(ep) == "gradcore"]
+
+    def rule_a(op, a, b):
+        raise gradcore.GradRuleFallback
+
+    def rule_b(op, a, b):
+        raise gradcore.GradRuleFallback
+
+    def plugin(name, rule):
+        class EP:
+            value, dist, module = f"{name}:register", None, name
+
+            def load(self):
+                return lambda: gradcore.register_grad_rule(MatrixMul)(rule)   # returns the rule: fine
+        EP.name = name
+        return EP()
+    monkeypatch.setattr(registry, "_entry_points", lambda: standard + [plugin("rules_a", rule_a),
+                                                                          plugin("rules_b", rule_b)])
+    monkeypatch.setattr(registry, "_state", registry._State())
+    try:
+        with pytest.warns(RuntimeWarning, match="rules_b"):
+            registry.load(force=True)
+        (failure,) = registry.failures()
+        assert failure.name == "rules_b"
+        assert "a grad rule for MatrixMul is registered by two distributions: 'rules_a' and 'rules_b'" in failure.error
+        assert gradcore.registered_grad_rule(MatrixMul) is rule_a          # was rule_b, silently
+    finally:
+        gradcore.unregister_grad_rule(MatrixMul)
