@@ -283,7 +283,17 @@ def register_grad_rule(op_type):
             y = apply(op, x)[0]          # recording is off in here
             return (y,), lambda dy: dy * 2
     """
+    # a rule keyed by anything but an op class (an instance, a name) would
+    # never be looked up: the op would silently keep its own gradient
+    if not (isinstance(op_type, type) and issubclass(op_type, OpBase)):
+        what = (f"an instance of {type(op_type).__name__}: pass the class, register_grad_rule({type(op_type).__name__})"
+                if isinstance(op_type, OpBase) else f"{op_type!r} (a {type(op_type).__name__})")
+        raise TypeError(f"register_grad_rule expects an op class (a subclass of gradcore.op.Op), got {what}")
+
     def deco(rule):
+        if not callable(rule):
+            raise TypeError(f"register_grad_rule({op_type.__name__}): the rule must be a function "
+                            f"rule(op, *inputs) -> (outputs, backward), got {type(rule).__name__}")
         _grad_rules[op_type] = rule
         _bw_front.clear()
         return rule

@@ -382,6 +382,10 @@ def _main(argv: Optional[List[str]] = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "ops":
+        if rest in (["-h"], ["--help"]):
+            print("usage: gradcore ops\n\nList every registered op: its package, devices and gradient path, "
+                  "then each plugin that failed to load and why (exit 1 if one did).")
+            return 0
         if rest:
             print(f"usage: gradcore ops (takes no arguments, got {' '.join(rest)})", file=sys.stderr)
             return 2

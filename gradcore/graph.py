@@ -27,7 +27,7 @@ import numpy as np
 from . import _core, dtypes
 from .cuda import events as _device_events
 from . import op as _op_module
-from .op import TensorDesc, checked_infer_result, describe, name_the_op, op_label
+from .op import TensorDesc, checked_decompose_result, checked_infer_result, describe, name_the_op, op_label
 
 __all__ = ["make_backward_graph", "BackwardGraph", "SymbolicTensor", "cache_info"]
 
@@ -289,6 +289,7 @@ class BackwardGraph:
         self.precomp = precomp                      # [(source vid, carrier vid)]
         self.nodes = nodes
         self.grad_vids = grad_vids                  # per input: vid or None
+        self.integer_input_grads = []               # inputs not float yet given a gradient by the vjp
         self.compiled = None
 
     def __repr__(self):
@@ -353,8 +354,7 @@ def _checked_vjp_result(op, res) -> list:
 def _vjp_of_decomposition(op, inputs, outputs, grads):
     trace = inputs[0].trace
     start = len(trace.nodes)
-    res = op.decompose(*inputs)
-    res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)
+    res = tuple(checked_decompose_result(op, op.decompose(*inputs), SymbolicTensor))
     fwd_nodes = trace.nodes[start:]
     # the op's real outputs stand in for the decomposition's: no recomputation
     alias = {r.vid: o for r, o in zip(res, outputs)}
@@ -405,7 +405,11 @@ def _derive(op, descs: Sequence[TensorDesc], requires_grad: Sequence[bool]) -> B
                          f"for {n_in} input{'s' * (n_in != 1)}")
     grad_vids = [g.vid if r and isinstance(g, SymbolicTensor) and x.dtype.kind in "fc" else None
                  for g, r, x in zip(in_grads, requires_grad, ins)]
-    return _optimise(op, trace, n_in, n_out, grad_vids)
+    graph = _optimise(op, trace, n_in, n_out, grad_vids)
+    # gradients the vjp computed for integer or bool inputs (dropped here): check_op fails them
+    graph.integer_input_grads = [i for i, (g, x) in enumerate(zip(in_grads, ins))
+                                 if isinstance(g, SymbolicTensor) and x.dtype.kind not in "fc"]
+    return graph
 
 
 def _optimise(op, trace: Trace, n_in, n_out, grad_vids) -> BackwardGraph:
@@ -731,8 +735,7 @@ def infer_by_tracing(op, descs):
     trace = Trace()
     trace.op = op
     ins = [trace.new_value(d) for d in descs]
-    res = op.decompose(*ins)
-    res = (res,) if isinstance(res, SymbolicTensor) else tuple(res)
+    res = checked_decompose_result(op, op.decompose(*ins), SymbolicTensor)
     return tuple(r.desc for r in res)
 
 

@@ -153,9 +153,47 @@ def _construct(cls, args, kwargs):
             if table is None or len(table) > _INTERN_LIMIT:
                 table = {}         # bounded: equal ops stay equal, just not identical
                 type.__setattr__(cls, "_interned", table)
-            inst = table.setdefault(inst._key, inst)
+            found = table.setdefault(inst._key, inst)
+            if found is not inst:
+                _check_same_hidden_state(found, inst)
+            inst = found
             _op_intern.remember(cls, args, kwargs, inst, _INTERN_LIMIT)
     return inst
+
+
+_SEAL_KEYS = ("_key", "_hash", "_sealed", "attrs")
+_PLAIN = (int, float, complex, str, bytes, bool, tuple, frozenset, type(None), np.generic)
+
+
+def _check_same_hidden_state(found, inst) -> None:
+    """``inst`` was built with other arguments than ``found`` yet has the
+    same key: fine when everything else it stores is equal too (``MyPow(3)``
+    and ``MyPow(3.0)``); an error naming the op when a plain value differs
+    (``self._k = k``, or a parameter named like a class attribute such as
+    ``dist`` or ``name``): handing back ``found`` would silently run the op
+    with the other value, and share its caches."""
+    a, b = vars(found), vars(inst)
+    keyed = set(found.attrs)     # compared by the key already (3 and 3.0 alike)
+    for k in sorted(set(a) | set(b)):
+        if k in _SEAL_KEYS or k in keyed or k.startswith("__"):
+            continue
+        va, vb = a.get(k), b.get(k)
+        if va is vb or not (isinstance(va, _PLAIN) and isinstance(vb, _PLAIN)):
+            continue             # objects (kernels, tables): not comparable by value here
+        try:
+            same = type(va) is type(vb) and bool(va == vb)
+        except Exception:
+            continue
+        if not same:
+            cls = type(inst)
+            if k.startswith("_"):
+                why, fix = "a name starting with '_' is not a parameter", f"`self.{k.lstrip('_')} = ...`"
+            else:
+                why, fix = f"{k!r} is a member of the op class, not a parameter", f"another name (`self.{k}_ = ...`)"
+            raise OpDefinitionError(
+                f"{_class_label(cls)}: {k}={vb!r} is ignored by the op's equality ({why}), so the op "
+                f"equals {found!r} built with {k}={va!r}, and would run as that one, sharing its caches; "
+                f"store the parameter under {fix} in __init__")
 
 
 def _class_label(cls) -> str:
@@ -494,7 +532,30 @@ def _decomposed_cpu(self, *arrays):
         _core._no_record_exit()
     if isinstance(res, _core.Tensor):
         return res._data
-    return tuple(r._data for r in res)
+    return tuple(r._data for r in checked_decompose_result(self, res, _core.Tensor))
+
+
+def checked_decompose_result(op, res, tensor_type) -> tuple:
+    """What ``op.decompose`` returned, as a tuple of ``tensor_type``, one per
+    output (a single one made a 1-tuple); anything else (None, a number, a
+    NumPy array, no output) is a TypeError naming the op and saying what to
+    return.
+
+    Example::
+
+        >>> checked_decompose_result(op, x * 2, Tensor)      # (x * 2,)
+    """
+    if isinstance(res, tensor_type):
+        return (res,)
+    bad = None
+    if isinstance(res, (tuple, list)):
+        bad = next(((i, r) for i, r in enumerate(res) if not isinstance(r, tensor_type)), None)
+        if bad is None and res:
+            return tuple(res)
+    what = (f"{type(bad[1]).__name__} as output {bad[0]}" if bad is not None else
+            "no output" if isinstance(res, (tuple, list)) else type(res).__name__)
+    raise TypeError(f"{op._name()}: decompose must return its outputs, a Tensor or a tuple of Tensors "
+                    f"computed with gradcore ops from its inputs, got {what}")
 
 
 def _decomposed_cuda(self, be, *arrays):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Dict, List, Optional
 
-from .op import Op, describe, positional_arity as _positional_arity
+from .op import Op, _class_label, describe, positional_arity as _positional_arity
 
 GROUP = "gradcore.ops"
 ENV_DISABLE = "GRADCORE_NO_PLUGINS"        # "1": load only the standard library
@@ -94,6 +94,10 @@ def register_op(cls=None, *, name: Optional[str] = None):
             ...
     """
     def do(c):
+        if not (isinstance(c, type) and issubclass(c, Op)):
+            what = f"an instance of {type(c).__name__} (register the class: register_op({type(c).__name__}))" \
+                if isinstance(c, Op) else f"{c!r}"[:80] + f" (a {type(c).__name__})"
+            raise OpDeclarationError(f"register_op expects an op class (a subclass of gradcore.op.Op), got {what}")
         if _state.current_dist is None:
             # called by a script, not by a plugin being loaded: the installed
             # ops first, so that a name they use is refused here, not theirs later
@@ -140,6 +144,13 @@ def _fmt_arity(arity) -> str:
     return f"{lo} input(s)" if lo == hi else f"{lo} to {hi} inputs"
 
 
+# what gradcore reads from an op or its class besides its methods: an
+# instance attribute of one of these names is read as that, not as a parameter
+_PROTOCOL_NAMES = frozenset({"name", "nin", "attrs", "dist", "devices", "domain", "check_shapes", "check_params",
+                             "check_gradient", "max_grad_order", "examples", "reduce_broadcast", "derived",
+                             "shape_only_inputs"})
+
+
 def validate_op_class(c, key: Optional[str] = None) -> None:
     """Checks made when an op class is registered, each failure an
     ``OpDeclarationError`` naming the op and what to add:
@@ -150,7 +161,9 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
     - ``_grad_rule`` and ``decompose`` accept the forward's inputs (as many
       as ``cpu``/``infer`` take, when those say);
     - every device in a declared ``devices`` has a kernel (``cpu`` or
-      ``decompose`` for "cpu", ``cuda_source`` or ``decompose`` for "cuda").
+      ``decompose`` for "cpu", ``cuda_source`` or ``decompose`` for "cuda");
+    - no constructor parameter has the name of a member of the class or of
+      the op protocol (``name``, ``nin``, ``devices``, ``infer``...).
 
     Example::
 
@@ -205,6 +218,16 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
             f"{where}: cuda_source must be a method `def cuda_source(self, ctype)` returning the CUDA C "
             f"source for the element type ctype ('float' or 'double'), got a {type(src).__name__}: one "
             f"text cannot serve both float32 and float64 inputs")
+
+    # a parameter stored under the name of a class member is no parameter
+    # (equality ignores it) or replaces the member (`self.infer = 2.0`)
+    clash = [p for p, _ in desc.params
+             if p not in getattr(c, "attrs", ()) and (hasattr(c, p) or p in _PROTOCOL_NAMES)]
+    if clash:
+        raise OpDeclarationError(
+            f"{where}: constructor parameter(s) {', '.join(clash)} named like a member of the op class or "
+            f"of the op protocol: stored as `self.{clash[0]} = ...`, it is read as that member (or replaces "
+            f"it), and equality and every cache keyed by the op ignore it; rename the parameter")
 
     samples = _samples(c)
     _check_instance_state(c, where, samples)
@@ -377,11 +400,24 @@ def _load_one(ep, dist):
     try:
         with _loading_as(dist):
             obj = ep.load()
-            if callable(obj) and not isinstance(obj, (ModuleType, type)):
-                obj()
+            _run_entry_point(ep, obj)
         # which grad rules this plugin installed (for `gradcore check`)
         classes = known | {e.cls for e in _state.ops.values()}
         added = [(c, r) for c, r in _rules_of(classes).items() if rules_before.get(c) is not r]
+        # a rule another plugin installed, replaced: the one in force would
+        # depend on the load order, silently
+        owners = {c: d for d, pairs in _state.rules.items() for c, r in pairs if rules_before.get(c) is r}
+        clash = [(c, owners[c]) for c, _ in added if c in owners and _norm(owners[c]) != _norm(dist)]
+        if clash:
+            from . import _core
+            for c, r in rules_before.items():
+                _core.register_grad_rule(c)(r)
+            for c, _ in added:
+                if c not in rules_before:
+                    _core.unregister_grad_rule(c)
+            raise PluginConflictError(
+                "; ".join(f"a grad rule for {c.__name__} is registered by two distributions: {o!r} and {dist!r}"
+                          for c, o in clash) + f"; block one with {ENV_BLOCK}")
         if added:
             _state.rules.setdefault(dist, []).extend(added)
     except PluginConflictError as exc:
@@ -394,6 +430,35 @@ def _load_one(ep, dist):
         _state.failures.append(PluginFailure(dist, ep.value, msg, ep.name))
         warnings.warn(f"gradcore plugin {dist!r} failed to load ({ep.value}): {msg}",
                       RuntimeWarning, stacklevel=3)
+
+
+def _run_entry_point(ep, obj) -> None:
+    """Run what an entry point names: a function that registers ops (the
+    documented form) or a module that registers them when imported. Anything
+    else (an op class, an instance, a dict, a function returning op classes
+    it did not register) would register nothing, silently: an error naming
+    the entry point and saying what to point it at."""
+    where = f"entry point {ep.name} = {ep.value}"
+    if isinstance(obj, type) and issubclass(obj, Op):
+        raise OpDeclarationError(
+            f"{where} names the op class {_class_label(obj)} itself, which registers nothing; point it at a "
+            f"function that calls register_op({obj.__name__}) (docs/write-your-first-op.md, section 2)")
+    if isinstance(obj, ModuleType):
+        return                              # its import registered what it registers
+    if not callable(obj) or isinstance(obj, (type, Op)):
+        raise OpDeclarationError(
+            f"{where} names a {type(obj).__name__}, not a function that registers ops; point it at "
+            f"a function calling register_op (docs/write-your-first-op.md, section 2)")
+    result = obj()
+    # what it returns is ignored (`return register_op(C)` returns C), unless
+    # it is op classes that were never registered: returned instead
+    items = result if isinstance(result, (list, tuple, set)) else [result]
+    registered = {e.cls for e in _state.ops.values()}
+    ops = [_class_label(x) for x in items if isinstance(x, type) and issubclass(x, Op) and x not in registered]
+    if ops:
+        raise OpDeclarationError(
+            f"{where} returned the op classes {', '.join(ops)} instead of registering them; an entry point "
+            f"function registers its ops itself, calling register_op(cls) for each")
 
 
 def get(name: str) -> type:

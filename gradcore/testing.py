@@ -28,7 +28,7 @@ from . import _core
 from . import devices as devmod
 from ._core import GradRuleFallback, Tensor, apply
 from .autodiff import GradManager
-from .op import TensorDesc, _decomposed_cpu, describe, op_label
+from .op import IndexOpError, Op, TensorDesc, _decomposed_cpu, describe, op_label
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_grads", "analytic_grads",
            "check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
@@ -688,12 +688,15 @@ def check_op(op: Any, *sample_inputs, devices: Optional[Sequence[str]] = None, a
         >>> report.ok
         True
     """
+    # what register_op would refuse fails the report, beside the checks that still run
+    declared = _declaration_problem(op)
+    first = [CheckResult(_op_short_name(op), "declaration", FAILED, declared)] if declared else []
     try:
         cases = _cases_for(op, sample_inputs, wrt, seed)
     except NoInputsError as exc:
-        return CheckReport([CheckResult(_op_short_name(op), "inputs", FAILED, str(exc))])
+        return CheckReport(first + [CheckResult(_op_short_name(op), "inputs", FAILED, str(exc))])
     label = op_label(cases[0][0]) if len(cases) == 1 else _op_short_name(op)
-    report = CheckReport(instances=list(dict.fromkeys(op_label(c[0]) for c in cases)))
+    report = CheckReport(first, instances=list(dict.fromkeys(op_label(c[0]) for c in cases)))
     checks = {c: _Check(report, label, c) for c in CHECKS}
     wanted = list(devices) if devices is not None else ["cpu", "cuda"]
     many = len(cases) > 1
@@ -704,6 +707,23 @@ def check_op(op: Any, *sample_inputs, devices: Optional[Sequence[str]] = None, a
     for c in CHECKS:
         checks[c].close()
     return report
+
+
+def _declaration_problem(op) -> str:
+    """What ``register_op`` would refuse in the op's class (a misspelt
+    ``vpj``, a parameter stored as ``self._k``, one named like a protocol
+    member...), or "": ``check_op`` holds an op it is given unregistered to
+    the same declaration rules, so that it never passes one that cannot be
+    registered or silently misses its gradient."""
+    from .registry import OpDeclarationError, validate_op_class
+    cls = op if isinstance(op, type) else type(op)
+    if not (isinstance(cls, type) and issubclass(cls, Op)):
+        return ""
+    try:
+        validate_op_class(cls)
+    except OpDeclarationError as exc:
+        return str(exc)
+    return ""
 
 
 def _cases_for(op, sample_inputs, wrt, seed=0):
@@ -1095,6 +1115,20 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             except Exception as exc:
                 c.failed(f"{tag}{_fmt_exc(exc)}")
 
+    # a vjp's gradient for an integer input is dropped: a sign of gradients in the wrong order
+    ints = [i for i, a in enumerate(a64) if a.dtype.kind not in "fc"]
+    if ints and path == "vjp" and chosen and "cpu" in devices and not checks["grad"].fail:
+        from .graph import make_backward_graph
+        try:
+            graph = make_backward_graph(op, [TensorDesc(None, a.dtype, "cpu") for a in a64], [True] * len(a64))[0]
+            for i in graph.integer_input_grads:
+                checks["grad"].failed(
+                    f"{tag}vjp returns a gradient for input {i}, of dtype {a64[i].dtype}: integer and bool "
+                    f"inputs have no gradient, and it is dropped; return None in its place (are the "
+                    f"gradients in the order of the inputs?)")
+        except Exception as exc:
+            checks["grad"].failed(f"{tag}{_fmt_exc(exc)}")
+
     # ---- gradients on cuda against the cpu's (float32)
     c = checks["grad[cuda]"]
     if cuda_skip:
@@ -1131,7 +1165,13 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
         for who, exc in (("infer", infer_exc), ("apply", kernel_exc)):
             if exc is not None and name.lower() not in str(exc).lower():
                 c.failed(f"{tag}{what}: the {who} error does not name the op {name!r}: {_fmt_exc(exc)}")
-        if infer_exc is None and kernel_exc is not None:
+        if (infer_exc is None and isinstance(kernel_exc, IndexOpError)
+                and name.lower() in str(kernel_exc).lower()):
+            # an index out of range for the new shape: a check of the index
+            # values, which infer (shapes and dtypes only) cannot make
+            c.passed()
+            c.rejected += 1
+        elif infer_exc is None and kernel_exc is not None:
             c.failed(f"{tag}{what}: infer accepts it but the kernel fails ({_fmt_exc(kernel_exc)}); "
                      f"reject it in infer")
         elif infer_exc is not None and kernel_exc is None:

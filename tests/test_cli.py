@@ -168,3 +168,11 @@ def test_help_lists_the_new_commands(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "gradcore check DIST" in out and "gradcore doctor" in out
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_ops_help_is_help_not_a_usage_error(flag, capsys):
+    assert cli.main(["ops", flag]) == 0          # was exit 2: "takes no arguments, got --help"
+    out = capsys.readouterr().out
+    assert out.startswith("usage: gradcore ops") and "failed to load" in out
+    assert cli.main(["ops", "extra"]) == 2

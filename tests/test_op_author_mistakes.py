@@ -962,3 +962,275 @@ def test_an_unhashable_parameter_error_names_the_op_as_the_other_messages_do():
     with pytest.raises(OpDefinitionError, match=r"^MistakeDictParam \(class DictParam\): op attribute\(s\) "
                                                  r"table are not hashable \(dict\)"):
         DictParam()
+
+
+# ---- round 5 (a plugin family, index inputs, entry points; repros in /work/trial-repros/round5/)
+
+class PrivateScale(Op):
+    """y = k * x with k stored under a private name: not a parameter."""
+    name = "MistakePrivateScale"
+
+    def __init__(self, k=1.0):
+        self._k = float(k)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * self._k
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * self._k,)
+
+
+def test_an_op_storing_its_parameter_privately_is_refused_when_a_second_value_is_built():
+    from gradcore.op import OpDefinitionError
+    x = gradcore.tensor([1.0, 2.0])
+    np.testing.assert_allclose(PrivateScale(2.0)(x).numpy(), [2.0, 4.0])
+    assert PrivateScale(2) is PrivateScale(2.0)           # the same value: the same op
+    with pytest.raises(OpDefinitionError, match=r"MistakePrivateScale.*_k=3\.0 is ignored by the op's equality"):
+        PrivateScale(3.0)                                  # was PrivateScale(2.0), silently
+
+
+class NamedLikeDist(Op):
+    name = "MistakeNamedLikeDist"
+
+    def __init__(self, dist=1.0):
+        self.dist = float(dist)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * self.dist
+
+
+@pytest.mark.parametrize("param", ["name", "dist", "nin", "devices", "domain", "infer", "cpu", "examples"])
+def test_a_parameter_named_like_a_protocol_member_is_refused_naming_it(param):
+    ns = {}
+    exec(f"class Clash(Op):\n"
+         f"    name = 'MistakeClash_{param}'\n"
+         f"    def __init__(self, {param}=2.0): self.{param} = {param}\n"
+         f"    def infer(self, x): return (x,)\n"
+         f"    def cpu(self, x): return x * 2\n", {"Op": Op}, ns)
+    with pytest.raises(OpDeclarationError, match=rf"MistakeClash_{param}.*constructor parameter\(s\) {param} "
+                                                 rf"named like a member"):
+        validate_op_class(ns["Clash"])
+
+
+def test_a_parameter_named_like_a_class_attribute_is_not_silently_shared():
+    from gradcore.op import OpDefinitionError
+    x = gradcore.tensor([1.0])
+    assert NamedLikeDist(2.0)(x).numpy().tolist() == [2.0]
+    with pytest.raises(OpDefinitionError, match=r"MistakeNamedLikeDist.*dist=3\.0"):
+        NamedLikeDist(3.0)
+    assert check_op(NamedLikeDist).status("declaration") == "failed"
+
+
+class MistakeTypoUnregistered(Op):
+    name = "MistakeMistakeTypoUnregistered"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * 2
+
+    def vpj(self, inputs, outputs, grads):
+        return (grads[0] * 2,)
+
+
+def test_check_op_holds_an_unregistered_op_to_the_declaration_rules():
+    report = check_op(MistakeTypoUnregistered(), np.array([1.0, 2.0]))
+    assert not report.ok
+    assert report.status("declaration") == "failed" and "'vpj' (did you mean 'vjp'?)" in report["declaration"].message
+    assert report.status("forward[cpu]") == "passed"       # the other checks still run
+
+
+@pytest.mark.parametrize("bad, says", [(int, "got <class 'int'> (a type)"),
+                                        (lambda x: x, "(a function)"),
+                                        (None, "got None")])
+def test_register_op_refuses_what_is_not_an_op_class(bad, says):
+    with pytest.raises(OpDeclarationError, match=r"register_op expects an op class") as exc:
+        register_op(bad) if bad is not None else register_op(None, name="x")(None)
+    assert says in str(exc.value)
+    with pytest.raises(OpDeclarationError, match=r"got an instance of MistakeTypoUnregistered \(register the class"):
+        register_op(MistakeTypoUnregistered())
+
+
+@pytest.mark.parametrize("target, says", [
+    ("class", "names the op class MistakeEntryPointOp (class EntryOp) itself, which registers nothing"),
+    ("dict", "names a dict, not a function that registers ops"),
+    ("returns", "returned the op classes MistakeEntryPointOp (class EntryOp) instead of registering them")])
+def test_an_entry_point_that_is_not_a_register_function_is_a_load_failure(monkeypatch, target, says):
+    from gradcore import registry
+
+    class EntryOp(Op):
+        name = "MistakeEntryPointOp"
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return x
+
+    obj = {"class": EntryOp, "dict": {"ops": [EntryOp]}, "returns": lambda: [EntryOp]}[target]
+
+    class EP:
+        name, value, dist = "probe-" + target, "probe_mod:thing", None
+        module = "probe_mod"
+
+        def load(self):
+            return obj
+    monkeypatch.setattr(registry, "_entry_points", lambda: [EP()])
+    monkeypatch.setattr(registry, "_state", registry._State())
+    with pytest.warns(RuntimeWarning, match="probe_mod:thing"):
+        registry.load(force=True)
+    (failure,) = registry.failures()
+    assert failure.name == "probe-" + target and says in failure.error
+    assert "MistakeEntryPointOp" not in [e.name for e in registry.entries()]
+
+
+class IntTimes(Op):
+    """y = x * idx, idx an integer tensor; the vjp wrongly differentiates idx."""
+    name = "MistakeIntTimes"
+
+    def infer(self, x, idx):
+        return (x,)
+
+    def cpu(self, x, idx):
+        return (x * idx).astype(x.dtype)
+
+    def vjp(self, inputs, outputs, grads):
+        (x, idx), (g,) = inputs, grads
+        return (g * idx, g * x)
+
+
+def test_a_vjp_gradient_for_an_integer_input_fails_check_op():
+    report = check_op(IntTimes(), np.array([0.5, 1.0, 2.0]), np.array([1, 2, 3]))
+    assert report.status("grad") == "failed"
+    assert "gradient for input 1, of dtype int64" in report["grad"].message
+
+
+class RowsOf(Op):
+    """y = x[idx]: an index out of range for a reshaped x is a value check."""
+    name = "MistakeRowsOf"
+
+    def infer(self, x, idx):
+        if idx.dtype.kind not in "iu":
+            raise self.error("idx must be integer", x, idx)
+        if x.shape is None or idx.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        return (TensorDesc(tuple(idx.shape) + tuple(x.shape[1:]), x.dtype, x.device),)
+
+    def cpu(self, x, idx):
+        return x[idx]
+
+    def vjp(self, inputs, outputs, grads):
+        return (None, None)
+
+
+def test_bad_shapes_takes_an_index_out_of_range_naming_the_op_as_a_rejection():
+    report = check_op(RowsOf(), np.ones((5, 3)), np.array([0, 4]))
+    assert report.status("bad_shapes") == "passed", report["bad_shapes"].message
+
+
+@pytest.mark.parametrize("key, says", [("instance", "got an instance of MatrixMul: pass the class"),
+                                        ("name", "got 'MatrixMul' (a str)"),
+                                        ("int", "got <class 'int'> (a type)")])
+def test_a_grad_rule_for_what_is_not_an_op_class_is_refused(key, says):
+    from gradcore.ops import MatrixMul
+    target = {"instance": MatrixMul(), "name": "MatrixMul", "int": int}[key]
+    with pytest.raises(TypeError, match="register_grad_rule expects an op class") as exc:
+        gradcore.register_grad_rule(target)(lambda op, a, b: None)     # was never looked up: silent
+    assert says in str(exc.value)
+    assert gradcore.registered_grad_rule(MatrixMul) is None
+    with pytest.raises(TypeError, match=r"register_grad_rule\(MatrixMul\): the rule must be a function"):
+        gradcore.register_grad_rule(MatrixMul)(3)
+
+
+@pytest.mark.parametrize("ret, says", [("None", "got NoneType"), ("2.0", "got float"),
+                                        ("x.numpy()", "got ndarray"), ("(x * 2, None)", "got NoneType as output 1"),
+                                        ("()", "got no output")])
+def test_a_decompose_returning_no_tensors_is_named_in_the_forward_and_the_backward(ret, says):
+    ns = {}
+    exec(f"class D(Op):\n    name = 'MistakeDecomposeReturns'\n    def decompose(self, x): return {ret}\n",
+         {"Op": Op}, ns)
+    x = gradcore.tensor([1.0, 2.0])
+    with pytest.raises(TypeError, match="MistakeDecomposeReturns: decompose must return its outputs") as exc:
+        ns["D"]()(x)                              # was: 'NoneType' object is not iterable / has no '_data'
+    assert says in str(exc.value)
+    gm = gradcore.GradManager().attach([x])
+    # recorded, the decomposition is traced first (where .numpy() has its own error)
+    traced = r"no \.numpy\(\) value" if ret == "x.numpy()" else "decompose must return its outputs"
+    with pytest.raises(TypeError, match=f"MistakeDecomposeReturns: .*{traced}"):
+        with gm:
+            gm.backward(gradcore.core.apply(ns["D"](), x)[0].sum())
+
+
+class ScaleByLaunch(Op):
+    """y = a * x with a launcher whose grid is given as `grid`."""
+    name = "MistakeScaleByLaunch"
+    devices = ("cpu", "cuda")
+
+    def __init__(self, grid=(1,)):
+        self.grid = grid
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * 2
+
+    def cuda_source(self, ctype="float"):
+        from gradcore.cuda.kernels import Kernel
+        return Kernel("mistakescale", "const T* x, T* y, long long n", "y[i] = 2 * x[i];",
+                      over="n", index="i").source(ctype)
+
+    def cuda(self, be, x):
+        y = be.empty(x.shape, x.dtype)
+        be.launch(be.kernel(self, be.ctype(x.dtype)), self.grid, (128,), x, y, y.size)
+        return y
+
+
+@pytest.mark.parametrize("grid, says", [(4, "got grid=4"), ((-1,), "got grid=(-1,)")])
+def test_a_launch_with_a_grid_that_is_not_a_tuple_of_sizes_says_what_it_takes(emulated_cuda, grid, says):
+    x = gradcore.tensor([1.0, 2.0], device="cuda")
+    with pytest.raises(ValueError, match=r"MistakeScaleByLaunch\(grid=.*\): gc_mistakescale_float: the grid and "
+                                         r"the block are tuples of 1 to 3 non-negative ints") as exc:
+        ScaleByLaunch(grid)(x)               # was: "object of type 'int' has no len()"
+    assert says in str(exc.value)
+    np.testing.assert_allclose(ScaleByLaunch((1,))(x).numpy(), [2.0, 4.0])
+
+
+def test_a_grad_rule_two_plugins_register_for_one_op_is_a_conflict_not_a_silent_replacement(monkeypatch):
+    from gradcore import registry
+    from gradcore.ops import MatrixMul
+    standard = [ep for ep in registry._entry_points() if registry._dist_name(ep) == "gradcore"]
+
+    def rule_a(op, a, b):
+        raise gradcore.GradRuleFallback
+
+    def rule_b(op, a, b):
+        raise gradcore.GradRuleFallback
+
+    def plugin(name, rule):
+        class EP:
+            value, dist, module = f"{name}:register", None, name
+
+            def load(self):
+                return lambda: gradcore.register_grad_rule(MatrixMul)(rule)   # returns the rule: fine
+        EP.name = name
+        return EP()
+    monkeypatch.setattr(registry, "_entry_points", lambda: standard + [plugin("rules_a", rule_a),
+                                                                          plugin("rules_b", rule_b)])
+    monkeypatch.setattr(registry, "_state", registry._State())
+    try:
+        with pytest.warns(RuntimeWarning, match="rules_b"):
+            registry.load(force=True)
+        (failure,) = registry.failures()
+        assert failure.name == "rules_b"
+        assert "a grad rule for MatrixMul is registered by two distributions: 'rules_a' and 'rules_b'" in failure.error
+        assert gradcore.registered_grad_rule(MatrixMul) is rule_a          # was rule_b, silently
+    finally:
+        gradcore.unregister_grad_rule(MatrixMul)

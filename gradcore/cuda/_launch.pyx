@@ -293,13 +293,19 @@ cdef class Launcher:
         cdef unsigned b[3]
         cdef Py_ssize_t i, n
         g[0] = g[1] = g[2] = b[0] = b[1] = b[2] = 1
-        n = len(grid)
-        if n > 3 or len(block) > 3:
-            raise ValueError(f"{kernel.name}: grid {grid} and block {block} take at most 3 dimensions")
-        for i in range(n):
-            g[i] = grid[i]
-        for i in range(len(block)):
-            b[i] = block[i]
+        try:
+            n = len(grid)
+            if n > 3 or len(block) > 3:
+                raise ValueError(f"{kernel.name}: grid {grid} and block {block} take at most 3 dimensions")
+            for i in range(n):
+                g[i] = grid[i]
+            for i in range(len(block)):
+                b[i] = block[i]
+        except (TypeError, OverflowError) as exc:
+            # an int for a tuple, a negative size: say what a launch takes
+            raise ValueError(f"{kernel.name}: the grid and the block are tuples of 1 to 3 non-negative ints "
+                             f"(e.g. grid=(blocks,), block=(threads,)), got grid={grid!r}, block={block!r} "
+                             f"({exc})") from None
         size = _pack_into(self.buf, args, kernel)
         if self.keep is not None:
             _keep_blocks(self.keep, self.own_pool, args)
