@@ -1193,7 +1193,9 @@ class ScaleByLaunch(Op):
         return y
 
 
-@pytest.mark.parametrize("grid, says", [(4, "got grid=4"), ((-1,), "got grid=(-1,)")])
+@pytest.mark.parametrize("grid, says", [(4, "got grid=4"), ((-1,), "got grid=(-1,)"),
+                                        # (n + 127) / 128: a float size was truncated (1.99 blocks ran as 1)
+                                        ((1.99,), "got grid=(1.99,)")])
 def test_a_launch_with_a_grid_that_is_not_a_tuple_of_sizes_says_what_it_takes(emulated_cuda, grid, says):
     x = gradcore.tensor([1.0, 2.0], device="cuda")
     with pytest.raises(ValueError, match=r"MistakeScaleByLaunch\(grid=.*\): gc_mistakescale_float: the grid and "
@@ -1201,6 +1203,7 @@ def test_a_launch_with_a_grid_that_is_not_a_tuple_of_sizes_says_what_it_takes(em
         ScaleByLaunch(grid)(x)               # was: "object of type 'int' has no len()"
     assert says in str(exc.value)
     np.testing.assert_allclose(ScaleByLaunch((1,))(x).numpy(), [2.0, 4.0])
+    np.testing.assert_allclose(ScaleByLaunch((np.int64(1),))(x).numpy(), [2.0, 4.0])     # any integer type
 
 
 def test_a_grad_rule_two_plugins_register_for_one_op_is_a_conflict_not_a_silent_replacement(monkeypatch):

@@ -11,6 +11,7 @@ handle is the address of its compiled C launcher. Either way nothing of
 PyCUDA's Python objects is touched per call.
 """
 cimport cython
+from cpython.number cimport PyNumber_Index
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcpy, memset
@@ -297,10 +298,11 @@ cdef class Launcher:
             n = len(grid)
             if n > 3 or len(block) > 3:
                 raise ValueError(f"{kernel.name}: grid {grid} and block {block} take at most 3 dimensions")
+            # PyNumber_Index: a float size ((n + 127) / 128) is refused, not truncated
             for i in range(n):
-                g[i] = grid[i]
+                g[i] = PyNumber_Index(grid[i])
             for i in range(len(block)):
-                b[i] = block[i]
+                b[i] = PyNumber_Index(block[i])
         except (TypeError, OverflowError) as exc:
             # an int for a tuple, a negative size: say what a launch takes
             raise ValueError(f"{kernel.name}: the grid and the block are tuples of 1 to 3 non-negative ints "
