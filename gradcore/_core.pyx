@@ -764,8 +764,10 @@ cdef object _check_output_count(OpBase op, object res, tuple args):
     gradient per declared output."""
     cdef Py_ssize_t got = len(res) if type(res) is tuple or type(res) is list else 1
     if got != op._infer_nout:
+        # an op computed by its decompose: say so, the author wrote no kernel
+        what = "its decompose" if set(_h_describe(op).kernels.values()) == {"decompose"} else "the kernel"
         raise _h_kernel_error(op, args, ValueError(
-            f"infer declares {op._infer_nout} output{'s' * (op._infer_nout != 1)}, the kernel returned {got}"))
+            f"infer declares {op._infer_nout} output{'s' * (op._infer_nout != 1)}, {what} returned {got}"))
     return res
 
 

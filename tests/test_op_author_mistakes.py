@@ -633,6 +633,24 @@ def test_a_kernel_returning_fewer_outputs_than_infer_declares_is_an_error_not_a_
     assert report.status("forward[cpu]") == "failed" and "the kernel returned 1" in report["forward[cpu]"].message
 
 
+class DecomposeOneForTwo(Op):
+    """infer declares two outputs, its decompose returns one."""
+    name = "MistakeDecomposeOneForTwo"
+
+    def infer(self, x):
+        return (x, x)
+
+    def decompose(self, x):
+        return (x * 2,)
+
+
+def test_a_decompose_returning_fewer_outputs_than_infer_declares_names_the_decompose():
+    # it said "the kernel returned 1" to an author who wrote no kernel
+    with pytest.raises(ValueError, match=r"MistakeDecomposeOneForTwo: infer declares 2 outputs, its decompose "
+                                         r"returned 1"):
+        DecomposeOneForTwo()(gradcore.tensor([1.0, 2.0]))
+
+
 class VjpOf(_Double):
     """A vjp returning ``kind``: a NumPy array, a float, a bare tensor or None."""
     name = "MistakeVjpOf"
