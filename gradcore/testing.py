@@ -158,23 +158,32 @@ def _compare(name, analytic, numeric, inputs, atol, rtol):
 
 
 def gradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float = 1e-5,
-              rtol: float = 1e-3, wrt: Optional[Sequence[int]] = None, seed: int = 0) -> bool:
+              rtol: float = 1e-3, wrt: Optional[Sequence[int]] = None, seed: int = 0,
+              raise_exception: bool = True) -> bool:
     """Check ``fn``'s gradients against central finite differences.
 
     ``inputs`` should be float64 for a meaningful check. Raises
-    GradcheckError naming the worst element; returns True otherwise.
+    GradcheckError naming the worst element (with ``raise_exception=False``,
+    as PyTorch's, returns False instead); returns True otherwise.
 
     Example::
 
         >>> from gradcore.testing import gradcheck
         >>> gradcheck(F.sin, [gc.tensor(np.random.rand(4), dtype="float64")])
         True
+        >>> gradcheck(lambda x: x.detach() * x, [gc.tensor([1.0, 2.0], dtype="float64")], raise_exception=False)
+        False
     """
-    xs = _as_tensors(inputs)
-    ws = _weights(fn, xs, seed)
-    a = analytic_grads(fn, xs, ws, wrt)
-    n = numerical_grads(fn, xs, ws, eps, wrt)
-    _compare("gradcheck", a, n, xs, atol, rtol)
+    try:
+        xs = _as_tensors(inputs)
+        ws = _weights(fn, xs, seed)
+        a = analytic_grads(fn, xs, ws, wrt)
+        n = numerical_grads(fn, xs, ws, eps, wrt)
+        _compare("gradcheck", a, n, xs, atol, rtol)
+    except GradcheckError:
+        if raise_exception:
+            raise
+        return False
     return True
 
 
@@ -197,9 +206,12 @@ def _first_order_fn(fn: Callable, ws, wrt):
 
 
 def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float = 1e-5,
-                  rtol: float = 1e-3, wrt: Optional[Sequence[int]] = None, seed: int = 0) -> bool:
+                  rtol: float = 1e-3, wrt: Optional[Sequence[int]] = None, seed: int = 0,
+                  raise_exception: bool = True) -> bool:
     """Check second-order gradients: the gradient of fn's (weighted)
     gradient, computed with nested GradManagers, against finite differences.
+    Raises GradcheckError on a mismatch, or with ``raise_exception=False``
+    returns False.
 
     Example::
 
@@ -207,6 +219,15 @@ def gradgradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float
         >>> gradgradcheck(lambda x: x * x * x, [gc.tensor([0.5, 2.0], dtype="float64")])
         True
     """
+    try:
+        return _gradgradcheck(fn, inputs, eps, atol, rtol, wrt, seed)
+    except GradcheckError:
+        if raise_exception:
+            raise
+        return False
+
+
+def _gradgradcheck(fn, inputs, eps, atol, rtol, wrt, seed) -> bool:
     xs = _as_tensors(inputs)
     ws = _weights(fn, xs, seed)
     g = _first_order_fn(fn, ws, wrt)

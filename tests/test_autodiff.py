@@ -540,6 +540,17 @@ def test_gradcheck_checks_float32_inputs_in_float64():
         gradcheck(lambda a: Wrong()(a), [x])
 
 
+def test_gradcheck_and_gradgradcheck_return_false_with_raise_exception_false():
+    # PyTorch's keyword: a wrong gradient gives False instead of raising
+    from gradcore.testing import GradcheckError, gradcheck, gradgradcheck
+    x = gc.tensor([0.5, 2.0], dtype="float64")
+    assert gradcheck(lambda v: v.detach() * v, [x], raise_exception=False) is False
+    assert gradgradcheck(lambda v: v.detach() * v * v, [x], raise_exception=False) is False
+    assert gradgradcheck(lambda v: v * v * v, [x], raise_exception=False) is True
+    with pytest.raises(GradcheckError):
+        gradgradcheck(lambda v: v.detach() * v * v, [x])
+
+
 def test_gradient_penalty_through_an_op_that_saves_its_output():
     # tanh's backward reads its output; the op is recorded by both managers
     # (x by the inner, w by the outer), so the saved output must carry its
