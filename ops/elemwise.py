@@ -376,7 +376,8 @@ class Elemwise(Op):
     def _dtypes(self, in_dtypes, descs):
         """(dtype each input is computed in, result dtype), once per signature.
         Where NumPy's kernel already gives the rule's result from the inputs
-        as they are (float32 * bool), they are not cast; else they are cast
+        as they are and no floating input would change dtype (float32 * bool),
+        they are not cast; else they are cast
         to the rule's dtypes, and a mode NumPy does not define for those
         (bool - bool) is a TypeError."""
         key = (self.mode,) + in_dtypes
@@ -388,7 +389,10 @@ class Elemwise(Op):
         except TypeError as exc:
             raise TypeError(f"{self._name()}: {exc} (input dtypes: "
                             f"{', '.join(str(d) for d in in_dtypes)})") from None
-        if self._numpy_dtype(in_dtypes) == out:
+        if self._numpy_dtype(in_dtypes) == out and all(
+                d.kind != "f" or d == w for d, w in zip(in_dtypes, want)):
+            # a floating input in another dtype (float16 * float32) is still
+            # cast: the recorded Cast brings its gradient back in its own dtype
             want = in_dtypes
         got = self._numpy_dtype(want)
         if got != out:

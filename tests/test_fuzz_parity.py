@@ -282,3 +282,54 @@ def test_interpolate_keeps_a_nan_where_it_is(mode, align_corners, torch):
             assert (np.isnan(got) <= np.isnan(want)).all() and np.isnan(got).any() == np.isnan(bad)
             keep = ~np.isnan(want)
             np.testing.assert_allclose(got[keep], want[keep], rtol=1e-12, atol=1e-12)
+
+
+# ---- round 4: float32, modules in training, autocast -------------------------------
+
+
+@pytest.mark.parametrize("low, high", [("float16", "float32"), ("float32", "float64")])
+@pytest.mark.parametrize("how", ["operator", "function"])
+def test_gradient_of_a_promoted_operand_comes_back_in_its_own_dtype(low, high, how):
+    """float16 * float32: NumPy's kernel already gives float32, so the
+    float16 operand went in uncast and its gradient came back as float32
+    (declared float16): ConvTranspose's backward then refused float32 with
+    float16, and a float32 leaf's gradient could turn float64."""
+    x = gc.tensor(np.arange(9.0, dtype=low).reshape(1, 1, 3, 3))
+    w = gc.tensor(np.ones((1, 1, 2, 2), low))
+    b = gc.tensor(np.full((1,), 0.5, high))
+    gm = GradManager().attach([x, w])
+    with gm:
+        y = F.conv_transpose2d(x, w)
+        z = y * b if how == "operator" else F.mul(y, b)
+        assert z.dtype == np.dtype(high)
+        gm.backward(z.sum())
+    assert x.grad.dtype == np.dtype(low) and w.grad.dtype == np.dtype(low)
+    np.testing.assert_allclose(x.grad.numpy(), np.full((1, 1, 3, 3), 2.0))    # 4 taps * 0.5
+    np.testing.assert_allclose(w.grad.numpy(), np.full((1, 1, 2, 2), 18.0))   # sum(x) * 0.5
+    # the intermediate float16 gradient had the wrong dtype too
+    leaf = gc.tensor(np.ones(3, low))
+    gm = GradManager().attach([leaf])
+    with gm:
+        gm.backward(((leaf * 2.0) * b).sum())
+    assert leaf.grad.dtype == np.dtype(low)
+
+
+def test_linear_under_autocast_casts_its_bias_to_float16(torch):
+    """MegEngine's linear casts the bias to float16 under autocast, so the
+    result is float16 (as torch.autocast's linear); gradcore added a float32
+    bias to the float16 product and gave float32."""
+    import gradcore.amp as amp
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3), (4, 3), (4,)))
+    gb = gc.Parameter(b)
+    gm = GradManager().attach([gb])
+    with gm:
+        with amp.autocast():
+            y = F.linear(gc.tensor(x), gc.tensor(w), gb)
+        gm.backward(y.astype("float32").sum())
+    with torch.autocast("cpu", dtype=torch.float16):
+        want = torch.nn.functional.linear(torch.tensor(x), torch.tensor(w), torch.tensor(b))
+    assert y.dtype == np.float16 and want.dtype == torch.float16
+    np.testing.assert_allclose(y.numpy().astype(np.float64), want.float().numpy(), rtol=2e-3, atol=2e-3)
+    assert gb.grad.dtype == np.float32
+    np.testing.assert_array_equal(gb.grad.numpy(), np.full(4, 2.0, np.float32))

@@ -19,6 +19,7 @@ from .creation import arange
 from .reduce import sum
 from .shape import broadcast_to, expand_dims, reshape, squeeze, transpose
 from ..op import ArgumentError
+from ..dtypes import autocast_dtypes
 
 _MatrixMul = MatrixMul     # one op instance per attributes: its caches stay warm
 
@@ -98,6 +99,11 @@ def linear(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, compute_m
     out = matmul(inp, w, transpose_b=True)
     if bias is None:
         return out
+    amp = autocast_dtypes()
+    if amp is not None and isinstance(bias, Tensor) and bias.dtype.kind == "f":
+        # MegEngine's linear: under autocast the bias is cast to the low
+        # precision too, so the result stays float16 as the product is
+        bias = bias.astype(amp[0])
     try:
         return out + bias
     except (OpError, TypeError) as exc:     # a bias that does not fit (out_features,)
