@@ -39,6 +39,7 @@ from ..ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape,
 from . import nn
 from ._args import _t, builtins_max
 from . import vision
+from . import debug_param, metric  # noqa: F401 - MegEngine's module paths F.debug_param, F.metric
 from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, conv3d,
                    conv_transpose1d, conv_transpose2d, conv_transpose3d, max_pool2d)
 from .creation import arange, eye, full, full_like, linspace, ones, ones_like, zeros, zeros_like
