@@ -27,7 +27,7 @@ from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
 from .attention import MultiHeadAttention  # noqa: F401
 from .conv import (Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d, ConvTranspose3d,  # noqa: F401
-                   ConvTransposeRelu2d, LocalConv2d)
+                   ConvTransposeRelu2d, DeformableConv2d, LocalConv2d)
 from .linear import Linear, LinearRelu  # noqa: F401
 from .module import HookHandler, Module, _count  # noqa: F401
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: F401

@@ -1,0 +1,114 @@
+"""Names and signatures of MegEngine's public API that gradcore matches:
+keyword-only creation arguments, F.debug_param's execution strategy,
+F.metric, the gradcore.optimizer.lr_scheduler path and the logging helpers
+(get_logger, set_log_level, set_log_file, enable_debug_log)."""
+import importlib
+import inspect
+import io
+import logging
+
+import pytest
+
+import gradcore as gc
+import gradcore.functional as F
+import gradcore.optimizer as optim
+from gradcore import logger as gc_logger
+
+
+@pytest.mark.parametrize("fn, args", [(F.zeros, ((2,),)), (F.ones, ((2,),)), (F.full, ((2,), 1.0)),
+                                      (F.arange, (0, 4, 1)), (F.linspace, (0, 1, 3)), (F.eye, (2, 2))])
+def test_creation_dtype_and_device_are_keyword_only(fn, args):
+    params = inspect.signature(fn).parameters
+    assert params["dtype"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["device"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert fn(*args, dtype="int32", device="cpu").dtype == "int32"
+    with pytest.raises(TypeError):
+        fn(*args, "int32")
+
+
+@pytest.fixture
+def restore_strategy():
+    from gradcore.functional import debug_param
+    before = debug_param.get_execution_strategy()
+    yield debug_param
+    debug_param.set_execution_strategy(before)
+
+
+def test_execution_strategy_round_trips(restore_strategy):
+    dp = restore_strategy
+    assert F.debug_param is dp
+    for option, want in [("HEURISTIC", dp.Strategy.HEURISTIC), ("PROFILE", dp.Strategy.PROFILE),
+                         ("PROFILE_REPRODUCIBLE", dp.Strategy.PROFILE | dp.Strategy.REPRODUCIBLE),
+                         ("HEURISTIC_REPRODUCIBLE", dp.Strategy.HEURISTIC | dp.Strategy.REPRODUCIBLE)]:
+        dp.set_execution_strategy(option)
+        assert dp.get_execution_strategy() == want, option
+        assert dp.get_conv_execution_strategy() == want
+    dp.set_conv_execution_strategy(dp.Strategy.PROFILE)
+    assert dp.get_execution_strategy() == dp.Strategy.PROFILE
+    with pytest.raises(ValueError, match="set_execution_strategy.*'FAST'"):
+        dp.set_execution_strategy("PROFILE_FAST")
+    with pytest.raises(TypeError, match="set_execution_strategy"):
+        dp.set_execution_strategy(3.0)
+
+
+def test_metric_module_path():
+    assert F.metric.topk_accuracy is F.nn.topk_accuracy
+    logits = gc.tensor([[0.1, 0.7, 0.2], [0.5, 0.3, 0.2]])
+    top1, top2 = F.metric.topk_accuracy(logits, gc.tensor([2, 1], dtype="int32"), (1, 2))
+    assert float(top1) == 0.0 and float(top2) == 1.0
+
+
+def test_lr_scheduler_importable_under_optimizer():
+    mod = importlib.import_module("gradcore.optimizer.lr_scheduler")
+    assert mod is gc.lr_scheduler and optim.lr_scheduler is mod
+    from gradcore.optimizer.lr_scheduler import LRScheduler, MultiStepLR
+    assert MultiStepLR is optim.MultiStepLR and issubclass(MultiStepLR, LRScheduler)
+
+
+@pytest.fixture
+def clean_logging():
+    saved = (list(gc_logger._loggers), dict(gc_logger._state))
+    levels = {name: logging.getLogger(name).level for name in ("gradcore", "gradcore.t1", "t2")}
+    yield
+    gc.set_log_file(io.StringIO())
+    for lg in set(gc_logger._loggers) | {logging.getLogger("gradcore")}:
+        lg.removeHandler(gc_logger._state["file_handler"])
+    gc_logger._loggers[:] = saved[0]
+    gc_logger._state.update(saved[1])
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_logging_helpers(clean_logging, tmp_path):
+    assert inspect.signature(gc.get_logger).parameters["name"].default is None
+    assert gc.get_logger().name == "gradcore"
+    old = gc.set_log_level(logging.ERROR)
+    assert gc.get_logger("t2").level == logging.ERROR       # made after: the new default
+    assert gc.set_log_level(logging.WARNING, update_existing=False) == logging.ERROR
+    assert gc.get_logger("t2").level == logging.ERROR       # not updated
+    gc.enable_debug_log()
+    assert gc.get_logger("t2").level == logging.DEBUG and gc.get_logger().level == logging.DEBUG
+    buf = io.StringIO()
+    gc.set_log_file(buf)
+    gc.get_logger("gradcore.t1").warning("once only")
+    assert buf.getvalue().count("once only") == 1          # the child propagates to gradcore's copy
+    path = tmp_path / "run.log"
+    gc.set_log_file(str(path))
+    gc.get_logger("t2").info("to the file")
+    gc.set_log_file(io.StringIO())                         # closes the file it opened
+    assert "to the file" in path.read_text() and "to the file" not in buf.getvalue()
+    with pytest.raises(TypeError, match="set_log_file"):
+        gc.set_log_file(3)
+    gc.set_log_level(old)
+
+
+def test_get_logger_formatter():
+    class Marked(logging.Formatter):
+        def format(self, record):
+            return "MARK " + super().format(record)
+    lg = gc.get_logger("gradcore.formatted_test", Marked)
+    handlers = [h for h in lg.handlers if isinstance(h.formatter, Marked)]
+    assert len(handlers) == 1
+    gc.get_logger("gradcore.formatted_test", Marked)
+    assert len([h for h in lg.handlers if isinstance(h.formatter, Marked)]) == 1
+    lg.removeHandler(handlers[0])
