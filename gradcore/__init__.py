@@ -64,7 +64,7 @@ _LAZY_FUNCTIONS = {"save": "serialization", "load": "serialization", "from_dlpac
 def __getattr__(name):
     # heavier submodules, and the functions above, load on first use
     import importlib
-    if name in ("module", "optimizer", "core", "testing", "autodiff", "registry", "graph", "ops", "data",
+    if name in ("module", "optimizer", "config", "core", "testing", "autodiff", "registry", "graph", "ops", "data",
                 "distributed", "devices", "amp", "distributions"):
         return importlib.import_module(f"gradcore.{name}")
     if name in _LAZY_FUNCTIONS:

@@ -112,3 +112,33 @@ def test_get_logger_formatter():
     gc.get_logger("gradcore.formatted_test", Marked)
     assert len([h for h in lg.handlers if isinstance(h.formatter, Marked)]) == 1
     lg.removeHandler(handlers[0])
+
+
+@pytest.fixture
+def restore_config():
+    saved = dict(gc.config._state)
+    yield gc.config
+    gc.config._state.update(saved)
+
+
+def test_config_switches(restore_config):
+    cfg = restore_config
+    assert cfg.async_level == 2 and cfg.benchmark_kernel is False and cfg.deterministic_kernel is False
+    for name in ("benchmark_kernel", "deterministic_kernel", "benchmark_with_subprocess", "disable_memory_forwarding"):
+        setattr(cfg, name, True)
+        assert getattr(cfg, name) is True
+        with pytest.raises(TypeError, match=f"config.{name}"):
+            setattr(cfg, name, 1)
+    cfg.async_level = 0
+    assert cfg.async_level == 0
+    for bad in (3, -1, True, "1"):
+        with pytest.raises(ValueError, match="async_level"):
+            cfg.async_level = bad
+
+
+def test_config_and_execution_strategy_are_one_switch(restore_config, restore_strategy):
+    dp = restore_strategy
+    restore_config.benchmark_kernel, restore_config.deterministic_kernel = True, True
+    assert dp.get_execution_strategy() == dp.Strategy.PROFILE | dp.Strategy.REPRODUCIBLE
+    dp.set_execution_strategy("HEURISTIC")
+    assert restore_config.benchmark_kernel is False and restore_config.deterministic_kernel is False

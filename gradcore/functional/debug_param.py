@@ -3,7 +3,8 @@
 MegEngine chooses among several convolution/matmul algorithms by heuristic or
 by profiling, optionally only reproducible ones. gradcore has one kernel per
 op and device, so the strategy is recorded and read back (programs that set
-it run unchanged) but selects nothing.
+it run unchanged) but selects nothing. It is the pair of switches
+``gradcore.config.benchmark_kernel`` and ``deterministic_kernel``.
 
 Example::
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import enum
 from typing import Union
+
+from .. import config
 
 __all__ = ["Strategy", "get_execution_strategy", "set_execution_strategy",
            "get_conv_execution_strategy", "set_conv_execution_strategy"]
@@ -37,9 +40,6 @@ class Strategy(enum.IntFlag):
     REPRODUCIBLE = 4
 
 
-_state = {"profile": False, "reproducible": False}
-
-
 def get_execution_strategy() -> Strategy:
     """The strategy last set (``Strategy.HEURISTIC`` until one is).
 
@@ -49,8 +49,8 @@ def get_execution_strategy() -> Strategy:
         >>> debug_param.get_execution_strategy()
         <Strategy.HEURISTIC: 1>
     """
-    strategy = Strategy.PROFILE if _state["profile"] else Strategy.HEURISTIC
-    if _state["reproducible"]:
+    strategy = Strategy.PROFILE if config.benchmark_kernel else Strategy.HEURISTIC
+    if config.deterministic_kernel:
         strategy |= Strategy.REPRODUCIBLE
     return strategy
 
@@ -78,8 +78,8 @@ def set_execution_strategy(option: Union[str, Strategy]) -> None:
             flags |= Strategy[part]
     else:
         raise TypeError(f"set_execution_strategy: option must be a str or a Strategy, got {type(option).__name__}")
-    _state["profile"] = bool(flags & Strategy.PROFILE)
-    _state["reproducible"] = bool(flags & Strategy.REPRODUCIBLE)
+    config.benchmark_kernel = bool(flags & Strategy.PROFILE)
+    config.deterministic_kernel = bool(flags & Strategy.REPRODUCIBLE)
 
 
 def get_conv_execution_strategy() -> Strategy:
