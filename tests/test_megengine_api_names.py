@@ -142,3 +142,37 @@ def test_config_and_execution_strategy_are_one_switch(restore_config, restore_st
     assert dp.get_execution_strategy() == dp.Strategy.PROFILE | dp.Strategy.REPRODUCIBLE
     dp.set_execution_strategy("HEURISTIC")
     assert restore_config.benchmark_kernel is False and restore_config.deterministic_kernel is False
+
+
+def test_resize_layer_matches_torch_bilinear():
+    import numpy as np
+    import gradcore.module as M
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 7))
+    for imode, tmode in (("linear", "bilinear"), ("nearest", "nearest")):
+        got = M.Resize([3, 4], imode=imode)(gc.tensor(x)).numpy()
+        want = torch.nn.functional.interpolate(torch.tensor(x), (3, 4), mode=tmode,
+                                               **({"align_corners": False} if tmode == "bilinear" else {})).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=imode)
+    # F.vision.resize takes MegEngine's op names of the modes as well
+    np.testing.assert_array_equal(F.vision.resize(gc.tensor(x), (3, 4), imode="linear").numpy(),
+                                  F.vision.resize(gc.tensor(x), (3, 4), imode="bilinear").numpy())
+    assert M.Resize(gc.tensor([2, 3]))(gc.tensor(x)).shape == (2, 3, 2, 3)
+    with pytest.raises(ValueError, match="Resize: format"):
+        M.Resize([2, 2], format="NCDHW")
+
+
+def test_remap_layer_is_f_remap_of_the_stacked_maps():
+    import numpy as np
+    import gradcore.module as M
+    rng = np.random.default_rng(1)
+    inp = gc.tensor(rng.standard_normal((2, 3, 4, 5)))
+    mx, my = rng.uniform(-1, 5, (2, 3, 6)), rng.uniform(-1, 4, (2, 3, 6))
+    got = M.Remap()(inp, gc.tensor(mx), gc.tensor(my), "linear", "constant", 0.5).numpy()
+    want = F.vision.remap(inp, gc.tensor(np.stack([mx, my], -1)), "constant", 0.5, "linear").numpy()
+    np.testing.assert_array_equal(got, want)
+    both = gc.tensor(np.stack([mx, my], -1))
+    np.testing.assert_array_equal(M.Remap()(inp, both, gc.tensor(np.zeros((0,)))).numpy(),
+                                  F.vision.remap(inp, both).numpy())
+    with pytest.raises(ValueError, match="Remap: map_1.*map_2"):
+        M.Remap()(inp, gc.tensor(mx), gc.tensor(my[:, :2]))
