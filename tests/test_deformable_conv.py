@@ -175,3 +175,19 @@ def test_deformable_conv2d_errors():
     with pytest.raises(ValueError) as e:
         F.deformable_conv2d(x, w, F.zeros((1, 18, 2, 2)), F.ones((1, 9, 2, 2)), conv_mode="convolution")
     check_error(e, "deformable_conv2d", "conv_mode")
+
+
+def test_a_point_on_the_edge_of_the_sampling_region_reads_zero_and_passes_no_gradient():
+    # MegEngine samples only points strictly inside (-1, H) x (-1, W): at
+    # row -1 exactly the value is 0 and so is its gradient, though row 0 is
+    # a bilinear neighbour
+    x = gc.tensor(np.arange(1.0, 10.0).reshape(1, 1, 3, 3))
+    offset = np.zeros((1, 2, 3, 3))
+    offset[0, 0, 0, 0], offset[0, 1, 0, 0] = -1.0, 0.5        # output (0, 0) reads (-1, 0.5)
+    offset = gc.tensor(offset)
+    gm = gc.GradManager().attach([offset])
+    with gm:
+        out = F.deformable_conv2d(x, gc.tensor(np.ones((1, 1, 1, 1))), offset, gc.tensor(np.ones((1, 1, 3, 3))))
+        gm.backward(out[0, 0, 0, 0])
+    assert float(out[0, 0, 0, 0]) == 0.0
+    np.testing.assert_array_equal(offset.grad.numpy(), np.zeros((1, 2, 3, 3)))
