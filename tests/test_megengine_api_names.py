@@ -176,3 +176,15 @@ def test_remap_layer_is_f_remap_of_the_stacked_maps():
                                   F.vision.remap(inp, both).numpy())
     with pytest.raises(ValueError, match="Remap: map_1.*map_2"):
         M.Remap()(inp, gc.tensor(mx), gc.tensor(my[:, :2]))
+
+
+def test_tensor_takes_megengines_parameters_in_megengines_order():
+    import numpy as np
+    # Tensor(data, dtype, device, is_const, no_cache, name, format)
+    t = gc.Tensor([1, 2], "float32", "cpu", True, True, "w", "default")
+    assert t.dtype == np.float32 and t.device == "cpu" and t.name == "w"
+    assert gc.Tensor([1.0], None, None, True).name == ""          # the 4th is is_const, not the name
+    p = gc.Parameter([1.0], name="p", is_const=False, no_cache=False, format="default")
+    assert p.name == "p" and isinstance(p, gc.Parameter)
+    with pytest.raises(ValueError, match="Tensor: format must be 'default'.*'nhwc'"):
+        gc.Tensor([1.0], format="nhwc")
