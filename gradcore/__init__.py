@@ -49,30 +49,22 @@ __version__ = "0.1.0"
 __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register_grad_rule",
            "unregister_grad_rule", "registered_grad_rule",
            "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "to_torch", "from_torch", "to_jax", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError",
-           "is_cuda_available", "get_device_count", "set_default_device", "get_default_device", "get_logger"]
+           "is_cuda_available", "get_device_count", "set_default_device", "get_default_device", "get_logger",
+           "set_log_level", "set_log_file", "enable_debug_log"]
 
 
 # functions whose modules load on first use (a third of a warm start on a GPU
 # machine is ``import gradcore``): name -> the submodule defining it
 _LAZY_FUNCTIONS = {"save": "serialization", "load": "serialization", "from_dlpack": "interop",
-                   "from_torch": "interop", "to_torch": "interop", "to_jax": "interop"}
-
-
-def get_logger(name: str = "gradcore") -> "logging.Logger":     # (logging loads when called)
-    """A ``logging`` logger (MegEngine's ``get_logger``).
-
-    Example::
-
-        >>> gc.get_logger().info("starting")
-    """
-    import logging
-    return logging.getLogger(name)
+                   "from_torch": "interop", "to_torch": "interop", "to_jax": "interop",
+                   "get_logger": "logger", "set_log_level": "logger", "set_log_file": "logger",
+                   "enable_debug_log": "logger"}
 
 
 def __getattr__(name):
     # heavier submodules, and the functions above, load on first use
     import importlib
-    if name in ("module", "optimizer", "core", "testing", "autodiff", "registry", "graph", "ops", "data",
+    if name in ("module", "optimizer", "config", "core", "testing", "autodiff", "registry", "graph", "ops", "data",
                 "distributed", "devices", "amp", "distributions"):
         return importlib.import_module(f"gradcore.{name}")
     if name in _LAZY_FUNCTIONS:

@@ -351,9 +351,11 @@ cdef object _UNINITIALISED = _Uninitialised()
 @cython.no_gc
 cdef class Tensor:
     """An n-dimensional array that gradients can flow through.
-    ``Tensor(data, dtype=None, device=None, name=None)``; MegEngine's
-    keywords ``is_const`` and ``no_cache`` (hints to its graph compiler
-    about constants) are accepted and change nothing here.
+    ``Tensor(data, dtype=None, device=None, is_const=False, no_cache=False,
+    name=None, format="default")``, MegEngine's parameters in MegEngine's
+    order: ``is_const`` and ``no_cache`` (hints to its graph compiler about
+    constants) are accepted and change nothing here; ``format`` must be
+    "default", gradcore's one memory layout.
 
     Example::
 
@@ -381,7 +383,10 @@ cdef class Tensor:
     def __cinit__(self):
         self._data = _UNINITIALISED
 
-    def __init__(self, data=None, dtype=None, device=None, name=None, *, is_const=False, no_cache=False):
+    def __init__(self, data=None, dtype=None, device=None, is_const=False, no_cache=False, name=None,
+                 format="default"):
+        if format != "default":
+            raise ValueError(f"Tensor: format must be 'default' (gradcore has one memory layout), got {format!r}")
         if isinstance(data, Tensor):
             src = <Tensor>data
             # its own buffer: in-place updates of one never show in the other

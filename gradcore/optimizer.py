@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Dict, Iterable, List, Tuple, Union
 
 import numpy as np
@@ -22,6 +23,11 @@ from .cuda import graphs as _graphs
 from .lr_scheduler import (CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler,  # noqa: F401 - optim.StepLR etc.
                            MultiStepLR, StepLR)
 from .op import ArgumentError
+
+# MegEngine's path megengine.optimizer.lr_scheduler: gradcore.optimizer is one
+# module, so its schedulers module is registered under that name as well
+lr_scheduler = _lr_scheduler
+sys.modules.setdefault(__name__ + ".lr_scheduler", _lr_scheduler)
 
 
 def _zeros_like(data):

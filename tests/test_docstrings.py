@@ -24,6 +24,7 @@ import gradcore.module as M
 import gradcore.optimizer as optim
 
 MODULES = ["gradcore", "gradcore.functional", "gradcore.functional.nn", "gradcore.functional.vision",
+           "gradcore.functional.debug_param", "gradcore.functional.metric",
            "gradcore.module", "gradcore.module.init", "gradcore.optimizer", "gradcore.lr_scheduler",
            "gradcore.autodiff", "gradcore.random", "gradcore.data", "gradcore.data.transform",
            "gradcore.distributed", "gradcore.testing", "gradcore.amp", "gradcore.distributions"]

@@ -118,10 +118,10 @@ CASES = [
     # creation: NumPy's errors, named, with the arguments
     (F.zeros, ((-1, 2),), ValueError, r"zeros: negative dimensions are not allowed \(got shape=\(-1, 2\)"),
     (F.ones, ("a",), TypeError, r"ones: .*\(got shape='a'"),
-    (F.zeros, ((2,), "foo"), TypeError, r"zeros: data type 'foo' not understood"),
+    (partial(F.zeros, dtype="foo"), ((2,),), TypeError, r"zeros: data type 'foo' not understood"),
     (F.full, ((-1,), 1.0), ValueError, r"full: negative dimensions"),
     (F.full, ((2,), x23), ValueError, r"full: could not broadcast"),
-    (F.full, ((2,), float("nan"), "int32"), ValueError, r"full: cannot fill a int32 tensor with nan"),
+    (partial(F.full, dtype="int32"), ((2,), float("nan")), ValueError, r"full: cannot fill a int32 tensor with nan"),
     (F.full_like, (i23, float("inf")), ValueError, r"full_like: cannot fill a int32 tensor with inf"),
     (F.full_like, (x23, "a"), ValueError, r"full_like: could not convert"),
     (F.arange, ("a",), TypeError, r"arange: .*\(got start=0, stop='a'"),

@@ -39,6 +39,7 @@ from ..ops.shape import (Broadcast, Cast, Concat, ExpandDims, Identity, Reshape,
 from . import nn
 from ._args import _t, builtins_max
 from . import vision
+from . import debug_param, metric  # noqa: F401 - MegEngine's module paths F.debug_param, F.metric
 from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, conv3d,
                    conv_transpose1d, conv_transpose2d, conv_transpose3d, max_pool2d)
 from .creation import arange, eye, full, full_like, linspace, ones, ones_like, zeros, zeros_like
@@ -52,7 +53,8 @@ from .elemwise_table import (abs, acos, acosh, add, asin, asinh, atan, atanh, ce
 from .indexing import (argsort, cond_take, diag, embedding, gather, getitem, indexing_one_hot, non_zero, one_hot,
                        scatter, setitem, sort, topk)
 from .linalg import cross, dot, einsum, linear, matinv, matmul, svd
-from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, dropout, group_norm,
+from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, deformable_conv2d, dropout,
+                 group_norm,
                  general_norm, hinge_loss, instance_norm, l1_loss, layer_norm, local_conv2d, local_response_norm,
                  log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss, normalize, pad, region_restricted_conv,
                  sliding_window, sliding_window_transpose, softmax,

@@ -34,7 +34,7 @@ def _filled(name: str, shape, value, dtype, device) -> Tensor:
     return Tensor(filled(spec.shape, spec.dtype.type(value), spec.dtype, device), device=device)
 
 
-def zeros(shape: Union[int, Sequence[int]], dtype: Union[str, np.dtype] = "float32",
+def zeros(shape: Union[int, Sequence[int]], *, dtype: Union[str, np.dtype] = "float32",
           device: Optional[str] = None) -> Tensor:
     """A tensor of ``shape`` filled with 0 (float32 unless ``dtype`` says otherwise).
 
@@ -48,7 +48,7 @@ def zeros(shape: Union[int, Sequence[int]], dtype: Union[str, np.dtype] = "float
     return _filled("zeros", shape, 0, dtype, device)
 
 
-def ones(shape: Union[int, Sequence[int]], dtype: Union[str, np.dtype] = "float32",
+def ones(shape: Union[int, Sequence[int]], *, dtype: Union[str, np.dtype] = "float32",
          device: Optional[str] = None) -> Tensor:
     """A tensor of ``shape`` filled with 1 (float32 unless ``dtype`` says otherwise).
 
@@ -61,7 +61,7 @@ def ones(shape: Union[int, Sequence[int]], dtype: Union[str, np.dtype] = "float3
     return _filled("ones", shape, 1, dtype, device)
 
 
-def full(shape: Union[int, Sequence[int]], value: Union[int, float, bool, Tensor],
+def full(shape: Union[int, Sequence[int]], value: Union[int, float, bool, Tensor], *,
          dtype: Optional[Union[str, np.dtype]] = None, device: Optional[str] = None) -> Tensor:
     """A tensor of ``shape`` filled with ``value``. Without ``dtype`` it comes
     from the value as in MegEngine: bool, int32 for an int, float32 for a float.
@@ -125,7 +125,7 @@ def full_like(inp: Tensor, value: Union[int, float]) -> Tensor:
     return _filled_like("full_like", x, value)
 
 
-def arange(start: float = 0, stop: Optional[float] = None, step: float = 1,
+def arange(start: float = 0, stop: Optional[float] = None, step: float = 1, *,
            dtype: Union[str, np.dtype] = "float32", device: Optional[str] = None) -> Tensor:
     """Evenly spaced values in [start, stop) ``step`` apart, NumPy's ``arange``;
     one argument is ``stop``. float32 by default, as MegEngine's.
@@ -145,7 +145,7 @@ def arange(start: float = 0, stop: Optional[float] = None, step: float = 1,
                         start=start, stop=stop, step=step, dtype=dtype), device=device)
 
 
-def linspace(start: float, stop: float, num: int, dtype: Union[str, np.dtype] = "float32",
+def linspace(start: float, stop: float, num: int, *, dtype: Union[str, np.dtype] = "float32",
              device: Optional[str] = None) -> Tensor:
     """``num`` evenly spaced values from ``start`` to ``stop``, both included.
 
@@ -161,7 +161,7 @@ def linspace(start: float, stop: float, num: int, dtype: Union[str, np.dtype] = 
                         start=start, stop=stop, num=num, dtype=dtype), device=device)
 
 
-def eye(N: Union[int, Sequence[int], Tensor], M: Optional[int] = None,
+def eye(N: Union[int, Sequence[int], Tensor], M: Optional[int] = None, *,
         dtype: Union[str, np.dtype] = "float32", device: Optional[str] = None) -> Tensor:
     """An (N, M) matrix (M defaults to N) with ones on the diagonal. As in
     MegEngine, ``N`` may also be the shape: ``(N,)``, ``(N, M)`` or a 1-d

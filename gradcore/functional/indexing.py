@@ -216,7 +216,7 @@ def diag(inp: Tensor, k: int = 0) -> Tensor:
     i = np.arange(n)
     index = np.full((n + builtins.abs(k),) * 2, n)
     index[i + builtins_max(-k, 0), i + builtins_max(k, 0)] = i
-    return getitem(concat([x, zeros((1,), x.dtype, x.device)]), index)
+    return getitem(concat([x, zeros((1,), dtype=x.dtype, device=x.device)]), index)
 
 
 def cond_take(mask: Tensor, x: Tensor) -> tuple:

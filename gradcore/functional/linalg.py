@@ -139,7 +139,7 @@ def cross(a: Tensor, b: Tensor, axisa: int = -1, axisb: int = -1, axisc: int = -
         if v.shape[-1] not in (2, 3):
             raise ArgumentError(f"cross: the vectors must have 2 or 3 components, got shapes {a.shape} and {b.shape}")
         if v.shape[-1] == 2:
-            v = concat([v, zeros(v.shape[:-1] + (1,), v.dtype, v.device)], -1)
+            v = concat([v, zeros(v.shape[:-1] + (1,), dtype=v.dtype, device=v.device)], -1)
         comps.append([v[..., i] for i in range(3)])
     (a0, a1, a2), (b0, b1, b2) = comps
     out = stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], -1)

@@ -21,11 +21,11 @@ from ..op import OpError
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
 from .elemwise import clip, logaddexp, where  # noqa: F401  (logaddexp: F.nn's before)
-from .elemwise_table import abs, eq, exp, log, maximum, relu, softplus, sqrt, square
-from .indexing import _int_labels, getitem, indexing_one_hot, topk as _topk
+from .elemwise_table import abs, eq, exp, floor, log, maximum, relu, softplus, sqrt, square
+from .indexing import _int_labels, gather, getitem, indexing_one_hot, topk as _topk
 from .reduce import _norm_ord, max, mean, norm, sum
 from .creation import zeros
-from .shape import astype, concat, copy, expand_dims, reshape, stack, stop_gradient
+from .shape import astype, broadcast_to, concat, copy, expand_dims, reshape, stack, stop_gradient
 
 # F.nn also has these functions of the other families, as in MegEngine
 from .conv import _per_axis
@@ -426,7 +426,7 @@ def local_response_norm(inp: Tensor, kernel_size: int = 5, k: float = 2.0, alpha
         raise ArgumentError(f"local_response_norm: inp must be (N, C, ...), got shape {x.shape}")
     half, c = n // 2, x.shape[1]
     sq = x * x
-    zeros_side = zeros((x.shape[0], half) + tuple(x.shape[2:]), x.dtype, x.device)
+    zeros_side = zeros((x.shape[0], half) + tuple(x.shape[2:]), dtype=x.dtype, device=x.device)
     padded = concat([zeros_side, sq, zeros_side], 1) if half else sq
     s = padded[:, 0:c]
     for j in range(1, 2 * half + 1):
@@ -578,6 +578,90 @@ def local_conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     return y if bias is None else y + bias
 
 
+def deformable_conv2d(inp: Tensor, weight: Tensor, offset: Tensor, mask: Tensor, bias: Optional[Tensor] = None,
+                      stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+                      dilation: Union[int, Sequence[int]] = 1, groups: int = 1,
+                      conv_mode: str = "cross_correlation", compute_mode: str = "default") -> Tensor:
+    """Modulated deformable convolution (DCNv2), MegEngine's
+    ``F.deformable_conv2d``: ``inp`` (N, C, H, W), ``weight`` (O, C // groups,
+    KH, KW) or MegEngine's grouped (groups, O // groups, C // groups, KH, KW),
+    ``offset`` (N, 2 * DG * KH * KW, OH, OW) and ``mask`` (N, DG * KH * KW,
+    OH, OW) for DG deformable groups (each a block of C // DG channels).
+    Kernel tap ``k = i * KW + j`` of output position (y, x) reads the input
+    at ``(y * stride - pad + i * dilation + offset[2k], x * stride - pad +
+    j * dilation + offset[2k + 1])``, bilinearly interpolated (pixels
+    outside the image count as 0; a point not inside (-1, H) x (-1, W) reads
+    0), times ``mask[k]``. Composed of gathers and one batched matmul, so it
+    runs on every device and differentiates in all of inp, weight, offset
+    and mask. ``compute_mode`` is accepted for MegEngine's float16 accumulator
+    switch; gradcore accumulates in the input's dtype.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(9, dtype="float32").reshape(1, 1, 3, 3))
+        >>> w = gc.tensor(np.ones((1, 1, 1, 1), "float32"))
+        >>> offset = gc.tensor(np.full((1, 2, 3, 3), 0.5, "float32"))      # every tap half a pixel down-right
+        >>> F.deformable_conv2d(x, w, offset, F.ones((1, 1, 3, 3))).numpy()[0, 0]
+        array([[2.  , 3.  , 1.75],
+               [5.  , 6.  , 3.25],
+               [3.25, 3.75, 2.  ]], dtype=float32)
+    """
+    name = "deformable_conv2d"
+    if str(conv_mode).lower() != "cross_correlation":
+        raise ArgumentError(f"{name}: conv_mode must be 'cross_correlation', got {conv_mode!r}")
+    x, w, off, m = _t(inp), _t(weight), _t(offset, inp), _t(mask, inp)
+    groups = _int_arg(name, "groups", groups, 1)
+    if x.ndim != 4 or w.ndim not in (4, 5) or (w.ndim == 5 and w.shape[0] != groups):
+        raise ArgumentError(f"{name}: inp must be (N, C, H, W) and weight (O, C // groups, KH, KW) or "
+                            f"({groups}, O // groups, C // groups, KH, KW), got shapes {x.shape} and {w.shape}")
+    if w.ndim == 5:
+        w = reshape(w, (w.shape[0] * w.shape[1],) + w.shape[2:])
+    n, c, h, wd = x.shape
+    oc, cg, kh, kw = w.shape
+    if cg * groups != c or oc % groups:
+        raise ArgumentError(f"{name}: weight {tuple(weight.shape)} does not fit inp {x.shape} with groups={groups}: "
+                            f"it needs groups * (C // groups) == C and O divisible by groups")
+    (oh, ow), rows, cols, _, p = _window_index(name, (h, wd), (kh, kw), padding, stride, dilation)
+    taps = kh * kw
+    dg = off.shape[1] // (2 * taps) if off.ndim == 4 else 0
+    if (off.ndim != 4 or dg < 1 or off.shape != (n, 2 * dg * taps, oh, ow) or c % dg
+            or m.shape != (n, dg * taps, oh, ow)):
+        raise ArgumentError(f"{name}: offset must be (N, 2 * DG * {taps}, {oh}, {ow}) and mask (N, DG * {taps}, "
+                            f"{oh}, {ow}) with DG dividing {c} channels (inp {x.shape}, weight {tuple(weight.shape)}); "
+                            f"got offset {off.shape} and mask {m.shape}")
+    if off.dtype != x.dtype:
+        off, m = astype(off, x.dtype), astype(m, x.dtype)
+    # each tap's undeformed position in the unpadded image, (taps, OH, OW)
+    base_y = np.broadcast_to(rows - p[0], (oh, ow, kh, kw)).transpose(2, 3, 0, 1).reshape(taps, oh, ow)
+    base_x = np.broadcast_to(cols - p[1], (oh, ow, kh, kw)).transpose(2, 3, 0, 1).reshape(taps, oh, ow)
+    off = reshape(off, (n, dg, taps, 2, oh, ow))
+    ys = off[:, :, :, 0] + _t(base_y.astype(x.dtype), x)
+    xs = off[:, :, :, 1] + _t(base_x.astype(x.dtype), x)
+    y0, x0 = floor(stop_gradient(ys)), floor(stop_gradient(xs))
+    fy, fx = ys - y0, xs - x0       # the bilinear weights carry the gradient to the offsets
+    inside = stop_gradient(astype((ys > -1) * (xs > -1) * (ys < h) * (xs < wd), x.dtype))
+    # one zero pixel around the image: every corner of a point inside
+    # (-1, H) x (-1, W) is then a valid index, and reads 0 off the image
+    pw = wd + 2
+    flat = reshape(pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (n, dg, c // dg, (h + 2) * pw))
+    length = taps * oh * ow
+    sampled = None
+    for dy in (0, 1):
+        iy = clip(y0 + (1 + dy), 0, h + 1)
+        wy = fy if dy else 1 - fy
+        for dx in (0, 1):
+            ix = clip(x0 + (1 + dx), 0, wd + 1)
+            index = broadcast_to(reshape(astype(iy * pw + ix, "int32"), (n, dg, 1, length)), (n, dg, c // dg, length))
+            term = gather(flat, 3, index) * reshape(wy * (fx if dx else 1 - fx), (n, dg, 1, length))
+            sampled = term if sampled is None else sampled + term
+    sampled = sampled * reshape(inside * reshape(m, (n, dg, taps, oh, ow)), (n, dg, 1, length))
+    # (N, groups, Cg * taps, OH * OW) columns against (groups, O // groups, Cg * taps)
+    columns = reshape(sampled, (n, groups, cg * taps, oh * ow))
+    y = matmul(reshape(w, (1, groups, oc // groups, cg * taps)), columns)
+    y = reshape(y, (n, oc, oh, ow))
+    return y if bias is None else y + bias
+
+
 def sliding_window_transpose(inp: Tensor, output_size: Union[int, Sequence[int]],
                              kernel_size: Union[int, Sequence[int]], padding: Union[int, Sequence[int]] = 0,
                              stride: Union[int, Sequence[int]] = 1, dilation: Union[int, Sequence[int]] = 1) -> Tensor:
@@ -605,7 +689,7 @@ def sliding_window_transpose(inp: Tensor, output_size: Union[int, Sequence[int]]
     if g.ndim != 6 or tuple(g.shape[2:]) != out + k:
         raise ArgumentError(f"sliding_window_transpose: inp must be windows (N, C, {out[0]}, {out[1]}, {k[0]}, "
                             f"{k[1]}) for output_size {hw}, got shape {g.shape}")
-    padded = zeros(tuple(g.shape[:2]) + (hw[0] + 2 * p[0], hw[1] + 2 * p[1]), g.dtype, g.device)
+    padded = zeros(tuple(g.shape[:2]) + (hw[0] + 2 * p[0], hw[1] + 2 * p[1]), dtype=g.dtype, device=g.device)
     spec, arrays = split_index((slice(None), slice(None), rows, cols))
     # the scatter-add that is the gather's backward (overlapping windows add up)
     y = _apply(SubtensorGrad(spec), g, padded, *[_on(a, g) for a in arrays])[0]

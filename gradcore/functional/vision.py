@@ -554,8 +554,9 @@ def resize(inp: Tensor, size: Union[int, Sequence[int]], format: str = "NCHW", i
            max_size: Optional[int] = None) -> Tensor:
     """Images resized to ``size`` (OH, OW), MegEngine's
     ``F.vision.resize``: ``interpolate`` without corner alignment, modes
-    "bilinear", "nearest", "bicubic"; NCHW or NHWC; ``max_size`` caps each
-    output side (MegEngine's rule).
+    "bilinear", "nearest", "bicubic", or the names of MegEngine's Resize op
+    for them, "linear" and "cubic" (``M.Resize``'s default is "linear");
+    NCHW or NHWC; ``max_size`` caps each output side (MegEngine's rule).
 
     Example::
 
@@ -571,6 +572,8 @@ def resize(inp: Tensor, size: Union[int, Sequence[int]], format: str = "NCHW", i
         hw = tuple(min(v, _int_arg("resize", "max_size", max_size, 1)) for v in hw)
     if format not in ("NCHW", "NHWC"):
         raise ArgumentError(f"resize: format must be 'NCHW' or 'NHWC', got {format!r}")
+    # MegEngine's Resize op names the 2-D modes "linear" and "cubic"
+    imode = {"linear": "bilinear", "cubic": "bicubic"}.get(imode, imode)
     x = _t(inp)
     if format == "NHWC":
         return transpose(interpolate(transpose(x, (0, 3, 1, 2)), hw, mode=imode), (0, 2, 3, 1))

@@ -142,6 +142,32 @@ class Conv2d(_ConvLayer):
                         self.groups, self.conv_mode, self.compute_mode, nonlinear_mode=self._nonlinear_mode)
 
 
+class DeformableConv2d(Conv2d):
+    """Modulated deformable convolution (``F.deformable_conv2d``),
+    MegEngine's ``M.DeformableConv2d``: Conv2d's weight and bias (shapes and
+    initialisation), applied as ``module(inp, offset, mask)`` with the
+    sampling offsets and masks given per call. Zero padding only.
+
+    Example::
+
+        >>> dcn = M.DeformableConv2d(2, 4, 3, padding=1)
+        >>> x = gc.tensor(np.ones((1, 2, 5, 5), "float32"))
+        >>> offset, mask = F.zeros((1, 18, 5, 5)), F.ones((1, 9, 5, 5))     # no offsets: Conv2d
+        >>> np.allclose(dcn(x, offset, mask).numpy(), F.conv2d(x, dcn.weight, dcn.bias, padding=1).numpy(), atol=1e-5)
+        True
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 dilation=1, groups: int = 1, bias: bool = True,
+                 conv_mode: str = "cross_correlation", compute_mode: str = "default", **kwargs):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         conv_mode, compute_mode, **kwargs)
+
+    def forward(self, inp, offset, mask):
+        return F.deformable_conv2d(inp, self.weight, offset, mask, self.bias, self.stride, self.padding,
+                                   self.dilation, self.groups, self.conv_mode, self.compute_mode)
+
+
 class LocalConv2d(Conv2d):
     """A locally connected layer over NCHW input of a fixed size (a kernel
     per output position, ``F.local_conv2d``), MegEngine's ``M.LocalConv2d``:

@@ -183,3 +183,11 @@ def test_local_conv2d(cuda, matches_cpu):
 @pytest.mark.parametrize("mode", ["RGB2GRAY", "YUV2RGB", "RGB2BGR"])
 def test_cvt_color(cuda, matches_cpu, mode):
     matches_cpu(lambda x: F.vision.cvt_color(x, mode), [np.abs(_x((2, 3, 4, 3)))], rtol=1e-5, atol=1e-6)
+
+
+def test_deformable_conv2d(cuda, matches_cpu):
+    rng = np.random.default_rng(4)
+    offset = rng.uniform(-2, 2, (1, 2 * 2 * 4, 6, 5)).astype(np.float32)      # 2 deformable groups, 2x2 kernel
+    mask = rng.uniform(0, 1, (1, 2 * 4, 6, 5)).astype(np.float32)
+    matches_cpu(lambda x, w, o, m: F.nn.deformable_conv2d(x, w, o, m, None, 1, (1, 0), 1, 2),
+                [_x((1, 4, 5, 6)), _x((4, 2, 2, 2), 1), offset, mask], rtol=1e-3, atol=1e-4)

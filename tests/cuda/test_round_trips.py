@@ -137,7 +137,7 @@ def test_filled_tensors_are_made_on_the_device(cuda):
     kernel: no host array is uploaded (they appear inside training steps,
     e.g. the zero gradient of a multi-output op's unused output)."""
     x = gc.Tensor(np.ones((3, 4), np.float32), device="cuda")
-    makers = [lambda: F.zeros((3, 4), device="cuda"), lambda: F.ones((2,), "int32", device="cuda"),
+    makers = [lambda: F.zeros((3, 4), device="cuda"), lambda: F.ones((2,), dtype="int32", device="cuda"),
               lambda: F.full((2, 2), 7.5, device="cuda"), lambda: F.zeros_like(x), lambda: F.ones_like(x),
               lambda: F.full_like(x, -2)]
     for make in makers:                  # warm-up: the fill kernel is compiled once
