@@ -395,7 +395,7 @@ cdef class Tensor:
                 device = _h_getattr("_norm_device")(device)
                 if _logical(device) != _logical(src._device):
                     # MegEngine: a Tensor made from a Tensor stays on its device
-                    raise RuntimeError(f"Tensor: the data is a Tensor on {src._device}, not on {device}; "
+                    raise RuntimeError(f"Tensor: the data is a Tensor on {src.device}, not on {device}; "
                                        f"move it with .to({str(device)!r}) first")
             # its own buffer: in-place updates of one never show in the other
             self._data, self._device = _h_getattr("_to_array")(src._data, dtype, src._device)
@@ -1263,7 +1263,7 @@ cdef object _common_device(op, tuple args):
                                                           and _logical(t._device) != _logical(dev))):
             raise RuntimeError(
                 f"{_op_name(op)}: inputs are on different devices "
-                f"({', '.join(str((<Tensor>x)._device) for x in args)}); "
+                f"({', '.join(str((<Tensor>x).device) for x in args)}); "
                 f"move them with .to(device) first")
     if type(op) is _copy_op and (type(dev) is not str or type((<object>op).device) is not str):
         # a copy from or to a logical device: its output is wrapped on the target

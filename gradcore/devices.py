@@ -119,9 +119,7 @@ def set_default_device(device: str = "xpux") -> None:
         'cpu'
     """
     global _default_device
-    dev = norm_device(device)
-    # "cpu0" is the default cpu: tensors made without a device say "cpu"
-    _default_device = str.__str__(dev) if logical_name(dev) == str.__str__(dev) else dev
+    _default_device = norm_device(device)
 
 
 def get_default_device() -> str:
@@ -251,21 +249,22 @@ _LOCATOR = re.compile(r"^(cpu|xpu|gpu|cuda)(\d+|x)?(?::(\d+))?$")
 
 def norm_device(device) -> str:
     """The device gradcore computes on ("cpu" or "cuda") for any spelling
-    MegEngine accepts ("cpux", "gpu0", "xpux", ...); None is the default
+    MegEngine accepts ("cpu0", "gpu0", "xpux", ...); None is the default
     device (``set_default_device``). MegEngine's logical CPU devices and
-    streams ("cpu0", "cpu1", "cpu0:1"; "xpu1", "xpu0:1" where there is no
-    GPU) give a ``LogicalDevice`` on the cpu, reported in MegEngine's form
-    ("cpu0:0" is the default cpu under its MegEngine name).
+    streams ("cpu1", "cpu0:1"; "xpu1", "xpu0:1" where there is no
+    GPU) give a ``LogicalDevice`` on the cpu, reported in MegEngine's form;
+    "cpu0" and "cpu0:0" are the default cpu itself ("cpu").
 
     Example::
 
-        >>> norm_device("cpux"), str(norm_device("cpu0")), str(norm_device("cpu0:1"))
-        ('cpu', 'cpu0:0', 'cpu0:1')
+        >>> norm_device("cpu0"), str(norm_device("cpu2")), str(norm_device("cpu0:1"))
+        ('cpu', 'cpu2:0', 'cpu0:1')
     """
     if device is None:
         return _default_device
     if isinstance(device, LogicalDevice):
-        return device
+        # cpu0:0 and gpu0:0 (Tensor.device's names) are the physical devices themselves
+        return device if device.logical != str.__str__(device) else str.__str__(device)
     d = str(device).lower()
     m = _LOCATOR.match(d)
     if m is None:
@@ -279,7 +278,7 @@ def norm_device(device) -> str:
         return "cuda"
     # "xpu": MegEngine's "any device", the GPU where there is one, else the CPU
     physical = "cuda" if kind == "xpu" and is_cuda_available() else "cpu"
-    if number == "x" or (kind == "xpu" and number == "0" and stream == 0):
+    if number in ("x", "0") and stream == 0:
         return physical
     if physical == "cuda":
         raise ValueError(f"unknown device {device!r}: gradcore has one GPU device and stream (xpu0)")
