@@ -160,15 +160,18 @@ class LogicalDevice(str):
     number and a stream) on the physical device gradcore computes on.
 
     It equals its physical name ("cpu", so kernels dispatch as on that
-    device) and its logical spellings; tensors on two different logical
-    devices are still refused by one op, as MegEngine refuses them
-    (``same_device`` tells them apart). ``str`` gives MegEngine's form.
+    device) and its logical spellings; two of them compare by logical name
+    (cpu1 != cpu2, though both == "cpu": equality is not transitive across
+    the two kinds). Tensors on two different logical devices are refused by
+    one op, as MegEngine refuses them (``same_device`` tells them apart).
+    ``str`` gives MegEngine's form.
 
     Example::
 
         >>> d = norm_device("cpu1"); str(d), d == "cpu", d == "cpu1"
         ('cpu1:0', True, True)
     """
+    name: str         # MegEngine's form: "cpu1:0"
     logical: str      # what tells it from other devices: the physical name for cpu0:0 itself
 
     def __new__(cls, physical: str, logical: str) -> "LogicalDevice":
