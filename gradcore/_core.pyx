@@ -1263,7 +1263,7 @@ cdef object _common_device(op, tuple args):
                                                           and _logical(t._device) != _logical(dev))):
             raise RuntimeError(
                 f"{_op_name(op)}: inputs are on different devices "
-                f"({', '.join(str((<Tensor>x).device) for x in args)}); "
+                f"({', '.join(str((<Tensor>x)._device) for x in args)}); "
                 f"move them with .to(device) first")
     if type(op) is _copy_op and (type(dev) is not str or type((<object>op).device) is not str):
         # a copy from or to a logical device: its output is wrapped on the target

@@ -431,8 +431,9 @@ class GradManager:
                 if tensor.grad is None:
                     if id(grad) in given:
                         # one gradient object reached two tensors (y = a + b): each gets
-                        # its own, or a later in-place accumulation would show in both
-                        grad = Tensor(grad)
+                        # its own, or a later in-place accumulation would show in both;
+                        # a recorded copy (``* 1``, exact), so higher orders still see it
+                        grad = grad * 1
                     given.add(id(grad))
                     tensor.grad = grad
                 else:

@@ -316,7 +316,7 @@ def test_logical_devices_are_named_as_megengine_and_kept_by_ops(monkeypatch):
     np.testing.assert_allclose((b * 2 + 1).numpy(), np.arange(8, 16).reshape(2, 4) * 2 + 1)
     assert str(F.zeros((2,), device="cpu2").device) == "cpu2:0"
     assert str(F.full((2,), 3.0, device="cpu0:1").device) == "cpu0:1"
-    with pytest.raises(RuntimeError, match=r"Elemwise.*different devices \(cpu0:0, cpu1:0\)"):
+    with pytest.raises(RuntimeError, match=r"Elemwise.*different devices \(cpu, cpu1:0\)"):
         a + b
 
 
