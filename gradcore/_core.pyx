@@ -86,6 +86,7 @@ cdef extern from "numpy/arrayobject.h":
 cdef object _ndarray = np.ndarray
 cdef object _np_add = np.add
 cdef object _np_asarray = np.asarray
+cdef object _np_dtype = np.dtype
 cdef object _np_zeros = np.zeros
 cdef object _np_broadcast_shapes = np.broadcast_shapes
 
@@ -120,7 +121,7 @@ def _install_hooks(**hooks):
     """Called once by gradcore's Python modules to plug their parts in."""
     global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
     global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array, _h_promote
-    global _h_infer_check, _h_describe, _h_device_scalar, _h_autocast
+    global _h_infer_check, _h_describe, _h_device_scalar, _h_autocast, _copy_op
     for name, fn in hooks.items():
         if name == "slow_apply": _h_slow_apply = fn
         elif name == "backward_graph": _h_backward_graph = fn
@@ -135,6 +136,7 @@ def _install_hooks(**hooks):
         elif name == "promote": _h_promote = fn
         elif name == "device_scalar": _h_device_scalar = fn
         elif name == "autocast": _h_autocast = fn      # installed (and removed: None) by gradcore.amp
+        elif name == "copy_op": _copy_op = fn          # ops.shape.Copy: its output is on its target device
         elif name == "operator_ops":
             _operator_ops.update(fn)
             _set_hot_ops()
@@ -179,6 +181,7 @@ cdef str CUDA = "cuda"
 # gradcore.cuda.DeviceArray (set when the CUDA backend is imported): the
 # only data type besides ndarray a Tensor holds; its device is "cuda"
 cdef object _device_array = None
+cdef object _copy_op = None        # the class ops.shape.Copy (a hook)
 
 # Per thread (see "Threading model" in docs/core.md): what the thread that
 # records has in progress. A key records only ops run in the thread that
@@ -389,8 +392,18 @@ cdef class Tensor:
             raise ValueError(f"Tensor: format must be 'default' (gradcore has one memory layout), got {format!r}")
         if isinstance(data, Tensor):
             src = <Tensor>data
+            if dtype is not None and _np_dtype(dtype) != src._data.dtype:
+                # MegEngine: a Tensor made from a Tensor keeps its dtype (astype converts)
+                raise RuntimeError(f"Tensor: the data is a Tensor of dtype {src._data.dtype}, not "
+                                   f"{_np_dtype(dtype)}; convert it with .astype() first")
+            if device is not None:
+                device = _h_getattr("_norm_device")(device)
+                if _logical(device) != _logical(src._device):
+                    # MegEngine: a Tensor made from a Tensor stays on its device
+                    raise RuntimeError(f"Tensor: the data is a Tensor on {src.device}, not on {device}; "
+                                       f"move it with .to({str(device)!r}) first")
             # its own buffer: in-place updates of one never show in the other
-            self._data, self._device = _h_getattr("_to_array")(src._data, dtype, device or src._device)
+            self._data, self._device = _h_getattr("_to_array")(src._data, dtype, src._device)
         else:
             self._data, self._device = _h_getattr("_to_array")(data, dtype, device)
         self._name = name
@@ -423,6 +436,10 @@ cdef class Tensor:
 
     @property
     def device(self):
+        """Where the tensor is, named as MegEngine does ("cpu0:0", "cpu1:0",
+        "gpu0:0"); it equals gradcore's name for it ("cpu", "cuda") too."""
+        if type(self._device) is str:
+            return _h_getattr("_named_device")(self._device)
         return self._device
 
     def numpy(self):
@@ -654,6 +671,10 @@ cdef inline Tensor _wrap(object arr, object device):
     else:
         arr = _np_asarray(arr)
         t._device = CPU
+    if type(device) is not str and device is not None and device == t._device:
+        # a logical device (devices.LogicalDevice, MegEngine's "cpu1") on the
+        # physical one the data is on: the output stays on it
+        t._device = device
     t._data = arr
     return t
 
@@ -791,6 +812,7 @@ cdef class GradSlot:
     cdef object callback
     cdef object tensor_ref    # weakref to an attached tensor, for inspection
     cdef tuple shape          # an attached tensor's shape: its gradient must have it
+    cdef object device        # an attached tensor's device: its gradient is put there
     cdef bint made_by_attach  # a leaf's own slot; else an op's output slot, whose
                               # gradient its op still reads after the tensor's callback
 
@@ -1017,6 +1039,7 @@ cdef class GradKey:
             self.leaves.append(s)
         s.leaf = True
         s.shape = t._data.shape
+        s.device = t._device
         s.reaches = True
         if callback is not None:
             if s.callback is None:
@@ -1233,16 +1256,26 @@ cdef inline tuple _wrap_outputs(object res, object device):
     return (_wrap(res, device),)
 
 
+cdef inline object _logical(object device):
+    # what tells logical devices apart (devices.logical_name)
+    return device if type(device) is str else device.logical
+
+
 cdef object _common_device(op, tuple args):
     cdef object dev = (<Tensor>args[0])._device
     cdef Tensor t
     for a in args:
         t = <Tensor>a
-        if t._device is not dev and t._device != dev:
+        if t._device is not dev and (t._device != dev or ((type(t._device) is not str or type(dev) is not str)
+                                                          and _logical(t._device) != _logical(dev))):
             raise RuntimeError(
                 f"{_op_name(op)}: inputs are on different devices "
                 f"({', '.join(str((<Tensor>x)._device) for x in args)}); "
                 f"move them with .to(device) first")
+    if type(op) is _copy_op and (type(dev) is not str or type((<object>op).device) is not str):
+        # a copy from or to a logical device: its output is wrapped on the target
+        # (both devices' kernels of Copy are the same host/device transfer)
+        return (<object>op).device
     return dev
 
 
@@ -2230,7 +2263,8 @@ cdef void _fire(GradSlot s, bint tensor_mode, object device, list kept) except *
                          f"has shape {shape}: an op's backward returned a wrongly shaped gradient "
                          f"(gradcore.testing.check_op finds which)")
     if not tensor_mode:
-        g = _wrap(g, device)
+        # on the attached tensor's (logical) device, not the consuming op's (a Copy's target)
+        g = _wrap(g, device if s.device is None else s.device)
     s.callback(g)
 
 

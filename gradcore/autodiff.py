@@ -420,6 +420,7 @@ class GradManager:
             for cb in self._after_backward_callbacks:
                 cb()
             specs = self._attach_specs
+            given = set()       # ids of the gradient objects handed to a tensor in this backward
             for tid, grad in self._gradients.items():
                 if not isinstance(grad, Tensor) and hasattr(grad, "wait"):
                     grad = grad.wait()
@@ -428,9 +429,17 @@ class GradManager:
                 if tensor is None:
                     continue
                 if tensor.grad is None:
+                    if id(grad) in given:
+                        # one gradient object reached two tensors (y = a + b): each gets
+                        # its own, or a later in-place accumulation would show in both;
+                        # a recorded copy (``* 1``, exact), so higher orders still see it
+                        grad = grad * 1
+                    given.add(id(grad))
                     tensor.grad = grad
                 else:
-                    tensor.grad = tensor.grad + grad
+                    # MegEngine's ``grad += g``: the same Tensor object is rebound to
+                    # the sum, so a reference held to ``p.grad`` sees it
+                    tensor.grad += grad
         finally:
             backwarding.pop()
             self._end_backward()

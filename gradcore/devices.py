@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 
@@ -154,28 +155,137 @@ def get_device_count(device_type: str = "xpu") -> int:
     return int(getattr(_b.backend(), "device_count", lambda: 1)())
 
 
-def norm_device(device) -> str:
-    """The device name gradcore uses ("cpu" or "cuda") for any spelling
-    MegEngine accepts ("cpu0", "gpu0", "xpux", ...); None is the default
-    device (``set_default_device``).
+class LogicalDevice(str):
+    """A MegEngine logical device ("cpu1", "cpu0:1", "xpu0:2": a device
+    number and a stream) on the physical device gradcore computes on.
+
+    It equals its physical name ("cpu", so kernels dispatch as on that
+    device) and its logical spellings; two of them compare by logical name
+    (cpu1 != cpu2, though both == "cpu": equality is not transitive across
+    the two kinds). Tensors on two different logical devices are refused by
+    one op, as MegEngine refuses them (``same_device`` tells them apart).
+    ``str`` gives MegEngine's form.
 
     Example::
 
-        >>> norm_device("cpu0")
-        'cpu'
+        >>> d = norm_device("cpu1"); str(d), d == "cpu", d == "cpu1"
+        ('cpu1:0', True, True)
+    """
+    name: str         # MegEngine's form: "cpu1:0"
+    logical: str      # what tells it from other devices: the physical name for cpu0:0 itself
+
+    def __new__(cls, physical: str, logical: str) -> "LogicalDevice":
+        self = super().__new__(cls, physical)
+        self.name = logical
+        # "cpu0:0", named, is the default cpu: one device with "cpu"
+        self.logical = physical if logical in ("cpu0:0", "gpu0:0") else logical
+        return self
+
+    def __str__(self) -> str:
+        return self.name
+
+    __repr__ = __str__
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, LogicalDevice):
+            return self.logical == other.logical
+        if isinstance(other, str):
+            return (str.__eq__(self, other) or other == self.name
+                    or (self.name.endswith(":0") and other == self.name[:-2]))
+        return NotImplemented
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    # hashes as its physical name: a kernel table keyed by "cpu" finds it
+    __hash__ = str.__hash__
+
+    def __reduce__(self):
+        return LogicalDevice, (str.__str__(self), self.name)
+
+
+_NAMED = {"cpu": LogicalDevice("cpu", "cpu0:0"), "cuda": LogicalDevice("cuda", "gpu0:0")}
+
+
+def logical_name(device) -> str:
+    """The name that tells logical devices apart: MegEngine's form for a
+    ``LogicalDevice``, the physical name ("cpu", "cuda") for the default one
+    (also when it was named "cpu0").
+
+    Example::
+
+        >>> logical_name(norm_device("cpu0:1")), logical_name("cpu")
+        ('cpu0:1', 'cpu')
+    """
+    return device.logical if isinstance(device, LogicalDevice) else str(device)
+
+
+def same_device(a, b) -> bool:
+    """Whether ``a`` and ``b`` (normalised names) are one logical device.
+
+    Example::
+
+        >>> same_device(norm_device("cpu1"), norm_device("cpu0"))
+        False
+    """
+    return logical_name(a) == logical_name(b)
+
+
+def named_device(device: str):
+    """``device`` ("cpu", "cuda") under MegEngine's name for it: the
+    ``LogicalDevice`` "cpu0:0" or "gpu0:0", equal to ``device`` itself
+    (``Tensor.device`` reports this).
+
+    Example::
+
+        >>> d = named_device("cpu"); str(d), d == "cpu"
+        ('cpu0:0', True)
+    """
+    named = _NAMED.get(device)
+    return device if named is None else named
+
+
+# MegEngine's locator: a type, a device number ("x": any), an optional stream
+_LOCATOR = re.compile(r"^(cpu|xpu|gpu|cuda)(\d+|x)?(?::(\d+))?$")
+
+
+def norm_device(device) -> str:
+    """The device gradcore computes on ("cpu" or "cuda") for any spelling
+    MegEngine accepts ("cpu0", "gpu0", "xpux", ...); None is the default
+    device (``set_default_device``). MegEngine's logical CPU devices and
+    streams ("cpu1", "cpu0:1"; "xpu1", "xpu0:1" where there is no
+    GPU) give a ``LogicalDevice`` on the cpu, reported in MegEngine's form;
+    "cpu0" and "cpu0:0" are the default cpu itself ("cpu").
+
+    Example::
+
+        >>> norm_device("cpu0"), str(norm_device("cpu2")), str(norm_device("cpu0:1"))
+        ('cpu', 'cpu2:0', 'cpu0:1')
     """
     if device is None:
         return _default_device
+    if isinstance(device, LogicalDevice):
+        # cpu0:0 and gpu0:0 (Tensor.device's names) are the physical devices themselves
+        return device if device.logical != str.__str__(device) else str.__str__(device)
     d = str(device).lower()
-    if d in ("cpu", "cpu0", "cpux") or d.startswith("cpu"):
-        return "cpu"
-    if d in ("xpux", "xpu", "xpu0"):
-        # MegEngine's "any device": the GPU where there is one, else the CPU
-        return "cuda" if is_cuda_available() else "cpu"
-    if d in ("cuda", "gpu", "gpu0", "cuda0", "cuda:0"):
+    m = _LOCATOR.match(d)
+    if m is None:
+        raise ValueError(f"unknown device {device!r}; gradcore knows 'cpu' and 'cuda' "
+                         f"(and MegEngine's 'cpuN', 'xpuN', 'gpu0', with ':stream')")
+    kind, number, stream = m.group(1), m.group(2) or "x", int(m.group(3) or 0)
+    if kind in ("gpu", "cuda"):
+        if number not in ("x", "0") or stream:
+            raise ValueError(f"unknown device {device!r}: gradcore has one GPU device, 'cuda' (gpu0)")
         require_cuda()
         return "cuda"
-    raise ValueError(f"unknown device {device!r}; gradcore knows 'cpu' and 'cuda'")
+    # "xpu": MegEngine's "any device", the GPU where there is one, else the CPU
+    physical = "cuda" if kind == "xpu" and is_cuda_available() else "cpu"
+    if number in ("x", "0") and stream == 0:
+        return physical
+    if physical == "cuda":
+        raise ValueError(f"unknown device {device!r}: gradcore has one GPU device and stream (xpu0)")
+    return LogicalDevice(physical, f"{kind}{number}:{stream}")
 
 
 def to_device(arr, device, constant: bool = False):

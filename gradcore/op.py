@@ -46,7 +46,8 @@ class TensorDesc:
     def __init__(self, shape: Optional[Sequence[int]], dtype: Any = "float32", device: str = "cpu"):
         self.shape = None if shape is None else tuple(map(int, shape))
         self.dtype = np.dtype(dtype)
-        self.device = str(device)
+        # a str subclass (devices.LogicalDevice) is kept: it prints its logical name
+        self.device = device if isinstance(device, str) else str(device)
 
     @property
     def ndim(self) -> Optional[int]:
@@ -773,6 +774,10 @@ def _freeze(v):
         return v.str
     if isinstance(v, slice):
         return ("slice", v.start, v.stop, v.step)
+    if isinstance(v, str) and type(v) is not str:
+        # a str subclass (devices.LogicalDevice "cpu1:0" equals "cpu"): keyed
+        # by what it prints, so two logical devices are two ops
+        return (type(v).__name__, str(v))
     return v
 
 
@@ -829,7 +834,7 @@ def _infer_check(op, args) -> int:
         if len(args) < low or (high is not None and len(args) > high):
             takes = f"{low}" if low == high else f"{low} to {high}" if high is not None else f"at least {low}"
             raise TypeError(f"{op._name()}: takes {takes} input{'s' * (takes != '1')}, got {len(args)}")
-    return len(checked_infer_result(op, op.infer(*[TensorDesc(t.shape, t.dtype, str(t.device)) for t in args])))
+    return len(checked_infer_result(op, op.infer(*[TensorDesc(t.shape, t.dtype, t._device) for t in args])))
 
 
 def checked_infer_result(op, out) -> tuple:

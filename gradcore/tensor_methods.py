@@ -14,7 +14,7 @@ from ._core import Tensor
 from .cuda.array import DeviceArray
 from .cuda.graphs import GraphCaptureError
 from .cuda import events as _device_events
-from .devices import filled, norm_device
+from .devices import filled, named_device, norm_device, same_device
 from .dtypes import DEFAULT_FLOAT, DEFAULT_INT
 
 
@@ -212,7 +212,7 @@ def transpose(self, *perm):
 
 def to(self, device):
     dev = norm_device(device)
-    if dev == self.device:
+    if same_device(dev, self._device):
         return self
     # recorded: the gradient is copied back to the source device
     from gradcore.ops.shape import Copy
@@ -388,6 +388,7 @@ _HOOK_FNS = {
     "astype": astype,
     "_to_array": to_array,
     "_norm_device": norm_device,
+    "_named_device": named_device,
     # zeros for an output no gradient reached: made on its device (no upload)
     "_zeros_on": lambda shape, dtype, device: filled(shape, 0, dtype, device),
     "_ones_on": lambda arr: arr.backend.ones_seed(arr.shape, arr.dtype),

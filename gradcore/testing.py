@@ -426,7 +426,7 @@ def _run(op, arrays, device="cpu", modified=None, out_devices=None, overruns=Non
         results = apply(op, *xs)
         named += [(f"input {i}", x) for i, x in enumerate(xs)] + [(f"output {j}", o) for j, o in enumerate(results)]
         if out_devices is not None:
-            out_devices += [str(o.device) for o in results]
+            out_devices += [str(o._device) for o in results]      # gradcore's name ("cuda"), not MegEngine's
         outs = [np.asarray(o.numpy()) for o in results]
     if modified is not None:
         modified += [i for i, (x, a) in enumerate(zip(xs, arrays))

@@ -571,6 +571,10 @@ class Copy(Op):
         return _copy_source("copy", ctype, "a device-to-device copy")
 
 
+# the core wraps a Copy's output on its target device (a logical one, "cpu1", too)
+_core._install_hooks(copy_op=Copy)
+
+
 class Identity(Op):
     """``x`` itself: the gradient passes unchanged.
 

@@ -107,3 +107,68 @@ def test_uint8_yuv_follows_the_float_formulas():
     # by hand: G = 255 + floor((127 * -9519 + 127 * -6472 + 8192) / 2^14) = 255 - 124 = 131, R and B
     # above 255; G = 0 + floor((128 * 9519 + 128 * 6472 + 8192) / 2^14) = 125, R and B below 0
     assert F.vision.cvt_color(extreme, "YUV2RGB").numpy().tolist() == [[[[255, 131, 255], [0, 125, 0]]]]
+
+
+# ---- YUV 4:2:0 modes (MegEngine's naive uint8 kernels): a reference that walks
+# the flat buffer as those kernels do, pixel by pixel, with Python ints
+
+def _yuv420_reference(img, out, fmt, bt601):
+    ih, w = img.shape
+    h = ih // 3 * 2
+    buf = [int(v) for v in img.reshape(-1)]
+    res = np.zeros((h, w, 1 if out == "GRAY" else 3), np.uint8)
+    sat = lambda t: max(0, min(255, t))     # noqa: E731
+    for i in range(h):
+        for j in range(w):
+            y = buf[i * w + j]
+            if out == "GRAY":
+                res[i, j, 0] = y
+                continue
+            if fmt in ("NV12", "NV21"):
+                base = (h + i // 2) * w + (j // 2) * 2      # the pair of this 2x2 block
+                a, b = buf[base], buf[base + 1]
+                u, v = (a, b) if fmt == "NV12" else (b, a)
+            else:
+                k = (i // 2) * (w // 2) + j // 2             # its index in a (H/2, W/2) plane
+                p1, p2 = buf[h * w + k], buf[h * w + h * w // 4 + k]
+                u, v = (p1, p2) if fmt == "YU12" else (p2, p1)
+            if bt601:
+                y1 = (y * 0x0101 * 18997) >> 16
+                b_ = sat((u * 128 + y1 - 128 * 128 - 1160) >> 6)
+                g_ = sat((-(u * 25 + v * 52) + y1 + 25 * 128 + 52 * 128 - 1160) >> 6)
+                r_ = sat((v * 102 + y1 - 102 * 128 - 1160) >> 6)
+            else:
+                r_ = sat(y + ((359 * (v - 128)) >> 8))
+                g_ = sat(y - ((88 * (u - 128) + 183 * (v - 128)) >> 8))
+                b_ = sat(y + ((454 * (u - 128)) >> 8))
+            res[i, j] = (r_, g_, b_) if out == "RGB" else (b_, g_, r_)
+    return res
+
+
+YUV_MODES = [(f"{pre}YUV2{out}_{fmt}", out, fmt, pre == "BT601_") for pre in ("", "BT601_")
+             for out in ("GRAY", "RGB", "BGR") for fmt in ("NV12", "NV21", "YU12", "YV12")
+             if not (pre and out == "GRAY")] + [("YCrCb2RGB", "RGB", "NV21", False),
+                                                 ("YCrCb2BGR", "BGR", "NV21", False)]
+
+
+@pytest.mark.parametrize("mode, out, fmt, bt601", YUV_MODES)
+def test_yuv420_modes_match_the_kernel_walk(mode, out, fmt, bt601):
+    rng = np.random.default_rng(7)
+    # extremes included: the saturation at 0 and 255 is exercised
+    img = rng.integers(0, 256, (2, 12, 6, 1)).astype(np.uint8)
+    img[0, :2, :2, 0], img[0, 8, :4, 0] = 255, (0, 255, 255, 0)
+    got = F.vision.cvt_color(gc.tensor(img), mode).numpy()
+    assert got.dtype == np.uint8 and got.shape == (2, 8, 6, 1 if out == "GRAY" else 3)
+    for k in range(2):
+        np.testing.assert_array_equal(got[k], _yuv420_reference(img[k, ..., 0], out, fmt, bt601))
+
+
+def test_yuv420_mode_errors():
+    img = gc.tensor(np.zeros((1, 9, 4, 1), np.uint8))
+    with pytest.raises(gc.op.ArgumentError, match=r"cvt_color: mode YUV2RGB_YV12 takes images \(N, 3H/2, W, 1\)"):
+        F.vision.cvt_color(img, "YUV2RGB_YV12")          # planar: 3H/2 a multiple of 6
+    assert F.vision.cvt_color(img, "YUV2RGB_NV12").shape == (1, 6, 4, 3)
+    with pytest.raises(gc.op.ArgumentError, match="takes images"):
+        F.vision.cvt_color(gc.tensor(np.zeros((1, 6, 3, 1), np.uint8)), "YUV2RGB_NV21")   # odd width
+    with pytest.raises(TypeError, match="mode YUV2BGR_NV12 computes on uint8 images, got float32"):
+        F.vision.cvt_color(gc.tensor(np.zeros((1, 6, 4, 1), np.float32)), "YUV2BGR_NV12")

@@ -292,3 +292,90 @@ def test_item_with_an_index_math_floor_and_ceil_seed_keyword_and_attach_errors()
             gc.GradManager().attach(bad)
         with pytest.raises(TypeError):
             gc.GradManager().attach(bad)
+
+
+# MegEngine's logical devices (megengine.device; functional/test_tensor.py::
+# test_concat_stack_device, core/test_tensor_wrapper.py::test_tensor_construct_tensor)
+
+def test_logical_devices_are_named_as_megengine_and_kept_by_ops(monkeypatch):
+    monkeypatch.setattr(gc.devices, "_default_device", "cpu")
+    a = gc.Tensor(np.arange(8, dtype="float32").reshape(2, 4), device="cpu0")
+    b = gc.Tensor(np.arange(8, 16, dtype="float32").reshape(2, 4), device="cpu1")
+    plain = gc.tensor(np.ones((2, 4), "float32"))
+    # MegEngine's names; each also equals gradcore's physical name
+    assert (str(a.device), str(b.device), str(plain.device)) == ("cpu0:0", "cpu1:0", "cpu0:0")
+    assert b.device == "cpu" and b.device == "cpu1" and b.device == "cpu1:0" and b.device != "cpu2"
+    assert str(gc.Tensor(1.0, device="cpu0:1").device) == "cpu0:1"
+    assert str(gc.Tensor(1.0, device="xpu1").device) == "xpu1:0"
+    assert str(gc.Tensor(1.0, device="cpux").device) == "cpu0:0"
+    # "cpu0" is the default cpu: it mixes with tensors made without a device
+    np.testing.assert_array_equal((a + plain).numpy(), a.numpy() + 1)
+    # ops keep the logical device, Python scalars included, reductions too
+    for out in (b * 2 + 1, b + b, -b, b.sum(), F.exp(b), b[0], b.reshape(8)):
+        assert str(out.device) == "cpu1:0"
+    np.testing.assert_allclose((b * 2 + 1).numpy(), np.arange(8, 16).reshape(2, 4) * 2 + 1)
+    assert str(F.zeros((2,), device="cpu2").device) == "cpu2:0"
+    assert str(F.full((2,), 3.0, device="cpu0:1").device) == "cpu0:1"
+    with pytest.raises(RuntimeError, match=r"Elemwise.*different devices \(cpu, cpu1:0\)"):
+        a + b
+
+
+def test_concat_stack_on_logical_devices(monkeypatch):
+    monkeypatch.setattr(gc.devices, "_default_device", "cpu")
+    rng = np.random.default_rng(0)
+    x1, x2, x3 = (rng.random((2, 2, 2)).astype("float32") for _ in range(3))
+    d1, d2, d3 = gc.Tensor(x1, device="cpu0"), gc.Tensor(x2, device="cpu1"), gc.Tensor(x3, device="cpu0")
+    for func, ref in ((F.concat, np.concatenate), (F.stack, np.stack)):
+        # device=: the inputs are moved there, from different devices too
+        out = func([d1, d2], device="cpu1")
+        assert str(out.device) == "cpu1:0"
+        np.testing.assert_array_equal(out.numpy(), ref([x1, x2]))
+        out = func([d1, d3])
+        assert str(out.device) == "cpu0:0"
+        np.testing.assert_array_equal(out.numpy(), ref([x1, x3]))
+        with pytest.raises(RuntimeError, match="different devices"):
+            func([d1, d2])
+
+
+def test_tensor_from_tensor_keeps_its_device_and_dtype():
+    x = gc.Tensor(0, dtype=np.float32, device="xpu0:1", name="MyName")
+    assert gc.Tensor(x.astype(np.int32)).dtype == np.int32
+    with pytest.raises(RuntimeError, match="dtype int32, not float32"):
+        gc.Tensor(x.astype(np.int32), dtype=np.float32)
+    assert gc.Tensor(x).name == "" and gc.Tensor(x, name="N2").name == "N2"
+    moved = x.to("xpu0:2")
+    assert str(moved.device) == "xpu0:2" and str(x.device) == "xpu0:1"
+    with pytest.raises(RuntimeError, match="on xpu0:2, not on xpu0:1"):
+        gc.Tensor(moved, device="xpu0:1")
+    assert gc.Tensor(moved).device == moved.device and str(gc.Tensor(moved).device) == "xpu0:2"
+    assert x.to("xpu0:1") is x
+
+
+def test_gradient_comes_back_to_the_attached_tensors_device(monkeypatch):
+    monkeypatch.setattr(gc.devices, "_default_device", "cpu")
+    wv = np.array([1.0, -2.0, 0.5])
+    for dev in ("cpu", "cpu2"):
+        w = gc.Parameter(wv.astype("float32"), device=dev)
+        gm = gc.GradManager().attach([w])
+        with gm:
+            # y = sum((w on cpu1)^2 * 3): dy/dw = 6 w, whatever device w is on
+            moved = w.to("cpu1")
+            assert str(moved.device) == "cpu1:0"
+            gm.backward((moved * moved * 3).sum())
+        assert w.grad.device == w.device and str(w.grad.device) == str(w.device)
+        np.testing.assert_allclose(w.grad.numpy(), 6 * wv, rtol=1e-6)
+
+
+def test_logical_device_set_default_and_pickle(monkeypatch):
+    import pickle
+    monkeypatch.setattr(gc.devices, "_default_device", "cpu")
+    gc.set_default_device("cpu3")
+    t = gc.tensor([1.0, 2.0])
+    assert str(t.device) == "cpu3:0" and str(gc.get_default_device()) == "cpu3:0"
+    back = pickle.loads(pickle.dumps(t))
+    assert str(back.device) == "cpu3:0"
+    np.testing.assert_array_equal(back.numpy(), [1.0, 2.0])
+    gc.set_default_device("cpu0")
+    assert gc.get_default_device() == "cpu" and str(gc.tensor([1.0]).device) == "cpu0:0"
+    with pytest.raises(ValueError, match="unknown device 'tpu0'"):
+        gc.tensor([1.0], device="tpu0")

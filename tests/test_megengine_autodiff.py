@@ -330,6 +330,30 @@ def test_gm_attach_accepts_float(dtype):
     assert gm.attached_tensors()[0] is x
 
 
+def test_gm_second_backward_accumulates_into_the_same_grad_object():
+    """autodiff/grad_manager.py: ``tensor.grad += grad``, an in-place rebind, so a
+    reference held to ``p.grad`` sees the sum; two parameters whose gradients
+    came from one expression (a + b) never share a gradient object."""
+    av, bv = np.array([1.0, 2.0], "float32"), np.array([3.0, -4.0], "float32")
+    a, b = gc.Parameter(av), gc.Parameter(bv)
+    gm = GradManager().attach([a, b])
+    with gm:
+        gm.backward((a + b).sum())
+    assert a.grad is not b.grad
+    held_a, held_b = a.grad, b.grad
+    with gm:
+        gm.backward((a * b).sum())
+    assert a.grad is held_a and b.grad is held_b
+    # d/da of sum(a + b) + sum(a * b) is 1 + b; d/db is 1 + a
+    np.testing.assert_allclose(held_a.numpy(), 1 + bv)
+    np.testing.assert_allclose(held_b.numpy(), 1 + av)
+    # a third backward into a alone leaves b's gradient as it was
+    with gm:
+        gm.backward((a * 3).sum())
+    np.testing.assert_allclose(held_a.numpy(), 4 + bv)
+    np.testing.assert_allclose(held_b.numpy(), 1 + av)
+
+
 # =====================================================================
 # core/test_function.py
 # =====================================================================

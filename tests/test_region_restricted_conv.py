@@ -88,3 +88,47 @@ def test_bad_inputs():
         F.nn.region_restricted_conv(x, w, rin, gc.tensor(np.ones((1, 3, 3), np.int32)), groups=2)
     with pytest.raises(ArgumentError, match="region_restricted_conv: rin must be an integer tensor"):
         F.nn.region_restricted_conv(x, w, gc.tensor(np.ones((1, 4, 4), np.float32)), rout, groups=2)
+
+
+# ---- M.RegionRestrictedConv (MegEngine's module/conv.py layer)
+
+def test_module_layout_init_and_forward():
+    import gradcore.module as M
+    rr = M.RegionRestrictedConv(6, 4, (3, 2), groups=2, bias=True, stride=2, padding=1, dilation=1)
+    # MegEngine's names and the grouped layout, one group too
+    assert [n for n, _ in rr.named_parameters()] == ["bias", "weight"]
+    assert rr.weight.shape == (2, 2, 3, 3, 2) and rr.bias.shape == (1, 4, 1, 1)
+    assert M.RegionRestrictedConv(3, 5, 3).weight.shape == (1, 5, 3, 3, 3)
+    assert M.RegionRestrictedConv(3, 5, 3, bias=False).bias is None
+    np.testing.assert_array_equal(rr.bias.numpy(), 0)
+    big = M.RegionRestrictedConv(64, 64, 3, groups=1)
+    # N(0, 1 / (kh * kw * in_channels))
+    assert abs(big.weight.numpy().std() - np.sqrt(1 / (9 * 64))) < 0.003
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 7, 6)).astype("float32")
+    rr.bias.set_value(rng.standard_normal((1, 4, 1, 1)).astype("float32"))
+    oh, ow = (7 + 2 - 3) // 2 + 1, (6 + 2 - 2) // 2 + 1
+    rin = rng.integers(0, 3, (2, 7, 6)).astype("int32")
+    rout = rng.integers(0, 3, (2, oh, ow)).astype("int32")
+    out = rr(gc.tensor(x), gc.tensor(rin), gc.tensor(rout))
+    want = _reference(x.astype("float64"), rr.weight.numpy().astype("float64"), rin, rout, 2, 1, 1, 2) \
+        + rr.bias.numpy()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_module_gradients_reach_weight_and_bias():
+    import gradcore.module as M
+    rr = M.RegionRestrictedConv(2, 2, 2, groups=2)
+    rng = np.random.default_rng(4)
+    x = gc.tensor(rng.standard_normal((1, 2, 3, 3)).astype("float32"))
+    rin, rout = gc.tensor(np.zeros((1, 3, 3), "int32")), gc.tensor(np.zeros((1, 2, 2), "int32"))
+    gm = GradManager().attach(rr.parameters())
+    with gm:
+        gm.backward(rr(x, rin, rout).sum())
+    # one region: d sum / d bias is the output positions, d sum / d w the input windows' sums
+    np.testing.assert_allclose(rr.bias.grad.numpy(), np.full((1, 2, 1, 1), 4.0))
+    xv = x.numpy()[0]
+    win = np.stack([[[xv[c, i:i + 2, j:j + 2] for j in range(2)] for i in range(2)] for c in range(2)]).sum((1, 2))
+    np.testing.assert_allclose(rr.weight.grad.numpy().reshape(2, 2, 2), win, rtol=1e-5)
+    with pytest.raises(ArgumentError, match="RegionRestrictedConv: padding_mode"):
+        M.RegionRestrictedConv(2, 2, 2, padding_mode="circular")

@@ -357,7 +357,7 @@ def broadcast_parameters(params: Iterable[Tensor], root: int = 0, timeout: Optio
             ends = np.cumsum([int(p.size) for p in group])
             for p, part in zip(group, np.split(buf, ends[:-1])):
                 value = part.reshape(p.shape).copy()
-                p._data = value if str(p.device) == "cpu" else Tensor(value, device=p.device)._data
+                p._data = value if p.device == "cpu" else Tensor(value, device=p.device)._data
                 _core._bump_version(p)
 
 

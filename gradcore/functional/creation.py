@@ -27,7 +27,8 @@ def _filled(name: str, shape, value, dtype, device) -> Tensor:
     constructors do, naming ``name``."""
     device = norm_device(device)
     if device == "cpu":
-        return Tensor(_host(name, lambda: np.full(shape, value, dtype), shape=shape, value=value, dtype=dtype))
+        return Tensor(_host(name, lambda: np.full(shape, value, dtype), shape=shape, value=value, dtype=dtype),
+                      device=device)
     # the checks NumPy's constructor makes, on a zero-stride view (no memory)
     spec = _host(name, lambda: np.broadcast_to(np.asarray(value, dtype), shape), shape=shape, value=value,
                  dtype=dtype)

@@ -218,7 +218,8 @@ def flatten(inp: Tensor, start_axis: int = 0, end_axis: int = -1) -> Tensor:
 
 def concat(inps: Sequence[Tensor], axis: int = 0, device: Optional[str] = None) -> Tensor:
     """Join tensors along an existing ``axis``; ``device`` (MegEngine's
-    argument) moves the result there.
+    argument) is where the result goes: the inputs are moved there first,
+    so they may come from different devices (without it they must share one).
 
     Example::
 
@@ -226,8 +227,13 @@ def concat(inps: Sequence[Tensor], axis: int = 0, device: Optional[str] = None) 
         array([[1., 2.],
                [3., 4.]], dtype=float32)
     """
-    out = _apply(Concat(_int_or_err("concat", "axis", axis)), *_tensor_list("concat", inps))[0]
-    return out if device is None else out.to(device)
+    return _apply(Concat(_int_or_err("concat", "axis", axis)), *_on_device("concat", inps, device))[0]
+
+
+def _on_device(name: str, inps, device) -> list:
+    """concat's and stack's inputs, moved to ``device`` when it is given."""
+    ts = _tensor_list(name, inps)
+    return ts if device is None else [t.to(device) for t in ts]
 
 
 def _tensor_list(name: str, inps) -> list:
@@ -261,7 +267,7 @@ def split(inp: Tensor, nsplits_or_sections: Union[int, Sequence[int]], axis: int
 
 def stack(inps: Sequence[Tensor], axis: int = 0, device: Optional[str] = None) -> Tensor:
     """Stack equally shaped tensors along a new ``axis`` (``device``, as in
-    MegEngine, moves the result there).
+    MegEngine and ``concat``: where the inputs are moved and the result made).
 
     Example::
 
@@ -271,8 +277,7 @@ def stack(inps: Sequence[Tensor], axis: int = 0, device: Optional[str] = None) -
                [2., 5.],
                [3., 6.]], dtype=float32)
     """
-    out = _apply(Stack(_int_or_err("stack", "axis", axis)), *_tensor_list("stack", inps))[0]
-    return out if device is None else out.to(device)
+    return _apply(Stack(_int_or_err("stack", "axis", axis)), *_on_device("stack", inps, device))[0]
 
 
 def copy(inp: Tensor, device: Optional[str] = None) -> Tensor:

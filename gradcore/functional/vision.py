@@ -205,6 +205,63 @@ _CVT_SELECT = {        # mode: (input channels, the input channel of each output
 }
 
 
+# MegEngine's YUV 4:2:0 modes (uint8 only): an image (N, 3H/2, W, 1) holds the
+# luma plane (H rows) then the chroma of each 2x2 block: interleaved pairs in
+# H/2 rows (NV12 U,V; NV21 and YCrCb V,U) or two planes one after the other
+# (YU12 U then V; YV12 V then U), each (H/2, W/2) in row-major order
+_YUV420 = {}        # mode: (output, layout, BT.601 limited range)
+for _fmt in ("NV12", "NV21", "YU12", "YV12"):
+    for _out in ("GRAY", "RGB", "BGR"):
+        _YUV420[f"YUV2{_out}_{_fmt}"] = (_out, _fmt, False)
+        if _out != "GRAY":
+            _YUV420[f"BT601_YUV2{_out}_{_fmt}"] = (_out, _fmt, True)
+_YUV420.update({"YCRCB2RGB": ("RGB", "NV21", False), "YCRCB2BGR": ("BGR", "NV21", False)})
+
+
+def _yuv420_to_color(x: Tensor, key: str) -> Tensor:
+    """cvt_color's YUV 4:2:0 modes (``_YUV420``) on uint8 images."""
+    out, fmt, bt601 = _YUV420[key]
+    n, ih, w, c = x.shape
+    planar = fmt in ("YU12", "YV12")
+    if c != 1 or ih % (6 if planar else 3) or w % 2:
+        raise ArgumentError(f"cvt_color: mode {key} takes images (N, 3H/2, W, 1) with W even and H a multiple of "
+                            f"{4 if planar else 2}, got shape {x.shape}")
+    if x.dtype != np.uint8:
+        raise TypeError(f"cvt_color: mode {key} computes on uint8 images, got {x.dtype} (shape {x.shape})")
+    h = ih // 3 * 2
+    if out == "GRAY":
+        return x[:, :h]
+    luma = x[:, :h, :, 0].astype("int32")
+    chroma = x[:, h:, :, 0].astype("int32")
+    if planar:
+        flat = reshape(chroma, (n, h * w // 2))
+        first, second = (reshape(flat[:, k * (h * w // 4):(k + 1) * (h * w // 4)], (n, h // 2, w // 2))
+                         for k in (0, 1))
+    else:
+        pairs = reshape(chroma, (n, h // 2, w // 2, 2))
+        first, second = pairs[..., 0], pairs[..., 1]
+    u, v = (first, second) if fmt in ("NV12", "YU12") else (second, first)
+    # each chroma sample serves its 2x2 block of luma
+    u, v = (reshape(broadcast_to(reshape(t, (n, h // 2, 1, w // 2, 1)), (n, h // 2, 2, w // 2, 2)), (n, h, w))
+            for t in (u, v))
+    if bt601:
+        # BT.601 limited range in libyuv's 6-bit fixed point (MegEngine's constants);
+        # ``// 64`` is the arithmetic shift right by 6
+        y1 = (luma * (257 * 18997)) // 65536
+        ygb = -1160
+        r = (v * 102 + y1 + (-102 * 128 + ygb)) // 64
+        g = (-(u * 25 + v * 52) + y1 + ((25 + 52) * 128 + ygb)) // 64
+        b = (u * 128 + y1 + (-128 * 128 + ygb)) // 64
+    else:
+        # JPEG's full-range YCbCr, 8-bit fixed point; each term shifted (floored) on its own
+        du, dv = u - 128, v - 128
+        r = luma + (dv * 359) // 256
+        g = luma - (du * 88 + dv * 183) // 256
+        b = luma + (du * 454) // 256
+    rgb = [minimum(maximum(t, 0), 255) for t in ((r, g, b) if out == "RGB" else (b, g, r))]
+    return stack(rgb, axis=3).astype("uint8")
+
+
 def cvt_color(inp: Tensor, mode: str = "") -> Tensor:
     """Images (N, H, W, C) converted between colour formats, MegEngine's
     ``F.vision.cvt_color``: "RGB2GRAY" and "BGR2GRAY" (0.299 R + 0.587 G +
@@ -212,8 +269,13 @@ def cvt_color(inp: Tensor, mode: str = "") -> Tensor:
     of 0.5) on floating images; the same and "RGBA2GRAY" on uint8 images
     in MegEngine's 14-bit fixed point (OpenCV's weights, rounded,
     saturated); "GRAY2RGB", "RGB2BGR", "BGR2RGB", "RGBA2RGB" and
-    "RGBA2BGR" (channels copied) on any dtype. The result has the input's
-    dtype; the channel count is the mode's output's.
+    "RGBA2BGR" (channels copied) on any dtype; MegEngine's YUV 4:2:0 modes
+    on uint8 images (N, 3H/2, W, 1) to (N, H, W, 1 or 3): "YUV2GRAY_<f>",
+    "YUV2RGB_<f>", "YUV2BGR_<f>" (JPEG's full-range YCbCr), "BT601_YUV2RGB_<f>"
+    and "BT601_YUV2BGR_<f>" (BT.601 limited range), with <f> one of NV12,
+    NV21, YU12, YV12, and "YCrCb2RGB"/"YCrCb2BGR" (NV21), MegEngine's fixed
+    point. The result has the input's dtype; the channel count is the
+    mode's output's.
 
     Example::
 
@@ -223,10 +285,15 @@ def cvt_color(inp: Tensor, mode: str = "") -> Tensor:
         >>> u8 = gc.tensor(np.array([[[[255, 0, 0], [10, 200, 30]]]], "uint8"))
         >>> F.vision.cvt_color(u8, "RGB2GRAY").numpy().reshape(-1).tolist()
         [76, 124]
+        >>> nv12 = gc.tensor(np.array([100, 100, 100, 100, 128, 128], "uint8").reshape(1, 3, 2, 1))
+        >>> F.vision.cvt_color(nv12, "YUV2RGB_NV12").numpy().reshape(-1).tolist()[:3]    # grey: no chroma
+        [100, 100, 100]
     """
     x = _images("cvt_color", inp)
     key = mode.upper() if isinstance(mode, str) else mode
-    modes = sorted(set(_CVT_ARITHMETIC) | set(_CVT_UINT8)) + sorted(_CVT_SELECT)
+    if key in _YUV420:
+        return _yuv420_to_color(x, key)
+    modes = sorted(set(_CVT_ARITHMETIC) | set(_CVT_UINT8)) + sorted(_CVT_SELECT) + sorted(_YUV420)
     if key not in modes:
         raise ArgumentError(f"cvt_color: mode must be one of {modes}, got {mode!r}")
     uint8 = x.dtype == np.uint8 and key in _CVT_UINT8

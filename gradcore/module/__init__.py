@@ -1,7 +1,7 @@
 """gradcore.module (``M``): MegEngine's layers.
 
 Module, Sequential, Identity, Linear, Conv1d, Conv2d, ConvRelu2d, ConvBn2d,
-ConvBnRelu2d, Conv3d, ConvTranspose2d, ConvTranspose3d, MaxPool2d, AvgPool2d, Pad, PixelShuffle,
+ConvBnRelu2d, Conv3d, ConvTranspose2d, ConvTranspose3d, RegionRestrictedConv, MaxPool2d, AvgPool2d, Pad, PixelShuffle,
 AdaptiveMaxPool2d, AdaptiveAvgPool2d, Flatten, BatchNorm1d, BatchNorm2d, SyncBatchNorm,
 SlidingWindow, SlidingWindowTranspose, BatchMatMulActivation, QuantStub, DequantStub,
 LayerNorm, GroupNorm, InstanceNorm, Dropout, Embedding, DeformableConv2d, Resize, Remap,
@@ -28,7 +28,7 @@ from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
 from .attention import MultiHeadAttention  # noqa: F401
 from .conv import (Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d, ConvTranspose3d,  # noqa: F401
-                   ConvTransposeRelu2d, DeformableConv2d, LocalConv2d)
+                   ConvTransposeRelu2d, DeformableConv2d, LocalConv2d, RegionRestrictedConv)
 from .linear import Linear, LinearRelu  # noqa: F401
 from .vision import Remap, Resize  # noqa: F401
 from .module import HookHandler, Module, _count  # noqa: F401

@@ -31,7 +31,8 @@ class _ConvLayer(Module):
     zero, and the description. ``kernel_size`` and the other per-axis sizes
     are set before ``_setup``."""
 
-    def _setup(self, name: str, in_channels, out_channels, groups, bias: bool, transposed: bool = False):
+    def _setup(self, name: str, in_channels, out_channels, groups, bias: bool, transposed: bool = False,
+               grouped: bool = False):
         self.groups = _count(name, "groups", groups, 1)
         self.in_channels = _count(name, "in_channels", in_channels, 1)
         self.out_channels = _count(name, "out_channels", out_channels, 1)
@@ -43,8 +44,9 @@ class _ConvLayer(Module):
         a, b = (self.in_channels, self.out_channels) if transposed else (self.out_channels, self.in_channels)
         self._fan_in = math.prod(kernel) * b
         g = self.groups
-        # MegEngine's grouped layout: (groups, a // groups, b // groups, *kernel)
-        shape = (a, b) + kernel if g == 1 else (g, a // g, b // g) + kernel
+        # MegEngine's grouped layout: (groups, a // groups, b // groups, *kernel);
+        # ``grouped``: that layout even for one group (RegionRestrictedConv's)
+        shape = (a, b) + kernel if g == 1 and not grouped else (g, a // g, b // g) + kernel
         self.weight = Parameter(np.zeros(shape, "float32"))
         self.bias = Parameter(np.zeros((1, self.out_channels) + (1,) * len(kernel), "float32")) if bias else None
         self.reset_parameters()
@@ -166,6 +168,46 @@ class DeformableConv2d(Conv2d):
     def forward(self, inp, offset, mask):
         return F.deformable_conv2d(inp, self.weight, offset, mask, self.bias, self.stride, self.padding,
                                    self.dilation, self.groups, self.conv_mode, self.compute_mode)
+
+
+class RegionRestrictedConv(_ConvLayer):
+    """A 2-D convolution over NCHW input in which an input position feeds an
+    output position only where their integer region ids agree
+    (``F.nn.region_restricted_conv``), MegEngine's ``M.RegionRestrictedConv``:
+    called as ``layer(inp, rin, rout)``, ``rin`` (N, H, W) and ``rout``
+    (N, OH, OW). The weight always has the grouped layout (groups,
+    out_channels // groups, in_channels // groups, kh, kw), drawn from
+    N(0, 1 / (kh * kw * in_channels)); the bias (1, out_channels, 1, 1)
+    starts at zero. Arguments in MegEngine's order (``groups`` and ``bias``
+    before ``stride``). ``padding_mode`` is checked and kept as MegEngine's
+    layer keeps it; the convolution pads with zeros, as MegEngine's does
+    (``rin`` covers the unpadded input).
+
+    Example::
+
+        >>> rr = M.RegionRestrictedConv(2, 4, 3, groups=2, padding=1)
+        >>> rr.weight.shape, rr.bias.shape
+        ((2, 2, 1, 3, 3), (1, 4, 1, 1))
+        >>> x = gc.tensor(np.ones((1, 2, 5, 5), "float32"))
+        >>> rin = gc.tensor(np.zeros((1, 5, 5), "int32")); rout = gc.tensor(np.zeros((1, 5, 5), "int32"))
+        >>> rr(x, rin, rout).shape
+        (1, 4, 5, 5)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrTuple, groups: int = 1,
+                 bias: bool = True, stride: IntOrTuple = 1, padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
+                 conv_mode: str = "cross_correlation", compute_mode: str = "default",
+                 padding_mode: str = "zeros", **kwargs):
+        super().__init__(**kwargs)
+        name = "RegionRestrictedConv"
+        self.padding_mode = _check_padding_mode(name, padding_mode)
+        self._set_sizes(name, 2, kernel_size, stride, padding, dilation)
+        self.conv_mode, self.compute_mode = conv_mode, compute_mode
+        self._setup(name, in_channels, out_channels, groups, bias, grouped=True)
+
+    def forward(self, inp, rin, rout):
+        return F.nn.region_restricted_conv(inp, self.weight, rin, rout, self.bias, self.stride, self.padding,
+                                           self.dilation, self.groups, self.conv_mode, self.compute_mode)
 
 
 class LocalConv2d(Conv2d):

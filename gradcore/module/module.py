@@ -411,7 +411,7 @@ class Module:
         dev = norm_device(device)
         for t in list(self.tensors()):
             if t.device != dev:
-                t._reset(Tensor(t, device=dev))
+                t._reset(Tensor(t.to(dev)))      # a buffer of its own on dev
                 t.grad = None
         return self
 
