@@ -121,7 +121,7 @@ def _install_hooks(**hooks):
     """Called once by gradcore's Python modules to plug their parts in."""
     global _h_slow_apply, _h_backward_graph, _h_sum_to, _h_add
     global _h_kernel_error, _h_kernel_for, _h_getattr, _device_array, _h_promote
-    global _h_infer_check, _h_describe, _h_device_scalar, _h_autocast, _copy_op
+    global _h_infer_check, _h_describe, _h_device_scalar, _h_autocast, _copy_op, _named_devices
     for name, fn in hooks.items():
         if name == "slow_apply": _h_slow_apply = fn
         elif name == "backward_graph": _h_backward_graph = fn
@@ -137,6 +137,7 @@ def _install_hooks(**hooks):
         elif name == "device_scalar": _h_device_scalar = fn
         elif name == "autocast": _h_autocast = fn      # installed (and removed: None) by gradcore.amp
         elif name == "copy_op": _copy_op = fn          # ops.shape.Copy: its output is on its target device
+        elif name == "named_devices": _named_devices = fn  # "cpu" -> MegEngine's name for it (devices.py)
         elif name == "operator_ops":
             _operator_ops.update(fn)
             _set_hot_ops()
@@ -182,6 +183,9 @@ cdef str CUDA = "cuda"
 # only data type besides ndarray a Tensor holds; its device is "cuda"
 cdef object _device_array = None
 cdef object _copy_op = None        # the class ops.shape.Copy (a hook)
+# "cpu"/"cuda" -> the LogicalDevice MegEngine names it by ("cpu0:0"), read by
+# Tensor.device without a Python call (a hook: devices.py's table)
+cdef dict _named_devices = {}
 
 # Per thread (see "Threading model" in docs/core.md): what the thread that
 # records has in progress. A key records only ops run in the thread that
@@ -439,7 +443,7 @@ cdef class Tensor:
         """Where the tensor is, named as MegEngine does ("cpu0:0", "cpu1:0",
         "gpu0:0"); it equals gradcore's name for it ("cpu", "cuda") too."""
         if type(self._device) is str:
-            return _h_getattr("_named_device")(self._device)
+            return _named_devices.get(self._device, self._device)
         return self._device
 
     def numpy(self):

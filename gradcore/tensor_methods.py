@@ -14,7 +14,7 @@ from ._core import Tensor
 from .cuda.array import DeviceArray
 from .cuda.graphs import GraphCaptureError
 from .cuda import events as _device_events
-from .devices import filled, named_device, norm_device, same_device
+from .devices import filled, norm_device, same_device
 from .dtypes import DEFAULT_FLOAT, DEFAULT_INT
 
 
@@ -388,7 +388,6 @@ _HOOK_FNS = {
     "astype": astype,
     "_to_array": to_array,
     "_norm_device": norm_device,
-    "_named_device": named_device,
     # zeros for an output no gradient reached: made on its device (no upload)
     "_zeros_on": lambda shape, dtype, device: filled(shape, 0, dtype, device),
     "_ones_on": lambda arr: arr.backend.ones_seed(arr.shape, arr.dtype),
@@ -429,5 +428,6 @@ def install():
         operator_ops={m: Elemwise(m) for m in modes()},
         device_array=DeviceArray,
         promote=promote,
+        named_devices=devices._NAMED,
     )
     graph.install_method_lookup(method, _HOOK_FNS.__getitem__)   # SymbolicTensor has Tensor's methods and operators
