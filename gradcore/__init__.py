@@ -50,7 +50,12 @@ __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register
            "unregister_grad_rule", "registered_grad_rule",
            "GradRuleFallback", "functional", "ones_like", "zeros_like", "save", "load", "from_dlpack", "to_torch", "from_torch", "to_jax", "jvp", "vjp", "visualize", "record_details", "OpError", "IndexOpError",
            "is_cuda_available", "get_device_count", "set_default_device", "get_default_device", "get_logger",
-           "set_log_level", "set_log_file", "enable_debug_log"]
+           "set_log_level", "set_log_file", "enable_debug_log",
+           # MegEngine's megengine.device names, which its top level has too
+           "is_cambricon_available", "is_atlas_available", "is_rocm_available", "what_is_xpu", "get_mem_status_bytes",
+           "get_cuda_compute_capability", "get_cuda_device_property", "get_cuda_version", "get_cudnn_version",
+           "get_cuda_driver_version", "get_allocated_memory", "get_reserved_memory", "get_max_allocated_memory",
+           "get_max_reserved_memory", "reset_max_memory_stats", "coalesce_free_memory"]
 
 
 # functions whose modules load on first use (a third of a warm start on a GPU
@@ -58,14 +63,15 @@ __all__ = ["Tensor", "tensor", "Parameter", "GradManager", "Function", "register
 _LAZY_FUNCTIONS = {"save": "serialization", "load": "serialization", "from_dlpack": "interop",
                    "from_torch": "interop", "to_torch": "interop", "to_jax": "interop",
                    "get_logger": "logger", "set_log_level": "logger", "set_log_file": "logger",
-                   "enable_debug_log": "logger"}
+                   "enable_debug_log": "logger",
+                   **{name: "device" for name in __all__[__all__.index("is_cambricon_available"):]}}
 
 
 def __getattr__(name):
     # heavier submodules, and the functions above, load on first use
     import importlib
     if name in ("module", "optimizer", "config", "core", "testing", "autodiff", "registry", "graph", "ops", "data",
-                "distributed", "devices", "amp", "distributions"):
+                "distributed", "devices", "device", "amp", "distributions"):
         return importlib.import_module(f"gradcore.{name}")
     if name in _LAZY_FUNCTIONS:
         value = getattr(importlib.import_module(f"gradcore.{_LAZY_FUNCTIONS[name]}"), name)

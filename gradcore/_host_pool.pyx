@@ -13,7 +13,8 @@
 #     that would exceed the bound empties the cache first. Small blocks are
 #     rounded to 16 bytes and a few per size are kept. ``empty_cache()``
 #     frees the kept large blocks; ``stats()`` reports hits, misses, cached
-#     bytes, the limit and flushes.
+#     bytes, the limit and flushes, and the bytes in use and kept with their
+#     peaks (``reset_peaks()``): gradcore.device's allocated/reserved memory.
 #   - The handler's functions hold no Python object and never take the GIL:
 #     one spin lock guards the free lists for a few pointer moves, so the
 #     pool is safe from any thread, with or without the GIL.
@@ -78,10 +79,15 @@ cdef extern from *:
     #endif
     """
     int __builtin_clzll(unsigned long long) nogil
+    size_t __atomic_add_fetch(size_t* ptr, size_t value, int order) nogil
+    size_t __atomic_sub_fetch(size_t* ptr, size_t value, int order) nogil
+    size_t __atomic_load_n(size_t* ptr, int order) nogil
+    bint __atomic_compare_exchange_n(size_t* ptr, size_t* expected, size_t desired, bint weak,
+                                     int success_order, int failure_order) nogil
     bint __atomic_test_and_set(void* ptr, int order) nogil
     void __atomic_clear(void* ptr, int order) nogil
     void gc_cpu_relax() nogil
-    int __ATOMIC_ACQUIRE, __ATOMIC_RELEASE
+    int __ATOMIC_ACQUIRE, __ATOMIC_RELEASE, __ATOMIC_RELAXED
 
 _import_array()
 
@@ -109,6 +115,13 @@ cdef int _small_count[N_SMALL]
 cdef size_t _cached_bytes = 0
 cdef size_t _limit = 256 * 1024 * 1024
 cdef size_t _hits = 0, _misses = 0, _flushes = 0
+cdef size_t _small_cached = 0          # bytes of the small blocks kept
+# bytes of the blocks handed out and not freed (small and large ones counted
+# under the lock their caches take anyway; plain ones, whose path takes no
+# lock, atomically), and the peaks of those and of everything taken from
+# malloc and not given back (MegEngine's allocated and reserved memory)
+cdef size_t _locked_in_use = 0, _plain_in_use = 0
+cdef size_t _peak_in_use = 0, _peak_reserved = 0
 cdef char _lock = 0
 cdef PyDataMem_Handler _handler
 
@@ -120,6 +133,13 @@ cdef inline void _acquire() noexcept nogil:
 
 cdef inline void _release_lock() noexcept nogil:
     __atomic_clear(&_lock, __ATOMIC_RELEASE)
+
+
+cdef inline void _raise_peak(size_t* peak, size_t value) noexcept nogil:
+    cdef size_t seen = __atomic_load_n(peak, __ATOMIC_RELAXED)
+    while value > seen and not __atomic_compare_exchange_n(peak, &seen, value, True, __ATOMIC_RELAXED,
+                                                           __ATOMIC_RELAXED):
+        pass
 
 
 cdef inline int _large_class(size_t size, size_t* capacity) noexcept nogil:
@@ -147,7 +167,7 @@ cdef inline Header* _header_of(void* data) noexcept nogil:
 
 
 cdef void* _new_block(size_t size, bint zero) noexcept nogil:
-    global _cached_bytes, _hits, _misses
+    global _cached_bytes, _hits, _misses, _small_cached, _locked_in_use
     cdef size_t kind = _kind_of(size)
     cdef size_t cap = size
     cdef size_t pad = 0
@@ -155,6 +175,8 @@ cdef void* _new_block(size_t size, bint zero) noexcept nogil:
     cdef Header* h = NULL
     cdef void* base
     cdef uintptr_t data
+    cdef size_t in_use
+    cdef size_t reserved = 0
     if kind == SMALL:
         cls = <int>((size + 15) >> 4)
         cap = (<size_t>cls) << 4
@@ -162,6 +184,10 @@ cdef void* _new_block(size_t size, bint zero) noexcept nogil:
         if _small_count[cls]:
             _small_count[cls] -= 1
             h = _small[cls][_small_count[cls]]
+            _small_cached -= cap
+        _locked_in_use += cap       # counted here, under the lock the cache takes anyway
+        in_use = _locked_in_use + __atomic_load_n(&_plain_in_use, __ATOMIC_RELAXED)
+        reserved = in_use + _cached_bytes + _small_cached
         _release_lock()
     elif kind == LARGE:
         cls = _large_class(size, &cap)
@@ -174,13 +200,22 @@ cdef void* _new_block(size_t size, bint zero) noexcept nogil:
             _hits += 1
         else:
             _misses += 1
+        _locked_in_use += cap
+        in_use = _locked_in_use + __atomic_load_n(&_plain_in_use, __ATOMIC_RELAXED)
+        reserved = in_use + _cached_bytes + _small_cached
         _release_lock()
+    else:
+        in_use = __atomic_add_fetch(&_plain_in_use, cap, __ATOMIC_RELAXED) + _locked_in_use
+        reserved = in_use + _cached_bytes + _small_cached
+    _raise_peak(&_peak_in_use, in_use)
     if h is not NULL:
         if zero:
             memset(_data_of(h), 0, size)
         return _data_of(h)
+    _raise_peak(&_peak_reserved, reserved)
     base = calloc(1, cap + HEADER + pad) if zero else malloc(cap + HEADER + pad)
     if base is NULL:
+        _uncount(kind, cap)
         return NULL
     data = <uintptr_t>base + HEADER
     if pad:
@@ -191,6 +226,17 @@ cdef void* _new_block(size_t size, bint zero) noexcept nogil:
     h.next = NULL
     h.kind = kind
     return <void*>data
+
+
+cdef inline void _uncount(size_t kind, size_t cap) noexcept nogil:
+    """A block of ``kind`` and ``cap`` bytes is no longer in use."""
+    global _locked_in_use
+    if kind == PLAIN:
+        __atomic_sub_fetch(&_plain_in_use, cap, __ATOMIC_RELAXED)
+    else:
+        _acquire()
+        _locked_in_use -= cap
+        _release_lock()
 
 
 cdef Header* _take_all_large() noexcept nogil:
@@ -221,7 +267,7 @@ cdef void _free_list(Header* h) noexcept nogil:
 
 
 cdef void _give_back(void* data) noexcept nogil:
-    global _cached_bytes, _flushes
+    global _cached_bytes, _flushes, _small_cached, _locked_in_use
     cdef Header* h = _header_of(data)
     cdef Header* stale = NULL
     cdef size_t cap = h.capacity
@@ -230,14 +276,17 @@ cdef void _give_back(void* data) noexcept nogil:
     if h.kind == SMALL:
         cls = <int>(cap >> 4)
         _acquire()
+        _locked_in_use -= cap
         if _small_count[cls] < SMALL_DEPTH:
             _small[cls][_small_count[cls]] = h
             _small_count[cls] += 1
+            _small_cached += cap
             kept = True
         _release_lock()
     elif h.kind == LARGE:
         cls = _large_class(cap, &cap)
         _acquire()
+        _locked_in_use -= cap
         if _cached_bytes + cap > _limit and _cached_bytes:
             stale = _take_all_large()
             _flushes += 1
@@ -248,6 +297,8 @@ cdef void _give_back(void* data) noexcept nogil:
             kept = True
         _release_lock()
         _free_list(stale)              # outside the lock: free() can be slow
+    else:
+        __atomic_sub_fetch(&_plain_in_use, cap, __ATOMIC_RELAXED)
     if not kept:
         free(h.base)
 
@@ -340,6 +391,16 @@ def empty_cache():
 def stats() -> dict:
     """Counters of large blocks: hits and misses, cached bytes, limit, times
     the cache was emptied because a block did not fit, the size from which a
-    block is large."""
+    block is large; of all blocks: bytes in use and their peak, bytes of the
+    small blocks kept, the peak of in use + kept."""
     return {"hits": _hits, "misses": _misses, "cached_bytes": _cached_bytes,
-            "limit": _limit, "flushes": _flushes, "min_block": LARGE_MIN}
+            "limit": _limit, "flushes": _flushes, "min_block": LARGE_MIN,
+            "in_use_bytes": _locked_in_use + _plain_in_use, "peak_in_use_bytes": _peak_in_use,
+            "small_cached_bytes": _small_cached, "peak_reserved_bytes": _peak_reserved}
+
+
+def reset_peaks():
+    """Start the peaks of ``stats()`` again from what is in use and kept now."""
+    global _peak_in_use, _peak_reserved
+    _peak_in_use = _locked_in_use + _plain_in_use
+    _peak_reserved = _peak_in_use + _cached_bytes + _small_cached

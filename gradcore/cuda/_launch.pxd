@@ -97,6 +97,7 @@ cdef class MemoryPool:
     cdef dict free_lists                # larger size class -> [device address]
     cdef dict allocations               # device address -> the driver's allocation object
     cdef public long long in_use_bytes, cached_bytes, peak_bytes
+    cdef public long long reserved_bytes, peak_reserved_bytes     # taken from the driver and not freed
     cdef public long long driver_allocs, driver_frees, reuses
     # CUDA-graph capture: allocations go to the graph's private pool, and blocks
     # given back are held (a captured kernel may read them at every replay)

@@ -411,6 +411,7 @@ cdef class MemoryPool:
         self.free_lists = {}
         self.allocations = {}
         self.in_use_bytes = self.cached_bytes = self.peak_bytes = 0
+        self.reserved_bytes = self.peak_reserved_bytes = 0
         self.driver_allocs = self.driver_frees = self.reuses = 0
 
     cpdef Block malloc(self, Py_ssize_t nbytes):
@@ -449,6 +450,9 @@ cdef class MemoryPool:
             block.ptr = int(alloc)
             self.allocations[block.ptr] = alloc
             self.driver_allocs += 1
+            self.reserved_bytes += size
+            if self.reserved_bytes > self.peak_reserved_bytes:
+                self.peak_reserved_bytes = self.reserved_bytes
         block.size = size
         block.pool = self
         self.in_use_bytes += size
@@ -483,6 +487,7 @@ cdef class MemoryPool:
         cdef Py_ssize_t i
         cdef AddressStack* stack
         freed, self.cached_bytes = self.cached_bytes, 0
+        self.reserved_bytes -= freed
         free_lists, self.free_lists = self.free_lists, {}
         for i in range(SMALL_CLASSES):
             stack = &self.small[i]
@@ -496,10 +501,17 @@ cdef class MemoryPool:
                 self.driver_frees += 1
         return freed
 
+    def reset_peaks(self) -> None:
+        """Start ``peak_bytes`` and ``peak_reserved_bytes`` again from now."""
+        self.peak_bytes = self.in_use_bytes
+        self.peak_reserved_bytes = self.reserved_bytes
+
     def stats(self) -> dict:
-        """Bytes in use / cached / at peak, driver allocations and frees, reuses."""
+        """Bytes in use / cached / at peak, taken from the driver (reserved) and
+        its peak, driver allocations and frees, reuses."""
         return {"in_use_bytes": self.in_use_bytes, "cached_bytes": self.cached_bytes,
-                "peak_bytes": self.peak_bytes, "driver_allocs": self.driver_allocs,
+                "peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes,
+                "peak_reserved_bytes": self.peak_reserved_bytes, "driver_allocs": self.driver_allocs,
                 "driver_frees": self.driver_frees, "reuses": self.reuses}
 
 

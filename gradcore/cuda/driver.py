@@ -94,6 +94,20 @@ class PyCudaDriver:
     def __repr__(self):
         return f"PyCudaDriver({self.name}, {self.arch})"
 
+    def properties(self) -> tuple:
+        """(name, total memory in bytes, compute capability major, minor)."""
+        major, minor = self.device.compute_capability()
+        return self.name, int(self.total_memory), int(major), int(minor)
+
+    def memory_info(self) -> tuple:
+        """(total, free) bytes of the GPU's memory (``cuMemGetInfo``)."""
+        free, total = self.drv.mem_get_info()
+        return int(total), int(free)
+
+    def driver_version(self) -> int:
+        """``cuDriverGetVersion``: major * 1000 + minor * 10."""
+        return int(self.drv.get_driver_version())
+
     def _finish_up(self):
         if self.context is None:
             return

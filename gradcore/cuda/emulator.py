@@ -157,6 +157,20 @@ class HostDriver:
     def __repr__(self):
         return "HostDriver(CUDA emulated on the host)"
 
+    def properties(self) -> tuple:
+        """(name, total memory, major, minor): the emulator is no GPU, so
+        its compute capability is 0.0."""
+        return self.name, self.total_memory, 0, 0
+
+    def memory_info(self) -> tuple:
+        """(total, free) of the emulated memory: ``total_memory`` less the
+        bytes of the buffers backing device arrays now."""
+        used = sum(size for _, size in list(self._buffers.values()))
+        return self.total_memory, max(0, self.total_memory - used)
+
+    def driver_version(self) -> int:
+        raise CudaUnavailable("the host emulator has no CUDA driver (it runs kernels compiled for the host)")
+
     capture_allocating = False     # set by a CUDA graph's pool: the one allocator a capture permits
 
     # ---------------------------------------------------------------- memory

@@ -507,6 +507,12 @@ def backend() -> Backend:
     return _backend
 
 
+def started() -> bool:
+    """Whether the process's CUDA backend exists already (``backend()`` was
+    called), without creating it."""
+    return _backend is not None
+
+
 def use(kind) -> Optional[Backend]:
     """Select the backend: "gpu", "emulator", a ``Backend`` instance, or
     None (forget it; the next use picks again). Returns the backend. Arrays

@@ -14,11 +14,21 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .._core import Tensor, apply as _apply
+from .._core import Tensor, apply as _apply, wrap_array
 from ..ops.shape import ZerosLike
 from ..devices import filled, norm_device
 from ._args import _fill_value, _host, _int_or_err, _ints, _t
 from ..op import ArgumentError
+
+
+def _owning(arr: np.ndarray, device) -> Tensor:
+    """A Tensor of ``arr``, an array made here for it: on the cpu it takes
+    the array itself (``Tensor(arr)`` would copy it, as a caller's array
+    must be; twice the memory and time for nothing here)."""
+    device = norm_device(device)
+    if device == "cpu" and arr.dtype.kind in "biuf" and arr.dtype.itemsize <= 8:
+        return wrap_array(arr, device)
+    return Tensor(arr, device=device)       # to the device; or the dtype's refusal
 
 
 def _filled(name: str, shape, value, dtype, device) -> Tensor:
@@ -27,12 +37,12 @@ def _filled(name: str, shape, value, dtype, device) -> Tensor:
     constructors do, naming ``name``."""
     device = norm_device(device)
     if device == "cpu":
-        return Tensor(_host(name, lambda: np.full(shape, value, dtype), shape=shape, value=value, dtype=dtype),
-                      device=device)
+        return _owning(_host(name, lambda: np.full(shape, value, dtype), shape=shape, value=value, dtype=dtype),
+                       device)
     # the checks NumPy's constructor makes, on a zero-stride view (no memory)
     spec = _host(name, lambda: np.broadcast_to(np.asarray(value, dtype), shape), shape=shape, value=value,
                  dtype=dtype)
-    return Tensor(filled(spec.shape, spec.dtype.type(value), spec.dtype, device), device=device)
+    return wrap_array(filled(spec.shape, spec.dtype.type(value), spec.dtype, device), device)
 
 
 def zeros(shape: Union[int, Sequence[int]], *, dtype: Union[str, np.dtype] = "float32",
@@ -142,8 +152,8 @@ def arange(start: float = 0, stop: Optional[float] = None, step: float = 1, *,
         raise ArgumentError("arange: step must not be 0")
     if stop is None:
         start, stop = 0, start
-    return Tensor(_host("arange", lambda: np.arange(start, stop, step, dtype=dtype),
-                        start=start, stop=stop, step=step, dtype=dtype), device=device)
+    return _owning(_host("arange", lambda: np.arange(start, stop, step, dtype=dtype),
+                         start=start, stop=stop, step=step, dtype=dtype), device)
 
 
 def linspace(start: float, stop: float, num: int, *, dtype: Union[str, np.dtype] = "float32",
@@ -158,8 +168,8 @@ def linspace(start: float, stop: float, num: int, *, dtype: Union[str, np.dtype]
     num = _int_or_err("linspace", "num", num)
     if num < 0:
         raise ArgumentError(f"linspace: num must be >= 0, got {num}")
-    return Tensor(_host("linspace", lambda: np.linspace(start, stop, num, dtype=dtype),
-                        start=start, stop=stop, num=num, dtype=dtype), device=device)
+    return _owning(_host("linspace", lambda: np.linspace(start, stop, num, dtype=dtype),
+                         start=start, stop=stop, num=num, dtype=dtype), device)
 
 
 def eye(N: Union[int, Sequence[int], Tensor], M: Optional[int] = None, *,
@@ -184,4 +194,4 @@ def eye(N: Union[int, Sequence[int], Tensor], M: Optional[int] = None, *,
     N, M = _int_or_err("eye", "N", N), None if M is None else _int_or_err("eye", "M", M)
     if N < 0 or (M is not None and M < 0):
         raise ArgumentError(f"eye: N and M must be >= 0, got N={N}, M={M}")
-    return Tensor(np.eye(N, M, dtype=dtype), device=device)
+    return _owning(np.eye(N, M, dtype=dtype), device)

@@ -102,6 +102,15 @@ class FakeCuda:
     def _current(self):
         assert self.context_stack, "a CUDA call without a current context"
 
+    def mem_get_info(self):
+        """(free, total), PyCUDA's order: the host driver's emulated memory."""
+        total, free = self.host.memory_info()
+        return free, total
+
+    @staticmethod
+    def get_driver_version():
+        return 13000
+
     def mem_alloc(self, nbytes):
         self._current()
         return _DeviceAllocation(self, self.host.alloc(nbytes))
@@ -298,7 +307,7 @@ def fake_modules(fake):
     """``pycuda``, ``pycuda.driver``, ``pycuda.tools`` modules backed by ``fake``."""
     pkg = types.ModuleType("pycuda")
     drv = types.ModuleType("pycuda.driver")
-    for name in ("init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "memset_d8",
+    for name in ("init", "mem_get_info", "get_driver_version", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "memset_d8",
                  "module_from_buffer"):
         setattr(drv, name, getattr(fake, name))
     drv.Device, drv.Context, drv.Error, drv.MemoryError = fake.Device, fake.Context, fake.Error, fake.MemoryError
