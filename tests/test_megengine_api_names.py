@@ -188,3 +188,15 @@ def test_tensor_takes_megengines_parameters_in_megengines_order():
     assert p.name == "p" and isinstance(p, gc.Parameter)
     with pytest.raises(ValueError, match="Tensor: format must be 'default'.*'nhwc'"):
         gc.Tensor([1.0], format="nhwc")
+
+
+def test_megengine_functional_module_paths():
+    # MegEngine's F.math.<name> / F.tensor.<name> (and `from megengine.functional.math import ...`)
+    import gradcore.functional as F
+    from gradcore.functional import math as fmath, tensor as ftensor
+    for mod in (fmath, ftensor):
+        assert mod.__all__, mod
+        for name in mod.__all__:
+            assert getattr(mod, name) is getattr(F, name), f"{mod.__name__}.{name}"
+    assert {"argmax", "topk", "svd", "normalize"} <= set(fmath.__all__)
+    assert {"concat", "cond_take", "meshgrid", "zeros_like"} <= set(ftensor.__all__)

@@ -19,6 +19,8 @@ per op family, as the ops do in ops/:
                      scaled_dot_product_attention
 - loss.py            nll_loss, smooth_l1_loss, kl_div, ctc_loss, cosine_similarity (in F.nn)
 - rnn.py             rnn_cell, lstm_cell, gru_cell, rnn_layer (in F.nn; M.RNN/LSTM/GRU run them)
+- math.py, tensor.py MegEngine's module paths (``F.math.argmax``, ``F.tensor.concat``):
+                     the same functions, imported from the modules above
 - _args.py           the argument checks they share
 
 Example::
@@ -40,6 +42,7 @@ from . import nn
 from ._args import _t, builtins_max
 from . import vision
 from . import debug_param, metric  # noqa: F401 - MegEngine's module paths F.debug_param, F.metric
+from . import math, tensor  # noqa: F401 - MegEngine's module paths F.math.<name>, F.tensor.<name>
 from .conv import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv1d, conv2d, conv3d,
                    conv_transpose1d, conv_transpose2d, conv_transpose3d, max_pool2d)
 from .creation import arange, eye, full, full_like, linspace, ones, ones_like, zeros, zeros_like
