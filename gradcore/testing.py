@@ -154,7 +154,19 @@ def _compare(name, analytic, numeric, inputs, atol, rtol):
             raise GradcheckError(
                 f"{name}: input {i} (shape {inputs[i].shape}): worst element {tuple(int(j) for j in k)}: "
                 f"analytic {a[k]:.8g}, numerical {n[k]:.8g}, |diff| {abs(a[k] - n[k]):.3g} "
-                f"> atol {atol} + rtol {rtol} * |numerical|")
+                f"> atol {atol} + rtol {rtol} * |numerical|" + _swapped_hint(i, analytic, numeric, atol, rtol))
+
+
+def _swapped_hint(i, analytic, numeric, atol, rtol) -> str:
+    """A hint when input i's analytic gradient is another input's numerical
+    one: gradients returned in the wrong order (two inputs of one shape make
+    no shape error to catch it)."""
+    for j, n in enumerate(numeric):
+        if (j != i and n is not None and n.shape == analytic[i].shape and n.size and np.abs(n).max() > atol
+                and np.allclose(analytic[i], n, atol=atol, rtol=rtol)):
+            return (f"; input {i}'s analytic gradient is input {j}'s numerical one: the backward returns "
+                    f"the gradients in the wrong order?")
+    return ""
 
 
 def gradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float = 1e-5,

@@ -1376,3 +1376,25 @@ def test_an_emulator_compile_error_quotes_the_kernel_line_not_the_prelude_and_no
     assert "MistakeBrokenCuda6" in msg and "| y[i] = v;" in msg
     log = msg.split("compiler log:")[1]
     assert "#include" not in log and "gradcore-emu-" not in log     # was: "8 | #include <cstdio>", /tmp/... paths
+
+
+def test_gradients_returned_in_the_wrong_order_fail_grad_with_a_hint():
+    # two inputs of one shape: no shape error catches the swap; finite differences do
+    class Swapped(Op):
+        name = "MistakeSwapped6"
+
+        def infer(self, x, w):
+            if x.shape is not None and w.shape is not None and x.shape != w.shape:
+                raise self.error("needs inputs of one shape", x, w)
+            return (x,)
+
+        def cpu(self, x, w):
+            return x * np.exp(w)
+
+        def vjp(self, inputs, outputs, grads):
+            (x, w), (g,) = inputs, grads
+            return (g * x * F.exp(w), g * F.exp(w))         # (d/dw, d/dx): swapped
+    report = check_op(Swapped, devices=["cpu"])
+    assert report.status("grad") == "failed"
+    assert ("input 0's analytic gradient is input 1's numerical one: the backward returns the gradients "
+            "in the wrong order?") in report["grad"].message
