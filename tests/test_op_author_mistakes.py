@@ -1398,3 +1398,44 @@ def test_gradients_returned_in_the_wrong_order_fail_grad_with_a_hint():
     assert report.status("grad") == "failed"
     assert ("input 0's analytic gradient is input 1's numerical one: the backward returns the gradients "
             "in the wrong order?") in report["grad"].message
+
+
+class _RowDot(Op):
+    """sum(x * w, last axis) of broadcasting x, w; its vjp returns g[..., None] * w and
+    g[..., None] * x: broadcastable to the inputs' broadcast shape, not in it."""
+    name = "MistakeRowDot6"
+
+    def infer(self, x, w):
+        if x.shape is None or w.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        try:
+            shape = tuple(np.broadcast_shapes(x.shape, w.shape))
+        except ValueError:
+            raise self.error("inputs do not broadcast", x, w) from None
+        return (TensorDesc(shape[:-1], x.dtype, x.device),)
+
+    def cpu(self, x, w):
+        return (x * w).sum(axis=-1)
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w), (g,) = inputs, grads
+        g = F.expand_dims(g, -1)
+        return (g * w, g * x)
+
+
+def test_a_reduction_gradient_only_broadcastable_names_the_input_and_the_broadcast_shape():
+    says = (r"MistakeRowDot6: backward returned a gradient of shape \(3, 1\) for input 1 of shape \(1, 4\): "
+            r"return it in that shape or in the inputs' broadcast shape \(3, 4\)")
+    x, w = gradcore.tensor(np.ones((3, 1))), gradcore.tensor(np.ones((1, 4)))
+    gm = gradcore.GradManager().attach([x, w])
+    with pytest.raises(ValueError, match=says):            # was: "for an input of shape (1, 4)"
+        with gm:
+            gm.backward(_RowDot()(x, w).sum())
+    # recorded by an outer manager (the backward runs as ops): was SumTo's error, naming SumTo
+    outer, inner = gradcore.GradManager().attach([x, w]), gradcore.GradManager().attach([x, w])
+    with pytest.raises(ValueError, match=says):
+        with outer:
+            with inner:
+                inner.backward(_RowDot()(x, w).sum())
+    # inputs whose broadcast shape the gradients have: summed down, first and second order
+    assert check_op(_RowDot(), np.arange(6.0).reshape(2, 3), np.array([1.0, 2.0, 3.0]), devices=["cpu"]).ok
