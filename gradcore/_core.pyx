@@ -2172,13 +2172,13 @@ cdef CompiledBackward _REGISTERED_RULE_CB = _rule_cb("registered rule")
 
 
 # ---------------------------------------------------------------- backward
-cdef object _sum_to_raw(op, object g, tuple shape):
+cdef object _sum_to_raw(op, object g, tuple shape, Py_ssize_t j=-1, object in_shapes=None):
     cdef tuple gs = g.shape
     if gs == shape:
         return g
     cdef Py_ssize_t lead = len(gs) - len(shape)
     if lead < 0:
-        raise _shape_error(op, g, shape)
+        raise _shape_error(op, g, shape, j, in_shapes)
     axes = list(range(lead))
     for i in range(len(shape)):
         if shape[i] == gs[i + lead]:
@@ -2186,17 +2186,43 @@ cdef object _sum_to_raw(op, object g, tuple shape):
         if shape[i] == 1:
             axes.append(i + lead)
         else:
-            raise _shape_error(op, g, shape)
+            raise _shape_error(op, g, shape, j, in_shapes)
     r = g.sum(axis=tuple(axes))
     if type(r) is not _ndarray and type(r) is not _device_array:
         r = _np_asarray(r)
     return r.reshape(shape)
 
 
-cdef object _shape_error(op, g, shape, Py_ssize_t j=-1):
+cdef bint _reducible(tuple gs, tuple shape):
+    """Whether a gradient of shape ``gs`` sums down to ``shape`` (leading
+    axes, and axes where ``shape`` has 1)."""
+    cdef Py_ssize_t lead = len(gs) - len(shape), i
+    if lead < 0:
+        return False
+    for i in range(len(shape)):
+        if shape[i] != gs[i + lead] and shape[i] != 1:
+            return False
+    return True
+
+
+cdef object _shape_error(op, g, shape, Py_ssize_t j=-1, object in_shapes=None):
     which = f"input {j}" if j >= 0 else "an input"
     return ValueError(f"{_op_name(op)}: backward returned a gradient of shape {tuple(g.shape)} "
-                      f"for {which} of shape {tuple(shape)}")
+                      f"for {which} of shape {tuple(shape)}{_expected_shapes(shape, in_shapes)}")
+
+
+cdef str _expected_shapes(shape, in_shapes):
+    # (errors only) what a gradient may be: a reduction over broadcast inputs whose
+    # gradient is merely broadcastable (dy[..., None] * x) needs telling which shape
+    try:
+        full = tuple(_np_broadcast_shapes(*in_shapes)) if in_shapes else tuple(shape)
+    except Exception:
+        full = tuple(shape)
+    if full == tuple(shape):
+        return ": return it in that shape"
+    return (f": return it in that shape or in the inputs' broadcast shape {full}, which the core sums "
+            f"down; one that only broadcasts to {full} is not expanded: broadcast it first "
+            f"(`g * x + F.zeros_like(x * w)` for inputs x and w)")
 
 
 cdef void _check_reducible(GradFn node, object g, Py_ssize_t j) except *:
@@ -2205,8 +2231,7 @@ cdef void _check_reducible(GradFn node, object g, Py_ssize_t j) except *:
     so, or a user's function whose gradient has the inputs' broadcast shape."""
     cdef CompiledBackward cb = node.backward
     if not cb.reduce_broadcast or (cb.user_fn and tuple(g.shape) != _np_broadcast_shapes(*node.in_shapes)):
-        raise ValueError(f"{_op_name(node.op)}: backward returned a gradient of shape {tuple(g.shape)} "
-                         f"for input {j} of shape {tuple(node.in_shapes[j])}")
+        raise _shape_error(node.op, g, node.in_shapes[j], j, node.in_shapes if cb.reduce_broadcast else None)
 
 
 cdef void _settle2(object a, object b) except *:
@@ -2455,6 +2480,9 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
             if tensor_mode:
                 if node.in_shapes is not None and (<Tensor>g)._data.shape != node.in_shapes[j]:
                     _check_reducible(node, g._data, j)
+                    if not _reducible(g._data.shape, node.in_shapes[j]):
+                        # else SumTo's own error, naming SumTo rather than the op whose backward it is
+                        raise _shape_error(node.op, g._data, node.in_shapes[j], j, node.in_shapes)
                     g = _h_sum_to(g, node.in_shapes[j])
                 elif like_output and _shape_differs((<Tensor>g)._data, (<Tensor>grads)._data):
                     raise _shape_error(node.op, (<Tensor>g)._data, (<Tensor>grads)._data.shape, j)
@@ -2464,7 +2492,7 @@ cdef void _backward_step(GradFn node, bint tensor_mode, list kept) except *:
                     _check_reducible(node, g, j)
                     if GC_RARELY(_n_pending != 0):
                         _h_pending.settle(g)
-                    g = _sum_to_raw(node.op, g, node.in_shapes[j])
+                    g = _sum_to_raw(node.op, g, node.in_shapes[j], j, node.in_shapes)
                 elif like_output and _shape_differs(g, grads):
                     raise _shape_error(node.op, g, grads.shape, j)
                 _acc_raw(<GradSlot>d, g)

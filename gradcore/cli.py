@@ -61,13 +61,14 @@ def _quiet_registry():
         return registry.entries(), registry.failures()
 
 
-CHECK_HELP = """usage: gradcore check DIST [--devices cpu,cuda] [--seed N] [--torch]
+CHECK_HELP = """usage: gradcore check DIST|OP [--devices cpu,cuda] [--seed N] [--torch]
 
 Run gradcore.testing.check_op on every op the installed distribution DIST
 registers, and check_grad_rule on every grad rule it registers for ops it
 does not own. DIST is the distribution's name (gradcore-fused-act, or
 gradcore for the standard library) or the name of its entry point in the
-group gradcore.ops (fused_act, standard).
+group gradcore.ops (fused_act, standard), or the name of one registered op
+(MyCube: that op alone).
 
 Inputs come from each op's examples(), else are generated from its
 declaration (arity, infer, check_params/check_shapes/domain hints) with a
@@ -128,9 +129,12 @@ def _check(args: List[str]) -> int:
     failed = [f for f in failures if norm(f.dist) == norm(dist)]
     rules = [(c, r) for c, r in registry.grad_rules(dist) if not any(e.cls is c for e in mine)]
     if not mine and not failed and not rules:
+        # the name of one registered op: that op alone (an author iterating on one op of a package)
+        mine = [e for e in entries if e.name == dist]
+    if not mine and not failed and not rules:
         known = sorted({e.dist for e in entries} | set(registry.entry_point_dists().values()))
-        print(f"gradcore check: no ops or grad rules are registered by a distribution or entry point "
-              f"named {dist!r}; known: {', '.join(known) or 'none'}{_entry_point_hint(dist)}", file=sys.stderr)
+        print(f"gradcore check: no op is named {dist!r}, and no ops or grad rules are registered by a "
+              f"distribution or entry point of that name; known: {', '.join(known) or 'none'}{_entry_point_hint(dist)}", file=sys.stderr)
         return 2
     if torch_form:
         return _check_torch(dist, mine, failed, seed)

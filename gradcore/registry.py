@@ -163,7 +163,10 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
     - every device in a declared ``devices`` has a kernel (``cpu`` or
       ``decompose`` for "cpu", ``cuda_source`` or ``decompose`` for "cuda");
     - no constructor parameter has the name of a member of the class or of
-      the op protocol (``name``, ``nin``, ``devices``, ``infer``...).
+      the op protocol (``name``, ``nin``, ``devices``, ``infer``...);
+    - no ``jvp`` (never called: forward mode comes from the vjp), and some
+      forward: a kernel, ``decompose`` or ``_grad_rule`` (not ``Function``'s
+      ``forward``/``backward``).
 
     Example::
 
@@ -183,6 +186,7 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
         raise OpDeclarationError(
             f"{where} defines " + ", ".join(f"{found!r} (did you mean {meant!r}?)" for found, meant in desc.misspelt)
             + ": the op has no member of that name, so what it was meant to do is not done; rename it")
+    _check_no_jvp(c, where)
     if desc.traced == "vjp" and not desc.has_infer:
         raise OpDeclarationError(
             f"{where} has a vjp but no shape inference: its backward graph is traced from "
@@ -245,8 +249,34 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
                 f"{where} declares devices {desc.devices} but has no CUDA kernel: add "
                 f"a method `cuda_source(self, ctype)` returning its CUDA C source, or a `decompose`, "
                 f"or drop 'cuda' from devices")
+    _check_has_forward(c, where, desc)
     if desc.kernels.get("cuda") == "default launch":
         _check_default_launch(c, where, desc, samples)
+
+
+def _check_no_jvp(c, where) -> None:
+    """A ``jvp`` (ported from JAX's ``custom_jvp`` or PyTorch's
+    ``Function.jvp``) is never called: refuse it rather than ignore it."""
+    if getattr(c, "jvp", None) is not None:
+        raise OpDeclarationError(
+            f"{where} defines `jvp`, which gradcore never calls: forward mode (gradcore.jvp) is derived "
+            f"from the op's reverse-mode gradient by differentiating it again (docs/op-protocol.md), so a "
+            f"jvp would be ignored, and one that disagrees with the vjp would go unnoticed; remove it (or "
+            f"rename a helper so that it does not read as a protocol member)")
+
+
+def _check_has_forward(c, where, desc) -> None:
+    """An op with no kernel, decomposition or rule cannot run; often it
+    was written in ``Function``'s protocol (``forward``/``backward``)."""
+    if desc.kernels:
+        return
+    ported = [m for m in ("forward", "backward") if getattr(c, m, None) is not None]
+    hint = (f"; {' and '.join(f'`{m}`' for m in ported)} belong to gradcore.autodiff.Function's "
+            f"protocol (a Function is called, not registered): an op computes in `cpu(self, *arrays)` "
+            f"(NumPy) and differentiates with `vjp(self, inputs, outputs, grads)`" if ported else "")
+    raise OpDeclarationError(
+        f"{where} has no forward: no `cpu(self, *arrays)` kernel, `cuda_source`, `decompose` or "
+        f"`_grad_rule`, so applying it can only fail{hint}")
 
 
 _GLOBAL_KERNEL = re.compile(r"__global__\s+void\s+(\w+)\s*\(")

@@ -154,7 +154,19 @@ def _compare(name, analytic, numeric, inputs, atol, rtol):
             raise GradcheckError(
                 f"{name}: input {i} (shape {inputs[i].shape}): worst element {tuple(int(j) for j in k)}: "
                 f"analytic {a[k]:.8g}, numerical {n[k]:.8g}, |diff| {abs(a[k] - n[k]):.3g} "
-                f"> atol {atol} + rtol {rtol} * |numerical|")
+                f"> atol {atol} + rtol {rtol} * |numerical|" + _swapped_hint(i, analytic, numeric, atol, rtol))
+
+
+def _swapped_hint(i, analytic, numeric, atol, rtol) -> str:
+    """A hint when input i's analytic gradient is another input's numerical
+    one: gradients returned in the wrong order (two inputs of one shape make
+    no shape error to catch it)."""
+    for j, n in enumerate(numeric):
+        if (j != i and n is not None and n.shape == analytic[i].shape and n.size and np.abs(n).max() > atol
+                and np.allclose(analytic[i], n, atol=atol, rtol=rtol)):
+            return (f"; input {i}'s analytic gradient is input {j}'s numerical one: the backward returns "
+                    f"the gradients in the wrong order?")
+    return ""
 
 
 def gradcheck(fn: Callable, inputs: Sequence, eps: float = 1e-6, atol: float = 1e-5,
@@ -475,6 +487,31 @@ def _compare_with_cpu(check, what, got, ref, exact=False):
                          f"{np.max(np.abs(g.astype(np.float64) - r)):.3g}")
 
 
+def _nondeterminism(op, variant, outs) -> str:
+    """"" when a second run on the same inputs reproduces ``outs``, else
+    what differs: a random kernel, or one keeping state between calls,
+    otherwise surfaces as a float32/float64 disagreement and gradients off
+    by orders of magnitude, which point away from the cause."""
+    if outs is None:
+        return ""
+    dt, arrays = variant
+    try:
+        again = _run(op, arrays)
+    except Exception as exc:
+        return f"{dt} inputs: a second run on the same inputs fails ({_fmt_exc(exc)}), the first did not"
+    for j, (a, b) in enumerate(zip(outs, again)):
+        same = (a.shape == b.shape and (np.allclose(a, b, rtol=1e-12, atol=0, equal_nan=True)
+                                        if a.dtype.kind in "fc" else np.array_equal(a, b)))
+        if not same:
+            by = (f" by up to {np.max(np.abs(a.astype(np.float64) - b)):.3g}"
+                  if a.shape == b.shape and a.dtype.kind in "fc" and a.size else "")
+            return (f"{dt} inputs: two runs on the same inputs give different output {j}{by}: the kernel is "
+                    f"not deterministic (random numbers, or state kept between calls); values and gradients "
+                    f"cannot be checked, and gradcore caches what an op computes by its parameters and "
+                    f"inputs: take the randomness as an input (a mask, or a seed parameter)")
+    return ""
+
+
 def _compare_with_decomposition(check, op, tag, variant, outs) -> None:
     """An op with kernels and a ``decompose`` (its reference definition,
     while its gradient comes from its ``vjp``): fail ``check`` where the
@@ -533,8 +570,9 @@ def _nvcc_compile(source: str) -> Optional[str]:
         with open(src, "w") as fh:
             fh.write(source)
         try:
-            out = subprocess.run([nvcc_path(), "--ptx", "-o", os.path.join(d, "op.ptx"), src],
-                                 capture_output=True, text=True, timeout=300)
+            # the bare file name, run in the folder: the log names no temporary path
+            out = subprocess.run([nvcc_path(), "--ptx", "-o", "op.ptx", "op.cu"],
+                                 capture_output=True, text=True, timeout=300, cwd=d)
         except subprocess.TimeoutExpired:
             return "nvcc timed out after 300 s"
         if out.returncode != 0:
@@ -823,6 +861,23 @@ def _forward_arity(cls) -> tuple:
     return (max(lo, 1), hi)
 
 
+def _check_params_instance(cls, i: int, p) -> Any:
+    """The op ``check_params[i]`` builds; an entry that is not constructor
+    arguments, or that the constructor refuses, is a ``NoInputsError``
+    naming the op and the entry (the other entries would otherwise go
+    unchecked behind a bare TypeError from deep inside check_op)."""
+    where = f"check_op({_op_short_name(cls)}): check_params[{i}] = {p!r}"
+    if not isinstance(p, (dict, tuple)):
+        raise NoInputsError(f"{where} is a {type(p).__name__}; each entry is a dict of constructor arguments "
+                            f"(or a tuple of positional ones): check_params = [{{'k': 2.0}}, ...]")
+    try:
+        return cls(*p) if isinstance(p, tuple) else cls(**p)
+    except Exception as exc:
+        raise NoInputsError(f"{where}: the constructor refuses it ({type(exc).__name__}: {exc}); "
+                            f"list only parameter values the op accepts (a value the op must refuse "
+                            f"belongs in a test of its own)") from None
+
+
 def _instances_for(op, seed: int = 0) -> List:
     """The instances ``check_op`` checks: ``op`` itself; for a class, one
     per ``check_params`` entry, else the class built with its defaults and,
@@ -837,7 +892,10 @@ def _instances_for(op, seed: int = 0) -> List:
     desc = describe(op)
     params = desc.check["check_params"]
     if params:
-        return [op(*p) if isinstance(p, tuple) else op(**p) for p in params]
+        if not isinstance(params, (list, tuple)):
+            raise NoInputsError(f"check_op({_op_short_name(op)}): check_params is a {type(params).__name__}; "
+                                f"it is a list of constructor arguments: check_params = [{{'k': 2.0}}, ...]")
+        return [_check_params_instance(op, i, p) for i, p in enumerate(params)]
     choices = desc.choices()
     unchecked = []
     try:
@@ -970,7 +1028,10 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                 c.failed(f"{tag}{dt} inputs: the cpu kernel changed input {i} (shape {arrs[i].shape}) in "
                          f"place; a kernel must not write its inputs (the caller's tensor changes): "
                          f"compute into a new array")
-        if "float64" in outs and "float32" in outs:
+        varying = _nondeterminism(op, variants[0], outs.get(variants[0][0]))
+        if varying:
+            c.failed(f"{tag}{varying}")
+        elif "float64" in outs and "float32" in outs:
             for j, (o32, o64) in enumerate(zip(outs["float32"], outs["float64"])):
                 if o32.shape != o64.shape:
                     c.failed(f"{tag}output {j}: shape {o32.shape} for float32 inputs, {o64.shape} for float64")

@@ -107,6 +107,20 @@ def test_check_exit_codes_in_process(fake_dist, capsys):
     assert any(l.startswith("CliGood2 ") and "| grad " in l and "passed" in l for l in out.splitlines())
 
 
+def test_check_takes_the_name_of_one_op(fake_dist, capsys):
+    # an author iterating on one op of a package checks it alone by its name
+    with registry._loading_as("cli_fake_bad"):
+        registry.register_op(_Bad)
+        registry.register_op(_Good, name="CliGood2")
+    assert cli.main(["check", "CliGood2"]) == 0
+    out = capsys.readouterr().out
+    assert "CliGood2 " in out and "CliBad" not in out and "CliGood2: 1 op(s)" in out
+    assert cli.main(["check", "CliBad"]) == 1
+    assert "gradcheck" in capsys.readouterr().out
+    assert cli.main(["check", "CliNoSuchOp"]) == 2
+    assert "no op is named 'CliNoSuchOp'" in capsys.readouterr().err
+
+
 def test_check_fails_when_no_check_ran(fake_dist, capsys):
     with registry._loading_as("cli-fake-good"):
         registry.register_op(_Good)

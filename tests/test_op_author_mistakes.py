@@ -1,6 +1,8 @@
 """Mistakes a new op author makes, found by writing plugins from the docs
 alone: each gives a clear error naming the op, or the central mechanism
 makes the op right; none passes silently."""
+import re
+
 import numpy as np
 import pytest
 
@@ -1255,3 +1257,185 @@ def test_a_grad_rule_two_plugins_register_for_one_op_is_a_conflict_not_a_silent_
         assert gradcore.registered_grad_rule(MatrixMul) is rule_a          # was rule_b, silently
     finally:
         gradcore.unregister_grad_rule(MatrixMul)
+
+
+# ---------------------------------------------------------------- round six
+
+class _Square(Op):
+    name = "MistakeSquare6"
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return x * x
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * 2 * inputs[0],)
+
+
+def test_an_op_defining_a_jvp_is_refused_it_would_be_ignored():
+    # ported from JAX's custom_jvp or torch.autograd.Function.jvp: gradcore never calls it,
+    # so a jvp disagreeing with the vjp passed every check
+    class WithJvp(_Square):
+        name = "MistakeWithJvp"
+
+        def jvp(self, inputs, outputs, tangents):
+            return (tangents[0] * 3 * inputs[0],)
+    with pytest.raises(OpDeclarationError, match=r"'MistakeWithJvp'.*defines `jvp`, which gradcore never calls"):
+        validate_op_class(WithJvp)
+    report = check_op(WithJvp, devices=["cpu"])
+    assert report.status("declaration") == "failed" and not report.ok
+
+
+def test_an_op_written_as_a_function_forward_backward_is_refused_it_has_no_forward():
+    class TorchStyle(Op):
+        name = "MistakeTorchStyle"
+
+        def infer(self, x):
+            return (x,)
+
+        def forward(self, x):
+            return x * x
+
+        def backward(self, g):
+            return g * 2
+    with pytest.raises(OpDeclarationError, match=r"'MistakeTorchStyle'.*has no forward.*`forward` and `backward` "
+                                                 r"belong to gradcore.autodiff.Function's protocol"):
+        validate_op_class(TorchStyle)      # was registered; applying it: "object has no attribute 'cpu'"
+
+    class Empty(Op):
+        name = "MistakeEmpty"
+    with pytest.raises(OpDeclarationError, match=r"'MistakeEmpty'.*has no forward: no `cpu"):
+        validate_op_class(Empty)
+
+
+class _Positive(_Square):
+    name = "MistakePositive6"
+
+    def __init__(self, p=2.0):
+        if p <= 0:
+            raise ValueError("p must be positive")
+        self.p = float(p)
+
+    def cpu(self, x):
+        return x * self.p
+
+    def vjp(self, inputs, outputs, grads):
+        return (grads[0] * self.p,)
+
+
+@pytest.mark.parametrize("params, says", [
+    ([{"p": 3.0}, {"q": 1.0}], r"check_params\[1\] = \{'q': 1.0\}: the constructor refuses it \(TypeError"),
+    ([{"p": -1.0}], r"check_params\[0\] = \{'p': -1.0\}: the constructor refuses it \(ValueError: p must be positive"),
+    ({"p": 3.0}, r"check_params is a dict; it is a list"),
+    ([3.0], r"check_params\[0\] = 3.0 is a float; each entry is a dict"),
+])
+def test_check_params_the_constructor_refuses_fail_the_inputs_check_naming_the_entry(params, says):
+    cls = type("Bad", (_Positive,), {"name": "MistakeBadCheckParams", "check_params": params})
+    report = check_op(cls, devices=["cpu"])        # was: the bare ValueError/TypeError from __init__
+    assert report.status("inputs") == "failed"
+    assert re.search(r"check_op\(MistakeBadCheckParams\): " + says, report["inputs"].message)
+
+
+_CALLS = [0]
+
+
+def _count_call():
+    _CALLS[0] += 1
+    return _CALLS[0]
+
+
+@pytest.mark.parametrize("kernel", [
+    lambda self, x: x * (1 + 0.01 * np.random.default_rng().standard_normal(x.shape)).astype(x.dtype),
+    lambda self, x: x + _count_call(),       # state kept between calls
+], ids=["random", "stateful"])
+def test_a_kernel_that_is_not_deterministic_fails_forward_saying_so(kernel):
+    cls = type("Noisy", (_Square,), {"name": "MistakeNoisy6", "cpu": kernel})
+    report = check_op(cls, devices=["cpu"])
+    msg = report["forward[cpu]"].message
+    # was: "float32 and float64 results differ by up to ..." and gradients off by 1e4
+    assert report.status("forward[cpu]") == "failed"
+    assert "two runs on the same inputs give different output 0" in msg and "not deterministic" in msg
+    assert check_op(_Square, devices=["cpu"]).ok       # a deterministic kernel passes
+
+
+def test_an_emulator_compile_error_quotes_the_kernel_line_not_the_prelude_and_no_temporary_path(emulated_cuda):
+    from gradcore.cuda.kernels import Kernel
+
+    class Broken(_Square):
+        name = "MistakeBrokenCuda6"
+        devices = ("cpu", "cuda")
+
+        def cuda_source(self, ctype="float"):
+            return Kernel("mistakebroken6", "const T* x, T* y, long long n", "T v = x[i]\n y[i] = v;",
+                          over="n", index="i").source(ctype)
+    with pytest.raises(RuntimeError) as exc:
+        Broken()(gradcore.tensor([1.0, 2.0], device="cuda"))
+    msg = str(exc.value)
+    assert "MistakeBrokenCuda6" in msg and "| y[i] = v;" in msg
+    log = msg.split("compiler log:")[1]
+    assert "#include" not in log and "gradcore-emu-" not in log     # was: "8 | #include <cstdio>", /tmp/... paths
+
+
+def test_gradients_returned_in_the_wrong_order_fail_grad_with_a_hint():
+    # two inputs of one shape: no shape error catches the swap; finite differences do
+    class Swapped(Op):
+        name = "MistakeSwapped6"
+
+        def infer(self, x, w):
+            if x.shape is not None and w.shape is not None and x.shape != w.shape:
+                raise self.error("needs inputs of one shape", x, w)
+            return (x,)
+
+        def cpu(self, x, w):
+            return x * np.exp(w)
+
+        def vjp(self, inputs, outputs, grads):
+            (x, w), (g,) = inputs, grads
+            return (g * x * F.exp(w), g * F.exp(w))         # (d/dw, d/dx): swapped
+    report = check_op(Swapped, devices=["cpu"])
+    assert report.status("grad") == "failed"
+    assert ("input 0's analytic gradient is input 1's numerical one: the backward returns the gradients "
+            "in the wrong order?") in report["grad"].message
+
+
+class _RowDot(Op):
+    """sum(x * w, last axis) of broadcasting x, w; its vjp returns g[..., None] * w and
+    g[..., None] * x: broadcastable to the inputs' broadcast shape, not in it."""
+    name = "MistakeRowDot6"
+
+    def infer(self, x, w):
+        if x.shape is None or w.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        try:
+            shape = tuple(np.broadcast_shapes(x.shape, w.shape))
+        except ValueError:
+            raise self.error("inputs do not broadcast", x, w) from None
+        return (TensorDesc(shape[:-1], x.dtype, x.device),)
+
+    def cpu(self, x, w):
+        return (x * w).sum(axis=-1)
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w), (g,) = inputs, grads
+        g = F.expand_dims(g, -1)
+        return (g * w, g * x)
+
+
+def test_a_reduction_gradient_only_broadcastable_names_the_input_and_the_broadcast_shape():
+    says = (r"MistakeRowDot6: backward returned a gradient of shape \(3, 1\) for input 1 of shape \(1, 4\): "
+            r"return it in that shape or in the inputs' broadcast shape \(3, 4\)")
+    x, w = gradcore.tensor(np.ones((3, 1))), gradcore.tensor(np.ones((1, 4)))
+    gm = gradcore.GradManager().attach([x, w])
+    with pytest.raises(ValueError, match=says):            # was: "for an input of shape (1, 4)"
+        with gm:
+            gm.backward(_RowDot()(x, w).sum())
+    # recorded by an outer manager (the backward runs as ops): was SumTo's error, naming SumTo
+    outer, inner = gradcore.GradManager().attach([x, w]), gradcore.GradManager().attach([x, w])
+    with pytest.raises(ValueError, match=says):
+        with outer:
+            with inner:
+                inner.backward(_RowDot()(x, w).sum())
+    # inputs whose broadcast shape the gradients have: summed down, first and second order
+    assert check_op(_RowDot(), np.arange(6.0).reshape(2, 3), np.array([1.0, 2.0, 3.0]), devices=["cpu"]).ok

@@ -271,8 +271,12 @@ class HostDriver:
             src = Path(tmp) / "kernel.cpp"
             src.write_text(full)
             out = Path(tmp) / "kernel.so"
-            cmd = [self.cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-o", str(out), str(src)]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            # run in the temporary folder on the bare file name: the log names no temporary path (one
+            # mistake reads alike in every report); no caret excerpts: the compiler would quote the line
+            # of the whole file (the prelude's), not the line of the kernel's source that #line names
+            cmd = [self.cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-fno-diagnostics-show-caret",
+                   "-o", out.name, src.name]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp)
             if res.returncode != 0:
                 log = res.stdout + res.stderr
                 raise KernelCompileError(name, parse_errors(log, source, src.name), log, "host")
