@@ -221,3 +221,77 @@ def test_a_training_step_reuses_its_buffers():
     after = mem.stats()
     assert after["hits"] > before["hits"]
     assert after["misses"] == before["misses"]
+
+
+# ------------------------------------------------- no reference cycle per call
+# What a step leaves must be freed by reference counting: with the cyclic GC
+# off, a cycle made per call is memory that only a later collection returns
+# (and gc.collect() finds it). Each case runs once first (caches filled).
+@pytest.fixture
+def no_cyclic_gc():
+    import gc as pygc
+    pygc.collect()
+    was = pygc.isenabled()
+    pygc.disable()
+    try:
+        yield pygc
+    finally:
+        if was:
+            pygc.enable()
+
+
+def _cyclic_objects_left(pygc, call, times=3) -> int:
+    call()
+    pygc.collect()
+    for _ in range(times):
+        call()
+    return pygc.collect()
+
+
+def test_state_dict_and_deepcopy_leave_no_cycle(no_cyclic_gc):
+    import copy
+    import io
+    import gradcore.module as M
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = M.Linear(4, 3)
+            self.b = M.Sequential(M.Linear(3, 2), M.BatchNorm1d(2))
+
+    net = Net()
+
+    def call():
+        sd = copy.deepcopy(net).state_dict()
+        net.load_state_dict(sd)
+        f = io.BytesIO()
+        gc.save(net.state_dict(keep_var=True), f)
+    assert _cyclic_objects_left(no_cyclic_gc, call) == 0
+
+
+def _emulator():
+    import shutil
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("the CUDA emulator needs g++")
+    from gradcore.cuda import runtime
+    return runtime
+
+
+def test_a_cuda_emulator_training_step_leaves_no_cycle(no_cyclic_gc):
+    runtime = _emulator()
+    runtime.use("emulator")
+    try:
+        import gradcore.module as M
+        import gradcore.optimizer as optim
+        net = M.Sequential(M.Linear(8, 16), M.ReLU(), M.Linear(16, 4)).to("cuda")
+        gm = GradManager().attach(net.parameters())
+        opt = optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        x = gc.tensor(np.random.RandomState(0).randn(5, 8).astype("float32"), device="cuda")
+
+        def step():        # GEMMs forward and backward, elementwise kernel launches
+            with gm:
+                gm.backward((net(x) ** 2).mean())
+            opt.step().clear_grad()
+        assert _cyclic_objects_left(no_cyclic_gc, step) == 0
+    finally:
+        runtime.use(None)
