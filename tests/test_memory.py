@@ -295,3 +295,69 @@ def test_a_cuda_emulator_training_step_leaves_no_cycle(no_cyclic_gc):
         assert _cyclic_objects_left(no_cyclic_gc, step) == 0
     finally:
         runtime.use(None)
+
+
+# ---------------------------------- an error handled leaves nothing behind
+# An exception held in a local of the frame that raises it is a cycle (frame
+# -> exception -> traceback -> frame): that frame's tensors and loader state
+# would outlive the handled error until the cyclic GC ran.
+def test_an_operand_error_does_not_keep_the_operands(no_cyclic_gc):
+    import weakref
+    x = gc.tensor(np.ones(3, "float32")) * 2
+    ref = weakref.ref(x)
+    with pytest.raises(TypeError, match="operand is None"):
+        x + None
+    del x
+    assert ref() is None
+    assert no_cyclic_gc.collect() == 0
+
+
+def _data_classes():
+    from gradcore.data import MapDataset, StreamDataset
+
+    class FailsAt(MapDataset):
+        """A map dataset failing at one index."""
+
+        def __init__(self, n: int, bad: int):
+            self.n, self.bad = n, bad
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            if i == self.bad:
+                raise ValueError(f"sample {i} is bad")
+            return np.full(2, i, "float32")
+
+    class Broken(StreamDataset):
+        """A stream that breaks after one sample."""
+
+        def __init__(self):
+            pass
+
+        def __iter__(self):
+            yield np.zeros(2, "float32")
+            raise ValueError("the stream broke")
+    return FailsAt, Broken
+
+
+@pytest.mark.parametrize("kind", ["worker", "stream_with_timeout"])
+def test_a_data_loader_error_leaves_no_cycle(kind, no_cyclic_gc):
+    from gradcore.data import DataLoader, SequentialSampler, StreamSampler
+    FailsAt, Broken = _data_classes()
+    if kind == "worker":
+        ds = FailsAt(8, 5)
+
+        def make():
+            return DataLoader(ds, SequentialSampler(ds, batch_size=2), num_workers=2)
+    else:
+        ds = Broken()
+
+        def make():
+            return DataLoader(ds, StreamSampler(batch_size=1), timeout=30)
+
+    def epoch():
+        with pytest.raises(ValueError):
+            for _ in make():
+                pass
+    assert _cyclic_objects_left(no_cyclic_gc, epoch, times=2) == 0
