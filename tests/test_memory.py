@@ -361,3 +361,22 @@ def test_a_data_loader_error_leaves_no_cycle(kind, no_cyclic_gc):
             for _ in make():
                 pass
     assert _cyclic_objects_left(no_cyclic_gc, epoch, times=2) == 0
+
+
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_cuda_dlpack_exports_leave_no_cycle(max_version, no_cyclic_gc):
+    runtime = _emulator()
+    runtime.use("emulator")
+    try:
+        from gradcore.cuda import dlpack
+        t = gc.tensor(np.ones((3, 4), "float32"), device="cuda")
+
+        def export():
+            cap = (t * 2).__dlpack__(max_version=max_version)      # dropped, not consumed
+            del cap
+            back = gc.from_dlpack((t + 1).__dlpack__(max_version=max_version))     # consumed
+            assert back.shape == (3, 4)
+        assert _cyclic_objects_left(no_cyclic_gc, export) == 0
+        assert not dlpack._exported        # every capsule's deleter ran
+    finally:
+        runtime.use(None)
