@@ -380,3 +380,18 @@ def test_cuda_dlpack_exports_leave_no_cycle(max_version, no_cyclic_gc):
         assert not dlpack._exported        # every capsule's deleter ran
     finally:
         runtime.use(None)
+
+
+def test_the_onednn_refusals_are_bounded(monkeypatch):
+    # a configuration oneDNN refuses is remembered per shape: bounded as the
+    # primitive cache, or a program of ever-new shapes grows the table
+    from gradcore.cpu import onednn
+    monkeypatch.setattr(onednn, "cache_limit", 8)
+    onednn.clear_cache()
+
+    def refused():
+        raise onednn._onednn.OnednnError("not implemented")
+    for i in range(50):
+        assert onednn._primitive(("test_refusal", i), refused, 1.0) is None
+    assert 0 < len(onednn._refused) <= 8
+    onednn.clear_cache()
