@@ -104,6 +104,16 @@ def _device_scalar(x, dtype, device):
     return arr
 
 
+def _none_operand_error(op, args) -> TypeError:
+    # made here and raised by the caller: an exception held in a local of the
+    # frame raising it is a cycle (frame -> exception -> traceback -> frame)
+    # keeping that frame's tensors until the cyclic GC runs
+    exc = TypeError("the operand is None and is not supported.")
+    exc.add_note(f"(in op {op_label(op)}, with operands "
+                 f"{', '.join('None' if x is None else repr(getattr(x, 'shape', type(x).__name__)) for x in args)})")
+    return exc
+
+
 def slow_apply(op, args):
     if any(isinstance(a, graph.SymbolicTensor) for a in args):
         return graph.trace_apply(op, args)
@@ -124,10 +134,7 @@ def slow_apply(op, args):
             # MegEngine's exact message for `t + None` and the like (its tests
             # compare the whole text); the op and the shapes are in a note,
             # which a traceback shows
-            exc = TypeError("the operand is None and is not supported.")
-            exc.add_note(f"(in op {op_label(op)}, with operands "
-                         f"{', '.join('None' if x is None else repr(getattr(x, 'shape', type(x).__name__)) for x in args)})")
-            raise exc
+            raise _none_operand_error(op, args)
         try:
             c = _const_for(a, tensors, device)
         except (OverflowError, TypeError, ValueError) as exc:

@@ -221,3 +221,177 @@ def test_a_training_step_reuses_its_buffers():
     after = mem.stats()
     assert after["hits"] > before["hits"]
     assert after["misses"] == before["misses"]
+
+
+# ------------------------------------------------- no reference cycle per call
+# What a step leaves must be freed by reference counting: with the cyclic GC
+# off, a cycle made per call is memory that only a later collection returns
+# (and gc.collect() finds it). Each case runs once first (caches filled).
+@pytest.fixture
+def no_cyclic_gc():
+    import gc as pygc
+    pygc.collect()
+    was = pygc.isenabled()
+    pygc.disable()
+    try:
+        yield pygc
+    finally:
+        if was:
+            pygc.enable()
+
+
+def _cyclic_objects_left(pygc, call, times=3) -> int:
+    call()
+    pygc.collect()
+    for _ in range(times):
+        call()
+    return pygc.collect()
+
+
+def test_state_dict_and_deepcopy_leave_no_cycle(no_cyclic_gc):
+    import copy
+    import io
+    import gradcore.module as M
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = M.Linear(4, 3)
+            self.b = M.Sequential(M.Linear(3, 2), M.BatchNorm1d(2))
+
+    net = Net()
+
+    def call():
+        sd = copy.deepcopy(net).state_dict()
+        net.load_state_dict(sd)
+        f = io.BytesIO()
+        gc.save(net.state_dict(keep_var=True), f)
+    assert _cyclic_objects_left(no_cyclic_gc, call) == 0
+
+
+def _emulator():
+    import shutil
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("the CUDA emulator needs g++")
+    from gradcore.cuda import runtime
+    return runtime
+
+
+def test_a_cuda_emulator_training_step_leaves_no_cycle(no_cyclic_gc):
+    runtime = _emulator()
+    runtime.use("emulator")
+    try:
+        import gradcore.module as M
+        import gradcore.optimizer as optim
+        net = M.Sequential(M.Linear(8, 16), M.ReLU(), M.Linear(16, 4)).to("cuda")
+        gm = GradManager().attach(net.parameters())
+        opt = optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        x = gc.tensor(np.random.RandomState(0).randn(5, 8).astype("float32"), device="cuda")
+
+        def step():        # GEMMs forward and backward, elementwise kernel launches
+            with gm:
+                gm.backward((net(x) ** 2).mean())
+            opt.step().clear_grad()
+        assert _cyclic_objects_left(no_cyclic_gc, step) == 0
+    finally:
+        runtime.use(None)
+
+
+# ---------------------------------- an error handled leaves nothing behind
+# An exception held in a local of the frame that raises it is a cycle (frame
+# -> exception -> traceback -> frame): that frame's tensors and loader state
+# would outlive the handled error until the cyclic GC ran.
+def test_an_operand_error_does_not_keep_the_operands(no_cyclic_gc):
+    import weakref
+    x = gc.tensor(np.ones(3, "float32")) * 2
+    ref = weakref.ref(x)
+    with pytest.raises(TypeError, match="operand is None"):
+        x + None
+    del x
+    assert ref() is None
+    assert no_cyclic_gc.collect() == 0
+
+
+def _data_classes():
+    from gradcore.data import MapDataset, StreamDataset
+
+    class FailsAt(MapDataset):
+        """A map dataset failing at one index."""
+
+        def __init__(self, n: int, bad: int):
+            self.n, self.bad = n, bad
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            if i == self.bad:
+                raise ValueError(f"sample {i} is bad")
+            return np.full(2, i, "float32")
+
+    class Broken(StreamDataset):
+        """A stream that breaks after one sample."""
+
+        def __init__(self):
+            pass
+
+        def __iter__(self):
+            yield np.zeros(2, "float32")
+            raise ValueError("the stream broke")
+    return FailsAt, Broken
+
+
+@pytest.mark.parametrize("kind", ["worker", "stream_with_timeout"])
+def test_a_data_loader_error_leaves_no_cycle(kind, no_cyclic_gc):
+    from gradcore.data import DataLoader, SequentialSampler, StreamSampler
+    FailsAt, Broken = _data_classes()
+    if kind == "worker":
+        ds = FailsAt(8, 5)
+
+        def make():
+            return DataLoader(ds, SequentialSampler(ds, batch_size=2), num_workers=2)
+    else:
+        ds = Broken()
+
+        def make():
+            return DataLoader(ds, StreamSampler(batch_size=1), timeout=30)
+
+    def epoch():
+        with pytest.raises(ValueError):
+            for _ in make():
+                pass
+    assert _cyclic_objects_left(no_cyclic_gc, epoch, times=2) == 0
+
+
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_cuda_dlpack_exports_leave_no_cycle(max_version, no_cyclic_gc):
+    runtime = _emulator()
+    runtime.use("emulator")
+    try:
+        from gradcore.cuda import dlpack
+        t = gc.tensor(np.ones((3, 4), "float32"), device="cuda")
+
+        def export():
+            cap = (t * 2).__dlpack__(max_version=max_version)      # dropped, not consumed
+            del cap
+            back = gc.from_dlpack((t + 1).__dlpack__(max_version=max_version))     # consumed
+            assert back.shape == (3, 4)
+        assert _cyclic_objects_left(no_cyclic_gc, export) == 0
+        assert not dlpack._exported        # every capsule's deleter ran
+    finally:
+        runtime.use(None)
+
+
+def test_the_onednn_refusals_are_bounded(monkeypatch):
+    # a configuration oneDNN refuses is remembered per shape: bounded as the
+    # primitive cache, or a program of ever-new shapes grows the table
+    from gradcore.cpu import onednn
+    monkeypatch.setattr(onednn, "cache_limit", 8)
+    onednn.clear_cache()
+
+    def refused():
+        raise onednn._onednn.OnednnError("not implemented")
+    for i in range(50):
+        assert onednn._primitive(("test_refusal", i), refused, 1.0) is None
+    assert 0 < len(onednn._refused) <= 8
+    onednn.clear_cache()

@@ -398,6 +398,10 @@ def _primitive(key: tuple, make, work: float):
         prim.threads = threads
     except _onednn.OnednnError as exc:     # unimplemented, invalid arguments: the NumPy path runs it
         with _lock:
+            # bounded as the cache is (a shape per key: a program of varying
+            # shapes would grow it for ever); a refusal is cheap to find again
+            if len(_refused) >= max(cache_limit, 1):
+                _refused.clear()
             _refused[key] = str(exc)
             _stats["refused"] += 1
         return None

@@ -87,6 +87,17 @@ _api.PyCapsule_SetName.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 _api.PyCapsule_GetName.restype = ctypes.c_char_p
 _api.PyCapsule_GetName.argtypes = [ctypes.c_void_p]
 
+_INT64_P = ctypes.POINTER(ctypes.c_int64)
+_INT64_ARRAYS = {}       # length -> ctypes array type, made once (a type made per call can end in a cycle)
+
+
+def _int64_array(n: int):
+    t = _INT64_ARRAYS.get(n)
+    if t is None:
+        t = _INT64_ARRAYS[n] = ctypes.c_int64 * n
+    return t
+
+
 # what each exported capsule keeps alive until its deleter runs:
 # address of the managed struct -> (struct, shape array, the device array)
 _exported = {}
@@ -154,13 +165,15 @@ def export(array, stream=None, max_version: Optional[Tuple[int, int]] = None, co
         array = array.copy()
     versioned = max_version is not None and max_version[0] >= 1
     managed = DLManagedTensorVersioned() if versioned else DLManagedTensor()
-    shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+    shape = _int64_array(max(array.ndim, 1))(*array.shape)
     t = managed.dl_tensor
     t.data = array.ptr or None
     t.device = DLDevice(kDLCUDA, device_index_of(array.backend))
     t.ndim = array.ndim
     t.dtype = dl_dtype(array.dtype)
-    t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    # from the address: ctypes.cast(shape, ...) puts ``shape`` in its own _objects
+    # dict, a reference cycle left per export (``_exported`` keeps ``shape`` alive)
+    t.shape = ctypes.cast(ctypes.addressof(shape), _INT64_P)
     t.strides = None                   # NULL: C-contiguous
     t.byte_offset = 0
     managed.deleter = _deleter

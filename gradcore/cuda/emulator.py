@@ -39,6 +39,11 @@ from .cache import KernelCompileError, default_directory, parse_errors
 from .driver import CudaUnavailable
 from .kernels import kernel_names
 
+# ctypes array types made once: a type made per launch (c_uint * 3) is kept
+# only by ctypes' cache and, when that lets it go, a reference cycle left per call
+_DIM3 = ctypes.c_uint * 3
+_ERRBUF = ctypes.c_char * 1024
+
 
 PRELUDE = r"""
 // ---- gradcore host emulation of CUDA C (gradcore/cuda/emulator.py)
@@ -189,12 +194,13 @@ class HostDriver:
 
     def _check(self, ptr: int, nbytes: int, what: str):
         """The range [ptr, ptr+nbytes) must lie inside one live allocation
-        (on a GPU, a stray pointer is an illegal address, or silent garbage)."""
+        (on a GPU, a stray pointer is an illegal address, or silent garbage);
+        returns that allocation's host buffer (None for an empty range)."""
         if nbytes == 0:
-            return
-        for base, (_, size) in self._buffers.items():
+            return None
+        for base, (buf, size) in self._buffers.items():
             if base <= ptr and ptr + nbytes <= base + size:
-                return
+                return buf
         raise RuntimeError(f"cuda emulator: {what} of {nbytes} bytes at {ptr:#x} is outside every allocation")
 
     def _refuse_while_recording(self, what: str) -> None:
@@ -324,7 +330,7 @@ class HostDriver:
         # (``launched`` is the backend's Launcher's trace: it records every
         # launch, this one included, before calling here)
         if not function.cooperative:
-            function((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), params)
+            function(_DIM3(*g), _DIM3(*b), params)
             return
         run_cooperative(function, g, b, params, shared)
 
@@ -365,9 +371,11 @@ class HostDriver:
             if batch == 0 or rows == 0 or cols == 0:
                 return np.zeros((batch, rows, cols), dt)
             span = ((batch - 1) * stride + (cols - 1) * ld + rows) * dt.itemsize
-            self._check(ptr, span, "gemm operand")
-            raw = (ctypes.c_char * span).from_address(ptr)
-            flat = np.frombuffer(raw, dt)
+            buf = self._check(ptr, span, "gemm operand")
+            # a slice of the allocation's own buffer: a ctypes array type made
+            # per call (c_char * span) is a reference cycle left per GEMM
+            start = ptr - buf.ctypes.data
+            flat = buf[start:start + span].view(dt)
             # column-major: element (r, c) of batch i at i*stride + c*ld + r
             return np.lib.stride_tricks.as_strided(
                 flat, (batch, rows, cols), (stride * dt.itemsize, dt.itemsize, ld * dt.itemsize))
@@ -385,8 +393,8 @@ def run_cooperative(function, grid, block, params: bytes, shared: int) -> None:
     """Run a cooperative kernel's launcher (blocks of fibers,
     gradcore/cuda/emulator_blocks.py); its errors (a missed barrier, a
     deadlock, too much shared memory) as a RuntimeError."""
-    err = ctypes.create_string_buffer(1024)
-    if function((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), params, int(shared), err, len(err)):
+    err = _ERRBUF()
+    if function(_DIM3(*grid), _DIM3(*block), params, int(shared), err, len(err)):
         raise RuntimeError(f"cuda emulator: kernel {function.kernel_name} (grid {tuple(grid)}, block "
                            f"{tuple(block)}): {err.value.decode(errors='replace')}")
 
@@ -407,7 +415,7 @@ class HostGraph:
         if getattr(fn, "cooperative", False):     # its own entry: the shared size, errors raised
             self.nodes.append((run_cooperative, (fn, tuple(grid), tuple(block), params, shared)))
         else:
-            self.nodes.append((fn, ((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), params)))
+            self.nodes.append((fn, (_DIM3(*grid), _DIM3(*block), params)))
         self.kernels += 1
 
     def launch(self) -> None:

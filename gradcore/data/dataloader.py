@@ -457,7 +457,11 @@ class _TimedStream:
         if kind == "item":
             return value
         if kind == "error":
-            raise value
+            try:
+                raise value
+            finally:
+                # this frame must not keep the exception: its traceback keeps the frame
+                del value
         raise StopIteration
 
 
@@ -550,7 +554,9 @@ def _raised_as(cls: type) -> type:
     return both
 
 
-def _reraise(wid: int, position: int, info: Dict[str, Any]) -> None:
+def _worker_error(wid: int, position: int, info: Dict[str, Any]) -> BaseException:
+    """The exception a worker's error is raised as here (the caller raises it:
+    held in a local of the raising frame it would be a reference cycle)."""
     msg = (f"Caught {info['name']} in DataLoader worker process {wid} (batch {position} of the epoch).\n"
            f"Original traceback (in the worker process):\n{info['traceback']}")
     try:
@@ -559,7 +565,7 @@ def _reraise(wid: int, position: int, info: Dict[str, Any]) -> None:
         exc = _raised_as(cls)(_PlainStr(msg) if cls is KeyError else msg)
     except Exception:   # no type sent, one that does not unpickle here, or a constructor wanting other arguments
         exc = RuntimeError(msg)
-    raise exc
+    return exc
 
 
 class _PlainStr(str):
@@ -794,7 +800,7 @@ class _ParallelIter(_BaseIter):
             if status != "ok":
                 w.pending.discard(segment)
                 if status == "err":
-                    _reraise(wid, position, body)
+                    raise _worker_error(wid, position, body)
                 self._shutdown()        # "end": a worker's own stream ended (parallel_stream), so does the epoch
                 raise StopIteration
             batch = w.slots[wid].read(body)

@@ -257,7 +257,10 @@ def _wait(requests, what: str, timeout=None) -> None:
                     f"stuck (a straggler slower than the timeout can be given more time with "
                     f"GRADCORE_DIST_TIMEOUT or init(timeout=...))")
                 err.timed_out = True     # (a failing backward waits no further: _pending.settle_all)
-                raise err
+                try:
+                    raise err
+                finally:
+                    del err     # no frame -> exception -> traceback -> frame cycle
             time.sleep(0.0002 if spins < 5000 else 0.002)
 
 

@@ -124,6 +124,18 @@ class HookHandler:
         self._hooks.pop(self._id, None)
 
 
+def _walk_state(module, dotted: str, active: set):
+    """``Module._state_items``' walk; ``active`` only guards against a module
+    containing itself."""
+    active.add(id(module))
+    for k, t in module._flatten(recursive=False, with_key=True, predicate=_is_tensor):
+        yield dotted + k, t, module
+    for k, sub in module._flatten(recursive=False, with_key=True, predicate=_is_module):
+        if id(sub) not in active:
+            yield from _walk_state(sub, dotted + k + ".", active)
+    active.discard(id(module))
+
+
 class Module:
     """Base class of layers, MegEngine's ``M.Module``.
 
@@ -292,17 +304,9 @@ class Module:
         own tensors first, then its sub-modules' (MegEngine's state_dict order).
         A tensor shared by two sub-modules is listed under both names, as in
         MegEngine and PyTorch."""
-        active = set()
-
-        def walk(module, dotted):
-            active.add(id(module))      # only guards against a module containing itself
-            for k, t in module._flatten(recursive=False, with_key=True, predicate=_is_tensor):
-                yield dotted + k, t, module
-            for k, sub in module._flatten(recursive=False, with_key=True, predicate=_is_module):
-                if id(sub) not in active:
-                    yield from walk(sub, dotted + k + ".")
-            active.discard(id(module))
-        yield from walk(self, prefix)
+        # a module-level walk, not a closure calling itself: such a closure is
+        # a reference cycle (function -> cell -> function) left per call
+        yield from _walk_state(self, prefix, set())
 
     def state_dict(self, rst=None, prefix: str = "", keep_var: bool = False) -> "OrderedDict[str, Any]":
         """Parameters and buffers by dotted name, as NumPy copies (the Tensors
