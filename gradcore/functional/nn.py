@@ -1051,6 +1051,19 @@ def _mha_block_shapes(embed_dim: int, kdim: int, vdim: int, num_heads: int, qpro
             (oproj_size,) if obias and oproj_size else None]
 
 
+def _mha_check_sizes(name: str, E: int, kdim: int, H: int, sizes: list) -> None:
+    """The projection sizes split into num_heads equal heads, and each head's
+    query and key widths agree (MegEngine's checks)."""
+    qp, kp, vp, _ = sizes
+    for what, size in (("qproj_size", qp), ("kproj_size", kp), ("vproj_size", vp)):
+        if size % H:
+            raise ArgumentError(f"{name}: {what} {size} must be divisible by num_heads {H}")
+    qk = (qp // H if qp else E, kp // H if kp else kdim)
+    if qk[0] != qk[1]:
+        raise ArgumentError(f"{name}: a head's query width {qk[0]} (qproj_size {qp}, embed_dim {E}) and "
+                            f"key width {qk[1]} (kproj_size {kp}, kdim {kdim}) differ with num_heads {H}")
+
+
 def _mha_split(name: str, io_weight_bias, shapes: list) -> list:
     """io_weight_bias (any shape, read flat) cut into its blocks: slices and
     reshapes of the one tensor, so each block's gradient lands in it."""
@@ -1184,14 +1197,6 @@ def _multi_head_attention(name: str, query, key, value, embed_dim: int, num_head
     wq, wk, wv, wo, bq, bk, bv, bo = blocks
     N, L, _ = q.shape
     S = k.shape[1]
-    for what, size in (("qproj_size", qp), ("kproj_size", kp), ("vproj_size", vp)):
-        if size % H:
-            raise ArgumentError(f"{name}: {what} {size} must be divisible by num_heads {H}")
-    # each head's query and key widths must agree (MegEngine's checks)
-    qk = (qp // H if qp else embed_dim, kp // H if kp else k.shape[2])
-    if qk[0] != qk[1]:
-        raise ArgumentError(f"{name}: a head's query width {qk[0]} (qproj_size {qp}, embed_dim {embed_dim}) and "
-                            f"key width {qk[1]} (kproj_size {kp}, kdim {k.shape[2]}) differ with num_heads {H}")
 
     def project(x, w, b):
         y = x if w is None else matmul(x, w)
@@ -1320,7 +1325,9 @@ def multi_head_attention(query: Tensor, key: Tensor, value: Tensor, embed_dim: i
         if on and not s:
             raise ArgumentError(f"{name}: {what} needs its projection ({what[0]}proj_size > 0)")
     kdim, vdim = (x.shape[-1] if hasattr(x, "shape") and len(x.shape) else 0 for x in (key, value))
-    shapes = _mha_block_shapes(E, kdim, vdim, _int_arg(name, "num_heads", num_heads, 1), *sizes,
+    H = _int_arg(name, "num_heads", num_heads, 1)
+    _mha_check_sizes(name, E, kdim, H, sizes)
+    shapes = _mha_block_shapes(E, kdim, vdim, H, *sizes,
                                bool(qbias), bool(kbias), bool(vbias), bool(obias))
     blocks = _mha_split(name, io_weight_bias, shapes)
     return _multi_head_attention(name, query, key, value, E, num_heads, attn_drop, out_drop, blocks,
