@@ -16,7 +16,7 @@ per op family, as the ops do in ops/:
                      adaptive poolings
 - vision.py          ``F.vision``: interpolate, resize, remap and the warps, roi_align/roi_pooling
 - nn.py              ``F.nn``: softmax family, dropout, normalisations, pad, losses,
-                     scaled_dot_product_attention
+                     scaled_dot_product_attention, multi_head_attention
 - loss.py            nll_loss, smooth_l1_loss, kl_div, ctc_loss, cosine_similarity (in F.nn)
 - rnn.py             rnn_cell, lstm_cell, gru_cell, rnn_layer (in F.nn; M.RNN/LSTM/GRU run them)
 - _args.py           the argument checks they share
