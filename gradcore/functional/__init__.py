@@ -59,8 +59,8 @@ from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entro
                  log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss, normalize, pad, region_restricted_conv,
                  sliding_window, sliding_window_transpose, softmax,
                  square_loss, sync_batch_norm, topk_accuracy)
-from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, nll_loss, rnn_cell,  # noqa: F401
-                 rnn_layer, scaled_dot_product_attention, smooth_l1_loss)
+from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, multi_head_attention,  # noqa: F401
+                 nll_loss, rnn_cell, rnn_layer, scaled_dot_product_attention, smooth_l1_loss)
 from .reduce import AxisError, _Reduce, argmax, argmin, cumsum, max, mean, min, norm, prod, std, sum, var
 from .vision import interpolate, remap, warp_affine, warp_perspective
 from .shape import (ShapeError, astype, broadcast_to, concat, copy, expand_dims, flatten, meshgrid,
