@@ -69,7 +69,7 @@ def test_sdpa_finite_differences_dropout_and_errors():
 def _mha_pair(E, H, **kw):
     torch.manual_seed(0)
     tm = torch.nn.MultiheadAttention(E, H, **kw).double()
-    m = M.MultiHeadAttention(E, H, **{"batch_first": False, **kw})     # PyTorch's default layout
+    m = M.MultiHeadAttention(E, H, **{"batch_first": False, "weight_layout": "pytorch", **kw})  # PyTorch's layouts
     tps = dict(tm.named_parameters())
     names = [n for n, _ in m.named_parameters()]
     assert sorted(names) == sorted(tps)
@@ -115,9 +115,13 @@ def test_mha_bool_attn_mask_unbatched_state_dict_and_errors():
     out_t, w_t = tm(torch.tensor(x), torch.tensor(x), torch.tensor(x), attn_mask=torch.tensor(am))
     np.testing.assert_allclose(out.numpy(), out_t.detach().numpy(), **TOL)
     np.testing.assert_allclose(w.numpy(), w_t.detach().numpy(), **TOL)
-    m2 = M.MultiHeadAttention(8, 4)
+    m2 = M.MultiHeadAttention(8, 4, weight_layout="pytorch")
     m2.load_state_dict(tm.state_dict())
     np.testing.assert_allclose(m2.in_proj_weight.numpy(), tm.in_proj_weight.detach().numpy(), rtol=1e-6)
+    m3 = M.MultiHeadAttention(8, 4)                  # MegEngine's form: the query weight first, as (in, out)
+    m3.load_state_dict(tm.state_dict())
+    np.testing.assert_allclose(m3.io_weight_bias.numpy()[0, :64].reshape(8, 8),
+                               tm.in_proj_weight.detach().numpy()[:8].T, rtol=1e-6)
     with pytest.raises(ValueError, match="MultiHeadAttention: embed_dim 8 must be divisible by num_heads 3"):
         M.MultiHeadAttention(8, 3)
     with pytest.raises(ValueError, match=r"MultiHeadAttention: expected query \(L, N, 8\)"):

@@ -16,7 +16,7 @@ per op family, as the ops do in ops/:
                      adaptive poolings
 - vision.py          ``F.vision``: interpolate, resize, remap and the warps, roi_align/roi_pooling
 - nn.py              ``F.nn``: softmax family, dropout, normalisations, pad, losses,
-                     scaled_dot_product_attention
+                     scaled_dot_product_attention, multi_head_attention
 - loss.py            nll_loss, smooth_l1_loss, kl_div, ctc_loss, cosine_similarity (in F.nn)
 - rnn.py             rnn_cell, lstm_cell, gru_cell, rnn_layer (in F.nn; M.RNN/LSTM/GRU run them)
 - math.py, tensor.py MegEngine's module paths (``F.math.argmax``, ``F.tensor.concat``):
@@ -62,8 +62,8 @@ from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entro
                  log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss, normalize, pad, region_restricted_conv,
                  sliding_window, sliding_window_transpose, softmax,
                  square_loss, sync_batch_norm, topk_accuracy)
-from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, nll_loss, rnn_cell,  # noqa: F401
-                 rnn_layer, scaled_dot_product_attention, smooth_l1_loss)
+from .nn import (cosine_similarity, ctc_loss, gru_cell, kl_div, lstm_cell, multi_head_attention,  # noqa: F401
+                 nll_loss, rnn_cell, rnn_layer, scaled_dot_product_attention, smooth_l1_loss)
 from .reduce import AxisError, _Reduce, argmax, argmin, cumsum, max, mean, min, norm, prod, std, sum, var
 from .vision import interpolate, remap, warp_affine, warp_perspective
 from .shape import (ShapeError, astype, broadcast_to, concat, copy, expand_dims, flatten, meshgrid,

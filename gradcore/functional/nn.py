@@ -25,7 +25,7 @@ from .elemwise_table import abs, eq, exp, floor, log, maximum, relu, softplus, s
 from .indexing import _int_labels, gather, getitem, indexing_one_hot, topk as _topk
 from .reduce import _norm_ord, max, mean, norm, sum
 from .creation import zeros
-from .shape import astype, broadcast_to, concat, copy, expand_dims, reshape, stack, stop_gradient
+from .shape import astype, broadcast_to, concat, copy, expand_dims, reshape, stack, stop_gradient, transpose
 
 # F.nn also has these functions of the other families, as in MegEngine
 from .conv import _per_axis
@@ -60,7 +60,7 @@ __all__ = [
     # more losses (loss.py)
     "nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss", "cosine_similarity",
     # attention (attention.py)
-    "scaled_dot_product_attention",
+    "scaled_dot_product_attention", "multi_head_attention",
 ]
 
 
@@ -1024,3 +1024,313 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         raise ArgumentError(f"{name}: give attn_mask or is_causal, not both (PyTorch's rule)")
     keep, add = _split_mask(name, attn_mask, q, True)
     return _attention(q, k, v, keep, add, dropout_p, is_causal, scale, training, name)[0]
+
+
+# ---- MegEngine's multi_head_attention: the flat io_weight_bias of its C++
+# kernel (dnn/src/common/multi_head_attn), read here as views of one tensor
+_MHA_BLOCKS = ("query weight", "key weight", "value weight", "out weight",
+               "query bias", "key bias", "value bias", "out bias")
+
+
+def _mha_block_shapes(embed_dim: int, kdim: int, vdim: int, num_heads: int, qproj_size: int, kproj_size: int,
+                      vproj_size: int, oproj_size: int, qbias: bool, kbias: bool, vbias: bool,
+                      obias: bool) -> list:
+    """The shapes of io_weight_bias's eight blocks in their order (None for
+    a block that is absent): weights (in, out), as ``y = x @ W + b``; the out
+    weight reads the heads' concatenated values (vproj_size wide, or
+    num_heads * vdim without a value projection); a bias exists only beside
+    its weight. All weights come first, then the biases."""
+    wo_in = vproj_size if vproj_size else num_heads * vdim
+    return [(embed_dim, qproj_size) if qproj_size else None,
+            (kdim, kproj_size) if kproj_size else None,
+            (vdim, vproj_size) if vproj_size else None,
+            (wo_in, oproj_size) if oproj_size else None,
+            (qproj_size,) if qbias and qproj_size else None,
+            (kproj_size,) if kbias and kproj_size else None,
+            (vproj_size,) if vbias and vproj_size else None,
+            (oproj_size,) if obias and oproj_size else None]
+
+
+def _mha_check_sizes(name: str, E: int, kdim: int, H: int, sizes: list) -> None:
+    """The projection sizes split into num_heads equal heads, and each head's
+    query and key widths agree (MegEngine's checks)."""
+    qp, kp, vp, _ = sizes
+    for what, size in (("qproj_size", qp), ("kproj_size", kp), ("vproj_size", vp)):
+        if size % H:
+            raise ArgumentError(f"{name}: {what} {size} must be divisible by num_heads {H}")
+    qk = (qp // H if qp else E, kp // H if kp else kdim)
+    if qk[0] != qk[1]:
+        raise ArgumentError(f"{name}: a head's query width {qk[0]} (qproj_size {qp}, embed_dim {E}) and "
+                            f"key width {qk[1]} (kproj_size {kp}, kdim {kdim}) differ with num_heads {H}")
+
+
+def _mha_split(name: str, io_weight_bias, shapes: list) -> list:
+    """io_weight_bias (any shape, read flat) cut into its blocks: slices and
+    reshapes of the one tensor, so each block's gradient lands in it."""
+    need = int(np.sum([np.prod(s) for s in shapes if s is not None]))      # (F.nn's sum is a tensor op)
+    if need == 0:
+        return [None] * len(shapes)
+    if io_weight_bias is None:
+        raise ArgumentError(f"{name}: io_weight_bias is None but the projections need {need} values")
+    w = _t(io_weight_bias)
+    if w.size != need:
+        have = ", ".join(f"{b} {s}" for b, s in zip(_MHA_BLOCKS, shapes) if s is not None)
+        raise ArgumentError(f"{name}: io_weight_bias of shape {w.shape} has {w.size} values; {have} "
+                            f"need {need}")
+    flat, pos, blocks = reshape(w, (need,)), 0, []
+    for s in shapes:
+        if s is None:
+            blocks.append(None)
+            continue
+        n = int(np.prod(s))
+        blocks.append(reshape(flat[pos:pos + n], s))
+        pos += n
+    return blocks
+
+
+def _float_mask(name: str, what: str, m, like: Tensor) -> Tensor:
+    """A mask as MegEngine's additive form: bool True -> -inf (not attended),
+    False -> 0; a float mask as it is, in the query's dtype."""
+    m = _t(m, name=name) if not isinstance(m, Tensor) else m
+    if m.dtype == np.bool_:
+        return where(m, float("-inf"), zeros(m.shape, dtype=like.dtype, device=like.device))
+    if m.dtype.kind != "f":
+        raise TypeError(f"{name}: {what} must be bool or floating-point, got {m.dtype} of shape {m.shape}")
+    return m if m.dtype == like.dtype else astype(m, like.dtype)
+
+
+def _pad_keys(m: Tensor, s_full: int) -> Tensor:
+    """Zero (attended) columns for the bias_k and zero-attention keys."""
+    extra = s_full - m.shape[-1]
+    if extra == 0:
+        return m
+    return concat([m, zeros(m.shape[:-1] + (extra,), dtype=m.dtype, device=m.device)], axis=-1)
+
+
+def _mha_masks(name: str, attn_mask, key_padding_mask, is_causal: bool, q: Tensor, N: int, H: int, L: int,
+               S: int, s_full: int) -> Optional[Tensor]:
+    """attn_mask, key_padding_mask and is_causal merged into one additive
+    mask broadcastable to (N, H, L, s_full), or None."""
+    merged = None
+    if attn_mask is not None:
+        m = _float_mask(name, "attn_mask", attn_mask, q)
+        ok_s = (S, s_full)
+        if m.ndim == 2 and m.shape[0] == L and m.shape[1] in ok_s:
+            m = _pad_keys(m, s_full)
+        elif m.ndim == 3 and m.shape[:2] == (N * H, L) and m.shape[2] in ok_s:
+            m = reshape(_pad_keys(m, s_full), (N, H, L, s_full))
+        else:
+            raise ArgumentError(f"{name}: attn_mask must be ({L}, {S}) or ({N * H}, {L}, {S}) (num_heads * batch "
+                                f"first), got shape {m.shape}")
+        merged = m
+    elif is_causal:
+        # MegEngine's default mask: -inf above the diagonal (key j > query i)
+        keep = Tensor(np.tril(np.ones((L, S), bool)), device=q.device)
+        merged = _pad_keys(_float_mask(name, "attn_mask", ~keep, q), s_full)
+    if key_padding_mask is not None:
+        kp = _float_mask(name, "key_padding_mask", key_padding_mask, q)
+        if kp.ndim != 2 or kp.shape[0] != N or kp.shape[1] not in (S, s_full):
+            raise ArgumentError(f"{name}: key_padding_mask must be ({N}, {S}), got shape {kp.shape}")
+        kp = reshape(_pad_keys(kp, s_full), (N, 1, 1, s_full))
+        merged = kp if merged is None else merged + kp
+    return merged
+
+
+def _cudnn_style_mask(name: str, attn_mask, key_padding_mask, N: int, L: int, S: int, like: Tensor):
+    """MegEngine's cuDNN-style masks as (additive key mask (N, 1, L, S), query
+    rows kept (N, 1, L, 1)): attn_mask (2, L) holds each query's window of
+    keys [start, end), key_padding_mask (2, N) each sequence's query and key
+    lengths."""
+    if attn_mask is None or key_padding_mask is None:
+        raise ArgumentError(f"{name}: maybe_cudnn_style_mask needs both attn_mask (2, {L}) and "
+                            f"key_padding_mask (2, {N})")
+    win, lens = (np.asarray(m.numpy() if isinstance(m, Tensor) else m) for m in (attn_mask, key_padding_mask))
+    if win.shape != (2, L) or lens.shape != (2, N) or win.dtype.kind not in "iuf" or lens.dtype.kind not in "iuf":
+        raise ArgumentError(f"{name}: cuDNN-style masks are attn_mask (2, {L}) and key_padding_mask (2, {N}) "
+                            f"of integers, got {win.dtype} {win.shape} and {lens.dtype} {lens.shape}")
+    lo, hi, len_q, len_k = win[0].astype(np.int64), win[1].astype(np.int64), lens[0], lens[1]
+    if (lo < 0).any() or (lo >= hi).any() or (hi > S).any() or (len_q < 1).any() or (len_q > L).any() \
+            or (len_k < 1).any() or (len_k > S).any():
+        raise ArgumentError(f"{name}: cuDNN-style masks need 0 <= start < end <= {S} per query and lengths in "
+                            f"[1, {L}] (queries) and [1, {S}] (keys), got windows {win.tolist()} and lengths "
+                            f"{lens.tolist()}")
+    j = np.arange(S)
+    keep = (j >= lo[:, None]) & (j < hi[:, None])                       # (L, S)
+    keep = keep[None] & (j[None, None] < len_k[:, None, None])          # (N, L, S)
+    # a query row whose window is emptied by its key length keeps no key; it
+    # is past the sequence only if len_q says so, else it is the user's error
+    rows = np.arange(L)[None] < len_q[:, None]                          # (N, L)
+    if (~keep.any(-1) & rows).any():
+        raise ArgumentError(f"{name}: a query inside its sequence attends to no key (windows {win.tolist()}, "
+                            f"key lengths {len_k.tolist()})")
+    keep |= ~rows[..., None]          # rows past len_q: any finite scores (zeroed below)
+    add = np.where(keep, 0.0, -np.inf).astype(like.dtype)[:, None]
+    return Tensor(add, device=like.device), Tensor(rows[:, None, :, None].astype(like.dtype), device=like.device)
+
+
+def _multi_head_attention(name: str, query, key, value, embed_dim: int, num_heads: int, attn_drop: float,
+                          out_drop: float, blocks: list, proj: tuple, bias_k, bias_v, add_zero_attn: bool,
+                          key_padding_mask, attn_mask, need_weights: bool, average_attn_weights: bool,
+                          is_causal: bool, maybe_cudnn_style_mask: bool, reslink: bool, training: bool):
+    """multi_head_attention on projection blocks already cut out: ``blocks``
+    = (wq, wk, wv, wo, bq, bk, bv, bo), weights (in, out), None where
+    absent; ``proj`` = (qproj_size, kproj_size, vproj_size, oproj_size)."""
+    q, k, v = _t(query, name=name), _t(key, name=name), _t(value, name=name)
+    for what, p in (("attn_drop", attn_drop), ("out_drop", out_drop)):
+        _check_drop_prob(f"{name} {what}", p)
+    H = _int_arg(name, "num_heads", num_heads, 1)
+    unbatched = q.ndim == 2
+    if unbatched and k.ndim == 2 and v.ndim == 2:
+        # a batch of one; a 3-d attn_mask (num_heads, L, S) is already (1 * num_heads, L, S)
+        q, k, v = expand_dims(q, 0), expand_dims(k, 0), expand_dims(v, 0)
+        if key_padding_mask is not None and not maybe_cudnn_style_mask:
+            key_padding_mask = expand_dims(_t(key_padding_mask, name=name), 0)
+    q_in = q
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] \
+            or q.shape[2] != embed_dim:
+        raise ArgumentError(f"{name}: expected query (N, L, {embed_dim}), key (N, S, kdim) and value (N, S, vdim) "
+                            f"(or all three without N), got shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+                            f"{tuple(value.shape)}")
+    if q.dtype.kind != "f":
+        raise TypeError(f"{name}: needs floating-point inputs, got query {q.dtype} of shape {q.shape}")
+    qp, kp, vp, op = proj
+    wq, wk, wv, wo, bq, bk, bv, bo = blocks
+    N, L, _ = q.shape
+    S = k.shape[1]
+
+    def project(x, w, b):
+        y = x if w is None else matmul(x, w)
+        return y if b is None else y + b
+    q, k, v = project(q, wq, bq), project(k, wk, bk), project(v, wv, bv)
+    have_bias_kv = bias_k is not None or bias_v is not None
+    if have_bias_kv:
+        if bias_k is None or bias_v is None:
+            raise ArgumentError(f"{name}: give both bias_k and bias_v or neither")
+        bias_k, bias_v = _t(bias_k, q, name), _t(bias_v, q, name)
+        for what, b, x in (("bias_k", bias_k, k), ("bias_v", bias_v, v)):
+            if b.shape != (1, 1, x.shape[2]):
+                raise ArgumentError(f"{name}: {what} must be (1, 1, {x.shape[2]}) (the projected width), got "
+                                    f"shape {b.shape}")
+        # one more key and value, after the projection, at the end of the sequence
+        k = concat([k, broadcast_to(bias_k, (N, 1, k.shape[2]))], axis=1)
+        v = concat([v, broadcast_to(bias_v, (N, 1, v.shape[2]))], axis=1)
+    if add_zero_attn:
+        k = concat([k, zeros((N, 1, k.shape[2]), dtype=k.dtype, device=k.device)], axis=1)
+        v = concat([v, zeros((N, 1, v.shape[2]), dtype=v.dtype, device=v.device)], axis=1)
+    s_full = k.shape[1]
+
+    def heads(x, projected):
+        T, W = x.shape[1], x.shape[2]
+        if projected:      # head h takes columns h*W/H .. (h+1)*W/H: (N, H, T, W/H)
+            return transpose(reshape(x, (N, T, H, W // H)), (0, 2, 1, 3))
+        return broadcast_to(expand_dims(x, 1), (N, H, T, W))    # no projection: every head sees all of x
+    qh, kh, vh = heads(q, qp), heads(k, kp), heads(v, vp)
+
+    rows = None
+    if maybe_cudnn_style_mask and not have_bias_kv and not add_zero_attn:
+        mask, rows = _cudnn_style_mask(name, attn_mask, key_padding_mask, N, L, S, q)
+    else:
+        mask = _mha_masks(name, attn_mask, key_padding_mask, is_causal, q, N, H, L, S, s_full)
+    # MegEngine's scale: 1/sqrt(embed_dim // num_heads), 1/sqrt(embed_dim) without a query projection
+    scale = (embed_dim if qp == 0 else embed_dim // H) ** -0.5
+    z, attn = _attention(qh, kh, vh, None, mask, attn_drop, False, scale, training, name)
+    if rows is not None:
+        attn = attn * rows
+    z = reshape(transpose(z, (0, 2, 1, 3)), (N, L, H * z.shape[3]))     # heads side by side
+    out = project(z, wo, bo)
+    if rows is not None:
+        out = out * rows[:, 0]
+    if out_drop and training:
+        out = dropout(out, out_drop, True)
+    if reslink:
+        if out.shape != q_in.shape:
+            raise ArgumentError(f"{name}: reslink adds the query {q_in.shape} to the output, which is {out.shape}")
+        out = out + q_in
+    weights = None
+    if need_weights:
+        weights = mean(attn, 1) if average_attn_weights else reshape(attn, (N * H, L, s_full))
+    if unbatched:
+        out = out[0]
+        if weights is not None and average_attn_weights:
+            weights = weights[0]
+    return out, weights
+
+
+def multi_head_attention(query: Tensor, key: Tensor, value: Tensor, embed_dim: int, num_heads: int,
+                         attn_drop: float, out_drop: float, io_weight_bias: Optional[Tensor],
+                         qproj_size: Optional[int] = None, kproj_size: Optional[int] = None,
+                         vproj_size: Optional[int] = None, oproj_size: Optional[int] = None,
+                         qbias: bool = False, kbias: bool = False, vbias: bool = False, obias: bool = False,
+                         bias_k: Optional[Tensor] = None, bias_v: Optional[Tensor] = None,
+                         add_zero_attn: bool = False, key_padding_mask: Optional[Tensor] = None,
+                         attn_mask: Optional[Tensor] = None, need_weights: bool = False,
+                         average_attn_weights: bool = False, is_causal: bool = False,
+                         maybe_cudnn_style_mask: bool = False, reslink: bool = False,
+                         training: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    """MegEngine's ``F.nn.multi_head_attention``: attention of query (N, L,
+    embed_dim) over key (N, S, kdim) and value (N, S, vdim) (or all three
+    without N) with ``num_heads`` heads, every projection read from one flat
+    ``io_weight_bias``. Returns ``(output, weights)``, weights None unless
+    ``need_weights``.
+
+    ``io_weight_bias`` (any shape, read flat) holds, back to back and each
+    only where it exists: the query, key, value and out weights, then the
+    query, key, value and out biases. Weights are (in, out), ``y = x @ W +
+    b`` (PyTorch's are the transposes): query (embed_dim, qproj_size), key
+    (kdim, kproj_size), value (vdim, vproj_size), out (vproj_size, or
+    num_heads * vdim without a value projection, oproj_size). A ``*proj_size``
+    of None means embed_dim, 0 means no projection (no weight, no bias): the
+    input then goes whole to every head. A bias exists where ``qbias`` ...
+    ``obias`` say so. Head h takes columns h*P/H .. (h+1)*P/H of a projection
+    P wide; the scale is 1/sqrt(embed_dim // num_heads) (1/sqrt(embed_dim)
+    with qproj_size 0); the heads' outputs go side by side into the out
+    projection (the output is oproj_size wide, or the heads' width without it).
+
+    ``bias_k``/``bias_v`` (1, 1, projected width), given together, are one
+    more key and value appended to the sequence after the projections;
+    ``add_zero_attn`` appends a zero key and value after them. Masks (True
+    or -inf: not attended; a float mask is added to the scores):
+    ``attn_mask`` (L, S) or (N * num_heads, L, S), ``key_padding_mask`` (N,
+    S); their columns for the appended keys are zeros (the masks may also
+    cover them, S + 1 or S + 2 wide). ``is_causal`` without ``attn_mask``
+    masks key j > query i; with one it is a hint and ``attn_mask`` is used.
+    ``maybe_cudnn_style_mask``: attn_mask (2, L) holds each query's key
+    window [start, end) and key_padding_mask (2, N) each sequence's query
+    and key lengths (rows past a query length give zeros). ``reslink`` adds
+    the query to the output (after the out dropout). While ``training``,
+    ``attn_drop`` drops attention weights and ``out_drop`` the output.
+
+    Weights: per head (N * num_heads, L, S'), softmax's output (after its
+    dropout), or with ``average_attn_weights`` their mean over heads (N, L,
+    S'); S' counts the appended keys. A composition of differentiable ops:
+    gradients of every order for every input, on every device.
+
+    Example::
+
+        >>> E, H = 4, 2
+        >>> w = gc.tensor(np.random.default_rng(0).standard_normal(4 * E * E + 4 * E), "float32")
+        >>> x = gc.tensor(np.ones((2, 3, E), "float32"))
+        >>> out, weights = F.nn.multi_head_attention(x, x, x, E, H, 0.0, 0.0, w, qbias=True, kbias=True,
+        ...                                          vbias=True, obias=True, need_weights=True)
+        >>> out.shape, weights.shape
+        ((2, 3, 4), (4, 3, 3))
+    """
+    name = "multi_head_attention"
+    E = _int_arg(name, "embed_dim", embed_dim, 1)
+    sizes = [E if s is None else _int_arg(name, what, s) for what, s in
+             (("qproj_size", qproj_size), ("kproj_size", kproj_size), ("vproj_size", vproj_size),
+              ("oproj_size", oproj_size))]
+    for what, on, s in (("qbias", qbias, sizes[0]), ("kbias", kbias, sizes[1]), ("vbias", vbias, sizes[2]),
+                        ("obias", obias, sizes[3])):
+        if on and not s:
+            raise ArgumentError(f"{name}: {what} needs its projection ({what[0]}proj_size > 0)")
+    kdim, vdim = (x.shape[-1] if hasattr(x, "shape") and len(x.shape) else 0 for x in (key, value))
+    H = _int_arg(name, "num_heads", num_heads, 1)
+    _mha_check_sizes(name, E, kdim, H, sizes)
+    shapes = _mha_block_shapes(E, kdim, vdim, H, *sizes,
+                               bool(qbias), bool(kbias), bool(vbias), bool(obias))
+    blocks = _mha_split(name, io_weight_bias, shapes)
+    return _multi_head_attention(name, query, key, value, E, num_heads, attn_drop, out_drop, blocks,
+                                 tuple(sizes), bias_k, bias_v, bool(add_zero_attn), key_padding_mask, attn_mask,
+                                 bool(need_weights), bool(average_attn_weights), bool(is_causal),
+                                 bool(maybe_cudnn_style_mask), bool(reslink), bool(training))

@@ -191,3 +191,17 @@ def test_deformable_conv2d(cuda, matches_cpu):
     mask = rng.uniform(0, 1, (1, 2 * 4, 6, 5)).astype(np.float32)
     matches_cpu(lambda x, w, o, m: F.nn.deformable_conv2d(x, w, o, m, None, 1, (1, 0), 1, 2),
                 [_x((1, 4, 5, 6)), _x((4, 2, 2, 2), 1), offset, mask], rtol=1e-3, atol=1e-4)
+
+
+def test_multi_head_attention(cuda, matches_cpu):
+    """MegEngine's flat io_weight_bias with bias_k/bias_v, a zero key, both
+    masks, per-head weights: outputs, first and second order on cuda."""
+    E, H = 4, 2
+    kpm = np.array([[False, True, False], [False, False, False]])
+
+    def f(q, k, v, w, bk, bv, am):
+        return F.nn.multi_head_attention(q, k, v, E, H, 0.0, 0.0, w, qbias=True, kbias=True, vbias=True,
+                                         obias=True, bias_k=bk, bias_v=bv, add_zero_attn=True, attn_mask=am,
+                                         key_padding_mask=gc.Tensor(kpm, device=q.device), need_weights=True)
+    matches_cpu(f, [_x((2, 2, E)), _x((2, 3, E), 1), _x((2, 3, E), 2), _x(4 * E * E + 4 * E, 3) * 0.5,
+                    _x((1, 1, E), 4), _x((1, 1, E), 5), _x((2, 3), 6)], rtol=1e-3, atol=1e-4)
