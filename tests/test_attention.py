@@ -115,10 +115,10 @@ def test_mha_bool_attn_mask_unbatched_state_dict_and_errors():
     out_t, w_t = tm(torch.tensor(x), torch.tensor(x), torch.tensor(x), attn_mask=torch.tensor(am))
     np.testing.assert_allclose(out.numpy(), out_t.detach().numpy(), **TOL)
     np.testing.assert_allclose(w.numpy(), w_t.detach().numpy(), **TOL)
-    m2 = M.MultiHeadAttention(8, 4, weight_layout="pytorch")
+    m2 = M.MultiHeadAttention(8, 4)                  # PyTorch's parameters, the default
     m2.load_state_dict(tm.state_dict())
     np.testing.assert_allclose(m2.in_proj_weight.numpy(), tm.in_proj_weight.detach().numpy(), rtol=1e-6)
-    m3 = M.MultiHeadAttention(8, 4)                  # MegEngine's form: the query weight first, as (in, out)
+    m3 = M.MultiHeadAttention(8, 4, weight_layout="megengine")   # the query weight first, as (in, out)
     m3.load_state_dict(tm.state_dict())
     np.testing.assert_allclose(m3.io_weight_bias.numpy()[0, :64].reshape(8, 8),
                                tm.in_proj_weight.detach().numpy()[:8].T, rtol=1e-6)

@@ -477,7 +477,7 @@ def test_module_loads_megengines_state_dict(kvdim, bias, bias_kv, zero_attn):
     E, H = 8, 2
     sd = _megengine_state(20, E, *kvdim, bias, bias_kv)
     m = M.MultiHeadAttention(E, H, bias=bias, add_bias_kv=bias_kv, add_zero_attn=zero_attn, kdim=kvdim[0],
-                             vdim=kvdim[1])
+                             vdim=kvdim[1], weight_layout="megengine")
     assert sorted(m.state_dict()) == sorted(sd)
     m.load_state_dict(sd)
     m.eval()
@@ -496,7 +496,7 @@ def test_module_loads_megengines_state_dict(kvdim, bias, bias_kv, zero_attn):
     # the same state_dict comes back out, and a flat (n,) io_weight_bias loads as (1, n)
     np.testing.assert_array_equal(m.state_dict()["io_weight_bias"], sd["io_weight_bias"])
     m2 = M.MultiHeadAttention(E, H, bias=bias, add_bias_kv=bias_kv, add_zero_attn=zero_attn, kdim=kvdim[0],
-                              vdim=kvdim[1])
+                              vdim=kvdim[1], weight_layout="megengine")
     m2.load_state_dict({**sd, "io_weight_bias": sd["io_weight_bias"].reshape(-1)})
     np.testing.assert_array_equal(m2.io_weight_bias.numpy(), sd["io_weight_bias"])
 
@@ -512,10 +512,10 @@ def test_module_forms_convert_both_ways_and_match_torch():
         tm.out_proj.bias.normal_()
     x = _rng(30).standard_normal((2, 3, E))
     t_out, t_w = tm(*(torch.tensor(x),) * 3, average_attn_weights=False)
-    me = M.MultiHeadAttention(E, H, add_bias_kv=True)
+    me = M.MultiHeadAttention(E, H, add_bias_kv=True, weight_layout="megengine")
     me.load_state_dict(tm.state_dict())
     assert set(me.state_dict()) == {"io_weight_bias", "bias_k", "bias_v"}
-    pt = M.MultiHeadAttention(E, H, add_bias_kv=True, weight_layout="pytorch")
+    pt = M.MultiHeadAttention(E, H, add_bias_kv=True)          # PyTorch's form, the default
     pt.load_state_dict(me.state_dict())
     for m in (me, pt):
         m.eval()
@@ -540,12 +540,13 @@ def test_module_forms_convert_both_ways_and_match_torch():
     with pytest.raises(ValueError, match="io_weight_bias of shape"):
         Model("pytorch").load_state_dict({"attn.io_weight_bias": np.zeros((1, 10), "float32")})
     with pytest.raises(KeyError, match="missing keys"):
-        M.MultiHeadAttention(E, H).load_state_dict({"in_proj_weight": tm.in_proj_weight.detach()})
+        M.MultiHeadAttention(E, H, weight_layout="megengine").load_state_dict(
+            {"in_proj_weight": tm.in_proj_weight.detach()})
 
 
 def test_module_init_is_megengines_and_gradients_reach_io_weight_bias():
     gc.random.seed(0)
-    m = M.MultiHeadAttention(16, 4, add_bias_kv=True)
+    m = M.MultiHeadAttention(16, 4, add_bias_kv=True, weight_layout="megengine")
     flat = m.io_weight_bias.numpy()
     n_w = 4 * 16 * 16
     assert flat.shape == (1, n_w + 4 * 16) and m.weight_bias_len == flat.shape[1]

@@ -2,15 +2,17 @@
 ``attn_dropout`` and ``out_dropout``, ``need_weights`` off by default,
 per-head weights (N * heads, L, S)), in either of two parameter forms:
 
-- ``weight_layout="megengine"`` (the default): MegEngine's parameters, one
-  flat ``io_weight_bias`` (1, n) in the layout of its C++ kernel (query,
-  key, value, out weights as (in, out), then the four biases; see
+- ``weight_layout="pytorch"`` (the default, as the spec names PyTorch's
+  parameters for the recurrent and attention layers): PyTorch's
+  ``in_proj_weight`` (3E, E), ``in_proj_bias`` (3E,),
+  ``out_proj.weight``/``out_proj.bias`` (and
+  ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` when kdim or vdim
+  differ from embed_dim), ``bias_k``/``bias_v``;
+- ``weight_layout="megengine"``: MegEngine's parameters, one flat
+  ``io_weight_bias`` (1, n) in the layout of its C++ kernel (query, key,
+  value, out weights as (in, out), then the four biases; see
   ``F.nn.multi_head_attention``) and ``bias_k``/``bias_v`` (1, 1, E) with
   ``add_bias_kv``; its ``state_dict`` loads into MegEngine and back.
-- ``weight_layout="pytorch"``: PyTorch's ``in_proj_weight`` (3E, E),
-  ``in_proj_bias`` (3E,), ``out_proj.weight``/``out_proj.bias`` (and
-  ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` when kdim or vdim
-  differ from embed_dim), ``bias_k``/``bias_v``.
 
 ``load_state_dict`` of either form (of the layer or of a model holding it)
 reads the other form's checkpoint too, converting it. PyTorch's numerics;
@@ -18,10 +20,12 @@ reads the other form's checkpoint too, converting it. PyTorch's numerics;
 
 Example::
 
-    >>> mha = M.MultiHeadAttention(8, 2)
+    >>> mha = M.MultiHeadAttention(8, 2, weight_layout="megengine")
     >>> out, weights = mha(x, x, x, need_weights=True)   # x: (N, L, 8) -> (N, L, 8), (N * 2, L, L)
     >>> mha.io_weight_bias.shape                         # 4 weights (8, 8) and 4 biases (8,)
     (1, 288)
+    >>> M.MultiHeadAttention(8, 2).in_proj_weight.shape
+    (24, 8)
 """
 from __future__ import annotations
 
@@ -70,10 +74,11 @@ class MultiHeadAttention(Module):
     to the projected keys and values, ``add_zero_attn`` a zero key and
     value.
 
-    ``weight_layout`` picks the parameters (module docstring): MegEngine's
-    ``io_weight_bias`` (the default; initialised as MegEngine does, one
-    Xavier-uniform draw over the whole (1, n) parameter and zero biases) or
-    PyTorch's separate projections (PyTorch's per-matrix Xavier init).
+    ``weight_layout`` picks the parameters (module docstring): PyTorch's
+    separate projections (the default; PyTorch's per-matrix Xavier init) or
+    MegEngine's ``io_weight_bias`` (initialised as MegEngine does, one
+    Xavier-uniform draw over the whole (1, n) parameter and zero biases);
+    either loads the other's checkpoint.
 
     Example::
 
@@ -83,14 +88,16 @@ class MultiHeadAttention(Module):
         >>> out, weights = mha(q, kv, kv)
         >>> out.shape, weights
         ((2, 3, 16), None)
-        >>> sorted(M.MultiHeadAttention(16, 4, weight_layout="pytorch").state_dict())
+        >>> sorted(M.MultiHeadAttention(16, 4).state_dict())
         ['in_proj_bias', 'in_proj_weight', 'out_proj.bias', 'out_proj.weight']
+        >>> sorted(M.MultiHeadAttention(16, 4, weight_layout="megengine").state_dict())
+        ['io_weight_bias']
     """
 
     def __init__(self, embed_dim: int, num_heads: int, attn_dropout: float = 0.0, out_dropout: float = 0.0,
                  bias: bool = True, add_bias_kv: bool = False, add_zero_attn: bool = False,
                  kdim: Optional[int] = None, vdim: Optional[int] = None, batch_first: bool = True, *,
-                 dropout: Optional[float] = None, weight_layout: str = "megengine", **kwargs):
+                 dropout: Optional[float] = None, weight_layout: str = "pytorch", **kwargs):
         super().__init__(**kwargs)
         name = "MultiHeadAttention"
         E = self.embed_dim = _count(name, "embed_dim", embed_dim, 1)
