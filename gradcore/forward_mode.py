@@ -84,9 +84,12 @@ def jvp(fn: Callable[..., Tensors], primals: Tensors, tangents: Tensors) -> Tupl
     tangents = _as_tuple("tangents", "jvp", tangents)
     if len(primals) != len(tangents):
         raise ValueError(f"gradcore.jvp: {len(primals)} primals but {len(tangents)} tangents")
+    tangents = list(tangents)
     for i, (p, v) in enumerate(zip(primals, tangents)):
         if p.shape != v.shape:
             raise ValueError(f"gradcore.jvp: tangent {i} has shape {v.shape}, its primal {p.shape}")
+        if v.device != p.device:
+            tangents[i] = v.to(p.device)        # a tangent follows its primal
     dual, primal = Grad("jvp_dual"), Grad("jvp_primal")
     input_cotangents: List[Optional[Tensor]] = [None] * len(primals)   # J^T u, functions of u
     with dual:                    # older than `primal`: it records primal's backward
@@ -126,9 +129,15 @@ class _VjpFunction:
                                not isinstance(cotangents[0], Tensor) else cotangents)
         if len(cotangents) != len(self._outs):
             raise ValueError(f"gradcore.vjp: {len(cotangents)} cotangents for {len(self._outs)} outputs")
+        cotangents = list(cotangents)
         for j, (o, c) in enumerate(zip(self._outs, cotangents)):
+            if not isinstance(c, Tensor):
+                raise TypeError(f"gradcore.vjp: cotangent {j} must be a Tensor, got {type(c).__name__}")
             if o.shape != c.shape:
                 raise ValueError(f"gradcore.vjp: cotangent {j} has shape {c.shape}, output {j} {o.shape}")
+            if c.device != o.device:
+                # a cotangent follows its output, as GradManager.backward's dy does
+                cotangents[j] = c.to(o.device)
         self._key.resume()
         try:
             self._key(list(self._outs), list(cotangents))

@@ -86,3 +86,18 @@ def test_the_demo_command_on_cuda(cuda, tmp_path):
     for key in ("final train loss", "final test accuracy"):
         assert pick(outs["cuda"], key) == pick(outs["cpu"], key)
         assert pick(outs["graphed"], key) == pick(outs["cuda"], key)    # CUDA graphs: the same steps
+
+
+def test_jvp_and_vjp_take_a_cotangent_or_tangent_from_another_device(cuda):
+    # it follows its output / primal, as GradManager.backward's dy does
+    # (a cpu cotangent for a cuda output failed inside a kernel's argument packing)
+    x = gc.tensor([1.0, 2.0], device="cuda")
+    _, vjp_fn = gc.vjp(lambda t: F.sum(t * t), x)
+    (gx,) = vjp_fn(gc.tensor(1.0))
+    assert gx.device == "cuda"
+    np.testing.assert_allclose(gx.numpy(), [2.0, 4.0])
+    _, tangent = gc.jvp(lambda t: t * t, (x,), (gc.tensor([1.0, 1.0]),))
+    assert tangent.device == "cuda"
+    np.testing.assert_allclose(tangent.numpy(), [2.0, 4.0])
+    _, vjp_fn = gc.vjp(lambda t: F.sum(t * t), gc.tensor([1.0, 2.0]))
+    np.testing.assert_allclose(vjp_fn(gc.tensor(1.0, device="cuda"))[0].numpy(), [2.0, 4.0])
