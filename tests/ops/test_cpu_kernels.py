@@ -1,0 +1,125 @@
+"""gradcore/cpu/_kernels.pyx and the op paths that use it give NumPy's
+results bit for bit (the formulations they replaced), including the cases
+that fall back to NumPy."""
+import math
+
+import numpy as np
+import pytest
+
+from gradcore.cpu import _kernels as K
+from gradcore.ops import elemwise as ew
+from gradcore.ops import indexing as ix
+
+
+def _specials(a):
+    a = a.copy()
+    a[:7] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -88.5]
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_same_bits_as_numpy_formula(dtype):
+    x = _specials((np.random.default_rng(0).standard_normal(10_001) * 30).astype(dtype))
+    e = np.exp(-np.abs(x))
+    want = np.where(x >= 0, 1, e) / (1 + e)
+    got = ew._sigmoid(x)
+    assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    # a strided input takes NumPy's path, same values
+    assert np.array_equal(ew._sigmoid(x[::2]), want[::2], equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_erf_is_math_erf(dtype):
+    x = _specials((np.random.default_rng(1).standard_normal(5_001) * 3).astype(dtype))
+    want = np.array([math.erf(v) for v in x.astype(np.float64)]).astype(dtype)
+    assert np.array_equal(ew._erf(x), want, equal_nan=True)
+    assert np.array_equal(ew._erf(x[::3]), want[::3], equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_select_matches_where(dtype):
+    rng = np.random.default_rng(2)
+    x = _specials(rng.standard_normal(1_003).astype(dtype))
+    y = rng.standard_normal(1_003).astype(dtype)
+    c = rng.random(1_003) > 0.5
+    for a, b in [(x, y), (x, 0), (0, x), (2.5, y), (x, np.zeros((), dtype)), (x, x)]:
+        want = np.where(c, a, b)
+        got = ew._where(c, a, b)
+        assert got.dtype == want.dtype
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    # what the kernel does not take: NumPy's answer all the same
+    assert K.select(c, x, np.zeros((), np.float64 if dtype == np.float32 else np.float32)) is None
+    assert K.select(c, x[::-1], y) is None and K.select(c[::-1], x, y) is None
+    assert np.array_equal(ew._where(c[::-1], x[::-1], y), np.where(c[::-1], x[::-1], y), equal_nan=True)
+    assert K.select(c, np.arange(1_003), y) is None
+    assert np.array_equal(ew._where(c, np.arange(1_003), 0), np.where(c, np.arange(1_003), 0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scatter_add_is_add_at(dtype):
+    rng = np.random.default_rng(3)
+    off = rng.integers(0, 50, 2_000).astype(np.int64)
+    src = rng.standard_normal(2_000).astype(dtype)
+    want = np.zeros(50, dtype)
+    np.add.at(want, off, src)
+    got = np.zeros(50, dtype)
+    assert K.scatter_add(got, off, src)
+    assert np.array_equal(got, want)
+    with pytest.raises(IndexError, match="out of range"):
+        K.scatter_add(np.zeros(50, dtype), off + 1, src)
+    assert not K.scatter_add(np.zeros(50, np.int32), off, src)
+
+
+def test_last_writes_keeps_the_last_of_each_offset():
+    off = np.array([3, 1, 3, 0, 1, 3], np.int64)
+    assert K.last_writes(off, 4).tolist() == [False, False, False, True, True, True]
+    with pytest.raises(IndexError, match="out of range"):
+        K.last_writes(off, 3)
+
+
+def test_topk_partition_path_matches_full_sort():
+    rng = np.random.default_rng(4)
+    for trial in range(400):
+        shape = tuple(rng.integers(1, 4, rng.integers(0, 3))) + (int(rng.integers(8, 80)),)
+        kind = trial % 3
+        if kind == 0:
+            x = rng.standard_normal(shape).astype(np.float32)
+        elif kind == 1:   # many ties at the k-th key
+            x = rng.integers(0, 3, shape).astype(np.float32)
+        else:
+            x = rng.integers(-2, 2, shape).astype(np.float64)
+            x[rng.random(shape) < 0.2] = np.nan
+        k = int(rng.integers(1, shape[-1] // 4))
+        for desc in (False, True):
+            for mode in ("sorted", "no_sort", "kth_only"):
+                op = ix.TopK(k, desc, mode)
+                order = ix._order(x, desc)[..., :k]
+                want = order[..., k - 1] if mode == "kth_only" else (
+                    np.sort(order, -1) if mode == "no_sort" else order)
+                vals, ind = op.cpu(x)
+                assert np.array_equal(ind, want.astype(np.int32)), (x, k, desc, mode)
+                assert np.array_equal(vals, np.take_along_axis(x, want[..., None] if mode == "kth_only" else want,
+                                                               -1).reshape(vals.shape), equal_nan=True)
+
+
+def test_gather_scatter_flat_paths_match_along_axis():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 5, 4))
+    for ax in range(3):
+        shape = list(x.shape)
+        shape[ax] = 6
+        shape[(ax + 1) % 3] -= 1          # index smaller than x outside the axis
+        index = rng.integers(0, x.shape[ax], shape)
+        region = tuple(slice(None) if d == ax else slice(0, s) for d, s in enumerate(shape))
+        for xin in (x, np.asfortranarray(x)):
+            got = ix.Gather(ax).cpu(xin, index)
+            assert np.array_equal(got, np.take_along_axis(x[region], index, ax))
+        g = rng.standard_normal(shape)
+        want = np.zeros_like(x)
+        grid = list(np.ogrid[tuple(slice(0, s) for s in shape)])
+        grid[ax] = index
+        np.add.at(want[region], tuple(grid), g)
+        assert np.array_equal(ix.GatherGrad(ax).cpu(g, x, index), want)
+        want = x.copy()
+        np.put_along_axis(want[region], index, g, ax)
+        assert np.array_equal(ix.Scatter(ax).cpu(x, index, g), want)
