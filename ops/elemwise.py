@@ -98,7 +98,7 @@ TABLE = [
     Row("gelu",     "x * (_erf(x * 0.7071067811865476) + 1) * 0.5", "x * (T)0.5 * (1 + erf(x * (T)0.7071067811865476))",
                     ("g * ((erf(x * 0.7071067811865476) + 1) * 0.5 + x * exp(x * x * -0.5) * 0.3989422804014327)",), dtypes="float"),
     # selection
-    Row("where",    "_where(x, y, z)",      "x ? y : z",          (None, "where(x, g, 0)", "where(x, 0, g)"), dtypes="select"),
+    Row("where",    "np.where(x, y, z)",      "x ? y : z",          (None, "where(x, g, 0)", "where(x, 0, g)"), dtypes="select"),
     # rounding: zero gradient (almost everywhere), a zero .grad as in PyTorch
     Row("floor",    "np.floor(x)",            "gc_floor(x)",        ("g * 0",)),
     Row("ceil",     "np.ceil(x)",             "gc_ceil(x)",         ("g * 0",)),
@@ -129,13 +129,16 @@ def _arity(row: Row) -> int:
 
 def _cpu_kernel(row: Row):
     """The NumPy kernel: the ufunc itself when the expression is one call
-    (no Python frame per op), else the expression compiled once."""
+    (no Python frame per op), else the expression compiled once; for the
+    modes in ``_FAST_KERNELS``, a C loop with the expression's results."""
+    if row.mode in _FAST_KERNELS:
+        return _FAST_KERNELS[row.mode]
     n = _arity(row)
     m = _UFUNC_CALL.match(row.numpy)
     if m and m.group(2) == ", ".join(_ARGS[:n]) and isinstance(getattr(np, m.group(1), None), np.ufunc):
         return getattr(np, m.group(1))
     src = f"lambda {', '.join(_ARGS[:n])}: {row.numpy}"
-    return eval(src, {"np": np, "_erf": _erf, "_sigmoid": _sigmoid, "_where": _where,  # noqa: S307 - our own table
+    return eval(src, {"np": np, "_erf": _erf, "_sigmoid": _sigmoid,  # noqa: S307 - our own table
                       "round_half_away": round_half_away})
 
 
@@ -163,6 +166,16 @@ def _where(c, a, b):
     out = _fast.select(c, a, b)
     return np.where(c, a, b) if out is None else out
 
+
+def _relu(x):
+    """np.maximum(x, 0), in C for a contiguous float array (gradcore.cpu._kernels)."""
+    out = _fast.relu(x)
+    return np.maximum(x, 0) if out is None else out
+
+
+# modes whose NumPy expression (the row's: the reference) NumPy runs slowly:
+# C loops giving the same bits where the operands allow, else the expression
+_FAST_KERNELS = {"where": _where, "relu": _relu}
 
 _erf_object = np.frompyfunc(math.erf, 1, 1)
 

@@ -29,6 +29,17 @@ def test_sigmoid_same_bits_as_numpy_formula(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_is_numpy_maximum(dtype):
+    x = _specials(np.random.default_rng(8).standard_normal(4_001).astype(dtype))
+    x[100:200] = -0.0
+    relu = ew.Elemwise("relu").cpu
+    for a in (x, x[::2]):
+        want = np.maximum(a, 0)
+        assert np.array_equal(relu(a).view(np.uint8), want.view(np.uint8))
+    assert relu(np.array([-1, 2], np.int32)).tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_erf_is_math_erf(dtype):
     x = _specials((np.random.default_rng(1).standard_normal(5_001) * 3).astype(dtype))
     want = np.array([math.erf(v) for v in x.astype(np.float64)]).astype(dtype)
@@ -123,3 +134,43 @@ def test_gather_scatter_flat_paths_match_along_axis():
         want = x.copy()
         np.put_along_axis(want[region], index, g, ax)
         assert np.array_equal(ix.Scatter(ax).cpu(x, index, g), want)
+
+
+# Standardize / StandardizeBackward: internal ops of layer, group and general
+# norm (not registered: they run on cuda by their decomposition, and standard
+# ops bring a cuda_source), so their gradient cases live here
+@pytest.mark.parametrize("axes, shape", [((1,), (3, 5)), ((0, 2), (2, 3, 4)), ((2,), (2, 2, 6))])
+def test_standardize_gradients_first_and_second_order(axes, shape):
+    import gradcore
+    from gradcore.core import apply
+    from gradcore.ops.nn import Standardize, StandardizeBackward
+    from gradcore.testing import gradcheck, gradgradcheck
+    rng = np.random.default_rng(6)
+    x = gradcore.Tensor(rng.standard_normal(shape))
+    both = lambda t: apply(Standardize(axes, 1e-3), t)                 # y and s: s's gradient too
+    only_y = lambda t: apply(Standardize(axes, 1e-3), t)[0]
+    for fn in (both, only_y):
+        assert gradcheck(fn, [x], atol=1e-6, rtol=1e-4)
+        assert gradgradcheck(fn, [x], atol=1e-5, rtol=1e-3)
+    g, y = (gradcore.Tensor(rng.standard_normal(shape)) for _ in range(2))
+    kept = tuple(1 if d in axes else n for d, n in enumerate(shape))
+    s = gradcore.Tensor(rng.uniform(0.5, 1.5, kept))
+    back = lambda *t: apply(StandardizeBackward(axes, 1e-3), *t)[0]
+    assert gradcheck(back, [g, y, s], atol=1e-6, rtol=1e-4)
+
+
+def test_standardize_cpu_matches_its_decomposition():
+    from gradcore.op import Composite
+    from gradcore.ops.nn import Standardize, StandardizeBackward
+    rng = np.random.default_rng(7)
+    for dtype in (np.float32, np.float64):
+        x = rng.standard_normal((4, 6, 5)).astype(dtype)
+        op = Standardize((1, 2), 1e-5)
+        y, s = op.cpu(x)
+        y0, s0 = Composite.cpu(op, x)
+        np.testing.assert_allclose(y, y0, rtol=2e-6 if dtype == np.float32 else 1e-14, atol=1e-6)
+        np.testing.assert_allclose(s, s0, rtol=2e-6 if dtype == np.float32 else 1e-14)
+        g = rng.standard_normal(x.shape).astype(dtype)
+        back = StandardizeBackward((1, 2), 1e-5)
+        np.testing.assert_allclose(back.cpu(g, y, s), Composite.cpu(back, g, y, s),
+                                   rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
