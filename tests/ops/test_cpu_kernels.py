@@ -47,6 +47,15 @@ def test_erf_is_math_erf(dtype):
     assert np.array_equal(ew._erf(x[::3]), want[::3], equal_nan=True)
 
 
+def test_erf_float32_vector_path_over_the_whole_range():
+    # float32 bit patterns spread over every exponent, both signs, a length
+    # that leaves a scalar tail
+    u = np.arange(0, 0x7F800000, 104_729, dtype=np.uint32)
+    x = np.concatenate([u.view(np.float32), -u.view(np.float32), np.float32([np.nan, np.inf, -np.inf])])
+    want = np.frompyfunc(math.erf, 1, 1)(x).astype(np.float32)
+    assert np.array_equal(ew._erf(x), want, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_select_matches_where(dtype):
     rng = np.random.default_rng(2)
