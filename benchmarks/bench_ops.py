@@ -6,10 +6,16 @@ a medium size, on one thread and on the default threads.
 
     python benchmarks/bench_ops.py [--repeat 5] [--threads 1,0] [--sizes small,medium]
                                    [--only TEXT] [--seconds 0.05] [--json PATH]
+    python benchmarks/bench_ops.py --compare BEFORE.json AFTER.json
 
 Every round times gradcore and PyTorch back to back (the one that goes first
 alternates); the figure is the median over the rounds of the per-round ratio
 gradcore / PyTorch, so a slow minute on this shared machine hits both.
+``--clock cpu`` (with ``--threads 1``) times the calling thread's CPU time
+instead of the wall clock: on a shared, loaded machine what other
+processes take does not count (both libraries run their kernels in the
+calling thread then).
+
 Before timing, each case's forward values and gradients are compared with
 PyTorch's; a case that differs is printed and not timed (a ratio between two
 different computations means nothing).
@@ -309,14 +315,18 @@ class Runner:
         return None
 
 
+CLOCK = time.perf_counter
+
+
 def timed(fn, seconds):
-    """Seconds per call: one warm-up call, then calls for ``seconds`` (at least 3)."""
+    """Seconds per call by ``CLOCK``: one warm-up call, then calls for
+    ``seconds`` (at least 3)."""
     fn()
-    n, t0 = 0, time.perf_counter()
-    while n < 3 or time.perf_counter() - t0 < seconds:
+    n, t0 = 0, CLOCK()
+    while n < 3 or CLOCK() - t0 < seconds:
         fn()
         n += 1
-    return (time.perf_counter() - t0) / n
+    return (CLOCK() - t0) / n
 
 
 def set_threads(n):
@@ -356,6 +366,23 @@ def _fmt(res, mode):
     return f"{m['gradcore_s'] * 1e6:10.1f} {m['torch_s'] * 1e6:9.1f} {m['ratio']:5.2f}{flag}"
 
 
+def compare(before_path: str, after_path: str) -> None:
+    """Print, per case, the ratio gradcore/PyTorch of two runs' JSON files
+    (a library before and after a change) side by side."""
+    with open(before_path) as f:
+        before = json.load(f)["cases"]
+    with open(after_path) as f:
+        after = json.load(f)["cases"]
+    print(f"{'case':66s} {'fwd before':>10} {'after':>6}   {'fwd+bwd before':>14} {'after':>6}")
+    for name, res in after.items():
+        old = before.get(name, {})
+        cells = []
+        for mode in ("fwd", "fwd+bwd"):
+            a, b = old.get(mode, {}).get("ratio"), res.get(mode, {}).get("ratio")
+            cells.append(f"{a:10.2f} {b:6.2f}" if a is not None and b is not None else f"{'-':>10} {'-':>6}")
+        print(f"{name:66s} {cells[0]}   {cells[1]:>21}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="rounds per case (medians over them)")
@@ -364,17 +391,30 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     ap.add_argument("--seconds", type=float, default=0.05, help="time per measurement")
     ap.add_argument("--json")
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                    help="print two runs' JSON files side by side instead of measuring")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the calling thread's CPU time (one thread only): what a loaded machine's "
+                         "other processes do not change")
     args = ap.parse_args(argv)
+    if args.clock == "cpu":
+        if args.threads != "1":
+            ap.error("--clock cpu measures the calling thread: use it with --threads 1")
+        global CLOCK
+        CLOCK = time.thread_time
+    if args.compare:
+        compare(*args.compare)
+        return 0
     if torch is None:
         print("bench_ops.py compares against PyTorch, which is not installed")
         return 1
     only = [o for o in args.only.split(",") if o]
     start_load = os.getloadavg()
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load {start_load}; "
-          f"torch {torch.__version__}; {onednn.status()}; {blas.status()}")
+          f"clock {args.clock}; torch {torch.__version__}; {onednn.status()}; {blas.status()}")
     results = {"meta": {"date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
                         "load_before": start_load, "torch": torch.__version__, "numpy": np.__version__,
-                        "repeat": args.repeat, "seconds": args.seconds}, "cases": {}}
+                        "repeat": args.repeat, "seconds": args.seconds, "clock": args.clock}, "cases": {}}
     for n in (int(t) for t in args.threads.split(",")):
         set_threads(n)
         label = "1 thread" if n == 1 else f"default threads ({os.cpu_count()} cores)"
