@@ -18,6 +18,9 @@ bit (the elementwise table's rows and the indexing ops call them;
 * ``scatter_add(out, offsets, src)``: ``out.flat[offsets[i]] += src[i]`` in
   order, ``np.add.at``'s additions (the backward of an index or a gather)
   without its per-element dispatch.
+* ``scatter_add_rows(out, rows, src)``: the same for whole rows along the
+  first axis (``x[index]``'s and an embedding's backward): no offsets per
+  element, a vectorised inner loop.
 * ``last_writes(offsets, size)``: which entries of an assignment's flat
   offsets stand (the last one of a repeated offset), in one pass instead
   of a sort.
@@ -273,6 +276,19 @@ cdef extern from *:
             out[k] += src[i];                                                            \
         }                                                                                \
         return -1;                                                                       \
+    }                                                                                    \
+    /* rows: out[off[i], :] += src[i, :], rows of `width` elements */                     \
+    static Py_ssize_t gc_scatter_add_rows_##S(T* out, Py_ssize_t nrows, Py_ssize_t width,  \
+                                              const npy_int64* off, const T* src,          \
+                                              Py_ssize_t n) {                              \
+        for (Py_ssize_t i = 0; i < n; i++) {                                             \
+            npy_int64 k = off[i];                                                        \
+            if (k < 0 || k >= nrows) return i;                                           \
+            T* restrict o = out + k * width;                                             \
+            const T* restrict s = src + i * width;                                       \
+            for (Py_ssize_t j = 0; j < width; j++) o[j] += s[j];                         \
+        }                                                                                \
+        return -1;                                                                       \
     }
     GC_SCATTER_ADD(float, f)
     GC_SCATTER_ADD(double, d)
@@ -281,6 +297,10 @@ cdef extern from *:
                                 Py_ssize_t n) nogil
     Py_ssize_t gc_scatter_add_d(double* out, Py_ssize_t size, const cnp.npy_int64* off, const double* src,
                                 Py_ssize_t n) nogil
+    Py_ssize_t gc_scatter_add_rows_f(float* out, Py_ssize_t nrows, Py_ssize_t width, const cnp.npy_int64* off,
+                                     const float* src, Py_ssize_t n) nogil
+    Py_ssize_t gc_scatter_add_rows_d(double* out, Py_ssize_t nrows, Py_ssize_t width, const cnp.npy_int64* off,
+                                     const double* src, Py_ssize_t n) nogil
 
 
 def scatter_add(out, offsets, src):
@@ -308,6 +328,37 @@ def scatter_add(out, offsets, src):
         return False
     if bad >= 0:
         raise IndexError(f"scatter_add: offset {offsets.reshape(-1)[bad]} is out of range for {size} elements")
+    return True
+
+
+def scatter_add_rows(out, rows, src):
+    """``out[rows[i]] += src[i]`` for every i in order, whole rows along the
+    first axis (``np.add.at(out, rows, src)``'s additions, so its bits), and
+    True, for ``out`` contiguous writeable float32/float64 of two or more
+    dims, ``rows`` int64 (any shape) and ``src`` contiguous of shape
+    ``rows.shape + out.shape[1:]`` and out's dtype; False (nothing done)
+    otherwise. A row outside ``out`` is an IndexError."""
+    if (not isinstance(out, cnp.ndarray) or not isinstance(rows, cnp.ndarray) or not isinstance(src, cnp.ndarray)
+            or out.ndim < 2 or out.dtype != src.dtype or rows.dtype != np.int64
+            or src.shape != rows.shape + out.shape[1:]
+            or not _dense(<cnp.ndarray>out) or not _dense(<cnp.ndarray>rows) or not _dense(<cnp.ndarray>src)
+            or not (<cnp.ndarray>out).flags.writeable):
+        return False
+    cdef Py_ssize_t nrows = out.shape[0], n = rows.size, bad
+    cdef Py_ssize_t width = out.size // nrows if nrows else 0
+    cdef const cnp.npy_int64* off = <const cnp.npy_int64*>cnp.PyArray_DATA(<cnp.ndarray>rows)
+    if out.dtype == _f32:
+        with nogil:
+            bad = gc_scatter_add_rows_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>out), nrows, width, off,
+                                        <float*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
+    elif out.dtype == _f64:
+        with nogil:
+            bad = gc_scatter_add_rows_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>out), nrows, width, off,
+                                        <double*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
+    else:
+        return False
+    if bad >= 0:
+        raise IndexError(f"scatter_add_rows: row {rows.reshape(-1)[bad]} is out of range for {nrows} rows")
     return True
 
 

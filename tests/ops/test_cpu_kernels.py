@@ -183,3 +183,22 @@ def test_standardize_cpu_matches_its_decomposition():
         back = StandardizeBackward((1, 2), 1e-5)
         np.testing.assert_allclose(back.cpu(g, y, s), Composite.cpu(back, g, y, s),
                                    rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
+
+
+def test_subtensor_grad_rows_and_offsets_paths_are_add_at():
+    from gradcore.ops.indexing import build_index, split_index
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((50, 7, 3))
+    items = [np.array([3, -1, 3, 0]), rng.integers(-50, 50, (6, 4)), (np.array([1, 2]), slice(None)),
+             (np.array([1, 2]), Ellipsis), (slice(None), np.array([1, 1, 2])), (np.array([1, 2]), np.array([0, 3])),
+             (np.array([4, 4]), slice(None), np.array([2, 0]))]
+    for item in items:
+        spec, arrays = split_index(item)
+        g = rng.standard_normal(x[item].shape)
+        want = np.zeros_like(x)
+        np.add.at(want, item, g)
+        assert np.array_equal(ix.SubtensorGrad(spec).cpu(g, x, *arrays), want), item
+    rows = ix._leading_rows(build_index(*split_index(np.array([0, -1]))), x.shape)
+    assert rows.tolist() == [0, 49]
+    with pytest.raises(IndexError, match="out of range"):
+        K.scatter_add_rows(np.zeros((3, 2)), np.array([3], np.int64), np.ones((1, 2)))
