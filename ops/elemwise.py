@@ -148,7 +148,7 @@ def _sigmoid(x):
     Within 4 float32 ulps of the exact value (exp(-logaddexp(0, -x)) was 9),
     and 5x faster."""
     e = np.abs(x)
-    if isinstance(e, np.ndarray):
+    if isinstance(e, np.ndarray) and e.dtype.kind == "f":
         # in place in the one buffer this kernel owns: e, -e, exp(-e), then
         # the last step in C (NumPy's where branches per element: 8x slower)
         np.negative(e, out=e)

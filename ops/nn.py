@@ -69,9 +69,11 @@ class LogSoftmax(Op):
         if x.size == 0:       # nothing to normalise (NumPy's max refuses an empty axis)
             return np.empty_like(x)
         z = np.subtract(x, np.max(x, axis=self.axis, keepdims=True))
-        # in place in the buffer this kernel owns (one pass and allocation fewer)
-        z -= np.log(np.sum(np.exp(z), axis=self.axis, keepdims=True))
-        return z
+        ls = np.log(np.sum(np.exp(z), axis=self.axis, keepdims=True))
+        if isinstance(z, np.ndarray) and z.dtype == ls.dtype:
+            z -= ls               # in place in the buffer this kernel owns
+            return z
+        return z - ls             # a 0-d result, or integers (log makes floats)
 
     def vjp(self, inputs, outputs, grads):
         (x,), (out,), (g,) = inputs, outputs, grads
@@ -127,7 +129,10 @@ class Softmax(Op):
         if x.size == 0:       # nothing to normalise (NumPy's max refuses an empty axis)
             return np.empty_like(x)
         e = np.subtract(x, np.max(x, axis=self.axis, keepdims=True))
-        np.exp(e, out=e)      # in place: one allocation fewer
+        if isinstance(e, np.ndarray) and e.dtype.kind == "f":
+            np.exp(e, out=e)      # in place: one allocation fewer
+        else:                     # a 0-d result (a NumPy scalar) or integers: exp makes floats
+            e = np.exp(e)
         e /= np.sum(e, axis=self.axis, keepdims=True)
         return e
 

@@ -202,3 +202,15 @@ def test_subtensor_grad_rows_and_offsets_paths_are_add_at():
     assert rows.tolist() == [0, 49]
     with pytest.raises(IndexError, match="out of range"):
         K.scatter_add_rows(np.zeros((3, 2)), np.array([3], np.int64), np.ones((1, 2)))
+
+
+def test_in_place_paths_leave_integer_and_0d_inputs_to_numpy():
+    from gradcore.ops.nn import LogSoftmax, Softmax
+    ints = np.array([-2, 0, 3], np.int32)
+    e = np.exp(-np.abs(ints))
+    assert np.array_equal(ew._sigmoid(ints), np.where(ints >= 0, 1, e) / (1 + e))
+    for op, want in ((Softmax(-1), 1.0), (LogSoftmax(-1), 0.0)):
+        assert float(op.cpu(np.float32(2.5))) == want           # 0-d: NumPy hands back a scalar
+        z = ints - ints.max()
+        ref = np.exp(z) / np.exp(z).sum() if want else z - np.log(np.exp(z).sum())
+        np.testing.assert_allclose(op.cpu(ints), ref)
