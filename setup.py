@@ -26,6 +26,9 @@ extensions = [
     # full sums and means of small float arrays, NumPy's additions without its call (gradcore/cpu/)
     Extension("gradcore.cpu._reduce", ["gradcore/cpu/_reduce.pyx"], include_dirs=[np.get_include()],
               extra_compile_args=["-O3"]),
+    # small loops NumPy does slowly (a branch-free where, erf, scatter-add), NumPy's values (gradcore/cpu/)
+    Extension("gradcore.cpu._kernels", ["gradcore/cpu/_kernels.pyx"], include_dirs=[np.get_include()],
+              extra_compile_args=["-O3"]),
     # the CUDA backend's per-call path: launches, the device allocator, cuBLAS calls (gradcore/cuda/)
     Extension("gradcore.cuda._launch", ["gradcore/cuda/_launch.pyx"], extra_compile_args=["-O3"]),
     # cuDNN's per-call functions through C function pointers (gradcore/cuda/cudnn.py)

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gradcore import _core
+from gradcore.cpu import _kernels
 from gradcore.cuda.kernels import Kernel
 from gradcore.op import IndexOpError, Op, OpError, TensorDesc  # noqa: F401 (IndexOpError: here too)
 
@@ -268,8 +269,7 @@ class Subtensor(Op):
         # an array, not the NumPy scalar an all-integer (or empty) index gives
         y = np.asarray(x[build_index(self.spec, idx)])
         if self.last_only and y.size:
-            keep = np.zeros(y.size, bool)
-            keep[_last_writes(_flat_offsets(np.shape(x), self.spec, idx).ravel())] = True
+            keep = _kernels.last_writes(_flat_offsets(np.shape(x), self.spec, idx), int(np.size(x)))
             y = np.where(keep.reshape(y.shape), y, np.zeros((), y.dtype))
         return y
 
@@ -315,6 +315,21 @@ class Subtensor(Op):
         return y
 
 
+def _leading_rows(index, shape):
+    """For an index that is one integer array on the first axis (the rest
+    whole), that array as int64 with negative rows wrapped; else None."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if (not index or not isinstance(index[0], np.ndarray) or index[0].dtype.kind not in "iu" or not shape
+            or any(not (isinstance(i, slice) and i == slice(None)) and i is not Ellipsis for i in index[1:])
+            or sum(i is Ellipsis for i in index[1:]) > 1):
+        return None
+    rows = np.ascontiguousarray(index[0], np.int64)
+    if rows.size and rows.min() < 0:
+        rows = np.where(rows < 0, rows + shape[0], rows)
+    return rows
+
+
 class SubtensorGrad(Op):
     """Zeros shaped like ``ref`` with ``g`` added at ``index`` (repeated
     indices accumulate): the backward of Subtensor."""
@@ -336,7 +351,14 @@ class SubtensorGrad(Op):
         out = np.zeros(ref.shape, g.dtype)
         index = build_index(self.spec, idx)
         if _has_arrays(self.spec):
-            np.add.at(out, index, g)
+            # np.add.at's additions in its order, in C: by rows for x[rows]
+            # (an embedding's backward), else by element offsets
+            rows = _leading_rows(index, ref.shape)
+            if rows is not None and _kernels.scatter_add_rows(out, rows, np.ascontiguousarray(g)):
+                return out
+            offsets = _flat_offsets(ref.shape, self.spec, idx)
+            if not (offsets.shape == np.shape(g) and _kernels.scatter_add(out, offsets, np.ascontiguousarray(g))):
+                np.add.at(out, index, g)
         else:
             out[index] = g
         return out
@@ -744,6 +766,9 @@ class Gather(Op):
         _validate(self, x, index)
         ax = self.axis % x.ndim
         index = _checked_index(self, index, x.shape[ax], ax, (x, index))
+        if x.flags.c_contiguous:
+            # one flat take: take_along_axis's broadcast fancy index is 4-6x slower
+            return x.reshape(-1).take(_gather_offsets(x.shape, index, ax))
         return np.take_along_axis(x[_region(index.shape, ax)], index, ax)
 
     def vjp(self, inputs, outputs, grads):
@@ -765,6 +790,19 @@ class Gather(Op):
             be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, _index32(be, index), y,
                         be.dims(x.shape), be.dims(index.shape), np.int32(ax))
         return y
+
+
+def _gather_offsets(shape, index, ax):
+    """Flat offsets into a contiguous array of ``shape`` of the elements a
+    gather along ``ax`` with ``index`` (in range, non-negative) reads: the
+    index along the axis, the position in index's shape elsewhere."""
+    strides = _c_strides(shape)
+    offsets = index.astype(np.int64) * strides[ax]
+    for d, n in enumerate(index.shape):
+        if d != ax and n > 1:
+            offsets = offsets + (np.arange(n, dtype=np.int64) * strides[d]).reshape(
+                (n,) + (1,) * (index.ndim - 1 - d))
+    return np.ascontiguousarray(np.broadcast_to(offsets, index.shape))
 
 
 class GatherGrad(Op):
@@ -796,11 +834,12 @@ class GatherGrad(Op):
         ax = self.axis % len(ref.shape)
         index = _checked_index(self, index, ref.shape[ax], ax, (g, ref, index))
         out = np.zeros(ref.shape, g.dtype)
-        region = out[_region(index.shape, ax)]
-        # np.add.at along one axis: every other coordinate from a broadcast grid
-        grid = list(np.ogrid[tuple(slice(0, s) for s in index.shape)])
-        grid[ax] = index
-        np.add.at(region, tuple(grid), g)
+        # np.add.at along one axis (every other coordinate from a broadcast
+        # grid), its additions in its order in C
+        if not _kernels.scatter_add(out, _gather_offsets(ref.shape, index, ax), np.ascontiguousarray(g)):
+            grid = list(np.ogrid[tuple(slice(0, s) for s in index.shape)])
+            grid[ax] = index
+            np.add.at(out[_region(index.shape, ax)], tuple(grid), g)
         return out
 
     def vjp(self, inputs, outputs, grads):
@@ -860,8 +899,8 @@ class Scatter(Op):
         _validate(self, x, index, source)
         ax = self.axis % x.ndim
         index = _checked_index(self, index, x.shape[ax], ax, (x, index, source))
-        out = x.copy()
-        np.put_along_axis(out[_region(index.shape, ax)], index, source, ax)
+        out = x.copy()         # C-contiguous: one flat assignment, the last of a repeated offset standing
+        out.reshape(-1)[_gather_offsets(x.shape, index, ax)] = source
         return out
 
     def vjp(self, inputs, outputs, grads):
@@ -895,6 +934,30 @@ def _order(x, descending):
     if descending:
         x = -x if x.dtype.kind == "f" else -(x.astype(np.int64))
     return np.argsort(x, axis=-1, kind="stable")
+
+
+def _first_k(x, k, descending):
+    """``_order(x, descending)[..., :k]`` without sorting whole rows: the k-th
+    key by a partition, the keys below it and the first of the keys equal
+    to it (index order, as a stable sort has them), then a stable sort of
+    those k. None where that does not apply (no shorter than a full sort,
+    or a NaN among the k-th keys: NaN's order is the sort's business)."""
+    n = x.shape[-1]
+    if not 0 < k < n // 4 or x.ndim == 0:
+        return None
+    keys = (-x if x.dtype.kind == "f" else -(x.astype(np.int64))) if descending else x
+    kth = np.partition(keys, k - 1, axis=-1)[..., k - 1:k]
+    if kth.dtype.kind == "f" and np.isnan(kth).any():
+        return None
+    take = keys <= kth
+    extra = take.sum(axis=-1, keepdims=True) - k   # keys equal to the k-th beyond the first ones
+    if extra.any():
+        tie = keys == kth
+        # drop the last `extra` ties of each row: keep a tie while fewer than
+        # (ties - extra) came before it
+        take &= ~tie | (np.cumsum(tie, axis=-1) <= tie.sum(axis=-1, keepdims=True) - extra)
+    ind = np.nonzero(take.reshape(-1, n))[1].reshape(x.shape[:-1] + (k,))   # row by row, index order
+    return np.take_along_axis(ind, np.argsort(np.take_along_axis(keys, ind, -1), axis=-1, kind="stable"), -1)
 
 
 # u comes before v (element j before element i): strictly smaller (larger
@@ -985,11 +1048,12 @@ class TopK(Op):
 
     def cpu(self, x):
         _validate(self, x)
-        order = _order(x, self.descending)
+        ind = _first_k(x, self.k, self.descending)
+        if ind is None:
+            ind = _order(x, self.descending)[..., :self.k]
         if self.mode == "kth_only":
-            ind = order[..., self.k - 1]
+            ind = ind[..., self.k - 1]
             return np.take_along_axis(x, ind[..., None], -1)[..., 0], ind.astype(np.int32)
-        ind = order[..., :self.k]
         if self.mode == "no_sort":
             ind = np.sort(ind, axis=-1)
         return np.take_along_axis(x, ind, -1), ind.astype(np.int32)

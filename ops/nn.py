@@ -1,6 +1,7 @@
 """Neural-network ops: log_softmax (hand VJP: it needs only its output),
 logsumexp (declared by decomposition only: its backward graph is derived),
-batch normalisation (training, its backward, inference: cuDNN on a GPU)."""
+batch normalisation (training, its backward, inference: cuDNN on a GPU),
+standardisation over some axes (layer, group and general norm)."""
 from __future__ import annotations
 
 import functools
@@ -67,9 +68,12 @@ class LogSoftmax(Op):
     def cpu(self, x):
         if x.size == 0:       # nothing to normalise (NumPy's max refuses an empty axis)
             return np.empty_like(x)
-        m = np.max(x, axis=self.axis, keepdims=True)
-        z = x - m
-        return z - np.log(np.sum(np.exp(z), axis=self.axis, keepdims=True))
+        z = np.subtract(x, np.max(x, axis=self.axis, keepdims=True))
+        ls = np.log(np.sum(np.exp(z), axis=self.axis, keepdims=True))
+        if isinstance(z, np.ndarray) and z.dtype == ls.dtype:
+            z -= ls               # in place in the buffer this kernel owns
+            return z
+        return z - ls             # a 0-d result, or integers (log makes floats)
 
     def vjp(self, inputs, outputs, grads):
         (x,), (out,), (g,) = inputs, outputs, grads
@@ -124,7 +128,11 @@ class Softmax(Op):
     def cpu(self, x):
         if x.size == 0:       # nothing to normalise (NumPy's max refuses an empty axis)
             return np.empty_like(x)
-        e = np.exp(x - np.max(x, axis=self.axis, keepdims=True))
+        e = np.subtract(x, np.max(x, axis=self.axis, keepdims=True))
+        if isinstance(e, np.ndarray) and e.dtype.kind == "f":
+            np.exp(e, out=e)      # in place: one allocation fewer
+        else:                     # a 0-d result (a NumPy scalar) or integers: exp makes floats
+            e = np.exp(e)
         e /= np.sum(e, axis=self.axis, keepdims=True)
         return e
 
@@ -275,6 +283,111 @@ def _launch_rows(op, be, x):
         be.launch_n(be.kernel(op, ctype, source=_row_source(kind, ctype, "thread")), outer * inner, x, y, outer, n,
                     inner)
     return y
+
+
+# ---------------------------------------------------------------- standardisation
+class _Standardize(Composite):
+    """``axes`` (non-negative, sorted) and ``eps``; the statistics keep dims."""
+    attrs = ("axes", "eps")
+
+    def __init__(self, axes, eps=1e-5):
+        self.axes = tuple(sorted(op_int(self.name, "axes", a) for a in axes))
+        if not self.axes or self.axes[0] < 0 or len(set(self.axes)) != len(self.axes):
+            raise ValueError(f"{self.name}: axes must be distinct non-negative axes, got {axes!r}")
+        self.eps = float(eps)
+        self._mean = Reduce("mean", self.axes, True)
+
+    def __reduce__(self):
+        return (type(self), (self.axes, self.eps))
+
+    def _checked(self, *descs):
+        for d in descs:
+            if d.dtype.kind != "f" or d.dtype != descs[0].dtype:
+                raise self.error("needs inputs of one floating-point dtype", *descs)
+            if d.shape is not None and len(d.shape) <= self.axes[-1]:
+                raise self.error(f"axes {self.axes} are out of range for shape {d.shape}", *descs)
+
+
+class Standardize(_Standardize):
+    """x -> (y, s): ``d = x - mean(x)``, ``s = sqrt(mean(d * d) + eps)`` and
+    ``y = d / s`` over ``axes`` (s keeps them as size 1). One op, so that
+    the forward runs in place in NumPy and the backward is one fused op
+    (StandardizeBackward), where the elementwise decomposition recorded ~10
+    ops and their backward ~20 (layer norm was 4.7x PyTorch's time)."""
+    name = "Standardize"
+    reduce_broadcast = False
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: last axis, and two axes."""
+        rng = np.random.default_rng(0)
+        return [(cls((1,), 1e-3), [rng.standard_normal((3, 4))]),
+                (cls((0, 2), 0.1), [rng.standard_normal((2, 3, 3))])]
+
+    def infer(self, x):
+        self._checked(x)
+        return super().infer(x)
+
+    def decompose(self, x):
+        m = _apply1(Reduce("mean", self.axes, True), x)
+        d = x - m
+        s = _apply1(Elemwise("sqrt"), _apply1(Reduce("mean", self.axes, True), d * d) + self.eps)
+        return d / s, s
+
+    def cpu(self, x):
+        if x.dtype.kind != "f" or x.size == 0:
+            return super().cpu(x)
+        # the decomposition's operations in its order, in buffers this op owns
+        d = np.subtract(x, self._mean.cpu(x))
+        s = self._mean.cpu(np.square(d))
+        s += np.asarray(self.eps, s.dtype)
+        np.sqrt(s, out=s)
+        d /= s
+        return d, s
+
+    def vjp(self, inputs, outputs, grads):
+        (y, s), (gy, gs) = outputs, grads
+        dx = None if gy is None else _apply1(StandardizeBackward(self.axes, self.eps), gy, y, s)
+        if gs is not None:           # d s / d x = d / (M s) = y / M
+            term = y * _apply1(BroadcastBack(self.axes, True, True), gs, y)
+            dx = term if dx is None else dx + term
+        return [dx]
+
+
+class StandardizeBackward(_Standardize):
+    """(g, y, s) -> dx = (g - mean(g) - y * mean(g * y)) / s over ``axes``:
+    Standardize's backward through y, from its outputs (its own backward is
+    derived from this decomposition)."""
+    name = "StandardizeBackward"
+    reduce_broadcast = False
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (a positive s)."""
+        rng = np.random.default_rng(0)
+        return [(cls((1,), 1e-3), [rng.standard_normal((3, 4)), rng.standard_normal((3, 4)),
+                                   rng.uniform(0.5, 1.5, (3, 1))])]
+
+    def infer(self, g, y, s):
+        self._checked(g, y, s)
+        if g.shape is not None and y.shape is not None and tuple(g.shape) != tuple(y.shape):
+            raise self.error("the output gradient must have the output's shape", g, y, s)
+        return super().infer(g, y, s)
+
+    def decompose(self, g, y, s):
+        mean = Reduce("mean", self.axes, True)
+        return (g - _apply1(mean, g) - y * _apply1(mean, g * y)) / s
+
+    def cpu(self, g, y, s):
+        if g.dtype.kind != "f" or g.size == 0 or g.shape != y.shape:
+            return super().cpu(g, y, s)
+        t = np.multiply(g, y)
+        mgy = self._mean.cpu(t)
+        dx = np.subtract(g, self._mean.cpu(g))
+        np.multiply(y, mgy, out=t)
+        dx -= t
+        dx /= s
+        return dx
 
 
 # ---------------------------------------------------------------- batch normalisation

@@ -18,7 +18,7 @@ import numpy as np
 from .._core import Tensor, apply as _apply
 from ..dtypes import autocast_dtypes, promote_types
 from ..op import OpError
-from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
+from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax, Standardize
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
 from .elemwise import clip, logaddexp, where  # noqa: F401  (logaddexp: F.nn's before)
 from .elemwise_table import abs, eq, exp, floor, log, maximum, relu, softplus, sqrt, square
@@ -801,6 +801,9 @@ def _high_under_autocast(x: Tensor) -> Tensor:
 def _standardized(x: Tensor, axes: tuple, eps: float) -> Tensor:
     """``(x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance): the
     layer, group, instance and general normalisations."""
+    if x.dtype.kind == "f":
+        # one op, its backward fused (ops/nn.py)
+        return _apply(Standardize(tuple(a % x.ndim for a in axes), eps), x)[0]
     d = x - mean(x, axes, True)
     return d / sqrt(mean(d * d, axes, True) + eps)
 
