@@ -19,7 +19,8 @@ from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, S
                        Subtensor, SubtensorGrad, TopK)
 from .linalg import SVD, MatrixInverse, MatrixMul
 from .pool import AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, MaxPool2dGather
-from .nn import BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax
+from .nn import (BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax,
+                 Standardize, StandardizeBackward)
 from .loss import CrossEntropy, CrossEntropyGrad, CTCLoss, CTCLossGrad
 from .rnn import (GRUCellGates, GRUCellGatesBackward, LSTMCellGates, LSTMCellGatesBackward, LSTMLayer,
                   LSTMLayerBackward)
@@ -39,7 +40,7 @@ STANDARD_OPS = [
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
     BatchNormTraining, BatchNormBackward, BatchNormInference,
     LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward, CrossEntropy, CrossEntropyGrad,
-    CTCLoss, CTCLossGrad, LSTMLayer, LSTMLayerBackward,
+    CTCLoss, CTCLossGrad, LSTMLayer, LSTMLayerBackward, Standardize, StandardizeBackward,
 ]
 
 

@@ -372,6 +372,10 @@ class StandardizeBackward(_Standardize):
         self._checked(g, y, s)
         if g.shape is not None and y.shape is not None and tuple(g.shape) != tuple(y.shape):
             raise self.error("the output gradient must have the output's shape", g, y, s)
+        if y.shape is not None and s.shape is not None:
+            kept = tuple(1 if i in self.axes else n for i, n in enumerate(y.shape))
+            if tuple(s.shape) != kept:
+                raise self.error(f"the scale must have shape {kept} (y's, the axes {self.axes} kept as 1)", g, y, s)
         return super().infer(g, y, s)
 
     def decompose(self, g, y, s):

@@ -79,6 +79,8 @@ def _cases():
         "IndexingOneHotGrad": [(indexing.IndexingOneHotGrad(1, False), [f(3), f(3, 4), i([0, 3, 1])], [0])],
         "LogSoftmax": [(nn.LogSoftmax(1), [f(2, 3)], None), (nn.LogSoftmax(0), [f(1)], None)],
         "Softmax": [(nn.Softmax(1), [f(2, 3)], None), (nn.Softmax(0), [f(1)], None), (nn.Softmax(-1), [f(0, 3)], None)],
+        "Standardize": [(nn.Standardize((1,), 1e-3), [f(3, 4)], None), (nn.Standardize((0, 2), 0.1), [f(2, 3, 3)], None)],
+        "StandardizeBackward": [(nn.StandardizeBackward((1,), 1e-3), [f(3, 4), f(3, 4), ("pos", 3, 1)], None)],
         "LogSumExp": [(nn.LogSumExp(-1), [f(2, 3)], None), (nn.LogSumExp(0, True), [f(1)], None)],
         "BatchNormTraining": [(nn.BatchNormTraining(1e-3), [f(3, 2, 2, 2), f(1, 2, 1, 1), f(1, 2, 1, 1)], None),
                               (nn.BatchNormTraining(0.1, 2), [f(4, 3), f(1, 3), f(1, 3)], None)],
