@@ -67,6 +67,9 @@ def _value_like(name: str, value, x):
     if value is None:
         raise TypeError(f"{name}: the value is None; give a number or a tensor")
     try:
+        if np.asarray(value).dtype.kind in "cO":
+            # the cast would drop an imaginary part (or call float() on objects)
+            raise TypeError(f"its dtype {np.asarray(value).dtype} is not a real number type")
         return Tensor(np.asarray(value, x.dtype), device=x.device)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{name}: cannot use {type(value).__name__} {value!r:.60} as a value for a tensor "
