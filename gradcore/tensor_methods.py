@@ -76,9 +76,11 @@ def _const_for(x, tensors, device):
         return _core.wrap_array(np.asarray(x, dtype), device)
     if isinstance(x, (np.ndarray, np.generic, list, tuple)):
         arr = np.asarray(x) if isinstance(x, (np.ndarray, np.generic)) else to_array(x)[0]
-        # an array keeps its dtype here: complex, object or str data must not
-        # become a tensor (Tensor() refuses the same)
-        _check_data_dtype(arr.dtype, x)
+        if arr.dtype.kind in "cOVmM":
+            # an array keeps its dtype here: complex or object data must not
+            # become a tensor (Tensor() refuses the same); a str array is left
+            # to the op (an index of str is an IndexError there)
+            _check_data_dtype(arr.dtype, x)
         if device != "cpu":
             arr = devices.to_device(arr, device)
         return _core.wrap_array(arr, device)
