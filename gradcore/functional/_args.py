@@ -143,3 +143,10 @@ def _fill_value(name: str, value, dtype) -> None:
         raise TypeError(f"{name}: value is None; give a number")
     if isinstance(value, (float, np.floating)) and not np.isfinite(value) and np.dtype(dtype).kind in "biu":
         raise ArgumentError(f"{name}: cannot fill a {np.dtype(dtype)} tensor with {value}")
+
+
+def _check_compute_mode(name: str, compute_mode) -> None:
+    """MegEngine's two compute modes (both compute in the inputs' dtype
+    here); anything else is a typo, not a silent default."""
+    if compute_mode not in ("default", "float32", "DEFAULT", "FLOAT32"):
+        raise ArgumentError(f"{name}: compute_mode must be 'default' or 'float32', got {compute_mode!r}")

@@ -184,4 +184,4 @@ def eye(N: Union[int, Sequence[int], Tensor], M: Optional[int] = None, *,
     N, M = _int_or_err("eye", "N", N), None if M is None else _int_or_err("eye", "M", M)
     if N < 0 or (M is not None and M < 0):
         raise ArgumentError(f"eye: N and M must be >= 0, got N={N}, M={M}")
-    return Tensor(np.eye(N, M, dtype=dtype), device=device)
+    return Tensor(_host("eye", lambda: np.eye(N, M, dtype=dtype), N=N, M=M, dtype=dtype), device=device)
