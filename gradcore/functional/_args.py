@@ -24,16 +24,30 @@ def _axis_key(axis):
     return tuple(axis) if isinstance(axis, list) else axis
 
 
+def _passes(x) -> bool:
+    """Whether ``x`` goes to the op as it is: a Tensor, a symbolic tensor
+    inside a trace, or a NumPy array of numbers (which has a ``trace``
+    method too; the op converts it, keeping its dtype, or refuses it: a str
+    or object index is the op's IndexError). A complex array does not
+    (functions read its dtype first): Tensor() refuses it here, naming the
+    function."""
+    if isinstance(x, Tensor):
+        return True
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind != "c"
+    return hasattr(x, "trace")
+
+
 def _on(x, like) -> Tensor:
     """``x`` as a Tensor on ``like``'s device, with its own dtype (index
     arrays, labels)."""
-    if isinstance(x, Tensor) or hasattr(x, "trace"):
+    if _passes(x):
         return x
     return _new_tensor(x, None, getattr(like, "device", None), None)
 
 
 def _t(x, like: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
-    if isinstance(x, Tensor) or hasattr(x, "trace"):      # (a symbolic tensor inside a trace)
+    if _passes(x):
         return x
     return _new_tensor(x, None if like is None else like.dtype, None if like is None else like.device, name)
 

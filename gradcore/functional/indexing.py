@@ -257,6 +257,9 @@ def non_zero(condition: Tensor, as_tuple: bool = False) -> Union[Tensor, Tuple[T
     """
     if not isinstance(condition, Tensor):
         raise TypeError(f"non_zero: condition must be a Tensor, got {type(condition).__name__}")
+    if condition.ndim == 0:
+        # (NumPy's refusal, named)
+        raise ArgumentError("non_zero: condition must have at least one dimension, got a 0-d tensor")
     found = np.nonzero(condition.numpy())
     if as_tuple:
         return tuple(Tensor(i.astype(np.int32), device=condition.device) for i in found)

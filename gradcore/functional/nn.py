@@ -386,7 +386,11 @@ def general_norm(inp: Tensor, normalized_axis: Union[int, Sequence[int]], affine
                [-1.,  1.]], dtype=float32)
     """
     x = _t(inp)
-    axes = (normalized_axis,) if isinstance(normalized_axis, (int, np.integer)) else tuple(normalized_axis)
+    try:
+        axes = (normalized_axis,) if isinstance(normalized_axis, (int, np.integer)) else tuple(normalized_axis)
+    except TypeError:
+        raise TypeError(f"general_norm: normalized_axis must be an int or a sequence of ints, "
+                        f"got {normalized_axis!r}") from None
     axes = tuple(_axis_in("general_norm", a, x.ndim) for a in axes)
     if not axes or len(set(axes)) != len(axes):
         raise ArgumentError(f"general_norm: normalized_axis must name distinct axes, got {normalized_axis!r}")
