@@ -174,3 +174,34 @@ def test_a_float_cuda_tensor_as_a_shape_entry_is_a_type_error(emulated_cuda):
     with pytest.raises(TypeError, match=r"reshape: target_shape entries must be an int"):
         F.reshape(x, T([3.0, 2.0], device="cuda"))
     assert F.reshape(x, (T(3, "int32", device="cuda"), 2)).shape == (3, 2)
+
+
+# ---------------------------------------------------------------- small ones, named
+def test_a_zero_slice_step_names_the_op():
+    with pytest.raises(ValueError, match=r"Subtensor.*slice step cannot be zero \(input shapes: \(2, 3\)\)"):
+        T(np.ones((2, 3)))[::0]
+
+
+def test_arange_of_none_is_refused():
+    # np.arange(0, None) is empty: a silent empty tensor
+    with pytest.raises(TypeError, match=r"arange: stop must be a number, got None"):
+        F.arange(None)
+
+
+def test_array_dataset_of_a_number_names_itself():
+    from gradcore.data import ArrayDataset
+    with pytest.raises(TypeError, match=r"ArrayDataset: each argument must be an array .* got int"):
+        ArrayDataset(5)
+
+
+def test_non_zero_of_a_0d_tensor_and_general_norm_without_axes_are_named():
+    with pytest.raises(ValueError, match=r"non_zero: condition must have at least one dimension"):
+        F.non_zero(T(1.0))
+    with pytest.raises(TypeError, match=r"general_norm: normalized_axis must be an int or a sequence"):
+        F.general_norm(T(np.ones((2, 3))), None)
+
+
+def test_a_pad_too_big_to_allocate_names_pad():
+    # 1.5 * 2**62 bytes for the head: fails in any address space, touches nothing
+    with pytest.raises(MemoryError, match=r"^pad: .*\(got pad_width="):
+        F.nn.pad(T(np.ones((2, 3))), ((2 ** 59, 2 ** 59), (0, 0)))

@@ -142,6 +142,9 @@ def arange(start: float = 0, stop: Optional[float] = None, step: float = 1, *,
         raise ArgumentError("arange: step must not be 0")
     if stop is None:
         start, stop = 0, start
+    if stop is None:
+        # np.arange(0, None) is an empty array: not what arange(None) meant
+        raise TypeError("arange: stop must be a number, got None")
     return Tensor(_host("arange", lambda: np.arange(start, stop, step, dtype=dtype),
                         start=start, stop=stop, step=step, dtype=dtype), device=device)
 

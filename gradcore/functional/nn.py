@@ -903,7 +903,8 @@ def pad(src: Tensor, pad_width: Sequence[Sequence[int]], mode: str = "constant",
             continue
         n = x.shape[axis]
         if kind == "constant":
-            head, tail = (Tensor(np.full(out.shape[:axis] + (w,) + out.shape[axis + 1:], constant_value, x.dtype),
+            head, tail = (Tensor(_host("pad", lambda w=w: np.full(out.shape[:axis] + (w,) + out.shape[axis + 1:],
+                                                                  constant_value, x.dtype), pad_width=pad_width),
                                  device=x.device) for w in (before, after))
             out = concat([head, out, tail], axis)
             continue
