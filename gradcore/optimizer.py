@@ -23,6 +23,7 @@ from .cuda import graphs as _graphs
 from .lr_scheduler import (CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler,  # noqa: F401 - optim.StepLR etc.
                            MultiStepLR, StepLR)
 from .op import ArgumentError
+from .tensor import Parameter
 
 # MegEngine's path megengine.optimizer.lr_scheduler: gradcore.optimizer is one
 # module, so its schedulers module is registered under that name as well
@@ -55,15 +56,20 @@ def _state_tensor(data, device) -> Tensor:
     return t
 
 
-def _check_hyper(name: str, **values) -> None:
+def _check_hyper(name: str, allow_inf_: bool = False, **values) -> None:
     """Each hyper-parameter is a real number, not NaN (a string or None
     would fail later inside the update with a NumPy message; NaN would turn
-    every parameter into NaN)."""
+    every parameter into NaN, and so would an infinite lr or eps: refused
+    unless ``allow_inf_``, for the clipping bounds and norms where inf means
+    "none" or the max-norm)."""
     for what, v in values.items():
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise TypeError(f"{name}: {what} must be a number, got {type(v).__name__} {v!r}")
         if v != v:
             raise ArgumentError(f"{name}: {what} must be a number, got nan")
+        if not allow_inf_ and v in (np.inf, -np.inf):
+            # lr=inf turns every parameter into inf or NaN on the first step
+            raise ArgumentError(f"{name}: {what} must be finite, got {v}")
 
 
 def _check_betas(name: str, betas) -> tuple:
@@ -156,8 +162,11 @@ class Optimizer:
         ps = [ps] if isinstance(ps, Tensor) else list(ps)
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         for p in ps:
-            if not isinstance(p, Tensor):
-                raise TypeError(f"{name}: parameters must be Tensors, got {type(p).__name__}")
+            if not isinstance(p, Parameter):
+                # as MegEngine: a plain Tensor is usually a forgotten
+                # gc.Parameter(...), and its updates would be lost on the next rebind
+                raise TypeError(f"{name}: can only optimize Parameters, got "
+                                f"{type(p).__name__}" + (f" of shape {p.shape}" if isinstance(p, Tensor) else ""))
             if p.dtype.kind not in "fc":
                 # lr * grad would be truncated to an integer: the parameter would never move
                 raise TypeError(f"{name}: parameters must be floating-point, got {p.dtype} "
@@ -704,7 +713,7 @@ def clip_grad_norm(tensors: Union[Tensor, Iterable[Tensor]], max_norm: float, or
             ord = float(ord)
         except ValueError:
             raise ArgumentError(f"clip_grad_norm: ord must be a number or 'inf'/'-inf', got {ord!r}") from None
-    _check_hyper("clip_grad_norm", max_norm=max_norm, ord=ord)
+    _check_hyper("clip_grad_norm", True, max_norm=max_norm, ord=ord)
     if max_norm < 0:
         # a negative scale would flip every gradient
         raise ArgumentError(f"clip_grad_norm: max_norm must be >= 0, got {max_norm}")
@@ -733,7 +742,7 @@ def clip_grad_value(tensors: Union[Tensor, Iterable[Tensor]], lower: float, uppe
         array([-1. ,  0.5,  1. ], dtype=float32)
     """
     from . import functional as F
-    _check_hyper("clip_grad_value", lower=lower, upper=upper)
+    _check_hyper("clip_grad_value", True, lower=lower, upper=upper)
     if lower > upper:
         raise ArgumentError(f"clip_grad_value: lower must be <= upper, got lower={lower}, upper={upper}")
     for t in _with_grads(tensors):

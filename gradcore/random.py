@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import operator
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
 
 import numpy as np
@@ -257,9 +258,20 @@ class RandomArgumentError(ArgumentError):
 
 
 def _size(size) -> tuple:
+    """``size`` as a shape: ints >= 0 (int() would truncate 2.5, and a
+    float or negative size fails inside NumPy with a message naming no one)."""
     if size is None:
         return (1,)
-    return (int(size),) if isinstance(size, (int, np.integer)) else tuple(int(s) for s in size)
+    try:
+        shape = (operator.index(size),)
+    except TypeError:
+        try:
+            shape = tuple(map(operator.index, size))
+        except TypeError:
+            raise TypeError(f"gradcore.random: size must be an int or a sequence of ints, got {size!r}") from None
+    if any(n < 0 for n in shape):
+        raise RandomArgumentError(f"gradcore.random: size must not be negative, got {size!r}")
+    return shape
 
 
 def _first_tensor(*values):

@@ -76,6 +76,9 @@ def _const_for(x, tensors, device):
         return _core.wrap_array(np.asarray(x, dtype), device)
     if isinstance(x, (np.ndarray, np.generic, list, tuple)):
         arr = np.asarray(x) if isinstance(x, (np.ndarray, np.generic)) else to_array(x)[0]
+        # an array keeps its dtype here: complex, object or str data must not
+        # become a tensor (Tensor() refuses the same)
+        _check_data_dtype(arr.dtype, x)
         if device != "cpu":
             arr = devices.to_device(arr, device)
         return _core.wrap_array(arr, device)
@@ -138,7 +141,7 @@ def slow_apply(op, args):
         try:
             c = _const_for(a, tensors, device)
         except (OverflowError, TypeError, ValueError) as exc:
-            raise type(exc)(f"op {op_label(op)}: cannot use {a!r} as an operand: {exc}") from None
+            raise _operand_error(op, args, a, exc) from None
         if c is None:
             raise TypeError(f"op {op_label(op)}: cannot use an argument of type {type(a).__name__} "
                             f"as a tensor")
@@ -149,6 +152,22 @@ def slow_apply(op, args):
             return tuple(_core.wrap_array(o) for o in out) if isinstance(out, tuple) else (_core.wrap_array(out),)
         raise TypeError(f"op {op_label(op)}: called without inputs")
     return _core.apply(op, *conv)
+
+
+def _operand_error(op, args, bad, exc):
+    """The error for a non-Tensor operand ``bad`` that cannot be a tensor (a
+    complex, object or str array): the op's own, when its ``infer`` refuses
+    that dtype (an index of str is an IndexError, as NumPy's), else ``exc``
+    naming the op. Only the error path pays for this."""
+    try:
+        descs = [TensorDesc(a.shape, a.dtype, a.device) if isinstance(a, Tensor)
+                 else TensorDesc(np.shape(a), np.asarray(a).dtype, "cpu") for a in args]
+        op.infer(*descs)
+    except OpError as err:
+        return err
+    except Exception:
+        pass        # no infer, or one that cannot judge these: exc below
+    return type(exc)(f"op {op_label(op)}: cannot use {bad!r} as an operand: {exc}")
 
 
 def kernel_error(op, args, exc):

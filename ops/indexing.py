@@ -118,6 +118,8 @@ def _probe_shape(op, spec, shape, idx_descs, descs):
         return probe[build_index(spec, arrays)].shape
     except IndexError as exc:
         raise IndexOpError(str(op.error(str(exc), *descs))) from None
+    except ValueError as exc:        # a slice step of 0: NumPy's ValueError, named
+        raise op.error(str(exc), *descs) from None
 
 
 # ---------------------------------------------------------------- cuda launch helpers

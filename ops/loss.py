@@ -48,7 +48,7 @@ from gradcore._core import apply
 from gradcore.op import Composite, IndexOpError, Op, TensorDesc
 from gradcore.cuda.kernels import Kernel
 
-from .indexing import IndexingOneHot, IndexingOneHotGrad, _index32
+from .indexing import IndexingOneHot, IndexingOneHotGrad, _host, _index32
 from .linalg import check_cuda_dtype
 from .nn import LogSoftmax, Softmax
 from .reduce import BLOCK_REDUCE, MAX_BLOCKS, SHORT_AXIS, BroadcastBack, Reduce, op_int, row_threads
@@ -431,6 +431,27 @@ def _check(op, lp, targets, il, tl, *more):
                        lp, targets, il, tl, *more)
 
 
+def _check_ctc_values(op, lp, targets, il, tl):
+    """Lengths within (T, S) and the labels they cover within the classes:
+    the recursion would clip them and return the loss of another problem.
+    (Host arrays; on cuda the launcher passes a host copy of the small ones.)"""
+    T, N, C = lp.shape
+    S = targets.shape[1]
+    il, tl, targets = np.asarray(il), np.asarray(tl), np.asarray(targets)
+    descs = [TensorDesc(a.shape, a.dtype, "") for a in (lp, targets, il, tl)]
+    for what, v, top in (("input_lengths", il, T), ("target_lengths", tl, S)):
+        if v.size and (v.min() < 0 or v.max() > top):
+            bad = v.min() if v.min() < 0 else v.max()
+            raise op.error(f"{what} must be in [0, {top}], got {bad}", *descs)
+    used = np.arange(S)[None, :] < tl[:, None]
+    if used.any():
+        vals = targets[used]
+        if vals.min() < 0 or vals.max() >= C:
+            bad = vals.min() if vals.min() < 0 else vals.max()
+            raise IndexOpError(f"{op._name()}: label {bad} is not one of the {C} classes of log_probs "
+                               f"(input shapes: {', '.join(str(d.shape) for d in descs)})")
+
+
 def _lse(*xs):
     m = np.maximum.reduce(xs)
     safe = np.where(np.isfinite(m), m, 0.0)
@@ -510,6 +531,7 @@ class CTCLoss(Op):
         return (TensorDesc(n, lp.dtype, lp.device),)
 
     def cpu(self, lp, targets, il, tl):
+        _check_ctc_values(self, lp, targets, il, tl)
         T, N, C, L, il, tl, ext, lpe, skip = _ctc_setup(lp, targets, il, tl, self.blank)
         return _ctc_nll(_ctc_alpha(lpe, skip, T, N, L, self.floor), il, tl, N).astype(lp.dtype)
 
@@ -519,6 +541,8 @@ class CTCLoss(Op):
         return [d, None, None, None]
 
     def cuda(self, be, lp, targets, il, tl):
+        # a host copy of the labels and lengths (a synchronization: they are small)
+        _check_ctc_values(self, lp, _host(targets), _host(il), _host(tl))
         return _ctc_launch(self, be, lp, targets, il, tl)
 
     def cuda_source(self, ctype: str = "float") -> str:

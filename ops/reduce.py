@@ -52,6 +52,9 @@ def reduced_shape(op, shape, axis, keepdims, desc):
         if not -nd <= a < nd and not (nd == 0 and a in (0, -1)):
             raise op.error(f"axis {a} is out of range for {nd} dimensions", desc)
         norm.add(a % nd if nd else 0)
+    if len(norm) != len(axes) and nd:
+        # (NumPy's kernels refuse it too, but a device kernel would reduce once)
+        raise op.error(f"axis {tuple(axes)} names an axis twice", desc)
     if keepdims:
         return tuple(1 if i in norm else s for i, s in enumerate(shape))
     return tuple(s for i, s in enumerate(shape) if i not in norm)

@@ -417,6 +417,9 @@ class ExpandDims(Op):
             return (TensorDesc(None, x.dtype, x.device),)
         nd = x.ndim + len(self.axis)
         axes = _norm_axes(self.axis, nd, self, x)
+        if len(set(axes)) != len(axes):
+            # (the output would have fewer axes than the count says)
+            raise self.error(f"axis {self.axis} names an axis twice", x)
         it = iter(x.shape)
         return (TensorDesc(tuple(1 if i in axes else next(it) for i in range(nd)), x.dtype, x.device),)
 

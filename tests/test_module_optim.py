@@ -299,8 +299,11 @@ def test_optimizer_accepts_megengine_param_forms_and_rejects_bad_ones():
         optim.SGD({p, q}, lr=0.1)
     with pytest.raises(ValueError, match="more than once"):
         optim.SGD([{"params": [p]}, {"params": [p, q]}], lr=0.1)
-    with pytest.raises(TypeError, match="Tensors"):
+    with pytest.raises(TypeError, match="SGD: can only optimize Parameters, got float"):
         optim.SGD([1.0], lr=0.1)
+    # a plain Tensor (MegEngine's rule too): named, with its shape
+    with pytest.raises(TypeError, match=r"Adam: can only optimize Parameters, got Tensor of shape \(2,\)"):
+        optim.Adam([p, gc.tensor(np.ones(2, "float32"))], lr=0.1)
     p.grad = gc.tensor(np.ones(3, "float32"))
     with pytest.raises(ValueError, match=r"gradient of shape \(3,\).*\(3, 2\)"):
         optim.SGD([p], lr=0.1).step()

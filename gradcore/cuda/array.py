@@ -94,6 +94,13 @@ class DeviceArray(DeviceArrayBase):
     def __float__(self):
         return float(self.item())
 
+    def __index__(self):
+        # NumPy's rule (Tensor.__index__ calls this): one integer element, else a TypeError
+        if self.dtype.kind not in "iu" or self.size != 1 or self.shape:
+            raise TypeError(f"only integer scalar arrays can be converted to a scalar index "
+                            f"(got a cuda array of dtype {self.dtype} and shape {self.shape})")
+        return int(self.item())
+
     @property
     def itemsize(self) -> int:
         return self.dtype.itemsize

@@ -108,7 +108,12 @@ class ArrayDataset(MapDataset):
         super().__init__()
         if not arrays:
             raise ValueError("ArrayDataset: give at least one array")
-        lengths = [len(a) for a in arrays]
+        try:
+            lengths = [len(a) for a in arrays]
+        except TypeError:
+            bad = next(a for a in arrays if not hasattr(a, "__len__"))
+            raise TypeError(f"ArrayDataset: each argument must be an array or sequence with a length, "
+                            f"got {type(bad).__name__}") from None
         if any(n != lengths[0] for n in lengths):
             raise ValueError(f"ArrayDataset: the arrays' lengths differ: {lengths}")
         self.arrays = arrays

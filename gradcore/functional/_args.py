@@ -24,16 +24,30 @@ def _axis_key(axis):
     return tuple(axis) if isinstance(axis, list) else axis
 
 
+def _passes(x) -> bool:
+    """Whether ``x`` goes to the op as it is: a Tensor, a symbolic tensor
+    inside a trace, or a NumPy array of numbers (which has a ``trace``
+    method too; the op converts it, keeping its dtype, or refuses it: a str
+    or object index is the op's IndexError). A complex array does not
+    (functions read its dtype first): Tensor() refuses it here, naming the
+    function."""
+    if isinstance(x, Tensor):
+        return True
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind != "c"
+    return hasattr(x, "trace")
+
+
 def _on(x, like) -> Tensor:
     """``x`` as a Tensor on ``like``'s device, with its own dtype (index
     arrays, labels)."""
-    if isinstance(x, Tensor) or hasattr(x, "trace"):
+    if _passes(x):
         return x
     return _new_tensor(x, None, getattr(like, "device", None), None)
 
 
 def _t(x, like: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
-    if isinstance(x, Tensor) or hasattr(x, "trace"):      # (a symbolic tensor inside a trace)
+    if _passes(x):
         return x
     return _new_tensor(x, None if like is None else like.dtype, None if like is None else like.device, name)
 
@@ -143,3 +157,10 @@ def _fill_value(name: str, value, dtype) -> None:
         raise TypeError(f"{name}: value is None; give a number")
     if isinstance(value, (float, np.floating)) and not np.isfinite(value) and np.dtype(dtype).kind in "biu":
         raise ArgumentError(f"{name}: cannot fill a {np.dtype(dtype)} tensor with {value}")
+
+
+def _check_compute_mode(name: str, compute_mode) -> None:
+    """MegEngine's two compute modes (both compute in the inputs' dtype
+    here); anything else is a typo, not a silent default."""
+    if compute_mode not in ("default", "float32", "DEFAULT", "FLOAT32"):
+        raise ArgumentError(f"{name}: compute_mode must be 'default' or 'float32', got {compute_mode!r}")

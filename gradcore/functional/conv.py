@@ -18,7 +18,7 @@ from ..op import OpError
 from ..ops.conv import NONLINEAR_MODES, ConvTranspose, Convolution
 from ..ops.pool import AvgPool2d, MaxPool2d
 from ..ops.reduce import op_int
-from ._args import _index, _int_tuple, _named, _t
+from ._args import _check_compute_mode, _index, _int_tuple, _named, _t
 from .elemwise_table import relu as relu_op
 from .shape import reshape
 from ..op import ArgumentError
@@ -41,12 +41,13 @@ def _per_axis(name: str, what: str, v, n: int, low: int) -> tuple:
 
 
 def _conv(name, n, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
-          output_padding=None, nonlinear_mode="identity") -> Tensor:
+          output_padding=None, nonlinear_mode="identity", compute_mode="default") -> Tensor:
     """The body of every convolution function: ``n`` spatial axes,
     transposed when ``output_padding`` is given, then ``nonlinear_mode``.
     The op checks the shapes; its errors are prefixed with ``name``."""
     if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
         raise ArgumentError(f"{name}: only conv_mode='cross_correlation' is supported, got {conv_mode!r}")
+    _check_compute_mode(name, compute_mode)
     if nonlinear_mode not in NONLINEAR_MODES:
         raise ArgumentError(f"{name}: nonlinear_mode must be one of {', '.join(NONLINEAR_MODES)}, "
                          f"got {nonlinear_mode!r}")
@@ -151,7 +152,8 @@ def conv1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: i
         >>> F.nn.conv1d(x, gc.tensor([[[1.0, -1.0]]])).numpy()
         array([[[-1., -1., -1., -1.]]], dtype=float32)
     """
-    return _conv("conv1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode)
+    return _conv("conv1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
+                 compute_mode=compute_mode)
 
 
 def conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Union[int, Sequence[int]] = 1,
@@ -175,7 +177,7 @@ def conv2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: U
         (1, 3, 3, 3)
     """
     return _conv("conv2d", 2, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
-                 nonlinear_mode=nonlinear_mode)
+                 nonlinear_mode=nonlinear_mode, compute_mode=compute_mode)
 
 
 def conv3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Union[int, Sequence[int]] = 1,
@@ -210,7 +212,7 @@ def conv_transpose1d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         array([[[1., 2., 1., 2., 1., 2.]]], dtype=float32)
     """
     return _conv("conv_transpose1d", 1, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
-                 output_padding)
+                 output_padding, compute_mode=compute_mode)
 
 
 def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
@@ -234,7 +236,7 @@ def conv_transpose2d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         (1, 1, 4, 4)
     """
     return _conv("conv_transpose2d", 2, inp, weight, bias, stride, padding, dilation, groups, conv_mode,
-                 output_padding)
+                 output_padding, compute_mode=compute_mode)
 
 
 def conv_transpose3d(inp: Tensor, weight: Tensor, bias: Optional[Tensor] = None,

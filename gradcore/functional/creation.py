@@ -152,6 +152,9 @@ def arange(start: float = 0, stop: Optional[float] = None, step: float = 1, *,
         raise ArgumentError("arange: step must not be 0")
     if stop is None:
         start, stop = 0, start
+    if stop is None:
+        # np.arange(0, None) is an empty array: not what arange(None) meant
+        raise TypeError("arange: stop must be a number, got None")
     return _owning(_host("arange", lambda: np.arange(start, stop, step, dtype=dtype),
                          start=start, stop=stop, step=step, dtype=dtype), device)
 
@@ -194,4 +197,4 @@ def eye(N: Union[int, Sequence[int], Tensor], M: Optional[int] = None, *,
     N, M = _int_or_err("eye", "N", N), None if M is None else _int_or_err("eye", "M", M)
     if N < 0 or (M is not None and M < 0):
         raise ArgumentError(f"eye: N and M must be >= 0, got N={N}, M={M}")
-    return _owning(np.eye(N, M, dtype=dtype), device)
+    return _owning(_host("eye", lambda: np.eye(N, M, dtype=dtype), N=N, M=M, dtype=dtype), device)

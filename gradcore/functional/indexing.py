@@ -67,6 +67,9 @@ def _value_like(name: str, value, x):
     if value is None:
         raise TypeError(f"{name}: the value is None; give a number or a tensor")
     try:
+        if np.asarray(value).dtype.kind in "cO":
+            # the cast would drop an imaginary part (or call float() on objects)
+            raise TypeError(f"its dtype {np.asarray(value).dtype} is not a real number type")
         return Tensor(np.asarray(value, x.dtype), device=x.device)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{name}: cannot use {type(value).__name__} {value!r:.60} as a value for a tensor "
@@ -254,6 +257,9 @@ def non_zero(condition: Tensor, as_tuple: bool = False) -> Union[Tensor, Tuple[T
     """
     if not isinstance(condition, Tensor):
         raise TypeError(f"non_zero: condition must be a Tensor, got {type(condition).__name__}")
+    if condition.ndim == 0:
+        # (NumPy's refusal, named)
+        raise ArgumentError("non_zero: condition must have at least one dimension, got a 0-d tensor")
     found = np.nonzero(condition.numpy())
     if as_tuple:
         return tuple(Tensor(i.astype(np.int32), device=condition.device) for i in found)

@@ -14,7 +14,7 @@ from typing import Optional
 from .._core import Tensor, apply as _apply
 from ..op import OpError
 from ..ops.linalg import SVD, MatrixInverse, MatrixMul
-from ._args import _named, _t
+from ._args import _check_compute_mode, _named, _t
 from .creation import arange
 from .reduce import sum
 from .shape import broadcast_to, expand_dims, reshape, squeeze, transpose
@@ -40,9 +40,7 @@ def matmul(inp1: Tensor, inp2: Tensor, transpose_a: bool = False, transpose_b: b
         array([[ 5., 11.],
                [11., 25.]], dtype=float32)
     """
-    if compute_mode not in ("default", "float32"):
-        # MegEngine's two modes; anything else is a typo, not a silent default
-        raise ArgumentError(f"matmul: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
+    _check_compute_mode("matmul", compute_mode)
     a, b = _t(inp1), _t(inp2)
     sa, sb = a.ndim == 1, b.ndim == 1
     if (sa or sb) and a.shape is not None and b.shape is not None and b.ndim and a.ndim:

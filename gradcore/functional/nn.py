@@ -386,7 +386,11 @@ def general_norm(inp: Tensor, normalized_axis: Union[int, Sequence[int]], affine
                [-1.,  1.]], dtype=float32)
     """
     x = _t(inp)
-    axes = (normalized_axis,) if isinstance(normalized_axis, (int, np.integer)) else tuple(normalized_axis)
+    try:
+        axes = (normalized_axis,) if isinstance(normalized_axis, (int, np.integer)) else tuple(normalized_axis)
+    except TypeError:
+        raise TypeError(f"general_norm: normalized_axis must be an int or a sequence of ints, "
+                        f"got {normalized_axis!r}") from None
     axes = tuple(_axis_in("general_norm", a, x.ndim) for a in axes)
     if not axes or len(set(axes)) != len(axes):
         raise ArgumentError(f"general_norm: normalized_axis must name distinct axes, got {normalized_axis!r}")
@@ -902,7 +906,8 @@ def pad(src: Tensor, pad_width: Sequence[Sequence[int]], mode: str = "constant",
             continue
         n = x.shape[axis]
         if kind == "constant":
-            head, tail = (Tensor(np.full(out.shape[:axis] + (w,) + out.shape[axis + 1:], constant_value, x.dtype),
+            head, tail = (Tensor(_host("pad", lambda w=w: np.full(out.shape[:axis] + (w,) + out.shape[axis + 1:],
+                                                                  constant_value, x.dtype), pad_width=pad_width),
                                  device=x.device) for w in (before, after))
             out = concat([head, out, tail], axis)
             continue

@@ -20,6 +20,7 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
@@ -136,6 +137,22 @@ def _walk_state(module, dotted: str, active: set):
     active.discard(id(module))
 
 
+def _naming_memory_errors(init):
+    """``init`` (a layer's ``__init__``) with a MemoryError from allocating
+    its parameters (``M.Linear(10**6, 10**6)``: 4 TB) naming the layer:
+    NumPy's message gives the shape but not whose it is."""
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except MemoryError as exc:
+            name = type(self).__name__
+            if str(exc).startswith(f"{name}:"):
+                raise                  # named by a subclass's __init__ already
+            raise MemoryError(f"{name}: cannot allocate its parameters or buffers: {exc}") from None
+    return __init__
+
+
 class Module:
     """Base class of layers, MegEngine's ``M.Module``.
 
@@ -167,6 +184,11 @@ class Module:
     # BatchNorm keeps (1, C, 1, 1) tensors and stores them flat, shape (C,), as
     # MegEngine does; a class attribute, so that this base knows no subclass
     _state_dict_flat = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _naming_memory_errors(cls.__dict__["__init__"])
 
     def __init__(self, name: str = None):
         if name is not None and not (isinstance(name, str) and name.strip()):
