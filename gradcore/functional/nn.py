@@ -669,8 +669,8 @@ def deformable_psroi_pooling(inp: Tensor, rois: Tensor, trans: Tensor, no_trans:
                              trans_std: float = 0.1) -> Tensor:
     """Deformable position-sensitive RoI pooling (Deformable R-FCN),
     MegEngine's ``F.deformable_psroi_pooling``: for each box of ``rois``
-    (R, 5) as (image index, x1, y1, x2, y2) (corners rounded, then scaled by
-    ``spatial_scale``), each of the (pooled_h, pooled_w) bins of channel c
+    (R, 5) as (image index, x1, y1, x2, y2) (the index truncated, the
+    corners rounded, then scaled by ``spatial_scale``), each of the (pooled_h, pooled_w) bins of channel c
     is the mean of ``sample_per_part`` x ``sample_per_part`` bilinear samples
     of channel c of the box's image, spread over the bin from its top-left
     corner and shifted by ``trans_std * trans[r, (x, y), part]`` times the
