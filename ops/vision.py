@@ -658,8 +658,8 @@ class DeformablePSROIPooling(_PSROIBase):
         >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
         >>> op = DeformablePSROIPooling(True, 1, 1, 1, 1, 1.0)
         >>> out, count = gc.core.apply(op, x, gc.tensor([[0., 1, 1, 2, 2]]), F.zeros((1, 2, 1, 1)))
-        >>> out.numpy(), count.numpy()
-        (array([[[[5.]]]], dtype=float32), array([[[[1.]]]], dtype=float32))
+        >>> out.numpy(), count.numpy()      # one sample, at the box's corner (0.5, 0.5)
+        (array([[[[2.5]]]], dtype=float32), array([[[[1.]]]], dtype=float32))
     """
     name = "DeformablePSROIPooling"
 
