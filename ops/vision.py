@@ -605,11 +605,18 @@ template <class V> static __device__ GcPsroiBin<V> gc_psroi_bin(
     }
     return b;
 }
-// whether sample (h, w) is kept, clamping it into the image
-template <class V> static __device__ bool gc_psroi_clamp(V& h, V& w, int H, int W) {
+// sample (i, j) of bin b: false when it is left out (more than half a
+// pixel outside the image), else its bilinear corners and fractions, the
+// sample clamped into the image first
+template <class V> struct GcPsroiTap { int y0, y1, x0, x1; V ly, lx; };
+template <class V> static __device__ bool gc_psroi_sample(const GcPsroiBin<V>& b, int i, int j, int H, int W,
+                                                          GcPsroiTap<V>& t) {
+    V h = b.h0 + (V)i * b.sh, w = b.w0 + (V)j * b.sw;
     if (w < (V)-0.5 || w > (V)W - (V)0.5 || h < (V)-0.5 || h > (V)H - (V)0.5) return false;
     w = min(max(w, (V)0), (V)(W - 1));
     h = min(max(h, (V)0), (V)(H - 1));
+    t.y0 = (int)floor(h); t.y1 = (int)ceil(h); t.x0 = (int)floor(w); t.x1 = (int)ceil(w);
+    t.ly = h - (V)t.y0; t.lx = w - (V)t.x0;
     return true;
 }
 #endif
@@ -623,14 +630,12 @@ _PSROI_FWD = Kernel("deformablepsroipooling", "const T* __restrict__ x, " + _PSR
     const GcPsroiBin<T> b = gc_psroi_bin<T>(idx, rois, trans, C, H, W, PH, PW, P, S, scale, tstd, no_trans);
     const T* xp = x + b.plane;
     T sum = 0; int count = 0;
+    GcPsroiTap<T> t;
     for (int i = 0; i < S; ++i)
         for (int j = 0; j < S; ++j) {
-            T h = b.h0 + (T)i * b.sh, w = b.w0 + (T)j * b.sw;
-            if (!gc_psroi_clamp<T>(h, w, H, W)) continue;
-            const int y0 = (int)floor(h), y1 = (int)ceil(h), x0 = (int)floor(w), x1 = (int)ceil(w);
-            const T ly = h - (T)y0, lx = w - (T)x0;
-            sum += ((T)1 - ly) * ((T)1 - lx) * xp[y0 * W + x0] + ly * ((T)1 - lx) * xp[y1 * W + x0]
-                 + ((T)1 - ly) * lx * xp[y0 * W + x1] + ly * lx * xp[y1 * W + x1];
+            if (!gc_psroi_sample<T>(b, i, j, H, W, t)) continue;
+            sum += ((T)1 - t.ly) * ((T)1 - t.lx) * xp[t.y0 * W + t.x0] + t.ly * ((T)1 - t.lx) * xp[t.y1 * W + t.x0]
+                 + ((T)1 - t.ly) * t.lx * xp[t.y0 * W + t.x1] + t.ly * t.lx * xp[t.y1 * W + t.x1];
             ++count;
         }
     y[idx] = count ? sum / (T)count : (T)0;
@@ -644,26 +649,24 @@ _PSROI_BWD = Kernel("deformablepsroipoolingbackward", "const T* __restrict__ x, 
     const T* xp = x + b.plane;
     T* gp = gx + b.plane;
     int count = 0;
+    GcPsroiTap<T> t;
     for (int i = 0; i < S; ++i)
-        for (int j = 0; j < S; ++j) {
-            T h = b.h0 + (T)i * b.sh, w = b.w0 + (T)j * b.sw;
-            count += gc_psroi_clamp<T>(h, w, H, W);
-        }
+        for (int j = 0; j < S; ++j) count += gc_psroi_sample<T>(b, i, j, H, W, t);
     if (count == 0) continue;
     const T d = g[idx] / (T)count;
     T dtx = 0, dty = 0;
     for (int i = 0; i < S; ++i)
         for (int j = 0; j < S; ++j) {
-            T h = b.h0 + (T)i * b.sh, w = b.w0 + (T)j * b.sw;
-            if (!gc_psroi_clamp<T>(h, w, H, W)) continue;
-            const int y0 = (int)floor(h), y1 = (int)ceil(h), x0 = (int)floor(w), x1 = (int)ceil(w);
-            const T ly = h - (T)y0, lx = w - (T)x0;
-            atomicAdd(gp + y0 * W + x0, ((T)1 - ly) * ((T)1 - lx) * d);
-            atomicAdd(gp + y1 * W + x0, ly * ((T)1 - lx) * d);
-            atomicAdd(gp + y0 * W + x1, ((T)1 - ly) * lx * d);
-            atomicAdd(gp + y1 * W + x1, ly * lx * d);
+            if (!gc_psroi_sample<T>(b, i, j, H, W, t)) continue;
+            const T ly = t.ly, lx = t.lx;
+            const long long p00 = t.y0 * W + t.x0, p10 = t.y1 * W + t.x0, p01 = t.y0 * W + t.x1,
+                            p11 = t.y1 * W + t.x1;
+            atomicAdd(gp + p00, ((T)1 - ly) * ((T)1 - lx) * d);
+            atomicAdd(gp + p10, ly * ((T)1 - lx) * d);
+            atomicAdd(gp + p01, ((T)1 - ly) * lx * d);
+            atomicAdd(gp + p11, ly * lx * d);
             if (b.tx < 0) continue;
-            const T u00 = xp[y0 * W + x0], u10 = xp[y1 * W + x0], u01 = xp[y0 * W + x1], u11 = xp[y1 * W + x1];
+            const T u00 = xp[p00], u10 = xp[p10], u01 = xp[p01], u11 = xp[p11];
             dtx += ((T)1 - ly) * (u01 - u00) + ly * (u11 - u10);
             dty += ((T)1 - lx) * (u10 - u00) + lx * (u11 - u01);
         }
