@@ -352,7 +352,8 @@ VISION_OPS = [Interpolate, InterpolateBackward]
 #     h = hl + ph * bin_h + ty * roi_h + i * bin_h / S     (i, j < S)
 #     w = wl + pw * bin_w + tx * roi_w + j * bin_w / S
 # with hl, wl, roi_h, roi_w from the box's corners rounded half away from
-# zero and scaled by spatial_scale (less half a pixel), and the offsets
+# zero and scaled by spatial_scale (less half a pixel; the image index is
+# truncated toward zero, as C's cast: MegEngine's test passes 0.65), the offsets
 # (tx, ty) = trans_std * trans[n, (0, 1), part_h, part_w] (none when
 # no_trans), part_h = floor(ph / pooled_h * part_size). A sample outside
 # [-0.5, size - 0.5] on either axis is dropped, the others are clamped into
