@@ -25,7 +25,7 @@ from .loss import CrossEntropy, CrossEntropyGrad, CTCLoss, CTCLossGrad
 from .rnn import (GRUCellGates, GRUCellGatesBackward, LSTMCellGates, LSTMCellGatesBackward, LSTMLayer,
                   LSTMLayerBackward)
 from .reduce import ArgReduce, BroadcastBack, CumSum, Reduce
-from .vision import Interpolate, InterpolateBackward
+from .vision import DeformablePSROIPooling, DeformablePSROIPoolingBackward, Interpolate, InterpolateBackward
 from .shape import (Broadcast, BroadcastToLike, Cast, Concat, Copy, ExpandDims, Identity, Reshape,
                     ReshapeLike, Split, SplitLike, Squeeze, Stack, StopGradient, SumTo, SumToLike,
                     Transpose, Unstack, ZerosLike)
@@ -37,6 +37,7 @@ STANDARD_OPS = [
     IndexingOneHotGrad, LogSoftmax, LogSumExp, Softmax,
     Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, ConvTranspose,
     MaxPool2d, MaxPool2dBackward, MaxPool2dGather, AvgPool2d, AvgPool2dBackward, Interpolate, InterpolateBackward,
+    DeformablePSROIPooling, DeformablePSROIPoolingBackward,
     Split, Stack, Unstack, Gather, GatherGrad, Scatter, Sort, TopK,
     BatchNormTraining, BatchNormBackward, BatchNormInference,
     LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward, CrossEntropy, CrossEntropyGrad,

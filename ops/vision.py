@@ -40,7 +40,7 @@ from typing import Tuple
 import numpy as np
 
 from gradcore import _core
-from gradcore.op import Op, TensorDesc
+from gradcore.op import IndexOpError, Op, TensorDesc
 from gradcore.cpu import onednn
 from gradcore.cuda.kernels import Kernel
 
@@ -341,3 +341,468 @@ class InterpolateBackward(_InterpBase):
 
 
 VISION_OPS = [Interpolate, InterpolateBackward]
+
+
+# ---- deformable position-sensitive RoI pooling (Deformable R-FCN, MegEngine's
+# DeformablePSROIPooling)
+#
+# Per box n (rois[n] = image index, x1, y1, x2, y2) and output bin (ph, pw),
+# out[n, c] is the mean of the S x S bilinear samples (S = sample_per_part)
+# of channel c of the box's image at
+#     h = hl + ph * bin_h + ty * roi_h + i * bin_h / S     (i, j < S)
+#     w = wl + pw * bin_w + tx * roi_w + j * bin_w / S
+# with hl, wl, roi_h, roi_w from the box's corners rounded half away from
+# zero and scaled by spatial_scale (less half a pixel; the image index is
+# truncated toward zero, as C's cast: MegEngine's test passes 0.65), the offsets
+# (tx, ty) = trans_std * trans[n, (0, 1), part_h, part_w] (none when
+# no_trans), part_h = floor(ph / pooled_h * part_size). A sample outside
+# [-0.5, size - 0.5] on either axis is dropped, the others are clamped into
+# the image; ``count`` is the number kept (a bin with none is 0). MegEngine
+# does not group channels by bin: out is (R, C, pooled_h, pooled_w), as its
+# op's.
+#
+# MegEngine's kernel indexes trans with part_size as the stride of its last
+# two axes while its shape check makes them (pooled_h, pooled_w); both agree
+# when part_size equals them (its test, Deformable R-FCN's use). Here trans
+# is read at [n, k, part_h, part_w] always, so part_size may be at most
+# pooled_h and pooled_w (otherwise MegEngine reads out of place).
+#
+# Gradients: the outputs are sparse linear maps of inp given the sample
+# positions (scatter-add of the same weights), and bilinear in the offsets
+# (the sample's slope along each axis, times trans_std and the box's size);
+# rois are positions (rounded: their gradient is zero almost everywhere)
+# and get None, as MegEngine's backward gives them none. The count, and the
+# set of samples kept, is piecewise constant in trans: no gradient. The
+# backward op has no gradient of its own (MegEngine's is first order only).
+
+def _round_half_away(v):
+    """C's ``round``: halves away from zero (NumPy's rounds them to even)."""
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+class _PSROIBase(Op):
+    attrs = ("no_trans", "part_size", "pooled_h", "pooled_w", "sample_per_part", "spatial_scale", "trans_std")
+    reduce_broadcast = False
+    devices = ("cpu", "cuda")
+    max_grad_order = 1
+
+    def __init__(self, no_trans: bool = False, part_size: int = 2, pooled_h: int = 2, pooled_w: int = 2,
+                 sample_per_part: int = 2, spatial_scale: float = 1.0, trans_std: float = 0.1):
+        n = self.name
+        self.no_trans = bool(no_trans)
+        self.part_size = op_int(n, "part_size", part_size)
+        self.pooled_h = op_int(n, "pooled_h", pooled_h)
+        self.pooled_w = op_int(n, "pooled_w", pooled_w)
+        self.sample_per_part = op_int(n, "sample_per_part", sample_per_part)
+        self.spatial_scale, self.trans_std = float(spatial_scale), float(trans_std)
+        if min(self.pooled_h, self.pooled_w, self.sample_per_part, self.part_size) < 1:
+            raise ValueError(f"{n}: pooled_h, pooled_w, sample_per_part and part_size must be positive, got "
+                             f"{self.pooled_h}, {self.pooled_w}, {self.sample_per_part}, {self.part_size}")
+        if not self.no_trans and self.part_size > min(self.pooled_h, self.pooled_w):
+            raise ValueError(f"{n}: part_size ({self.part_size}) must be at most pooled_h ({self.pooled_h}) and "
+                             f"pooled_w ({self.pooled_w}): trans is (R, 2, pooled_h, pooled_w), read at the part")
+
+    @classmethod
+    def _example_cases(cls):
+        """(op, inp, rois, trans) cases: offsets and none, a box partly outside
+        the image (dropped samples), parts coarser than the bins, two images."""
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2, 3, 6, 7))
+        # corners away from halves (their rounding is a jump), image indices
+        # away from the integers above them (truncated: a jump at 1.0 - eps)
+        rois = np.array([[0, 1.2, 0.9, 4.1, 5.2], [1.5, -2.1, 2.0, 3.3, 7.8], [1.5, 0.0, 0.0, 6.0, 5.0]])
+        trans = rng.uniform(-1, 1, (4, 2, 3, 3))
+        return [(cls(False, 3, 3, 3, 2, 1.0, 0.3), x, rois, trans),
+                (cls(True, 3, 3, 3, 2, 1.0, 0.3), x, rois, trans),
+                (cls(False, 2, 2, 3, 3, 0.8, 0.2), x, rois, trans[..., :2, :])]
+
+    def _check(self, x, rois, trans, descs):
+        for what, d in (("inp", x), ("rois", rois), ("trans", trans)):
+            if d.dtype.kind != "f":
+                raise self.error(f"needs floating-point {what}, got {d.dtype}", *descs)
+        if trans.dtype != x.dtype:
+            raise self.error(f"inp and trans must have one dtype, got {x.dtype} and {trans.dtype}", *descs)
+        for what, d, nd in (("inp", x, 4), ("rois", rois, 2), ("trans", trans, 4)):
+            if d.ndim is not None and d.ndim != nd:
+                raise self.error(f"{what} must be {nd}-D, got shape {tuple(d.shape)}", *descs)
+        if rois.shape is not None and rois.shape[1] != 5:
+            raise self.error(f"rois must be (R, 5) as (image index, x1, y1, x2, y2), got {tuple(rois.shape)}",
+                             *descs)
+        if x.shape is not None and 0 in x.shape[2:]:
+            raise self.error(f"inp has an empty spatial axis: {tuple(x.shape)}", *descs)
+        if not self.no_trans and trans.shape is not None:
+            want = (2, self.pooled_h, self.pooled_w)
+            if tuple(trans.shape[1:]) != want:
+                raise self.error(f"trans must be (R, 2, pooled_h, pooled_w) = (R, {', '.join(map(str, want))}), "
+                                 f"got {tuple(trans.shape)}", *descs)
+            if rois.shape is not None and trans.shape[0] < rois.shape[0]:
+                raise self.error(f"trans has offsets for {trans.shape[0]} boxes, rois has {rois.shape[0]}",
+                                 *descs)
+
+    def _cuda_args(self, be, x, rois, trans, total):
+        """The kernels' arguments after x, up to the outputs (their order in _PSROI_PARAMS)."""
+        t = x.dtype.type
+        return (be.cast(rois, x.dtype), trans, np.int64(total), *(np.int32(v) for v in x.shape[1:]),
+                np.int32(self.pooled_h), np.int32(self.pooled_w), np.int32(self.part_size),
+                np.int32(self.sample_per_part), t(self.spatial_scale), t(self.trans_std), np.int32(self.no_trans))
+
+    # -- the sampling geometry (depends on the boxes and offsets, not the channels)
+
+    def _boxes(self, rois, n_images, dt):
+        """(image index (R,), left, top, width, height (R,) in dtype dt),
+        MegEngine's arithmetic: rounded corners, scaled, less half a pixel,
+        the size at least 0.1."""
+        f = dt.type
+        index = rois[:, 0].astype(np.int64)          # C's float -> int, toward zero (MegEngine's test has 0.65)
+        if index.size and (index.min() < 0 or index.max() >= n_images):
+            raise IndexOpError(str(self.error(f"a box's image index is outside [0, {n_images}): "
+                                              f"{rois[:, 0].tolist()}")))
+        c = _round_half_away(rois[:, 1:].astype(dt))
+        scale = f(self.spatial_scale)
+        left, top = c[:, 0] * scale - f(0.5), c[:, 1] * scale - f(0.5)
+        width = np.maximum((c[:, 2] + f(1)) * scale - f(0.5) - left, f(0.1))
+        height = np.maximum((c[:, 3] + f(1)) * scale - f(0.5) - top, f(0.1))
+        return index, left, top, width, height
+
+    def _parts(self):
+        """The part of each bin row and column (pooled_h,), (pooled_w,):
+        floor(p / pooled * part_size) in float32, as MegEngine computes it."""
+        f = np.float32
+        ph = np.floor(np.arange(self.pooled_h, dtype=f) / f(self.pooled_h) * f(self.part_size)).astype(np.int64)
+        pw = np.floor(np.arange(self.pooled_w, dtype=f) / f(self.pooled_w) * f(self.part_size)).astype(np.int64)
+        return ph, pw
+
+    def _samples(self, x_shape, rois, trans):
+        """Every sample of every bin: a dict of flat pixel indices into
+        (N * H * W) and weights (M, K) for M = R * PH * PW bins and K = 4 * S * S
+        taps (bilinear value, ``w``; its slope along x and y, ``dx``, ``dy``;
+        each already divided by the bin's count), the count (M,) and each
+        box's width and height."""
+        n, _, h, w = x_shape
+        dt = trans.dtype
+        f = dt.type
+        r = rois.shape[0]
+        ph_n, pw_n, s = self.pooled_h, self.pooled_w, self.sample_per_part
+        index, left, top, width, height = self._boxes(rois, n, dt)
+        bin_h, bin_w = height / f(ph_n), width / f(pw_n)
+        hs = top[:, None, None] + np.arange(ph_n, dtype=dt)[None, :, None] * bin_h[:, None, None]  # (R, PH, 1)
+        ws = left[:, None, None] + np.arange(pw_n, dtype=dt)[None, None, :] * bin_w[:, None, None]  # (R, 1, PW)
+        if not self.no_trans:
+            part_h, part_w = self._parts()
+            t = trans[:r][:, :, part_h[:, None], part_w[None, :]] * f(self.trans_std)           # (R, 2, PH, PW)
+            ws = ws + t[:, 0] * width[:, None, None]
+            hs = hs + t[:, 1] * height[:, None, None]
+        steps = np.arange(s, dtype=dt)
+        hh = hs[..., None, None] + steps[:, None] * (bin_h / f(s))[:, None, None, None, None]   # (R, PH, PW, S, 1)
+        ww = ws[..., None, None] + steps[None, :] * (bin_w / f(s))[:, None, None, None, None]   # (R, PH, PW, 1, S)
+        hh, ww = np.broadcast_arrays(hh, ww)
+        keep = (ww >= -0.5) & (ww <= w - 0.5) & (hh >= -0.5) & (hh <= h - 0.5)
+        count = keep.sum((3, 4)).reshape(-1)
+        hh, ww = np.clip(hh, 0, h - 1), np.clip(ww, 0, w - 1)
+        # corners floor and ceil (a sample on a pixel reads it alone: slope 0 there, as MegEngine's)
+        y0, x0 = np.floor(hh), np.floor(ww)
+        y1, x1 = np.ceil(hh), np.ceil(ww)
+        ly, lx = hh - y0, ww - x0
+        base = index[:, None, None, None, None] * (h * w)
+        corners = [(y0, x0), (y1, x0), (y0, x1), (y1, x1)]
+        flat = np.stack([base + (yy * w + xx).astype(np.int64) for yy, xx in corners], -1)
+        scale = np.where(keep, 1, 0).astype(dt) / np.maximum(count, 1).astype(dt).reshape(keep.shape[:3] + (1, 1))
+        ky, kx = 1 - ly, 1 - lx
+        weights = {"w": np.stack([ky * kx, ly * kx, ky * lx, ly * lx], -1),
+                   "dx": np.stack([-ky, -ly, ky, ly], -1),
+                   "dy": np.stack([-kx, kx, -lx, lx], -1)}
+        m = r * ph_n * pw_n
+        weights = {k: (v * scale[..., None]).reshape(m, -1) for k, v in weights.items()}
+        return flat.reshape(m, -1), weights, count, width, height
+
+
+# the bins per chunk of the CPU kernels: a chunk gathers (bins, K, C) values
+_PSROI_CHUNK_ELEMS = 1 << 22
+
+
+def _psroi_chunks(m: int, per_bin: int):
+    step = max(1, _PSROI_CHUNK_ELEMS // max(per_bin, 1))
+    return [slice(i, min(i + step, m)) for i in range(0, m, step)]
+
+
+def _gather_contract(rows, flat, *weights):
+    """sum_k w[m, k] * rows[flat[m, k]] for each w of ``weights``: (M, C)
+    arrays from rows (P, C), gathering the rows once for them all."""
+    outs = [np.empty((flat.shape[0], rows.shape[1]), rows.dtype) for _ in weights]
+    for sl in _psroi_chunks(flat.shape[0], flat.shape[1] * rows.shape[1]):
+        picked = rows[flat[sl]]
+        for out, w in zip(outs, weights):
+            out[sl] = np.einsum("mk,mkc->mc", w[sl], picked)
+    return outs
+
+
+def _scatter_rows(flat, weights, grows, n_rows):
+    """The adjoint of ``_gather_contract``: rows (n_rows, C) with
+    sum_{m, k: flat[m, k] = p} weights[m, k] * grows[m] in row p. The taps of
+    one bin on one pixel (its samples are close: most of its taps share a
+    few pixels) are merged first, then sorted by pixel and each pixel's run
+    summed by ``np.add.reduceat`` (``np.add.at`` on the (taps, C) rows took
+    10 times as long); taps of weight 0 (samples left out) are dropped."""
+    m_n, taps = flat.shape
+    out = np.zeros((n_rows, grows.shape[1]), grows.dtype)
+    w = weights.reshape(-1)
+    live = np.flatnonzero(w)
+    # one key per (pixel, bin), sorted by pixel
+    keys, inverse = np.unique(flat.reshape(-1)[live] * m_n + live // taps, return_inverse=True)
+    merged = np.bincount(inverse, w[live], len(keys)).astype(grows.dtype)
+    pixel, bin_ = keys // m_n, keys % m_n
+    for sl in _psroi_chunks(len(keys), grows.shape[1]):
+        p = pixel[sl]
+        if not len(p):
+            continue
+        starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        contrib = grows[bin_[sl]] * merged[sl, None]
+        out[p[starts]] += np.add.reduceat(contrib, starts, axis=0)    # distinct pixels within a chunk
+    return out
+
+
+def _pixel_rows(x):
+    """x (N, C, H, W) as rows (N * H * W, C), one per pixel."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1)).reshape(n * h * w, c)
+
+
+def _bin_rows(y, m):
+    """y (R, C, PH, PW) as rows (R * PH * PW, C), one per bin."""
+    return np.ascontiguousarray(y.transpose(0, 2, 3, 1)).reshape(m, y.shape[1])
+
+
+_PSROI_HELPERS = r"""
+#ifndef GC_PSROI_HELPERS
+#define GC_PSROI_HELPERS
+// the sampling geometry of output element idx of (R, C, PH, PW): its image's
+// plane offset, the first sample (h0, w0), the sample steps, the box size
+// and the trans index of its x offset (-1 without offsets)
+template <class V> struct GcPsroiBin { long long plane; V h0, w0, sh, sw, rw, rh; long long tx; };
+template <class V> static __device__ GcPsroiBin<V> gc_psroi_bin(
+        long long idx, const V* rois, const V* trans, int C, int H, int W, int PH, int PW, int P, int S,
+        V scale, V tstd, int no_trans) {
+    const int pw = (int)(idx % PW), ph = (int)((idx / PW) % PH);
+    const int c = (int)((idx / ((long long)PW * PH)) % C);
+    const long long n = idx / ((long long)PW * PH * C);
+    const V* r = rois + n * 5;
+    const V half = (V)0.5;
+    // (cast: the host emulator's round of a float is a double)
+    const V left = (V)round(r[1]) * scale - half, top = (V)round(r[2]) * scale - half;
+    const V rw = max(((V)round(r[3]) + (V)1) * scale - half - left, (V)0.1);
+    const V rh = max(((V)round(r[4]) + (V)1) * scale - half - top, (V)0.1);
+    const V bh = rh / (V)PH, bw = rw / (V)PW;
+    GcPsroiBin<V> b;
+    b.plane = ((long long)r[0] * C + c) * H * W;
+    b.h0 = top + (V)ph * bh;
+    b.w0 = left + (V)pw * bw;
+    b.sh = bh / (V)S; b.sw = bw / (V)S; b.rw = rw; b.rh = rh; b.tx = -1;
+    if (!no_trans) {
+        const int parth = (int)floorf((float)ph / (float)PH * (float)P);
+        const int partw = (int)floorf((float)pw / (float)PW * (float)P);
+        b.tx = ((n * 2) * PH + parth) * PW + partw;
+        b.w0 += trans[b.tx] * tstd * rw;
+        b.h0 += trans[b.tx + (long long)PH * PW] * tstd * rh;
+    }
+    return b;
+}
+// sample (i, j) of bin b: false when it is left out (more than half a
+// pixel outside the image), else its bilinear corners and fractions, the
+// sample clamped into the image first
+template <class V> struct GcPsroiTap { int y0, y1, x0, x1; V ly, lx; };
+template <class V> static __device__ bool gc_psroi_sample(const GcPsroiBin<V>& b, int i, int j, int H, int W,
+                                                          GcPsroiTap<V>& t) {
+    V h = b.h0 + (V)i * b.sh, w = b.w0 + (V)j * b.sw;
+    if (w < (V)-0.5 || w > (V)W - (V)0.5 || h < (V)-0.5 || h > (V)H - (V)0.5) return false;
+    w = min(max(w, (V)0), (V)(W - 1));
+    h = min(max(h, (V)0), (V)(H - 1));
+    t.y0 = (int)floor(h); t.y1 = (int)ceil(h); t.x0 = (int)floor(w); t.x1 = (int)ceil(w);
+    t.ly = h - (V)t.y0; t.lx = w - (V)t.x0;
+    return true;
+}
+#endif
+"""
+
+_PSROI_PARAMS = ("const T* __restrict__ rois, const T* __restrict__ trans, long long total, int C, int H, int W, "
+                 "int PH, int PW, int P, int S, T scale, T tstd, int no_trans")
+
+_PSROI_FWD = Kernel("deformablepsroipooling", "const T* __restrict__ x, " + _PSROI_PARAMS
+                    + ", T* __restrict__ y, T* __restrict__ cnt", """
+    const GcPsroiBin<T> b = gc_psroi_bin<T>(idx, rois, trans, C, H, W, PH, PW, P, S, scale, tstd, no_trans);
+    const T* xp = x + b.plane;
+    T sum = 0; int count = 0;
+    GcPsroiTap<T> t;
+    for (int i = 0; i < S; ++i)
+        for (int j = 0; j < S; ++j) {
+            if (!gc_psroi_sample<T>(b, i, j, H, W, t)) continue;
+            sum += ((T)1 - t.ly) * ((T)1 - t.lx) * xp[t.y0 * W + t.x0] + t.ly * ((T)1 - t.lx) * xp[t.y1 * W + t.x0]
+                 + ((T)1 - t.ly) * t.lx * xp[t.y0 * W + t.x1] + t.ly * t.lx * xp[t.y1 * W + t.x1];
+            ++count;
+        }
+    y[idx] = count ? sum / (T)count : (T)0;
+    cnt[idx] = (T)count;""", over="total")
+
+# one thread per output element, adding its share into gx and gtrans (atomics:
+# bins overlap in the input, and several bins share a part of trans)
+_PSROI_BWD = Kernel("deformablepsroipoolingbackward", "const T* __restrict__ x, " + _PSROI_PARAMS
+                    + ", const T* __restrict__ g, T* gx, T* gt", """
+    const GcPsroiBin<T> b = gc_psroi_bin<T>(idx, rois, trans, C, H, W, PH, PW, P, S, scale, tstd, no_trans);
+    const T* xp = x + b.plane;
+    T* gp = gx + b.plane;
+    int count = 0;
+    GcPsroiTap<T> t;
+    for (int i = 0; i < S; ++i)
+        for (int j = 0; j < S; ++j) count += gc_psroi_sample<T>(b, i, j, H, W, t);
+    if (count == 0) continue;
+    const T d = g[idx] / (T)count;
+    T dtx = 0, dty = 0;
+    for (int i = 0; i < S; ++i)
+        for (int j = 0; j < S; ++j) {
+            if (!gc_psroi_sample<T>(b, i, j, H, W, t)) continue;
+            const T ly = t.ly, lx = t.lx;
+            const long long p00 = t.y0 * W + t.x0, p10 = t.y1 * W + t.x0, p01 = t.y0 * W + t.x1,
+                            p11 = t.y1 * W + t.x1;
+            atomicAdd(gp + p00, ((T)1 - ly) * ((T)1 - lx) * d);
+            atomicAdd(gp + p10, ly * ((T)1 - lx) * d);
+            atomicAdd(gp + p01, ((T)1 - ly) * lx * d);
+            atomicAdd(gp + p11, ly * lx * d);
+            if (b.tx < 0) continue;
+            const T u00 = xp[p00], u10 = xp[p10], u01 = xp[p01], u11 = xp[p11];
+            dtx += ((T)1 - ly) * (u01 - u00) + ly * (u11 - u10);
+            dty += ((T)1 - lx) * (u10 - u00) + lx * (u11 - u01);
+        }
+    if (b.tx >= 0) {
+        atomicAdd(gt + b.tx, dtx * d * tstd * b.rw);
+        atomicAdd(gt + b.tx + (long long)PH * PW, dty * d * tstd * b.rh);
+    }""", over="total")
+
+
+class DeformablePSROIPooling(_PSROIBase):
+    """(inp (N, C, H, W), rois (R, 5), trans (R', 2, pooled_h, pooled_w))
+    -> (out (R, C, pooled_h, pooled_w), count): deformable position-sensitive
+    RoI pooling, MegEngine's op (the comment above the class says how).
+    ``count`` is each bin's number of samples inside the image, in inp's
+    dtype. Differentiable in inp and trans, first order only.
+
+    Example::
+
+        >>> from gradcore.ops.vision import DeformablePSROIPooling
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> op = DeformablePSROIPooling(True, 1, 1, 1, 1, 1.0)
+        >>> out, count = gc.core.apply(op, x, gc.tensor([[0., 1, 1, 2, 2]]), F.zeros((1, 2, 1, 1)))
+        >>> out.numpy(), count.numpy()      # one sample, at the box's corner (0.5, 0.5)
+        (array([[[[2.5]]]], dtype=float32), array([[[[1.]]]], dtype=float32))
+    """
+    name = "DeformablePSROIPooling"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``check_op``: with offsets and without, parts coarser than the bins."""
+        return [(op, [x, rois, trans]) for op, x, rois, trans in cls._example_cases()]
+
+    def infer(self, x, rois, trans):
+        self._check(x, rois, trans, (x, rois, trans))
+        shape = None
+        if x.shape is not None and rois.shape is not None:
+            shape = (rois.shape[0], x.shape[1], self.pooled_h, self.pooled_w)
+        out = TensorDesc(shape, x.dtype, x.device)
+        return (out, out)
+
+    def cpu(self, x, rois, trans):
+        self.infer(*(TensorDesc(a.shape, a.dtype) for a in (x, rois, trans)))
+        r, c = rois.shape[0], x.shape[1]
+        flat, weights, count, _, _ = self._samples(x.shape, rois, trans)
+        (rows,) = _gather_contract(_pixel_rows(x), flat, weights["w"])               # (M, C)
+        shape = (r, self.pooled_h, self.pooled_w)
+        out = np.ascontiguousarray(rows.reshape(shape + (c,)).transpose(0, 3, 1, 2))
+        cnt = np.broadcast_to(count.reshape(r, 1, *shape[1:]), out.shape).astype(x.dtype)
+        return out, cnt
+
+    def cuda(self, be, x, rois, trans):
+        out, _ = self.infer_arrays(x, rois, trans)
+        check_cuda_dtype(self, out.dtype)
+        self._boxes(rois.get(), x.shape[0], np.dtype(x.dtype))      # the image indices, on the host
+        y, cnt = be.empty(out.shape, out.dtype), be.empty(out.shape, out.dtype)
+        if y.size:
+            be.launch_n(be.kernel(self, be.ctype(out.dtype)), y.size, x, *self._cuda_args(be, x, rois, trans, y.size),
+                        y, cnt)
+        return y, cnt
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_deformablepsroipooling_<ctype>(x, rois, trans, long long total,
+        int C, int H, int W, int PH, int PW, int P, int S, T scale, T tstd,
+        int no_trans, y, cnt)``: one thread per output element (grid-stride
+        loop), the mean of its bin's kept samples and their count."""
+        return _PSROI_FWD.source(ctype, helpers=_PSROI_HELPERS)
+
+    def vjp(self, inputs, outputs, grads):
+        (x, rois, trans), (g, _) = inputs, grads
+        gx, gt = _core.apply(DeformablePSROIPoolingBackward(*(getattr(self, a) for a in self.attrs)),
+                             x, rois, trans, g)
+        return [gx, None, gt]
+
+
+class DeformablePSROIPoolingBackward(_PSROIBase):
+    """(inp, rois, trans, g (R, C, pooled_h, pooled_w)) -> the gradients of
+    sum(g * out) of DeformablePSROIPooling with respect to inp and trans
+    (zeros for trans when no_trans). Declares no gradient (first order only,
+    as MegEngine's)."""
+    name = "DeformablePSROIPoolingBackward"
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``check_op``: the forward's examples with a gradient."""
+        rng = np.random.default_rng(1)
+        return [(op, [x, rois, trans, rng.standard_normal((len(rois), x.shape[1], op.pooled_h, op.pooled_w))])
+                for op, x, rois, trans in cls._example_cases()]
+
+    def infer(self, x, rois, trans, g):
+        descs = (x, rois, trans, g)
+        self._check(x, rois, trans, descs)
+        if g.dtype != x.dtype:
+            raise self.error(f"g must have inp's dtype {x.dtype}, got {g.dtype}", *descs)
+        if x.shape is not None and rois.shape is not None and g.shape is not None:
+            want = (rois.shape[0], x.shape[1], self.pooled_h, self.pooled_w)
+            if tuple(g.shape) != want:
+                raise self.error(f"g must be (R, C, pooled_h, pooled_w) = {want}, got {tuple(g.shape)}", *descs)
+        return (x, trans)
+
+    def cpu(self, x, rois, trans, g):
+        self.infer(*(TensorDesc(a.shape, a.dtype) for a in (x, rois, trans, g)))
+        n, c, h, w = x.shape
+        flat, weights, _, width, height = self._samples(x.shape, rois, trans)
+        m = flat.shape[0]
+        grows = _bin_rows(g, m)                                                         # (M, C)
+        gx = _scatter_rows(flat, weights["w"], grows, n * h * w)
+        gx = np.ascontiguousarray(gx.reshape(n, h, w, c).transpose(0, 3, 1, 2))
+        gt = np.zeros_like(trans)
+        if not self.no_trans:
+            r, ph_n, pw_n = rois.shape[0], self.pooled_h, self.pooled_w
+            part_h, part_w = self._parts()
+            pos = (np.arange(r)[:, None, None], part_h[None, :, None], part_w[None, None, :])
+            slopes = _gather_contract(_pixel_rows(x), flat, weights["dx"], weights["dy"])
+            for axis, size, slope in ((0, width, slopes[0]), (1, height, slopes[1])):
+                total = (slope * grows).sum(1).reshape(r, ph_n, pw_n)
+                np.add.at(gt[:, axis], pos, total * (x.dtype.type(self.trans_std) * size)[:, None, None])
+        return gx, gt
+
+    def cuda(self, be, x, rois, trans, g):
+        check_cuda_dtype(self, x.dtype)
+        self.infer_arrays(x, rois, trans, g)
+        self._boxes(rois.get(), x.shape[0], np.dtype(x.dtype))
+        gx, gt = be.zeros(x.shape, x.dtype), be.zeros(trans.shape, trans.dtype)
+        if g.size:
+            be.launch_n(be.kernel(self, be.ctype(x.dtype)), g.size, x,
+                        *self._cuda_args(be, x, rois, trans, g.size), g, gx, gt)
+        return gx, gt
+
+    def cuda_source(self, ctype: str = "float") -> str:
+        """``gc_deformablepsroipoolingbackward_<ctype>(x, rois, trans, long
+        long total, int C, int H, int W, int PH, int PW, int P, int S, T scale,
+        T tstd, int no_trans, g, gx, gt)``: one thread per element of g,
+        adding its samples' shares into gx and gt (zeroed first) with
+        atomicAdd."""
+        return _PSROI_BWD.source(ctype, helpers=_PSROI_HELPERS)
+
+
+VISION_OPS += [DeformablePSROIPooling, DeformablePSROIPoolingBackward]

@@ -30,7 +30,8 @@ NN_NAMES = {
     "rnn_cell", "lstm_cell", "gru_cell", "rnn_layer", "nll_loss", "smooth_l1_loss", "kl_div", "ctc_loss",
     "cosine_similarity", "scaled_dot_product_attention", "instance_norm", "local_response_norm", "general_norm",
     "sliding_window", "sliding_window_transpose", "conv_transpose3d", "remap", "warp_affine", "warp_perspective",
-    "sync_batch_norm", "local_conv2d", "region_restricted_conv", "multi_head_attention"}
+    "sync_batch_norm", "local_conv2d", "region_restricted_conv", "multi_head_attention",
+    "deformable_psroi_pooling"}
 
 
 REGENERATE = ("gradcore/functional/elemwise_table.py is out of date: run "

@@ -56,7 +56,8 @@ from .elemwise_table import (abs, acos, acosh, add, asin, asinh, atan, atanh, ce
 from .indexing import (argsort, cond_take, diag, embedding, gather, getitem, indexing_one_hot, non_zero, one_hot,
                        scatter, setitem, sort, topk)
 from .linalg import cross, dot, einsum, linear, matinv, matmul, svd
-from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, deformable_conv2d, dropout,
+from .nn import (_check_drop_prob, batch_norm, binary_cross_entropy, cross_entropy, deformable_conv2d,
+                 deformable_psroi_pooling, dropout,
                  group_norm,
                  general_norm, hinge_loss, instance_norm, l1_loss, layer_norm, local_conv2d, local_response_norm,
                  log_softmax, logaddexp, logsoftmax, logsumexp, mse_loss, normalize, pad, region_restricted_conv,

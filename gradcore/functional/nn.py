@@ -18,6 +18,7 @@ import numpy as np
 from .._core import Tensor, apply as _apply
 from ..dtypes import autocast_dtypes, promote_types
 from ..op import OpError
+from ..ops.vision import DeformablePSROIPooling
 from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax, Standardize
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
 from .elemwise import clip, logaddexp, where  # noqa: F401  (logaddexp: F.nn's before)
@@ -49,6 +50,7 @@ __all__ = [
     "normalize", "l1_loss", "square_loss", "binary_cross_entropy", "hinge_loss", "layer_norm",
     "group_norm", "instance_norm", "local_response_norm", "general_norm", "pad", "topk_accuracy",
     "sliding_window", "sliding_window_transpose", "sync_batch_norm", "local_conv2d", "region_restricted_conv",
+    "deformable_psroi_pooling",
     # re-exported
     "relu", "sigmoid", "tanh", "gelu", "silu", "softplus", "logsigmoid", "leaky_relu", "relu6",
     "hsigmoid", "hswish", "prelu", "linear", "indexing_one_hot", "one_hot", "embedding",
@@ -664,6 +666,44 @@ def deformable_conv2d(inp: Tensor, weight: Tensor, offset: Tensor, mask: Tensor,
     y = matmul(reshape(w, (1, groups, oc // groups, cg * taps)), columns)
     y = reshape(y, (n, oc, oh, ow))
     return y if bias is None else y + bias
+
+
+def deformable_psroi_pooling(inp: Tensor, rois: Tensor, trans: Tensor, no_trans: bool, part_size: int,
+                             pooled_h: int, pooled_w: int, sample_per_part: int, spatial_scale: float,
+                             trans_std: float = 0.1) -> Tensor:
+    """Deformable position-sensitive RoI pooling (Deformable R-FCN),
+    MegEngine's ``F.deformable_psroi_pooling``: for each box of ``rois``
+    (R, 5) as (image index, x1, y1, x2, y2) (the index truncated, the
+    corners rounded, then scaled by ``spatial_scale``), each of the (pooled_h, pooled_w) bins of channel c
+    is the mean of ``sample_per_part`` x ``sample_per_part`` bilinear samples
+    of channel c of the box's image, spread over the bin from its top-left
+    corner and shifted by ``trans_std * trans[r, (x, y), part]`` times the
+    box's width and height (``part`` the bin's cell of a ``part_size`` x
+    ``part_size`` grid; no shift when ``no_trans``). Samples more than half
+    a pixel outside the image are left out (a bin with none is 0). ``trans``
+    is (R' >= R, 2, pooled_h, pooled_w) (any 4-D array when ``no_trans``).
+    Returns (R, C, pooled_h, pooled_w), as MegEngine's (its op's second
+    output, the samples counted per bin, is dropped). Differentiable in
+    ``inp`` and ``trans`` (first order only, as MegEngine's); ``rois`` get
+    no gradient.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> rois = gc.tensor([[0., 0, 0, 3, 3]])
+        >>> trans = F.zeros((1, 2, 2, 2))
+        >>> F.deformable_psroi_pooling(x, rois, trans, False, 2, 2, 2, 1, 1.0).numpy()
+        array([[[[0. , 1.5],
+                 [6. , 7.5]]]], dtype=float32)
+    """
+    x = _t(inp)
+    r, t = _t(rois, x), _t(trans, x)
+    # (MegEngine's op is float32 throughout: boxes and offsets take inp's dtype)
+    if x.dtype.kind == "f":
+        r = r if r.dtype == x.dtype else astype(r, x.dtype)
+        t = t if t.dtype == x.dtype else astype(t, x.dtype)
+    op = DeformablePSROIPooling(no_trans, part_size, pooled_h, pooled_w, sample_per_part, spatial_scale, trans_std)
+    return _apply(op, x, r, t)[0]
 
 
 def sliding_window_transpose(inp: Tensor, output_size: Union[int, Sequence[int]],

@@ -4,7 +4,7 @@ Module, Sequential, Identity, Linear, Conv1d, Conv2d, ConvRelu2d, ConvBn2d,
 ConvBnRelu2d, Conv3d, ConvTranspose2d, ConvTranspose3d, RegionRestrictedConv, MaxPool2d, AvgPool2d, Pad, PixelShuffle,
 AdaptiveMaxPool2d, AdaptiveAvgPool2d, Flatten, BatchNorm1d, BatchNorm2d, SyncBatchNorm,
 SlidingWindow, SlidingWindowTranspose, BatchMatMulActivation, QuantStub, DequantStub,
-LayerNorm, GroupNorm, InstanceNorm, Dropout, Embedding, DeformableConv2d, Resize, Remap,
+LayerNorm, GroupNorm, InstanceNorm, Dropout, Embedding, DeformableConv2d, DeformablePSROIPooling, Resize, Remap,
 and the activations
 ReLU, Sigmoid, SiLU, GELU, LeakyReLU, PReLU, Softmax.
 
@@ -30,7 +30,7 @@ from .attention import MultiHeadAttention  # noqa: F401
 from .conv import (Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d, ConvTranspose3d,  # noqa: F401
                    ConvTransposeRelu2d, DeformableConv2d, LocalConv2d, RegionRestrictedConv)
 from .linear import Linear, LinearRelu  # noqa: F401
-from .vision import Remap, Resize  # noqa: F401
+from .vision import DeformablePSROIPooling, Remap, Resize  # noqa: F401
 from .module import HookHandler, Module, _count  # noqa: F401
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell  # noqa: F401
 from ..op import ArgumentError

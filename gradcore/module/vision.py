@@ -1,5 +1,6 @@
-"""MegEngine's image layers over NCHW tensors that gradcore has: Resize and
-Remap (the modules of ``F.vision.resize`` and ``F.vision.remap``)."""
+"""MegEngine's image layers over NCHW tensors that gradcore has: Resize,
+Remap and DeformablePSROIPooling (the modules of ``F.vision.resize``,
+``F.vision.remap`` and ``F.deformable_psroi_pooling``)."""
 from __future__ import annotations
 
 from typing import Sequence, Union
@@ -58,3 +59,29 @@ class Remap(Module):
                                 f"{tuple(map_1.shape)} and {tuple(map_2.shape)}")
         map_xy = stack([map_1, map_2], map_1.ndim) if map_2.size else map_1
         return F.vision.remap(inp, map_xy, borderMode, borderValue, interpolation)
+
+
+class DeformablePSROIPooling(Module):
+    """Deformable position-sensitive RoI pooling, MegEngine's
+    ``M.DeformablePSROIPooling``: ``forward(inp, rois, trans)`` is
+    ``F.deformable_psroi_pooling`` with the constructor's settings.
+
+    Example::
+
+        >>> pool = M.DeformablePSROIPooling(False, 2, 2, 2, 1, 1.0)
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> pool(x, gc.tensor([[0., 0, 0, 3, 3]]), F.zeros((1, 2, 2, 2))).numpy()
+        array([[[[0. , 1.5],
+                 [6. , 7.5]]]], dtype=float32)
+    """
+
+    def __init__(self, no_trans: bool, part_size: int, pooled_h: int, pooled_w: int, sample_per_part: int,
+                 spatial_scale: float, trans_std: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.no_trans, self.part_size = no_trans, part_size
+        self.pooled_h, self.pooled_w = pooled_h, pooled_w
+        self.sample_per_part, self.spatial_scale, self.trans_std = sample_per_part, spatial_scale, trans_std
+
+    def forward(self, inp: Tensor, rois: Tensor, trans: Tensor) -> Tensor:
+        return F.deformable_psroi_pooling(inp, rois, trans, self.no_trans, self.part_size, self.pooled_h,
+                                          self.pooled_w, self.sample_per_part, self.spatial_scale, self.trans_std)

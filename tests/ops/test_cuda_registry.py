@@ -87,6 +87,8 @@ def _instances():
         "ConvTranspose": [conv.ConvTranspose(2, 1, 1, (1, 2), 2)],
         "Interpolate": [vision.Interpolate((4, 5), m, a) for m, a in (("nearest", False), ("bilinear", True))],
         "InterpolateBackward": [vision.InterpolateBackward((4, 5), "bilinear", False)],
+        "DeformablePSROIPooling": [vision.DeformablePSROIPooling(False, 3, 3, 3, 2, 1.0, 0.1)],
+        "DeformablePSROIPoolingBackward": [vision.DeformablePSROIPoolingBackward(False, 3, 3, 3, 2, 1.0, 0.1)],
         "LSTMCellGates": [rnn.LSTMCellGates()],
         "LSTMCellGatesBackward": [rnn.LSTMCellGatesBackward()],
         "GRUCellGates": [rnn.GRUCellGates()],

@@ -71,6 +71,10 @@ def _cases():
         "Interpolate": [(vision.Interpolate((3, 5), "bilinear", False), [f(1, 2, 2, 3)], None),
                         (vision.Interpolate((3, 2), "nearest", False), [f(1, 1, 2, 3)], None)],
         "InterpolateBackward": [(vision.InterpolateBackward((3, 5), "bilinear", True), [f(1, 2, 3, 5), f(1, 2, 2, 3)], [0])],
+        # rois (R, 5) in [-1, 1): image 0 (truncated), corners away from halves; in inp and trans
+        "DeformablePSROIPooling": [
+            (vision.DeformablePSROIPooling(False, 2, 2, 2, 2, 1.0, 0.3), [f(1, 2, 4, 5), f(2, 5), f(2, 2, 2, 2)], [0, 2]),
+            (vision.DeformablePSROIPooling(True, 1, 2, 3, 2, 0.8), [f(1, 2, 4, 5), f(2, 5), f(2, 2, 2, 3)], [0])],
         "ExpandDims": [(shape.ExpandDims(0), [f()], None), (shape.ExpandDims((0, 2)), [f(2)], None)],
         "Identity": [(shape.Identity(), [f(2)], None), (shape.Identity(), [f(0, 2)], None)],
         "Copy": [(shape.Copy("cpu"), [f(2, 3)], None), (shape.Copy("cpu"), [f()], None)],
@@ -158,8 +162,11 @@ CASES = _cases()
 # ops whose gradient deliberately differs from the derivative
 NOT_DIFFERENTIABLE = {"StopGradient": "its gradient is zero by definition",
                       "ArgReduce": "an integer index: no gradient",
-                      "CTCLossGrad": "CTCLoss's backward; no double backward (as PyTorch's ctc_loss)"}
-FIRST_ORDER_ONLY = {"CTCLoss": "its backward op CTCLossGrad declares no gradient (as PyTorch's ctc_loss)"}
+                      "CTCLossGrad": "CTCLoss's backward; no double backward (as PyTorch's ctc_loss)",
+                      "DeformablePSROIPoolingBackward": "DeformablePSROIPooling's backward; first order only "
+                                                        "(as MegEngine's)"}
+FIRST_ORDER_ONLY = {"CTCLoss": "its backward op CTCLossGrad declares no gradient (as PyTorch's ctc_loss)",
+                    "DeformablePSROIPooling": "its backward op declares no gradient (as MegEngine's)"}
 
 
 def test_every_registered_op_has_cases():
