@@ -62,7 +62,9 @@ def test_reserved_memory_and_coalescing():
     assert device.get_reserved_memory() - device.get_allocated_memory() >= 8 * MiB
     device.coalesce_free_memory()
     assert gc.memory.stats()["cached_bytes"] == 0
-    assert device.get_reserved_memory() - device.get_allocated_memory() < 64 * 1024
+    # what stays is the small blocks' cache (as MegEngine: "small pieces may not be
+    # returned"): at most 8 blocks of each 16-byte size up to 1 KiB
+    assert device.get_reserved_memory() - device.get_allocated_memory() <= 8 * 16 * sum(range(65))
 
 
 def test_memory_status_and_cuda_queries_without_a_gpu():
