@@ -16,7 +16,9 @@ Example::
 from __future__ import annotations
 
 import copy
+import math
 import operator
+import os
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
 
 import numpy as np
@@ -271,7 +273,20 @@ def _size(size) -> tuple:
             raise TypeError(f"gradcore.random: size must be an int or a sequence of ints, got {size!r}") from None
     if any(n < 0 for n in shape):
         raise RandomArgumentError(f"gradcore.random: size must not be negative, got {size!r}")
+    # NumPy's MemoryError for an impossible size names no one: say whose it is first
+    # (float64 samples: 8 bytes each, more than the machine has)
+    total = 8 * math.prod(shape)
+    if total > _machine_memory():
+        raise MemoryError(f"gradcore.random: size {shape} needs {total / 2**30:.3g} GiB of samples, more than "
+                          f"this machine's {_machine_memory() / 2**30:.3g} GiB")
     return shape
+
+
+def _machine_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def _first_tensor(*values):

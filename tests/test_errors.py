@@ -205,3 +205,12 @@ def test_a_pad_too_big_to_allocate_names_pad():
     # 1.5 * 2**62 bytes for the head: fails in any address space, touches nothing
     with pytest.raises(MemoryError, match=r"^pad: .*\(got pad_width="):
         F.nn.pad(T(np.ones((2, 3))), ((2 ** 59, 2 ** 59), (0, 0)))
+
+
+def test_a_random_size_larger_than_the_machine_names_gradcore_random():
+    # NumPy's own MemoryError named no one (and could take the machine down trying)
+    with pytest.raises(MemoryError, match=r"gradcore.random: size \(1000000, 1000000\)"):
+        gc.random.normal(size=(10**6, 10**6))
+    with pytest.raises(MemoryError, match="gradcore.random"):
+        gc.random.RNG(seed=0).uniform(size=(10**7, 10**7))
+    assert gc.random.normal(size=(2, 3)).shape == (2, 3)
