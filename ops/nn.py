@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from gradcore import _core, dtypes
-from gradcore.cpu import onednn
+from gradcore.cpu import _kernels as _fast, onednn
 from gradcore.cuda import cudnn
 from gradcore.cuda.kernels import Kernel, kernel_name, source
 from gradcore.op import Composite, Op, TensorDesc
@@ -300,6 +300,16 @@ class _Standardize(Composite):
     def __reduce__(self):
         return (type(self), (self.axes, self.eps))
 
+    def _row(self, x) -> int:
+        """The row length when the axes are x's trailing ones (0 otherwise)."""
+        k = len(self.axes)
+        if self.axes != tuple(range(x.ndim - k, x.ndim)):
+            return 0
+        return int(np.prod(x.shape[x.ndim - k:]))
+
+    def _kept(self, shape) -> tuple:
+        return tuple(1 if i in self.axes else n for i, n in enumerate(shape))
+
     def _checked(self, *descs):
         for d in descs:
             if d.dtype.kind != "f" or d.dtype != descs[0].dtype:
@@ -337,6 +347,11 @@ class Standardize(_Standardize):
     def cpu(self, x):
         if x.dtype.kind != "f" or x.size == 0:
             return super().cpu(x)
+        n = self._row(x)
+        if n:               # trailing axes (layer norm, group norm's view): a row at a time in C
+            out = _fast.standardize_rows(x, n, self.eps)
+            if out is not None:
+                return out[0], out[1].reshape(self._kept(x.shape))
         # the decomposition's operations in its order, in buffers this op owns
         d = np.subtract(x, self._mean.cpu(x))
         s = self._mean.cpu(np.square(d))
@@ -385,6 +400,11 @@ class StandardizeBackward(_Standardize):
     def cpu(self, g, y, s):
         if g.dtype.kind != "f" or g.size == 0 or g.shape != y.shape:
             return super().cpu(g, y, s)
+        n = self._row(g)
+        if n and np.shape(s) == self._kept(g.shape):
+            dx = _fast.standardize_rows_backward(g, y, s, n)
+            if dx is not None:
+                return dx
         t = np.multiply(g, y)
         mgy = self._mean.cpu(t)
         dx = np.subtract(g, self._mean.cpu(g))

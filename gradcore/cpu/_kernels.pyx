@@ -1,5 +1,5 @@
 """Small CPU loops where NumPy's own are slow, with NumPy's results bit for
-bit (the elementwise table's rows and the indexing ops call them;
+bit (but for the row statistics below) (the elementwise table's rows and the indexing ops call them;
 ``ops/elemwise.py``, ``ops/indexing.py``):
 
 * ``select(cond, a, b)``: ``np.where`` for a contiguous bool condition and
@@ -24,6 +24,10 @@ bit (the elementwise table's rows and the indexing ops call them;
 * ``last_writes(offsets, size)``: which entries of an assignment's flat
   offsets stand (the last one of a repeated offset), in one pass instead
   of a sort.
+* ``standardize_rows(x, n, eps)`` / ``standardize_rows_backward(g, y, s,
+  n)``: layer and group norm's statistics a row at a time (the Standardize
+  op over trailing axes); the one exception to "bit for bit": its sums run
+  in double, so they differ from NumPy's float32 sums in the last bits.
 
 Each returns None where its fast case does not apply; the caller then uses
 NumPy.
@@ -384,3 +388,103 @@ def last_writes(offsets, Py_ssize_t size):
     if n and (off[i] < 0 or off[i] >= size):
         raise IndexError(f"last_writes: offset {off[i]} is out of range for {size} elements")
     return keep_arr
+
+
+# Layer/group norm's statistics over each row of n contiguous values: the
+# Standardize op's forward and backward (ops/nn.py) in one pass over a row
+# that sits in the cache, where NumPy made seven passes over the whole
+# array. The sums run in double with 8 independent accumulators (a float
+# sum's dependency chain would serialise them); the results round to the
+# array's type, so they differ from NumPy's float32 pairwise sums in the
+# last bits only (more exact, not less).
+cdef extern from *:
+    """
+    #include <math.h>
+    #define GC_ROW_SUM(expr, out)                                                        \
+        do { double a_[8] = {0, 0, 0, 0, 0, 0, 0, 0}; Py_ssize_t i_ = 0;                 \
+             for (; i_ + 8 <= n; i_ += 8)                                                \
+                 for (int k_ = 0; k_ < 8; k_++) { Py_ssize_t i = i_ + k_; a_[k_] += (expr); } \
+             for (; i_ < n; i_++) { Py_ssize_t i = i_; a_[0] += (expr); }                \
+             out = ((a_[0] + a_[1]) + (a_[2] + a_[3])) + ((a_[4] + a_[5]) + (a_[6] + a_[7])); } while (0)
+    #define GC_STANDARDIZE_LOOPS(T, S)                                                     \
+    static void gc_standardize_##S(const T* restrict x, T* restrict y, T* restrict s,      \
+                                   Py_ssize_t rows, Py_ssize_t n, double eps) {           \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                            \
+            const T* restrict xr = x + r * n; T* restrict yr = y + r * n; double sum;     \
+            GC_ROW_SUM((double)xr[i], sum);                                               \
+            T m = (T)(sum / n);                                                            \
+            for (Py_ssize_t i = 0; i < n; i++) yr[i] = xr[i] - m;                          \
+            GC_ROW_SUM((double)yr[i] * yr[i], sum);                                        \
+            T sd = (T)sqrt((double)(T)(sum / n) + (double)(T)eps);                          \
+            s[r] = sd;                                                                     \
+            for (Py_ssize_t i = 0; i < n; i++) yr[i] /= sd;                                \
+        }                                                                                  \
+    }                                                                                      \
+    static void gc_standardize_back_##S(const T* restrict g, const T* restrict y,         \
+                                        const T* restrict s, T* restrict dx,              \
+                                        Py_ssize_t rows, Py_ssize_t n) {                  \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                            \
+            const T* restrict gr = g + r * n; const T* restrict yr = y + r * n;           \
+            T* restrict dr = dx + r * n; double sg, sgy;                                   \
+            GC_ROW_SUM((double)gr[i], sg);                                                \
+            GC_ROW_SUM((double)gr[i] * yr[i], sgy);                                       \
+            T mg = (T)(sg / n), mgy = (T)(sgy / n), sd = s[r];                             \
+            for (Py_ssize_t i = 0; i < n; i++) dr[i] = (gr[i] - mg - yr[i] * mgy) / sd;    \
+        }                                                                                  \
+    }
+    GC_STANDARDIZE_LOOPS(float, f)
+    GC_STANDARDIZE_LOOPS(double, d)
+    """
+    void gc_standardize_f(const float* x, float* y, float* s, Py_ssize_t rows, Py_ssize_t n, double eps) nogil
+    void gc_standardize_d(const double* x, double* y, double* s, Py_ssize_t rows, Py_ssize_t n, double eps) nogil
+    void gc_standardize_back_f(const float* g, const float* y, const float* s, float* dx, Py_ssize_t rows,
+                               Py_ssize_t n) nogil
+    void gc_standardize_back_d(const double* g, const double* y, const double* s, double* dx, Py_ssize_t rows,
+                               Py_ssize_t n) nogil
+
+
+cdef bint _rows_of(object a, Py_ssize_t n):
+    return (isinstance(a, cnp.ndarray) and _dense(<cnp.ndarray>a) and (a.dtype == _f32 or a.dtype == _f64)
+            and n > 0 and a.size % n == 0)
+
+
+def standardize_rows(x, Py_ssize_t n, double eps):
+    """``(y, s)`` with ``d = x - mean``, ``s = sqrt(mean(d * d) + eps)``,
+    ``y = d / s`` over each row of ``n`` values of a contiguous float32 or
+    float64 ``x`` (its trailing axes); ``s`` has one value per row (the
+    caller shapes it). None for anything else."""
+    if not _rows_of(x, n):
+        return None
+    cdef Py_ssize_t rows = x.size // n
+    cdef cnp.ndarray y = np.empty(x.shape, x.dtype)
+    cdef cnp.ndarray s = np.empty(rows, x.dtype)
+    if x.dtype == _f32:
+        with nogil:
+            gc_standardize_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>x), <float*>cnp.PyArray_DATA(y),
+                             <float*>cnp.PyArray_DATA(s), rows, n, eps)
+    else:
+        with nogil:
+            gc_standardize_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>x), <double*>cnp.PyArray_DATA(y),
+                             <double*>cnp.PyArray_DATA(s), rows, n, eps)
+    return y, s
+
+
+def standardize_rows_backward(g, y, s, Py_ssize_t n):
+    """``(g - mean(g) - y * mean(g * y)) / s`` over each row of ``n`` values
+    (Standardize's backward through y) for contiguous ``g``, ``y`` of one
+    float dtype and ``s`` with one value per row; None for anything else."""
+    if not (_rows_of(g, n) and _rows_of(y, n) and isinstance(s, cnp.ndarray) and _dense(<cnp.ndarray>s)
+            and g.dtype == y.dtype == s.dtype and g.shape == y.shape and s.size * n == g.size):
+        return None
+    cdef Py_ssize_t rows = g.size // n
+    cdef cnp.ndarray dx = np.empty(g.shape, g.dtype)
+    if g.dtype == _f32:
+        with nogil:
+            gc_standardize_back_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>g), <float*>cnp.PyArray_DATA(<cnp.ndarray>y),
+                                  <float*>cnp.PyArray_DATA(<cnp.ndarray>s), <float*>cnp.PyArray_DATA(dx), rows, n)
+    else:
+        with nogil:
+            gc_standardize_back_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>g),
+                                  <double*>cnp.PyArray_DATA(<cnp.ndarray>y),
+                                  <double*>cnp.PyArray_DATA(<cnp.ndarray>s), <double*>cnp.PyArray_DATA(dx), rows, n)
+    return dx

@@ -214,3 +214,45 @@ def test_in_place_paths_leave_integer_and_0d_inputs_to_numpy():
         z = ints - ints.max()
         ref = np.exp(z) / np.exp(z).sum() if want else z - np.log(np.exp(z).sum())
         np.testing.assert_allclose(op.cpu(ints), ref)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-6), (np.float64, 1e-13)])
+@pytest.mark.parametrize("shape", [(3, 1), (2, 5), (4, 3, 17), (1, 1024)])
+def test_standardize_rows_and_its_backward_match_the_decomposition(dtype, tol, shape):
+    from gradcore.cpu._kernels import standardize_rows, standardize_rows_backward
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    n = shape[-1]
+    y, s = standardize_rows(x, n, 1e-5)
+    x64 = x.astype(np.float64)
+    d = x64 - x64.mean(-1, keepdims=True)
+    s64 = np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(s, s64.reshape(-1), rtol=tol, atol=tol)
+    np.testing.assert_allclose(y, d / s64, rtol=tol * 10, atol=tol * 10)
+    g = rng.standard_normal(shape).astype(dtype)
+    dx = standardize_rows_backward(g, y, s, n)
+    y64, g64 = y.astype(np.float64), g.astype(np.float64)
+    ref = (g64 - g64.mean(-1, keepdims=True) - y64 * (g64 * y64).mean(-1, keepdims=True)) / s.astype(np.float64).reshape(
+        shape[:-1] + (1,))
+    np.testing.assert_allclose(dx, ref, rtol=tol * 10, atol=tol * 10)
+    # not its case: strided, integer, a row length that does not divide the size
+    assert standardize_rows(x[..., ::2], n, 1e-5) is None or n == 1
+    assert standardize_rows(x.astype(np.int32), n, 1e-5) is None
+    assert standardize_rows(x, 7, 1e-5) is None or x.size % 7 == 0
+
+
+def test_standardize_op_takes_the_row_kernel_for_trailing_axes_only():
+    import gradcore.ops.nn as nn_ops
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 4))
+    for axes in [(2,), (1, 2), (0, 2), (1,)]:
+        y, s = nn_ops.Standardize(axes, 1e-3).cpu(x)
+        d = x - x.mean(axes, keepdims=True)
+        s_ref = np.sqrt((d * d).mean(axes, keepdims=True) + 1e-3)
+        assert s.shape == s_ref.shape
+        np.testing.assert_allclose(y, d / s_ref, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(s, s_ref, rtol=1e-12)
+        g = rng.standard_normal(x.shape)
+        dx = nn_ops.StandardizeBackward(axes, 1e-3).cpu(g, y, s)
+        ref = (g - g.mean(axes, keepdims=True) - y * (g * y).mean(axes, keepdims=True)) / s
+        np.testing.assert_allclose(dx, ref, rtol=1e-12, atol=1e-12)
