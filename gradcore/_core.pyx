@@ -2172,27 +2172,6 @@ cdef CompiledBackward _REGISTERED_RULE_CB = _rule_cb("registered rule")
 
 
 # ---------------------------------------------------------------- backward
-cdef object _sum_to_raw(op, object g, tuple shape, Py_ssize_t j=-1, object in_shapes=None):
-    cdef tuple gs = g.shape
-    if gs == shape:
-        return g
-    cdef Py_ssize_t lead = len(gs) - len(shape)
-    if lead < 0:
-        raise _shape_error(op, g, shape, j, in_shapes)
-    axes = list(range(lead))
-    for i in range(len(shape)):
-        if shape[i] == gs[i + lead]:
-            continue
-        if shape[i] == 1:
-            axes.append(i + lead)
-        else:
-            raise _shape_error(op, g, shape, j, in_shapes)
-    r = g.sum(axis=tuple(axes))
-    if type(r) is not _ndarray and type(r) is not _device_array:
-        r = _np_asarray(r)
-    return r.reshape(shape)
-
-
 cdef bint _reducible(tuple gs, tuple shape):
     """Whether a gradient of shape ``gs`` sums down to ``shape`` (leading
     axes, and axes where ``shape`` has 1)."""
@@ -2203,6 +2182,23 @@ cdef bint _reducible(tuple gs, tuple shape):
         if shape[i] != gs[i + lead] and shape[i] != 1:
             return False
     return True
+
+
+cdef object _sum_to_raw(op, object g, tuple shape, Py_ssize_t j=-1, object in_shapes=None):
+    cdef tuple gs = g.shape
+    if gs == shape:
+        return g
+    if not _reducible(gs, shape):
+        raise _shape_error(op, g, shape, j, in_shapes)
+    cdef Py_ssize_t lead = len(gs) - len(shape), i
+    axes = list(range(lead))
+    for i in range(len(shape)):
+        if shape[i] == 1 and gs[i + lead] != 1:
+            axes.append(i + lead)
+    r = g.sum(axis=tuple(axes))
+    if type(r) is not _ndarray and type(r) is not _device_array:
+        r = _np_asarray(r)
+    return r.reshape(shape)
 
 
 cdef object _shape_error(op, g, shape, Py_ssize_t j=-1, object in_shapes=None):

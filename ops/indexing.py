@@ -231,13 +231,6 @@ def _outer_n_inner(shape, ax):
     return int(math.prod(shape[:ax])), int(shape[ax]), int(math.prod(shape[ax + 1:]))
 
 
-def _last_writes(offsets):
-    """Positions in the flat ``offsets`` of the last occurrence of each offset:
-    the writes that stand when an assignment repeats a position (NumPy's rule)."""
-    _, last = np.unique(offsets[::-1], return_index=True)
-    return offsets.size - 1 - last
-
-
 class Subtensor(Op):
     """``x[index]``; index arrays are extra inputs. With ``last_only``, an
     element whose position the index selects again later is 0: the gradient
@@ -308,7 +301,7 @@ class Subtensor(Op):
         offsets = _flat_offsets(x.shape, self.spec, idx)
         if self.last_only and offsets.size:
             stand = np.full(offsets.size, -1, np.int64)
-            keep = _last_writes(offsets.ravel())
+            keep = np.flatnonzero(_kernels.last_writes(offsets, int(x.size)))
             stand[keep] = offsets.ravel()[keep]
             offsets = stand.reshape(offsets.shape)
         y = be.empty(offsets.shape, x.dtype)
@@ -480,7 +473,7 @@ class SetSubtensor(Op):
                                offsets.shape).ravel()
         offsets = offsets.ravel()
         # threads write in no order: keep only the last write of a repeated offset
-        keep = _last_writes(offsets)
+        keep = np.flatnonzero(_kernels.last_writes(offsets, int(x.size)))
         y = x.copy()
         value = _on_device(be, value, x.dtype)
         if keep.size:
