@@ -44,6 +44,7 @@ from gradcore.op import IndexOpError, Op, TensorDesc
 from gradcore.cpu import onednn
 from gradcore.cuda.kernels import Kernel
 
+from .elemwise import round_half_away
 from .linalg import check_cuda_dtype
 from .reduce import op_int
 
@@ -375,11 +376,6 @@ VISION_OPS = [Interpolate, InterpolateBackward]
 # set of samples kept, is piecewise constant in trans: no gradient. The
 # backward op has no gradient of its own (MegEngine's is first order only).
 
-def _round_half_away(v):
-    """C's ``round``: halves away from zero (NumPy's rounds them to even)."""
-    return np.sign(v) * np.floor(np.abs(v) + 0.5)
-
-
 class _PSROIBase(Op):
     attrs = ("no_trans", "part_size", "pooled_h", "pooled_w", "sample_per_part", "spatial_scale", "trans_std")
     reduce_broadcast = False
@@ -457,7 +453,7 @@ class _PSROIBase(Op):
         if index.size and (index.min() < 0 or index.max() >= n_images):
             raise IndexOpError(str(self.error(f"a box's image index is outside [0, {n_images}): "
                                               f"{rois[:, 0].tolist()}")))
-        c = _round_half_away(rois[:, 1:].astype(dt))
+        c = round_half_away(rois[:, 1:].astype(dt))     # C's round, as MegEngine's kernel
         scale = f(self.spatial_scale)
         left, top = c[:, 0] * scale - f(0.5), c[:, 1] * scale - f(0.5)
         width = np.maximum((c[:, 2] + f(1)) * scale - f(0.5) - left, f(0.1))
