@@ -140,6 +140,13 @@ def test_one_hot_bad_arguments(labels, num_classes, exc, needle):
         F.one_hot(gc.Tensor(labels), num_classes)
     assert needle in str(ei.value)
 
+def test_one_hot_too_many_classes_names_one_hot():
+    # the classes row alone (10**13 labels' worth) is more than any machine has: the
+    # error names the call made, not the arange/eq inside it
+    with pytest.raises(MemoryError, match=r"one_hot: num_classes=10000000000000 for labels of shape \(2,\)"):
+        F.one_hot(gc.tensor([1, 2]), 10**13)
+
+
 
 # ---------------------------------------------------------------- activations
 def _tnn(torch):

@@ -286,8 +286,13 @@ def one_hot(inp: Tensor, num_classes: int) -> Tensor:
         lo, hi = int(values.min()), int(values.max())
         if lo < 0 or hi >= num_classes:
             raise ArgumentError(f"one_hot: labels must be in [0, {num_classes}), got values in [{lo}, {hi}]")
-    classes = arange(num_classes, dtype=x.dtype, device=x.device)
-    return astype(eq(expand_dims(x, -1), classes), "int32")
+    try:
+        classes = arange(num_classes, dtype=x.dtype, device=x.device)
+        return astype(eq(expand_dims(x, -1), classes), "int32")
+    except MemoryError:     # the inner arange/eq would name themselves, not the call the user made
+        raise MemoryError(f"one_hot: num_classes={num_classes} for labels of shape {tuple(x.shape)} needs "
+                          f"{4 * num_classes * max(x.size, 1) / 2**30:.3g} GiB, more than can be "
+                          f"allocated") from None
 
 
 def embedding(inp: Tensor, weight: Tensor, padding_idx: Optional[int] = None,
