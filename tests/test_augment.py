@@ -1,0 +1,180 @@
+"""MegEngine's image augmentation layers (gradcore.module.augment): values
+against NumPy written out here (flips, turns, blends, contrast), the random
+ones by their seeds, shapes and the statistics of large draws."""
+import numpy as np
+import pytest
+
+import gradcore as gc
+import gradcore.module as M
+from gradcore.op import ArgumentError
+from oracle import check_grads
+
+
+def _nhwc(rng, shape=(2, 3, 4, 2)):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("vertical, horizontal", [(True, True), (True, False), (False, True), (False, False)])
+def test_flip_vs_numpy(vertical, horizontal, rng):
+    x = _nhwc(rng)
+    want = x[:, ::-1] if vertical else x
+    want = want[:, :, ::-1] if horizontal else want
+    np.testing.assert_array_equal(M.Flip(vertical, horizontal)(gc.Tensor(x)).numpy(), want)
+
+
+@pytest.mark.parametrize("clockwise", [True, False])
+def test_rot90_vs_numpy(clockwise, rng):
+    x = _nhwc(rng)
+    # np.rot90 over (H, W) turns counterclockwise for k=1
+    want = np.rot90(x, k=-1 if clockwise else 1, axes=(1, 2))
+    np.testing.assert_array_equal(M.Rot90(clockwise)(gc.Tensor(x)).numpy(), want)
+
+
+def test_rotate_by_half_turn_and_zero_vs_numpy(rng):
+    x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(M.Rotate(180.0)(gc.Tensor(x)).numpy(), x[:, :, ::-1, ::-1], atol=1e-5)
+    np.testing.assert_allclose(M.Rotate()(gc.Tensor(x)).numpy(), x, atol=1e-6)
+
+
+def test_random_flips_by_probability_and_seed(rng):
+    x = _nhwc(rng)
+    t = gc.Tensor(x)
+    np.testing.assert_array_equal(M.RandomHorizontalFlip(1.0)(t).numpy(), x[:, :, ::-1])
+    np.testing.assert_array_equal(M.RandomVerticalFlip(1.0)(t).numpy(), x[:, ::-1])
+    assert M.RandomHorizontalFlip(0.0)(t) is t and M.RandomVerticalFlip(0.0)(t) is t
+    # one draw of the global generator per call: gc.random.seed makes it repeat
+    outs = []
+    for _ in range(2):
+        gc.random.seed(7)
+        outs.append([bool((M.RandomHorizontalFlip()(t).numpy() == x).all()) for _ in range(20)])
+    assert outs[0] == outs[1] and 0 < sum(outs[0]) < 20
+
+
+def test_flip_gradient():
+    check_grads(lambda x: M.Flip()(x) * M.Rot90()(x).transpose(0, 2, 1, 3),
+                [np.arange(16.0).reshape(1, 2, 2, 4) / 7])
+
+
+def test_mixup_mixes_with_its_beta_draws(rng):
+    d1, d2 = rng.standard_normal((4, 2, 3, 3)), rng.standard_normal((4, 2, 3, 3))
+    l1, l2 = rng.standard_normal(4), rng.standard_normal(4)
+    m = M.Mixup(0.5, seed=3)
+    data, label = m(*(gc.Tensor(a.astype(np.float32)) for a in (d1, l1, d2, l2)))
+    lamb = m.lamb.numpy().astype(np.float64)
+    # the same draws as a beta generator of the same seed
+    np.testing.assert_array_equal(lamb, gc.random.RNG(3).beta(0.5, 0.5, size=(4,)).numpy())
+    assert ((lamb >= 0) & (lamb <= 1)).all()
+    w = lamb.reshape(4, 1, 1, 1)
+    np.testing.assert_allclose(data.numpy(), w * d1 + (1 - w) * d2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(label.numpy(), lamb * l1 + (1 - lamb) * l2, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ArgumentError, match="Mixup: data1 and data2"):
+        m(gc.Tensor(d1), gc.Tensor(l1), gc.Tensor(d2[:2]), gc.Tensor(l2))
+
+
+def test_linear_contrast_fixed_alpha():
+    v = np.arange(0, 256, 15).astype(np.uint8).reshape(1, 1, 2, 9)   # 0 .. 255
+    out = M.LinearContrast(1.5)(gc.Tensor(v)).numpy()
+    assert out.dtype == np.uint8
+    want = np.clip(127 + 1.5 * (v.astype(np.float64) - 127), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(out, want)
+    f = np.linspace(-2, 2, 12, dtype=np.float32).reshape(1, 3, 2, 2)
+    np.testing.assert_allclose(M.LinearContrast(0.25)(gc.Tensor(f)).numpy(), 0.25 * f)   # about 0
+    u16 = np.array([0, 40000, 65535], np.uint16).reshape(1, 1, 1, 3)
+    np.testing.assert_array_equal(M.LinearContrast(0.5)(gc.Tensor(u16)).numpy(),
+                                  (32767 + 0.5 * (u16.astype(np.float64) - 32767)).astype(np.uint16))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_linear_contrast_drawn_alpha(per_channel, rng):
+    x = rng.uniform(1, 2, (5, 3, 4, 4)).astype(np.float32)
+    out = M.LinearContrast((0.6, 0.8), per_channel=per_channel, seed=1)(gc.Tensor(x)).numpy()
+    ratio = out / x
+    per = ratio.reshape(5, 3, -1)
+    np.testing.assert_allclose(per, per[:, :, :1].repeat(16, 2), rtol=1e-5)   # one alpha per image/channel
+    assert ((per >= 0.6 - 1e-6) & (per < 0.8 + 1e-6)).all()
+    same_over_channels = np.allclose(per[:, 0, 0], per[:, 2, 0])
+    assert same_over_channels != per_channel
+
+
+@pytest.mark.parametrize("cls, kw", [(M.AdditiveGaussianNoise, dict(mean=1.0, std=2.0)),
+                                     (M.AdditiveLaplaceNoise, dict(mean=1.0, std=2.0)),
+                                     (M.AdditivePoissonNoise, dict(lam=3.0))])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_additive_noise_statistics(cls, kw, per_channel):
+    x = np.full((8, 2, 64, 64), 5.0, np.float32)
+    out = cls(per_channel=per_channel, seed=0, **kw)(gc.Tensor(x)).numpy()
+    noise = (out - x).astype(np.float64)
+    assert np.array_equal(noise[:, 0], noise[:, 1]) != per_channel
+    again = cls(per_channel=per_channel, seed=0, **kw)(gc.Tensor(x)).numpy()
+    np.testing.assert_array_equal(out, again)
+    n = noise[:, 0].ravel()
+    if cls is M.AdditivePoissonNoise:
+        assert (n >= 0).all() and (n == np.round(n)).all()
+        assert abs(n.mean() - 3.0) < 0.1 and abs(n.var() - 3.0) < 0.2
+    elif cls is M.AdditiveGaussianNoise:
+        assert abs(n.mean() - 1.0) < 0.08 and abs(n.std() - 2.0) < 0.08
+    else:
+        # Laplace(1, b=2): median 1, mean absolute deviation b, variance 2 b^2
+        assert abs(np.median(n) - 1.0) < 0.08 and abs(np.abs(n - 1.0).mean() - 2.0) < 0.08
+        assert abs(n.var() - 8.0) < 0.6
+
+
+def _conv3x3_reflect(x, k):
+    p = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect")
+    out = np.zeros_like(x, dtype=np.float64)
+    h, w = x.shape[2:]
+    for i in range(3):
+        for j in range(3):
+            out += k[i, j] * p[:, :, i:i + h, j:j + w]
+    return out
+
+
+@pytest.mark.parametrize("alpha, s", [(1.0, 0.0), (0.7, 0.5), (0.0, 1.3)])
+def test_emboss_vs_numpy(alpha, s, rng):
+    x = rng.uniform(0, 1, (2, 3, 5, 6)).astype(np.float32)
+    effect = np.array([[-1 - s, -s, 0], [-s, 1, s], [0, s, 1 + s]])
+    ident = np.zeros((3, 3))
+    ident[1, 1] = 1
+    want = _conv3x3_reflect(x.astype(np.float64), alpha * effect + (1 - alpha) * ident)
+    np.testing.assert_allclose(M.Emboss(alpha, s)(gc.Tensor(x)).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("alpha, lightness", [(1.0, 1.0), (0.4, 0.7)])
+def test_sharpen_vs_numpy(alpha, lightness, rng):
+    x = rng.uniform(0, 1, (1, 2, 4, 4)).astype(np.float32)
+    effect = -np.ones((3, 3))
+    effect[1, 1] = 8 + lightness
+    ident = np.zeros((3, 3))
+    ident[1, 1] = 1
+    want = _conv3x3_reflect(x.astype(np.float64), alpha * effect + (1 - alpha) * ident)
+    np.testing.assert_allclose(M.Sharpen(alpha, lightness)(gc.Tensor(x)).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_blend_keeps_integer_dtype_clipped_and_draws_in_range(rng):
+    x = rng.integers(0, 256, (1, 1, 4, 4)).astype(np.uint8)
+    out = M.Sharpen(1.0, 1.0)(gc.Tensor(x)).numpy()
+    assert out.dtype == np.uint8
+    want = np.clip(_conv3x3_reflect(x.astype(np.float64), np.array([[-1, -1, -1], [-1, 9, -1], [-1, -1, -1]])),
+                   0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(out, want)
+    # drawn alpha in [0.6, 0.8): between the two ends' results
+    xf = rng.uniform(0, 1, (1, 1, 4, 4)).astype(np.float32)
+    lo, hi = (M.Emboss(a, 1.0)(gc.Tensor(xf)).numpy() for a in (0.6, 0.8))
+    mid = M.Emboss((0.6, 0.8), 1.0, seed=2)(gc.Tensor(xf)).numpy()
+    assert ((mid >= np.minimum(lo, hi) - 1e-5) & (mid <= np.maximum(lo, hi) + 1e-5)).all()
+
+
+def test_emboss_gradient_in_the_image():
+    check_grads(lambda x: M.Emboss(0.5, 0.3)(x), [np.arange(18.0).reshape(1, 2, 3, 3) / 5])
+
+
+@pytest.mark.parametrize("make", [lambda: M.LinearContrast(True), lambda: M.Emboss((1, 2, 3), 1.0),
+                                  lambda: M.Sharpen(1.0, "x"), lambda: M.Mixup(1.0, seed=1.5)])
+def test_bad_parameters_are_refused(make):
+    with pytest.raises(ArgumentError):
+        make()
+
+
+def test_non_image_input_is_refused():
+    with pytest.raises(ArgumentError, match=r"Flip: expected a 4-d image Tensor, got \(2, 2\)"):
+        M.Flip()(gc.Tensor(np.zeros((2, 2), np.float32)))
