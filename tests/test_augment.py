@@ -178,3 +178,98 @@ def test_bad_parameters_are_refused(make):
 def test_non_image_input_is_refused():
     with pytest.raises(ArgumentError, match=r"Flip: expected a 4-d image Tensor, got \(2, 2\)"):
         M.Flip()(gc.Tensor(np.zeros((2, 2), np.float32)))
+
+
+# ---------------------------------------------------------------- Cutmix, Dilation, GaussianBlur
+def test_cutmix_takes_its_box_from_data2(rng):
+    d1, d2 = rng.standard_normal((3, 2, 9, 7)), rng.standard_normal((3, 2, 9, 7))
+    l1, l2 = rng.standard_normal(3), rng.standard_normal(3)
+    m = M.Cutmix(0.7, seed=5)
+    data, label = m(*(gc.Tensor(a.astype(np.float32)) for a in (d1, l1, d2, l2)))
+    lamb = m.lamb.numpy().astype(np.float64)
+    np.testing.assert_array_equal(lamb, gc.random.RNG(5).beta(0.7, 0.7, size=(3,)).numpy())
+    np.testing.assert_allclose(label.numpy(), lamb * l1 + (1 - lamb) * l2, rtol=1e-5, atol=1e-6)
+    # the box: centres from a uniform generator of the same seed, halves of floor(H sqrt(1 - lamb))
+    u = gc.random.RNG(5)
+    cy, cx = np.floor(u.uniform(0, 9, (3,)).numpy()), np.floor(u.uniform(0, 7, (3,)).numpy())
+    rat = np.sqrt(1 - lamb)
+    hh, hw = np.floor(9 * rat) // 2, np.floor(7 * rat) // 2
+    want = d1.astype(np.float32).copy()
+    for i in range(3):
+        r0, r1 = int(max(cy[i] - hh[i], 0)), int(min(cy[i] + hh[i], 9))
+        c0, c1 = int(max(cx[i] - hw[i], 0)), int(min(cx[i] + hw[i], 7))
+        assert tuple(m.box[i]) == (r0, r1, c0, c1)
+        want[i, :, r0:r1, c0:c1] = d2[i, :, r0:r1, c0:c1]
+    np.testing.assert_array_equal(data.numpy(), want)
+
+
+def _dilate_numpy(x, k, mode, value):
+    kh, kw = k.shape
+    pads = ((0, 0), (0, 0), (kh // 2, kh - 1 - kh // 2), (kw // 2, kw - 1 - kw // 2))
+    npmode = {"BORDER_CONSTANT": "constant", "BORDER_REPLICATE": "edge", "BORDER_REFLECT": "symmetric",
+              "BORDER_REFLECT_101": "reflect", "BORDER_WRAP": "wrap"}[mode]
+    p = np.pad(x, pads, mode=npmode, **({"constant_values": value} if npmode == "constant" else {}))
+    h, w = x.shape[2:]
+    return np.max([p[:, :, i:i + h, j:j + w] for i, j in zip(*np.nonzero(k))], axis=0)
+
+
+@pytest.mark.parametrize("mode", ["BORDER_CONSTANT", "BORDER_REPLICATE", "BORDER_REFLECT",
+                                  "BORDER_REFLECT_101", "BORDER_WRAP"])
+@pytest.mark.parametrize("iterations", [1, 2])
+def test_dilation_vs_numpy(mode, iterations, rng):
+    x = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)
+    k = np.array([[0, 1, 0, 0], [1, 1, 1, 0], [0, 1, 0, 1]], np.float32)   # even width: anchor at k // 2
+    want = x
+    for _ in range(iterations):
+        want = _dilate_numpy(want, k, mode, -0.5)
+    out = M.Dilation(iterations, mode, border_value=-0.5)(gc.Tensor(x), gc.Tensor(k)).numpy()
+    np.testing.assert_array_equal(out, want)
+
+
+def test_dilation_gradient_and_bad_input(rng):
+    check_grads(lambda x: M.Dilation()(x, gc.Tensor(np.ones((3, 3), np.float32))),
+                [rng.permutation(24).reshape(1, 2, 3, 4) / 5.0])
+    with pytest.raises(ArgumentError, match="Dilation: kernel must be 2-d"):
+        M.Dilation()(gc.Tensor(np.zeros((1, 1, 3, 3), np.float32)), gc.Tensor(np.zeros((3, 3), np.float32)))
+    with pytest.raises(ArgumentError, match="Dilation: border mode"):
+        M.Dilation(border_type="BORDER_TRANSPARENT")
+
+
+def _gauss_numpy(n, sigma):
+    # OpenCV's documented kernel: fixed tables for small sizes with sigma <= 0
+    fixed = {3: [0.25, 0.5, 0.25], 5: [1 / 16, 4 / 16, 6 / 16, 4 / 16, 1 / 16]}
+    if sigma <= 0 and n in fixed:
+        return np.array(fixed[n])
+    s = sigma if sigma > 0 else 0.3 * ((n - 1) / 2 - 1) + 0.8
+    g = np.exp(-(np.arange(n) - (n - 1) / 2) ** 2 / (2 * s * s))
+    return g / g.sum()
+
+
+@pytest.mark.parametrize("ksize, sx, sy, mode", [(3, 0, 0, "REPLICATE"), ((5, 3), 1.2, 0, "REFLECT"),
+                                                 ((3, 7), 0.8, 2.0, "REFLECT_101"), (5, 0, 0, "CONSTANT"),
+                                                 ((1, 9), 0, 0, "WRAP")])
+def test_gaussian_blur_vs_numpy(ksize, sx, sy, mode, rng):
+    x = rng.uniform(0, 10, (2, 6, 8, 3)).astype(np.float32)
+    kh, kw = (ksize, ksize) if isinstance(ksize, int) else ksize
+    k = np.outer(_gauss_numpy(kh, sy if sy > 0 else sx), _gauss_numpy(kw, sx))
+    npmode = {"REPLICATE": "edge", "REFLECT": "symmetric", "REFLECT_101": "reflect", "CONSTANT": "constant",
+              "WRAP": "wrap"}[mode]
+    p = np.pad(x.astype(np.float64), ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)), mode=npmode)
+    want = sum(k[i, j] * p[:, i:i + 6, j:j + 8] for i in range(kh) for j in range(kw))
+    out = M.GaussianBlur(ksize, sx, sy, mode)(gc.Tensor(x)).numpy()
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gaussian_blur_uint8_fixed_point_and_gradient(rng):
+    x = rng.integers(0, 256, (1, 4, 5, 2)).astype(np.uint8)
+    out = M.GaussianBlur(3)(gc.Tensor(x)).numpy()
+    assert out.dtype == np.uint8
+    # taps 64, 128, 64 (of 256 each way), the sum rounded by 2^16
+    k = np.outer([64, 128, 64], [64, 128, 64])
+    p = np.pad(x.astype(np.int64), ((0, 0), (1, 1), (1, 1), (0, 0)), mode="edge")
+    acc = sum(k[i, j] * p[:, i:i + 4, j:j + 5] for i in range(3) for j in range(3))
+    np.testing.assert_array_equal(out, np.clip((acc + 32768) >> 16, 0, 255))
+    check_grads(lambda t: M.GaussianBlur((3, 5), 1.0, border_mode="REFLECT")(t), [rng.standard_normal((1, 3, 4, 2))])
+    with pytest.raises(ArgumentError, match="GaussianBlur: kernel sizes must be odd"):
+        M.GaussianBlur(4)

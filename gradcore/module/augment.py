@@ -429,3 +429,220 @@ class Sharpen(ActiveBlur):
         effect = np.full((3, 3), -1.0)
         effect[1, 1] = 8 + lightness
         return self._blend(effect, alpha, c)
+
+
+class Cutmix(Module):
+    """Cutmix of two batches (NCHW data, (N,) labels), MegEngine's
+    ``M.Cutmix``: per sample, ``lamb`` from Beta(``beta``, ``beta``), a box
+    of ``floor(H * sqrt(1 - lamb))`` by ``floor(W * sqrt(1 - lamb))`` (its
+    halves truncated) centred at a uniformly drawn pixel and clipped to the
+    image takes its pixels from ``data2``; labels are mixed as
+    ``lamb * label1 + (1 - lamb) * label2``, as MegEngine's (not by the
+    clipped box's area). The last call's draws are kept in ``self.lamb`` and
+    the box in ``self.box`` ((N, 4): row start, row end, column start,
+    column end).
+
+    Example::
+
+        >>> m = M.Cutmix(1.0, seed=0)
+        >>> d1, d2 = gc.tensor(np.zeros((2, 1, 8, 8), "float32")), gc.tensor(np.ones((2, 1, 8, 8), "float32"))
+        >>> data, label = m(d1, gc.tensor([1.0, 1.0]), d2, gc.tensor([0.0, 0.0]))
+        >>> r0, r1, c0, c1 = m.box[0]
+        >>> bool(data.numpy()[0].sum() == (r1 - r0) * (c1 - c0)), data.shape, label.shape
+        (True, (2, 1, 8, 8), (2,))
+    """
+
+    def __init__(self, beta: float, seed: Optional[int] = None):
+        super().__init__()
+        self.beta = beta
+        # two generators of one seed, as MegEngine's (one for beta, one for the centres)
+        self._beta_rng, self._uniform_rng = _rng(seed), _rng(seed)
+        self.lamb: Optional[Tensor] = None
+        self.box: Optional[np.ndarray] = None
+
+    def forward(self, data1: Tensor, label1: Tensor, data2: Tensor, label2: Tensor) -> Tuple[Tensor, Tensor]:
+        data1, data2 = _images("Cutmix", data1), _images("Cutmix", data2)
+        if tuple(data1.shape) != tuple(data2.shape):
+            raise ArgumentError(f"Cutmix: data1 and data2 must have one shape, got {tuple(data1.shape)} "
+                                f"and {tuple(data2.shape)}")
+        n, _, h, w = data1.shape
+        self.lamb = lamb = self._beta_rng.beta(self.beta, self.beta, size=(n,))
+        label = lamb * label1 + (1.0 - lamb) * label2
+        rat = np.sqrt(1.0 - lamb.numpy().astype(np.float64))
+        half_h, half_w = np.floor(h * rat) // 2, np.floor(w * rat) // 2
+        cy = np.floor(self._uniform_rng.uniform(0, h, (n,)).numpy())
+        cx = np.floor(self._uniform_rng.uniform(0, w, (n,)).numpy())
+        box = np.stack([np.clip(cy - half_h, 0, h), np.clip(cy + half_h, 0, h),
+                        np.clip(cx - half_w, 0, w), np.clip(cx + half_w, 0, w)], 1).astype(np.int64)
+        self.box = box
+        rows, cols = np.arange(h), np.arange(w)
+        inside = (((rows[None, :, None] >= box[:, 0, None, None]) & (rows[None, :, None] < box[:, 1, None, None]))
+                  & ((cols[None, None, :] >= box[:, 2, None, None]) & (cols[None, None, :] < box[:, 3, None, None])))
+        mask = Tensor(inside[:, None])
+        return F.where(mask, data2, data1), label
+
+
+_BORDERS = ("REPLICATE", "REFLECT", "REFLECT_101", "WRAP", "CONSTANT")
+
+
+def _border_index(name: str, length: int, before: int, after: int, mode: str) -> np.ndarray:
+    """Source index of each position of an axis extended by ``before`` and
+    ``after`` under OpenCV's (and MegEngine's) border ``mode``; -1 for
+    CONSTANT's outside positions."""
+    if mode not in _BORDERS:
+        raise ArgumentError(f"{name}: border mode must be one of {', '.join(_BORDERS)}, got {mode!r}")
+    p = np.arange(-before, length + after)
+    out = p.copy()
+    outside = (p < 0) | (p >= length)
+    if mode == "REPLICATE":
+        out = np.clip(p, 0, length - 1)
+    elif mode == "CONSTANT":
+        out[outside] = -1
+    elif mode == "WRAP":
+        out = np.mod(p, length)
+    elif length == 1:
+        out[:] = 0
+    else:
+        # REFLECT repeats the edge pixel (cba|abc), REFLECT_101 does not (cb|abc): periodic
+        delta = 1 if mode == "REFLECT_101" else 0
+        period = 2 * length - 2 * delta
+        q = np.mod(p, period)
+        out = np.where(q < length, q, period - 1 + delta - q)
+    return out
+
+
+def _extend(name: str, x: Tensor, kh: int, kw: int, mode: str, value: float) -> Tensor:
+    """NCHW ``x`` extended by ``kh // 2`` rows and ``kw // 2`` columns
+    before, the rest of the kernel after, filled by the border ``mode``."""
+    h, w = x.shape[2], x.shape[3]
+    (t, b), (l, r) = (kh // 2, kh - 1 - kh // 2), (kw // 2, kw - 1 - kw // 2)
+    if mode == "CONSTANT":
+        _border_index(name, h, t, b, mode)   # (checks the mode)
+        return F.pad(x, ((0, 0), (0, 0), (t, b), (l, r)), mode="constant", constant_value=value)
+    rows, cols = _border_index(name, h, t, b, mode), _border_index(name, w, l, r, mode)
+    return x[:, :, rows][:, :, :, cols]
+
+
+class Dilation(Module):
+    """Morphological dilation of NCHW images, MegEngine's ``M.Dilation``:
+    each pixel becomes the largest one under the non-zero entries of a 2-d
+    ``kernel`` anchored at its centre, ``iterations`` times; outside the
+    image, ``border_type`` (OpenCV's "BORDER_CONSTANT" with
+    ``border_value``, "BORDER_REPLICATE", "BORDER_REFLECT",
+    "BORDER_REFLECT_101", "BORDER_WRAP").
+
+    Example::
+
+        >>> img = gc.tensor(np.arange(9, dtype="float32").reshape(1, 1, 3, 3))
+        >>> M.Dilation()(img, gc.tensor(np.ones((3, 3), "float32"))).numpy().reshape(3, 3)
+        array([[4., 5., 5.],
+               [7., 8., 8.],
+               [7., 8., 8.]], dtype=float32)
+    """
+
+    def __init__(self, iterations: int = 1, border_type: str = "BORDER_CONSTANT", border_value: float = 0.0):
+        super().__init__()
+        if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) or iterations < 1:
+            raise ArgumentError(f"Dilation: iterations must be an int >= 1, got {iterations!r}")
+        mode = border_type[len("BORDER_"):] if border_type.startswith("BORDER_") else border_type
+        _border_index("Dilation", 1, 0, 0, mode)
+        self.iterations, self.border_type, self.border_value = int(iterations), border_type, border_value
+        self._mode = mode
+
+    def forward(self, inp: Tensor, kernel: Tensor) -> Tensor:
+        x = _images("Dilation", inp)
+        k = np.asarray(kernel.numpy() if isinstance(kernel, Tensor) else kernel)
+        if k.ndim != 2 or not k.any():
+            raise ArgumentError(f"Dilation: kernel must be 2-d with a non-zero entry, got shape {k.shape}")
+        h, w = x.shape[2], x.shape[3]
+        taps = list(zip(*np.nonzero(k)))
+        for _ in range(self.iterations):
+            ext = _extend("Dilation", x, k.shape[0], k.shape[1], self._mode, self.border_value)
+            out = None
+            for i, j in taps:
+                win = ext[:, :, i:i + h, j:j + w]
+                out = win if out is None else F.maximum(out, win)
+            x = out
+        return x
+
+
+def _gaussian_taps(n: int, sigma: float) -> np.ndarray:
+    """OpenCV's getGaussianKernel: for sigma <= 0 and odd n <= 7 its fixed
+    table, else exp(-x^2 / (2 sigma^2)) normalised, sigma <= 0 meaning
+    0.3 * ((n - 1) / 2 - 1) + 0.8."""
+    table = {1: [1.0], 3: [0.25, 0.5, 0.25], 5: [0.0625, 0.25, 0.375, 0.25, 0.0625],
+             7: [0.03125, 0.109375, 0.21875, 0.28125, 0.21875, 0.109375, 0.03125]}
+    if sigma <= 0 and n in table:
+        t = np.array(table[n], np.float32)
+    else:
+        s = sigma if sigma > 0 else ((n - 1) * 0.5 - 1) * 0.3 + 0.8
+        x = np.arange(n) - (n - 1) * 0.5
+        t = np.exp(-0.5 / (s * s) * x * x).astype(np.float32)
+    # float32 taps summed and scaled in double, as MegEngine's
+    return (t * (1.0 / float(t.astype(np.float64).sum()))).astype(np.float32)
+
+
+class GaussianBlur(Module):
+    """Gaussian blur of NHWC images (floating point or uint8), MegEngine's
+    ``M.GaussianBlur`` (OpenCV's ``GaussianBlur``): a ``kernel_size``
+    (height, width; odd, or 0 to derive it from sigma) separable kernel of
+    standard deviations ``sigma_x`` (along the width) and ``sigma_y`` (0:
+    ``sigma_x``; both 0: from the size); outside the image ``border_mode``
+    ("REPLICATE", "REFLECT", "REFLECT_101", "WRAP", "CONSTANT" (zeros)).
+    uint8 images are blurred in MegEngine's 8-bit fixed point.
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(25, dtype="float32").reshape(1, 5, 5, 1))
+        >>> M.GaussianBlur(3)(x).numpy()[0, :, :, 0]
+        array([[ 1.5 ,  2.25,  3.25,  4.25,  5.  ],
+               [ 5.25,  6.  ,  7.  ,  8.  ,  8.75],
+               [10.25, 11.  , 12.  , 13.  , 13.75],
+               [15.25, 16.  , 17.  , 18.  , 18.75],
+               [19.  , 19.75, 20.75, 21.75, 22.5 ]], dtype=float32)
+    """
+
+    def __init__(self, kernel_size: Union[int, Tuple[int, int]], sigma_x: float = 0, sigma_y: float = 0,
+                 border_mode: str = "REPLICATE"):
+        super().__init__()
+        ks = (kernel_size, kernel_size) if isinstance(kernel_size, numbers.Integral) else tuple(kernel_size)
+        if len(ks) != 2:
+            raise ArgumentError(f"GaussianBlur: kernel_size must be an int or (height, width), got {kernel_size!r}")
+        _border_index("GaussianBlur", 1, 0, 0, border_mode)
+        kh, kw = (int(v) for v in ks)
+        sx = max(float(sigma_x), 0.0)
+        sy = max(float(sigma_y), 0.0) if sigma_y > 0 else sx
+        # a size of 0 from its sigma, as OpenCV's (4 sigma each side for floats)
+        if kw <= 0 and sx > 0:
+            kw = int(round(sx * 8 + 1)) | 1
+        if kh <= 0 and sy > 0:
+            kh = int(round(sy * 8 + 1)) | 1
+        if kh <= 0 or kw <= 0 or kh % 2 == 0 or kw % 2 == 0:
+            raise ArgumentError(f"GaussianBlur: kernel sizes must be odd and positive (or 0 with a sigma), "
+                                f"got {kernel_size!r} with sigmas {sigma_x}, {sigma_y}")
+        self.kernel_size, self.sigma_x, self.sigma_y, self.border_mode = (kh, kw), sigma_x, sigma_y, border_mode
+        self._ky, self._kx = _gaussian_taps(kh, sy), _gaussian_taps(kw, sx)
+
+    def forward(self, inp: Tensor) -> Tensor:
+        x = _images("GaussianBlur", inp)
+        dtype = np.dtype(x.dtype)
+        if dtype.kind != "f" and dtype != np.uint8:
+            raise ArgumentError(f"GaussianBlur: images must be floating point or uint8, got {dtype}")
+        kh, kw = self.kernel_size
+        if dtype == np.uint8:
+            # MegEngine's fixed point: taps scaled by 2^8 and truncated, the sum rounded by 2^16
+            ky = (self._ky * 256).astype(np.int64)
+            kx = (self._kx * 256).astype(np.int64)
+            taps = Tensor(np.outer(ky, kx).astype(np.float64))
+            xf = x.astype("float64")
+        else:
+            taps = Tensor(np.outer(self._ky.astype(np.float64), self._kx.astype(np.float64)).astype(dtype))
+            xf = x
+        nchw = xf.transpose(0, 3, 1, 2)
+        c = nchw.shape[1]
+        ext = _extend("GaussianBlur", nchw, kh, kw, self.border_mode, 0.0)
+        weight = F.broadcast_to(taps.reshape(1, 1, kh, kw), (c, 1, kh, kw))
+        out = F.conv2d(ext, weight, groups=c).transpose(0, 2, 3, 1)
+        if dtype == np.uint8:
+            return F.clip(F.floor((out + 32768) / 65536), 0, 255).astype("uint8")
+        return out
