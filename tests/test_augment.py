@@ -273,3 +273,87 @@ def test_gaussian_blur_uint8_fixed_point_and_gradient(rng):
     check_grads(lambda t: M.GaussianBlur((3, 5), 1.0, border_mode="REFLECT")(t), [rng.standard_normal((1, 3, 4, 2))])
     with pytest.raises(ArgumentError, match="GaussianBlur: kernel sizes must be odd"):
         M.GaussianBlur(4)
+
+
+# ---------------------------------------------------------------- CropAndPad, FillPoly
+@pytest.mark.parametrize("mode, align", [("bilinear", False), ("bilinear", True), ("nearest", False)])
+def test_crop_and_pad_vs_torch(mode, align, rng, torch):
+    x = rng.standard_normal((3, 2, 10, 8)).astype(np.float32)
+    percent = np.array([0.2, -0.2, 0.0], np.float32)
+    pad_val = np.array([1.5, -2.0, 7.0], np.float32)
+    out = M.CropAndPad(mode, align)(gc.Tensor(x), gc.Tensor(percent), gc.Tensor(pad_val)).numpy()
+    tf = torch.nn.functional
+    want = []
+    for i, p in enumerate(percent):
+        rh, rw = int(abs(p) * 10 + 0.5), int(abs(p) * 8 + 0.5)
+        img = x[i:i + 1]
+        if p > 0:
+            img = np.pad(img, ((0, 0), (0, 0), (rh, rh), (rw, rw)), constant_values=pad_val[i])
+        elif rh or rw:
+            img = img[:, :, rh:10 - rh, rw:8 - rw]
+        t = torch.from_numpy(np.ascontiguousarray(img))
+        if img.shape[2:] != (10, 8):
+            t = tf.interpolate(t, size=(10, 8), mode=mode, **({"align_corners": align} if mode == "bilinear" else {}))
+        want.append(t.numpy())
+    np.testing.assert_allclose(out, np.concatenate(want), rtol=1e-5, atol=1e-5)
+
+
+def test_crop_and_pad_gradient_and_bad_input(rng):
+    check_grads(lambda x: M.CropAndPad()(x, gc.Tensor(np.array([0.25, -0.25], np.float32))),
+                [rng.standard_normal((2, 1, 4, 4))])
+    with pytest.raises(ArgumentError, match="CropAndPad: percent needs one value per image"):
+        M.CropAndPad()(gc.Tensor(np.zeros((2, 1, 4, 4), np.float32)), gc.Tensor(np.zeros(1, np.float32)))
+    with pytest.raises(ArgumentError, match="CropAndPad: mode"):
+        M.CropAndPad("bicubic")
+
+
+def test_fill_poly_triangle_and_rectangle():
+    img = np.full((2, 3, 9, 9), 7, np.int32)
+    tri = gc.Tensor(np.array([[0, 0], [5, 0], [5, 5]], np.int32))
+    out = M.FillPoly()(gc.Tensor(img), [tri], gc.Tensor(np.array([255, 255, 200], np.int32))).numpy()
+    # by hand: row y holds the triangle from column y to column 5 (outline included)
+    want_mask = np.zeros((9, 9), bool)
+    for y in range(6):
+        want_mask[y, y:6] = True
+    for n in range(2):
+        for ch, colour in enumerate([255, 255, 200]):
+            np.testing.assert_array_equal(out[n, ch], np.where(want_mask, colour, 7))
+    rect = gc.Tensor(np.array([[1, 1], [4, 1], [4, 3], [1, 3]], np.int32))
+    out = M.FillPoly()(gc.Tensor(np.zeros((1, 1, 6, 6), np.float32)), [rect], gc.Tensor([2.0])).numpy()[0, 0]
+    want = np.zeros((6, 6), np.float32)
+    want[1:4, 1:5] = 2.0
+    np.testing.assert_array_equal(out, want)
+
+
+def _even_odd_inside(px, py, poly):
+    inside = False
+    for (x0, y0), (x1, y1) in zip(poly, np.roll(poly, 1, axis=0)):
+        if (y0 > py) != (y1 > py) and px < x0 + (py - y0) * (x1 - x0) / (y1 - y0):
+            inside = not inside
+    return inside
+
+
+def _dist_to_outline(px, py, poly):
+    best = np.inf
+    for a, b in zip(poly, np.roll(poly, 1, axis=0)):
+        a, b = a.astype(float), b.astype(float)
+        t = np.clip(np.dot([px, py] - a, b - a) / max(np.dot(b - a, b - a), 1e-12), 0, 1)
+        best = min(best, np.hypot(*([px, py] - (a + t * (b - a)))))
+    return best
+
+
+def test_fill_poly_concave_polygon_away_from_the_outline():
+    poly = np.array([[2, 2], [28, 4], [16, 14], [26, 27], [3, 24], [9, 13]])   # concave
+    out = M.FillPoly()(gc.Tensor(np.zeros((1, 1, 30, 30), np.float32)), [gc.Tensor(poly)],
+                       gc.Tensor([1.0])).numpy()[0, 0]
+    checked = 0
+    for y in range(30):
+        for x in range(30):
+            if _dist_to_outline(x, y, poly) > 1.5:
+                assert out[y, x] == float(_even_odd_inside(x, y, poly)), (x, y)
+                checked += 1
+            elif _dist_to_outline(x, y, poly) < 0.3:
+                assert out[y, x] == 1.0, (x, y)     # the outline is drawn
+    assert checked > 500
+    with pytest.raises(ArgumentError, match="FillPoly: color needs one value per channel"):
+        M.FillPoly()(gc.Tensor(np.zeros((1, 2, 4, 4), np.float32)), [gc.Tensor(poly)], gc.Tensor([1.0]))

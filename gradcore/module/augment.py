@@ -646,3 +646,126 @@ class GaussianBlur(Module):
         if dtype == np.uint8:
             return F.clip(F.floor((out + 32768) / 65536), 0, 255).astype("uint8")
         return out
+
+
+def _round_half_away(v: float) -> int:
+    return int(v + 0.5) if v > 0 else int(v - 0.5)
+
+
+class CropAndPad(Module):
+    """Crop or pad each NCHW image and resize it back to (H, W), MegEngine's
+    ``M.CropAndPad``: for sample ``n``, ``percent[n] > 0`` pads
+    ``round(H * p)`` rows and ``round(W * p)`` columns on each side with
+    ``pad_val[n]`` (zeros when None), ``percent[n] <= 0`` crops as many;
+    the result is resized to (H, W) by ``mode`` ("bilinear" or "nearest",
+    ``F.vision.interpolate``'s, with ``align_corners``).
+
+    Example::
+
+        >>> x = gc.tensor(np.arange(16, dtype="float32").reshape(1, 1, 4, 4))
+        >>> M.CropAndPad(mode="nearest")(x, gc.tensor([-0.25])).numpy()[0, 0]
+        array([[ 5.,  5.,  6.,  6.],
+               [ 5.,  5.,  6.,  6.],
+               [ 9.,  9., 10., 10.],
+               [ 9.,  9., 10., 10.]], dtype=float32)
+    """
+
+    def __init__(self, mode: str = "bilinear", align_corners: bool = False):
+        super().__init__()
+        if mode not in ("bilinear", "nearest"):
+            raise ArgumentError(f"CropAndPad: mode must be 'bilinear' or 'nearest', got {mode!r}")
+        self.mode, self.align_corners = mode, align_corners
+
+    def forward(self, inp: Tensor, percent: Tensor, pad_val: Optional[Tensor] = None) -> Tensor:
+        x = _images("CropAndPad", inp)
+        n, c, h, w = x.shape
+        per = np.asarray(percent.numpy() if isinstance(percent, Tensor) else percent, np.float64).reshape(-1)
+        if per.size < n:
+            raise ArgumentError(f"CropAndPad: percent needs one value per image, got {per.size} for {n} images")
+        pads = None
+        if pad_val is not None and (not isinstance(pad_val, Tensor) or pad_val.size):
+            pads = pad_val if isinstance(pad_val, Tensor) else Tensor(np.asarray(pad_val, np.float32))
+            pads = pads.reshape(-1).astype(x.dtype)
+        outs = []
+        for i in range(n):
+            img = x[i:i + 1]
+            rh, rw = _round_half_away(h * abs(per[i])), _round_half_away(w * abs(per[i]))
+            if per[i] > 0:
+                # pad with this image's value: a constant pad of 0, then the border set to it
+                inner = F.pad(img, ((0, 0), (0, 0), (rh, rh), (rw, rw)))
+                if pads is not None:
+                    border = np.ones((1, 1, h + 2 * rh, w + 2 * rw), bool)
+                    border[:, :, rh:rh + h, rw:rw + w] = False
+                    inner = F.where(Tensor(border), F.broadcast_to(pads[i], inner.shape), inner)
+                img = inner
+            elif rh or rw:
+                if 2 * rh >= h or 2 * rw >= w:
+                    raise ArgumentError(f"CropAndPad: cropping {per[i]} of a {h}x{w} image leaves nothing")
+                img = img[:, :, rh:h - rh, rw:w - rw]
+            if tuple(img.shape[2:]) != (h, w):
+                img = F.vision.interpolate(img, size=(h, w), mode=self.mode,
+                                           align_corners=self.align_corners if self.mode == "bilinear" else None)
+            outs.append(img)
+        return F.concat(outs, axis=0) if n > 1 else outs[0]
+
+
+def _poly_mask(pts: np.ndarray, h: int, w: int) -> np.ndarray:
+    """The pixels of a polygon as MegEngine's (OpenCV-derived) fill draws
+    them: the outline by a DDA walk from each vertex to the next (the end
+    excluded: it starts the next edge), the inside by the crossings of the
+    non-horizontal edges with the row, each truncated to an integer, a
+    pixel being inside when it lies right of an odd number of them. An edge
+    counts on rows y0 <= y < y1 (MegEngine's kernel counts only y0 < y < y1,
+    which leaves an unfilled row through every vertex where the outline
+    goes on down, as at (9, 13) of a concave polygon; gradcore fills it)."""
+    mask = np.zeros((h, w), bool)
+    inside = np.zeros((h, w), bool)
+    rows, cols = np.arange(h), np.arange(w)
+    for i in range(len(pts)):
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        length = max(abs(x1 - x0), abs(y1 - y0))
+        if length:
+            steps = np.arange(length)
+            px = np.floor(x0 + 0.5 + steps * (x1 - x0) / length).astype(np.int64)
+            py = np.floor(y0 + 0.5 + steps * (y1 - y0) / length).astype(np.int64)
+            ok = (px >= 0) & (px < w) & (py >= 0) & (py < h)
+            mask[py[ok], px[ok]] = True
+        if y0 == y1:
+            continue
+        (ey0, ex), ey1 = ((y0, x0), y1) if y0 < y1 else ((y1, x1), y0)
+        live = (rows >= ey0) & (rows < ey1)
+        cross = np.trunc(ex + (rows - ey0) * ((x1 - x0) / (y1 - y0))).astype(np.int64)
+        inside ^= live[:, None] & (cols[None, :] > cross[:, None])
+    return mask | inside
+
+
+class FillPoly(Module):
+    """Fill polygons in NCHW images, MegEngine's ``M.FillPoly``: ``pts`` is
+    a list of (K, 2) integer (x, y) vertex tensors; every image of the
+    batch gets each polygon (its outline and its inside) in ``color`` (one
+    value per channel), drawn as MegEngine's kernel draws but for its rows
+    through vertices (see ``_poly_mask``); the rest is ``img``.
+
+    Example::
+
+        >>> img = gc.tensor(np.zeros((1, 1, 4, 4), "int32"))
+        >>> M.FillPoly()(img, [gc.tensor([[0, 0], [3, 0], [3, 3]])], gc.tensor([1])).numpy()[0, 0]
+        array([[1, 1, 1, 1],
+               [0, 1, 1, 1],
+               [0, 0, 1, 1],
+               [0, 0, 0, 1]], dtype=int32)
+    """
+
+    def forward(self, img: Tensor, pts: Sequence[Tensor], color: Tensor) -> Tensor:
+        x = _images("FillPoly", img)
+        n, c, h, w = x.shape
+        col = color if isinstance(color, Tensor) else Tensor(np.asarray(color))
+        if col.ndim != 1 or col.shape[0] != c:
+            raise ArgumentError(f"FillPoly: color needs one value per channel ({c}), got shape {tuple(col.shape)}")
+        mask = np.zeros((h, w), bool)
+        for p in pts:
+            a = np.asarray(p.numpy() if isinstance(p, Tensor) else p)
+            if a.ndim != 2 or a.shape[1] != 2 or a.shape[0] < 1:
+                raise ArgumentError(f"FillPoly: each polygon must be (K, 2) points (x, y), got shape {a.shape}")
+            mask |= _poly_mask(a.astype(np.int64), h, w)
+        return F.where(Tensor(mask[None, None]), col.astype(x.dtype).reshape(1, c, 1, 1), x)
