@@ -140,7 +140,31 @@ def _check_range(name: str, what: str, param) -> None:
         raise ArgumentError(f"{name}: {what} must be a number or a pair (low, high), got {param!r}")
 
 
-class Mixup(Module):
+class _MixBatches(Module):
+    """Mixup's and Cutmix's draws: ``lamb`` per sample from Beta(beta, beta)
+    and the labels mixed by it."""
+
+    def __init__(self, beta: float, seed: Optional[int] = None):
+        super().__init__()
+        self.beta = beta
+        self._rng = _rng(seed)
+        self.lamb: Optional[Tensor] = None
+
+    def sample(self, batch: int) -> Tensor:
+        """``batch`` draws of Beta(beta, beta)."""
+        return self._rng.beta(self.beta, self.beta, size=(batch,))
+
+    def _draw(self, data1: Tensor, label1: Tensor, data2: Tensor, label2: Tensor):
+        name = type(self).__name__
+        data1, data2 = _images(name, data1), _images(name, data2)
+        if tuple(data1.shape) != tuple(data2.shape):
+            raise ArgumentError(f"{name}: data1 and data2 must have one shape, got {tuple(data1.shape)} "
+                                f"and {tuple(data2.shape)}")
+        self.lamb = lamb = self.sample(data1.shape[0])
+        return data1, data2, lamb, lamb * label1 + (1.0 - lamb) * label2
+
+
+class Mixup(_MixBatches):
     """Mixup of two batches: with ``lamb`` drawn per sample from
     Beta(``beta``, ``beta``), data ``lamb * data1 + (1 - lamb) * data2`` and
     labels mixed alike, MegEngine's ``M.Mixup`` (NCHW data, (N,) labels).
@@ -156,25 +180,9 @@ class Mixup(Module):
         ((2, 3, 4, 4), True, True)
     """
 
-    def __init__(self, beta: float, seed: Optional[int] = None):
-        super().__init__()
-        self.beta = beta
-        self._rng = _rng(seed)
-        self.lamb: Optional[Tensor] = None
-
-    def sample(self, batch: int) -> Tensor:
-        """``batch`` draws of Beta(beta, beta)."""
-        return self._rng.beta(self.beta, self.beta, size=(batch,))
-
     def forward(self, data1: Tensor, label1: Tensor, data2: Tensor, label2: Tensor) -> Tuple[Tensor, Tensor]:
-        data1, data2 = _images("Mixup", data1), _images("Mixup", data2)
-        if tuple(data1.shape) != tuple(data2.shape):
-            raise ArgumentError(f"Mixup: data1 and data2 must have one shape, got {tuple(data1.shape)} "
-                                f"and {tuple(data2.shape)}")
-        batch = data1.shape[0]
-        self.lamb = lamb = self.sample(batch)
-        label = lamb * label1 + (1.0 - lamb) * label2
-        w = lamb.reshape(batch, 1, 1, 1)
+        data1, data2, lamb, label = self._draw(data1, label1, data2, label2)
+        w = lamb.reshape(-1, 1, 1, 1)
         return w * data1 + (1.0 - w) * data2, label
 
 
@@ -354,6 +362,12 @@ class ActiveBlur(Module):
 
     _rng: Optional[_random.RNG] = None
 
+    def _set_parameters(self, seed: Optional[int], **params: Range) -> None:
+        for what, value in params.items():
+            _check_range(type(self).__name__, what, value)
+            setattr(self, what, value)
+        self._rng = _rng(seed)
+
     def _get_parameter(self, param: Range) -> float:
         if isinstance(param, tuple):
             return float(self._rng.uniform(param[0], param[1]).item())
@@ -394,10 +408,7 @@ class Emboss(ActiveBlur):
 
     def __init__(self, alpha: Range, strength: Range, seed: Optional[int] = None):
         super().__init__()
-        _check_range("Emboss", "alpha", alpha)
-        _check_range("Emboss", "strength", strength)
-        self.alpha, self.strength = alpha, strength
-        self._rng = _rng(seed)
+        self._set_parameters(seed, alpha=alpha, strength=strength)
 
     def get_kernel(self, inp: Tensor, c: int) -> Tensor:
         alpha, s = self._get_parameter(self.alpha), self._get_parameter(self.strength)
@@ -419,10 +430,7 @@ class Sharpen(ActiveBlur):
 
     def __init__(self, alpha: Range, lightness: Range, seed: Optional[int] = None):
         super().__init__()
-        _check_range("Sharpen", "alpha", alpha)
-        _check_range("Sharpen", "lightness", lightness)
-        self.alpha, self.lightness = alpha, lightness
-        self._rng = _rng(seed)
+        self._set_parameters(seed, alpha=alpha, lightness=lightness)
 
     def get_kernel(self, inp: Tensor, c: int) -> Tensor:
         alpha, lightness = self._get_parameter(self.alpha), self._get_parameter(self.lightness)
@@ -431,7 +439,7 @@ class Sharpen(ActiveBlur):
         return self._blend(effect, alpha, c)
 
 
-class Cutmix(Module):
+class Cutmix(_MixBatches):
     """Cutmix of two batches (NCHW data, (N,) labels), MegEngine's
     ``M.Cutmix``: per sample, ``lamb`` from Beta(``beta``, ``beta``), a box
     of ``floor(H * sqrt(1 - lamb))`` by ``floor(W * sqrt(1 - lamb))`` (its
@@ -453,21 +461,14 @@ class Cutmix(Module):
     """
 
     def __init__(self, beta: float, seed: Optional[int] = None):
-        super().__init__()
-        self.beta = beta
-        # two generators of one seed, as MegEngine's (one for beta, one for the centres)
-        self._beta_rng, self._uniform_rng = _rng(seed), _rng(seed)
-        self.lamb: Optional[Tensor] = None
+        super().__init__(beta, seed)
+        # a second generator of the same seed for the centres, as MegEngine's
+        self._uniform_rng = _rng(seed)
         self.box: Optional[np.ndarray] = None
 
     def forward(self, data1: Tensor, label1: Tensor, data2: Tensor, label2: Tensor) -> Tuple[Tensor, Tensor]:
-        data1, data2 = _images("Cutmix", data1), _images("Cutmix", data2)
-        if tuple(data1.shape) != tuple(data2.shape):
-            raise ArgumentError(f"Cutmix: data1 and data2 must have one shape, got {tuple(data1.shape)} "
-                                f"and {tuple(data2.shape)}")
+        data1, data2, lamb, label = self._draw(data1, label1, data2, label2)
         n, _, h, w = data1.shape
-        self.lamb = lamb = self._beta_rng.beta(self.beta, self.beta, size=(n,))
-        label = lamb * label1 + (1.0 - lamb) * label2
         rat = np.sqrt(1.0 - lamb.numpy().astype(np.float64))
         half_h, half_w = np.floor(h * rat) // 2, np.floor(w * rat) // 2
         cy = np.floor(self._uniform_rng.uniform(0, h, (n,)).numpy())
