@@ -275,6 +275,9 @@ def test_gaussian_blur_uint8_fixed_point_and_gradient(rng):
     check_grads(lambda t: M.GaussianBlur((3, 5), 1.0, border_mode="REFLECT")(t), [rng.standard_normal((1, 3, 4, 2))])
     with pytest.raises(ArgumentError, match="GaussianBlur: kernel sizes must be odd"):
         M.GaussianBlur(4)
+    # a size of 0 comes from sigma: 8 sigma + 1 rounded half up, made odd (OpenCV's)
+    assert M.GaussianBlur(0, 0.5).kernel_size == (5, 5)
+    assert M.GaussianBlur((0, 3), 0.75, 0.25).kernel_size == (3, 3)
 
 
 # ---------------------------------------------------------------- CropAndPad, FillPoly

@@ -615,9 +615,9 @@ class GaussianBlur(Module):
         sy = max(float(sigma_y), 0.0) if sigma_y > 0 else sx
         # a size of 0 from its sigma, as OpenCV's (4 sigma each side for floats)
         if kw <= 0 and sx > 0:
-            kw = int(round(sx * 8 + 1)) | 1
+            kw = int(sx * 8 + 1 + 0.5) | 1
         if kh <= 0 and sy > 0:
-            kh = int(round(sy * 8 + 1)) | 1
+            kh = int(sy * 8 + 1 + 0.5) | 1
         if kh <= 0 or kw <= 0 or kh % 2 == 0 or kw % 2 == 0:
             raise ArgumentError(f"GaussianBlur: kernel sizes must be odd and positive (or 0 with a sigma), "
                                 f"got {kernel_size!r} with sigmas {sigma_x}, {sigma_y}")
