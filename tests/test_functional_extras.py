@@ -314,6 +314,19 @@ def test_regression_losses_documented_values():
     assert F.mse_loss is F.square_loss
 
 
+def test_square_loss_of_integers_is_float32():
+    # MegEngine's square_loss is ``(pred - label) ** 2``; a power of integers is float32
+    pred, label = np.array([3, 3, 3, 3], np.int32), np.array([2, 8, 6, 1], np.int32)
+    for reduction, want in (("none", (pred - label).astype(np.float64) ** 2),
+                            ("sum", np.sum((pred - label).astype(np.float64) ** 2)),
+                            ("mean", np.mean((pred - label).astype(np.float64) ** 2))):
+        out = F.square_loss(gc.Tensor(pred), gc.Tensor(label), reduction=reduction)
+        assert out.dtype == np.float32, reduction
+        np.testing.assert_array_equal(out.numpy(), want)
+    # l1_loss stays integer (MegEngine's is ``abs(pred - label)``) until a mean
+    assert F.l1_loss(gc.Tensor(pred), gc.Tensor(label), reduction="sum").dtype == np.int32
+
+
 def test_loss_keeps_pred_dtype_with_integer_labels():
     pred = gc.Tensor(np.array([0.5, 2.0, -1.0], np.float32))
     label = gc.Tensor(np.array([1, 2, -1], np.int32))

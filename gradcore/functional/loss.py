@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from .._core import Tensor, apply as _apply
+from ..dtypes import DEFAULT_FLOAT, category
 from ..op import OpError
 from ..ops.loss import CrossEntropy as _CrossEntropy, CTCLoss
 from ..ops.nn import LogSoftmax
@@ -358,9 +359,15 @@ def square_loss(pred: Tensor, label: Tensor, reduction: str = "mean") -> Tensor:
 
         >>> F.square_loss(gc.tensor([3.0, 3.0]), gc.tensor([2.0, 8.0])).item()
         13.0
+        >>> F.square_loss(gc.tensor([3, 3]), gc.tensor([2, 8]), reduction="none")  # integers: float32
+        Tensor([ 1., 25.], dtype=float32, device=cpu)
     """
     pred = _t(pred)
-    return _reduce_loss("square_loss", square(pred - _label(label, pred, "square_loss")), reduction)
+    diff = pred - _label(label, pred, "square_loss")
+    if category(diff.dtype) < 2:
+        # MegEngine squares with ``diff ** 2``, and a power of integers is float32
+        diff = astype(diff, DEFAULT_FLOAT)
+    return _reduce_loss("square_loss", square(diff), reduction)
 
 
 mse_loss = square_loss

@@ -27,6 +27,9 @@ from .._core import Tensor
 from ..tensor import Parameter
 from . import init  # noqa: F401  (M.init, as in MegEngine)
 from .attention import MultiHeadAttention  # noqa: F401
+from .augment import (ActiveBlur, AdditiveElemwise, AdditiveGaussianNoise, AdditiveLaplaceNoise,  # noqa: F401
+                      AdditivePoissonNoise, CropAndPad, Cutmix, Dilation, Emboss, FillPoly, Flip, GaussianBlur,
+                      LinearContrast, Mixup, RandomHorizontalFlip, RandomVerticalFlip, Rot90, Rotate, Sharpen)
 from .conv import (Conv1d, Conv2d, Conv3d, ConvRelu2d, ConvTranspose2d, ConvTranspose3d,  # noqa: F401
                    ConvTransposeRelu2d, DeformableConv2d, LocalConv2d, RegionRestrictedConv)
 from .linear import Linear, LinearRelu  # noqa: F401
