@@ -124,7 +124,7 @@ def slow_apply(op, args):
         bad = next(a for a in args if not isinstance(a, Tensor))
         raise TypeError(f"op {op_label(op)} expect type Tensor as inputs, got {type(bad).__name__}")
     tensors = [a for a in args if isinstance(a, Tensor)]
-    device = tensors[0].device if tensors else "cpu"
+    device = tensors[0]._device if tensors else "cpu"   # the raw device: .device renames "cpu" as "cpu0:0"
     conv = []
     for a in args:
         if isinstance(a, Tensor):

@@ -320,6 +320,17 @@ def test_logical_devices_are_named_as_megengine_and_kept_by_ops(monkeypatch):
         a + b
 
 
+def test_a_python_scalar_on_the_left_keeps_the_tensors_raw_device():
+    # `2 * x` converted its scalar on x.device (the MegEngine name, "cpu0:0")
+    # instead of x's own device: its result printed device=cpu0:0 where
+    # `x * 2` prints device=cpu
+    x = gc.tensor([1, 2])
+    for out in (2 * x, 1 + x, 2 ** x, 2.0 ** x, 1 - x):
+        assert repr(out).endswith(f"device={x._device})") and out._device is x._device
+    b = gc.Tensor([1.0, 2.0], device="cpu1")
+    assert str((2 ** b).device) == "cpu1:0" and str((2 * b).device) == "cpu1:0"
+
+
 def test_concat_stack_on_logical_devices(monkeypatch):
     monkeypatch.setattr(gc.devices, "_default_device", "cpu")
     rng = np.random.default_rng(0)
