@@ -221,8 +221,11 @@ def preflight(gpu_dir: Path) -> int:
         gpu_dir).parts) if gpu_dir.is_dir() else 0
     print(f"[preflight] {gpu_dir}: {size / 2 ** 20:.1f} MiB (a device call carries at most "
           f"{CARRY_LIMIT / 2 ** 20:.0f} MiB in all)")
-    ignored = subprocess.run(["git", "check-ignore", "-q", str(gpu_dir)], cwd=ROOT,
-                             stderr=subprocess.DEVNULL).returncode == 0      # (a folder outside: not ours)
+    try:        # (a folder outside the checkout, or no git: not known to be ignored)
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(gpu_dir)], cwd=ROOT,
+                                 stderr=subprocess.DEVNULL).returncode == 0
+    except OSError:
+        ignored = False
     if ignored:
         print(f"[preflight] git ignores {gpu_dir.name}: name it in the device call's carry, "
               f"e.g. carry=[\"{gpu_dir.name}\"]")

@@ -211,9 +211,28 @@ class PyCudaDriver:
         module = self._modules.get(prog.key)
         if module is None:
             image = prog.image.encode() if isinstance(prog.image, str) else prog.image
-            module = self._modules[prog.key] = self._in_thread(
-                self._module_api.load if self._module_api is not None else self.drv.module_from_buffer, image)
+            try:
+                module = self._in_thread(self._module_api.load if self._module_api is not None
+                                         else self.drv.module_from_buffer, image)
+            except Exception as exc:
+                raise RuntimeError(self._load_failure(name, image, exc)) from exc
+            self._modules[prog.key] = module
         return module
+
+    def _load_failure(self, name: str, image: bytes, exc: Exception) -> str:
+        """What a failed module load says: the image, its compiler, the driver, and the likely cause
+        (an image from a compiler newer than the driver: the driver's message does not say so)."""
+        kind = "a CUBIN" if image.startswith(b"\x7fELF") else "PTX"
+        compiler = self.cache.identity()
+        driver = self.driver_version()
+        text = (f"cuda: loading the module of {name} ({kind} for {self.arch}, compiled by {compiler}) failed "
+                f"on CUDA driver {driver // 1000}.{driver % 1000 // 10}: {exc}")
+        parts = compiler.split()
+        if parts[0] == "nvrtc" and parts[1].split(".")[0].isdigit() and int(parts[1].split(".")[0]) > driver // 1000:
+            text += (f". NVRTC {parts[1]} is newer than the driver ({driver // 1000}.x), whose loader may refuse "
+                     f"its output: an NVRTC of the driver's CUDA major (nvidia-cuda-nvrtc for CUDA "
+                     f"{driver // 1000}), or GRADCORE_CUDA_COMPILER=nvcc with a matching toolkit")
+        return text
 
     def function(self, module, kernel_name: str):
         self.bind_thread()

@@ -103,6 +103,27 @@ def test_a_launch_as_the_first_cuda_call_of_a_thread(fake_gpu):
         assert error is None, f"a launch in a later thread: {error!r}"
 
 
+def test_a_module_the_driver_refuses_names_its_compiler_and_the_driver(fake_gpu, monkeypatch):
+    # a CUBIN or PTX from an NVRTC newer than the driver (CUDA 13 wheels, a CUDA 12 driver) is refused
+    # by the driver's loader with a message that does not say why; the error says what was loaded
+    drv = runtime.backend().driver
+    monkeypatch.setattr(drv.cache, "identity", lambda: "nvrtc 13.0 ptx")
+    monkeypatch.setattr(drv.drv, "get_driver_version", lambda: 12040)
+
+    def refuse(image):
+        raise fake_gpu.Error("cuModuleLoadDataEx failed: the provided PTX was compiled with an unsupported "
+                             "toolchain.")
+    monkeypatch.setattr(drv.drv, "module_from_buffer", refuse)
+    with pytest.raises(RuntimeError, match=r"gc_mul_float \(PTX for sm_75, compiled by nvrtc 13.0 ptx\) failed "
+                                           r"on CUDA driver 12.4: .*unsupported toolchain.*NVRTC 13.0 is newer than "
+                                           r"the driver \(12.x\)"):
+        (gc.Tensor(np.ones(3, np.float32), device="cuda") * 2.0).numpy()
+    monkeypatch.setattr(drv.drv, "get_driver_version", lambda: 13000)     # a driver as new: no such hint
+    with pytest.raises(RuntimeError, match="unsupported toolchain") as info:
+        (gc.Tensor(np.ones(3, np.float32), device="cuda") * 2.0).numpy()
+    assert "newer than the driver" not in str(info.value)
+
+
 def test_elementwise_reductions_and_second_order(fake_gpu, matches_cpu):
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
