@@ -68,16 +68,19 @@ class PyCudaDriver:
         self.device = drv.Device(device_index)
         # the primary context: the one the runtime API (PyTorch, CuPy) uses too
         self.context = self.device.retain_primary_context()
-        self.context.push()
-        # CUDA's current context is per thread: PyCUDA pushed it in this thread
-        # only; any other is bound on its first call (bind_thread)
-        self._owner = threading.get_ident()
+        # CUDA's current context is per thread. The main thread keeps it pushed
+        # on its PyCUDA stack (popped at exit: PyCUDA aborts when a thread ends
+        # with a context there, as pycuda.autoprimaryctx does); any other
+        # thread, the one making the driver included (it may end before the
+        # process), is bound on its first call (bind_thread)
         self._bound = threading.local()
         self._set_current = None        # libcuda's cuCtxSetCurrent, found on the first other thread
-        # PyCUDA aborts at exit when a pushed context is still on its stack
-        # (what pycuda.autoprimaryctx does too)
-        import atexit
-        atexit.register(self._finish_up)
+        self._owner = None              # the thread whose PyCUDA stack holds the context
+        if threading.current_thread() is threading.main_thread():
+            self.context.push()
+            self._owner = threading.get_ident()
+            import atexit
+            atexit.register(self._finish_up)
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.name = self.device.name()

@@ -103,6 +103,22 @@ def test_a_launch_as_the_first_cuda_call_of_a_thread(fake_gpu):
         assert error is None, f"a launch in a later thread: {error!r}"
 
 
+def test_a_driver_made_in_a_thread_leaves_nothing_on_its_stack():
+    # the first cuda use may be in a thread (a loader's, a pool's): the driver pushed the context on that
+    # thread's PyCUDA stack, where PyCUDA aborts the process when the thread ends, and no other thread had it
+    be, error, ident = _in_a_thread(fake_pycuda.make_backend)
+    assert error is None, repr(error)
+    fake = be.driver.fake
+    runtime.use(be)
+    try:
+        assert fake.stacks.get(ident, []) == []
+        x = gc.Tensor(np.arange(4, dtype=np.float32), device="cuda")        # the main thread, bound now
+        np.testing.assert_array_equal((x * 2.0).numpy(), np.arange(4) * 2.0)
+        assert fake.context_stack == []             # bound with cuCtxSetCurrent, nothing pushed to pop at exit
+    finally:
+        runtime.use(None)
+
+
 def test_a_module_the_driver_refuses_names_its_compiler_and_the_driver(fake_gpu, monkeypatch):
     # a CUBIN or PTX from an NVRTC newer than the driver (CUDA 13 wheels, a CUDA 12 driver) is refused
     # by the driver's loader with a message that does not say why; the error says what was loaded
