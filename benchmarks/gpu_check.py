@@ -65,6 +65,20 @@ PREPARE = ("prepare it on the session's machine (benchmarks/README.md, 'The GPU 
            "demo's wheels into .gpu) and name \".gpu\" in the device call's carry: git ignores it")
 
 
+def gpu_identity(timeout: float = 20.0):
+    """``nvidia-smi``'s name, driver version and memory of each GPU ("NVIDIA H100 80GB HBM3, 580.65.06,
+    81559 MiB"), or None: recorded before any step, so a run whose setup fails still names its card."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def missing_from_gpu_dir(gpu_dir: Path = GPU_DIR, steps=("setup", "demo")) -> list:
     """What ``gpu_dir`` lacks of ``GPU_DIR_NEEDS`` for ``steps``: ["what (pattern)", ...]."""
     return [f"{what} ({' or '.join(patterns)})" for patterns, what, step in GPU_DIR_NEEDS
@@ -258,6 +272,10 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     rec = Record(out, kind)
+    if kind == "gpu":
+        rec.data["gpu"] = gpu_identity()
+        rec.say(f"[gpu_check] GPU: {rec.data['gpu']}")
+        rec.save()
     t_start = time.monotonic()
     chosen = [s.strip() for s in args.steps.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in STEPS]

@@ -133,3 +133,15 @@ def test_gpu_check_second_thread_case_on_the_fake_gpu():
     finally:
         fake_pycuda.close(be)
         runtime.use(None)
+
+
+def test_gpu_check_names_the_gpu_from_nvidia_smi(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert _gpu_check().gpu_identity() == "NVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    assert _gpu_check().gpu_identity() is None
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert _gpu_check().gpu_identity() is None
