@@ -120,7 +120,7 @@ class PyCudaDriver:
 
     def bind_thread(self) -> None:
         """Make the primary context current in the calling thread (once per
-        thread; nothing in the thread that made the driver). CUDA's current
+        thread; nothing in the main thread, which keeps it pushed). CUDA's current
         context is per thread: elsewhere a launch fails with
         CUDA_ERROR_INVALID_CONTEXT. ``cuCtxSetCurrent``, not PyCUDA's
         ``push``: PyCUDA aborts the process when a thread ends with a context
@@ -138,8 +138,8 @@ class PyCudaDriver:
 
     def _in_thread(self, fn, *args):
         """``fn(*args)``, a PyCUDA call making an object that keeps its context
-        (an allocation, a module; or freeing one): outside the driver's own
-        thread PyCUDA needs the context on that thread's PyCUDA stack, so it
+        (an allocation, a module; or freeing one): outside the main thread
+        PyCUDA needs the context on that thread's PyCUDA stack, so it
         is pushed for the call and popped after (never left there: see
         ``bind_thread``)."""
         if threading.get_ident() == self._owner:
