@@ -47,6 +47,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GPU_DIR = ROOT / ".gpu"
 SITE = GPU_DIR / "site"
+CARRY_LIMIT = 64 << 20          # what a device call's carry may take in all
+
+# What the GPU machine (no network, no PyCUDA) needs from .gpu: (patterns, any one will do; what it is;
+# the step that fails without it). Git ignores .gpu, so it reaches the machine only when the device
+# call names it in its carry.
+GPU_DIR_NEEDS = [
+    (("install-pycuda.sh",), "PyCUDA's installer", "setup"),
+    (("wheels/pycuda-*-cp312-*.whl", "wheels/pycuda-*.tar.gz"), "PyCUDA for CPython 3.12 (a wheel, or its source)",
+     "setup"),
+    *[((f"wheels/{dep}-*.whl",), f"PyCUDA's dependency {dep}", "setup")
+      for dep in ("pytools", "platformdirs", "siphash24", "typing_extensions", "mako", "markupsafe")],
+    (("extra/matplotlib-*.whl",), "the demo's matplotlib (and its dependencies beside it)", "demo"),
+    (("extra/tqdm-*.whl",), "the demo's tqdm", "demo"),
+]
+PREPARE = ("prepare it on the session's machine (benchmarks/README.md, 'The GPU run': fetch-pycuda.sh and the "
+           "demo's wheels into .gpu) and name \".gpu\" in the device call's carry: git ignores it")
+
+
+def gpu_identity(timeout: float = 20.0):
+    """``nvidia-smi``'s name, driver version and memory of each GPU ("NVIDIA H100 80GB HBM3, 580.65.06,
+    81559 MiB"), or None: recorded before any step, so a run whose setup fails still names its card."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def missing_from_gpu_dir(gpu_dir: Path = GPU_DIR, steps=("setup", "demo")) -> list:
+    """What ``gpu_dir`` lacks of ``GPU_DIR_NEEDS`` for ``steps``: ["what (pattern)", ...]."""
+    return [f"{what} ({' or '.join(patterns)})" for patterns, what, step in GPU_DIR_NEEDS
+            if step in steps and not any(next(gpu_dir.glob(p), None) for p in patterns)]
 
 # name -> (seconds it may take at most, what it does); the order is the run's order
 STEPS = {
@@ -153,10 +189,15 @@ def setup(rec: Record, kind: str, timeout: float) -> dict:
     if kind == "gpu":
         probe = subprocess.run([sys.executable, "-c", "import pycuda.driver"], env=env, capture_output=True)
         if probe.returncode != 0:
+            missing = missing_from_gpu_dir(GPU_DIR, ("setup",))
+            if missing:         # say so at once: the lent machine's minutes are few
+                return dict(result, ok=False, error=f"PyCUDA is not installed and {GPU_DIR} lacks: "
+                                                    f"{'; '.join(missing)}: {PREPARE}")
             code, _ = run_command(rec, ["bash", GPU_DIR / "install-pycuda.sh", SITE], env, timeout / 2)
             result["pycuda_install_rc"] = code
             if code != 0:
                 return dict(result, ok=False, error="PyCUDA did not install")
+        result["gpu_dir_missing"] = missing_from_gpu_dir(GPU_DIR, ("demo",))      # the demo step fails without
         extra = sorted(str(p) for p in (GPU_DIR / "extra").glob("*.whl"))
         have = subprocess.run([sys.executable, "-c", "import matplotlib, tqdm"], env=env, capture_output=True)
         if extra and have.returncode != 0:
@@ -184,6 +225,32 @@ def setup(rec: Record, kind: str, timeout: float) -> dict:
     return dict(result, ok=probe.returncode == 0, seconds=time.monotonic() - t0)
 
 
+def preflight(gpu_dir: Path) -> int:
+    """Check here what the GPU run will need from ``gpu_dir`` (.gpu), and print the device call that
+    carries it; 1 when something is missing or it is too large to carry."""
+    missing = missing_from_gpu_dir(gpu_dir)
+    for item in missing:
+        print(f"[preflight] missing: {item}")
+    size = sum(p.stat().st_size for p in gpu_dir.rglob("*") if p.is_file() and "site" not in p.relative_to(
+        gpu_dir).parts) if gpu_dir.is_dir() else 0
+    print(f"[preflight] {gpu_dir}: {size / 2 ** 20:.1f} MiB (a device call carries at most "
+          f"{CARRY_LIMIT / 2 ** 20:.0f} MiB in all)")
+    try:        # (a folder outside the checkout, or no git: not known to be ignored)
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(gpu_dir)], cwd=ROOT,
+                                 stderr=subprocess.DEVNULL).returncode == 0
+    except OSError:
+        ignored = False
+    if ignored:
+        print(f"[preflight] git ignores {gpu_dir.name}: name it in the device call's carry, "
+              f"e.g. carry=[\"{gpu_dir.name}\"]")
+    if missing:
+        print(f"[preflight] {PREPARE}")
+    ok = not missing and size <= CARRY_LIMIT
+    print("[preflight] " + ("ready: bash .gpu/run-on-gpu.sh python3 benchmarks/gpu_check.py --budget 300" if ok
+                            else "NOT ready"))
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--emulator", action="store_true", help="dry run: the same steps on the host emulator")
@@ -191,15 +258,24 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=470.0, help="seconds for the whole run (default 470)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results" / "gpu_check"))
     ap.add_argument("--workers", type=int, default=0, help="pytest -n for tests/cuda (default: cores, at most 16)")
+    ap.add_argument("--preflight", action="store_true",
+                    help="here, before a GPU is lent: is .gpu complete, and how must the device call carry it")
+    ap.add_argument("--gpu-dir", default=str(GPU_DIR), help=argparse.SUPPRESS)     # (tests: another .gpu)
     ap.add_argument("--step", help=argparse.SUPPRESS)           # internal: run one step in this process
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     kind = "emulator" if args.emulator else "gpu"
+    if args.preflight:
+        return preflight(Path(args.gpu_dir))
     if args.step:
         return run_step_here(args.step, kind, Path(args.result), args)
 
     out = Path(args.out)
     rec = Record(out, kind)
+    if kind == "gpu":
+        rec.data["gpu"] = gpu_identity()
+        rec.say(f"[gpu_check] GPU: {rec.data['gpu']}")
+        rec.save()
     t_start = time.monotonic()
     chosen = [s.strip() for s in args.steps.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in STEPS]
@@ -358,6 +434,10 @@ def step_smoke(kind, result, save, args):
         print(f"  {fam:10s} {'ok' if fams[fam]['ok'] else 'FAILED'} {fams[fam]['seconds']:.2f} s"
               + ("" if fams[fam]["ok"] else "  " + fams[fam]["error"][:800]), flush=True)
         save()
+    result["second_thread"] = _second_thread_case()
+    print(f"  second thread: {result['second_thread']}", flush=True)
+    result["ok"] = result["ok"] and result["second_thread"]["ok"]
+    save()
     if kind == "gpu":
         # every standard family compiles for float and double (what a test might not reach)
         t0 = time.perf_counter()
@@ -370,6 +450,37 @@ def step_smoke(kind, result, save, args):
             result["ok"] = False
         print(f"  precompile: {result['precompile']}", flush=True)
     result["memory_stats"] = be.memory_stats()
+
+
+def _second_thread_case() -> dict:
+    """An upload, kernels, a GEMM and a read back in a thread of its own, against NumPy. CUDA's
+    current context is per thread and PyCUDA's context stack too (it aborts the process when a
+    thread ends with a context pushed): only a GPU shows whether gradcore binds it right."""
+    import threading
+    import numpy as np
+    import gradcore as gc
+    import gradcore.functional as F
+    a = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    box = {}
+
+    def run():
+        try:
+            x = gc.Tensor(a, device="cuda")
+            box["value"] = F.matmul(F.tanh(x), x.transpose(1, 0)).numpy()
+        except Exception as exc:
+            box["error"] = f"{type(exc).__name__}: {exc}"[-1500:]
+    t0 = time.perf_counter()
+    thread = threading.Thread(target=run, name="gpu_check-second-thread")
+    thread.start()
+    thread.join(60)
+    out = {"seconds": round(time.perf_counter() - t0, 3)}
+    if thread.is_alive():
+        return dict(out, ok=False, error="still running after 60 s")
+    if "error" in box:
+        return dict(out, ok=False, error=box["error"])
+    want = np.tanh(a.astype(np.float64)) @ a.T.astype(np.float64)
+    out["max_difference"] = float(np.max(np.abs(box["value"] - want)))
+    return dict(out, ok=out["max_difference"] <= 1e-5)
 
 
 def step_cudnn(kind, result, save, args):

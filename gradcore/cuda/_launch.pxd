@@ -67,6 +67,8 @@ cdef class Launcher:
     cdef public unsigned long long launches
     cdef public object trace            # a deque of kernel names, or None
     cdef object python_launch           # the driver's launch, for MODE_PYTHON kernels
+    cdef object bind_thread             # the driver's: its context made current in a new thread (or None)
+    cdef unsigned long long launcher_id     # what a thread that bound the context for it records (_launch.pyx)
     # CUDA-graph capture (gradcore/cuda/graphs.py); all None/0 outside a capture
     cdef public object capture          # emulator: takes each launch (kernel, grid, block, params, shared) instead of running it
     cdef public list keep               # the Blocks of the arrays the captured launches read (the graph keeps them alive)

@@ -69,6 +69,19 @@ cdef extern from *:
                                 const double* a, int lda, long long sa, const double* b, int ldb, long long sb,
                                 const double* beta, double* c, int ldc, long long sc, int batch)
 
+cdef extern from *:
+    """
+    /* per thread: the Launcher (by its id) whose driver made its context current here; a new
+       thread starts at 0 (a thread id can be reused by the next thread, this cannot) */
+    static __thread unsigned long long gc_bound_launcher = 0;
+    static unsigned long long gc_thread_bound_to(void) { return gc_bound_launcher; }
+    static void gc_set_thread_bound_to(unsigned long long id) { gc_bound_launcher = id; }
+    """
+    unsigned long long gc_thread_bound_to()
+    void gc_set_thread_bound_to(unsigned long long id)
+
+cdef unsigned long long _launcher_ids = 0
+
 DEF PARAM_BYTES = 4096
 DEF THREADS = 256
 
@@ -242,12 +255,18 @@ cdef void _keep_blocks(list keep, MemoryPool own_pool, tuple args):
 
 cdef class Launcher:
     """Launches ``Kernel``s (see _launch.pxd). ``cu_launch_address`` is the
-    address of ``cuLaunchKernel`` (0 on the host emulator)."""
+    address of ``cuLaunchKernel`` (0 on the host emulator); ``bind_thread``
+    (the GPU driver's) makes its context current in a thread launching for
+    the first time."""
 
-    def __init__(self, uintptr_t cu_launch_address=0, trace=None, python_launch=None):
+    def __init__(self, uintptr_t cu_launch_address=0, trace=None, python_launch=None, bind_thread=None):
         self.cu_launch = <void*>cu_launch_address
         self.trace = trace
         self.python_launch = python_launch
+        global _launcher_ids
+        self.bind_thread = bind_thread
+        _launcher_ids += 1
+        self.launcher_id = _launcher_ids
         self.dry_run = False
         self.launches = 0
         self.capture, self.keep, self.stream = None, None, 0
@@ -276,6 +295,11 @@ cdef class Launcher:
             return 0
         if self.cu_launch == NULL:
             raise RuntimeError(f"{k.name}: no cuLaunchKernel entry point for a CUDA kernel")
+        if self.bind_thread is not None and gc_thread_bound_to() != self.launcher_id:
+            # CUDA's current context is per thread: a launch from a thread without
+            # it fails (CUDA_ERROR_INVALID_CONTEXT); one compare per launch
+            self.bind_thread()
+            gc_set_thread_bound_to(self.launcher_id)
         extra[0] = <void*>1              # CU_LAUNCH_PARAM_BUFFER_POINTER
         extra[1] = <void*>self.buf
         extra[2] = <void*>2              # CU_LAUNCH_PARAM_BUFFER_SIZE

@@ -405,6 +405,9 @@ def _usable(be, dtype, *arrays) -> Optional[Context]:
     """The Context when cuDNN may run an op on ``arrays`` of ``dtype``."""
     if not enabled or dtype not in _DATA_TYPES:
         return None
+    bind = getattr(be.driver, "bind_thread", None)
+    if bind is not None:        # cuDNN runs in the calling thread's context (its handle is made there, too)
+        bind()
     ctx = context(be)
     if ctx is None:
         return None

@@ -36,6 +36,7 @@ by ``gradcore.cuda.runtime.pack_params``.
 from __future__ import annotations
 
 import ctypes
+import threading
 
 
 class CudaUnavailable(RuntimeError):
@@ -67,11 +68,19 @@ class PyCudaDriver:
         self.device = drv.Device(device_index)
         # the primary context: the one the runtime API (PyTorch, CuPy) uses too
         self.context = self.device.retain_primary_context()
-        self.context.push()
-        # PyCUDA aborts at exit when a pushed context is still on its stack
-        # (what pycuda.autoprimaryctx does too)
-        import atexit
-        atexit.register(self._finish_up)
+        # CUDA's current context is per thread. The main thread keeps it pushed
+        # on its PyCUDA stack (popped at exit: PyCUDA aborts when a thread ends
+        # with a context there, as pycuda.autoprimaryctx does); any other
+        # thread, the one making the driver included (it may end before the
+        # process), is bound on its first call (bind_thread)
+        self._bound = threading.local()
+        self._set_current = None        # libcuda's cuCtxSetCurrent, found on the first other thread
+        self._owner = None              # the thread whose PyCUDA stack holds the context
+        if threading.current_thread() is threading.main_thread():
+            self.context.push()
+            self._owner = threading.get_ident()
+            import atexit
+            atexit.register(self._finish_up)
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.name = self.device.name()
@@ -101,12 +110,46 @@ class PyCudaDriver:
 
     def memory_info(self) -> tuple:
         """(total, free) bytes of the GPU's memory (``cuMemGetInfo``)."""
+        self.bind_thread()
         free, total = self.drv.mem_get_info()
         return int(total), int(free)
 
     def driver_version(self) -> int:
         """``cuDriverGetVersion``: major * 1000 + minor * 10."""
         return int(self.drv.get_driver_version())
+
+    def bind_thread(self) -> None:
+        """Make the primary context current in the calling thread (once per
+        thread; nothing in the main thread, which keeps it pushed). CUDA's current
+        context is per thread: elsewhere a launch fails with
+        CUDA_ERROR_INVALID_CONTEXT. ``cuCtxSetCurrent``, not PyCUDA's
+        ``push``: PyCUDA aborts the process when a thread ends with a context
+        on its PyCUDA stack. Example: ``threading.Thread(target=lambda:
+        (x * 2).numpy())`` on cuda works as in the main thread."""
+        if threading.get_ident() == self._owner or getattr(self._bound, "done", False):
+            return
+        if self._set_current is None:
+            self._set_current = _bind_libcuda(None, (("cuCtxSetCurrent", [ctypes.c_void_p]),))[2]["cuCtxSetCurrent"]
+        status = self._set_current(self.context.handle)
+        if status:
+            raise RuntimeError(f"cuda: cuCtxSetCurrent failed in thread {threading.current_thread().name!r} "
+                               f"(CUresult {status})")
+        self._bound.done = True
+
+    def _in_thread(self, fn, *args):
+        """``fn(*args)``, a PyCUDA call making an object that keeps its context
+        (an allocation, a module; or freeing one): outside the main thread
+        PyCUDA needs the context on that thread's PyCUDA stack, so it
+        is pushed for the call and popped after (never left there: see
+        ``bind_thread``)."""
+        if threading.get_ident() == self._owner:
+            return fn(*args)
+        self.bind_thread()
+        self.context.push()
+        try:
+            return fn(*args)
+        finally:
+            self.drv.Context.pop()
 
     def _finish_up(self):
         if self.context is None:
@@ -129,6 +172,9 @@ class PyCudaDriver:
 
     # ---------------------------------------------------------------- memory
     def alloc(self, nbytes: int):
+        return self._in_thread(self._alloc, nbytes)
+
+    def _alloc(self, nbytes: int):
         if self._capture_stream and not self.capture_allocating:
             raise RuntimeError(f"cuda: a device allocation of {nbytes} bytes outside the CUDA graph's memory "
                                f"pool during capture (the graph would not own it)")
@@ -138,21 +184,25 @@ class PyCudaDriver:
             raise MemoryError(f"cuda: out of device memory allocating {nbytes} bytes ({exc})") from None
 
     def free(self, allocation) -> None:
-        allocation.free()
+        self._in_thread(allocation.free)
 
     def htod(self, ptr: int, host) -> None:
+        self.bind_thread()
         self.drv.memcpy_htod(ptr, host)
 
     def dtoh(self, host, ptr: int) -> None:
+        self.bind_thread()
         self.drv.memcpy_dtoh(host, ptr)
 
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self.bind_thread()
         if self._capture_stream:
             self.graph_api.memcpy_dtod_async(dst, src, nbytes, self._capture_stream)
             return
         self.drv.memcpy_dtod(dst, src, nbytes)
 
     def memset0(self, ptr: int, nbytes: int) -> None:
+        self.bind_thread()
         if self._capture_stream:
             self.graph_api.memset_d8_async(ptr, 0, nbytes, self._capture_stream)
             return
@@ -164,11 +214,31 @@ class PyCudaDriver:
         module = self._modules.get(prog.key)
         if module is None:
             image = prog.image.encode() if isinstance(prog.image, str) else prog.image
-            module = self._modules[prog.key] = (self._module_api.load(image) if self._module_api is not None
-                                                else self.drv.module_from_buffer(image))
+            try:
+                module = self._in_thread(self._module_api.load if self._module_api is not None
+                                         else self.drv.module_from_buffer, image)
+            except Exception as exc:
+                raise RuntimeError(self._load_failure(name, image, exc)) from exc
+            self._modules[prog.key] = module
         return module
 
+    def _load_failure(self, name: str, image: bytes, exc: Exception) -> str:
+        """What a failed module load says: the image, its compiler, the driver, and the likely cause
+        (an image from a compiler newer than the driver: the driver's message does not say so)."""
+        kind = "a CUBIN" if image.startswith(b"\x7fELF") else "PTX"
+        compiler = self.cache.identity()
+        driver = self.driver_version()
+        text = (f"cuda: loading the module of {name} ({kind} for {self.arch}, compiled by {compiler}) failed "
+                f"on CUDA driver {driver // 1000}.{driver % 1000 // 10}: {exc}")
+        parts = compiler.split()
+        if parts[0] == "nvrtc" and parts[1].split(".")[0].isdigit() and int(parts[1].split(".")[0]) > driver // 1000:
+            text += (f". NVRTC {parts[1]} is newer than the driver ({driver // 1000}.x), whose loader may refuse "
+                     f"its output: an NVRTC of the driver's CUDA major (nvidia-cuda-nvrtc for CUDA "
+                     f"{driver // 1000}), or GRADCORE_CUDA_COMPILER=nvcc with a matching toolkit")
+        return text
+
     def function(self, module, kernel_name: str):
+        self.bind_thread()
         if self._module_api is not None:
             return DriverFunction(self._module_api.function(module, kernel_name), kernel_name)
         return module.get_function(kernel_name)
@@ -206,6 +276,7 @@ class PyCudaDriver:
         self._cublas().set_tf32(allowed)
 
     def launch(self, function, grid, block, params: bytes, shared: int = 0) -> None:
+        self.bind_thread()
         if isinstance(function, DriverFunction):
             self._module_api.launch(function.handle, grid, block, params, shared, self._capture_stream)
             return
@@ -220,6 +291,7 @@ class PyCudaDriver:
     def synchronize(self) -> None:
         if self._capture_stream:
             raise RuntimeError("a device synchronisation while a CUDA graph is being captured")
+        self.bind_thread()
         self.drv.Context.synchronize()
 
     # ---------------------------------------------------------------- CUDA graphs (gradcore/cuda/graphs.py)
@@ -230,6 +302,7 @@ class PyCudaDriver:
         call ``cuMemAlloc``), recorded, not run."""
         if self._capture_stream:
             raise RuntimeError("a CUDA graph is already being captured")
+        self.bind_thread()
         if self.graph_api is None:
             self.graph_api = CudaGraphApi()
         api = self.graph_api
@@ -248,7 +321,7 @@ class PyCudaDriver:
             self._blas.set_stream(0)
         try:
             graph = api.end_capture(stream)
-            return CudaGraph(api, graph, api.instantiate(graph))
+            return CudaGraph(api, graph, api.instantiate(graph), self.bind_thread)
         finally:
             api.stream_destroy(stream)
 
@@ -397,10 +470,13 @@ class CudaGraph:
 
     kernels = None          # the driver does not tell; the emulator's graph counts them
 
-    def __init__(self, api: CudaGraphApi, graph: int, graph_exec: int):
+    def __init__(self, api: CudaGraphApi, graph: int, graph_exec: int, bind_thread=None):
         self.api, self.graph, self.graph_exec = api, graph, graph_exec
+        self.bind_thread = bind_thread      # the driver's: a replay from another thread
 
     def launch(self) -> None:
+        if self.bind_thread is not None:
+            self.bind_thread()
         self.api.launch(self.graph_exec, 0)
 
     def destroy(self) -> None:

@@ -84,7 +84,9 @@ class Backend:
         self.copies = {"htod": 0, "dtoh": 0, "dtod": 0, "memset": 0, "htod_bytes": 0, "dtoh_bytes": 0}
         # the compiled per-call path: launches go straight to the driver's C
         # entry point (cuLaunchKernel, or the emulator's compiled launcher)
-        self.launcher = Launcher(driver.launch_entry(), getattr(driver, "launched", None), driver.launch)
+        self._bind_thread = getattr(driver, "bind_thread", None)    # a GPU's: its context per thread
+        self.launcher = Launcher(driver.launch_entry(), getattr(driver, "launched", None), driver.launch,
+                                 self._bind_thread)
         self.launch = self.launcher.launch
         self.launch_n = self.launcher.launch_n
         # the CUDA graph being captured (gradcore/cuda/graphs.py): host copies
@@ -340,6 +342,8 @@ class Backend:
         """cuBLAS ``<S|D>gemmStridedBatched`` (column-major), pointers as ints:
         through C function pointers where the driver has them (a GPU), else
         the driver's ``gemm`` (the emulator's NumPy shim)."""
+        if self._bind_thread is not None:       # cuBLAS runs in the calling thread's context (made there, too)
+            self._bind_thread()
         entry = self._blas_entry
         if entry is None:
             blas_entry = getattr(self.driver, "blas_entry", None)

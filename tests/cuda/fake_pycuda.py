@@ -7,13 +7,18 @@ emulator alone cannot: every launch's parameter buffer against the
 parameter list nvcc wrote into the PTX for that kernel (offsets follow the
 alignment of each ``.param``, the total size must match), and the calls
 follow PyCUDA's signatures (``_launch_kernel(grid, block, buffer, shared,
-stream)`` with 3-tuples, bytes, an int and None).
+stream)`` with 3-tuples, bytes, an int and None), and CUDA's current
+context is per thread, as on a GPU: a thread has it once PyCUDA pushed it
+there (PyCUDA's own stack, per thread, which PyCUDA's allocations and
+modules need) or ``cuCtxSetCurrent`` made it current (what launches and
+copies need); elsewhere the calls fail as the real ones do.
 """
 from __future__ import annotations
 
 import ctypes
 import re
 import sys
+import threading
 import types
 
 import numpy as np
@@ -51,7 +56,11 @@ class FakeCuda:
         self.modules = 0                # module_from_buffer calls
         self.functions = {}             # CUfunction handle -> _Function
         self.entry_points = _c_entry_points(self)
-        self.context_stack = []
+        # per thread (a thread's id may be the next thread's: the state is thread-local)
+        self._thread = threading.local()    # .stack: PyCUDA's context stack; .set_current: cuCtxSetCurrent called
+        self.stacks = {}                # thread id -> the PyCUDA stack of the last thread with that id (tests)
+        self.set_current_threads = set()    # ids of the threads where cuCtxSetCurrent was called (tests)
+        self.context_thread = None      # the thread that made the context
         outer = self
 
         class Error(Exception):
@@ -61,16 +70,20 @@ class FakeCuda:
             pass
 
         class Context:
+            handle = 0xC0
+
             def push(self):
                 outer.context_stack.append(self)
 
             @staticmethod
             def pop():
+                if not outer.context_stack:
+                    raise Error("context::pop failed: invalid device context - cannot pop non-current context")
                 outer.context_stack.pop()
 
             @staticmethod
             def synchronize():
-                assert outer.context_stack, "synchronize without a current context"
+                outer._cuda_current("cuCtxSynchronize")
 
         class Device:
             def __init__(self, index):
@@ -91,6 +104,7 @@ class FakeCuda:
                 return 1 << 30
 
             def retain_primary_context(self):
+                outer.context_thread = threading.get_ident()    # PyCUDA frees its objects there only
                 return Context()
 
         self.Error, self.MemoryError, self.Context, self.Device = Error, MemoryError_, Context, Device
@@ -99,11 +113,38 @@ class FakeCuda:
     def init(self):
         pass
 
-    def _current(self):
-        assert self.context_stack, "a CUDA call without a current context"
+    @property
+    def context_stack(self):
+        """The calling thread's PyCUDA context stack."""
+        stack = getattr(self._thread, "stack", None)
+        if stack is None:
+            stack = self._thread.stack = self.stacks[threading.get_ident()] = []
+        return stack
+
+    def _current(self, what="explicit_context_dependent"):
+        """PyCUDA's objects keeping a context (allocations, modules) need it on the thread's PyCUDA stack."""
+        if not self.context_stack:
+            raise self.Error(f"{what} failed: invalid device context - no currently active context?")
+
+    def cuda_is_current(self) -> bool:
+        """Whether CUDA has a current context in the calling thread."""
+        return bool(self.context_stack) or getattr(self._thread, "set_current", False)
+
+    def _cuda_current(self, what):
+        if not self.cuda_is_current():
+            raise self.Error(f"{what} failed: invalid device context")
+
+    def set_current(self, handle):
+        """libcuda's ``cuCtxSetCurrent``: a CUresult."""
+        if handle != self.Context.handle:
+            return 201          # CUDA_ERROR_INVALID_CONTEXT
+        self._thread.set_current = True
+        self.set_current_threads.add(threading.get_ident())
+        return 0
 
     def mem_get_info(self):
         """(free, total), PyCUDA's order: the host driver's emulated memory."""
+        self._cuda_current("cuMemGetInfo")
         total, free = self.host.memory_info()
         return free, total
 
@@ -116,21 +157,21 @@ class FakeCuda:
         return _DeviceAllocation(self, self.host.alloc(nbytes))
 
     def memcpy_htod(self, dest, src):
-        self._current()
+        self._cuda_current("cuMemcpyHtoD")
         assert isinstance(dest, int) and isinstance(src, np.ndarray) and src.flags.c_contiguous
         self.host.htod(dest, src)
 
     def memcpy_dtoh(self, dest, src):
-        self._current()
+        self._cuda_current("cuMemcpyDtoH")
         assert isinstance(dest, np.ndarray) and dest.flags.c_contiguous and isinstance(src, int)
         self.host.dtoh(dest, src)
 
     def memcpy_dtod(self, dest, src, size):
-        self._current()
+        self._cuda_current("cuMemcpyDtoD")
         self.host.dtod(dest, src, size)
 
     def memset_d8(self, dest, data, size):
-        self._current()
+        self._cuda_current("cuMemsetD8")
         assert data == 0
         self.host.memset0(dest, size)
 
@@ -151,8 +192,12 @@ class _DeviceAllocation:
         return int(self.host_allocation)
 
     def free(self):
-        self.fake._current()
-        self.fake.host.free(self.host_allocation)
+        # PyCUDA activates the allocation's context for the free: on the thread's
+        # PyCUDA stack, or in the context's own thread; elsewhere it warns and leaks
+        fake = self.fake
+        if not fake.context_stack and threading.get_ident() != fake.context_thread:
+            raise fake.Error("device_allocation in out-of-thread context could not be cleaned up")
+        fake.host.free(self.host_allocation)
 
 
 class _Module:
@@ -182,7 +227,7 @@ class _Function:
 
     def _launch_kernel(self, grid, block, buffer, shared, stream):
         fake = self.module.fake
-        fake._current()
+        fake._cuda_current("cuLaunchKernel")
         assert isinstance(grid, tuple) and isinstance(block, tuple) and len(grid) <= 3 and len(block) <= 3
         assert isinstance(buffer, bytes) and isinstance(shared, int) and stream is None
         layout = self.module.params[self.name]
@@ -206,6 +251,8 @@ def _c_entry_points(fake):
     launch path calls them exactly as it calls the real ones."""
     def cu_launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         try:
+            if not fake.cuda_is_current():
+                return 201              # CUDA_ERROR_INVALID_CONTEXT: no context in this thread
             fn = fake.functions[f]
             # extra = {BUFFER_POINTER(1), buf, BUFFER_SIZE(2), &size, END(0)}
             assert params is None, "parameters travel in extra"
@@ -357,6 +404,7 @@ def make_backend():
         lambda: (_BLAS_HANDLE, _address(entry["sgemm"]), _address(entry["dgemm"]))),
         "set_stream": staticmethod(lambda stream: setattr(fake, "blas_stream", stream))})()
     driver.graph_api = fake.graphs = FakeGraphApi(fake)
+    driver._set_current = fake.set_current      # libcuda's cuCtxSetCurrent
     driver.fake = fake
     be = Backend(driver)
     # on a machine with a GPU the real cuDNN would load, and read the fake's host addresses

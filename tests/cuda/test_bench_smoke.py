@@ -53,6 +53,7 @@ def test_gpu_check_dry_mode_runs_every_step_on_the_emulator(tmp_path):
     assert failed == {}
     assert set(record["steps"]["smoke"]["families"]) == {"elemwise", "reduce", "nn", "shape", "indexing", "linalg",
                                                           "conv", "vision"}
+    assert record["steps"]["smoke"]["second_thread"]["ok"] is True
     assert record["steps"]["graphs"]["max_difference"] == 0.0
     assert record["steps"]["demo"]["cuda"]["exit_code"] == 0
     start = record["steps"]["demo"]["import_to_first_step"]
@@ -65,3 +66,82 @@ def test_gpu_check_refuses_an_unknown_step(tmp_path):
     out = subprocess.run([sys.executable, str(GPU_CHECK), "--emulator", "--out", str(tmp_path), "--steps", "smok"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "unknown steps ['smok']" in out.stderr
+
+
+def _gpu_check():
+    sys.path.insert(0, str(GPU_CHECK.parent))
+    import gpu_check
+    return gpu_check
+
+
+def _fill_gpu_dir(gpu_dir):
+    """A .gpu as benchmarks/README.md prepares it (empty files with the right names)."""
+    names = ["install-pycuda.sh", "wheels/pycuda-2026.1-cp312-cp312-linux_x86_64.whl",
+             "extra/matplotlib-3.11.2-cp312-cp312-manylinux2014_x86_64.whl", "extra/tqdm-4.70.1-py3-none-any.whl"]
+    names += [f"wheels/{dep}-1.0-py3-none-any.whl"
+              for dep in ("pytools", "platformdirs", "siphash24", "typing_extensions", "mako", "markupsafe")]
+    for name in names:
+        (gpu_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (gpu_dir / name).write_bytes(b"")
+
+
+def test_gpu_check_preflight_names_what_the_gpu_folder_lacks(tmp_path):
+    # .gpu is git-ignored: a device call without it in its carry, or with an incomplete one, spent
+    # the lent machine's start on "No such file" (the preflight runs here, before)
+    gpu_dir = tmp_path / ".gpu"
+    gpu_dir.mkdir()
+    cmd = [sys.executable, str(GPU_CHECK), "--preflight", "--gpu-dir", str(gpu_dir)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "NOT ready" in out.stdout
+    for what in ("PyCUDA for CPython 3.12", "PyCUDA's dependency pytools", "the demo's tqdm", "install-pycuda.sh"):
+        assert what in out.stdout, out.stdout
+    _fill_gpu_dir(gpu_dir)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "missing" not in out.stdout and "ready: bash .gpu/run-on-gpu.sh" in out.stdout
+
+
+def test_gpu_check_setup_stops_at_once_without_pycuda_or_its_wheels(tmp_path, monkeypatch):
+    probe = subprocess.run([sys.executable, "-c", "import pycuda.driver"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("PyCUDA is installed here: setup would not look for its wheels")
+    gpu_check = _gpu_check()
+    monkeypatch.setattr(gpu_check, "GPU_DIR", tmp_path / ".gpu")
+    monkeypatch.setattr(gpu_check, "SITE", tmp_path / ".gpu" / "site")
+    rec = gpu_check.Record(tmp_path / "out", "gpu")
+    result = gpu_check.setup(rec, "gpu", 60)
+    assert result["ok"] is False and "PyCUDA is not installed" in result["error"]
+    assert "PyCUDA for CPython 3.12" in result["error"] and "carry" in result["error"]
+    assert "pycuda_install_rc" not in result          # the installer was not even started
+    assert gpu_check.missing_from_gpu_dir(tmp_path / ".gpu", ("demo",)) == [
+        "the demo's matplotlib (and its dependencies beside it) (extra/matplotlib-*.whl)",
+        "the demo's tqdm (extra/tqdm-*.whl)"]
+
+
+def test_gpu_check_second_thread_case_on_the_fake_gpu():
+    # the smoke step's thread case, where contexts are per thread as on a GPU (fake_pycuda)
+    import shutil
+    from gradcore.cuda import runtime
+    from gradcore.devices import nvcc_path
+    if nvcc_path() is None or not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("the fake GPU needs nvcc and g++")
+    import fake_pycuda
+    be = fake_pycuda.make_backend()
+    runtime.use(be)
+    try:
+        case = _gpu_check()._second_thread_case()
+        assert case["ok"] is True, case
+    finally:
+        fake_pycuda.close(be)
+        runtime.use(None)
+
+
+def test_gpu_check_names_the_gpu_from_nvidia_smi(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert _gpu_check().gpu_identity() == "NVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    assert _gpu_check().gpu_identity() is None
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert _gpu_check().gpu_identity() is None

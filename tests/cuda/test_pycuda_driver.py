@@ -7,6 +7,7 @@ real GPU runs here end to end: the primary context, allocations through the
 pool, copies, PTX loading, raw launches with the packed parameters."""
 import shutil
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -38,6 +39,105 @@ def test_the_primary_context_is_pushed_and_popped_at_exit(fake_gpu, monkeypatch)
         monkeypatch.setitem(sys.modules, name, mod)
     runtime.backend().driver._finish_up()
     assert fake_gpu.context_stack == []
+
+
+def _in_a_thread(fn):
+    """``fn()`` in a new thread: (its result, the exception it raised, the thread's id)."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except Exception as exc:        # re-raised in the test, with the thread's message
+            box["error"] = exc
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return box.get("result"), box.get("error"), t.ident
+
+
+def test_cuda_work_in_another_thread(fake_gpu):
+    # CUDA's current context is per thread: PyCUDA pushed it in the thread that
+    # made the driver only. In another thread a launch failed with
+    # CUDA_ERROR_INVALID_CONTEXT and an allocation with PyCUDA's "no currently
+    # active context?" (the fake, like a GPU, keeps contexts per thread)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal((6, 3)).astype(np.float32)
+    x = gc.Tensor(a, device="cuda")
+    be = runtime.backend()
+
+    def work():
+        w = gc.Tensor(b, device="cuda")                     # an allocation and a copy
+        with gc.GradManager().attach([w]) as gm:            # kernels, a GEMM, a backward
+            y = F.matmul(F.tanh(x * 2.0), w)
+            gm.backward(F.sum(y * y))
+        be.pool.empty_cache()                               # allocations given back from this thread
+        return y.numpy(), w.grad.numpy()
+    result, error, ident = _in_a_thread(work)
+    assert error is None, f"cuda in a second thread: {error!r}"
+    y, gw = result
+    t = np.tanh(a.astype(np.float64) * 2)
+    np.testing.assert_allclose(y, t @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw, t.T @ (2 * (t @ b)), rtol=1e-4, atol=1e-4)
+    # nothing left on that thread's PyCUDA stack (PyCUDA aborts the process when a thread ends with a
+    # context there), and the main thread still has its context
+    assert fake_gpu.stacks[ident] == [] and ident in fake_gpu.set_current_threads
+    assert len(fake_gpu.context_stack) == 1
+    np.testing.assert_allclose((x + 1).numpy(), a + 1)
+
+
+def test_a_launch_as_the_first_cuda_call_of_a_thread(fake_gpu):
+    # the compiled launch path binds the context itself: here the output's block
+    # comes from the pool, the kernel and the constant are loaded, so the
+    # thread's first call into CUDA is cuLaunchKernel
+    x = gc.Tensor(np.arange(6, dtype=np.float32), device="cuda")
+    (x * 3.0).numpy()
+    launches = len(fake_gpu.launches)
+    y, error, ident = _in_a_thread(lambda: x * 3.0)
+    assert error is None, f"a launch in a second thread: {error!r}"
+    assert len(fake_gpu.launches) == launches + 1 and ident in fake_gpu.set_current_threads
+    np.testing.assert_array_equal(y.numpy(), np.arange(6) * 3.0)
+    # a thread after it, whose id may well be the ended thread's, binds the context too
+    for _ in range(3):
+        y, error, _ = _in_a_thread(lambda: x * 3.0)
+        assert error is None, f"a launch in a later thread: {error!r}"
+
+
+def test_a_driver_made_in_a_thread_leaves_nothing_on_its_stack():
+    # the first cuda use may be in a thread (a loader's, a pool's): the driver pushed the context on that
+    # thread's PyCUDA stack, where PyCUDA aborts the process when the thread ends, and no other thread had it
+    be, error, ident = _in_a_thread(fake_pycuda.make_backend)
+    assert error is None, repr(error)
+    fake = be.driver.fake
+    runtime.use(be)
+    try:
+        assert fake.stacks.get(ident, []) == []
+        x = gc.Tensor(np.arange(4, dtype=np.float32), device="cuda")        # the main thread, bound now
+        np.testing.assert_array_equal((x * 2.0).numpy(), np.arange(4) * 2.0)
+        assert fake.context_stack == []             # bound with cuCtxSetCurrent, nothing pushed to pop at exit
+    finally:
+        runtime.use(None)
+
+
+def test_a_module_the_driver_refuses_names_its_compiler_and_the_driver(fake_gpu, monkeypatch):
+    # a CUBIN or PTX from an NVRTC newer than the driver (CUDA 13 wheels, a CUDA 12 driver) is refused
+    # by the driver's loader with a message that does not say why; the error says what was loaded
+    drv = runtime.backend().driver
+    monkeypatch.setattr(drv.cache, "identity", lambda: "nvrtc 13.0 ptx")
+    monkeypatch.setattr(drv.drv, "get_driver_version", lambda: 12040)
+
+    def refuse(image):
+        raise fake_gpu.Error("cuModuleLoadDataEx failed: the provided PTX was compiled with an unsupported "
+                             "toolchain.")
+    monkeypatch.setattr(drv.drv, "module_from_buffer", refuse)
+    with pytest.raises(RuntimeError, match=r"gc_mul_float \(PTX for sm_75, compiled by nvrtc 13.0 ptx\) failed "
+                                           r"on CUDA driver 12.4: .*unsupported toolchain.*NVRTC 13.0 is newer than "
+                                           r"the driver \(12.x\)"):
+        (gc.Tensor(np.ones(3, np.float32), device="cuda") * 2.0).numpy()
+    monkeypatch.setattr(drv.drv, "get_driver_version", lambda: 13000)     # a driver as new: no such hint
+    with pytest.raises(RuntimeError, match="unsupported toolchain") as info:
+        (gc.Tensor(np.ones(3, np.float32), device="cuda") * 2.0).numpy()
+    assert "newer than the driver" not in str(info.value)
 
 
 def test_elementwise_reductions_and_second_order(fake_gpu, matches_cpu):
