@@ -374,3 +374,18 @@ def test_maximum_and_minimum_give_a_tie_wholly_to_the_first_operand():
     # second order through the selection: d2/dx2 max(x * x, c) at the tie x * x = c is 2
     e = _gc_orders(lambda a: F.maximum(a * a, gc.tensor(np.array([4.0]))).sum(), [np.array([2.0])], [[np.ones(1)]])
     assert e[0][0].tolist() == [4.0] and e[1][0].tolist() == [2.0]
+
+
+def test_third_order_through_an_assignment_whose_value_has_an_extra_leading_one():
+    """y[()] = v with v (1, 1) into a (1,) y: the third order differentiates
+    BroadcastToLike (the backward of the backward's SumToLike), whose gradient
+    came back (1,) for its (1, 1) input and was refused. f = sin(x)^2."""
+    def f(x):
+        y = gc.tensor(np.array([0.5]))
+        y[()] = F.reshape(F.sin(x), (1, 1))
+        return (y * y).sum()
+    x = 0.7
+    got = _gc_orders(f, [np.array([x])], [[np.ones(1)], [np.ones(1)]])
+    want = [np.sin(2 * x), 2 * np.cos(2 * x), -4 * np.sin(2 * x)]
+    for k in range(3):
+        np.testing.assert_allclose(got[k][0], [want[k]], rtol=1e-12, err_msg=f"order {k + 1}")
