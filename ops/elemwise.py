@@ -50,10 +50,10 @@ TABLE = [
     # d/dy is 0 (out * log(x) would be 0 * -inf)
     Row("pow",      "np.power(x, y)",         "gc_pow(x, y)",       ("where(eq(y, 0), 0, g * y * x ** (y - 1))",
                                                                      "g * out * log(where(eq(x, 0), 1, x))"), (0.5, 2.0), dtypes="float"),
-    Row("maximum",  "np.maximum(x, y)",       "gc_max(x, y)",       ("where(x > y, g, where(eq(x, y), g * 0.5, 0))",
-                                                                      "where(y > x, g, where(eq(x, y), g * 0.5, 0))")),
-    Row("minimum",  "np.minimum(x, y)",       "gc_min(x, y)",       ("where(x < y, g, where(eq(x, y), g * 0.5, 0))",
-                                                                      "where(y < x, g, where(eq(x, y), g * 0.5, 0))")),
+    # a tie's gradient goes wholly to x, MegEngine's rule (its Elemwise MAX /
+    # MIN grads: x where y <= x, y where x < y); PyTorch splits it in halves
+    Row("maximum",  "np.maximum(x, y)",       "gc_max(x, y)",       ("where(y <= x, g, 0)", "where(x < y, g, 0)")),
+    Row("minimum",  "np.minimum(x, y)",       "gc_min(x, y)",       ("where(x <= y, g, 0)", "where(y < x, g, 0)")),
     Row("floor_div", "np.floor_divide(x, y)", "gc_floor_div(x, y)", (None, None), (0.5, 2.0)),
     Row("mod",      "np.mod(x, y)",           "gc_mod(x, y)",       ("g", "-(g * floor_div(x, y))"), (0.5, 2.0)),
     Row("neg",      "np.negative(x)",         "-x",                 ("-g",)),

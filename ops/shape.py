@@ -280,7 +280,9 @@ class BroadcastToLike(Op):
         return np.broadcast_to(_without_leading_ones(x, len(ref.shape)), ref.shape)
 
     def vjp(self, inputs, outputs, grads):
-        return [grads[0], None]
+        # summed to x's own shape, extra leading ones included (dropped in the
+        # forward): the core's reduction to an input's shape never adds dims
+        return [_apply1(SumToLike(), grads[0], inputs[0]), None]
 
     def cuda_source(self, ctype: str = "float") -> str:
         return _broadcast_source("broadcast_to_like", ctype, "ref's shape")

@@ -354,3 +354,38 @@ def test_float32_sigmoid_and_silu_are_within_5_ulps(torch):
     np.testing.assert_array_equal(F.sigmoid(gc.tensor(np.array([np.inf, -np.inf, 0.0], np.float32))).numpy(),
                                   [1.0, 0.0, 0.5])
     assert np.isnan(F.sigmoid(gc.tensor(np.float32(np.nan))).item())
+
+
+# ---- round 7: MegEngine's tie rules, indexing, nn families --------------------------
+
+
+def test_maximum_and_minimum_give_a_tie_wholly_to_the_first_operand():
+    """MegEngine's Elemwise MAX / MIN grads (src/opr/impl/basic_arith.cpp):
+    x gets g where y <= x (MIN: x <= y), y only where it is strictly the
+    extreme; gradcore split a tie in halves, PyTorch's rule. Broadcast
+    operands sum their share; a NaN gives neither operand a gradient."""
+    x = np.array([[1.0, 2.0, 0.0], [3.0, np.nan, 0.5]])
+    y = np.array([[1.0, 1.0, 0.0]])
+    for fn, x_wins in ((F.maximum, x >= y), (F.minimum, x <= y)):
+        got = _gc_orders(lambda a, b: fn(a, b).sum(), [x, y], [])[0]
+        np.testing.assert_array_equal(got[0], x_wins.astype(float))
+        want_y = (~x_wins & ~np.isnan(x)).sum(0, keepdims=True).astype(float)
+        np.testing.assert_array_equal(got[1], want_y)
+    # second order through the selection: d2/dx2 max(x * x, c) at the tie x * x = c is 2
+    e = _gc_orders(lambda a: F.maximum(a * a, gc.tensor(np.array([4.0]))).sum(), [np.array([2.0])], [[np.ones(1)]])
+    assert e[0][0].tolist() == [4.0] and e[1][0].tolist() == [2.0]
+
+
+def test_third_order_through_an_assignment_whose_value_has_an_extra_leading_one():
+    """y[()] = v with v (1, 1) into a (1,) y: the third order differentiates
+    BroadcastToLike (the backward of the backward's SumToLike), whose gradient
+    came back (1,) for its (1, 1) input and was refused. f = sin(x)^2."""
+    def f(x):
+        y = gc.tensor(np.array([0.5]))
+        y[()] = F.reshape(F.sin(x), (1, 1))
+        return (y * y).sum()
+    x = 0.7
+    got = _gc_orders(f, [np.array([x])], [[np.ones(1)], [np.ones(1)]])
+    want = [np.sin(2 * x), 2 * np.cos(2 * x), -4 * np.sin(2 * x)]
+    for k in range(3):
+        np.testing.assert_allclose(got[k][0], [want[k]], rtol=1e-12, err_msg=f"order {k + 1}")
