@@ -187,10 +187,12 @@ def kernel_error(op, args, exc):
         cls = IndexOpError        # one type for every index out of range
     text = str(exc)
     text = text if text.startswith(f"{op_label(op)}:") else f"{op_label(op)}: {text}"   # named once
+    if not text.endswith(f"(input shapes: {shapes})"):
+        text = f"{text} (input shapes: {shapes})"      # once: a nested op's error may carry them
     try:
-        return cls(f"{text} (input shapes: {shapes})")
+        return cls(text)
     except Exception:
-        return RuntimeError(f"{text} (input shapes: {shapes})")
+        return RuntimeError(text)
 
 
 # ---------------------------------------------------------------- methods
