@@ -497,17 +497,22 @@ def _nondeterminism(op, variant, outs) -> str:
     if outs is None:
         return ""
     dt, arrays = variant
+    return _rerun_problem(op, arrays, outs, arrays, f"{dt} inputs: two runs on the same inputs",
+                          "the kernel is not deterministic (random numbers, or state kept between calls); values "
+                          "and gradients cannot be checked, and gradcore caches what an op computes by its "
+                          "parameters and inputs: take the randomness as an input (a mask, or a seed parameter)")
+
+
+def _rerun_problem(op, arrays, outs, inputs, what: str, cause: str) -> str:
+    """"" when the op gives its outputs ``outs`` (of ``arrays``) again for
+    ``inputs`` (the same values), else a message: ``what`` says how it was
+    run again, ``cause`` what a difference means."""
     try:
-        again = _run(op, arrays)
+        again = _run(op, inputs)
     except Exception as exc:
-        return f"{dt} inputs: a second run on the same inputs fails ({_fmt_exc(exc)}), the first did not"
+        return f"{what}: the kernel fails ({_fmt_exc(exc)}), the first run did not"
     differs = _first_difference(arrays, outs, again)
-    if differs:
-        return (f"{dt} inputs: two runs on the same inputs give different {differs}: the kernel is "
-                f"not deterministic (random numbers, or state kept between calls); values and gradients "
-                f"cannot be checked, and gradcore caches what an op computes by its parameters and "
-                f"inputs: take the randomness as an input (a mask, or a seed parameter)")
-    return ""
+    return f"{what} give different {differs}: {cause}" if differs else ""
 
 
 def _first_difference(arrays, outs, again) -> str:
@@ -550,18 +555,11 @@ def _layout_problem(op, variant, outs) -> str:
     other = [_strided(a) for a in arrays]
     if all(o is a for o, a in zip(other, arrays)):
         return ""
-    try:
-        again = _run(op, other)
-    except Exception as exc:
-        return (f"{dt} inputs in Fortran order or strided (a transposed or sliced tensor's layout): the kernel "
-                f"fails ({_fmt_exc(exc)}), in C order it did not")
-    differs = _first_difference(arrays, outs, again)
-    if differs:
-        return (f"{dt} inputs in Fortran order or strided (a transposed or sliced tensor's layout) give "
-                f"different {differs}: the kernel reads the inputs' memory as if C-contiguous; a cpu kernel "
-                f"gets a tensor's array with its strides: call np.ascontiguousarray(x) before handing the "
-                f"buffer to C, ctypes or np.frombuffer")
-    return ""
+    return _rerun_problem(op, arrays, outs, other,
+                          f"{dt} inputs in Fortran order or strided (a transposed or sliced tensor's layout)",
+                          "the kernel reads the inputs' memory as if C-contiguous; a cpu kernel gets a tensor's "
+                          "array with its strides: call np.ascontiguousarray(x) before handing the buffer to C, "
+                          "ctypes or np.frombuffer")
 
 
 def _compare_with_decomposition(check, op, tag, variant, outs) -> None:
