@@ -1075,7 +1075,13 @@ def generated_cases(op: Any, seed: int = 0) -> List[tuple]:
     rng = np.random.default_rng(seed)
     domain = tuple(describe(cls).check["domain"] or _DEFAULT_DOMAIN)
     cases, tried, first_error = [], [], None
-    for inst in _instances_for(op, seed):
+    insts = _instances_for(op, seed)
+    # the instances asked for (op itself, check_params, else the defaults)
+    # must get inputs; one derived from the defaults whose values infer
+    # refuses every shape for is left out (and not listed as checked)
+    asked = len(insts) if not isinstance(op, type) or describe(cls).check["check_params"] else 1
+    unreached = []
+    for k, inst in enumerate(insts):
         nin = getattr(inst, "nin", None)
         lo, hi = (nin, nin) if isinstance(nin, int) and nin >= 0 else _forward_arity(cls)
         hint = getattr(inst, "check_shapes", None)
@@ -1098,11 +1104,16 @@ def generated_cases(op: Any, seed: int = 0) -> List[tuple]:
                 first_error = first_error or exc
                 continue
             (empty if is_empty else full).append((inst, arrays))
+        if not full:           # a 0-size input alone checks no value and no gradient
+            if k < asked:
+                unreached.append(op_label(inst))
+            continue
         cases += full + empty
-    if not cases:
+    if unreached or not cases:
         raise NoInputsError(
-            f"check_op({_op_short_name(op)}): no examples() and no generated input was accepted "
-            f"(tried shapes {'; '.join(tried[:6])}"
+            f"check_op({_op_short_name(op)}): no examples() and no generated input with elements was accepted"
+            + (f" for {', '.join(unreached)}" if unreached and cases else "") +
+            f" (tried shapes {'; '.join(tried[:6])}"
             + (f"; the first: {_fmt_exc(first_error)[:400]}" if first_error is not None else "") + "); "
             f"if that error is the op's own, fix it; else add a classmethod examples() returning "
             f"[(op_instance, [input arrays]), ...], or narrow the generated inputs with the class "

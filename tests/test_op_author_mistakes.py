@@ -1684,3 +1684,38 @@ def test_loading_an_op_saved_by_another_version_of_its_class_names_both_paramete
                        match=r"MistakeClip7: a saved MistakeClip7\(lo=0.5\) cannot be rebuilt: the installed class "
                              r".*has the parameters \(low, high\)"):
         gradcore.load(buf, weights_only=False)     # was: loaded; its first call an AttributeError on 'low'
+
+
+class _GroupSum(Op):
+    """Sums of groups of k along the last axis (not differentiable: the
+    inputs are what is checked here); infer refuses lengths k does not divide."""
+    name = "MistakeGroupSum7"
+    check_params = [{"k": 2}, {"k": 7}]
+
+    def __init__(self, k=2):
+        self.k = int(k)
+
+    def infer(self, x):
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        if x.ndim == 0 or x.shape[-1] % self.k:
+            raise self.error(f"the last axis must be a multiple of {self.k}", x)
+        return (TensorDesc(x.shape[:-1] + (x.shape[-1] // self.k,), x.dtype, x.device),)
+
+    def cpu(self, x):
+        return x.reshape(x.shape[:-1] + (x.shape[-1] // self.k, self.k)).sum(-1)
+
+
+def test_a_check_params_instance_no_generated_input_reaches_fails_inputs_naming_it():
+    report = check_op(_GroupSum, devices=["cpu"])      # was: passed, k=7 never checked
+    assert report.status("inputs") == "failed"
+    assert "no generated input with elements was accepted for MistakeGroupSum7(k=7)" in report["inputs"].message
+
+
+def test_an_op_whose_only_accepted_generated_input_is_empty_is_not_passed():
+    class EvenOnly(_GroupSum):
+        name = "MistakeEvenOnly7"
+        check_params = [{"k": 9}]
+        check_shapes = [((0, 9),), ((2, 4),)]          # infer accepts the 0-size one alone
+    report = check_op(EvenOnly, devices=["cpu"])       # was: passed on a 0-size input alone
+    assert report.status("inputs") == "failed"
