@@ -1719,3 +1719,23 @@ def test_an_op_whose_only_accepted_generated_input_is_empty_is_not_passed():
         check_shapes = [((0, 9),), ((2, 4),)]          # infer accepts the 0-size one alone
     report = check_op(EvenOnly, devices=["cpu"])       # was: passed on a 0-size input alone
     assert report.status("inputs") == "failed"
+
+
+def test_a_list_of_tensors_given_to_an_op_is_refused_not_stacked_into_a_constant():
+    class Cat(Op):
+        name = "MistakeListConcat7"
+
+        def infer(self, *xs):
+            return (TensorDesc(None if any(x.shape is None for x in xs) else
+                               (sum(x.shape[0] for x in xs),) + xs[0].shape[1:], xs[0].dtype, xs[0].device),)
+
+        def cpu(self, *xs):
+            return np.concatenate(xs, axis=0)
+    a = gradcore.tensor(np.ones((2, 4)))
+    # was: the list became one float32 constant of shape (2, 2, 4): no gradient reached a
+    with pytest.raises(TypeError, match=r"op MistakeListConcat7: argument 0 is a list holding Tensors, which would "
+                                        r"become one constant tensor without gradient"):
+        Cat()([a, a * 2])
+    with pytest.raises(TypeError, match=r"argument 1 is a list holding Tensors"):
+        a + [a, a]                     # was: a gradient of 2 where 4 is right
+    assert Cat()(a, a * 2).shape == (4, 4) and (a + [1.0, 2.0, 3.0, 4.0]).shape == (2, 4)
