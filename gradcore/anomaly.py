@@ -100,8 +100,12 @@ class _Hooks:
             what = "nan" if np.isnan(arr).any() else "inf"
             where = ("".join(traceback.format_list(info.stack)) if info is not None else
                      "  (not known: the op was recorded while anomaly mode was off)\n")
+            # the forward's input shapes too: a gradient may be in the inputs'
+            # broadcast shape, not its input's (summed down later)
+            given = ("" if info is None or not info.inputs else "; the op's inputs: " + ", ".join(
+                f"{shape} {dtype}" if shape is not None else "not a tensor" for shape, dtype in info.inputs))
             raise AnomalyError(f"{op_label(op)}: its backward returned {what} values in the gradient of "
-                               f"input {i} (shape {arr.shape}, dtype {arr.dtype}).\n"
+                               f"input {i} (shape {arr.shape}, dtype {arr.dtype}{given}).\n"
                                f"The forward of {op_label(op)} was called at (most recent call last):\n{where}")
 
 

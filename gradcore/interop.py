@@ -454,7 +454,7 @@ def _export_outputs(outs, gargs) -> tuple:
 
 
 def _sanitize(name: str) -> str:
-    s = _re.sub(r"\W", "_", name).strip("_") or "fn"
+    s = _re.sub(r"\W", "_", name, flags=_re.ASCII).strip("_") or "fn"   # torch schemas are ASCII
     return s if not s[0].isdigit() else f"op_{s}"
 
 

@@ -23,6 +23,7 @@ Example, a complete differentiable op::
 from __future__ import annotations
 
 import inspect
+import threading
 import typing
 from typing import Any, Callable, Optional, Sequence, Tuple
 
@@ -121,7 +122,14 @@ def name_the_op(op, exc: BaseException, where: str) -> None:
     if short in text or label in text:
         return
     if exc.args and isinstance(exc.args[0], str):
-        exc.args = (f"{label}: in its {where}: {exc.args[0]}",) + exc.args[1:]
+        hint = ""
+        if where == "vjp" and isinstance(exc, TypeError) and "NoneType" in text:
+            # the usual cause: a shape read while tracing, often inside a
+            # helper (F.repeat along an axis reads the rank), far from the vjp
+            hint = (" (while a vjp is traced, shapes and ndim are None: code that reads them, the vjp's "
+                    "own or a function it calls such as F.repeat or F.tile, cannot run there; write the "
+                    "gradient by broadcasting (F.zeros_like(x) + ...) or with gradcore.ops.ReshapeLike)")
+        exc.args = (f"{label}: in its {where}: {exc.args[0]}{hint}",) + exc.args[1:]
     else:
         exc.add_note(f"(raised in the {where} of {label})")
 
@@ -523,12 +531,50 @@ def _describe(cls) -> OpDescription:
     return d
 
 
+class _Decomposing(threading.local):
+    def __init__(self):
+        self.active = {}      # op -> the input descs its decompose is being traced on
+
+
+_decomposing = _Decomposing()
+
+
+def _enter_decomposition(op, items):
+    """Note that ``op``'s decomposition is traced on ``items`` (descs);
+    returns what to restore after. A decompose that applies the op itself
+    to inputs of the same shapes and dtypes would recurse until Python's
+    stack runs out: a TypeError naming the op instead. (The trace runs
+    before any forward, from infer, so the forward needs no check of its
+    own.)"""
+    active = _decomposing.active
+    outer = active.get(op)
+    if outer is not None and len(outer) == len(items) and all(
+            o.shape == i.shape and o.dtype == i.dtype for o, i in zip(outer, items)):
+        label = op._name()
+        raise TypeError(f"{label}: its decompose applies {label} itself (to inputs of the same shapes and "
+                        f"dtypes), a recursion that never ends; write the decomposition with other ops")
+    active[op] = items
+    return outer
+
+
+def _leave_decomposition(op, outer) -> None:
+    if outer is None:
+        _decomposing.active.pop(op, None)
+    else:
+        _decomposing.active[op] = outer
+
+
 def _decomposed_cpu(self, *arrays):
     """The forward of an op declared by ``decompose``: its decomposition run
     on the arrays (nothing recorded; on cuda, on device arrays)."""
     _core._no_record_enter()
     try:
         res = self.decompose(*[_core.wrap_array(a) for a in arrays])
+    except RecursionError:
+        # caught by the innermost call: one clear error instead of Python's
+        # stack overflow (the trace, from infer, checks this exactly)
+        raise TypeError(f"{self._name()}: its decompose recursed without end; does it apply "
+                        f"{self._name()} itself? write the decomposition with other ops") from None
     finally:
         _core._no_record_exit()
     if isinstance(res, _core.Tensor):
@@ -570,7 +616,11 @@ def _decomposed_infer(self, *descs):
         raise RuntimeError(f"{self._name()}: shape inference traces decompose(), and the tracer "
                            f"(gradcore.graph) is not loaded: import gradcore")
     try:
-        return _composite_tracer(self, descs)
+        outer = _enter_decomposition(self, descs)
+        try:
+            return _composite_tracer(self, descs)
+        finally:
+            _leave_decomposition(self, outer)
     except Exception as exc:
         name_the_op(self, exc, "decomposition")
         raise
@@ -755,8 +805,11 @@ def _rebuild_op(cls, attrs):
         op = cls(**attrs)
         if all(getattr(op, k, _MISSING) == v for k, v in attrs.items()):
             return op
-    except Exception:
-        pass
+    except Exception as exc:
+        refused = exc
+    else:
+        refused = None
+    _check_saved_parameters(cls, attrs, refused)
     op = cls.__new__(cls)
     for k, v in attrs.items():
         object.__setattr__(op, k, v)
@@ -765,6 +818,34 @@ def _rebuild_op(cls, attrs):
 
 
 _MISSING = object()
+
+
+class SavedOpMismatchError(TypeError):
+    """A saved op whose parameters are not those of the installed class
+    (``gradcore.load`` of a file written with another version of its
+    package); the message names the op and both parameter lists."""
+
+
+def _check_saved_parameters(cls, attrs, refused) -> None:
+    """An op saved by another version of its class (a plugin upgraded
+    since) would be rebuilt with parameters the class no longer reads, and
+    fail later, at its first call, with an AttributeError naming neither the
+    file nor the change: a TypeError naming the op and both parameter lists
+    instead. Known when the class builds with its defaults; else the saved
+    attributes are taken as they are."""
+    try:
+        now = tuple(cls().attrs)
+    except Exception:
+        return
+    if set(now) == set(attrs):
+        return
+    label = getattr(cls, "name", "") or cls.__name__
+    saved = ", ".join(f"{k}={v!r}" for k, v in attrs.items())
+    why = f" (its constructor refuses them: {type(refused).__name__}: {refused})" if refused is not None else ""
+    raise SavedOpMismatchError(f"{label}: a saved {label}({saved}) cannot be rebuilt: the installed class "
+                    f"{cls.__module__}.{cls.__qualname__} has the parameters ({', '.join(now)}){why}; the file "
+                    f"was saved with another version of the op's package: install that version, or save "
+                    f"state_dicts (tensors only), which do not hold ops")
 
 
 def _freeze(v):

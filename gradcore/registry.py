@@ -7,6 +7,7 @@ plugin is imported until an op is asked for or the registry is listed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import warnings
@@ -126,6 +127,12 @@ class OpDeclarationError(TypeError):
     the message names the op and says what to add or change."""
 
 
+def _identifier(name) -> str:
+    """``name`` made a Python identifier in ASCII: what to suggest instead."""
+    s = re.sub(r"\W", "_", str(name), flags=re.ASCII).strip("_") or "MyOp"
+    return f"Op{s}" if s[0].isdigit() else s
+
+
 def _qualname(c) -> str:
     return f"{c.__module__}.{c.__qualname__}"
 
@@ -166,7 +173,8 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
       the op protocol (``name``, ``nin``, ``devices``, ``infer``...);
     - no ``jvp`` (never called: forward mode comes from the vjp), and some
       forward: a kernel, ``decompose`` or ``_grad_rule`` (not ``Function``'s
-      ``forward``/``backward``).
+      ``forward``/``backward``);
+    - the name is an ASCII Python identifier (no spaces, dots or ``::``).
 
     Example::
 
@@ -180,6 +188,13 @@ def validate_op_class(c, key: Optional[str] = None) -> None:
     where = f"op {key!r} ({_qualname(c)})"
     if not isinstance(c, type):
         raise OpDeclarationError(f"{where}: register_op expects an op class, got {type(c).__name__}")
+    if not (isinstance(key, str) and key.isascii() and key.isidentifier()):
+        # the name is a key for gradcore.ops.get, `gradcore check NAME`, the
+        # table of `gradcore ops` and PyTorch's custom op gradcore::NAME
+        raise OpDeclarationError(
+            f"{where}: an op's name is a Python identifier in ASCII (letters, digits, _), as it names the "
+            f"op in gradcore.ops.get, on the command line and as PyTorch's custom op gradcore::<name>; "
+            f"write it as {_identifier(key)!r}")
 
     desc = describe(c)
     if desc.misspelt:
@@ -318,7 +333,7 @@ def _samples(c) -> list:
     constructor), for the checks that need one; [] when none can be built."""
     if not issubclass(c, Op):
         return []
-    params = describe(c).check["check_params"]
+    params = copy.deepcopy(describe(c).check["check_params"])    # a constructor may change its arguments
     try:
         return [c(*p) if isinstance(p, tuple) else c(**p) for p in params] if params else [c()]
     except Exception:

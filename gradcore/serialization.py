@@ -54,6 +54,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Union
 import numpy as np
 
 from ._core import Tensor, _rebuild_tensor
+from .op import SavedOpMismatchError
 from .tensor import Parameter
 
 MAGIC = b"GRADCORE-SAVE\x00v2"
@@ -300,6 +301,9 @@ def _read(fh, name, mapper, weights_only):
         raise LoadError(f"gradcore.load: {name}: {exc}") from exc.__cause__
     except OSError as exc:
         raise LoadFileError(exc.errno, f"gradcore.load: reading {name} failed: {exc}") from exc
+    except SavedOpMismatchError as exc:
+        # the file is sound: an op in it is another version's
+        raise LoadError(f"gradcore.load: {name}: {exc}") from exc
     except Exception as exc:
         # whatever a crafted file makes the internals raise, the caller
         # gets one exception type, naming the file

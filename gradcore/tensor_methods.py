@@ -126,10 +126,15 @@ def slow_apply(op, args):
     tensors = [a for a in args if isinstance(a, Tensor)]
     device = tensors[0]._device if tensors else "cpu"   # the raw device: .device renames "cpu" as "cpu0:0"
     conv = []
-    for a in args:
+    for k, a in enumerate(args):
         if isinstance(a, Tensor):
             conv.append(a)
             continue
+        if isinstance(a, (list, tuple)) and _holds_tensor(a):
+            # np.asarray would stack them into a constant: no gradient, float32
+            raise TypeError(f"op {op_label(op)}: argument {k} is a {type(a).__name__} holding Tensors, which would "
+                            f"become one constant tensor without gradient; pass the Tensors as arguments of their "
+                            f"own (apply(op, *tensors), op(*tensors)), or stack them first (F.stack)")
         if a is None:
             if not tensors:
                 # no tensor at all (F.exp(None)): the op is named
@@ -152,6 +157,12 @@ def slow_apply(op, args):
             return tuple(_core.wrap_array(o) for o in out) if isinstance(out, tuple) else (_core.wrap_array(out),)
         raise TypeError(f"op {op_label(op)}: called without inputs")
     return _core.apply(op, *conv)
+
+
+def _holds_tensor(seq, depth: int = 0) -> bool:
+    """Whether a (nested) list or tuple operand holds a Tensor."""
+    return depth < 8 and any(isinstance(v, Tensor) or (isinstance(v, (list, tuple)) and _holds_tensor(v, depth + 1))
+                             for v in seq)
 
 
 def _operand_error(op, args, bad, exc):
@@ -187,10 +198,12 @@ def kernel_error(op, args, exc):
         cls = IndexOpError        # one type for every index out of range
     text = str(exc)
     text = text if text.startswith(f"{op_label(op)}:") else f"{op_label(op)}: {text}"   # named once
+    if not text.endswith(f"(input shapes: {shapes})"):
+        text = f"{text} (input shapes: {shapes})"      # once: a nested op's error may carry them
     try:
-        return cls(f"{text} (input shapes: {shapes})")
+        return cls(text)
     except Exception:
-        return RuntimeError(f"{text} (input shapes: {shapes})")
+        return RuntimeError(text)
 
 
 # ---------------------------------------------------------------- methods

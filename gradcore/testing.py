@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import os
@@ -19,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -28,7 +30,7 @@ from . import _core
 from . import devices as devmod
 from ._core import GradRuleFallback, Tensor, apply
 from .autodiff import GradManager
-from .op import IndexOpError, Op, TensorDesc, _decomposed_cpu, describe, op_label
+from .op import IndexOpError, Op, TensorDesc, _decomposed_cpu, describe, op_label, positional_arity
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_grads", "analytic_grads",
            "check_op", "CheckReport", "CheckResult", "OpCheckError", "op_examples", "nvcc_path",
@@ -495,21 +497,69 @@ def _nondeterminism(op, variant, outs) -> str:
     if outs is None:
         return ""
     dt, arrays = variant
+    return _rerun_problem(op, arrays, outs, arrays, f"{dt} inputs: two runs on the same inputs",
+                          "the kernel is not deterministic (random numbers, or state kept between calls); values "
+                          "and gradients cannot be checked, and gradcore caches what an op computes by its "
+                          "parameters and inputs: take the randomness as an input (a mask, or a seed parameter)")
+
+
+def _rerun_problem(op, arrays, outs, inputs, what: str, cause: str) -> str:
+    """"" when the op gives its outputs ``outs`` (of ``arrays``) again for
+    ``inputs`` (the same values), else a message: ``what`` says how it was
+    run again, ``cause`` what a difference means."""
     try:
-        again = _run(op, arrays)
+        again = _run(op, inputs)
     except Exception as exc:
-        return f"{dt} inputs: a second run on the same inputs fails ({_fmt_exc(exc)}), the first did not"
+        return f"{what}: the kernel fails ({_fmt_exc(exc)}), the first run did not"
+    differs = _first_difference(arrays, outs, again)
+    return f"{what} give different {differs}: {cause}" if differs else ""
+
+
+def _first_difference(arrays, outs, again) -> str:
+    """"" when ``again`` gives the outputs ``outs`` (computed from
+    ``arrays``) up to float rounding, else which output differs and by how
+    much. Rounding of a sum taken in another order (atomicAdd, a threaded
+    reduction) is ulps of the summands, which may be far above a sum that
+    cancels: tolerated up to 1e-9 of the largest input or output (random
+    numbers, kept state and a misread memory layout differ by far more)."""
+    scale = max([float(np.max(np.abs(x))) for x in list(arrays) + list(outs)
+                 if x.dtype.kind in "fc" and x.size and np.all(np.isfinite(x))] + [1e-300])
     for j, (a, b) in enumerate(zip(outs, again)):
-        same = (a.shape == b.shape and (np.allclose(a, b, rtol=1e-12, atol=0, equal_nan=True)
+        same = (a.shape == b.shape and (np.allclose(a, b, rtol=1e-9, atol=1e-9 * scale, equal_nan=True)
                                         if a.dtype.kind in "fc" else np.array_equal(a, b)))
         if not same:
             by = (f" by up to {np.max(np.abs(a.astype(np.float64) - b)):.3g}"
                   if a.shape == b.shape and a.dtype.kind in "fc" and a.size else "")
-            return (f"{dt} inputs: two runs on the same inputs give different output {j}{by}: the kernel is "
-                    f"not deterministic (random numbers, or state kept between calls); values and gradients "
-                    f"cannot be checked, and gradcore caches what an op computes by its parameters and "
-                    f"inputs: take the randomness as an input (a mask, or a seed parameter)")
+            return f"output {j}{by}"
     return ""
+
+
+def _strided(a: np.ndarray) -> np.ndarray:
+    """``a``'s values in another memory layout: Fortran order (a transposed
+    tensor's), or a strided view for one axis; ``a`` itself when no other
+    layout exists (fewer than two elements)."""
+    if a.size < 2:
+        return a
+    if a.ndim >= 2:
+        return np.asfortranarray(a)
+    return np.repeat(a, 2, axis=0)[::2] if a.ndim == 1 else a
+
+
+def _layout_problem(op, variant, outs) -> str:
+    """"" when the cpu kernel gives ``outs`` for its inputs in another
+    memory layout too (it receives a tensor's array as it is, a transposed
+    one included), else what differs."""
+    if outs is None:
+        return ""
+    dt, arrays = variant
+    other = [_strided(a) for a in arrays]
+    if all(o is a for o, a in zip(other, arrays)):
+        return ""
+    return _rerun_problem(op, arrays, outs, other,
+                          f"{dt} inputs in Fortran order or strided (a transposed or sliced tensor's layout)",
+                          "the kernel reads the inputs' memory as if C-contiguous; a cpu kernel gets a tensor's "
+                          "array with its strides: call np.ascontiguousarray(x) before handing the buffer to C, "
+                          "ctypes or np.frombuffer")
 
 
 def _compare_with_decomposition(check, op, tag, variant, outs) -> None:
@@ -639,7 +689,9 @@ class _Check:
         if self.fail:
             res = CheckResult(self.label, self.check, FAILED, _compact_failures(self.fail))
         elif self.ran:
-            res = CheckResult(self.label, self.check, PASSED, "; ".join(self.notes))
+            # what some instances could not check stays visible beside the pass
+            res = CheckResult(self.label, self.check, PASSED, "; ".join(
+                self.notes + [f"not checked: {r}" for r in self.na]))
         elif self.skip:
             res = CheckResult(self.label, self.check, SKIPPED, "; ".join(self.skip))
         else:
@@ -854,7 +906,11 @@ _DEFAULT_DOMAIN = (-1.5, 1.5)
 def _forward_arity(cls) -> tuple:
     arity = describe(cls).arity
     if arity is None:
-        return (1, 2)
+        fn = getattr(cls, "infer", None) or getattr(cls, "cpu", None)
+        variadic = fn is not None and (positional_arity(fn) or (0, 0))[1] is None
+        # a variadic op (concat-like, *xs) is checked with several inputs too:
+        # with one its gradient's split is never exercised
+        return (1, 3) if variadic else (1, 2)
     lo, hi = arity[1]
     if hi == 0:            # an op that takes no inputs at all
         return (0, 0)
@@ -870,6 +926,7 @@ def _check_params_instance(cls, i: int, p) -> Any:
     if not isinstance(p, (dict, tuple)):
         raise NoInputsError(f"{where} is a {type(p).__name__}; each entry is a dict of constructor arguments "
                             f"(or a tuple of positional ones): check_params = [{{'k': 2.0}}, ...]")
+    p = copy.deepcopy(p)      # a constructor that changes its arguments must not change the class's list
     try:
         return cls(*p) if isinstance(p, tuple) else cls(**p)
     except Exception as exc:
@@ -897,6 +954,7 @@ def _instances_for(op, seed: int = 0) -> List:
                                 f"it is a list of constructor arguments: check_params = [{{'k': 2.0}}, ...]")
         return [_check_params_instance(op, i, p) for i, p in enumerate(params)]
     choices = desc.choices()
+    hints = _init_hints(op)
     unchecked = []
     try:
         insts = [op()]
@@ -909,16 +967,12 @@ def _instances_for(op, seed: int = 0) -> List:
     for name, default in desc.params:
         if name in choices:
             values = [c for c in choices[name] if c != default]
-        elif isinstance(default, bool):
-            values = [not default]                  # a flag: its other value
-        elif isinstance(default, int):
-            values = [default + int(rng.integers(1, 4)) for _ in range(2)]
-        elif isinstance(default, float):
-            values = [round(default * rng.uniform(0.3, 1.7) + rng.uniform(0.2, 1.0), 3) for _ in range(2)]
         else:
-            if isinstance(default, str):
+            values = _other_values(default, hints.get(name), rng)
+        if values is None:
+            if _needs_values(default):
                 unchecked.append(f"{name}={default!r}")
-            continue               # None and objects: no value to try from the declaration
+            continue               # objects: no value to try from the declaration
         for value in values:
             try:
                 inst = op(**{name: value})
@@ -928,11 +982,62 @@ def _instances_for(op, seed: int = 0) -> List:
                 insts.append(inst)
     if unchecked:
         raise UncheckedParameters(
-            f"check_op({_op_short_name(op)}): the string parameter(s) {', '.join(unchecked)} would be checked at "
-            f"the default only (a gradient wrong for another value would pass); annotate each with its values, "
-            f"`{unchecked[0].split('=')[0]}: typing.Literal[...] = ...` in __init__, or list the instances to "
-            f"check in check_params = [{{...}}, ...] or examples()")
+            f"check_op({_op_short_name(op)}): the parameter(s) {', '.join(unchecked)} would be checked at "
+            f"the default only (a gradient wrong for another value would pass): check_op derives other values "
+            f"for numbers, bools, tuples of numbers and parameters annotated `typing.Literal[...]` or "
+            f"`Optional[float]`/`Optional[int]`; annotate each (`{unchecked[0].split('=')[0]}: "
+            f"typing.Literal[...] = ...` in __init__), or list the instances to check in "
+            f"check_params = [{{...}}, ...] or examples()")
     return insts
+
+
+def _init_hints(cls) -> dict:
+    """The constructor's resolved annotations ({} when they do not resolve)."""
+    try:
+        return typing.get_type_hints(cls.__init__)
+    except Exception:
+        return {}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _other_values(default, hint, rng) -> Optional[list]:
+    """Two values (one for a bool) to check a parameter at besides its
+    default, drawn from ``rng``; None when its kind gives none to derive. A
+    tuple (or list) of numbers, kernel sizes or coefficients, is varied
+    element by element, and one of floats also one element longer; None is
+    varied when annotated
+    ``Optional[float]``, ``Optional[int]`` or ``Optional[bool]``."""
+    if isinstance(default, (bool, np.bool_)):
+        return [not default]                  # a flag: its other value
+    if isinstance(default, (int, np.integer)):
+        return [int(default) + int(rng.integers(1, 4)) for _ in range(2)]
+    if isinstance(default, (float, np.floating)):
+        return [round(float(default) * rng.uniform(0.3, 1.7) + rng.uniform(0.2, 1.0), 3) for _ in range(2)]
+    if isinstance(default, (tuple, list)) and default and all(_is_number(v) for v in default):
+        values = [type(default)(_other_values(v, None, rng)[0] for v in default) for _ in range(2)]
+        if any(isinstance(v, (float, np.floating)) for v in default):
+            # coefficients, weights: their count may matter too (a polynomial's degree)
+            values.append(type(default)(list(values[0]) + [_other_values(1.0, None, rng)[0]]))
+        return values
+    if default is None and hint is not None:
+        base = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) is typing.Union and len(base) == 1:
+            if typing.get_origin(base[0]) is typing.Literal:
+                return list(typing.get_args(base[0]))
+            sample = {float: 1.0, int: 1, bool: False}.get(base[0])
+            if sample is not None:
+                return ([True] if base[0] is bool else []) + _other_values(sample, None, rng)
+    return None
+
+
+def _needs_values(default) -> bool:
+    """A default whose other values check_op cannot derive, so that it would
+    be checked at the default only: a string, None, a dtype, a tuple that is
+    not of numbers (other objects, a callable say, are left to examples())."""
+    return isinstance(default, (str, np.dtype, tuple, list)) or default is None
 
 
 def _sample(rng, shape, domain):
@@ -970,7 +1075,13 @@ def generated_cases(op: Any, seed: int = 0) -> List[tuple]:
     rng = np.random.default_rng(seed)
     domain = tuple(describe(cls).check["domain"] or _DEFAULT_DOMAIN)
     cases, tried, first_error = [], [], None
-    for inst in _instances_for(op, seed):
+    insts = _instances_for(op, seed)
+    # the instances asked for (op itself, check_params, else the defaults)
+    # must get inputs; one derived from the defaults whose values infer
+    # refuses every shape for is left out (and not listed as checked)
+    asked = len(insts) if not isinstance(op, type) or describe(cls).check["check_params"] else 1
+    unreached = []
+    for k, inst in enumerate(insts):
         nin = getattr(inst, "nin", None)
         lo, hi = (nin, nin) if isinstance(nin, int) and nin >= 0 else _forward_arity(cls)
         hint = getattr(inst, "check_shapes", None)
@@ -979,7 +1090,10 @@ def generated_cases(op: Any, seed: int = 0) -> List[tuple]:
         full, empty = [], []
         for shapes in candidates:
             is_empty = any(0 in s for s in shapes)
-            if (is_empty and empty) or (not is_empty and len(full) >= 3):
+            # up to three sets of the first input count, two of each further
+            # one (an optional input, a variadic op's longer lists)
+            same = sum(len(a) == len(shapes) for _, a in full)
+            if (is_empty and empty) or (not is_empty and (len(full) >= 3 and same >= 2 or same >= 3)):
                 continue
             try:
                 inst.infer(*[TensorDesc(s, "float64", "cpu") for s in shapes])
@@ -990,11 +1104,16 @@ def generated_cases(op: Any, seed: int = 0) -> List[tuple]:
                 first_error = first_error or exc
                 continue
             (empty if is_empty else full).append((inst, arrays))
+        if not full:           # a 0-size input alone checks no value and no gradient
+            if k < asked:
+                unreached.append(op_label(inst))
+            continue
         cases += full + empty
-    if not cases:
+    if unreached or not cases:
         raise NoInputsError(
-            f"check_op({_op_short_name(op)}): no examples() and no generated input was accepted "
-            f"(tried shapes {'; '.join(tried[:6])}"
+            f"check_op({_op_short_name(op)}): no examples() and no generated input with elements was accepted"
+            + (f" for {', '.join(unreached)}" if unreached and cases else "") +
+            f" (tried shapes {'; '.join(tried[:6])}"
             + (f"; the first: {_fmt_exc(first_error)[:400]}" if first_error is not None else "") + "); "
             f"if that error is the op's own, fix it; else add a classmethod examples() returning "
             f"[(op_instance, [input arrays]), ...], or narrow the generated inputs with the class "
@@ -1031,6 +1150,8 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
         varying = _nondeterminism(op, variants[0], outs.get(variants[0][0]))
         if varying:
             c.failed(f"{tag}{varying}")
+        elif layout := _layout_problem(op, variants[0], outs.get(variants[0][0])):
+            c.failed(f"{tag}{layout}")
         elif "float64" in outs and "float32" in outs:
             for j, (o32, o64) in enumerate(zip(outs["float32"], outs["float64"])):
                 if o32.shape != o64.shape:
@@ -1155,6 +1276,10 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
                  and i not in tuple(getattr(op, "shape_only_inputs", ()) or ())]
     chosen = list(wrt) if wrt is not None else float_idx
     out_float = "float64" in outs and any(o.dtype.kind == "f" for o in outs["float64"])
+    # an output rounded to float32 (a dtype parameter) hides the 1e-6 steps of
+    # float64 finite differences: the gradient would fail for being right
+    narrow = sorted({f"output {j} is {o.dtype}" for j, o in enumerate(outs.get("float64", ()))
+                     if o.dtype.kind == "f" and o.dtype.itemsize < 8})
     for check, fn, order in (("grad", gradcheck, 1), ("gradgrad", gradgradcheck, 2)):
         c = checks[check]
         if path is None:
@@ -1169,6 +1294,10 @@ def _check_case(op, arrays, wrt, tag, checks, devices, atol, rtol, eps, second_o
             c.not_applicable("the forward did not run")
         elif not out_float:
             c.not_applicable("no floating-point output")
+        elif narrow:
+            c.not_applicable(f"{op_label(op)}: {', '.join(narrow)} for float64 inputs, as infer declares: "
+                             f"float64 finite differences cannot check a gradient through it; check the op "
+                             f"at a float64 output too (check_params or examples())")
         elif not checks[check].fail and check == "gradgrad" and checks["grad"].fail:
             c.not_applicable("first order gradients already fail")
         elif order == 2 and describe(op).check["max_grad_order"] == 1:

@@ -236,6 +236,8 @@ class Broadcast(Op):
 
     name = "Broadcast"
     check_params = ({"shape": (2, 3)}, {"shape": (2, 4, 3)})
+    # inputs both shapes accept: the generated ones reached (2, 3) only
+    check_shapes = (((3,),), ((1, 3),), ((2, 1),))
     attrs = ("shape",)
     reduce_broadcast = True   # the gradient is the output grad, summed down centrally
 

@@ -89,3 +89,31 @@ def test_higher_order_backward_is_checked_too():
         x.grad = None
         with pytest.raises(AnomalyError):
             outer.backward(F.sqrt(g).sum())            # d sqrt(3x^2) at 0: nan
+
+
+def test_an_inf_gradient_of_a_plugin_op_names_the_ops_input_shapes_beside_the_gradients():
+    from gradcore.core import apply
+    from gradcore.op import Op, TensorDesc
+
+    class Scale(Op):
+        """x * w, w broadcast along x's rows; its vjp's w gradient is in x's shape (summed down later)."""
+        name = "AnomalyPluginScale"
+
+        def infer(self, x, w):
+            return (TensorDesc(x.shape, x.dtype, x.device),)
+
+        def cpu(self, x, w):
+            return x * w
+
+        def vjp(self, inputs, outputs, grads):
+            (x, w), (g,) = inputs, grads
+            return (g * w, g * x / F.zeros_like(x))
+    x, w = gc.tensor(np.ones((3, 4))), gc.tensor(np.ones(4))
+    gm = GradManager().attach([x, w])
+    with np.errstate(divide="ignore"), detect_anomaly(), gm:
+        with pytest.raises(AnomalyError) as info:
+            gm.backward(apply(Scale(), x, w)[0].sum())
+    # the gradient's shape (3, 4) is not input 1's: the input shapes say so (was: only "shape (3, 4)")
+    assert str(info.value).splitlines()[0] == (
+        "AnomalyPluginScale: its backward returned inf values in the gradient of input 1 (shape (3, 4), "
+        "dtype float64; the op's inputs: (3, 4) float64, (4,) float64).")

@@ -1439,3 +1439,303 @@ def test_a_reduction_gradient_only_broadcastable_names_the_input_and_the_broadca
                 inner.backward(_RowDot()(x, w).sum())
     # inputs whose broadcast shape the gradients have: summed down, first and second order
     assert check_op(_RowDot(), np.arange(6.0).reshape(2, 3), np.array([1.0, 2.0, 3.0]), devices=["cpu"]).ok
+
+
+# ---------------------------------------------------------------- round 7: parameter kinds, layouts, names, versions
+class _Poly(Op):
+    """sum_k c_k x**k: a tuple of floats parameter."""
+    name = "MistakePoly7"
+
+    def __init__(self, coeffs=(0.0, 1.0)):
+        self.coeffs = tuple(float(c) for c in coeffs)
+
+    def infer(self, x):
+        return (x,)
+
+    def cpu(self, x):
+        return sum(c * x ** k for k, c in enumerate(self.coeffs)) + np.zeros_like(x)
+
+    def vjp(self, inputs, outputs, grads):
+        (x,), (g,) = inputs, grads
+        d = F.zeros_like(x)
+        for k, c in enumerate(self.coeffs[1:], start=1):
+            d = d + k * c * x ** (k - 1)
+        return (g * d,)
+
+
+def test_a_tuple_of_floats_parameter_is_checked_at_other_values_and_lengths():
+    class LinearOnly(_Poly):           # the gradient of the linear term alone: right at the default
+        name = "MistakePolyLinearOnly7"
+
+        def vjp(self, inputs, outputs, grads):
+            return (grads[0] * self.coeffs[1],)
+    assert check_op(_Poly, devices=["cpu"]).ok
+    report = check_op(LinearOnly, devices=["cpu"])     # was: passed, checked at coeffs=(0.0, 1.0) only
+    assert report.status("grad") == "failed"
+    assert any(i.count(",") == 2 for i in report.instances)      # one coefficient more
+
+
+def test_a_tuple_of_ints_parameter_is_checked_at_other_values():
+    class Windowed(Op):
+        name = "MistakeWindowed7"
+
+        def __init__(self, kernel_size=(1, 1)):
+            self.kernel_size = tuple(int(k) for k in kernel_size)
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return x * float(np.prod(self.kernel_size))
+
+        def vjp(self, inputs, outputs, grads):
+            return (grads[0],)             # forgets the factor: right at (1, 1) only
+    report = check_op(Windowed, devices=["cpu"])
+    assert report.status("grad") == "failed"
+    assert len(report.instances) == 3 and "MistakeWindowed7(kernel_size=(1, 1))" in report.instances
+
+
+def test_a_none_parameter_is_checked_when_annotated_optional_and_refused_unannotated():
+    from typing import Optional
+
+    class Scaled(Op):
+        name = "MistakeOptionalScale7"
+
+        def __init__(self, scale: Optional[float] = None):
+            self.scale = scale if scale is None else float(scale)
+
+        def infer(self, x):
+            return (x,)
+
+        def cpu(self, x):
+            return x if self.scale is None else x * self.scale
+
+        def vjp(self, inputs, outputs, grads):
+            return (grads[0],)             # forgets scale
+    report = check_op(Scaled, devices=["cpu"])
+    assert report.status("grad") == "failed" and "scale=None" not in report.instances[1]
+
+    def unannotated(self, scale=None):
+        self.scale = scale
+    bare = type("Bare", (Scaled,), {"name": "MistakeOptionalScaleBare7", "__init__": unannotated})
+    report = check_op(bare, devices=["cpu"])           # was: passed, scale=None only
+    assert report.status("inputs") == "failed"
+    assert "scale=None would be checked at the default only" in report["inputs"].message
+
+
+def test_a_dtype_parameter_with_a_float32_output_is_not_failed_by_finite_differences():
+    from typing import Literal
+
+    class CastTo(Op):
+        name = "MistakeCastTo7"
+
+        def __init__(self, dtype: Literal["float32", "float64"] = "float32"):
+            self.dtype = dtype
+
+        def infer(self, x):
+            return (TensorDesc(x.shape, np.dtype(self.dtype), x.device),)
+
+        def cpu(self, x):
+            return (x * 3).astype(self.dtype)
+
+        def vjp(self, inputs, outputs, grads):
+            return (F.astype(grads[0], inputs[0].dtype) * 3,)
+    report = check_op(CastTo, devices=["cpu"])         # was: grad failed at dtype='float32', |diff| 0.009
+    assert report.ok and report.status("grad") == "passed"
+    assert "not checked: MistakeCastTo7(dtype='float32'): output 0 is float32" in report["grad"].message
+
+
+def test_a_variadic_op_is_checked_with_several_inputs():
+    class Stack0(Op):
+        name = "MistakeConcat7"
+
+        def infer(self, *xs):
+            if any(x.shape is None for x in xs):
+                return (TensorDesc(None, xs[0].dtype, xs[0].device),)
+            if len({x.shape[1:] for x in xs}) != 1:
+                raise self.error("inputs differ beyond axis 0", *xs)
+            return (TensorDesc((sum(x.shape[0] for x in xs),) + xs[0].shape[1:], xs[0].dtype, xs[0].device),)
+
+        def cpu(self, *xs):
+            return np.concatenate(xs, axis=0)
+
+        def vjp(self, inputs, outputs, grads):
+            return tuple(gradcore.ops.SplitLike(0)(grads[0], *inputs)) if len(inputs) > 1 else (grads[0],)
+
+    class Bad(Stack0):
+        name = "MistakeConcatBad7"
+
+        def vjp(self, inputs, outputs, grads):
+            return (grads[0],) if len(inputs) == 1 else tuple(F.zeros_like(x) for x in inputs)
+    assert check_op(Stack0, devices=["cpu"]).ok
+    report = check_op(Bad, devices=["cpu"])            # was: passed, one input only
+    assert report.status("grad") == "failed" and "(2, 3), (2, 3)" in report["grad"].message
+
+
+def test_a_reordered_atomic_sum_passes_the_determinism_check():
+    rng = np.random.default_rng()
+
+    class AtomicRowSum(Op):
+        name = "MistakeAtomicRowSum7"
+
+        def infer(self, x):
+            return (TensorDesc(x.shape[:-1] if x.shape is not None else None, x.dtype, x.device),)
+
+        def cpu(self, x):
+            y = np.zeros(x.shape[:-1], x.dtype)
+            for j in rng.permutation(x.shape[-1]):     # the order atomicAdd would take
+                y += x[..., j]
+            return y
+
+        def vjp(self, inputs, outputs, grads):
+            return (F.zeros_like(inputs[0]) + F.expand_dims(grads[0], -1),)
+
+        @classmethod
+        def examples(cls):
+            x = np.random.default_rng(1).standard_normal((4, 50))
+            x[:, -1] = -x[:, :-1].sum(-1)           # sums that cancel: their rounding shows
+            return [(cls(), [x])]
+    report = check_op(AtomicRowSum, devices=["cpu"])   # was: "not deterministic" for 1.7e-15
+    assert report.status("forward[cpu]") == "passed", report["forward[cpu]"].message
+
+
+def test_a_kernel_that_reads_inputs_as_c_contiguous_fails_forward():
+    class CContiguous(_Double):
+        name = "MistakeCContiguous7"
+
+        def cpu(self, x):       # the buffer read in memory order: a transposed input gets scrambled
+            flat = np.lib.stride_tricks.as_strided(x, shape=(x.size,), strides=(x.itemsize,))
+            return flat.reshape(x.shape) * 2
+    report = check_op(CContiguous, devices=["cpu"])    # was: passed; wrong for x.T
+    assert report.status("forward[cpu]") == "failed"
+    assert "in Fortran order or strided" in report["forward[cpu]"].message
+    assert "np.ascontiguousarray" in report["forward[cpu]"].message
+    assert check_op(_Double, devices=["cpu"]).status("forward[cpu]") == "passed"
+
+
+def test_a_decompose_applying_the_op_itself_is_one_clear_error():
+    class Recursive(Op):
+        name = "MistakeRecursive7"
+
+        def decompose(self, x):
+            return Recursive()(x) * 1
+    x = gradcore.tensor(np.ones((2, 3)))
+    with pytest.raises(TypeError, match=r"^MistakeRecursive7: its decompose (applies|recursed).* MistakeRecursive7 "
+                                        r"itself.*\(input shapes: \(2, 3\)\)$"):
+        Recursive()(x)                 # was: RecursionError, "(input shapes: (2, 3))" repeated ~300 times
+    with pytest.raises(TypeError, match=r"MistakeRecursive7: its decompose applies MistakeRecursive7 itself"):
+        Recursive().infer(TensorDesc((2, 3), "float32", "cpu"))
+
+
+def test_a_vjp_reading_a_shape_through_a_helper_says_shapes_are_none_while_traced():
+    class Upsample(_Double):
+        name = "MistakeUpsample7"
+
+        def vjp(self, inputs, outputs, grads):
+            return (F.repeat(grads[0], 1, axis=-1),)     # reads ndim: None while traced
+    x = gradcore.tensor(np.ones((2, 3)))
+    gm = gradcore.GradManager().attach([x])
+    with pytest.raises(TypeError, match=r"MistakeUpsample7: in its vjp: .*NoneType.*while a vjp is traced, "
+                                        r"shapes and ndim are None"):
+        with gm:
+            gm.backward(Upsample()(x).sum())
+
+
+@pytest.mark.parametrize("name", ["My Op", "my.op", "pkg::op", "1op", "Ünï"])
+def test_an_op_name_that_is_not_an_identifier_is_refused(name):
+    cls = type("Named", (_Double,), {"name": name})
+    with pytest.raises(OpDeclarationError, match=r"an op's name is a Python identifier in ASCII"):
+        register_op(cls)               # was: registered (and "Ünï" a UnicodeDecodeError in to_torch)
+    assert check_op(cls, devices=["cpu"]).status("declaration") == "failed"
+
+
+def test_a_constructor_changing_its_arguments_does_not_change_check_params():
+    class Mutating(_Double):
+        name = "MistakeMutating7"
+        check_params = [{"coeffs": [1.0, 2.0]}, {"coeffs": [3.0]}]
+
+        def __init__(self, coeffs=(1.0,)):
+            coeffs = coeffs if isinstance(coeffs, list) else list(coeffs)
+            coeffs.append(0.0)
+            self.coeffs = tuple(coeffs)
+    report = check_op(Mutating, devices=["cpu"])
+    assert Mutating.check_params == [{"coeffs": [1.0, 2.0]}, {"coeffs": [3.0]}]
+    assert report.instances == ["MistakeMutating7(coeffs=(1.0, 2.0, 0.0))", "MistakeMutating7(coeffs=(3.0, 0.0))"]
+
+
+class _Clip7(_Double):
+    """Version 1 of a plugin's op (the test replaces its constructor by version 2's)."""
+    name = "MistakeClip7"
+
+    def __init__(self, lo=0.0):
+        self.lo = float(lo)
+
+
+def test_loading_an_op_saved_by_another_version_of_its_class_names_both_parameter_lists(monkeypatch):
+    import io
+    buf = io.BytesIO()
+    gradcore.save({"op": _Clip7(0.5)}, buf)
+
+    def upgraded(self, low=0.0, high=1.0):      # version 2 renamed the parameter
+        self.low, self.high = float(low), float(high)
+    monkeypatch.setattr(_Clip7, "__init__", upgraded)
+    buf.seek(0)
+    with pytest.raises(gradcore.serialization.LoadError,
+                       match=r"MistakeClip7: a saved MistakeClip7\(lo=0.5\) cannot be rebuilt: the installed class "
+                             r".*has the parameters \(low, high\)"):
+        gradcore.load(buf, weights_only=False)     # was: loaded; its first call an AttributeError on 'low'
+
+
+class _GroupSum(Op):
+    """Sums of groups of k along the last axis (not differentiable: the
+    inputs are what is checked here); infer refuses lengths k does not divide."""
+    name = "MistakeGroupSum7"
+    check_params = [{"k": 2}, {"k": 7}]
+
+    def __init__(self, k=2):
+        self.k = int(k)
+
+    def infer(self, x):
+        if x.shape is None:
+            return (TensorDesc(None, x.dtype, x.device),)
+        if x.ndim == 0 or x.shape[-1] % self.k:
+            raise self.error(f"the last axis must be a multiple of {self.k}", x)
+        return (TensorDesc(x.shape[:-1] + (x.shape[-1] // self.k,), x.dtype, x.device),)
+
+    def cpu(self, x):
+        return x.reshape(x.shape[:-1] + (x.shape[-1] // self.k, self.k)).sum(-1)
+
+
+def test_a_check_params_instance_no_generated_input_reaches_fails_inputs_naming_it():
+    report = check_op(_GroupSum, devices=["cpu"])      # was: passed, k=7 never checked
+    assert report.status("inputs") == "failed"
+    assert "no generated input with elements was accepted for MistakeGroupSum7(k=7)" in report["inputs"].message
+
+
+def test_an_op_whose_only_accepted_generated_input_is_empty_is_not_passed():
+    class EvenOnly(_GroupSum):
+        name = "MistakeEvenOnly7"
+        check_params = [{"k": 9}]
+        check_shapes = [((0, 9),), ((2, 4),)]          # infer accepts the 0-size one alone
+    report = check_op(EvenOnly, devices=["cpu"])       # was: passed on a 0-size input alone
+    assert report.status("inputs") == "failed"
+
+
+def test_a_list_of_tensors_given_to_an_op_is_refused_not_stacked_into_a_constant():
+    class Cat(Op):
+        name = "MistakeListConcat7"
+
+        def infer(self, *xs):
+            return (TensorDesc(None if any(x.shape is None for x in xs) else
+                               (sum(x.shape[0] for x in xs),) + xs[0].shape[1:], xs[0].dtype, xs[0].device),)
+
+        def cpu(self, *xs):
+            return np.concatenate(xs, axis=0)
+    a = gradcore.tensor(np.ones((2, 4)))
+    # was: the list became one float32 constant of shape (2, 2, 4): no gradient reached a
+    with pytest.raises(TypeError, match=r"op MistakeListConcat7: argument 0 is a list holding Tensors, which would "
+                                        r"become one constant tensor without gradient"):
+        Cat()([a, a * 2])
+    with pytest.raises(TypeError, match=r"argument 1 is a list holding Tensors"):
+        a + [a, a]                     # was: a gradient of 2 where 4 is right
+    assert Cat()(a, a * 2).shape == (4, 4) and (a + [1.0, 2.0, 3.0, 4.0]).shape == (2, 4)
