@@ -28,6 +28,8 @@ bit (but for the row statistics below) (the elementwise table's rows and the ind
   n)``: layer and group norm's statistics a row at a time (the Standardize
   op over trailing axes); the one exception to "bit for bit": its sums run
   in double, so they differ from NumPy's float32 sums in the last bits.
+* ``cumsum(x, outer, n, inner, reverse)``: ``np.cumsum`` along an axis
+  (reversed: from its end), NumPy's sequential additions, in C loops.
 * ``norm_affine(x, w, b, n, groups, inner, eps)`` /
   ``norm_affine_backward(g, gm, gs, x, w, m, s, n, groups, inner)``: the same with
   layer and group norm's per-channel ``* w + b`` in the pass (the
@@ -654,3 +656,56 @@ def norm_affine_backward(g, gm, gs, x, w, m, s, Py_ssize_t n, Py_ssize_t groups,
         gc_norm_affine_back(f64, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], <double*>p[8], <double*>p[9],
                             rows, n, groups, inner)
     return dx, dw.astype(x.dtype), db.astype(x.dtype)
+
+
+# Cumulative sums along an axis of a contiguous array viewed as (outer, n,
+# inner): NumPy's add.accumulate adds in sequence, and so does this (its
+# bits), but NumPy walks a last axis element by element through its
+# strided loop, and a middle one a row of inner values at a time from
+# Python-level iteration; here a row of the last axis is one C loop, and
+# a middle axis adds whole rows of inner values (vectorised).
+cdef extern from *:
+    """
+    #define GC_CUMSUM_LOOPS(T, S)                                                          \
+    GC_VECTOR static void gc_cumsum_##S(const T* restrict x, T* restrict out, Py_ssize_t outer, \
+                                        Py_ssize_t n, Py_ssize_t inner, int reverse) {    \
+        /* the k-th step of a scan, from the end when reversed */                          \
+        const Py_ssize_t first = reverse ? n - 1 : 0, step = reverse ? -inner : inner;     \
+        for (Py_ssize_t o = 0; o < outer; o++) {                                           \
+            const T* restrict xo = x + o * n * inner + first * inner;                      \
+            T* restrict yo = out + o * n * inner + first * inner;                          \
+            if (inner == 1) {                                                              \
+                T acc = xo[0]; yo[0] = acc;                                                \
+                for (Py_ssize_t k = 1; k < n; k++) { acc += xo[k * step]; yo[k * step] = acc; } \
+                continue;                                                                  \
+            }                                                                              \
+            for (Py_ssize_t j = 0; j < inner; j++) yo[j] = xo[j];                          \
+            for (Py_ssize_t k = 1; k < n; k++) {                                           \
+                const T* restrict xk = xo + k * step; T* restrict yk = yo + k * step;     \
+                const T* restrict yp = yk - step;                                          \
+                for (Py_ssize_t j = 0; j < inner; j++) yk[j] = yp[j] + xk[j];              \
+            }                                                                              \
+        }                                                                                  \
+    }
+    GC_CUMSUM_LOOPS(float, f)
+    GC_CUMSUM_LOOPS(double, d)
+    #define gc_cumsum(f64, ...) GC_BY_TYPE(f64, gc_cumsum, __VA_ARGS__)
+    """
+    void gc_cumsum(bint f64, const void* x, void* out, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner,
+                   int reverse) nogil
+
+
+def cumsum(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint reverse):
+    """``np.cumsum`` of a contiguous float32 or float64 ``x`` (``outer * n *
+    inner`` values) along the axis of n values (from its end when
+    ``reverse``), in x's dtype, NumPy's additions in its order; None for
+    anything else."""
+    if not (_rows_of(x, 1) and n > 0 and outer * n * inner == x.size):
+        return None
+    cdef bint f64 = x.dtype == _f64
+    cdef cnp.ndarray out = np.empty(x.shape, x.dtype)
+    cdef void* p[2]
+    p[:] = [_data(x), _data(out)]
+    with nogil:
+        gc_cumsum(f64, p[0], p[1], outer, n, inner, reverse)
+    return out

@@ -323,3 +323,19 @@ def _norm_affine_refuses_what_is_not_rows():
     return (K.norm_affine(x[:, ::2], w[:3], w[:3], 3, 1, 1, 1e-5) is None
             and K.norm_affine(x, w, w.astype(np.float64), 6, 1, 1, 1e-5) is None
             and K.norm_affine(x, w[:5], w[:5], 6, 1, 1, 1e-5) is None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(64, 33), (3, 4, 5), (7,), (2, 1, 3)])
+def test_cumsum_kernel_is_numpys_bits_on_every_axis_both_ways(dtype, shape):
+    from gradcore.ops.reduce import CumSum
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal(shape) * 1e3).astype(dtype)
+    x.flat[0] = -0.0                      # kept as -0.0 (0 + -0.0 would be +0.0)
+    for axis in range(len(shape)):
+        for reverse in (False, True):
+            want = np.flip(np.cumsum(np.flip(x, axis), axis=axis), axis) if reverse else np.cumsum(x, axis=axis)
+            got = CumSum(axis, reverse).cpu(x)
+            assert got.dtype == dtype and got.tobytes() == np.ascontiguousarray(want).tobytes(), (axis, reverse)
+    assert K.cumsum(x[..., ::2], 1, x[..., ::2].size, 1, False) is None          # strided: NumPy's
+    assert K.cumsum(x.astype(np.int32), 1, x.size, 1, False) is None             # integers: NumPy's
