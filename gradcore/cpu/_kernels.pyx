@@ -709,3 +709,4 @@ def cumsum(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint reverse):
     with nogil:
         gc_cumsum(f64, p[0], p[1], outer, n, inner, reverse)
     return out
+
