@@ -64,6 +64,15 @@ cdef object _f64 = np.dtype(np.float64)
 # makes NumPy's where slow).
 cdef extern from *:
     """
+    /* name##_f or name##_d by the element type: one dispatch for every kernel */
+    #define GC_BY_TYPE(f64, name, ...) ((f64) ? name##_d(__VA_ARGS__) : name##_f(__VA_ARGS__))
+    /* an AVX2 copy of a loop beside the baseline one, chosen at load time by the CPU
+       (GCC's function multiversioning); AVX2 without FMA, so both copies round alike */
+    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+    #define GC_VECTOR __attribute__((target_clones("avx2", "default")))
+    #else
+    #define GC_VECTOR
+    #endif
     #define GC_SELECT_LOOPS(T, S)                                                          \
     static void gc_sel_aa_##S(const char* restrict c, const T* restrict a,                \
                               const T* restrict b, T* restrict o, Py_ssize_t n) {         \
@@ -88,17 +97,21 @@ cdef extern from *:
     }
     GC_SELECT_LOOPS(float, f)
     GC_SELECT_LOOPS(double, d)
+    #define gc_sig(f64, ...) GC_BY_TYPE(f64, gc_sig, __VA_ARGS__)
+    #define gc_relu(f64, ...) GC_BY_TYPE(f64, gc_relu, __VA_ARGS__)
     """
     void gc_sel_aa_f(const char* c, const float* a, const float* b, float* o, Py_ssize_t n) nogil
     void gc_sel_as_f(const char* c, const float* a, float b, float* o, Py_ssize_t n) nogil
     void gc_sel_sa_f(const char* c, float a, const float* b, float* o, Py_ssize_t n) nogil
-    void gc_sig_f(const float* x, float* e, Py_ssize_t n) nogil
-    void gc_relu_f(const float* x, float* o, Py_ssize_t n) nogil
+    void gc_sig(bint f64, const void* x, void* e, Py_ssize_t n) nogil
+    void gc_relu(bint f64, const void* x, void* o, Py_ssize_t n) nogil
     void gc_sel_aa_d(const char* c, const double* a, const double* b, double* o, Py_ssize_t n) nogil
     void gc_sel_as_d(const char* c, const double* a, double b, double* o, Py_ssize_t n) nogil
     void gc_sel_sa_d(const char* c, double a, const double* b, double* o, Py_ssize_t n) nogil
-    void gc_sig_d(const double* x, double* e, Py_ssize_t n) nogil
-    void gc_relu_d(const double* x, double* o, Py_ssize_t n) nogil
+
+
+cdef inline void* _data(object a):
+    return cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
 cdef inline bint _dense(cnp.ndarray a):
@@ -182,15 +195,14 @@ def sigmoid_finish(x, e):
             or x.shape != e.shape or not _dense(<cnp.ndarray>x) or not _dense(<cnp.ndarray>e)
             or not (<cnp.ndarray>e).flags.writeable):
         return None
-    cdef Py_ssize_t n = x.size
-    if x.dtype == _f32:
-        with nogil:
-            gc_sig_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>x), <float*>cnp.PyArray_DATA(<cnp.ndarray>e), n)
-    elif x.dtype == _f64:
-        with nogil:
-            gc_sig_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>x), <double*>cnp.PyArray_DATA(<cnp.ndarray>e), n)
-    else:
+    if x.dtype != _f32 and x.dtype != _f64:
         return None
+    cdef Py_ssize_t n = x.size
+    cdef bint f64 = x.dtype == _f64
+    cdef void* p[2]
+    p[:] = [_data(x), _data(e)]
+    with nogil:
+        gc_sig(f64, p[0], p[1], n)
     return e
 
 
@@ -201,12 +213,11 @@ def relu(x):
         return None
     cdef cnp.ndarray out = np.empty(x.shape, x.dtype)
     cdef Py_ssize_t n = x.size
-    if x.dtype == _f32:
-        with nogil:
-            gc_relu_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>x), <float*>cnp.PyArray_DATA(out), n)
-    else:
-        with nogil:
-            gc_relu_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>x), <double*>cnp.PyArray_DATA(out), n)
+    cdef bint f64 = x.dtype == _f64
+    cdef void* p[2]
+    p[:] = [_data(x), _data(out)]
+    with nogil:
+        gc_relu(f64, p[0], p[1], n)
     return out
 
 
@@ -302,15 +313,13 @@ cdef extern from *:
     }
     GC_SCATTER_ADD(float, f)
     GC_SCATTER_ADD(double, d)
+    #define gc_scatter_add(f64, ...) GC_BY_TYPE(f64, gc_scatter_add, __VA_ARGS__)
+    #define gc_scatter_add_rows(f64, ...) GC_BY_TYPE(f64, gc_scatter_add_rows, __VA_ARGS__)
     """
-    Py_ssize_t gc_scatter_add_f(float* out, Py_ssize_t size, const cnp.npy_int64* off, const float* src,
-                                Py_ssize_t n) nogil
-    Py_ssize_t gc_scatter_add_d(double* out, Py_ssize_t size, const cnp.npy_int64* off, const double* src,
-                                Py_ssize_t n) nogil
-    Py_ssize_t gc_scatter_add_rows_f(float* out, Py_ssize_t nrows, Py_ssize_t width, const cnp.npy_int64* off,
-                                     const float* src, Py_ssize_t n) nogil
-    Py_ssize_t gc_scatter_add_rows_d(double* out, Py_ssize_t nrows, Py_ssize_t width, const cnp.npy_int64* off,
-                                     const double* src, Py_ssize_t n) nogil
+    Py_ssize_t gc_scatter_add(bint f64, void* out, Py_ssize_t size, const cnp.npy_int64* off, const void* src,
+                              Py_ssize_t n) nogil
+    Py_ssize_t gc_scatter_add_rows(bint f64, void* out, Py_ssize_t nrows, Py_ssize_t width,
+                                   const cnp.npy_int64* off, const void* src, Py_ssize_t n) nogil
 
 
 def scatter_add(out, offsets, src):
@@ -326,16 +335,13 @@ def scatter_add(out, offsets, src):
         return False
     cdef Py_ssize_t size = out.size, n = src.size, bad
     cdef const cnp.npy_int64* off = <const cnp.npy_int64*>cnp.PyArray_DATA(<cnp.ndarray>offsets)
-    if out.dtype == _f32:
-        with nogil:
-            bad = gc_scatter_add_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>out), size, off,
-                                   <float*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
-    elif out.dtype == _f64:
-        with nogil:
-            bad = gc_scatter_add_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>out), size, off,
-                                   <double*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
-    else:
+    if out.dtype != _f32 and out.dtype != _f64:
         return False
+    cdef bint f64 = out.dtype == _f64
+    cdef void* p[2]
+    p[:] = [_data(out), _data(src)]
+    with nogil:
+        bad = gc_scatter_add(f64, p[0], size, off, p[1], n)
     if bad >= 0:
         raise IndexError(f"scatter_add: offset {offsets.reshape(-1)[bad]} is out of range for {size} elements")
     return True
@@ -357,16 +363,13 @@ def scatter_add_rows(out, rows, src):
     cdef Py_ssize_t nrows = out.shape[0], n = rows.size, bad
     cdef Py_ssize_t width = out.size // nrows if nrows else 0
     cdef const cnp.npy_int64* off = <const cnp.npy_int64*>cnp.PyArray_DATA(<cnp.ndarray>rows)
-    if out.dtype == _f32:
-        with nogil:
-            bad = gc_scatter_add_rows_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>out), nrows, width, off,
-                                        <float*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
-    elif out.dtype == _f64:
-        with nogil:
-            bad = gc_scatter_add_rows_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>out), nrows, width, off,
-                                        <double*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
-    else:
+    if out.dtype != _f32 and out.dtype != _f64:
         return False
+    cdef bint f64 = out.dtype == _f64
+    cdef void* p[2]
+    p[:] = [_data(out), _data(src)]
+    with nogil:
+        bad = gc_scatter_add_rows(f64, p[0], nrows, width, off, p[1], n)
     if bad >= 0:
         raise IndexError(f"scatter_add_rows: row {rows.reshape(-1)[bad]} is out of range for {nrows} rows")
     return True
@@ -415,15 +418,6 @@ def last_writes(offsets, Py_ssize_t size):
 cdef extern from *:
     """
     #include <math.h>
-    /* name##_f or name##_d by the element type: one dispatch for every kernel */
-    #define GC_BY_TYPE(f64, name, ...) ((f64) ? name##_d(__VA_ARGS__) : name##_f(__VA_ARGS__))
-    /* an AVX2 copy of a loop beside the baseline one, chosen at load time by the CPU
-       (GCC's function multiversioning); AVX2 without FMA, so both copies round alike */
-    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-    #define GC_VECTOR __attribute__((target_clones("avx2", "default")))
-    #else
-    #define GC_VECTOR
-    #endif
     #define GC_SUM(expr, len, out)                                                       \
         do { double a_[8] = {0, 0, 0, 0, 0, 0, 0, 0}; Py_ssize_t i_ = 0;                 \
              for (; i_ + 8 <= (len); i_ += 8)                                            \
@@ -557,10 +551,6 @@ cdef extern from *:
                              const void* w, const void* mean,
                              const void* sdev, void* dx, double* dw, double* db, Py_ssize_t rows, Py_ssize_t n,
                              Py_ssize_t groups, Py_ssize_t inner) nogil
-
-
-cdef inline void* _data(object a):
-    return cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
 cdef bint _rows_of(object a, Py_ssize_t n):
