@@ -97,17 +97,32 @@ cdef extern from *:
     }
     GC_SELECT_LOOPS(float, f)
     GC_SELECT_LOOPS(double, d)
-    #define gc_sig(f64, ...) GC_BY_TYPE(f64, gc_sig, __VA_ARGS__)
-    #define gc_relu(f64, ...) GC_BY_TYPE(f64, gc_relu, __VA_ARGS__)
+    /* functions, not macros: _unary takes them by address */
+    static void gc_sig(int f64, const void* x, void* e, Py_ssize_t n) { GC_BY_TYPE(f64, gc_sig, x, e, n); }
+    static void gc_relu(int f64, const void* x, void* o, Py_ssize_t n) { GC_BY_TYPE(f64, gc_relu, x, o, n); }
     """
     void gc_sel_aa_f(const char* c, const float* a, const float* b, float* o, Py_ssize_t n) nogil
     void gc_sel_as_f(const char* c, const float* a, float b, float* o, Py_ssize_t n) nogil
     void gc_sel_sa_f(const char* c, float a, const float* b, float* o, Py_ssize_t n) nogil
-    void gc_sig(bint f64, const void* x, void* e, Py_ssize_t n) nogil
-    void gc_relu(bint f64, const void* x, void* o, Py_ssize_t n) nogil
     void gc_sel_aa_d(const char* c, const double* a, const double* b, double* o, Py_ssize_t n) nogil
     void gc_sel_as_d(const char* c, const double* a, double b, double* o, Py_ssize_t n) nogil
     void gc_sel_sa_d(const char* c, double a, const double* b, double* o, Py_ssize_t n) nogil
+    void gc_sig(int f64, const void* x, void* e, Py_ssize_t n) noexcept nogil
+    void gc_relu(int f64, const void* x, void* o, Py_ssize_t n) noexcept nogil
+
+
+ctypedef void (*_unary_kernel)(int, const void*, void*, Py_ssize_t) noexcept nogil
+
+
+cdef object _unary(_unary_kernel kernel, object x, object out):
+    """``kernel`` over the float32/float64 ``x`` (checked by the caller) into ``out``; returns out."""
+    cdef Py_ssize_t n = x.size
+    cdef int f64 = x.dtype == _f64
+    cdef void* p[2]
+    p[:] = [_data(x), _data(out)]
+    with nogil:
+        kernel(f64, p[0], p[1], n)
+    return out
 
 
 cdef inline void* _data(object a):
@@ -197,13 +212,7 @@ def sigmoid_finish(x, e):
         return None
     if x.dtype != _f32 and x.dtype != _f64:
         return None
-    cdef Py_ssize_t n = x.size
-    cdef bint f64 = x.dtype == _f64
-    cdef void* p[2]
-    p[:] = [_data(x), _data(e)]
-    with nogil:
-        gc_sig(f64, p[0], p[1], n)
-    return e
+    return _unary(gc_sig, x, e)
 
 
 def relu(x):
@@ -211,14 +220,7 @@ def relu(x):
     for anything else."""
     if not isinstance(x, cnp.ndarray) or not _dense(<cnp.ndarray>x) or (x.dtype != _f32 and x.dtype != _f64):
         return None
-    cdef cnp.ndarray out = np.empty(x.shape, x.dtype)
-    cdef Py_ssize_t n = x.size
-    cdef bint f64 = x.dtype == _f64
-    cdef void* p[2]
-    p[:] = [_data(x), _data(out)]
-    with nogil:
-        gc_relu(f64, p[0], p[1], n)
-    return out
+    return _unary(gc_relu, x, np.empty(x.shape, x.dtype))
 
 
 # float32 erf four at a time: glibc's vector erf (libmvec, AVX2, in double),
