@@ -20,7 +20,7 @@ from .indexing import (Gather, GatherGrad, IndexingOneHot, IndexingOneHotGrad, S
 from .linalg import SVD, MatrixInverse, MatrixMul
 from .pool import AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, MaxPool2dGather
 from .nn import (BatchNormBackward, BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax,
-                 Standardize, StandardizeBackward)
+                 Standardize, StandardizeAffine, StandardizeAffineBackward, StandardizeBackward)
 from .loss import CrossEntropy, CrossEntropyGrad, CTCLoss, CTCLossGrad
 from .rnn import (GRUCellGates, GRUCellGatesBackward, LSTMCellGates, LSTMCellGatesBackward, LSTMLayer,
                   LSTMLayerBackward)
@@ -42,6 +42,7 @@ STANDARD_OPS = [
     BatchNormTraining, BatchNormBackward, BatchNormInference,
     LSTMCellGates, LSTMCellGatesBackward, GRUCellGates, GRUCellGatesBackward, CrossEntropy, CrossEntropyGrad,
     CTCLoss, CTCLossGrad, LSTMLayer, LSTMLayerBackward, Standardize, StandardizeBackward,
+    StandardizeAffine, StandardizeAffineBackward,
 ]
 
 

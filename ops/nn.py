@@ -1,7 +1,8 @@
 """Neural-network ops: log_softmax (hand VJP: it needs only its output),
 logsumexp (declared by decomposition only: its backward graph is derived),
 batch normalisation (training, its backward, inference: cuDNN on a GPU),
-standardisation over some axes (layer, group and general norm)."""
+standardisation over some axes (layer, group and general norm), with the
+affine scale and shift in the same op (layer and group norm)."""
 from __future__ import annotations
 
 import functools
@@ -18,7 +19,7 @@ from gradcore.op import Composite, Op, TensorDesc
 from .elemwise import Elemwise
 from .linalg import check_cuda_dtype
 from .reduce import BLOCK_REDUCE, MAX_BLOCKS, SHORT_AXIS, BroadcastBack, Reduce, op_int, row_threads
-from .shape import StopGradient
+from .shape import StopGradient, SumToLike, ZerosLike
 
 
 def _apply1(op, *args):
@@ -310,11 +311,13 @@ class _Standardize(Composite):
     def _kept(self, shape) -> tuple:
         return tuple(1 if i in self.axes else n for i, n in enumerate(shape))
 
-    def _checked(self, *descs):
-        for d in descs:
+    def _checked(self, *descs, weights=()):
+        """One float dtype for ``descs``; the axes in range for those not at
+        the positions ``weights`` (a weight may have fewer dims)."""
+        for k, d in enumerate(descs):
             if d.dtype.kind != "f" or d.dtype != descs[0].dtype:
                 raise self.error("needs inputs of one floating-point dtype", *descs)
-            if d.shape is not None and len(d.shape) <= self.axes[-1]:
+            if k not in weights and d.shape is not None and len(d.shape) <= self.axes[-1]:
                 raise self.error(f"axes {self.axes} are out of range for shape {d.shape}", *descs)
 
 
@@ -412,6 +415,133 @@ class StandardizeBackward(_Standardize):
         dx -= t
         dx /= s
         return dx
+
+
+@functools.lru_cache(maxsize=256)
+def _affine_plan(axes, x_shape, w_shape):
+    """``(n, groups, inner)`` for the affine row kernels (gradcore/cpu/_kernels.pyx)
+    when ``axes`` are x's trailing ones and the weight (aligned to x's dims)
+    varies only along the last leading axes (``groups``: their size) and the
+    first reduced axes (each row is ``n // inner`` channels of ``inner``
+    values): layer norm's (..., n) with (n,), group norm's (N, G, C/G, HW)
+    with (1, G, C/G, 1). None otherwise (cached: the ops ask per call)."""
+    nd, k = len(x_shape), len(axes)
+    if axes != tuple(range(nd - k, nd)) or len(w_shape) > nd:
+        return None
+    w_full = (1,) * (nd - len(w_shape)) + tuple(w_shape)
+    lead = nd - k
+    j = next(j for j in range(lead + 1) if w_full[j:lead] == tuple(x_shape[j:lead]))
+    if any(d != 1 for d in w_full[:j]):
+        return None
+    q = lead
+    while q < nd and w_full[q] == x_shape[q]:
+        q += 1
+    if any(d != 1 for d in w_full[q:]):
+        return None
+    return (math.prod(x_shape[lead:]), math.prod(x_shape[j:lead]), math.prod(x_shape[q:]))
+
+
+class StandardizeAffine(_Standardize):
+    """(x, w, b) -> (out, m, s): x standardized over ``axes`` as by
+    Standardize (``m`` the mean, ``s = sqrt(var + eps)``, both keeping the
+    axes as 1), then ``out = (x - m) / s * w + b`` with ``w`` and ``b`` (one
+    shape) broadcast to x: layer norm's and group norm's affine form in one
+    op. On the CPU one pass a row at a time (the scale and shift applied
+    there); the backward (StandardizeAffineBackward) recomputes the
+    standardized x from x, m and s, so only m and s are kept."""
+    name = "StandardizeAffine"
+    reduce_broadcast = False
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op``: layer norm's and group norm's shapes."""
+        rng = np.random.default_rng(0)
+        return [(cls((1,), 1e-3), [rng.standard_normal((3, 4)), rng.standard_normal(4), rng.standard_normal(4)]),
+                (cls((2, 3), 0.1), [rng.standard_normal((2, 2, 3, 2)), rng.standard_normal((1, 2, 3, 1)),
+                                    rng.standard_normal((1, 2, 3, 1))])]
+
+    def infer(self, x, w, b):
+        self._checked(x, w, b, weights=(1, 2))
+        if w.shape is not None and b.shape is not None and tuple(w.shape) != tuple(b.shape):
+            raise self.error("the weight and the bias must have one shape", x, w, b)
+        return super().infer(x, w, b)
+
+    def decompose(self, x, w, b):
+        m = _apply1(Reduce("mean", self.axes, True), x)
+        d = x - m
+        s = _apply1(Elemwise("sqrt"), _apply1(Reduce("mean", self.axes, True), d * d) + self.eps)
+        return d / s * w + b, m, s
+
+    def cpu(self, x, w, b):
+        plan = x.size and _affine_plan(self.axes, x.shape, w.shape)
+        if plan and w.shape == b.shape:
+            out = _fast.norm_affine(x, w, b, *plan, self.eps)
+            if out is not None:
+                kept = self._kept(x.shape)
+                return out[0], out[1].reshape(kept), out[2].reshape(kept)
+        return super().cpu(x, w, b)
+
+    def vjp(self, inputs, outputs, grads):
+        (x, w, _), (_, m, s), grads = inputs, outputs, list(grads)
+        if all(g is None for g in grads):
+            return [None, None, None]
+        # m and s are outputs too (the backward's own backward reaches x through
+        # them): their gradients go into the one backward op, whose kernel adds
+        # their terms in its pass (zero-filled when unused, they cost nothing more)
+        for k, like in ((0, x), (1, m), (2, s)):
+            if grads[k] is None:
+                grads[k] = _apply1(ZerosLike(), like)
+        return list(_core.apply(StandardizeAffineBackward(self.axes, self.eps), *grads, x, w, m, s))
+
+
+class StandardizeAffineBackward(_Standardize):
+    """(g, gm, gs, x, w, m, s) -> (dx, dw, db): StandardizeAffine's backward
+    for the gradients g, gm, gs of its outputs, from its input x, weight w
+    and its outputs m, s: with ``y = (x - m) / s`` and ``h = g * w``, ``dx =
+    (h - mean(h) - y * mean(h * y)) / s + (gm + y * gs) / M`` over ``axes``
+    (M values each), ``dw`` and ``db`` the sums of ``g * y`` and ``g`` down
+    to w's shape (its own backward is derived from this decomposition)."""
+    name = "StandardizeAffineBackward"
+    reduce_broadcast = False
+
+    @classmethod
+    def examples(cls):
+        """Sample inputs for ``gradcore.testing.check_op`` (a positive s)."""
+        rng = np.random.default_rng(0)
+        return [(cls((1,), 1e-3), [rng.standard_normal((3, 4)), rng.standard_normal((3, 1)),
+                                   rng.standard_normal((3, 1)), rng.standard_normal((3, 4)),
+                                   rng.standard_normal(4), rng.standard_normal((3, 1)),
+                                   rng.uniform(0.5, 1.5, (3, 1))])]
+
+    def infer(self, g, gm, gs, x, w, m, s):
+        self._checked(g, gm, gs, x, w, m, s, weights=(4,))
+        descs = (g, gm, gs, x, w, m, s)
+        if g.shape is not None and x.shape is not None and tuple(g.shape) != tuple(x.shape):
+            raise self.error("the output gradient must have the input's shape", *descs)
+        if x.shape is not None:
+            kept = self._kept(x.shape)
+            for t in (gm, gs, m, s):
+                if t.shape is not None and tuple(t.shape) != kept:
+                    raise self.error(f"the mean, the deviation and their gradients must have shape {kept} "
+                                     f"(x's, the axes {self.axes} kept as 1)", *descs)
+        return super().infer(g, gm, gs, x, w, m, s)
+
+    def decompose(self, g, gm, gs, x, w, m, s):
+        mean = Reduce("mean", self.axes, True)
+        back = BroadcastBack(self.axes, True, True)
+        y = (x - m) / s
+        h = g * w
+        dx = (h - _apply1(mean, h) - y * _apply1(mean, h * y)) / s + \
+            (_apply1(back, gm, x) + y * _apply1(back, gs, x))
+        return dx, _apply1(SumToLike(), g * y, w), _apply1(SumToLike(), g, w)
+
+    def cpu(self, g, gm, gs, x, w, m, s):
+        plan = x.size and g.shape == x.shape and _affine_plan(self.axes, x.shape, w.shape)
+        if plan and m.shape == s.shape == gm.shape == gs.shape == self._kept(x.shape):
+            out = _fast.norm_affine_backward(g, gm, gs, x, w, m, s, *plan)
+            if out is not None:
+                return out[0], out[1].reshape(w.shape), out[2].reshape(w.shape)
+        return super().cpu(g, gm, gs, x, w, m, s)
 
 
 # ---------------------------------------------------------------- batch normalisation

@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from gradcore import _core, dtypes
-from gradcore.cpu import _reduce as _small
+from gradcore.cpu import _kernels, _reduce as _small
 from gradcore.cuda.kernels import Kernel
 from gradcore.op import Op, TensorDesc, broadcast_view
 
@@ -599,6 +599,10 @@ class CumSum(Op):
         _, dtype = dtypes.reduce_dtypes("sum", x.dtype)
         if x.ndim == 0:
             return np.asarray(x, dtype).copy()
+        if dtype == x.dtype and x.size:
+            out = _kernels.cumsum(x, *_around(x.shape, self.axis), self.reverse)
+            if out is not None:
+                return out
         if self.reverse:
             return np.flip(np.cumsum(np.flip(x, self.axis), axis=self.axis, dtype=dtype), self.axis)
         return np.cumsum(x, axis=self.axis, dtype=dtype)

@@ -28,6 +28,12 @@ bit (but for the row statistics below) (the elementwise table's rows and the ind
   n)``: layer and group norm's statistics a row at a time (the Standardize
   op over trailing axes); the one exception to "bit for bit": its sums run
   in double, so they differ from NumPy's float32 sums in the last bits.
+* ``cumsum(x, outer, n, inner, reverse)``: ``np.cumsum`` along an axis
+  (reversed: from its end), NumPy's sequential additions, in C loops.
+* ``norm_affine(x, w, b, n, groups, inner, eps)`` /
+  ``norm_affine_backward(g, gm, gs, x, w, m, s, n, groups, inner)``: the same with
+  layer and group norm's per-channel ``* w + b`` in the pass (the
+  StandardizeAffine op), the backward's weight and bias sums too.
 
 Each returns None where its fast case does not apply; the caller then uses
 NumPy.
@@ -58,6 +64,15 @@ cdef object _f64 = np.dtype(np.float64)
 # makes NumPy's where slow).
 cdef extern from *:
     """
+    /* name##_f or name##_d by the element type: one dispatch for every kernel */
+    #define GC_BY_TYPE(f64, name, ...) ((f64) ? name##_d(__VA_ARGS__) : name##_f(__VA_ARGS__))
+    /* an AVX2 copy of a loop beside the baseline one, chosen at load time by the CPU
+       (GCC's function multiversioning); AVX2 without FMA, so both copies round alike */
+    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+    #define GC_VECTOR __attribute__((target_clones("avx2", "default")))
+    #else
+    #define GC_VECTOR
+    #endif
     #define GC_SELECT_LOOPS(T, S)                                                          \
     static void gc_sel_aa_##S(const char* restrict c, const T* restrict a,                \
                               const T* restrict b, T* restrict o, Py_ssize_t n) {         \
@@ -82,17 +97,36 @@ cdef extern from *:
     }
     GC_SELECT_LOOPS(float, f)
     GC_SELECT_LOOPS(double, d)
+    /* functions, not macros: _unary takes them by address */
+    static void gc_sig(int f64, const void* x, void* e, Py_ssize_t n) { GC_BY_TYPE(f64, gc_sig, x, e, n); }
+    static void gc_relu(int f64, const void* x, void* o, Py_ssize_t n) { GC_BY_TYPE(f64, gc_relu, x, o, n); }
     """
     void gc_sel_aa_f(const char* c, const float* a, const float* b, float* o, Py_ssize_t n) nogil
     void gc_sel_as_f(const char* c, const float* a, float b, float* o, Py_ssize_t n) nogil
     void gc_sel_sa_f(const char* c, float a, const float* b, float* o, Py_ssize_t n) nogil
-    void gc_sig_f(const float* x, float* e, Py_ssize_t n) nogil
-    void gc_relu_f(const float* x, float* o, Py_ssize_t n) nogil
     void gc_sel_aa_d(const char* c, const double* a, const double* b, double* o, Py_ssize_t n) nogil
     void gc_sel_as_d(const char* c, const double* a, double b, double* o, Py_ssize_t n) nogil
     void gc_sel_sa_d(const char* c, double a, const double* b, double* o, Py_ssize_t n) nogil
-    void gc_sig_d(const double* x, double* e, Py_ssize_t n) nogil
-    void gc_relu_d(const double* x, double* o, Py_ssize_t n) nogil
+    void gc_sig(int f64, const void* x, void* e, Py_ssize_t n) noexcept nogil
+    void gc_relu(int f64, const void* x, void* o, Py_ssize_t n) noexcept nogil
+
+
+ctypedef void (*_unary_kernel)(int, const void*, void*, Py_ssize_t) noexcept nogil
+
+
+cdef object _unary(_unary_kernel kernel, object x, object out):
+    """``kernel`` over the float32/float64 ``x`` (checked by the caller) into ``out``; returns out."""
+    cdef Py_ssize_t n = x.size
+    cdef int f64 = x.dtype == _f64
+    cdef void* p[2]
+    p[:] = [_data(x), _data(out)]
+    with nogil:
+        kernel(f64, p[0], p[1], n)
+    return out
+
+
+cdef inline void* _data(object a):
+    return cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
 cdef inline bint _dense(cnp.ndarray a):
@@ -176,16 +210,9 @@ def sigmoid_finish(x, e):
             or x.shape != e.shape or not _dense(<cnp.ndarray>x) or not _dense(<cnp.ndarray>e)
             or not (<cnp.ndarray>e).flags.writeable):
         return None
-    cdef Py_ssize_t n = x.size
-    if x.dtype == _f32:
-        with nogil:
-            gc_sig_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>x), <float*>cnp.PyArray_DATA(<cnp.ndarray>e), n)
-    elif x.dtype == _f64:
-        with nogil:
-            gc_sig_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>x), <double*>cnp.PyArray_DATA(<cnp.ndarray>e), n)
-    else:
+    if x.dtype != _f32 and x.dtype != _f64:
         return None
-    return e
+    return _unary(gc_sig, x, e)
 
 
 def relu(x):
@@ -193,15 +220,7 @@ def relu(x):
     for anything else."""
     if not isinstance(x, cnp.ndarray) or not _dense(<cnp.ndarray>x) or (x.dtype != _f32 and x.dtype != _f64):
         return None
-    cdef cnp.ndarray out = np.empty(x.shape, x.dtype)
-    cdef Py_ssize_t n = x.size
-    if x.dtype == _f32:
-        with nogil:
-            gc_relu_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>x), <float*>cnp.PyArray_DATA(out), n)
-    else:
-        with nogil:
-            gc_relu_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>x), <double*>cnp.PyArray_DATA(out), n)
-    return out
+    return _unary(gc_relu, x, np.empty(x.shape, x.dtype))
 
 
 # float32 erf four at a time: glibc's vector erf (libmvec, AVX2, in double),
@@ -296,15 +315,13 @@ cdef extern from *:
     }
     GC_SCATTER_ADD(float, f)
     GC_SCATTER_ADD(double, d)
+    #define gc_scatter_add(f64, ...) GC_BY_TYPE(f64, gc_scatter_add, __VA_ARGS__)
+    #define gc_scatter_add_rows(f64, ...) GC_BY_TYPE(f64, gc_scatter_add_rows, __VA_ARGS__)
     """
-    Py_ssize_t gc_scatter_add_f(float* out, Py_ssize_t size, const cnp.npy_int64* off, const float* src,
-                                Py_ssize_t n) nogil
-    Py_ssize_t gc_scatter_add_d(double* out, Py_ssize_t size, const cnp.npy_int64* off, const double* src,
-                                Py_ssize_t n) nogil
-    Py_ssize_t gc_scatter_add_rows_f(float* out, Py_ssize_t nrows, Py_ssize_t width, const cnp.npy_int64* off,
-                                     const float* src, Py_ssize_t n) nogil
-    Py_ssize_t gc_scatter_add_rows_d(double* out, Py_ssize_t nrows, Py_ssize_t width, const cnp.npy_int64* off,
-                                     const double* src, Py_ssize_t n) nogil
+    Py_ssize_t gc_scatter_add(bint f64, void* out, Py_ssize_t size, const cnp.npy_int64* off, const void* src,
+                              Py_ssize_t n) nogil
+    Py_ssize_t gc_scatter_add_rows(bint f64, void* out, Py_ssize_t nrows, Py_ssize_t width,
+                                   const cnp.npy_int64* off, const void* src, Py_ssize_t n) nogil
 
 
 def scatter_add(out, offsets, src):
@@ -320,16 +337,13 @@ def scatter_add(out, offsets, src):
         return False
     cdef Py_ssize_t size = out.size, n = src.size, bad
     cdef const cnp.npy_int64* off = <const cnp.npy_int64*>cnp.PyArray_DATA(<cnp.ndarray>offsets)
-    if out.dtype == _f32:
-        with nogil:
-            bad = gc_scatter_add_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>out), size, off,
-                                   <float*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
-    elif out.dtype == _f64:
-        with nogil:
-            bad = gc_scatter_add_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>out), size, off,
-                                   <double*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
-    else:
+    if out.dtype != _f32 and out.dtype != _f64:
         return False
+    cdef bint f64 = out.dtype == _f64
+    cdef void* p[2]
+    p[:] = [_data(out), _data(src)]
+    with nogil:
+        bad = gc_scatter_add(f64, p[0], size, off, p[1], n)
     if bad >= 0:
         raise IndexError(f"scatter_add: offset {offsets.reshape(-1)[bad]} is out of range for {size} elements")
     return True
@@ -351,16 +365,13 @@ def scatter_add_rows(out, rows, src):
     cdef Py_ssize_t nrows = out.shape[0], n = rows.size, bad
     cdef Py_ssize_t width = out.size // nrows if nrows else 0
     cdef const cnp.npy_int64* off = <const cnp.npy_int64*>cnp.PyArray_DATA(<cnp.ndarray>rows)
-    if out.dtype == _f32:
-        with nogil:
-            bad = gc_scatter_add_rows_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>out), nrows, width, off,
-                                        <float*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
-    elif out.dtype == _f64:
-        with nogil:
-            bad = gc_scatter_add_rows_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>out), nrows, width, off,
-                                        <double*>cnp.PyArray_DATA(<cnp.ndarray>src), n)
-    else:
+    if out.dtype != _f32 and out.dtype != _f64:
         return False
+    cdef bint f64 = out.dtype == _f64
+    cdef void* p[2]
+    p[:] = [_data(out), _data(src)]
+    with nogil:
+        bad = gc_scatter_add_rows(f64, p[0], nrows, width, off, p[1], n)
     if bad >= 0:
         raise IndexError(f"scatter_add_rows: row {rows.reshape(-1)[bad]} is out of range for {nrows} rows")
     return True
@@ -397,55 +408,161 @@ def last_writes(offsets, Py_ssize_t size):
 # sum's dependency chain would serialise them); the results round to the
 # array's type, so they differ from NumPy's float32 pairwise sums in the
 # last bits only (more exact, not less).
+#
+# The affine forms (StandardizeAffine: layer norm's and group norm's
+# ``* weight + bias``) apply the scale and shift in the same pass and keep
+# only each row's mean and deviation, from which the backward recomputes
+# y a row at a time; the backward's per-channel sums (the weight's and the
+# bias's gradients) run in the same pass as the row's. A row is
+# ``cpg`` channels of ``inner`` values; row r uses the weights of group
+# ``r % groups`` (layer norm: one group, ``inner`` 1; group norm's (N, G,
+# C/G, HW) view: G groups, ``inner`` HW).
 cdef extern from *:
     """
     #include <math.h>
-    #define GC_ROW_SUM(expr, out)                                                        \
+    #define GC_SUM(expr, len, out)                                                       \
         do { double a_[8] = {0, 0, 0, 0, 0, 0, 0, 0}; Py_ssize_t i_ = 0;                 \
-             for (; i_ + 8 <= n; i_ += 8)                                                \
+             for (; i_ + 8 <= (len); i_ += 8)                                            \
                  for (int k_ = 0; k_ < 8; k_++) { Py_ssize_t i = i_ + k_; a_[k_] += (expr); } \
-             for (; i_ < n; i_++) { Py_ssize_t i = i_; a_[0] += (expr); }                \
+             for (; i_ < (len); i_++) { Py_ssize_t i = i_; a_[0] += (expr); }            \
              out = ((a_[0] + a_[1]) + (a_[2] + a_[3])) + ((a_[4] + a_[5]) + (a_[6] + a_[7])); } while (0)
     #define GC_STANDARDIZE_LOOPS(T, S)                                                     \
-    static void gc_standardize_##S(const T* restrict x, T* restrict y, T* restrict s,      \
+    static inline double gc_sq_##S(T d) { return (double)d * d; }                         \
+    /* the row's mean and its deviation sqrt(mean((x - m)^2) + eps), rounded to T */       \
+    static inline void gc_row_stats_##S(const T* restrict xr, Py_ssize_t n, double eps,   \
+                                        T* m_out, T* sd_out) {                            \
+        double sum;                                                                        \
+        GC_SUM((double)xr[i], n, sum);                                                    \
+        T m = (T)(sum / n);                                                                \
+        GC_SUM(gc_sq_##S(xr[i] - m), n, sum);                                             \
+        *m_out = m;                                                                        \
+        *sd_out = (T)sqrt((double)(T)(sum / n) + (double)(T)eps);                          \
+    }                                                                                      \
+    GC_VECTOR static void gc_standardize_##S(const T* restrict x, T* restrict y, T* restrict s,      \
                                    Py_ssize_t rows, Py_ssize_t n, double eps) {           \
         for (Py_ssize_t r = 0; r < rows; r++) {                                            \
-            const T* restrict xr = x + r * n; T* restrict yr = y + r * n; double sum;     \
-            GC_ROW_SUM((double)xr[i], sum);                                               \
-            T m = (T)(sum / n);                                                            \
-            for (Py_ssize_t i = 0; i < n; i++) yr[i] = xr[i] - m;                          \
-            GC_ROW_SUM((double)yr[i] * yr[i], sum);                                        \
-            T sd = (T)sqrt((double)(T)(sum / n) + (double)(T)eps);                          \
+            const T* restrict xr = x + r * n; T* restrict yr = y + r * n; T m, sd;        \
+            gc_row_stats_##S(xr, n, eps, &m, &sd);                                         \
             s[r] = sd;                                                                     \
-            for (Py_ssize_t i = 0; i < n; i++) yr[i] /= sd;                                \
+            for (Py_ssize_t i = 0; i < n; i++) yr[i] = (xr[i] - m) / sd;                   \
         }                                                                                  \
     }                                                                                      \
-    static void gc_standardize_back_##S(const T* restrict g, const T* restrict y,         \
+    GC_VECTOR static void gc_standardize_back_##S(const T* restrict g, const T* restrict y,         \
                                         const T* restrict s, T* restrict dx,              \
                                         Py_ssize_t rows, Py_ssize_t n) {                  \
         for (Py_ssize_t r = 0; r < rows; r++) {                                            \
             const T* restrict gr = g + r * n; const T* restrict yr = y + r * n;           \
             T* restrict dr = dx + r * n; double sg, sgy;                                   \
-            GC_ROW_SUM((double)gr[i], sg);                                                \
-            GC_ROW_SUM((double)gr[i] * yr[i], sgy);                                       \
+            GC_SUM((double)gr[i], n, sg);                                                 \
+            GC_SUM((double)gr[i] * yr[i], n, sgy);                                        \
             T mg = (T)(sg / n), mgy = (T)(sgy / n), sd = s[r];                             \
             for (Py_ssize_t i = 0; i < n; i++) dr[i] = (gr[i] - mg - yr[i] * mgy) / sd;    \
+        }                                                                                  \
+    }                                                                                      \
+    GC_VECTOR static void gc_norm_affine_##S(const T* restrict x, const T* restrict w,              \
+                                   const T* restrict b, T* restrict out, T* restrict mean, \
+                                   T* restrict sdev, Py_ssize_t rows, Py_ssize_t n,       \
+                                   Py_ssize_t groups, Py_ssize_t inner, double eps) {     \
+        const Py_ssize_t cpg = n / inner;                                                  \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                            \
+            const T* restrict xr = x + r * n; T* restrict o = out + r * n; T m, sd;       \
+            gc_row_stats_##S(xr, n, eps, &m, &sd);                                         \
+            mean[r] = m; sdev[r] = sd;                                                     \
+            const T rs = (T)(1.0 / sd);                                                    \
+            const T* restrict wg = w + (r % groups) * cpg;                                 \
+            const T* restrict bg = b + (r % groups) * cpg;                                 \
+            if (inner == 1) {                                                              \
+                for (Py_ssize_t i = 0; i < n; i++) o[i] = (xr[i] - m) * rs * wg[i] + bg[i]; \
+            } else {                                                                       \
+                for (Py_ssize_t c = 0; c < cpg; c++) {                                     \
+                    const T a = wg[c], sh = bg[c];                                         \
+                    const T* restrict xc = xr + c * inner; T* restrict oc = o + c * inner; \
+                    for (Py_ssize_t j = 0; j < inner; j++) oc[j] = (xc[j] - m) * rs * a + sh; \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+    }                                                                                      \
+    /* dx of the affine form (with the mean's and sdev's own gradients gm, gs: one per */ \
+    /* row), and the weight's and bias's gradients summed into dw / db (double,        */ \
+    /* groups * cpg each); y recomputed from x, mean and sdev                          */ \
+    GC_VECTOR static void gc_norm_affine_back_##S(const T* restrict g, const T* restrict gm,        \
+                                        const T* restrict gs, const T* restrict x,        \
+                                        const T* restrict w, const T* restrict mean,      \
+                                        const T* restrict sdev, T* restrict dx,           \
+                                        double* restrict dw, double* restrict db,         \
+                                        Py_ssize_t rows, Py_ssize_t n, Py_ssize_t groups, \
+                                        Py_ssize_t inner) {                               \
+        const Py_ssize_t cpg = n / inner;                                                  \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                            \
+            const T* restrict gr = g + r * n; const T* restrict xr = x + r * n;           \
+            T* restrict dr = dx + r * n;                                                   \
+            const T m = mean[r], rs = (T)(1.0 / sdev[r]);                                  \
+            const Py_ssize_t k = (r % groups) * cpg;                                       \
+            const T* restrict wg = w + k; double* restrict dwg = dw + k;                   \
+            double* restrict dbg = db + k;                                                 \
+            double sgw = 0, sgwy = 0;                                                      \
+            if (inner == 1) {                                                              \
+                for (Py_ssize_t i = 0; i < n; i++) {                                       \
+                    const T y = (xr[i] - m) * rs;                                          \
+                    dwg[i] += (double)gr[i] * y; dbg[i] += gr[i];                          \
+                }                                                                          \
+                GC_SUM((double)(gr[i] * wg[i]), n, sgw);                                   \
+                GC_SUM((double)(gr[i] * wg[i]) * (T)((xr[i] - m) * rs), n, sgwy);          \
+            } else {                                                                       \
+                for (Py_ssize_t c = 0; c < cpg; c++) {                                     \
+                    const T* restrict gc = gr + c * inner; const T* restrict xc = xr + c * inner; \
+                    double sg, sgy;                                                        \
+                    GC_SUM((double)gc[i], inner, sg);                                     \
+                    GC_SUM((double)gc[i] * (T)((xc[i] - m) * rs), inner, sgy);             \
+                    dwg[c] += sgy; dbg[c] += sg;                                           \
+                    sgw += wg[c] * sg; sgwy += wg[c] * sgy;                                \
+                }                                                                          \
+            }                                                                              \
+            const T mg = (T)(sgw / n), mgy = (T)(sgwy / n);                                \
+            /* d m / d x = 1 / n, d s / d x = y / n */                                     \
+            const T cm = (T)((double)gm[r] / n), cs = (T)((double)gs[r] / n);              \
+            if (inner == 1) {                                                              \
+                for (Py_ssize_t i = 0; i < n; i++) {                                       \
+                    const T y = (xr[i] - m) * rs;                                          \
+                    dr[i] = (gr[i] * wg[i] - mg - y * mgy) * rs + (cm + y * cs);           \
+                }                                                                          \
+            } else {                                                                       \
+                for (Py_ssize_t c = 0; c < cpg; c++) {                                     \
+                    const T a = wg[c]; const Py_ssize_t o = c * inner;                     \
+                    for (Py_ssize_t j = o; j < o + inner; j++) {                           \
+                        const T y = (xr[j] - m) * rs;                                      \
+                        dr[j] = (gr[j] * a - mg - y * mgy) * rs + (cm + y * cs);           \
+                    }                                                                      \
+                }                                                                          \
+            }                                                                              \
         }                                                                                  \
     }
     GC_STANDARDIZE_LOOPS(float, f)
     GC_STANDARDIZE_LOOPS(double, d)
+    #define gc_standardize(f64, ...) GC_BY_TYPE(f64, gc_standardize, __VA_ARGS__)
+    #define gc_standardize_back(f64, ...) GC_BY_TYPE(f64, gc_standardize_back, __VA_ARGS__)
+    #define gc_norm_affine(f64, ...) GC_BY_TYPE(f64, gc_norm_affine, __VA_ARGS__)
+    #define gc_norm_affine_back(f64, ...) GC_BY_TYPE(f64, gc_norm_affine_back, __VA_ARGS__)
     """
-    void gc_standardize_f(const float* x, float* y, float* s, Py_ssize_t rows, Py_ssize_t n, double eps) nogil
-    void gc_standardize_d(const double* x, double* y, double* s, Py_ssize_t rows, Py_ssize_t n, double eps) nogil
-    void gc_standardize_back_f(const float* g, const float* y, const float* s, float* dx, Py_ssize_t rows,
-                               Py_ssize_t n) nogil
-    void gc_standardize_back_d(const double* g, const double* y, const double* s, double* dx, Py_ssize_t rows,
-                               Py_ssize_t n) nogil
+    void gc_standardize(bint f64, const void* x, void* y, void* s, Py_ssize_t rows, Py_ssize_t n, double eps) nogil
+    void gc_standardize_back(bint f64, const void* g, const void* y, const void* s, void* dx, Py_ssize_t rows,
+                             Py_ssize_t n) nogil
+    void gc_norm_affine(bint f64, const void* x, const void* w, const void* b, void* out, void* mean, void* sdev,
+                        Py_ssize_t rows, Py_ssize_t n, Py_ssize_t groups, Py_ssize_t inner, double eps) nogil
+    void gc_norm_affine_back(bint f64, const void* g, const void* gm, const void* gs, const void* x,
+                             const void* w, const void* mean,
+                             const void* sdev, void* dx, double* dw, double* db, Py_ssize_t rows, Py_ssize_t n,
+                             Py_ssize_t groups, Py_ssize_t inner) nogil
 
 
 cdef bint _rows_of(object a, Py_ssize_t n):
     return (isinstance(a, cnp.ndarray) and _dense(<cnp.ndarray>a) and (a.dtype == _f32 or a.dtype == _f64)
             and n > 0 and a.size % n == 0)
+
+
+cdef bint _dense_like(object a, object x):
+    """a is a contiguous array of x's dtype."""
+    return isinstance(a, cnp.ndarray) and _dense(<cnp.ndarray>a) and a.dtype == x.dtype
 
 
 def standardize_rows(x, Py_ssize_t n, double eps):
@@ -456,16 +573,13 @@ def standardize_rows(x, Py_ssize_t n, double eps):
     if not _rows_of(x, n):
         return None
     cdef Py_ssize_t rows = x.size // n
+    cdef bint f64 = x.dtype == _f64
     cdef cnp.ndarray y = np.empty(x.shape, x.dtype)
     cdef cnp.ndarray s = np.empty(rows, x.dtype)
-    if x.dtype == _f32:
-        with nogil:
-            gc_standardize_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>x), <float*>cnp.PyArray_DATA(y),
-                             <float*>cnp.PyArray_DATA(s), rows, n, eps)
-    else:
-        with nogil:
-            gc_standardize_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>x), <double*>cnp.PyArray_DATA(y),
-                             <double*>cnp.PyArray_DATA(s), rows, n, eps)
+    cdef void* p[3]
+    p[:] = [_data(x), _data(y), _data(s)]
+    with nogil:
+        gc_standardize(f64, p[0], p[1], p[2], rows, n, eps)
     return y, s
 
 
@@ -473,18 +587,118 @@ def standardize_rows_backward(g, y, s, Py_ssize_t n):
     """``(g - mean(g) - y * mean(g * y)) / s`` over each row of ``n`` values
     (Standardize's backward through y) for contiguous ``g``, ``y`` of one
     float dtype and ``s`` with one value per row; None for anything else."""
-    if not (_rows_of(g, n) and _rows_of(y, n) and isinstance(s, cnp.ndarray) and _dense(<cnp.ndarray>s)
-            and g.dtype == y.dtype == s.dtype and g.shape == y.shape and s.size * n == g.size):
+    if not (_rows_of(g, n) and _rows_of(y, n) and _dense_like(s, g) and g.dtype == y.dtype
+            and g.shape == y.shape and s.size * n == g.size):
         return None
     cdef Py_ssize_t rows = g.size // n
+    cdef bint f64 = g.dtype == _f64
     cdef cnp.ndarray dx = np.empty(g.shape, g.dtype)
-    if g.dtype == _f32:
-        with nogil:
-            gc_standardize_back_f(<float*>cnp.PyArray_DATA(<cnp.ndarray>g), <float*>cnp.PyArray_DATA(<cnp.ndarray>y),
-                                  <float*>cnp.PyArray_DATA(<cnp.ndarray>s), <float*>cnp.PyArray_DATA(dx), rows, n)
-    else:
-        with nogil:
-            gc_standardize_back_d(<double*>cnp.PyArray_DATA(<cnp.ndarray>g),
-                                  <double*>cnp.PyArray_DATA(<cnp.ndarray>y),
-                                  <double*>cnp.PyArray_DATA(<cnp.ndarray>s), <double*>cnp.PyArray_DATA(dx), rows, n)
+    cdef void* p[4]
+    p[:] = [_data(g), _data(y), _data(s), _data(dx)]
+    with nogil:
+        gc_standardize_back(f64, p[0], p[1], p[2], p[3], rows, n)
     return dx
+
+
+cdef bint _affine_case(object x, object w, object b, Py_ssize_t n, Py_ssize_t groups, Py_ssize_t inner):
+    return (_rows_of(x, n) and _dense_like(w, x) and (b is None or _dense_like(b, x)) and groups > 0
+            and inner > 0 and n % inner == 0 and (x.size // n) % groups == 0
+            and w.size == groups * (n // inner) and (b is None or b.size == w.size))
+
+
+def norm_affine(x, w, b, Py_ssize_t n, Py_ssize_t groups, Py_ssize_t inner, double eps):
+    """``(out, mean, sdev)``: each row of ``n`` values of ``x`` standardized
+    (as ``standardize_rows``) and scaled and shifted per channel, ``out =
+    (x - mean) / sdev * w + b``, with one mean and one sdev per row. A row
+    is ``n // inner`` channels of ``inner`` values; row r takes the
+    channels' weights ``w[r % groups]`` (``w``, ``b``: ``(groups, n //
+    inner)``, contiguous, x's dtype). None for anything else."""
+    if not _affine_case(x, w, b, n, groups, inner) or b is None:
+        return None
+    cdef Py_ssize_t rows = x.size // n
+    cdef bint f64 = x.dtype == _f64
+    cdef cnp.ndarray out = np.empty(x.shape, x.dtype)
+    cdef cnp.ndarray m = np.empty(rows, x.dtype)
+    cdef cnp.ndarray s = np.empty(rows, x.dtype)
+    cdef void* p[6]
+    p[:] = [_data(x), _data(w), _data(b), _data(out), _data(m), _data(s)]
+    with nogil:
+        gc_norm_affine(f64, p[0], p[1], p[2], p[3], p[4], p[5], rows, n, groups, inner, eps)
+    return out, m, s
+
+
+def norm_affine_backward(g, gm, gs, x, w, m, s, Py_ssize_t n, Py_ssize_t groups, Py_ssize_t inner):
+    """``(dx, dw, db)``, ``norm_affine``'s gradients for the gradients of
+    its outputs ``g`` (x's shape), ``gm`` and ``gs`` (one per row), from its
+    input ``x``, weight ``w`` and the per-row ``m`` and ``s`` it returned;
+    ``dw``, ``db`` flat, ``w.size`` values each. None where
+    ``norm_affine``'s case does not hold."""
+    if not (_affine_case(x, w, None, n, groups, inner) and _dense_like(g, x) and g.shape == x.shape
+            and _dense_like(m, x) and m.size * n == x.size
+            and all(_dense_like(t, x) and t.size == m.size for t in (s, gm, gs))):
+        return None
+    cdef Py_ssize_t rows = x.size // n
+    cdef bint f64 = x.dtype == _f64
+    cdef cnp.ndarray dx = np.empty(x.shape, x.dtype)
+    cdef cnp.ndarray dw = np.zeros(w.size, np.float64)
+    cdef cnp.ndarray db = np.zeros(w.size, np.float64)
+    cdef void* p[10]
+    p[:] = [_data(g), _data(gm), _data(gs), _data(x), _data(w), _data(m), _data(s), _data(dx), _data(dw), _data(db)]
+    with nogil:
+        gc_norm_affine_back(f64, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], <double*>p[8], <double*>p[9],
+                            rows, n, groups, inner)
+    return dx, dw.astype(x.dtype), db.astype(x.dtype)
+
+
+# Cumulative sums along an axis of a contiguous array viewed as (outer, n,
+# inner): NumPy's add.accumulate adds in sequence, and so does this (its
+# bits), but NumPy walks a last axis element by element through its
+# strided loop, and a middle one a row of inner values at a time from
+# Python-level iteration; here a row of the last axis is one C loop, and
+# a middle axis adds whole rows of inner values (vectorised).
+cdef extern from *:
+    """
+    #define GC_CUMSUM_LOOPS(T, S)                                                          \
+    GC_VECTOR static void gc_cumsum_##S(const T* restrict x, T* restrict out, Py_ssize_t outer, \
+                                        Py_ssize_t n, Py_ssize_t inner, int reverse) {    \
+        /* the k-th step of a scan, from the end when reversed */                          \
+        const Py_ssize_t first = reverse ? n - 1 : 0, step = reverse ? -inner : inner;     \
+        for (Py_ssize_t o = 0; o < outer; o++) {                                           \
+            const T* restrict xo = x + o * n * inner + first * inner;                      \
+            T* restrict yo = out + o * n * inner + first * inner;                          \
+            if (inner == 1) {                                                              \
+                T acc = xo[0]; yo[0] = acc;                                                \
+                for (Py_ssize_t k = 1; k < n; k++) { acc += xo[k * step]; yo[k * step] = acc; } \
+                continue;                                                                  \
+            }                                                                              \
+            for (Py_ssize_t j = 0; j < inner; j++) yo[j] = xo[j];                          \
+            for (Py_ssize_t k = 1; k < n; k++) {                                           \
+                const T* restrict xk = xo + k * step; T* restrict yk = yo + k * step;     \
+                const T* restrict yp = yk - step;                                          \
+                for (Py_ssize_t j = 0; j < inner; j++) yk[j] = yp[j] + xk[j];              \
+            }                                                                              \
+        }                                                                                  \
+    }
+    GC_CUMSUM_LOOPS(float, f)
+    GC_CUMSUM_LOOPS(double, d)
+    #define gc_cumsum(f64, ...) GC_BY_TYPE(f64, gc_cumsum, __VA_ARGS__)
+    """
+    void gc_cumsum(bint f64, const void* x, void* out, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner,
+                   int reverse) nogil
+
+
+def cumsum(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint reverse):
+    """``np.cumsum`` of a contiguous float32 or float64 ``x`` (``outer * n *
+    inner`` values) along the axis of n values (from its end when
+    ``reverse``), in x's dtype, NumPy's additions in its order; None for
+    anything else."""
+    if not (_rows_of(x, 1) and n > 0 and outer * n * inner == x.size):
+        return None
+    cdef bint f64 = x.dtype == _f64
+    cdef cnp.ndarray out = np.empty(x.shape, x.dtype)
+    cdef void* p[2]
+    p[:] = [_data(x), _data(out)]
+    with nogil:
+        gc_cumsum(f64, p[0], p[1], outer, n, inner, reverse)
+    return out
+

@@ -82,23 +82,14 @@ def nll_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, ign
         raise ArgumentError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     axis = 1 if x.ndim > 1 else 0
     C = x.shape[axis]
+    if t.device == "cpu":
+        return _nll_loss_host_labels(x, t, weight, ignore_index, reduction, C)
     keep = t != ignore_index
     safe = where(keep, t, 0)
-    if t.device == "cpu" and t.size:
-        bad = safe.numpy()
-        if bad.min() < 0 or bad.max() >= C:
-            raise IndexError(f"nll_loss: target values must be in [0, {C}) or ignore_index={ignore_index}, "
-                             f"got {bad.min()}..{bad.max()} (input shape {x.shape}, target shape {t.shape})")
-    if x.ndim == 1:
-        picked = indexing_one_hot(expand_dims(x, 0), expand_dims(safe, 0), 1)[0]
-    else:
-        picked = indexing_one_hot(x, safe, 1)
+    picked = _picked(x, safe)
     w = astype(keep, x.dtype)
     if weight is not None:
-        wt = _t(weight, x)
-        if wt.shape != (C,):
-            raise ArgumentError(f"nll_loss: weight must be ({C},) (one per class), got shape {wt.shape}")
-        w = w * wt[safe.reshape(-1)].reshape(t.shape)
+        w = w * _class_weight(weight, x, C)[safe.reshape(-1)].reshape(t.shape)
     loss = -picked * w
     if reduction == "none":
         return loss
@@ -108,6 +99,54 @@ def nll_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, ign
     none_kept = total == 0
     # every target ignored: NaN, as PyTorch's, but zero gradients (not 0 / 0)
     return sum(loss) / where(none_kept, 1, total) + where(none_kept, np.asarray(np.nan, total.dtype), 0)
+
+
+def _picked(x: Tensor, safe) -> Tensor:
+    """``x[n, safe[n], ...]`` along axis 1 (x (C,): its entry at the 0-d ``safe``)."""
+    if x.ndim == 1:
+        return indexing_one_hot(expand_dims(x, 0), expand_dims(safe, 0), 1)[0]
+    return indexing_one_hot(x, safe, 1)
+
+
+def _class_weight(weight, x: Tensor, C: int) -> Tensor:
+    wt = _t(weight, x)
+    if wt.shape != (C,):
+        raise ArgumentError(f"nll_loss: weight must be ({C},) (one per class), got shape {wt.shape}")
+    return wt
+
+
+def _nll_loss_host_labels(x: Tensor, t: Tensor, weight, ignore_index: int, reduction: str, C: int) -> Tensor:
+    """nll_loss with the labels on the host: which entries count, the safe
+    labels and (unweighted) the count the mean divides by are NumPy
+    constants, not ops (the same values and bits as the composed ops: the
+    per-op cost of ~10 small ops was most of the loss's time)."""
+    labels = t.numpy()
+    keep = labels != ignore_index
+    safe = np.where(keep, labels, 0).astype(labels.dtype, copy=False)
+    if safe.size and (safe.min() < 0 or safe.max() >= C):
+        raise IndexError(f"nll_loss: target values must be in [0, {C}) or ignore_index={ignore_index}, "
+                         f"got {safe.min()}..{safe.max()} (input shape {x.shape}, target shape {t.shape})")
+    # the constants as Tensors (an op takes a NumPy operand by a slower path)
+    picked = _picked(x, Tensor(safe))
+    w = keep.astype(x.dtype)
+    if weight is not None:
+        w = _class_weight(weight, x, C)[Tensor(safe.reshape(-1))].reshape(t.shape) * Tensor(w)
+        loss = -picked * w
+    else:
+        loss = picked * Tensor(-w)           # -(p * w) exactly: only the sign differs
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return sum(loss)
+    if weight is not None:
+        total = sum(w)
+        none_kept = total == 0
+        return sum(loss) / where(none_kept, 1, total) + where(none_kept, np.asarray(np.nan, total.dtype), 0)
+    # the count in x's dtype, as the tensor sum gave it (a whole number: the
+    # Python float of it divides to the same bits)
+    total = float(w.sum(dtype=w.dtype))
+    # every target ignored: NaN, as PyTorch's, but zero gradients (not 0 / 0)
+    return sum(loss) + float("nan") if total == 0 else sum(loss) / total
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:

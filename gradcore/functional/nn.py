@@ -19,7 +19,8 @@ from .._core import Tensor, apply as _apply
 from ..dtypes import autocast_dtypes, promote_types
 from ..op import OpError
 from ..ops.vision import DeformablePSROIPooling
-from ..ops.nn import BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax, Standardize
+from ..ops.nn import (BatchNormInference, BatchNormTraining, LogSoftmax, LogSumExp, Softmax, Standardize,
+                      StandardizeAffine)
 from ._args import _axis_in, _axis_key, _fill_value, _host, _int_arg, _int_tuple, _named, _on, _t, builtins_max
 from .elemwise import clip, logaddexp, where  # noqa: F401  (logaddexp: F.nn's before)
 from .elemwise_table import abs, eq, exp, floor, log, maximum, relu, softplus, sqrt, square
@@ -828,11 +829,11 @@ def layer_norm(inp: Tensor, normalized_shape: Union[int, Sequence[int]], affine:
     if not shape or len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
         raise ArgumentError(f"layer_norm: normalized_shape {shape} must be the trailing dimensions "
                          f"of inp, got inp shape {x.shape}")
-    y = _standardized(x, tuple(range(x.ndim - len(shape), x.ndim)), eps)
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
     if not affine:
-        return y
-    return y * _affine_param("layer_norm", "weight", weight, shape, x) + \
-        _affine_param("layer_norm", "bias", bias, shape, x)
+        return _standardized(x, axes, eps)
+    return _standardized_affine(x, axes, eps, _affine_param("layer_norm", "weight", weight, shape, x),
+                                _affine_param("layer_norm", "bias", bias, shape, x))
 
 
 def _high_under_autocast(x: Tensor) -> Tensor:
@@ -852,13 +853,21 @@ def _standardized(x: Tensor, axes: tuple, eps: float) -> Tensor:
     return d / sqrt(mean(d * d, axes, True) + eps)
 
 
+def _standardized_affine(x: Tensor, axes: tuple, eps: float, w: Tensor, b: Tensor) -> Tensor:
+    """``_standardized(x, axes, eps) * w + b``, one op (its kernel scales
+    and shifts in the same pass) where x, w and b share a float dtype."""
+    if x.dtype.kind == "f" and w.dtype == x.dtype and b.dtype == x.dtype and w.shape == b.shape:
+        return _apply(StandardizeAffine(axes, eps), x, w, b)[0]
+    return _standardized(x, axes, eps) * w + b
+
+
 def _affine_param(name: str, what: str, t, shape: tuple, x: Tensor) -> Tensor:
     """An affine ``weight``/``bias`` reshaped to ``shape`` (it may come flat),
     or a clear error: None with ``affine=True``, or the wrong size."""
     if t is None:
         raise ArgumentError(f"{name}: affine=True needs {what} (give affine=False for none)")
     t = _t(t, x)
-    if t.size != int(np.prod(shape)):
+    if t.size != math.prod(shape):
         raise ArgumentError(f"{name}: {what} must have shape {shape}, got {t.shape}")
     return t if t.shape == shape else reshape(t, shape)
 
@@ -883,14 +892,16 @@ def group_norm(inp: Tensor, num_groups: int, affine: bool = True, weight: Option
         raise ArgumentError(f"group_norm: inp must be (N, C, ...) with C divisible by num_groups={g}, "
                          f"got shape {x.shape}")
     n, c = x.shape[:2]
-    grouped = reshape(x, (n, g, (c // g) * int(np.prod(x.shape[2:]))))
-    y = reshape(_standardized(grouped, (2,), eps), x.shape)
     if not affine:
-        return y
-    per_channel = (1, c) + (1,) * (x.ndim - 2)
+        grouped = reshape(x, (n, g, (c // g) * math.prod(x.shape[2:])))
+        return reshape(_standardized(grouped, (2,), eps), x.shape)
+    # (N, G, C/G, spatial) with the weight and bias (1, G, C/G, 1): each group's
+    # channels are its rows' leading values, so the affine op scales them in its pass
+    grouped = reshape(x, (n, g, c // g, math.prod(x.shape[2:])))
+    per_channel = (1, g, c // g, 1)
     w = reshape(_affine_param("group_norm", "weight", weight, (c,), x), per_channel)
     b = reshape(_affine_param("group_norm", "bias", bias, (c,), x), per_channel)
-    return y * w + b
+    return reshape(_standardized_affine(grouped, (2, 3), eps, w, b), x.shape)
 
 
 def normalize(inp: Tensor, ord: Optional[float] = None, axis: Union[int, Sequence[int], None] = None,

@@ -256,3 +256,86 @@ def test_standardize_op_takes_the_row_kernel_for_trailing_axes_only():
         dx = nn_ops.StandardizeBackward(axes, 1e-3).cpu(g, y, s)
         ref = (g - g.mean(axes, keepdims=True) - y * (g * y).mean(axes, keepdims=True)) / s
         np.testing.assert_allclose(dx, ref, rtol=1e-12, atol=1e-12)
+
+
+# StandardizeAffine / StandardizeAffineBackward: layer and group norm with
+# their per-channel scale and shift, one op (its kernel scales in its pass)
+@pytest.mark.parametrize("axes, x_shape, w_shape", [((1,), (3, 5), (5,)), ((2, 3), (2, 2, 3, 2), (1, 2, 3, 1)),
+                                                    ((1, 2), (2, 3, 4), (3, 4)), ((0, 2), (2, 3, 4), (1, 3, 1))])
+def test_standardize_affine_gradients_first_and_second_order(axes, x_shape, w_shape):
+    import gradcore
+    from gradcore.core import apply
+    from gradcore.ops.nn import StandardizeAffine
+    from gradcore.testing import gradcheck, gradgradcheck
+    rng = np.random.default_rng(10)
+    x = gradcore.Tensor(rng.standard_normal(x_shape))
+    w, b = (gradcore.Tensor(rng.standard_normal(w_shape)) for _ in range(2))
+    # every output (the mean and the deviation too), and the first alone
+    every = lambda *t: apply(StandardizeAffine(axes, 1e-3), *t)
+    first = lambda *t: apply(StandardizeAffine(axes, 1e-3), *t)[0]
+    for fn in (every, first):
+        assert gradcheck(fn, [x, w, b], atol=1e-6, rtol=1e-4)
+        assert gradgradcheck(fn, [x, w, b], atol=1e-5, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("x_shape, w_shape, axes", [((4, 6, 5), (6, 5), (1, 2)), ((3, 4, 2, 7), (1, 4, 2, 1), (2, 3)),
+                                                    ((2, 2, 3, 1), (1, 2, 3, 1), (2, 3)), ((5, 9), (9,), (1,)),
+                                                    ((4, 9), (4, 1), (1,))])
+def test_standardize_affine_row_kernels_match_the_decomposition(dtype, x_shape, w_shape, axes):
+    from gradcore.op import Composite
+    from gradcore.ops.nn import StandardizeAffine, StandardizeAffineBackward, _affine_plan
+    assert _affine_plan(axes, x_shape, w_shape)         # the kernels' case, not the fallback
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(x_shape) * 3 + 1).astype(dtype)
+    w, b = (rng.standard_normal(w_shape).astype(dtype) for _ in range(2))
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    op = StandardizeAffine(axes, 1e-5)
+    outs, want = op.cpu(x, w, b), Composite.cpu(op, x, w, b)
+    for u, v in zip(outs, want):
+        assert u.shape == v.shape and u.dtype == dtype
+        np.testing.assert_allclose(u, v, **tol)
+    _, m, s = outs
+    g = rng.standard_normal(x_shape).astype(dtype)
+    gm, gs = (rng.standard_normal(m.shape).astype(dtype) for _ in range(2))
+    back = StandardizeAffineBackward(axes, 1e-5)
+    for u, v in zip(back.cpu(g, gm, gs, x, w, m, s), Composite.cpu(back, g, gm, gs, x, w, m, s)):
+        assert u.shape == v.shape and u.dtype == dtype
+        np.testing.assert_allclose(u, v, **tol)
+
+
+def test_affine_plan_takes_layer_and_group_norm_layouts_only():
+    from gradcore.ops.nn import _affine_plan
+    assert _affine_plan((1,), (8, 16), (16,)) == (16, 1, 1)                       # layer norm
+    assert _affine_plan((2, 3), (2, 4, 3, 5), (1, 4, 3, 1)) == (15, 4, 5)         # group norm's view
+    assert _affine_plan((1, 2), (2, 3, 4), (3, 1)) == (12, 1, 4)                  # per channel, one group
+    assert _affine_plan((1,), (8, 16), (8, 1)) == (16, 8, 16)                     # one scale per row
+    assert _affine_plan((2,), (2, 3, 4), (2, 1, 4)) is None                       # per row, not its last axes
+    assert _affine_plan((0,), (8, 16), (8, 1)) is None                            # not the trailing axes
+    assert _affine_plan((1, 2), (2, 3, 4), (1, 4)) is None                        # varies within a channel
+    assert _norm_affine_refuses_what_is_not_rows()
+
+
+def _norm_affine_refuses_what_is_not_rows():
+    """The kernels refuse what they cannot read as rows (the op then decomposes)."""
+    x = np.ones((4, 6), np.float32)
+    w = np.ones(6, np.float32)
+    return (K.norm_affine(x[:, ::2], w[:3], w[:3], 3, 1, 1, 1e-5) is None
+            and K.norm_affine(x, w, w.astype(np.float64), 6, 1, 1, 1e-5) is None
+            and K.norm_affine(x, w[:5], w[:5], 6, 1, 1, 1e-5) is None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(64, 33), (3, 4, 5), (7,), (2, 1, 3)])
+def test_cumsum_kernel_is_numpys_bits_on_every_axis_both_ways(dtype, shape):
+    from gradcore.ops.reduce import CumSum
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal(shape) * 1e3).astype(dtype)
+    x.flat[0] = -0.0                      # kept as -0.0 (0 + -0.0 would be +0.0)
+    for axis in range(len(shape)):
+        for reverse in (False, True):
+            want = np.flip(np.cumsum(np.flip(x, axis), axis=axis), axis) if reverse else np.cumsum(x, axis=axis)
+            got = CumSum(axis, reverse).cpu(x)
+            assert got.dtype == dtype and got.tobytes() == np.ascontiguousarray(want).tobytes(), (axis, reverse)
+    assert K.cumsum(x[..., ::2], 1, x[..., ::2].size, 1, False) is None          # strided: NumPy's
+    assert K.cumsum(x.astype(np.int32), 1, x.size, 1, False) is None             # integers: NumPy's

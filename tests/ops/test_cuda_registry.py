@@ -111,7 +111,9 @@ def _standard():
 
 # standard ops whose cuda path is their decomposition (a NumPy fast path on the cpu only)
 CUDA_BY_DECOMPOSITION = {"Standardize": "layer/group norm's statistics: Reduce and elementwise kernels on cuda",
-                         "StandardizeBackward": "the same, for its backward"}
+                         "StandardizeBackward": "the same, for its backward",
+                         "StandardizeAffine": "layer/group norm with its affine scale and shift: the same",
+                         "StandardizeAffineBackward": "the same, for its backward"}
 
 
 def test_every_standard_op_has_a_cuda_source():
