@@ -180,6 +180,10 @@ def build_cases(size: str) -> list:
     add(f"group_norm {groups} groups (4d)", [a4, w4, b4], [0, 1, 2],
         lambda t, w_, b_: F.group_norm(t, groups, weight=w_, bias=b_),
         lambda t, w_, b_: TF.group_norm(t, groups, w_, b_))
+    add(f"group_norm {groups} groups no affine (4d)", [a4], [0],
+        lambda t: F.group_norm(t, groups, affine=False), lambda t: TF.group_norm(t, groups))
+    add("instance_norm no affine (4d)", [a4], [0],
+        lambda t: F.instance_norm(t, affine=False), lambda t: TF.instance_norm(t))
     # losses
     lab = rng.integers(0, c, r).astype(np.int32)
     add("cross_entropy (mean)", [x, lab], [0], F.cross_entropy,

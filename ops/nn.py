@@ -550,9 +550,9 @@ class StandardizeAffineBackward(_Standardize):
 # (gradcore/cpu/onednn.py) in float32, elsewhere their decompositions (the
 # same math in generic ops) and, on cuda without cuDNN, reductions plus the
 # fused per-element kernels of ``batch_norm_source``. Every order of
-# derivative works: BatchNormTraining's vjp is BatchNormBackward (plus the
-# terms of its statistics' gradients), whose own backward is derived from
-# its decomposition; BatchNormInference's backward is derived too.
+# derivative works: BatchNormTraining's vjp is BatchNormBackward (its
+# statistics' gradients among its inputs), whose own backward is derived
+# from its decomposition; BatchNormInference's backward is derived too.
 def _bn_axes(ndim):
     return tuple(i for i in range(ndim) if i != 1)
 
@@ -631,18 +631,16 @@ class BatchNormTraining(_BatchNorm):
         return d * invstd * w + b, m, invstd
 
     def vjp(self, inputs, outputs, grads):
-        (x, w, b), (_, m, invstd), (gy, gm, gi) = inputs, outputs, grads
-        dx = dw = db = None
-        if gy is not None:
-            dx, dw, db = _core.apply(BatchNormBackward(self.eps, self.ndim), gy, x, w, m, invstd)
-        extra = []
-        if gm is not None:           # d mean / dx = 1 / M
-            extra.append(self._mean_back(gm, x))
-        if gi is not None:           # d invstd / dx = -invstd^3 (x - mean) / M
-            extra.append((x - m) * self._mean_back(gi * invstd * invstd * invstd * -1.0, x))
-        for term in extra:
-            dx = term if dx is None else dx + term
-        return [dx, dw, db]
+        (x, w, _), (_, m, invstd), grads = inputs, outputs, list(grads)
+        if all(g is None for g in grads):
+            return [None, None, None]
+        # the mean's and invstd's gradients go into the one backward op (it
+        # adds their terms where they are not zero): as separate ops they
+        # were full-size passes over zero-filled gradients on every step
+        for k, like in ((0, x), (1, m), (2, invstd)):
+            if grads[k] is None:
+                grads[k] = _apply1(ZerosLike(), like)
+        return list(_core.apply(BatchNormBackward(self.eps, self.ndim), *grads, x, w, m, invstd))
 
     def cpu(self, x, w, b):
         done = onednn.batch_norm_training(x, w, b, self.eps)
@@ -661,39 +659,58 @@ class BatchNormTraining(_BatchNorm):
 
 
 class BatchNormBackward(_BatchNorm):
-    """(g, x, weight, mean, invstd) -> (dx, dweight, dbias): the backward of
-    BatchNormTraining through its output y (mean and invstd as saved by it)."""
+    """(g, gm, gi, x, weight, mean, invstd) -> (dx, dweight, dbias): the
+    backward of BatchNormTraining for the gradients g, gm, gi of its outputs
+    y, mean and invstd (mean and invstd as saved by it): with ``M`` values
+    per channel, dx is the backward through y plus ``gm / M - gi * invstd^3
+    * (x - mean) / M``."""
     name = "BatchNormBackward"
 
     @classmethod
     def examples(cls):
         """Sample inputs for ``gradcore.testing.check_op`` (a positive inverse std)."""
         rng = np.random.default_rng(0)
-        g, x, w, m = (rng.standard_normal(s) for s in ((3, 2, 2), (3, 2, 2), (1, 2, 1), (1, 2, 1)))
-        return [(cls(1e-3, 3), [g, x, w, m, rng.uniform(0.5, 1.5, (1, 2, 1))])]
+        g, gm, gi, x, w, m = (rng.standard_normal(s) for s in ((3, 2, 2), (1, 2, 1), (1, 2, 1), (3, 2, 2),
+                                                               (1, 2, 1), (1, 2, 1)))
+        return [(cls(1e-3, 3), [g, gm, gi, x, w, m, rng.uniform(0.5, 1.5, (1, 2, 1))])]
 
-    def infer(self, g, x, w, m, invstd):
-        self._check(x, (w, m, invstd), ("weight", "mean", "invstd"))
+    def infer(self, g, gm, gi, x, w, m, invstd):
+        descs = (g, gm, gi, x, w, m, invstd)
+        self._check(x, (gm, gi, w, m, invstd), ("the mean's gradient", "invstd's gradient", "weight", "mean",
+                                                "invstd"))
         if g.shape is not None and x.shape is not None and tuple(g.shape) != tuple(x.shape):
-            raise self.error("the output gradient must have the input's shape", g, x, w, m, invstd)
-        return super().infer(g, x, w, m, invstd)
+            raise self.error("the output gradient must have the input's shape", *descs)
+        return super().infer(*descs)
 
-    def decompose(self, g, x, w, m, invstd):
+    def _stats_terms(self, gm, gi, x, m, invstd, mean_back):
+        """dx's terms from the statistics' gradients: d mean / dx = 1 / M,
+        d invstd / dx = -invstd^3 (x - mean) / M (tensors or, with the
+        CPU kernel's ``mean_back``, arrays)."""
+        return mean_back(gm, x) + (x - m) * mean_back(gi * invstd * invstd * invstd * -1.0, x)
+
+    def decompose(self, g, gm, gi, x, w, m, invstd):
         axes = _bn_axes(self.ndim)
         xhat = (x - m) * invstd
         db = _apply1(Reduce("sum", axes, True), g)
         dw = _apply1(Reduce("sum", axes, True), g * xhat)
         dx = (w * invstd) * (g - self._mean_back(db, x) - xhat * self._mean_back(dw, x))
-        return dx, dw, db
+        return dx + self._stats_terms(gm, gi, x, m, invstd, self._mean_back), dw, db
 
-    def cpu(self, g, x, w, m, invstd):
+    def cpu(self, g, gm, gi, x, w, m, invstd):
         done = onednn.batch_norm_backward(g, x, w, m, invstd, self.eps)
-        return done if done is not None else super().cpu(g, x, w, m, invstd)
+        if done is None:
+            return super().cpu(g, gm, gi, x, w, m, invstd)
+        # the statistics' gradients are per channel and almost always zero
+        # (the running statistics take them detached): checked, not added
+        if gm.any() or gi.any():
+            back = BroadcastBack(_bn_axes(self.ndim), True, True)
+            return (done[0] + self._stats_terms(gm, gi, x, m, invstd, back.cpu),) + tuple(done[1:])
+        return done
 
-    def cuda(self, be, g, x, w, m, invstd):
+    def cuda(self, be, g, gm, gi, x, w, m, invstd):
         done = cudnn.batch_norm_backward(be, g, x, w, m, invstd, self.eps)
         if done is not None:
-            return done
+            return self._cuda_stats_terms(be, done, gm, gi, x, m, invstd)
         axes = _bn_axes(self.ndim)
         xhat = be.elementwise("mul", be.elementwise("sub", x, m), invstd)
         db = be.reduce("sum", g, axes, True)
@@ -703,6 +720,15 @@ class BatchNormBackward(_BatchNorm):
         T = be.ctype(x.dtype)
         kernel = be.kernel(self, T, name=kernel_name("batch_norm_grad_input", T), source=batch_norm_source(T))
         be.launch_n(kernel, dx.size, g, x, w, m, invstd, dw, db, dx, dx.size, c, s, max(_bn_count(x), 1))
+        return self._cuda_stats_terms(be, (dx, dw, db), gm, gi, x, m, invstd)
+
+    def _cuda_stats_terms(self, be, done, gm, gi, x, m, invstd):
+        """``done`` (dx, dw, db) with the statistics' terms added to dx."""
+        dx, dw, db = done
+        n = max(_bn_count(x), 1)
+        ew = be.elementwise
+        coef = ew("div", ew("mul", ew("mul", ew("mul", gi, invstd), invstd), invstd), -float(n))
+        dx = ew("add", dx, ew("add", ew("div", gm, float(n)), ew("mul", ew("sub", x, m), coef)))
         return dx, dw, db
 
 

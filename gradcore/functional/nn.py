@@ -745,7 +745,7 @@ def _one_per_channel(x, *params) -> bool:
     """Whether each of ``params`` is given with one element per channel of x."""
     if x.shape is None or x.ndim < 2:
         return False
-    return all(p is not None and int(np.prod(np.shape(p) if not isinstance(p, Tensor) else p.shape)) == x.shape[1]
+    return all(p is not None and math.prod(np.shape(p) if not isinstance(p, Tensor) else p.shape) == x.shape[1]
                for p in params)
 
 
@@ -757,7 +757,8 @@ def _batch_norm_ops(x, running_mean, running_var, weight, bias, training, moment
     given = [_t(t, x) for t in (weight, bias)] + ([] if training else [_t(t, x) for t in stats])
     dtype = np.result_type(x.dtype, *[t.dtype for t in given])
     x = x if x.dtype == dtype else astype(x, dtype)
-    params = [reshape(t if t.dtype == dtype else astype(t, dtype), pshape) for t in given]
+    params = [t if t.shape == pshape else reshape(t, pshape) for t in
+              (t if t.dtype == dtype else astype(t, dtype) for t in given)]
     if not training:
         w, b, m, v = params
         return _apply(BatchNormInference(eps, x.ndim), x, m, v, w, b)[0]
@@ -781,7 +782,10 @@ def _running_stats(stats, m, v, n: int, momentum: float, inplace: bool) -> list:
     for k, buf in enumerate(stats):
         if buf is not None:
             stat = m if k == 0 else v * (n / builtins_max(n - 1, 1))
-            new_stats[k] = (buf.detach() * momentum + stat.reshape(buf.shape) * (1 - momentum)).astype(buf.dtype)
+            if stat.shape != buf.shape:
+                stat = stat.reshape(buf.shape)
+            new = buf.detach() * momentum + stat * (1 - momentum)
+            new_stats[k] = new if new.dtype == buf.dtype else new.astype(buf.dtype)
             if inplace:
                 buf._reset(new_stats[k])
     return new_stats
@@ -803,7 +807,7 @@ def _check_channel_params(x, training, **params) -> None:
             raise TypeError(f"batch_norm: {what} must be a Tensor (it is updated in place in training), "
                             f"got {type(t).__name__}")
         shape = tuple(t.shape) if hasattr(t, "shape") else np.shape(t)
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         if size != c and (running or size != 1):
             raise ArgumentError(f"batch_norm: {what} must have one element per channel ({c} for inp of shape "
                              f"{x.shape}), got shape {shape}")

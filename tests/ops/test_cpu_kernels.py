@@ -185,6 +185,29 @@ def test_standardize_cpu_matches_its_decomposition():
                                    rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
 
 
+@pytest.mark.parametrize("zero_stats", [True, False])
+def test_batch_norm_backward_cpu_adds_the_statistics_terms_as_its_decomposition(zero_stats):
+    # float32 runs oneDNN's backward plus the mean's and invstd's terms only
+    # where their gradients are not zero: both cases against the float64
+    # decomposition (the generic ops)
+    from gradcore.op import Composite
+    from gradcore.ops.nn import BatchNormBackward
+    rng = np.random.default_rng(8)
+    shape, pshape = (4, 3, 5, 2), (1, 3, 1, 1)
+    g, x = (rng.standard_normal(shape) for _ in range(2))
+    gm, gi, w, m = (rng.standard_normal(pshape) * (0.0 if k < 2 and zero_stats else 1.0) for k in range(4))
+    invstd = rng.uniform(0.5, 1.5, pshape)
+    op = BatchNormBackward(1e-5, 4)
+    want = Composite.cpu(op, g, gm, gi, x, w, m, invstd)
+    got = op.cpu(*(a.astype(np.float32) for a in (g, gm, gi, x, w, m, invstd)))
+    for a, b in zip(got, want):
+        assert a.dtype == np.float32 and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    if not zero_stats:      # the terms matter: without them dx differs
+        bare = Composite.cpu(op, g, 0 * gm, 0 * gi, x, w, m, invstd)[0]
+        assert not np.allclose(bare, want[0], rtol=1e-4, atol=1e-5)
+
+
 def test_subtensor_grad_rows_and_offsets_paths_are_add_at():
     from gradcore.ops.indexing import build_index, split_index
     rng = np.random.default_rng(9)
