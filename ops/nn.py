@@ -365,17 +365,21 @@ class Standardize(_Standardize):
 
     def vjp(self, inputs, outputs, grads):
         (y, s), (gy, gs) = outputs, grads
-        dx = None if gy is None else _apply1(StandardizeBackward(self.axes, self.eps), gy, y, s)
-        if gs is not None:           # d s / d x = d / (M s) = y / M
-            term = y * _apply1(BroadcastBack(self.axes, True, True), gs, y)
-            dx = term if dx is None else dx + term
-        return [dx]
+        if gy is None and gs is None:
+            return [None]
+        # s's gradient goes into the one backward op, which adds its term
+        # where it is not zero: as separate ops (zero-filled when s is not
+        # used, as in instance and group norm) they were three full-size passes
+        gy = _apply1(ZerosLike(), y) if gy is None else gy
+        gs = _apply1(ZerosLike(), s) if gs is None else gs
+        return [_apply1(StandardizeBackward(self.axes, self.eps), gy, gs, y, s)]
 
 
 class StandardizeBackward(_Standardize):
-    """(g, y, s) -> dx = (g - mean(g) - y * mean(g * y)) / s over ``axes``:
-    Standardize's backward through y, from its outputs (its own backward is
-    derived from this decomposition)."""
+    """(g, gs, y, s) -> dx = (g - mean(g) - y * mean(g * y)) / s + y * gs / M
+    over ``axes`` (M values each): Standardize's backward for the gradients
+    g of y and gs of s, from its outputs (d s / d x = y / M; its own backward
+    is derived from this decomposition)."""
     name = "StandardizeBackward"
     reduce_broadcast = False
 
@@ -383,26 +387,39 @@ class StandardizeBackward(_Standardize):
     def examples(cls):
         """Sample inputs for ``gradcore.testing.check_op`` (a positive s)."""
         rng = np.random.default_rng(0)
-        return [(cls((1,), 1e-3), [rng.standard_normal((3, 4)), rng.standard_normal((3, 4)),
-                                   rng.uniform(0.5, 1.5, (3, 1))])]
+        return [(cls((1,), 1e-3), [rng.standard_normal((3, 4)), rng.standard_normal((3, 1)),
+                                   rng.standard_normal((3, 4)), rng.uniform(0.5, 1.5, (3, 1))])]
 
-    def infer(self, g, y, s):
-        self._checked(g, y, s)
+    def infer(self, g, gs, y, s):
+        descs = (g, gs, y, s)
+        self._checked(*descs)
         if g.shape is not None and y.shape is not None and tuple(g.shape) != tuple(y.shape):
-            raise self.error("the output gradient must have the output's shape", g, y, s)
-        if y.shape is not None and s.shape is not None:
-            kept = tuple(1 if i in self.axes else n for i, n in enumerate(y.shape))
-            if tuple(s.shape) != kept:
-                raise self.error(f"the scale must have shape {kept} (y's, the axes {self.axes} kept as 1)", g, y, s)
-        return super().infer(g, y, s)
+            raise self.error("the output gradient must have the output's shape", *descs)
+        if y.shape is not None:
+            kept = self._kept(y.shape)
+            for t in (gs, s):
+                if t.shape is not None and tuple(t.shape) != kept:
+                    raise self.error(f"the scale and its gradient must have shape {kept} (y's, the axes "
+                                     f"{self.axes} kept as 1)", *descs)
+        return super().infer(*descs)
 
-    def decompose(self, g, y, s):
+    def decompose(self, g, gs, y, s):
         mean = Reduce("mean", self.axes, True)
-        return (g - _apply1(mean, g) - y * _apply1(mean, g * y)) / s
+        return (g - _apply1(mean, g) - y * _apply1(mean, g * y)) / s + \
+            y * _apply1(BroadcastBack(self.axes, True, True), gs, y)
 
-    def cpu(self, g, y, s):
+    def cpu(self, g, gs, y, s):
         if g.dtype.kind != "f" or g.size == 0 or g.shape != y.shape:
-            return super().cpu(g, y, s)
+            return super().cpu(g, gs, y, s)
+        dx = self._through_y(g, y, s)
+        # gs is s's shape and almost always zero (layer, group and instance
+        # norm do not use s): checked, its term added only where it matters
+        if gs.any():
+            dx += y * BroadcastBack(self.axes, True, True).cpu(gs, y)
+        return dx
+
+    def _through_y(self, g, y, s):
+        """dx without s's gradient's term."""
         n = self._row(g)
         if n and np.shape(s) == self._kept(g.shape):
             dx = _fast.standardize_rows_backward(g, y, s, n)

@@ -163,9 +163,10 @@ def test_standardize_gradients_first_and_second_order(axes, shape):
         assert gradgradcheck(fn, [x], atol=1e-5, rtol=1e-3)
     g, y = (gradcore.Tensor(rng.standard_normal(shape)) for _ in range(2))
     kept = tuple(1 if d in axes else n for d, n in enumerate(shape))
-    s = gradcore.Tensor(rng.uniform(0.5, 1.5, kept))
+    gs, s = gradcore.Tensor(rng.standard_normal(kept)), gradcore.Tensor(rng.uniform(0.5, 1.5, kept))
     back = lambda *t: apply(StandardizeBackward(axes, 1e-3), *t)[0]
-    assert gradcheck(back, [g, y, s], atol=1e-6, rtol=1e-4)
+    assert gradcheck(back, [g, gs, y, s], atol=1e-6, rtol=1e-4)
+    assert gradgradcheck(back, [g, gs, y, s], atol=1e-5, rtol=1e-3)
 
 
 def test_standardize_cpu_matches_its_decomposition():
@@ -181,8 +182,10 @@ def test_standardize_cpu_matches_its_decomposition():
         np.testing.assert_allclose(s, s0, rtol=2e-6 if dtype == np.float32 else 1e-14)
         g = rng.standard_normal(x.shape).astype(dtype)
         back = StandardizeBackward((1, 2), 1e-5)
-        np.testing.assert_allclose(back.cpu(g, y, s), Composite.cpu(back, g, y, s),
-                                   rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
+        # s's gradient zero (its term skipped) and not
+        for gs in (np.zeros_like(s), rng.standard_normal(s.shape).astype(dtype)):
+            np.testing.assert_allclose(back.cpu(g, gs, y, s), Composite.cpu(back, g, gs, y, s),
+                                       rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
 
 
 @pytest.mark.parametrize("zero_stats", [True, False])
@@ -276,8 +279,10 @@ def test_standardize_op_takes_the_row_kernel_for_trailing_axes_only():
         np.testing.assert_allclose(y, d / s_ref, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(s, s_ref, rtol=1e-12)
         g = rng.standard_normal(x.shape)
-        dx = nn_ops.StandardizeBackward(axes, 1e-3).cpu(g, y, s)
-        ref = (g - g.mean(axes, keepdims=True) - y * (g * y).mean(axes, keepdims=True)) / s
+        gs = rng.standard_normal(s.shape)
+        dx = nn_ops.StandardizeBackward(axes, 1e-3).cpu(g, gs, y, s)
+        m = x.size // s.size
+        ref = (g - g.mean(axes, keepdims=True) - y * (g * y).mean(axes, keepdims=True)) / s + y * gs / m
         np.testing.assert_allclose(dx, ref, rtol=1e-12, atol=1e-12)
 
 
