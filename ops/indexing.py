@@ -517,13 +517,16 @@ class IndexingOneHot(Op):
         expect = x.shape[:ax] + x.shape[ax + 1:]
         if tuple(index.shape) != expect:
             raise self.error(f"index shape must be {expect}", x, index)
-        shape = x.shape[:ax] + ((1,) if self.keepdims else ()) + x.shape[ax + 1:]
-        return (TensorDesc(shape, x.dtype, x.device),)
+        return (TensorDesc(_one_hot_shape(tuple(x.shape), ax, self.keepdims), x.dtype, x.device),)
 
     def cpu(self, x, index):
         ax = self.axis % x.ndim
         if index.shape != x.shape[:ax] + x.shape[ax + 1:]:   # take_along_axis would broadcast it
             raise ValueError(f"index shape must be {x.shape[:ax] + x.shape[ax + 1:]}")
+        # a C loop that checks the range in its pass (None: not its case, or out of range)
+        out = _kernels.one_hot_pick(x, index, *_one_hot_view(x.shape, ax))
+        if out is not None:
+            return out.reshape(_one_hot_shape(x.shape, ax, self.keepdims))
         _check_one_hot_range(index, x.shape, ax)
         out = np.take_along_axis(x, np.expand_dims(index, ax), ax)
         return out if self.keepdims else np.squeeze(out, ax)
@@ -553,6 +556,16 @@ class IndexingOneHot(Op):
         if y.size:
             be.launch_n(be.kernel(self, be.ctype(x.dtype)), y.size, x, _index32(be, index), y, outer, n, inner)
         return y
+
+
+def _one_hot_view(shape, ax) -> tuple:
+    """(outer, n, inner): ``shape`` seen around its axis ``ax``."""
+    return math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1:])
+
+
+def _one_hot_shape(shape, ax, keepdims) -> tuple:
+    """The picked values' shape: ``shape`` without (or, keepdims, 1 at) ``ax``."""
+    return shape[:ax] + ((1,) if keepdims else ()) + shape[ax + 1:]
 
 
 def _check_one_hot_range(index, x_shape, ax, index_shape=None):
@@ -592,6 +605,9 @@ class IndexingOneHotGrad(Op):
 
     def cpu(self, g, ref, index):
         ax = self.axis % len(ref.shape)
+        out = _kernels.one_hot_put(g, index, *_one_hot_view(ref.shape, ax))
+        if out is not None:
+            return out.reshape(ref.shape)
         out = np.zeros(ref.shape, g.dtype)
         gi = g if self.keepdims else np.expand_dims(g, ax)
         np.put_along_axis(out, np.expand_dims(index, ax), gi, ax)

@@ -34,6 +34,10 @@ bit (but for the row statistics below) (the elementwise table's rows and the ind
   ``norm_affine_backward(g, gm, gs, x, w, m, s, n, groups, inner)``: the same with
   layer and group norm's per-channel ``* w + b`` in the pass (the
   StandardizeAffine op), the backward's weight and bias sums too.
+* ``one_hot_pick(x, index, outer, n, inner)`` / ``one_hot_put(g, index,
+  outer, n, inner)``: ``indexing_one_hot`` (``take_along_axis``: 7 us for
+  256 labels, most of nll_loss's pick) and its adjoint, the index range
+  checked in the same pass.
 
 Each returns None where its fast case does not apply; the caller then uses
 NumPy.
@@ -702,3 +706,82 @@ def cumsum(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint reverse):
         gc_cumsum(f64, p[0], p[1], outer, n, inner, reverse)
     return out
 
+
+
+cdef extern from *:
+    """
+    /* indexing_one_hot along the middle axis of a (outer, n, inner) array a,
+       b its (outer, inner) values: picked into b, or (put) b written into a;
+       the flat position of the first index outside [0, n), or -1 */
+    #define GC_ONE_HOT_LOOPS(T, S, I, J)                                                         \
+    static Py_ssize_t gc_one_hot_##S##J(T* restrict a, const I* restrict idx, T* restrict b,    \
+                                        Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, int put) { \
+        for (Py_ssize_t o = 0; o < outer; o++)                                                   \
+            for (Py_ssize_t i = 0; i < inner; i++) {                                             \
+                const Py_ssize_t j = o * inner + i;                                              \
+                const I k = idx[j];                                                              \
+                if (k < 0 || k >= n) return j;                                                   \
+                if (put) a[(o * n + k) * inner + i] = b[j];                                      \
+                else b[j] = a[(o * n + k) * inner + i];                                          \
+            }                                                                                    \
+        return -1;                                                                               \
+    }
+    GC_ONE_HOT_LOOPS(float, f, int32_t, i)
+    GC_ONE_HOT_LOOPS(float, f, int64_t, l)
+    GC_ONE_HOT_LOOPS(double, d, int32_t, i)
+    GC_ONE_HOT_LOOPS(double, d, int64_t, l)
+    static Py_ssize_t gc_one_hot(int f64, int i64, void* a, const void* idx, void* b, Py_ssize_t outer,
+                                 Py_ssize_t n, Py_ssize_t inner, int put) {
+        if (f64)
+            return i64 ? gc_one_hot_dl(a, idx, b, outer, n, inner, put) : gc_one_hot_di(a, idx, b, outer, n, inner, put);
+        return i64 ? gc_one_hot_fl(a, idx, b, outer, n, inner, put) : gc_one_hot_fi(a, idx, b, outer, n, inner, put);
+    }
+    """
+    Py_ssize_t gc_one_hot(bint f64, bint i64, void* a, const void* idx, void* b, Py_ssize_t outer,
+                          Py_ssize_t n, Py_ssize_t inner, bint put) nogil
+
+
+cdef object _one_hot(object big, object index, object small, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner,
+                     bint put):
+    """True when the loop ran over every index (False: one is outside [0, n))."""
+    cdef bint f64 = big.dtype == _f64
+    cdef bint i64 = index.dtype == np.int64
+    cdef void* p[3]
+    cdef Py_ssize_t bad
+    p[:] = [_data(big), _data(index), _data(small)]
+    with nogil:
+        bad = gc_one_hot(f64, i64, p[0], p[1], p[2], outer, n, inner, put)
+    return bad < 0
+
+
+cdef bint _one_hot_case(object big, object index, object small, Py_ssize_t outer, Py_ssize_t n,
+                        Py_ssize_t inner):
+    return (_rows_of(big, 1) and _dense_like(small, big) and isinstance(index, cnp.ndarray)
+            and _dense(<cnp.ndarray>index) and (index.dtype == np.int32 or index.dtype == np.int64)
+            and outer >= 0 and n > 0 and inner >= 0 and big.size == outer * n * inner
+            and small.size == index.size == outer * inner)
+
+
+def one_hot_pick(x, index, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner):
+    """``out[o, i] = x[o, index[o, i], i]`` (flat: the caller shapes it) for
+    a contiguous float32/float64 ``x`` of ``outer * n * inner`` values and
+    a contiguous int32/int64 ``index`` of ``outer * inner``; None for
+    anything else, or where an index is outside [0, n) (the caller's
+    NumPy path then says which)."""
+    out = np.empty(index.size if isinstance(index, cnp.ndarray) else 0,
+                   x.dtype if isinstance(x, cnp.ndarray) else _f32)
+    if not _one_hot_case(x, index, out, outer, n, inner):
+        return None
+    return out if _one_hot(x, index, out, outer, n, inner, False) else None
+
+
+def one_hot_put(g, index, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner):
+    """Zeros of ``outer * n * inner`` values (flat) with ``out[o, index[o,
+    i], i] = g[o, i]``: ``one_hot_pick``'s adjoint, for a contiguous float
+    ``g`` and int32/int64 ``index`` of ``outer * inner`` values; None as
+    there."""
+    out = np.zeros(outer * n * inner if outer >= 0 and n > 0 and inner >= 0 else 0,
+                   g.dtype if isinstance(g, cnp.ndarray) else _f32)
+    if not _one_hot_case(out, index, g, outer, n, inner):
+        return None
+    return out if _one_hot(out, index, g, outer, n, inner, True) else None

@@ -21,6 +21,7 @@ import numpy as np
 from .._core import Tensor, apply as _apply
 from ..dtypes import DEFAULT_FLOAT, category
 from ..op import OpError
+from ..ops.indexing import IndexingOneHot
 from ..ops.loss import CrossEntropy as _CrossEntropy, CTCLoss
 from ..ops.nn import LogSoftmax
 from ._args import _axis_in, _named, _on, _t
@@ -102,10 +103,15 @@ def nll_loss(input: Tensor, target: Tensor, weight: Optional[Tensor] = None, ign
 
 
 def _picked(x: Tensor, safe) -> Tensor:
-    """``x[n, safe[n], ...]`` along axis 1 (x (C,): its entry at the 0-d ``safe``)."""
+    """``x[n, safe[n], ...]`` along axis 1 (x (C,): its entry at the 0-d
+    ``safe``); ``safe`` integer class indices on x's device."""
     if x.ndim == 1:
         return indexing_one_hot(expand_dims(x, 0), expand_dims(safe, 0), 1)[0]
-    return indexing_one_hot(x, safe, 1)
+    # the op itself (F.indexing_one_hot's argument checks are a third of its cost)
+    return _apply(_PICK, x, safe)[0]
+
+
+_PICK = IndexingOneHot(1, False)
 
 
 def _class_weight(weight, x: Tensor, C: int) -> Tensor:
@@ -121,19 +127,26 @@ def _nll_loss_host_labels(x: Tensor, t: Tensor, weight, ignore_index: int, reduc
     constants, not ops (the same values and bits as the composed ops: the
     per-op cost of ~10 small ops was most of the loss's time)."""
     labels = t.numpy()
-    keep = labels != ignore_index
-    safe = np.where(keep, labels, 0).astype(labels.dtype, copy=False)
-    if safe.size and (safe.min() < 0 or safe.max() >= C):
-        raise IndexError(f"nll_loss: target values must be in [0, {C}) or ignore_index={ignore_index}, "
-                         f"got {safe.min()}..{safe.max()} (input shape {x.shape}, target shape {t.shape})")
+    if labels.size and 0 <= labels.min() and labels.max() < C and not 0 <= ignore_index < C:
+        # every label in range, none ignored (the usual case): no mask, and
+        # the count is the size (both as the general path would give them)
+        keep, safe = None, labels
+    else:
+        keep = labels != ignore_index
+        safe = np.where(keep, labels, 0).astype(labels.dtype, copy=False)
+        if safe.size and (safe.min() < 0 or safe.max() >= C):
+            raise IndexError(f"nll_loss: target values must be in [0, {C}) or ignore_index={ignore_index}, "
+                             f"got {safe.min()}..{safe.max()} (input shape {x.shape}, target shape {t.shape})")
     # the constants as Tensors (an op takes a NumPy operand by a slower path)
     picked = _picked(x, Tensor(safe))
-    w = keep.astype(x.dtype)
+    # (no mask: its ones leave every product as it is)
+    w = None if keep is None else keep.astype(x.dtype)
     if weight is not None:
-        w = _class_weight(weight, x, C)[Tensor(safe.reshape(-1))].reshape(t.shape) * Tensor(w)
+        per_class = _class_weight(weight, x, C)[Tensor(safe.reshape(-1))].reshape(t.shape)
+        w = per_class if w is None else per_class * Tensor(w)
         loss = -picked * w
     else:
-        loss = picked * Tensor(-w)           # -(p * w) exactly: only the sign differs
+        loss = -picked if w is None else picked * Tensor(-w)     # -(p * w) exactly: only the sign differs
     if reduction == "none":
         return loss
     if reduction == "sum":
@@ -144,9 +157,17 @@ def _nll_loss_host_labels(x: Tensor, t: Tensor, weight, ignore_index: int, reduc
         return sum(loss) / where(none_kept, 1, total) + where(none_kept, np.asarray(np.nan, total.dtype), 0)
     # the count in x's dtype, as the tensor sum gave it (a whole number: the
     # Python float of it divides to the same bits)
-    total = float(w.sum(dtype=w.dtype))
+    total = float(w.sum(dtype=w.dtype)) if w is not None else _count(labels.size, x.dtype)
     # every target ignored: NaN, as PyTorch's, but zero gradients (not 0 / 0)
     return sum(loss) + float("nan") if total == 0 else sum(loss) / total
+
+
+def _count(n: int, dtype) -> float:
+    """n as the sum of n ones in ``dtype`` gives it (exact for float32 and
+    float64 up to 2**24; a narrower float rounds the sum)."""
+    if np.dtype(dtype).itemsize >= 4 and n <= 2 ** 24:
+        return float(n)
+    return float(np.ones(n, dtype).sum(dtype=dtype))
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:

@@ -367,3 +367,37 @@ def test_cumsum_kernel_is_numpys_bits_on_every_axis_both_ways(dtype, shape):
             assert got.dtype == dtype and got.tobytes() == np.ascontiguousarray(want).tobytes(), (axis, reverse)
     assert K.cumsum(x[..., ::2], 1, x[..., ::2].size, 1, False) is None          # strided: NumPy's
     assert K.cumsum(x.astype(np.int32), 1, x.size, 1, False) is None             # integers: NumPy's
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("itype", [np.int32, np.int64])
+@pytest.mark.parametrize("shape, ax", [((5, 7), 1), ((5, 7), 0), ((3, 4, 6), 1), ((2, 3, 4, 5), 2), ((1, 1), 1)])
+def test_one_hot_pick_and_put_are_take_and_put_along_axis(dtype, itype, shape, ax):
+    from gradcore.ops.indexing import IndexingOneHot, IndexingOneHotGrad
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal(shape).astype(dtype)
+    ishape = shape[:ax] + shape[ax + 1:]
+    index = rng.integers(0, shape[ax], ishape).astype(itype)
+    outer, n, inner = int(np.prod(shape[:ax])), shape[ax], int(np.prod(shape[ax + 1:]))
+    want = np.take_along_axis(x, np.expand_dims(index, ax), ax)
+    got = K.one_hot_pick(x, index, outer, n, inner)
+    assert got.dtype == dtype and np.array_equal(got, want.reshape(-1))
+    for keepdims in (False, True):
+        y = IndexingOneHot(ax, keepdims).cpu(x, index)
+        assert np.array_equal(y, want if keepdims else np.squeeze(want, ax))
+        g = rng.standard_normal(y.shape).astype(dtype)
+        ref = np.zeros(shape, dtype)
+        np.put_along_axis(ref, np.expand_dims(index, ax), g if keepdims else np.expand_dims(g, ax), ax)
+        assert np.array_equal(IndexingOneHotGrad(ax, keepdims).cpu(g, x, index), ref)
+    # an index outside [0, n) in either direction: the kernels decline, the op names it
+    for bad in (-1, n):
+        wrong = index.copy()
+        wrong.reshape(-1)[-1] = bad
+        assert K.one_hot_pick(x, wrong, outer, n, inner) is None
+        assert K.one_hot_put(want.reshape(-1), wrong, outer, n, inner) is None
+        with pytest.raises(IndexError, match="IndexingOneHot: index"):
+            IndexingOneHot(ax).cpu(x, wrong)
+    # not their case: strided, an integer x, a float index
+    assert K.one_hot_pick(np.asfortranarray(x) if x.ndim > 1 and min(shape) > 1 else x[..., ::1].astype(int),
+                          index, outer, n, inner) is None
+    assert K.one_hot_pick(x, index.astype(np.float32), outer, n, inner) is None
