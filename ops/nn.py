@@ -286,6 +286,17 @@ def _launch_rows(op, be, x):
     return y
 
 
+def _one_backward(backward, grads, likes, saved, n_in: int) -> list:
+    """The vjp of an op whose every output's gradient goes into its one
+    backward op ``backward`` (then ``saved``): None for each of its
+    ``n_in`` inputs when there is no gradient, a missing one zero-filled
+    like the output (``likes``) it stands for."""
+    if all(g is None for g in grads):
+        return [None] * n_in
+    grads = [_apply1(ZerosLike(), like) if g is None else g for g, like in zip(grads, likes)]
+    return list(_core.apply(backward, *grads, *saved))
+
+
 # ---------------------------------------------------------------- standardisation
 class _Standardize(Composite):
     """``axes`` (non-negative, sorted) and ``eps``; the statistics keep dims."""
@@ -364,15 +375,10 @@ class Standardize(_Standardize):
         return d, s
 
     def vjp(self, inputs, outputs, grads):
-        (y, s), (gy, gs) = outputs, grads
-        if gy is None and gs is None:
-            return [None]
         # s's gradient goes into the one backward op, which adds its term
         # where it is not zero: as separate ops (zero-filled when s is not
         # used, as in instance and group norm) they were three full-size passes
-        gy = _apply1(ZerosLike(), y) if gy is None else gy
-        gs = _apply1(ZerosLike(), s) if gs is None else gs
-        return [_apply1(StandardizeBackward(self.axes, self.eps), gy, gs, y, s)]
+        return _one_backward(StandardizeBackward(self.axes, self.eps), grads, outputs, outputs, 1)
 
 
 class StandardizeBackward(_Standardize):
@@ -499,16 +505,11 @@ class StandardizeAffine(_Standardize):
         return super().cpu(x, w, b)
 
     def vjp(self, inputs, outputs, grads):
-        (x, w, _), (_, m, s), grads = inputs, outputs, list(grads)
-        if all(g is None for g in grads):
-            return [None, None, None]
         # m and s are outputs too (the backward's own backward reaches x through
         # them): their gradients go into the one backward op, whose kernel adds
         # their terms in its pass (zero-filled when unused, they cost nothing more)
-        for k, like in ((0, x), (1, m), (2, s)):
-            if grads[k] is None:
-                grads[k] = _apply1(ZerosLike(), like)
-        return list(_core.apply(StandardizeAffineBackward(self.axes, self.eps), *grads, x, w, m, s))
+        (x, w, _), (_, m, s) = inputs, outputs
+        return _one_backward(StandardizeAffineBackward(self.axes, self.eps), grads, (x, m, s), (x, w, m, s), 3)
 
 
 class StandardizeAffineBackward(_Standardize):
@@ -648,16 +649,11 @@ class BatchNormTraining(_BatchNorm):
         return d * invstd * w + b, m, invstd
 
     def vjp(self, inputs, outputs, grads):
-        (x, w, _), (_, m, invstd), grads = inputs, outputs, list(grads)
-        if all(g is None for g in grads):
-            return [None, None, None]
         # the mean's and invstd's gradients go into the one backward op (it
         # adds their terms where they are not zero): as separate ops they
         # were full-size passes over zero-filled gradients on every step
-        for k, like in ((0, x), (1, m), (2, invstd)):
-            if grads[k] is None:
-                grads[k] = _apply1(ZerosLike(), like)
-        return list(_core.apply(BatchNormBackward(self.eps, self.ndim), *grads, x, w, m, invstd))
+        (x, w, _), (_, m, invstd) = inputs, outputs
+        return _one_backward(BatchNormBackward(self.eps, self.ndim), grads, (x, m, invstd), (x, w, m, invstd), 3)
 
     def cpu(self, x, w, b):
         done = onednn.batch_norm_training(x, w, b, self.eps)
