@@ -317,7 +317,7 @@ class _Standardize(Composite):
         k = len(self.axes)
         if self.axes != tuple(range(x.ndim - k, x.ndim)):
             return 0
-        return int(np.prod(x.shape[x.ndim - k:]))
+        return math.prod(x.shape[x.ndim - k:])     # (np.prod: ~4 us a call)
 
     def _kept(self, shape) -> tuple:
         return tuple(1 if i in self.axes else n for i, n in enumerate(shape))
