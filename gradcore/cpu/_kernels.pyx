@@ -137,6 +137,24 @@ cdef inline bint _dense(cnp.ndarray a):
     return cnp.PyArray_IS_C_CONTIGUOUS(a) and cnp.PyArray_ISALIGNED(a)
 
 
+cdef bint _dense_real(object a):
+    """a is a contiguous float32 or float64 array: what every kernel here takes."""
+    return isinstance(a, cnp.ndarray) and _dense(<cnp.ndarray>a) and (a.dtype == _f32 or a.dtype == _f64)
+
+
+cdef bint _dense_like(object a, object x):
+    """a is a contiguous array of x's dtype."""
+    return isinstance(a, cnp.ndarray) and _dense(<cnp.ndarray>a) and a.dtype == x.dtype
+
+
+cdef bint _writeable(object a):
+    return (<cnp.ndarray>a).flags.writeable
+
+
+cdef bint _dense_int64(object a):
+    return isinstance(a, cnp.ndarray) and _dense(<cnp.ndarray>a) and a.dtype == np.int64
+
+
 cdef object _operand(object v, tuple shape):
     """(array, is_scalar) for a select operand, or None: an array of the
     condition's shape, contiguous, or a one-element array / Python number."""
@@ -210,11 +228,7 @@ def sigmoid_finish(x, e):
     """Write ``where(x >= 0, 1, e) / (1 + e)`` into ``e`` (``exp(-|x|)``,
     same shape and float dtype as ``x``, both contiguous) and return it; None
     (``e`` untouched) where that does not hold."""
-    if (not isinstance(x, cnp.ndarray) or not isinstance(e, cnp.ndarray) or x.dtype != e.dtype
-            or x.shape != e.shape or not _dense(<cnp.ndarray>x) or not _dense(<cnp.ndarray>e)
-            or not (<cnp.ndarray>e).flags.writeable):
-        return None
-    if x.dtype != _f32 and x.dtype != _f64:
+    if not (_dense_real(x) and _dense_like(e, x) and x.shape == e.shape and _writeable(e)):
         return None
     return _unary(gc_sig, x, e)
 
@@ -222,7 +236,7 @@ def sigmoid_finish(x, e):
 def relu(x):
     """``np.maximum(x, 0)`` of a contiguous float32 or float64 array; None
     for anything else."""
-    if not isinstance(x, cnp.ndarray) or not _dense(<cnp.ndarray>x) or (x.dtype != _f32 and x.dtype != _f64):
+    if not _dense_real(x):
         return None
     return _unary(gc_relu, x, np.empty(x.shape, x.dtype))
 
@@ -277,7 +291,7 @@ cdef void _erf(const real* x, real* o, Py_ssize_t n) noexcept nogil:
 def erf(x):
     """``erf`` of a contiguous float32 or float64 array, each element as
     ``math.erf`` of it rounded to the dtype; None for anything else."""
-    if not isinstance(x, cnp.ndarray) or not _dense(<cnp.ndarray>x) or (x.dtype != _f32 and x.dtype != _f64):
+    if not _dense_real(x):
         return None
     cdef cnp.ndarray out = np.empty(x.shape, x.dtype)
     cdef Py_ssize_t n = x.size
@@ -334,15 +348,11 @@ def scatter_add(out, offsets, src):
     contiguous writeable float32/float64 array, ``offsets`` int64 and
     ``src`` of ``out``'s dtype with as many elements, both contiguous; False
     (nothing done) otherwise. An offset outside ``out`` is an IndexError."""
-    if (not isinstance(out, cnp.ndarray) or not isinstance(offsets, cnp.ndarray) or not isinstance(src, cnp.ndarray)
-            or out.dtype != src.dtype or offsets.dtype != np.int64 or offsets.size != src.size
-            or not _dense(<cnp.ndarray>out) or not _dense(<cnp.ndarray>offsets) or not _dense(<cnp.ndarray>src)
-            or not (<cnp.ndarray>out).flags.writeable):
+    if not (_dense_real(out) and _writeable(out) and _dense_like(src, out) and _dense_int64(offsets)
+            and offsets.size == src.size):
         return False
     cdef Py_ssize_t size = out.size, n = src.size, bad
     cdef const cnp.npy_int64* off = <const cnp.npy_int64*>cnp.PyArray_DATA(<cnp.ndarray>offsets)
-    if out.dtype != _f32 and out.dtype != _f64:
-        return False
     cdef bint f64 = out.dtype == _f64
     cdef void* p[2]
     p[:] = [_data(out), _data(src)]
@@ -360,17 +370,12 @@ def scatter_add_rows(out, rows, src):
     dims, ``rows`` int64 (any shape) and ``src`` contiguous of shape
     ``rows.shape + out.shape[1:]`` and out's dtype; False (nothing done)
     otherwise. A row outside ``out`` is an IndexError."""
-    if (not isinstance(out, cnp.ndarray) or not isinstance(rows, cnp.ndarray) or not isinstance(src, cnp.ndarray)
-            or out.ndim < 2 or out.dtype != src.dtype or rows.dtype != np.int64
-            or src.shape != rows.shape + out.shape[1:]
-            or not _dense(<cnp.ndarray>out) or not _dense(<cnp.ndarray>rows) or not _dense(<cnp.ndarray>src)
-            or not (<cnp.ndarray>out).flags.writeable):
+    if not (_dense_real(out) and _writeable(out) and out.ndim >= 2 and _dense_like(src, out) and _dense_int64(rows)
+            and src.shape == rows.shape + out.shape[1:]):
         return False
     cdef Py_ssize_t nrows = out.shape[0], n = rows.size, bad
     cdef Py_ssize_t width = out.size // nrows if nrows else 0
     cdef const cnp.npy_int64* off = <const cnp.npy_int64*>cnp.PyArray_DATA(<cnp.ndarray>rows)
-    if out.dtype != _f32 and out.dtype != _f64:
-        return False
     cdef bint f64 = out.dtype == _f64
     cdef void* p[2]
     p[:] = [_data(out), _data(src)]
@@ -560,13 +565,7 @@ cdef extern from *:
 
 
 cdef bint _rows_of(object a, Py_ssize_t n):
-    return (isinstance(a, cnp.ndarray) and _dense(<cnp.ndarray>a) and (a.dtype == _f32 or a.dtype == _f64)
-            and n > 0 and a.size % n == 0)
-
-
-cdef bint _dense_like(object a, object x):
-    """a is a contiguous array of x's dtype."""
-    return isinstance(a, cnp.ndarray) and _dense(<cnp.ndarray>a) and a.dtype == x.dtype
+    return _dense_real(a) and n > 0 and a.size % n == 0
 
 
 def standardize_rows(x, Py_ssize_t n, double eps):
